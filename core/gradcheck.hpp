@@ -1,0 +1,44 @@
+// A public gradient checker: compares backward's gradients with central finite differences.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "xgrad/core/tensor.hpp"
+
+namespace xgrad {
+
+struct GradcheckOptions {
+  // Step of the central difference. The derivative is Richardson-extrapolated from steps eps
+  // and eps/2, so truncation error is O(eps^4) and eps can stay large against float32 noise.
+  double eps = 1e-2;
+  // An element passes when |analytic - numeric| <= atol + rtol * |numeric|.
+  double atol = 2e-4;
+  double rtol = 2e-3;
+  // Skip elements that sit within eps of a kink (ReLU at 0, ties of max): there the one-sided
+  // differences disagree by more than kink_threshold and no derivative exists to compare.
+  bool skip_kinks = false;
+  double kink_threshold = 0.1;
+  std::uint64_t seed = 0;  // draws the fixed projection of the output
+};
+
+struct GradcheckResult {
+  bool ok = true;
+  std::size_t checked = 0;   // elements compared
+  std::size_t skipped = 0;   // elements skipped at kinks
+  double max_abs_error = 0;  // worst |analytic - numeric| over checked elements
+  std::string report;        // the first failure (input, element, both values), or a summary
+  explicit operator bool() const { return ok; }
+};
+
+using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Checks d<fn(inputs), r>/d input for every input that requires grad, with r a fixed random
+// projection of the output (so any output shape works). The inputs are not modified: fn is
+// called on fresh leaf copies of them. fn must be deterministic (no dropout).
+GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
+                          const GradcheckOptions& options = {});
+
+}  // namespace xgrad

@@ -1,0 +1,96 @@
+// Every differentiable op. Each is a free function that computes its value and records one
+// backward closure next to it (see the ops_*.cpp files). Axes may be negative (from the end).
+// Shape legend: N rows, C classes or channels, M/K/N matmul dimensions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "xgrad/core/random.hpp"
+#include "xgrad/core/tensor.hpp"
+
+namespace xgrad {
+
+// ---- elementwise, numpy broadcasting (ops_elementwise.cpp) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, float s);
+Tensor sub(const Tensor& a, float s);
+Tensor rsub(float s, const Tensor& a);  // s - a
+Tensor mul(const Tensor& a, float s);
+Tensor div(const Tensor& a, float s);
+Tensor rdiv(float s, const Tensor& a);  // s / a
+Tensor neg(const Tensor& a);
+
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor pow(const Tensor& a, float exponent);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+// GELU: `exact` is x * Phi(x) with the erf form of Phi (PyTorch's default);
+// `tanh` is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+enum class GeluApprox { exact, tanh };
+Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::exact);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, float s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, float s) { return sub(a, s); }
+inline Tensor operator*(const Tensor& a, float s) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, float s) { return div(a, s); }
+inline Tensor operator+(float s, const Tensor& a) { return add(a, s); }
+inline Tensor operator-(float s, const Tensor& a) { return rsub(s, a); }
+inline Tensor operator*(float s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator/(float s, const Tensor& a) { return rdiv(s, a); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+// ---- reductions (ops_reduce.cpp) ----
+Tensor sum(const Tensor& a);  // all elements, shape ()
+Tensor sum(const Tensor& a, const std::vector<int>& axes, bool keepdims = false);
+Tensor mean(const Tensor& a);
+Tensor mean(const Tensor& a, const std::vector<int>& axes, bool keepdims = false);
+// Maximum along one axis; the gradient goes to the first maximal element of each slice.
+Tensor max(const Tensor& a, int axis, bool keepdims = false);
+
+// ---- shape (ops_shape.cpp) ----
+// One entry of `shape` may be -1 and is inferred.
+Tensor reshape(const Tensor& a, const std::vector<std::int64_t>& shape);
+Tensor transpose(const Tensor& a, int axis0, int axis1);
+Tensor permute(const Tensor& a, const std::vector<int>& axes);
+// Elements [start, stop) along `axis`.
+Tensor slice(const Tensor& a, int axis, std::size_t start, std::size_t stop);
+Tensor concat(const std::vector<Tensor>& parts, int axis);
+// Pieces of the given sizes along `axis` (the sizes must add up to the axis length).
+std::vector<Tensor> split(const Tensor& a, const std::vector<std::size_t>& sizes, int axis);
+
+// ---- matmul (ops_matmul.cpp), through cblas_sgemm ----
+// (..., M, K) @ (..., K, N) -> (..., M, N), batch axes broadcast as in numpy; a 2-D right
+// operand is shared by the whole batch. transpose_a / transpose_b use op(x) = x^T on the last
+// two axes without copying, e.g. matmul(q, k, false, true) is q @ k^T.
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+
+// ---- neural-network functions (ops_nn.cpp) ----
+// Numerically stable softmax / log-softmax along `axis`.
+Tensor softmax(const Tensor& a, int axis = -1);
+Tensor log_softmax(const Tensor& a, int axis = -1);
+// Where mask (broadcastable to a's shape) is true the result is `value`; there a gets no gradient.
+Tensor masked_fill(const Tensor& a, const Mask& mask, float value);
+// Mean cross-entropy of logits (..., C) against integer targets (...), skipping targets equal
+// to ignore_index; fused with log-softmax. With every target ignored the loss is 0.
+Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index = -100);
+// Rows of weight (V, C) picked by ids (...) -> (..., C); backward scatter-adds into weight.
+Tensor embedding(const Tensor& weight, const IndexArray& ids);
+// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).
+// Identity when !training or p == 0.
+Tensor dropout(const Tensor& a, float p, bool training = true, Generator& gen = default_generator());
+// Normalizes over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta, with the biased
+// variance; gamma and beta (shape (C,)) may be undefined tensors for no affine part.
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+
+}  // namespace xgrad

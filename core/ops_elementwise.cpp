@@ -1,0 +1,188 @@
+// Elementwise ops: broadcasting arithmetic, scalar variants and unary functions.
+// Binary ops broadcast as numpy does; their backward sums the gradient back to each input's
+// shape (GradContext::accumulate_reduced).
+#include <cmath>
+
+#include "xgrad/core/broadcast.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/tape.hpp"
+
+namespace xgrad {
+
+namespace {
+
+void check_defined(const Tensor& a, const char* op) {
+  if (!a.defined()) fail(op, ": input is an undefined tensor");
+}
+
+// y = f(x) elementwise; backward dx = df(x, y, g). Both run as plain loops.
+template <class Fwd, class Bwd>
+Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd) {
+  check_defined(a, op);
+  const Array& x = a.value();
+  Array y = Array::from_shape(x.shape());
+  const float* xs = x.data();
+  float* ys = y.data();
+  for (std::size_t i = 0, n = x.size(); i < n; ++i) ys[i] = fwd(xs[i]);
+  return record(op, std::move(y), {a}, [bwd](GradContext& ctx) {
+    const float* xs = ctx.input(0).data();
+    const float* ys = ctx.output().data();
+    const float* gs = ctx.grad_out().data();
+    Array dx = Array::from_shape(ctx.input(0).shape());
+    float* d = dx.data();
+    for (std::size_t i = 0, n = dx.size(); i < n; ++i) d[i] = bwd(xs[i], ys[i], gs[i]);
+    ctx.accumulate(0, std::move(dx));
+  });
+}
+
+// Checks that two inputs broadcast and evaluates an xtensor expression over them.
+template <class F>
+Array binary_value(const char* op, const Tensor& a, const Tensor& b, F f) {
+  check_defined(a, op);
+  check_defined(b, op);
+  broadcast_shapes(a.shape(), b.shape(), op);
+  return f(a.value(), b.value());
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  // y = a + b
+  Array y = binary_value("add", a, b, [](const Array& x, const Array& z) -> Array { return x + z; });
+  return record("add", std::move(y), {a, b}, [](GradContext& ctx) {
+    // da = g, db = g (each summed over its broadcast axes)
+    if (ctx.needs(0)) ctx.accumulate_reduced(0, ctx.grad_out());
+    if (ctx.needs(1)) ctx.accumulate_reduced(1, ctx.grad_out());
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  // y = a - b
+  Array y = binary_value("sub", a, b, [](const Array& x, const Array& z) -> Array { return x - z; });
+  return record("sub", std::move(y), {a, b}, [](GradContext& ctx) {
+    // da = g, db = -g
+    if (ctx.needs(0)) ctx.accumulate_reduced(0, ctx.grad_out());
+    if (ctx.needs(1)) ctx.accumulate_reduced(1, Array(-ctx.grad_out()));
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  // y = a * b
+  Array y = binary_value("mul", a, b, [](const Array& x, const Array& z) -> Array { return x * z; });
+  return record("mul", std::move(y), {a, b}, [](GradContext& ctx) {
+    // da = g * b, db = g * a
+    if (ctx.needs(0)) ctx.accumulate_reduced(0, Array(ctx.grad_out() * ctx.input(1)));
+    if (ctx.needs(1)) ctx.accumulate_reduced(1, Array(ctx.grad_out() * ctx.input(0)));
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  // y = a / b
+  Array y = binary_value("div", a, b, [](const Array& x, const Array& z) -> Array { return x / z; });
+  return record("div", std::move(y), {a, b}, [](GradContext& ctx) {
+    // da = g / b, db = -g * a / b^2 = -g * y / b
+    if (ctx.needs(0)) ctx.accumulate_reduced(0, Array(ctx.grad_out() / ctx.input(1)));
+    if (ctx.needs(1)) ctx.accumulate_reduced(1, Array(-ctx.grad_out() * ctx.output() / ctx.input(1)));
+  });
+}
+
+Tensor add(const Tensor& a, float s) {
+  return unary("add_scalar", a, [s](float x) { return x + s; }, [](float, float, float g) { return g; });
+}
+
+Tensor sub(const Tensor& a, float s) { return add(a, -s); }
+
+Tensor rsub(float s, const Tensor& a) {
+  return unary("rsub_scalar", a, [s](float x) { return s - x; }, [](float, float, float g) { return -g; });
+}
+
+Tensor mul(const Tensor& a, float s) {
+  return unary("mul_scalar", a, [s](float x) { return x * s; }, [s](float, float, float g) { return g * s; });
+}
+
+Tensor div(const Tensor& a, float s) {
+  if (s == 0.f) fail("div: division of a tensor of shape ", shape_str(a.shape()), " by the scalar 0");
+  return unary("div_scalar", a, [s](float x) { return x / s; }, [s](float, float, float g) { return g / s; });
+}
+
+Tensor rdiv(float s, const Tensor& a) {
+  // y = s / x; dx = -s / x^2 = -y / x
+  return unary("rdiv_scalar", a, [s](float x) { return s / x; }, [](float x, float y, float g) { return -g * y / x; });
+}
+
+Tensor neg(const Tensor& a) {
+  return unary("neg", a, [](float x) { return -x; }, [](float, float, float g) { return -g; });
+}
+
+Tensor exp(const Tensor& a) {
+  // y = e^x; dx = g * y
+  return unary("exp", a, [](float x) { return std::exp(x); }, [](float, float y, float g) { return g * y; });
+}
+
+Tensor log(const Tensor& a) {
+  // y = ln x; dx = g / x
+  return unary("log", a, [](float x) { return std::log(x); }, [](float x, float, float g) { return g / x; });
+}
+
+Tensor sqrt(const Tensor& a) {
+  // y = sqrt(x); dx = g / (2 y)
+  return unary("sqrt", a, [](float x) { return std::sqrt(x); }, [](float, float y, float g) { return g * 0.5f / y; });
+}
+
+Tensor pow(const Tensor& a, float p) {
+  // y = x^p; dx = g * p * x^(p-1)
+  return unary("pow", a, [p](float x) { return std::pow(x, p); },
+               [p](float x, float, float g) { return p == 0.f ? 0.f : g * p * std::pow(x, p - 1.f); });
+}
+
+Tensor tanh(const Tensor& a) {
+  // y = tanh x; dx = g * (1 - y^2)
+  return unary("tanh", a, [](float x) { return std::tanh(x); }, [](float, float y, float g) { return g * (1.f - y * y); });
+}
+
+Tensor sigmoid(const Tensor& a) {
+  // y = 1 / (1 + e^-x), written to avoid overflow of e^-x for very negative x; dx = g y (1 - y)
+  return unary(
+      "sigmoid", a,
+      [](float x) {
+        if (x >= 0) return 1.f / (1.f + std::exp(-x));
+        const float e = std::exp(x);
+        return e / (1.f + e);
+      },
+      [](float, float y, float g) { return g * y * (1.f - y); });
+}
+
+Tensor relu(const Tensor& a) {
+  // y = max(x, 0); dx = g where x > 0 (0 at the kink, as PyTorch)
+  return unary("relu", a, [](float x) { return x > 0.f ? x : 0.f; }, [](float x, float, float g) { return x > 0.f ? g : 0.f; });
+}
+
+Tensor gelu(const Tensor& a, GeluApprox approx) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+  constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+  constexpr float kSqrt2OverPi = 0.79788456080286536f;
+  constexpr float kCoef = 0.044715f;
+  if (approx == GeluApprox::exact) {
+    // y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x phi(x)
+    return unary(
+        "gelu", a, [=](float x) { return 0.5f * x * (1.f + std::erf(x * kInvSqrt2)); },
+        [=](float x, float, float g) {
+          const float cdf = 0.5f * (1.f + std::erf(x * kInvSqrt2));
+          const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
+          return g * (cdf + x * pdf);
+        });
+  }
+  // y = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3);
+  // dy/dx = (1 + tanh u) / 2 + x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2
+  return unary(
+      "gelu_tanh", a,
+      [=](float x) { return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x))); },
+      [=](float x, float, float g) {
+        const float t = std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x));
+        const float du = kSqrt2OverPi * (1.f + 3.f * kCoef * x * x);
+        return g * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du);
+      });
+}
+
+}  // namespace xgrad

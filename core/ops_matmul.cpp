@@ -1,0 +1,155 @@
+// Batched matrix multiply through cblas_sgemm. Transposed operands are passed to BLAS as
+// flags, never copied; backward accumulates straight into the gradient buffers (beta = 1), which
+// also sums over broadcast batch axes.
+#include "xgrad/core/blas.hpp"
+#include "xgrad/core/broadcast.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/tape.hpp"
+
+namespace xgrad {
+
+namespace {
+
+// Dimensions of C = op(A) op(B) for stored A (..., ra, ca) and B (..., rb, cb).
+struct Plan {
+  bool ta = false, tb = false;
+  std::size_t m = 0, n = 0, k = 0;
+  std::size_t lda = 0, ldb = 0;  // stored row lengths
+  Shape batch;                   // broadcast batch shape of the output
+  std::vector<std::size_t> a_off, b_off;  // element offset of each batch's matrix
+  bool folded = false;           // B is 2-D and A untransposed: the batch folds into M
+};
+
+Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
+
+// Offsets of each output batch's matrix inside an operand whose batch shape broadcasts to `batch`.
+std::vector<std::size_t> batch_offsets(const Shape& own, const Shape& batch, std::size_t matrix) {
+  const std::size_t n = batch.size();
+  std::vector<std::size_t> stride(n, 0);
+  std::size_t s = matrix;
+  for (std::size_t k = n; k-- > 0;) {
+    const std::size_t pos = k + own.size();
+    const std::size_t d = pos >= n ? own[pos - n] : 1;
+    stride[k] = d == 1 ? 0 : s;
+    s *= d;
+  }
+  std::size_t count = 1;
+  for (std::size_t d : batch) count *= d;
+  std::vector<std::size_t> offs(count);
+  std::vector<std::size_t> idx(n, 0);
+  std::size_t off = 0;
+  for (std::size_t q = 0; q < count; ++q) {
+    offs[q] = off;
+    for (std::size_t k = n; k-- > 0;) {
+      if (++idx[k] < batch[k]) {
+        off += stride[k];
+        break;
+      }
+      off -= stride[k] * (batch[k] - 1);
+      idx[k] = 0;
+    }
+  }
+  return offs;
+}
+
+Plan make_plan(const Shape& sa, const Shape& sb, bool ta, bool tb) {
+  if (sa.size() < 2 || sb.size() < 2) {
+    fail("matmul: operands need at least 2 axes, got ", shape_str(sa), " @ ", shape_str(sb));
+  }
+  Plan p;
+  p.ta = ta;
+  p.tb = tb;
+  const std::size_t ra = sa[sa.size() - 2], ca = sa.back(), rb = sb[sb.size() - 2], cb = sb.back();
+  p.m = ta ? ca : ra;
+  p.k = ta ? ra : ca;
+  const std::size_t kb = tb ? cb : rb;
+  p.n = tb ? rb : cb;
+  if (p.k != kb) {
+    fail("matmul: inner dimensions differ: ", shape_str(sa), ta ? "^T" : "", " @ ", shape_str(sb), tb ? "^T" : "",
+         " (", p.k, " vs ", kb, ")");
+  }
+  p.lda = ca;
+  p.ldb = cb;
+  p.batch = broadcast_shapes(batch_of(sa), batch_of(sb), "matmul");
+  p.folded = sb.size() == 2 && !ta;
+  if (!p.folded) {
+    p.a_off = batch_offsets(batch_of(sa), p.batch, ra * ca);
+    p.b_off = batch_offsets(batch_of(sb), p.batch, rb * cb);
+  }
+  return p;
+}
+
+std::size_t batch_count(const Plan& p) {
+  std::size_t c = 1;
+  for (std::size_t d : p.batch) c *= d;
+  return c;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  if (!a.defined() || !b.defined()) fail("matmul: input is an undefined tensor");
+  const Plan p = make_plan(a.shape(), b.shape(), transpose_a, transpose_b);
+  Shape os = p.batch;
+  os.push_back(p.m);
+  os.push_back(p.n);
+  Array c = xt::zeros<float>(os);
+  const float* A = a.value().data();
+  const float* B = b.value().data();
+  const std::size_t nb = batch_count(p);
+  if (p.folded) {
+    // (batch*M, K) @ op(B) in one call
+    blas::sgemm(false, p.tb, nb * p.m, p.n, p.k, 1.f, A, p.lda, B, p.ldb, 0.f, c.data(), p.n);
+  } else {
+    for (std::size_t q = 0; q < nb; ++q) {
+      blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, 1.f, A + p.a_off[q], p.lda, B + p.b_off[q], p.ldb, 0.f,
+                  c.data() + q * p.m * p.n, p.n);
+    }
+  }
+  return record("matmul", std::move(c), {a, b}, [p, nb](GradContext& ctx) {
+    // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC
+    const float* G = ctx.grad_out().data();
+    const float* A = ctx.input(0).data();
+    const float* B = ctx.input(1).data();
+    const std::size_t mn = p.m * p.n;
+    if (ctx.needs(0)) {
+      float* dA = ctx.grad_buffer(0).data();
+      if (p.folded) {
+        blas::sgemm(false, !p.tb, nb * p.m, p.k, p.n, 1.f, G, p.n, B, p.ldb, 1.f, dA, p.lda);
+      } else {
+        for (std::size_t q = 0; q < nb; ++q) {
+          if (!p.ta) {  // dA (M x K) = dC op(B)^T
+            blas::sgemm(false, !p.tb, p.m, p.k, p.n, 1.f, G + q * mn, p.n, B + p.b_off[q], p.ldb, 1.f,
+                        dA + p.a_off[q], p.lda);
+          } else {  // dA (K x M) = op(B) dC^T
+            blas::sgemm(p.tb, true, p.k, p.m, p.n, 1.f, B + p.b_off[q], p.ldb, G + q * mn, p.n, 1.f,
+                        dA + p.a_off[q], p.lda);
+          }
+        }
+      }
+    }
+    if (ctx.needs(1)) {
+      float* dB = ctx.grad_buffer(1).data();
+      if (p.folded) {
+        if (!p.tb) {  // dB (K x N) = A^T dC over all batch rows
+          blas::sgemm(true, false, p.k, p.n, nb * p.m, 1.f, A, p.lda, G, p.n, 1.f, dB, p.ldb);
+        } else {  // dB (N x K) = dC^T A
+          blas::sgemm(true, false, p.n, p.k, nb * p.m, 1.f, G, p.n, A, p.lda, 1.f, dB, p.ldb);
+        }
+      } else {
+        for (std::size_t q = 0; q < nb; ++q) {
+          if (!p.tb) {  // dB (K x N) = op(A)^T dC
+            blas::sgemm(!p.ta, false, p.k, p.n, p.m, 1.f, A + p.a_off[q], p.lda, G + q * mn, p.n, 1.f,
+                        dB + p.b_off[q], p.ldb);
+          } else {  // dB (N x K) = dC^T op(A)
+            blas::sgemm(true, p.ta, p.n, p.k, p.m, 1.f, G + q * mn, p.n, A + p.a_off[q], p.lda, 1.f,
+                        dB + p.b_off[q], p.ldb);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace xgrad

@@ -1,0 +1,302 @@
+// Neural-network functions as fused kernels (plain loops over contiguous buffers): softmax,
+// log_softmax, masked_fill, cross_entropy, embedding, dropout, layer_norm.
+#include <cmath>
+#include <limits>
+
+#include <xtensor/xbroadcast.hpp>
+
+#include "xgrad/core/broadcast.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/tape.hpp"
+
+namespace xgrad {
+
+namespace {
+
+void check_defined(const Tensor& a, const char* op) {
+  if (!a.defined()) fail(op, ": input is an undefined tensor");
+}
+
+// (outer, n, inner) view around one axis: element (o, i, j) sits at (o * n + i) * inner + j.
+struct AxisView {
+  std::size_t outer = 1, n = 0, inner = 1;
+};
+
+AxisView view_around(const Shape& s, std::size_t ax) {
+  AxisView v;
+  v.n = s[ax];
+  for (std::size_t k = 0; k < ax; ++k) v.outer *= s[k];
+  for (std::size_t k = ax + 1; k < s.size(); ++k) v.inner *= s[k];
+  return v;
+}
+
+// Calls f(base, stride) for every 1-D slice along the viewed axis.
+template <class F>
+void for_each_slice(const AxisView& v, F f) {
+  for (std::size_t o = 0; o < v.outer; ++o)
+    for (std::size_t j = 0; j < v.inner; ++j) f(o * v.n * v.inner + j, v.inner);
+}
+
+// Writes the log-sum-exp shift of one slice: returns (max, log sum exp(x - max)).
+std::pair<float, float> max_and_log_sum(const float* x, std::size_t n, std::size_t st) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < n; ++i) m = std::max(m, x[i * st]);
+  if (!std::isfinite(m)) m = 0.f;  // all -inf (or empty): keep the arithmetic finite
+  float s = 0.f;
+  for (std::size_t i = 0; i < n; ++i) s += std::exp(x[i * st] - m);
+  return {m, std::log(s)};
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& a, int axis) {
+  check_defined(a, "softmax");
+  const AxisView v = view_around(a.shape(), normalize_axis(axis, a.ndim(), "softmax"));
+  Array y = Array::from_shape(a.shape());
+  const float* x = a.value().data();
+  float* out = y.data();
+  for_each_slice(v, [&](std::size_t b, std::size_t st) {
+    // y_i = exp(x_i - max) / sum_j exp(x_j - max)
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::size_t i = 0; i < v.n; ++i) m = std::max(m, x[b + i * st]);
+    if (!std::isfinite(m)) m = 0.f;
+    float s = 0.f;
+    for (std::size_t i = 0; i < v.n; ++i) s += out[b + i * st] = std::exp(x[b + i * st] - m);
+    const float inv = s > 0.f ? 1.f / s : 0.f;
+    for (std::size_t i = 0; i < v.n; ++i) out[b + i * st] *= inv;
+  });
+  return record("softmax", std::move(y), {a}, [v](GradContext& ctx) {
+    // dx_i = y_i (g_i - sum_j g_j y_j)
+    const float* y = ctx.output().data();
+    const float* g = ctx.grad_out().data();
+    Array dx = Array::from_shape(ctx.output().shape());
+    float* d = dx.data();
+    for_each_slice(v, [&](std::size_t b, std::size_t st) {
+      float dot = 0.f;
+      for (std::size_t i = 0; i < v.n; ++i) dot += g[b + i * st] * y[b + i * st];
+      for (std::size_t i = 0; i < v.n; ++i) d[b + i * st] = y[b + i * st] * (g[b + i * st] - dot);
+    });
+    ctx.accumulate(0, std::move(dx));
+  });
+}
+
+Tensor log_softmax(const Tensor& a, int axis) {
+  check_defined(a, "log_softmax");
+  const AxisView v = view_around(a.shape(), normalize_axis(axis, a.ndim(), "log_softmax"));
+  Array y = Array::from_shape(a.shape());
+  const float* x = a.value().data();
+  float* out = y.data();
+  for_each_slice(v, [&](std::size_t b, std::size_t st) {
+    // y_i = x_i - max - log sum_j exp(x_j - max)
+    const auto [m, lse] = max_and_log_sum(x + b, v.n, st);
+    for (std::size_t i = 0; i < v.n; ++i) out[b + i * st] = x[b + i * st] - m - lse;
+  });
+  return record("log_softmax", std::move(y), {a}, [v](GradContext& ctx) {
+    // dx_i = g_i - exp(y_i) sum_j g_j
+    const float* y = ctx.output().data();
+    const float* g = ctx.grad_out().data();
+    Array dx = Array::from_shape(ctx.output().shape());
+    float* d = dx.data();
+    for_each_slice(v, [&](std::size_t b, std::size_t st) {
+      float gs = 0.f;
+      for (std::size_t i = 0; i < v.n; ++i) gs += g[b + i * st];
+      for (std::size_t i = 0; i < v.n; ++i) d[b + i * st] = g[b + i * st] - std::exp(y[b + i * st]) * gs;
+    });
+    ctx.accumulate(0, std::move(dx));
+  });
+}
+
+Tensor masked_fill(const Tensor& a, const Mask& mask, float value) {
+  check_defined(a, "masked_fill");
+  const Shape& s = a.shape();
+  if (broadcast_shapes(mask.shape(), s, "masked_fill") != s) {
+    fail("masked_fill: mask of shape ", shape_str(mask.shape()), " does not broadcast to the input's shape ", shape_str(s));
+  }
+  // Expanded once to the input's shape; backward reuses it.
+  auto keep = std::make_shared<std::vector<std::uint8_t>>(a.size());
+  {
+    const Mask full = xt::broadcast(mask, s);
+    for (std::size_t i = 0; i < a.size(); ++i) (*keep)[i] = full.data()[i] ? 0 : 1;
+  }
+  Array y = a.value();
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    if (!(*keep)[i]) y.data()[i] = value;
+  }
+  return record("masked_fill", std::move(y), {a}, [keep](GradContext& ctx) {
+    // dx = g where the mask is false, 0 where it is true
+    Array dx = ctx.grad_out();
+    for (std::size_t i = 0; i < dx.size(); ++i) {
+      if (!(*keep)[i]) dx.data()[i] = 0.f;
+    }
+    ctx.accumulate(0, std::move(dx));
+  });
+}
+
+Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index) {
+  check_defined(logits, "cross_entropy");
+  const Shape& s = logits.shape();
+  if (s.empty()) fail("cross_entropy: logits must have a class axis, got a scalar");
+  const Shape expect(s.begin(), s.end() - 1);
+  if (targets.shape() != expect) {
+    fail("cross_entropy: targets of shape ", shape_str(targets.shape()), " do not match logits ", shape_str(s),
+         " (expected ", shape_str(expect), ")");
+  }
+  const std::size_t C = s.back(), rows = targets.size();
+  std::size_t count = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::int64_t t = targets.data()[r];
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= static_cast<std::int64_t>(C)) {
+      fail("cross_entropy: target ", t, " at flat position ", r, " is outside [0, ", C, ") (ignore_index ", ignore_index, ")");
+    }
+    ++count;
+  }
+  // loss = mean over kept rows of (log sum_j exp x_j) - x_target
+  const float* x = logits.value().data();
+  double total = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::int64_t t = targets.data()[r];
+    if (t == ignore_index) continue;
+    const auto [m, lse] = max_and_log_sum(x + r * C, C, 1);
+    total += static_cast<double>(m + lse - x[r * C + t]);
+  }
+  const float loss = count ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
+  return record("cross_entropy", Array(loss), {logits}, [targets, ignore_index, count, C](GradContext& ctx) {
+    // dx_rj = g / count * (softmax(x_r)_j - [j == target_r]); ignored rows get 0
+    if (count == 0) return;
+    const float scale = ctx.grad_out().data()[0] / static_cast<float>(count);
+    const float* x = ctx.input(0).data();
+    Array& dx = ctx.grad_buffer(0);
+    for (std::size_t r = 0; r < targets.size(); ++r) {
+      const std::int64_t t = targets.data()[r];
+      if (t == ignore_index) continue;
+      const auto [m, lse] = max_and_log_sum(x + r * C, C, 1);
+      float* d = dx.data() + r * C;
+      for (std::size_t j = 0; j < C; ++j) d[j] += scale * std::exp(x[r * C + j] - m - lse);
+      d[t] -= scale;
+    }
+  });
+}
+
+Tensor embedding(const Tensor& weight, const IndexArray& ids) {
+  check_defined(weight, "embedding");
+  if (weight.ndim() != 2) fail("embedding: weight must be (V, C), got ", shape_str(weight.shape()));
+  const std::size_t V = weight.shape()[0], C = weight.shape()[1];
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::int64_t t = ids.data()[i];
+    if (t < 0 || t >= static_cast<std::int64_t>(V)) {
+      fail("embedding: index ", t, " at flat position ", i, " is outside the table of ", V, " rows");
+    }
+  }
+  Shape os(ids.shape().begin(), ids.shape().end());
+  os.push_back(C);
+  Array y = Array::from_shape(os);
+  const float* w = weight.value().data();
+  for (std::size_t i = 0; i < ids.size(); ++i) std::copy_n(w + ids.data()[i] * C, C, y.data() + i * C);
+  return record("embedding", std::move(y), {weight}, [ids, C](GradContext& ctx) {
+    // dW[id] += g[position] for every position holding id
+    Array& dw = ctx.grad_buffer(0);
+    const float* g = ctx.grad_out().data();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      float* d = dw.data() + ids.data()[i] * C;
+      for (std::size_t j = 0; j < C; ++j) d[j] += g[i * C + j];
+    }
+  });
+}
+
+Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
+  check_defined(a, "dropout");
+  if (!(p >= 0.f && p < 1.f)) fail("dropout: probability ", p, " is outside [0, 1)");
+  if (!training || p == 0.f) return a;
+  // y = x * keep / (1 - p), keep ~ Bernoulli(1 - p)
+  const float scale = 1.f / (1.f - p);
+  std::vector<std::uint8_t> keep(a.size());
+  Array y = Array::from_shape(a.shape());
+  const float* x = a.value().data();
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    keep[i] = gen.uniform() >= p;
+    y.data()[i] = keep[i] ? x[i] * scale : 0.f;
+  }
+  return record("dropout", std::move(y), {a}, [keep = std::move(keep), scale](GradContext& ctx) {
+    // dx = g * keep / (1 - p)
+    Array dx = ctx.grad_out();
+    for (std::size_t i = 0; i < keep.size(); ++i) dx.data()[i] = keep[i] ? dx.data()[i] * scale : 0.f;
+    ctx.accumulate(0, std::move(dx));
+  });
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  check_defined(x, "layer_norm");
+  if (x.ndim() == 0) fail("layer_norm: input must have at least one axis");
+  const std::size_t C = x.shape().back();
+  const std::size_t rows = C ? x.size() / C : 0;
+  for (const Tensor* p : {&gamma, &beta}) {
+    if (p->defined() && (p->ndim() != 1 || p->shape()[0] != C)) {
+      fail("layer_norm: ", p == &gamma ? "gamma" : "beta", " of shape ", shape_str(p->shape()),
+           " does not match the normalized size (", C, ",) of input ", shape_str(x.shape()));
+    }
+  }
+  if (!(eps > 0.f)) fail("layer_norm: eps must be positive, got ", eps);
+  // Per row: mean, rstd = 1 / sqrt(var + eps) (biased variance), xhat = (x - mean) rstd,
+  // y = xhat * gamma + beta. mean and rstd are cached for backward.
+  std::vector<float> mean(rows), rstd(rows);
+  Array y = Array::from_shape(x.shape());
+  const float* xs = x.value().data();
+  const float* gm = gamma.defined() ? gamma.value().data() : nullptr;
+  const float* bt = beta.defined() ? beta.value().data() : nullptr;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = xs + r * C;
+    float m = 0.f;
+    for (std::size_t j = 0; j < C; ++j) m += row[j];
+    m /= static_cast<float>(C);
+    float var = 0.f;
+    for (std::size_t j = 0; j < C; ++j) var += (row[j] - m) * (row[j] - m);
+    var /= static_cast<float>(C);
+    const float rs = 1.f / std::sqrt(var + eps);
+    mean[r] = m;
+    rstd[r] = rs;
+    float* out = y.data() + r * C;
+    for (std::size_t j = 0; j < C; ++j) {
+      const float h = (row[j] - m) * rs;
+      out[j] = (gm ? h * gm[j] : h) + (bt ? bt[j] : 0.f);
+    }
+  }
+  const bool has_gamma = gamma.defined();
+  return record("layer_norm", std::move(y), {x, gamma, beta},
+                [mean = std::move(mean), rstd = std::move(rstd), rows, C, has_gamma](GradContext& ctx) {
+    // dxhat = g * gamma
+    // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+    // dgamma = sum_rows g * xhat,  dbeta = sum_rows g
+    const float* xs = ctx.input(0).data();
+    const float* g = ctx.grad_out().data();
+    const float* gm = has_gamma ? ctx.input(1).data() : nullptr;
+    float* dx = ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr;
+    float* dg = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
+    float* db = ctx.needs(2) ? ctx.grad_buffer(2).data() : nullptr;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float* row = xs + r * C;
+      const float* gr = g + r * C;
+      const float m = mean[r], rs = rstd[r];
+      float sum_dh = 0.f, sum_dh_h = 0.f;
+      for (std::size_t j = 0; j < C; ++j) {
+        const float h = (row[j] - m) * rs;
+        const float dh = gm ? gr[j] * gm[j] : gr[j];
+        sum_dh += dh;
+        sum_dh_h += dh * h;
+        if (dg) dg[j] += gr[j] * h;
+        if (db) db[j] += gr[j];
+      }
+      if (!dx) continue;
+      const float inv_c = 1.f / static_cast<float>(C);
+      float* d = dx + r * C;
+      for (std::size_t j = 0; j < C; ++j) {
+        const float h = (row[j] - m) * rs;
+        const float dh = gm ? gr[j] * gm[j] : gr[j];
+        d[j] += rs * (dh - sum_dh * inv_c - h * sum_dh_h * inv_c);
+      }
+    }
+  });
+}
+
+}  // namespace xgrad

@@ -1,0 +1,215 @@
+// The per-thread tape, grad mode, and the reverse sweep.
+#include "xgrad/core/tape.hpp"
+
+#include <algorithm>
+
+#include "xgrad/core/broadcast.hpp"
+#include "xgrad/core/error.hpp"
+
+namespace xgrad {
+
+namespace {
+
+struct Tape {
+  std::vector<std::shared_ptr<TapeEntry>> entries;  // in recording order
+  std::uint64_t next_seq = 0;
+  std::size_t prune_at = 4096;
+};
+
+// State of the backward pass running on this thread: nodes holding a pending gradient.
+struct Pass {
+  std::vector<std::shared_ptr<Node>> touched;
+};
+
+thread_local Tape tape;
+thread_local bool grad_mode = true;
+thread_local Pass* current_pass = nullptr;
+
+constexpr std::size_t kMinPrune = 4096;
+
+// Drops entries whose output no handle or later op holds: no gradient can ever reach them.
+// Walking backwards lets one sweep cascade, since dropping an entry releases its inputs.
+void prune() {
+  auto& e = tape.entries;
+  for (std::size_t i = e.size(); i-- > 0;) {
+    if (e[i]->output.expired()) e[i].reset();
+  }
+  e.erase(std::remove(e.begin(), e.end(), nullptr), e.end());
+  tape.prune_at = std::max(kMinPrune, 2 * e.size());
+}
+
+void add_into(Array& dst, const Array& src) {
+  float* d = dst.data();
+  const float* s = src.data();
+  for (std::size_t i = 0, n = src.size(); i < n; ++i) d[i] += s[i];
+}
+
+// The gradient has arrived in full at `node`: hooks see it, and a leaf or retain_grad tensor
+// keeps it (accumulating across backward calls, as PyTorch does).
+void deliver(Node& node, Array& grad) {
+  for (auto& [id, hook] : node.hooks) {
+    hook(grad);
+    if (grad.shape() != node.value->shape()) {
+      fail("backward: a hook on tensor '", node.name, "' changed its gradient's shape from ",
+           shape_str(node.value->shape()), " to ", shape_str(grad.shape()));
+    }
+  }
+  const bool keeps = !node.has_creator || node.retains_grad;
+  if (!keeps) return;
+  if (node.has_grad) {
+    add_into(node.grad, grad);
+  } else {
+    node.grad = grad;
+    node.has_grad = true;
+  }
+}
+
+const char* const kReleased =
+    "backward: the graph behind this tensor was already released by an earlier backward(); "
+    "pass retain_graph=true to the first backward() to backpropagate through it again";
+
+}  // namespace
+
+bool grad_enabled() { return grad_mode; }
+void set_grad_enabled(bool on) { grad_mode = on; }
+
+std::size_t tape_size() { return tape.entries.size(); }
+
+Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  Tensor out(std::move(value));
+  if (!grad_mode) return out;
+  const bool any = std::any_of(inputs.begin(), inputs.end(),
+                               [](const Tensor& t) { return t.defined() && t.requires_grad(); });
+  if (!any) return out;
+  auto entry = std::make_shared<TapeEntry>();
+  entry->op = op;
+  entry->inputs.reserve(inputs.size());
+  for (const Tensor& t : inputs) entry->inputs.push_back(t.defined() ? t.node() : nullptr);
+  entry->output = out.node();
+  entry->backward = std::move(fn);
+  entry->seq = tape.next_seq++;
+  Node& n = *out.node();
+  n.requires_grad = true;
+  n.has_creator = true;
+  n.creator = entry;
+  tape.entries.push_back(std::move(entry));
+  if (tape.entries.size() >= tape.prune_at) prune();
+  return out;
+}
+
+Node& GradContext::prepare(std::size_t i) {
+  const auto& in = entry_.inputs.at(i);
+  if (!in || !in->requires_grad) fail("backward of ", entry_.op, ": input ", i, " does not take a gradient");
+  if (in->has_creator && in->creator.expired()) fail(kReleased);
+  return *in;
+}
+
+void GradContext::accumulate(std::size_t i, Array&& g) {
+  Node& n = prepare(i);
+  if (g.shape() != n.value->shape()) {
+    fail("backward of ", entry_.op, ": gradient for input ", i, " has shape ", shape_str(g.shape()),
+         " but the input has shape ", shape_str(n.value->shape()));
+  }
+  if (n.has_pending) {
+    add_into(n.pending, g);
+    return;
+  }
+  n.pending = std::move(g);
+  n.has_pending = true;
+  current_pass->touched.push_back(entry_.inputs[i]);
+}
+
+Array& GradContext::grad_buffer(std::size_t i) {
+  Node& n = prepare(i);
+  if (!n.has_pending) {
+    n.pending = xt::zeros<float>(n.value->shape());
+    n.has_pending = true;
+    current_pass->touched.push_back(entry_.inputs[i]);
+  }
+  return n.pending;
+}
+
+void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
+  if (g.shape() == entry_.inputs.at(i)->value->shape()) {
+    accumulate(i, Array(g));
+  } else {
+    add_reduced(grad_buffer(i), g);
+  }
+}
+
+void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
+  const std::shared_ptr<Node>& r = root.node();
+  if (!r->requires_grad) {
+    fail("backward: the tensor does not require grad (it was computed under NoGradGuard or from "
+         "inputs that do not require grad)");
+  }
+  if (current_pass) fail("backward: called from inside another backward pass (from a hook?)");
+  std::shared_ptr<TapeEntry> root_entry;
+  if (r->has_creator) {
+    root_entry = r->creator.lock();
+    if (!root_entry) fail(kReleased);
+  }
+  Array g;
+  if (seed) {
+    if (seed->shape() != r->value->shape()) {
+      fail("backward: seed gradient of shape ", shape_str(seed->shape()), " does not match the tensor's shape ",
+           shape_str(r->value->shape()));
+    }
+    g = *seed;
+  } else {
+    if (r->value->size() != 1) {
+      fail("backward: called without a seed gradient on a tensor of shape ", shape_str(r->value->shape()),
+           "; only a single-element tensor gets the implicit seed 1");
+    }
+    g = xt::ones<float>(r->value->shape());
+  }
+
+  Pass pass;
+  current_pass = &pass;
+  // Whatever happens, leave no pending gradient behind and drop the entries that ran.
+  struct Cleanup {
+    Pass& pass;
+    ~Cleanup() {
+      for (auto& n : pass.touched) {
+        n->pending = Array();
+        n->has_pending = false;
+      }
+      auto& e = tape.entries;
+      e.erase(std::remove_if(e.begin(), e.end(), [](const auto& x) { return !x->backward; }), e.end());
+      current_pass = nullptr;
+    }
+  } cleanup{pass};
+
+  r->pending = std::move(g);
+  r->has_pending = true;
+  pass.touched.push_back(r);
+
+  if (root_entry) {
+    auto& entries = tape.entries;
+    auto it = std::lower_bound(entries.begin(), entries.end(), root_entry->seq,
+                               [](const auto& e, std::uint64_t s) { return e->seq < s; });
+    for (std::size_t i = static_cast<std::size_t>(it - entries.begin()) + 1; i-- > 0;) {
+      TapeEntry& e = *entries[i];
+      std::shared_ptr<Node> out = e.output.lock();
+      if (!out || !out->has_pending) continue;
+      if (!e.backward) fail(kReleased);
+      Array grad = std::move(out->pending);
+      out->has_pending = false;
+      deliver(*out, grad);
+      GradContext ctx(e, grad, *out->value);
+      e.backward(ctx);
+      if (!retain_graph) {
+        e.backward = nullptr;  // frees what the closure cached
+        e.inputs.clear();      // frees activations (the pass still holds the touched nodes)
+      }
+    }
+  }
+  for (auto& n : pass.touched) {
+    if (n->has_pending && !n->has_creator) {
+      deliver(*n, n->pending);
+      n->has_pending = false;
+    }
+  }
+}
+
+}  // namespace xgrad
