@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages xgrad builds with, but only those that are missing.
+set -euo pipefail
+
+packages=(cmake make g++ libxtensor-dev libxtensor-blas-dev xtl-dev libxsimd-dev libopenblas-dev
+          catch2 nlohmann-json3-dev libcli11-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "xgrad: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
