@@ -79,6 +79,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool t
 // Numerically stable softmax / log-softmax along `axis`.
 Tensor softmax(const Tensor& a, int axis = -1);
 Tensor log_softmax(const Tensor& a, int axis = -1);
+// Softmax along `axis` over the elements whose mask (broadcastable to a's shape) is false;
+// masked elements get weight 0, and a slice with every element masked is all zeros (never NaN),
+// with zero gradient.
+Tensor masked_softmax(const Tensor& a, const Mask& mask, int axis = -1);
 // Where mask (broadcastable to a's shape) is true the result is `value`; there a gets no gradient.
 Tensor masked_fill(const Tensor& a, const Mask& mask, float value);
 // Mean cross-entropy of logits (..., C) against integer targets (...), skipping targets equal

@@ -12,10 +12,6 @@ namespace xgrad {
 
 namespace {
 
-void check_defined(const Tensor& a, const char* op) {
-  if (!a.defined()) fail(op, ": input is an undefined tensor");
-}
-
 // y = f(x) elementwise; backward dx = df(x, y, g). Both run as plain loops.
 template <class Fwd, class Bwd>
 Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd) {

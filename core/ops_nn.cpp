@@ -1,10 +1,12 @@
 // Neural-network functions as fused kernels (plain loops over contiguous buffers): softmax,
-// log_softmax, masked_fill, cross_entropy, embedding, dropout, layer_norm.
+// masked_softmax, log_softmax, masked_fill, cross_entropy, embedding, dropout, layer_norm.
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include <xtensor/xbroadcast.hpp>
 
+#include "xgrad/core/axis_view.hpp"
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
@@ -14,22 +16,6 @@ namespace xgrad {
 
 namespace {
 
-void check_defined(const Tensor& a, const char* op) {
-  if (!a.defined()) fail(op, ": input is an undefined tensor");
-}
-
-// (outer, n, inner) view around one axis: element (o, i, j) sits at (o * n + i) * inner + j.
-struct AxisView {
-  std::size_t outer = 1, n = 0, inner = 1;
-};
-
-AxisView view_around(const Shape& s, std::size_t ax) {
-  AxisView v;
-  v.n = s[ax];
-  for (std::size_t k = 0; k < ax; ++k) v.outer *= s[k];
-  for (std::size_t k = ax + 1; k < s.size(); ++k) v.inner *= s[k];
-  return v;
-}
 
 // Calls f(base, stride) for every 1-D slice along the viewed axis.
 template <class F>
@@ -48,26 +34,31 @@ std::pair<float, float> max_and_log_sum(const float* x, std::size_t n, std::size
   return {m, std::log(s)};
 }
 
-}  // namespace
-
-Tensor softmax(const Tensor& a, int axis) {
-  check_defined(a, "softmax");
-  const AxisView v = view_around(a.shape(), normalize_axis(axis, a.ndim(), "softmax"));
+// Softmax of every slice, skipping elements whose keep flag is 0 (keep == nullptr keeps all).
+Tensor softmax_impl(const char* op, const Tensor& a, int axis, std::shared_ptr<std::vector<std::uint8_t>> keep) {
+  check_defined(a, op);
+  const AxisView v = view_around(a.shape(), normalize_axis(axis, a.ndim(), op));
   Array y = Array::from_shape(a.shape());
   const float* x = a.value().data();
+  const std::uint8_t* k = keep ? keep->data() : nullptr;
   float* out = y.data();
   for_each_slice(v, [&](std::size_t b, std::size_t st) {
-    // y_i = exp(x_i - max) / sum_j exp(x_j - max)
+    // y_i = exp(x_i - max) / sum_j exp(x_j - max), over kept elements only
     float m = -std::numeric_limits<float>::infinity();
-    for (std::size_t i = 0; i < v.n; ++i) m = std::max(m, x[b + i * st]);
+    for (std::size_t i = 0; i < v.n; ++i) {
+      if (!k || k[b + i * st]) m = std::max(m, x[b + i * st]);
+    }
     if (!std::isfinite(m)) m = 0.f;
     float s = 0.f;
-    for (std::size_t i = 0; i < v.n; ++i) s += out[b + i * st] = std::exp(x[b + i * st] - m);
+    for (std::size_t i = 0; i < v.n; ++i) {
+      const std::size_t at = b + i * st;
+      s += out[at] = (!k || k[at]) ? std::exp(x[at] - m) : 0.f;
+    }
     const float inv = s > 0.f ? 1.f / s : 0.f;
     for (std::size_t i = 0; i < v.n; ++i) out[b + i * st] *= inv;
   });
-  return record("softmax", std::move(y), {a}, [v](GradContext& ctx) {
-    // dx_i = y_i (g_i - sum_j g_j y_j)
+  return record(op, std::move(y), {a}, [v](GradContext& ctx) {
+    // dx_i = y_i (g_i - sum_j g_j y_j); zero wherever y is (masked elements)
     const float* y = ctx.output().data();
     const float* g = ctx.grad_out().data();
     Array dx = Array::from_shape(ctx.output().shape());
@@ -79,6 +70,26 @@ Tensor softmax(const Tensor& a, int axis) {
     });
     ctx.accumulate(0, std::move(dx));
   });
+}
+
+// The mask expanded to `shape` as keep flags (1 where the mask is false).
+std::shared_ptr<std::vector<std::uint8_t>> keep_flags(const Mask& mask, const Shape& shape, const char* op) {
+  if (broadcast_shapes(mask.shape(), shape, op) != shape) {
+    fail(op, ": mask of shape ", shape_str(mask.shape()), " does not broadcast to the input's shape ", shape_str(shape));
+  }
+  const Mask full = xt::broadcast(mask, shape);
+  auto keep = std::make_shared<std::vector<std::uint8_t>>(full.size());
+  for (std::size_t i = 0; i < full.size(); ++i) (*keep)[i] = full.data()[i] ? 0 : 1;
+  return keep;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& a, int axis) { return softmax_impl("softmax", a, axis, nullptr); }
+
+Tensor masked_softmax(const Tensor& a, const Mask& mask, int axis) {
+  if (!a.defined()) fail("masked_softmax: input is an undefined tensor");
+  return softmax_impl("masked_softmax", a, axis, keep_flags(mask, a.shape(), "masked_softmax"));
 }
 
 Tensor log_softmax(const Tensor& a, int axis) {
@@ -110,15 +121,7 @@ Tensor log_softmax(const Tensor& a, int axis) {
 Tensor masked_fill(const Tensor& a, const Mask& mask, float value) {
   check_defined(a, "masked_fill");
   const Shape& s = a.shape();
-  if (broadcast_shapes(mask.shape(), s, "masked_fill") != s) {
-    fail("masked_fill: mask of shape ", shape_str(mask.shape()), " does not broadcast to the input's shape ", shape_str(s));
-  }
-  // Expanded once to the input's shape; backward reuses it.
-  auto keep = std::make_shared<std::vector<std::uint8_t>>(a.size());
-  {
-    const Mask full = xt::broadcast(mask, s);
-    for (std::size_t i = 0; i < a.size(); ++i) (*keep)[i] = full.data()[i] ? 0 : 1;
-  }
+  auto keep = keep_flags(mask, s, "masked_fill");  // backward reuses it
   Array y = a.value();
   for (std::size_t i = 0; i < y.size(); ++i) {
     if (!(*keep)[i]) y.data()[i] = value;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "xgrad/core/axis_view.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/tape.hpp"
@@ -43,22 +44,6 @@ Array permute_array(const Array& in, const std::vector<std::size_t>& perm) {
   return out;
 }
 
-// (outer, n, inner) view of a shape around one axis.
-struct AxisView {
-  std::size_t outer = 1, n = 0, inner = 1;
-};
-
-AxisView view_around(const Shape& s, std::size_t ax) {
-  AxisView v;
-  v.n = s[ax];
-  for (std::size_t k = 0; k < ax; ++k) v.outer *= s[k];
-  for (std::size_t k = ax + 1; k < s.size(); ++k) v.inner *= s[k];
-  return v;
-}
-
-void check_defined(const Tensor& a, const char* op) {
-  if (!a.defined()) fail(op, ": input is an undefined tensor");
-}
 
 }  // namespace
 

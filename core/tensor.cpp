@@ -126,6 +126,10 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   return os << ')';
 }
 
+void check_defined(const Tensor& t, const char* op) {
+  if (!t.defined()) fail(op, ": input is an undefined tensor");
+}
+
 std::size_t normalize_axis(int axis, std::size_t ndim, const char* who) {
   const long n = static_cast<long>(ndim);
   if (axis < -n || axis >= n) fail(who, ": axis ", axis, " is out of range for a tensor of rank ", ndim);

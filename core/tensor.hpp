@@ -99,6 +99,9 @@ class Tensor {
 // Prints the values, then shape, name and whether the tensor requires grad.
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
+// Throws naming `op` when the handle is undefined.
+void check_defined(const Tensor& t, const char* op);
+
 // Normalizes a possibly negative axis for a tensor of rank ndim; `who` names the caller.
 std::size_t normalize_axis(int axis, std::size_t ndim, const char* who);
 
