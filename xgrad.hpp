@@ -1,10 +1,23 @@
 // Everything xgrad offers, in one include.
 #pragma once
 
+#include "xgrad/core/arg.hpp"
 #include "xgrad/core/blas.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/gradcheck.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/random.hpp"
+#include "xgrad/core/safetensors.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/core/tensor.hpp"
+#include "xgrad/nn/attention.hpp"
+#include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/layers.hpp"
+#include "xgrad/nn/module.hpp"
+#include "xgrad/nn/options.hpp"
+#include "xgrad/nn/transformer.hpp"
+#include "xgrad/optim/adam.hpp"
+#include "xgrad/optim/clip.hpp"
+#include "xgrad/optim/optimizer.hpp"
+#include "xgrad/optim/schedule.hpp"
+#include "xgrad/optim/sgd.hpp"

@@ -71,7 +71,12 @@ Plan make_plan(const Shape& sa, const Shape& sb, bool ta, bool tb) {
   }
   p.lda = ca;
   p.ldb = cb;
-  p.batch = broadcast_shapes(batch_of(sa), batch_of(sb), "matmul");
+  try {
+    p.batch = broadcast_shapes(batch_of(sa), batch_of(sb), "matmul");
+  } catch (const Error&) {
+    fail("matmul: batch shapes ", shape_str(batch_of(sa)), " and ", shape_str(batch_of(sb)), " of ", shape_str(sa), " @ ",
+         shape_str(sb), " cannot be broadcast together");
+  }
   p.folded = sb.size() == 2 && !ta;
   if (!p.folded) {
     p.a_off = batch_offsets(batch_of(sa), p.batch, ra * ca);

@@ -15,7 +15,11 @@ void Generator::manual_seed(std::uint64_t seed) {
 
 float Generator::uniform() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }
 
-float Generator::uniform(float low, float high) { return low + (high - low) * uniform(); }
+float Generator::uniform(float low, float high) {
+  // low + (high - low) u can round up to high itself when low is large against the span.
+  const float x = low + (high - low) * uniform();
+  return x < high ? x : std::nextafter(high, low);
+}
 
 float Generator::normal() {
   // Box-Muller with u1 in (0, 1] so the log is finite; computed in double, rounded once.
@@ -29,7 +33,7 @@ float Generator::normal(float mean, float stddev) { return mean + stddev * norma
 
 std::uint64_t Generator::below(std::uint64_t n) {
   if (n == 0) fail("Generator::below: n must be positive");
-  if (n > 0xffffffffull) fail("Generator::below: n ", n, " exceeds 2^32");
+  if (n > 0x100000000ull) fail("Generator::below: n ", n, " exceeds 2^32");
   // Rejection sampling: accept only draws below the largest multiple of n.
   const std::uint64_t span = 0x100000000ull;
   const std::uint64_t limit = span - span % n;

@@ -20,6 +20,10 @@ using Shape = Array::shape_type;
 using IndexArray = xt::xarray<std::int64_t>;  // token ids, class targets
 using Mask = xt::xarray<bool>;             // true marks an element to mask out
 
+class Tensor;
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;  // e.g. a module's parameters
+using NamedArrays = std::vector<std::pair<std::string, Array>>;    // e.g. a checkpoint's contents
+
 // A gradient hook sees the gradient arriving at a tensor during backward and may change it
 // in place (scale it, zero it, replace it); the changed gradient is what flows on.
 using GradHook = std::function<void(Array& grad)>;

@@ -1,0 +1,89 @@
+// MultiHeadAttention forward (its backward is the ops' own).
+#include "xgrad/nn/attention.hpp"
+
+#include <cmath>
+
+#include <xtensor/xbroadcast.hpp>
+#include <xtensor/xoperation.hpp>
+
+#include "xgrad/core/broadcast.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+
+namespace xgrad::nn {
+
+MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& o, Generator& gen) : options_(o) {
+  if (o.num_heads() == 0 || o.d_model() == 0) {
+    fail("MultiHeadAttention: d_model ", o.d_model(), " and num_heads ", o.num_heads(), " must be positive");
+  }
+  if (o.d_model() % o.num_heads() != 0) {
+    fail("MultiHeadAttention: d_model ", o.d_model(), " is not divisible by num_heads ", o.num_heads());
+  }
+  if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("MultiHeadAttention: dropout ", o.dropout(), " is outside [0, 1)");
+  const std::size_t C = o.d_model();
+  w_q = register_module("w_q", std::make_shared<Linear>(C, C, o.bias(), gen));
+  w_k = register_module("w_k", std::make_shared<Linear>(C, C, o.bias(), gen));
+  w_v = register_module("w_v", std::make_shared<Linear>(C, C, o.bias(), gen));
+  w_o = register_module("w_o", std::make_shared<Linear>(C, C, o.bias(), gen));
+  if (o.norm() != Norm::none) norm = register_module("norm", std::make_shared<LayerNorm>(C, o.layer_norm_eps()));
+}
+
+std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::size_t H, std::size_t T, std::size_t S) {
+  if (!m.causal && !m.attn_mask && !m.key_padding_mask) return std::nullopt;
+  const Shape full = {B, H, T, S};
+  Mask out = xt::zeros<bool>(Shape{1, 1, T, S});
+  if (m.causal) {
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t s = t + 1; s < S; ++s) out(0, 0, t, s) = true;
+  }
+  if (m.attn_mask) {
+    const Shape& ms = m.attn_mask->shape();
+    if (ms.size() > 4 || broadcast_shapes(ms, full, "MultiHeadAttention") != full) {
+      fail("MultiHeadAttention: attn_mask of shape ", shape_str(ms), " does not broadcast to (B, H, T, S) = ", shape_str(full));
+    }
+    out = out || *m.attn_mask;
+  }
+  if (m.key_padding_mask) {
+    const Shape& ks = m.key_padding_mask->shape();
+    if (ks != Shape{B, S}) {
+      fail("MultiHeadAttention: key_padding_mask of shape ", shape_str(ks), " is not (B, S) = ", shape_str(Shape{B, S}));
+    }
+    Mask kp = *m.key_padding_mask;
+    kp.reshape({B, 1, 1, S});
+    out = out || kp;
+  }
+  return out;
+}
+
+AttentionOutput MultiHeadAttention::forward(const Tensor& x, const AttentionMask& mask) const {
+  check_defined(x, "MultiHeadAttention");
+  const std::size_t C = options_.d_model(), H = options_.num_heads(), D = C / H;
+  if (x.ndim() != 3 || x.shape()[2] != C) {
+    fail("MultiHeadAttention: input must be (B, T, C) with C = d_model ", C, ", got ", shape_str(x.shape()));
+  }
+  const std::size_t B = x.shape()[0], T = x.shape()[1];
+  const auto b = static_cast<std::int64_t>(B), t = static_cast<std::int64_t>(T);
+  const auto h = static_cast<std::int64_t>(H), d = static_cast<std::int64_t>(D);
+
+  const Tensor in = options_.norm() == Norm::pre ? norm->forward(x) : x;
+  // (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
+  auto heads = [&](const Linear& proj) { return permute(reshape(proj.forward(in), {b, t, h, d}), {0, 2, 1, 3}); };
+  const Tensor q = heads(*w_q), k = heads(*w_k), v = heads(*w_v);
+
+  const Tensor scores = matmul(q, k, false, true) * (1.f / std::sqrt(static_cast<float>(D)));  // (B, H, T, S)
+  const std::optional<Mask> blocked = combine_masks(mask, B, H, T, T);
+  const Tensor weights = blocked ? masked_softmax(scores, *blocked) : softmax(scores);
+  const Tensor attended = dropout(weights, options_.dropout(), is_training());
+  // (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
+  const Tensor context = reshape(permute(matmul(attended, v), {0, 2, 1, 3}), {b, t, static_cast<std::int64_t>(C)});
+  const Tensor out = w_o->forward(context);
+
+  switch (options_.norm()) {
+    case Norm::pre: return {x + out, weights};
+    case Norm::post: return {norm->forward(x + out), weights};
+    case Norm::none: break;
+  }
+  return {out, weights};
+}
+
+}  // namespace xgrad::nn

@@ -1,0 +1,31 @@
+// Checkpoints of a module's parameters (and, carried alongside, an optimizer's state) as
+// safetensors files. Parameters are stored under their dotted names, optimizer state under
+// "optimizer.<name>", so the file reads naturally from Python.
+#pragma once
+
+#include <string>
+
+#include "xgrad/core/safetensors.hpp"
+#include "xgrad/nn/module.hpp"
+
+namespace xgrad::nn {
+
+// Copies of the parameter values by dotted name.
+NamedArrays state_dict(const Module& module);
+// Copies values into the module's parameters. Missing or unexpected names and wrong shapes are
+// errors, checked before anything is written, so on error the module is unchanged.
+void load_state_dict(Module& module, const NamedArrays& state);
+
+// Saves atomically (see save_safetensors).
+void save_checkpoint(const std::string& path, const Module& module, const NamedArrays& optimizer_state = {},
+                     const Metadata& metadata = {});
+
+struct Checkpoint {
+  NamedArrays optimizer_state;  // names without the "optimizer." prefix, for Optimizer::load_state_dict
+  Metadata metadata;
+};
+
+// Loads the parameters into `module` (all or nothing) and returns the rest.
+Checkpoint load_checkpoint(const std::string& path, Module& module);
+
+}  // namespace xgrad::nn

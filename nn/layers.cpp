@@ -1,0 +1,94 @@
+// Linear, LayerNorm, Dropout, Embedding and positional encodings.
+#include "xgrad/nn/layers.hpp"
+
+#include <cmath>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+
+namespace xgrad::nn {
+
+Linear::Linear(std::size_t in_features, std::size_t out_features, bool use_bias, Generator& gen)
+    : in_(in_features), out_(out_features) {
+  if (in_features == 0 || out_features == 0) {
+    fail("Linear: in_features ", in_features, " and out_features ", out_features, " must be positive");
+  }
+  const float bound = 1.f / std::sqrt(static_cast<float>(in_features));
+  weight = register_parameter("weight", Tensor(gen.uniform({out_features, in_features}, -bound, bound)));
+  if (use_bias) bias = register_parameter("bias", Tensor(gen.uniform({out_features}, -bound, bound)));
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  check_defined(x, "Linear");
+  if (x.ndim() == 0 || x.shape().back() != in_) {
+    fail("Linear: input of shape ", shape_str(x.shape()), " does not end in in_features ", in_);
+  }
+  if (x.ndim() == 1) {  // a single vector: (in,) -> (out,)
+    return reshape(forward(reshape(x, {1, static_cast<std::int64_t>(in_)})), {static_cast<std::int64_t>(out_)});
+  }
+  const Tensor y = matmul(x, weight, false, true);  // (..., out)
+  return bias.defined() ? y + bias : y;
+}
+
+LayerNorm::LayerNorm(std::size_t features, float eps, bool affine) : features_(features), eps_(eps) {
+  if (features == 0) fail("LayerNorm: features must be positive");
+  if (!(eps > 0.f)) fail("LayerNorm: eps must be positive, got ", eps);
+  if (affine) {
+    weight = register_parameter("weight", Tensor::ones({features}));
+    bias = register_parameter("bias", Tensor::zeros({features}));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  check_defined(x, "LayerNorm");
+  if (x.ndim() == 0 || x.shape().back() != features_) {
+    fail("LayerNorm: input of shape ", shape_str(x.shape()), " does not end in the normalized size ", features_);
+  }
+  return layer_norm(x, weight, bias, eps_);
+}
+
+Dropout::Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {
+  if (!(p >= 0.f && p < 1.f)) fail("Dropout: probability ", p, " is outside [0, 1)");
+}
+
+Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p_, is_training(), *gen_); }
+
+Embedding::Embedding(std::size_t num_embeddings, std::size_t dim, Generator& gen) {
+  if (num_embeddings == 0 || dim == 0) fail("Embedding: num_embeddings ", num_embeddings, " and dim ", dim, " must be positive");
+  weight = register_parameter("weight", Tensor(gen.normal({num_embeddings, dim}, 0.f, 1.f)));
+}
+
+Tensor Embedding::forward(const IndexArray& ids) const { return embedding(weight, ids); }
+
+SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(std::size_t max_len, std::size_t dim) {
+  if (max_len == 0 || dim == 0) fail("SinusoidalPositionalEncoding: max_len and dim must be positive");
+  Array pe = Array::from_shape({max_len, dim});
+  for (std::size_t t = 0; t < max_len; ++t) {
+    for (std::size_t j = 0; j < dim; ++j) {
+      const double freq = std::pow(10000.0, -static_cast<double>(j - j % 2) / static_cast<double>(dim));
+      const double angle = static_cast<double>(t) * freq;
+      pe(t, j) = static_cast<float>(j % 2 == 0 ? std::sin(angle) : std::cos(angle));
+    }
+  }
+  table_ = Tensor(std::move(pe));
+}
+
+Tensor SinusoidalPositionalEncoding::forward(std::size_t length) const {
+  if (length > table_.shape()[0]) {
+    fail("SinusoidalPositionalEncoding: length ", length, " exceeds max_len ", table_.shape()[0]);
+  }
+  return slice(table_, 0, 0, length);
+}
+
+LearnedPositionalEncoding::LearnedPositionalEncoding(std::size_t max_len, std::size_t dim, Generator& gen)
+    : max_len_(max_len) {
+  if (max_len == 0 || dim == 0) fail("LearnedPositionalEncoding: max_len and dim must be positive");
+  weight = register_parameter("weight", Tensor(gen.normal({max_len, dim}, 0.f, 1.f)));
+}
+
+Tensor LearnedPositionalEncoding::forward(std::size_t length) const {
+  if (length > max_len_) fail("LearnedPositionalEncoding: length ", length, " exceeds max_len ", max_len_);
+  return slice(weight, 0, 0, length);
+}
+
+}  // namespace xgrad::nn

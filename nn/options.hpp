@@ -1,0 +1,14 @@
+// Choices shared by the nn modules' options structs (built with XGRAD_ARG).
+#pragma once
+
+#include "xgrad/core/arg.hpp"
+
+namespace xgrad::nn {
+
+// Where LayerNorm sits around a residual sublayer f:
+//   pre:  y = x + f(LN(x))      post: y = LN(x + f(x))      none: y = f(x) (no residual, no norm)
+enum class Norm { pre, post, none };
+
+enum class Activation { gelu, relu };
+
+}  // namespace xgrad::nn

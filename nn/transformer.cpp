@@ -1,0 +1,146 @@
+// FeedForward, TransformerBlock and LanguageModel.
+#include "xgrad/nn/transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/tape.hpp"
+
+namespace xgrad::nn {
+
+FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : options_(o) {
+  if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("FeedForward: dropout ", o.dropout(), " is outside [0, 1)");
+  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model(), o.d_ff(), true, gen));
+  linear2 = register_module("linear2", std::make_shared<Linear>(o.d_ff(), o.d_model(), true, gen));
+}
+
+Tensor FeedForward::forward(const Tensor& x) const {
+  const Tensor h = linear1->forward(x);
+  const Tensor a = options_.activation() == Activation::gelu ? gelu(h) : relu(h);
+  return linear2->forward(dropout(a, options_.dropout(), is_training()));
+}
+
+TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& gen) : options_(o) {
+  if (o.norm() == Norm::none) fail("TransformerBlock: norm must be Norm::pre or Norm::post");
+  attn = register_module("attn", std::make_shared<MultiHeadAttention>(
+                                     MultiHeadAttentionOptions(o.d_model(), o.num_heads()).dropout(o.dropout()).norm(o.norm()),
+                                     gen));
+  ffn_norm = register_module("ffn_norm", std::make_shared<LayerNorm>(o.d_model()));
+  ffn = register_module("ffn", std::make_shared<FeedForward>(
+                                   FeedForwardOptions(o.d_model(), o.d_ff()).activation(o.activation()).dropout(o.dropout()), gen));
+}
+
+BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask) const {
+  const AttentionOutput a = attn->forward(x, mask);  // residual and norm included
+  const Tensor& h = a.output;
+  const Tensor y = options_.norm() == Norm::pre ? h + ffn->forward(ffn_norm->forward(h))
+                                                : ffn_norm->forward(h + ffn->forward(h));
+  return {y, a.weights};
+}
+
+LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : options_(o) {
+  if (o.vocab_size() == 0 || o.num_layers() == 0 || o.max_len() == 0) {
+    fail("LanguageModel: vocab_size ", o.vocab_size(), ", num_layers ", o.num_layers(), " and max_len ", o.max_len(),
+         " must be positive");
+  }
+  if (o.norm() == Norm::none) fail("LanguageModel: norm must be Norm::pre or Norm::post");
+  tok_emb = register_module("tok_emb", std::make_shared<Embedding>(o.vocab_size(), o.d_model(), gen));
+  if (o.positional() == Positional::learned) {
+    pos_emb = register_module("pos_emb", std::make_shared<LearnedPositionalEncoding>(o.max_len(), o.d_model(), gen));
+  } else {
+    pos_table = std::make_shared<SinusoidalPositionalEncoding>(o.max_len(), o.d_model());
+  }
+  auto list = register_module("blocks", std::make_shared<ModuleList>());
+  for (std::size_t i = 0; i < o.num_layers(); ++i) {
+    blocks.push_back(list->push_back(std::make_shared<TransformerBlock>(TransformerBlockOptions(o.d_model(), o.num_heads())
+                                                                  .d_ff(o.d_ff())
+                                                                  .dropout(o.dropout())
+                                                                  .norm(o.norm())
+                                                                  .activation(o.activation()),
+                                                              gen)));
+  }
+  if (o.norm() == Norm::pre) final_norm = register_module("final_norm", std::make_shared<LayerNorm>(o.d_model()));
+  head = register_module("head", std::make_shared<Linear>(o.d_model(), o.vocab_size(), true, gen));
+}
+
+LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
+  if (ids.dimension() != 2) fail("LanguageModel: ids must be (B, T), got ", shape_str(ids.shape()));
+  const std::size_t T = ids.shape()[1];
+  if (T == 0) fail("LanguageModel: empty sequence (T = 0)");
+  if (T > options_.max_len()) fail("LanguageModel: sequence length ", T, " exceeds max_len ", options_.max_len());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::int64_t id = ids.data()[i];
+    if (id < 0 || id >= static_cast<std::int64_t>(options_.vocab_size())) {
+      fail("LanguageModel: token id ", id, " at flat position ", i, " is outside the vocabulary [0, ", options_.vocab_size(), ")");
+    }
+  }
+  const Tensor pos = pos_emb ? pos_emb->forward(T) : pos_table->forward(T);  // (T, C)
+  Tensor h = tok_emb->forward(ids) + pos;                                    // (B, T, C)
+  AttentionMask mask;
+  mask.causal = true;
+  LanguageModelOutput out;
+  for (const auto& block : blocks) {
+    BlockOutput b = block->forward(h, mask);
+    h = b.output;
+    out.attentions.push_back(b.attention);
+  }
+  if (final_norm) h = final_norm->forward(h);
+  out.logits = head->forward(h);
+  return out;
+}
+
+Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets) const {
+  return cross_entropy(forward(ids).logits, targets);
+}
+
+std::vector<std::int64_t> LanguageModel::generate(std::vector<std::int64_t> prompt, std::size_t count,
+                                                  const GenerateOptions& opt, Generator& gen) {
+  if (prompt.empty()) fail("LanguageModel::generate: the prompt is empty");
+  if (!(opt.temperature >= 0.f)) fail("LanguageModel::generate: temperature ", opt.temperature, " is negative");
+  const bool was_training = is_training();
+  eval();
+  NoGradGuard no_grad;
+  const std::size_t V = options_.vocab_size();
+  try {
+    for (std::size_t step = 0; step < count; ++step) {
+      const std::size_t T = std::min(prompt.size(), options_.max_len());
+      IndexArray ids = IndexArray::from_shape({1, T});
+      std::copy(prompt.end() - static_cast<std::ptrdiff_t>(T), prompt.end(), ids.begin());
+      const Array& logits = forward(ids).logits.value();
+      const float* last = logits.data() + (T - 1) * V;  // next-token logits
+      std::vector<std::size_t> order(V);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return last[a] > last[b]; });
+      if (opt.temperature == 0.f) {
+        prompt.push_back(static_cast<std::int64_t>(order[0]));
+        continue;
+      }
+      const std::size_t k = opt.top_k == 0 ? V : std::min(opt.top_k, V);
+      // p_i = exp((l_i - l_max) / temperature) over the k most likely tokens
+      std::vector<double> p(k);
+      double total = 0;
+      for (std::size_t i = 0; i < k; ++i) total += p[i] = std::exp((last[order[i]] - last[order[0]]) / opt.temperature);
+      double u = static_cast<double>(gen.uniform()) * total;
+      std::size_t pick = k - 1;
+      for (std::size_t i = 0; i < k; ++i) {
+        if (u < p[i]) {
+          pick = i;
+          break;
+        }
+        u -= p[i];
+      }
+      prompt.push_back(static_cast<std::int64_t>(order[pick]));
+    }
+  } catch (...) {
+    train(was_training);
+    throw;
+  }
+  train(was_training);
+  return prompt;
+}
+
+}  // namespace xgrad::nn

@@ -1,0 +1,52 @@
+// Adam / AdamW update as one fused loop per parameter.
+#include "xgrad/optim/adam.hpp"
+
+#include <cmath>
+
+namespace xgrad::optim {
+
+Adam::Adam(NamedTensors params, const AdamOptions& o) : Adam(std::move(params), o, false, "Adam") {}
+Adam::Adam(const std::vector<Tensor>& params, const AdamOptions& o) : Adam(params, o, false, "Adam") {}
+
+Adam::Adam(NamedTensors params, const AdamOptions& o, bool decoupled, const char* who)
+    : Optimizer(std::move(params), o.lr(), {"exp_avg", "exp_avg_sq"}, who), options_(o), decoupled_(decoupled) {
+  validate();
+}
+
+Adam::Adam(const std::vector<Tensor>& params, const AdamOptions& o, bool decoupled, const char* who)
+    : Optimizer(params, o.lr(), {"exp_avg", "exp_avg_sq"}, who), options_(o), decoupled_(decoupled) {
+  validate();
+}
+
+void Adam::validate() {
+  check_range(who_, "beta1", options_.beta1(), 0.0, 1.0, true);
+  check_range(who_, "beta2", options_.beta2(), 0.0, 1.0, true);
+  check_range(who_, "eps", options_.eps(), 0.0, 1e30);
+  check_range(who_, "weight_decay", options_.weight_decay(), 0.0, 1e30);
+}
+
+void Adam::update(Array& param, const Array& grad, ParamState& state) {
+  const float lr = this->lr(), b1 = options_.beta1(), b2 = options_.beta2(), eps = options_.eps();
+  const float wd = options_.weight_decay();
+  const double t = static_cast<double>(state.step);
+  const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+  const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
+  const float step_size = lr / bias1;
+  const float decay = decoupled_ ? 1.f - lr * wd : 1.f;
+  float* p = param.data();
+  const float* g0 = grad.data();
+  float* m = state.slots[0].data();
+  float* v = state.slots[1].data();
+  for (std::size_t i = 0, n = param.size(); i < n; ++i) {
+    const float g = decoupled_ ? g0[i] : g0[i] + wd * p[i];
+    p[i] *= decay;
+    m[i] = b1 * m[i] + (1.f - b1) * g;
+    v[i] = b2 * v[i] + (1.f - b2) * g * g;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
+  }
+}
+
+AdamW::AdamW(NamedTensors params, const AdamOptions& o) : Adam(std::move(params), o, true, "AdamW") {}
+AdamW::AdamW(const std::vector<Tensor>& params, const AdamOptions& o) : Adam(params, o, true, "AdamW") {}
+
+}  // namespace xgrad::optim

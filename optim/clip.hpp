@@ -1,0 +1,16 @@
+// Clipping by the global gradient norm, as torch.nn.utils.clip_grad_norm_.
+#pragma once
+
+#include <vector>
+
+#include "xgrad/core/tensor.hpp"
+
+namespace xgrad::optim {
+
+// Scales every gradient by min(1, max_norm / (norm + 1e-6)), where norm is the L2 norm of all
+// gradients together (parameters without a gradient are skipped). Returns the norm before
+// clipping. A non-finite norm is returned as is and the gradients are left unchanged.
+float clip_grad_norm(const std::vector<Tensor>& params, float max_norm);
+float clip_grad_norm(const NamedTensors& params, float max_norm);
+
+}  // namespace xgrad::optim

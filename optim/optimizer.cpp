@@ -1,0 +1,111 @@
+// Optimizer bookkeeping: stepping over parameters, state dictionaries.
+#include "xgrad/optim/optimizer.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "xgrad/core/error.hpp"
+
+namespace xgrad::optim {
+
+void check_range(const char* who, const char* what, double value, double low, double high, bool high_open) {
+  const bool ok = std::isfinite(value) && value >= low && (high_open ? value < high : value <= high);
+  if (!ok) fail(who, ": ", what, " ", value, " is outside [", low, ", ", high, high_open ? ")" : "]");
+}
+
+namespace {
+NamedTensors number(const std::vector<Tensor>& params) {
+  NamedTensors named;
+  for (std::size_t i = 0; i < params.size(); ++i) named.emplace_back(std::to_string(i), params[i]);
+  return named;
+}
+}  // namespace
+
+Optimizer::Optimizer(NamedTensors params, float lr, std::vector<std::string> slots, const char* who)
+    : who_(who), params_(std::move(params)), state_(params_.size()), slot_names_(std::move(slots)) {
+  if (params_.empty()) fail(who, ": no parameters to optimize");
+  for (const auto& [name, p] : params_) {
+    if (!p.defined()) fail(who, ": parameter '", name, "' is undefined");
+    if (!p.is_leaf() || !p.requires_grad()) fail(who, ": parameter '", name, "' must be a leaf that requires grad");
+  }
+  set_lr(lr);
+}
+
+Optimizer::Optimizer(const std::vector<Tensor>& params, float lr, std::vector<std::string> slots, const char* who)
+    : Optimizer(number(params), lr, std::move(slots), who) {}
+
+void Optimizer::set_lr(float lr) {
+  check_range(who_, "learning rate", lr, 0.0, std::numeric_limits<double>::max());
+  lr_ = lr;
+}
+
+void Optimizer::step() {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i].second;
+    if (!p.has_grad()) continue;
+    ParamState& s = state_[i];
+    if (s.slots.empty()) {
+      for (std::size_t k = 0; k < slot_names_.size(); ++k) s.slots.push_back(xt::zeros<float>(p.shape()));
+    }
+    ++s.step;
+    update(p.mutable_value(), p.grad(), s);
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (auto& [name, p] : params_) p.zero_grad();
+}
+
+NamedArrays Optimizer::state_dict() const {
+  NamedArrays out;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamState& s = state_[i];
+    if (s.step == 0) continue;
+    out.emplace_back(params_[i].first + ".step", Array(static_cast<float>(s.step)));
+    for (std::size_t k = 0; k < slot_names_.size(); ++k) out.emplace_back(params_[i].first + "." + slot_names_[k], s.slots[k]);
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const NamedArrays& state) {
+  std::vector<ParamState> fresh(params_.size());
+  std::vector<std::size_t> found(params_.size(), 0);
+  for (const auto& [key, value] : state) {
+    bool matched = false;
+    for (std::size_t i = 0; i < params_.size() && !matched; ++i) {
+      const std::string& pname = params_[i].first;
+      if (key.size() <= pname.size() + 1 || key.compare(0, pname.size(), pname) != 0 || key[pname.size()] != '.') continue;
+      const std::string slot = key.substr(pname.size() + 1);
+      ParamState& s = fresh[i];
+      if (slot == "step") {
+        const float v = value.size() == 1 ? value.data()[0] : -1.f;
+        if (!(v >= 1.f) || v != std::floor(v)) fail(who_, ": state '", key, "' is not a positive step count");
+        s.step = static_cast<std::size_t>(v);
+        matched = true;
+        ++found[i];
+        continue;
+      }
+      for (std::size_t k = 0; k < slot_names_.size(); ++k) {
+        if (slot != slot_names_[k]) continue;
+        if (value.shape() != params_[i].second.shape()) {
+          fail(who_, ": state '", key, "' has shape ", shape_str(value.shape()), " but the parameter has ",
+               shape_str(params_[i].second.shape()));
+        }
+        if (s.slots.empty()) s.slots.resize(slot_names_.size());
+        s.slots[k] = value;
+        matched = true;
+        ++found[i];
+      }
+    }
+    if (!matched) fail(who_, ": unexpected state entry '", key, "'");
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (found[i] != 0 && found[i] != slot_names_.size() + 1) {
+      fail(who_, ": incomplete state for parameter '", params_[i].first, "' (", found[i], " of ", slot_names_.size() + 1,
+           " entries)");
+    }
+  }
+  state_ = std::move(fresh);
+}
+
+}  // namespace xgrad::optim

@@ -1,0 +1,55 @@
+// The optimizer base: the parameters it updates, the learning rate, per-parameter state and
+// its save/restore. Optimizers see only parameters and their gradients.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "xgrad/core/tensor.hpp"
+
+namespace xgrad::optim {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of every parameter that has a gradient (parameters without one are skipped).
+  void step();
+  void zero_grad();
+
+  float lr() const { return lr_; }
+  void set_lr(float lr);  // finite and >= 0
+
+  // Everything needed to resume exactly: "<param>.<slot>" arrays (e.g. "head.weight.exp_avg")
+  // and "<param>.step", for parameters that have been updated at least once.
+  NamedArrays state_dict() const;
+  // Restores a state_dict; unknown names or wrong shapes are errors and leave the state as it was.
+  void load_state_dict(const NamedArrays& state);
+
+  const NamedTensors& params() const { return params_; }
+
+ protected:
+  // `slots` names the per-parameter buffers (e.g. {"exp_avg", "exp_avg_sq"}).
+  Optimizer(NamedTensors params, float lr, std::vector<std::string> slots, const char* who);
+  Optimizer(const std::vector<Tensor>& params, float lr, std::vector<std::string> slots, const char* who);
+
+  struct ParamState {
+    std::size_t step = 0;      // updates this parameter has received
+    std::vector<Array> slots;  // allocated (zeros) at the first update
+  };
+  // Updates one parameter in place; state.step already counts this update.
+  virtual void update(Array& param, const Array& grad, ParamState& state) = 0;
+
+  const char* who_;
+
+ private:
+  NamedTensors params_;
+  std::vector<ParamState> state_;
+  std::vector<std::string> slot_names_;
+  float lr_;
+};
+
+// Throws naming `who` unless `value` is finite and within [low, high] (or [low, high) when
+// high_open); used to validate hyper-parameters.
+void check_range(const char* who, const char* what, double value, double low, double high, bool high_open = false);
+
+}  // namespace xgrad::optim

@@ -1,0 +1,34 @@
+// Stochastic gradient descent with momentum, Nesterov momentum and L2 weight decay,
+// following torch.optim.SGD:
+//   g = grad + weight_decay * p
+//   b = g at the first step, then b = momentum * b + (1 - dampening) * g
+//   g = nesterov ? g + momentum * b : b          (when momentum > 0)
+//   p = p - lr * g
+#pragma once
+
+#include "xgrad/core/arg.hpp"
+#include "xgrad/optim/optimizer.hpp"
+
+namespace xgrad::optim {
+
+struct SGDOptions {
+  explicit SGDOptions(float lr) : lr_(lr) {}
+  XGRAD_ARG(float, lr, 0.01f);
+  XGRAD_ARG(float, momentum, 0.f);
+  XGRAD_ARG(float, dampening, 0.f);
+  XGRAD_ARG(float, weight_decay, 0.f);
+  XGRAD_ARG(bool, nesterov, false);
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(NamedTensors params, const SGDOptions& options);
+  SGD(const std::vector<Tensor>& params, const SGDOptions& options);
+
+ private:
+  void validate();
+  void update(Array& param, const Array& grad, ParamState& state) override;
+  SGDOptions options_;
+};
+
+}  // namespace xgrad::optim
