@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include <xtensor/xbroadcast.hpp>
-#include <xtensor/xoperation.hpp>
 
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
@@ -31,27 +30,27 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& o, Gener
 std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::size_t H, std::size_t T, std::size_t S) {
   if (!m.causal && !m.attn_mask && !m.key_padding_mask) return std::nullopt;
   const Shape full = {B, H, T, S};
-  Mask out = xt::zeros<bool>(Shape{1, 1, T, S});
-  if (m.causal) {
-    for (std::size_t t = 0; t < T; ++t)
-      for (std::size_t s = t + 1; s < S; ++s) out(0, 0, t, s) = true;
-  }
   if (m.attn_mask) {
     const Shape& ms = m.attn_mask->shape();
     if (ms.size() > 4 || broadcast_shapes(ms, full, "MultiHeadAttention") != full) {
       fail("MultiHeadAttention: attn_mask of shape ", shape_str(ms), " does not broadcast to (B, H, T, S) = ", shape_str(full));
     }
-    out = out || *m.attn_mask;
   }
-  if (m.key_padding_mask) {
-    const Shape& ks = m.key_padding_mask->shape();
-    if (ks != Shape{B, S}) {
-      fail("MultiHeadAttention: key_padding_mask of shape ", shape_str(ks), " is not (B, S) = ", shape_str(Shape{B, S}));
-    }
-    Mask kp = *m.key_padding_mask;
-    kp.reshape({B, 1, 1, S});
-    out = out || kp;
+  if (m.key_padding_mask && m.key_padding_mask->shape() != Shape{B, S}) {
+    fail("MultiHeadAttention: key_padding_mask of shape ", shape_str(m.key_padding_mask->shape()), " is not (B, S) = ",
+         shape_str(Shape{B, S}));
   }
+  // Plain loops: xtensor 0.24.3 with xsimd computes a broadcasting || of bool arrays wrongly.
+  Mask out = xt::zeros<bool>(full);
+  const Mask attn = m.attn_mask ? Mask(xt::broadcast(*m.attn_mask, full)) : Mask();
+  bool* o = out.data();
+  for (std::size_t b = 0, i = 0; b < B; ++b)
+    for (std::size_t h = 0; h < H; ++h)
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t s = 0; s < S; ++s, ++i) {
+          o[i] = (m.causal && s > t) || (m.attn_mask && attn.data()[i]) ||
+                 (m.key_padding_mask && (*m.key_padding_mask)(b, s));
+        }
   return out;
 }
 
@@ -75,7 +74,14 @@ AttentionOutput MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   const Tensor weights = blocked ? masked_softmax(scores, *blocked) : softmax(scores);
   const Tensor attended = dropout(weights, options_.dropout(), is_training());
   // (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
-  const Tensor context = reshape(permute(matmul(attended, v), {0, 2, 1, 3}), {b, t, static_cast<std::int64_t>(C)});
+  Tensor per_head = matmul(attended, v);  // (B, H, T, D)
+  if (head_gates.defined()) {
+    if (head_gates.shape() != Shape{H}) {
+      fail("MultiHeadAttention: head_gates of shape ", shape_str(head_gates.shape()), " is not (H,) = (", H, ",)");
+    }
+    per_head = per_head * reshape(head_gates, {1, h, 1, 1});
+  }
+  const Tensor context = reshape(permute(per_head, {0, 2, 1, 3}), {b, t, static_cast<std::int64_t>(C)});
   const Tensor out = w_o->forward(context);
 
   switch (options_.norm()) {

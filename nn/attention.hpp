@@ -51,6 +51,11 @@ class MultiHeadAttention : public Module {
   std::shared_ptr<Linear> w_q, w_k, w_v, w_o;
   std::shared_ptr<LayerNorm> norm;  // null when options.norm() is Norm::none
 
+  // Optional (H,) gates multiplying each head's context before W_o (undefined: no gating).
+  // Set a gate to 0 to ablate a head; a gate of ones that requires grad yields the head
+  // importance dLoss/dgate of Michel et al. (2019). Not a parameter.
+  Tensor head_gates;
+
  private:
   MultiHeadAttentionOptions options_;
 };
