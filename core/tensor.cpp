@@ -4,12 +4,16 @@
 #include <algorithm>
 #include <ostream>
 
+#include "xgrad/core/allocator.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/tape.hpp"
 
 namespace xgrad {
 
 namespace {
+// Every program that makes a tensor links this file, so the allocator is tuned before main.
+const bool allocator_tuned = (keep_freed_memory(), true);
+
 Node& checked(const std::shared_ptr<Node>& node, const char* who) {
   if (!node) fail(who, ": the tensor is undefined (default-constructed handle)");
   return *node;
