@@ -48,6 +48,8 @@ SafetensorsContents parse_safetensors(const std::string& bytes, const std::strin
   const std::uint64_t data_size = bytes.size() - 8 - n;
   const char* data = bytes.data() + 8 + n;
 
+  // The JSON reader stops at a NUL byte; a header must not hide bytes behind one.
+  if (std::memchr(bytes.data() + 8, '\0', n) != nullptr) bad("the header is not valid JSON: it contains a NUL byte");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
@@ -91,7 +93,8 @@ SafetensorsContents parse_safetensors(const std::string& bytes, const std::strin
       bad("tensor '", name, "' has data_offsets ", jo.dump(), " that are not two non-negative integers");
     }
     const std::uint64_t b = jo[0].get<std::uint64_t>(), end = jo[1].get<std::uint64_t>();
-    if (b > end || end > data_size) bad("tensor '", name, "' has data_offsets [", b, ", ", end, "] outside the ", data_size, "-byte data");
+    if (b > end) bad("tensor '", name, "' has reversed data_offsets [", b, ", ", end, "]");
+    if (end > data_size) bad("tensor '", name, "' has data_offsets [", b, ", ", end, "] outside the ", data_size, "-byte data");
     if (end - b != count * 4) bad("tensor '", name, "' of shape ", js.dump(), " needs ", count * 4, " bytes, its offsets span ", end - b);
     Array a = Array::from_shape(shape);
     if (count) std::memcpy(a.data(), data + b, count * 4);

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "xgrad/core/error.hpp"
+
 namespace xgrad::optim {
 
 Adam::Adam(NamedTensors params, const AdamOptions& o) : Adam(std::move(params), o, false, "Adam") {}
@@ -21,7 +23,8 @@ Adam::Adam(const std::vector<Tensor>& params, const AdamOptions& o, bool decoupl
 void Adam::validate() {
   check_range(who_, "beta1", options_.beta1(), 0.0, 1.0, true);
   check_range(who_, "beta2", options_.beta2(), 0.0, 1.0, true);
-  check_range(who_, "eps", options_.eps(), 0.0, 1e30);
+  // eps = 0 would divide 0 by 0 wherever a gradient and its history are zero.
+  if (!(std::isfinite(options_.eps()) && options_.eps() > 0.f)) fail(who_, ": eps ", options_.eps(), " must be finite and > 0");
   check_range(who_, "weight_decay", options_.weight_decay(), 0.0, 1e30);
 }
 

@@ -1,6 +1,7 @@
 // Optimizer bookkeeping: stepping over parameters, state dictionaries.
 #include "xgrad/optim/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -35,7 +36,7 @@ Optimizer::Optimizer(const std::vector<Tensor>& params, float lr, std::vector<st
     : Optimizer(number(params), lr, std::move(slots), who) {}
 
 void Optimizer::set_lr(float lr) {
-  check_range(who_, "learning rate", lr, 0.0, std::numeric_limits<double>::max());
+  if (!(std::isfinite(lr) && lr >= 0.f)) fail(who_, ": learning rate ", lr, " must be finite and >= 0");
   lr_ = lr;
 }
 
@@ -69,7 +70,12 @@ NamedArrays Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const NamedArrays& state) {
   std::vector<ParamState> fresh(params_.size());
-  std::vector<std::size_t> found(params_.size(), 0);
+  // seen[i][k] for slot k, seen[i][slots] for the step: each entry exactly once.
+  std::vector<std::vector<bool>> seen(params_.size(), std::vector<bool>(slot_names_.size() + 1, false));
+  auto mark = [&](std::size_t i, std::size_t k, const std::string& key) {
+    if (seen[i][k]) fail(who_, ": state entry '", key, "' appears twice");
+    seen[i][k] = true;
+  };
   for (const auto& [key, value] : state) {
     bool matched = false;
     for (std::size_t i = 0; i < params_.size() && !matched; ++i) {
@@ -78,11 +84,14 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
       const std::string slot = key.substr(pname.size() + 1);
       ParamState& s = fresh[i];
       if (slot == "step") {
+        // Step counts are stored as float32, exact up to 2^24.
         const float v = value.size() == 1 ? value.data()[0] : -1.f;
-        if (!(v >= 1.f) || v != std::floor(v)) fail(who_, ": state '", key, "' is not a positive step count");
+        if (!(v >= 1.f && v <= 16777216.f) || v != std::floor(v)) {
+          fail(who_, ": state '", key, "' is not a positive step count (an integer up to 2^24)");
+        }
+        mark(i, slot_names_.size(), key);
         s.step = static_cast<std::size_t>(v);
         matched = true;
-        ++found[i];
         continue;
       }
       for (std::size_t k = 0; k < slot_names_.size(); ++k) {
@@ -91,17 +100,18 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
           fail(who_, ": state '", key, "' has shape ", shape_str(value.shape()), " but the parameter has ",
                shape_str(params_[i].second.shape()));
         }
+        mark(i, k, key);
         if (s.slots.empty()) s.slots.resize(slot_names_.size());
         s.slots[k] = value;
         matched = true;
-        ++found[i];
       }
     }
     if (!matched) fail(who_, ": unexpected state entry '", key, "'");
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (found[i] != 0 && found[i] != slot_names_.size() + 1) {
-      fail(who_, ": incomplete state for parameter '", params_[i].first, "' (", found[i], " of ", slot_names_.size() + 1,
+    const auto present = static_cast<std::size_t>(std::count(seen[i].begin(), seen[i].end(), true));
+    if (present != 0 && present != seen[i].size()) {
+      fail(who_, ": incomplete state for parameter '", params_[i].first, "' (", present, " of ", seen[i].size(),
            " entries)");
     }
   }

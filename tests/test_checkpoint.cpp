@@ -1,0 +1,825 @@
+// Checkpoints: the safetensors format (layout, round trip, every kind of corrupt input as a clear
+// xgrad::Error), atomic saving, and nn::save_checkpoint / load_checkpoint with a model and an
+// optimizer (exact resume; all-or-nothing loading). Agreement with PyTorch lives elsewhere.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/random.hpp"
+#include "xgrad/core/safetensors.hpp"
+#include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/transformer.hpp"
+#include "xgrad/optim/adam.hpp"
+
+using namespace xgrad;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory under /tmp, removed with everything in it at the end of the scope.
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/xgrad_ckpt_XXXXXX";
+    const char* p = ::mkdtemp(tmpl);
+    if (!p) FAIL("mkdtemp failed");
+    path = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+  std::set<std::string> entries() const {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(path)) out.insert(e.path().filename().string());
+    return out;
+  }
+  std::string path;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string u64_le(std::uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+std::uint64_t read_u64_le(const std::string& s, std::size_t at = 0) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
+  return v;
+}
+
+// Little-endian float32 bytes, built from the bit pattern (independent of the host's order).
+std::string f32_le(const std::vector<float>& values) {
+  std::string s;
+  for (float f : values) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  }
+  return s;
+}
+
+std::string zeros_bytes(std::size_t n) { return std::string(n, '\0'); }
+
+// A safetensors byte string from a header text (used as is, no padding) and the data bytes.
+std::string st_bytes(const std::string& header, const std::string& data) { return u64_le(header.size()) + header + data; }
+
+Array filled(const Shape& shape, float scale, float offset = 0.f) {
+  Array a = Array::from_shape(shape);
+  for (std::size_t i = 0; i < a.size(); ++i) a.data()[i] = offset + scale * static_cast<float>(i + 1) * (i % 2 ? -1.f : 1.f);
+  return a;
+}
+
+bool bit_equal(const Array& a, const Array& b) {
+  if (a.shape() != b.shape()) return false;
+  return a.size() == 0 || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A small language model with no dropout, so training is deterministic.
+nn::LanguageModelOptions small_lm() {
+  return nn::LanguageModelOptions(11, 8, 2, 2).d_ff(16).max_len(8).dropout(0.f);
+}
+
+IndexArray batch_ids() { return IndexArray{{1, 4, 2, 7, 3}, {9, 0, 5, 5, 10}}; }
+IndexArray batch_targets() { return IndexArray{{4, 2, 7, 3, 8}, {0, 5, 5, 10, 1}}; }
+
+void train_step(nn::LanguageModel& model, optim::Optimizer& opt) {
+  opt.zero_grad();
+  Tensor loss = model.loss(batch_ids(), batch_targets());
+  loss.backward();
+  opt.step();
+}
+
+// Every parameter of `model` equals `snapshot` (same names, same order, same bits).
+void require_params_equal(const nn::Module& model, const NamedArrays& snapshot) {
+  const NamedTensors params = model.named_parameters();
+  REQUIRE(params.size() == snapshot.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    INFO("parameter " << params[i].first);
+    REQUIRE(params[i].first == snapshot[i].first);
+    REQUIRE(bit_equal(params[i].second.value(), snapshot[i].second));
+  }
+}
+
+bool any_param_differs(const nn::Module& model, const NamedArrays& snapshot) {
+  const NamedTensors params = model.named_parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!bit_equal(params[i].second.value(), snapshot[i].second)) return true;
+  }
+  return false;
+}
+
+// parse_safetensors on bytes must fail with an xgrad::Error (a different exception type
+// escapes and fails the test; a crash fails the run).
+void parse_or_error(const std::string& bytes) {
+  try {
+    parse_safetensors(bytes, "fuzz");
+  } catch (const Error&) {
+  }
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// Round trip and layout
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE("safetensors round trip keeps names, shapes, bits and metadata", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("t.safetensors");
+
+  Array a = filled({2, 3}, 0.25f);
+  // Special values must survive bit for bit.
+  a.data()[0] = -0.f;
+  a.data()[1] = std::numeric_limits<float>::denorm_min();
+  a.data()[2] = std::numeric_limits<float>::infinity();
+  a.data()[3] = -std::numeric_limits<float>::max();
+  a.data()[4] = std::nextafter(1.f, 2.f);
+  std::uint32_t nan_bits = 0x7fc01234u;  // a NaN with a payload
+  std::memcpy(&a.data()[5], &nan_bits, 4);
+  Array scalar(3.5f);  // 0-d
+  Array empty = Array::from_shape({0, 4});
+  Array cube = filled({2, 2, 2}, 1e-3f, 7.f);
+  Array vec = filled({5}, 1e6f);
+
+  const NamedArrays tensors = {{"layer.weight", a}, {"scalar", scalar}, {"empty", empty}, {"cube", cube}, {"vec", vec}};
+  const Metadata metadata = {{"format", "pt"}, {"step", "12"}, {"note", "quotes \" and unicode \xc3\xa9"}};
+  save_safetensors(path, tensors, metadata);
+
+  SafetensorsContents back = load_safetensors(path);
+  REQUIRE(back.tensors.size() == tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    INFO("tensor " << tensors[i].first);
+    CHECK(back.tensors[i].first == tensors[i].first);  // file order is the order saved
+    CHECK(back.tensors[i].second.shape() == tensors[i].second.shape());
+    CHECK(back.tensors[i].second.dimension() == tensors[i].second.dimension());
+    CHECK(bit_equal(back.tensors[i].second, tensors[i].second));
+  }
+  CHECK(back.tensors[1].second.dimension() == 0);
+  CHECK(back.tensors[1].second.size() == 1);
+  CHECK(back.tensors[1].second() == 3.5f);
+  CHECK(back.tensors[2].second.size() == 0);
+  CHECK(back.metadata == metadata);
+
+  // The in-memory parser reads the same bytes the same way.
+  SafetensorsContents mem = parse_safetensors(read_bytes(path));
+  REQUIRE(mem.tensors.size() == tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) CHECK(bit_equal(mem.tensors[i].second, tensors[i].second));
+  CHECK(mem.metadata == metadata);
+}
+
+TEST_CASE("safetensors file layout follows the specification", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("layout.safetensors");
+  const Array a = filled({2, 3}, 0.5f);
+  const Array s(-2.25f);
+  const Array e = Array::from_shape({3, 0});
+  const Array b = filled({4}, 1.5f, -1.f);
+  save_safetensors(path, {{"a", a}, {"s", s}, {"e", e}, {"b", b}}, {{"k", "v"}});
+
+  const std::string bytes = read_bytes(path);
+  REQUIRE(bytes.size() >= 8);
+  const std::uint64_t n = read_u64_le(bytes);
+  REQUIRE(8 + n <= bytes.size());
+  CHECK((8 + n) % 8 == 0);  // data 8-byte aligned
+  const std::string header_text = bytes.substr(8, n);
+  // Padding is spaces after the JSON text.
+  const std::size_t close = header_text.find_last_of('}');
+  REQUIRE(close != std::string::npos);
+  for (std::size_t i = close + 1; i < header_text.size(); ++i) CHECK(header_text[i] == ' ');
+  CHECK(header_text.size() - (close + 1) < 8);
+
+  const nlohmann::json header = nlohmann::json::parse(header_text);
+  REQUIRE(header.is_object());
+  CHECK(header.size() == 5);  // four tensors and __metadata__
+  REQUIRE(header.contains("__metadata__"));
+  CHECK(header["__metadata__"] == nlohmann::json({{"k", "v"}}));
+
+  const std::string data = bytes.substr(8 + n);
+  struct Expect {
+    const char* name;
+    std::vector<std::uint64_t> shape;
+    const Array* values;
+  };
+  const std::vector<Expect> expect = {{"a", {2, 3}, &a}, {"s", {}, &s}, {"e", {3, 0}, &e}, {"b", {4}, &b}};
+  std::uint64_t covered = 0;
+  for (const Expect& x : expect) {
+    INFO("tensor " << x.name);
+    REQUIRE(header.contains(x.name));
+    const nlohmann::json& entry = header[x.name];
+    CHECK(entry["dtype"] == "F32");
+    REQUIRE(entry["shape"].is_array());
+    CHECK(entry["shape"].get<std::vector<std::uint64_t>>() == x.shape);
+    REQUIRE(entry["data_offsets"].is_array());
+    REQUIRE(entry["data_offsets"].size() == 2);
+    const std::uint64_t begin = entry["data_offsets"][0].get<std::uint64_t>();
+    const std::uint64_t end = entry["data_offsets"][1].get<std::uint64_t>();
+    CHECK(begin == covered);  // saved contiguously in order
+    CHECK(end - begin == 4 * x.values->size());
+    REQUIRE(end <= data.size());
+    std::vector<float> row_major(x.values->data(), x.values->data() + x.values->size());
+    CHECK(data.substr(begin, end - begin) == f32_le(row_major));
+    covered = end;
+  }
+  CHECK(covered == data.size());  // nothing after the last tensor
+
+  // Row-major order spelled out for "a": element (1, 0) is the 4th float.
+  const std::uint64_t a_begin = header["a"]["data_offsets"][0].get<std::uint64_t>();
+  CHECK(data.substr(a_begin + 12, 4) == f32_le({a(1, 0)}));
+}
+
+TEST_CASE("safetensors with no tensors and no metadata", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("empty.safetensors");
+  save_safetensors(path, {});
+  const std::string bytes = read_bytes(path);
+  const std::uint64_t n = read_u64_le(bytes);
+  CHECK((8 + n) % 8 == 0);
+  CHECK(bytes.size() == 8 + n);
+  CHECK(nlohmann::json::parse(bytes.substr(8, n)) == nlohmann::json::object());
+  SafetensorsContents back = load_safetensors(path);
+  CHECK(back.tensors.empty());
+  CHECK(back.metadata.empty());
+}
+
+TEST_CASE("save_safetensors rejects duplicate and reserved names", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("bad.safetensors");
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", Array(1.f)}, {"w", Array(2.f)}}),
+                      Contains("save_safetensors") && Contains("'w' appears twice"));
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"__metadata__", Array(1.f)}}), Contains("invalid tensor name"));
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"", Array(1.f)}}), Contains("invalid tensor name"));
+  CHECK(dir.entries().empty());
+}
+
+// ----------------------------------------------------------------------------------------------
+// Model + optimizer checkpoints
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("lm.safetensors");
+
+  Generator gen_a(1);
+  nn::LanguageModel a(small_lm(), gen_a);
+  optim::AdamW opt_a(a.named_parameters(), optim::AdamW::defaults(1e-2f));
+  for (int i = 0; i < 2; ++i) train_step(a, opt_a);
+  const NamedArrays opt_state = opt_a.state_dict();
+  REQUIRE(!opt_state.empty());
+  nn::save_checkpoint(path, a, opt_state, {{"step", "2"}, {"run", "test"}});
+
+  // The file holds the parameters by name and the optimizer state under "optimizer.".
+  {
+    SafetensorsContents raw = load_safetensors(path);
+    std::set<std::string> names;
+    for (const auto& [name, v] : raw.tensors) names.insert(name);
+    for (const auto& [name, p] : a.named_parameters()) CHECK(names.count(name) == 1);
+    for (const auto& [name, v] : opt_state) CHECK(names.count("optimizer." + name) == 1);
+    CHECK(raw.tensors.size() == a.named_parameters().size() + opt_state.size());
+  }
+
+  Generator gen_b(2);
+  nn::LanguageModel b(small_lm(), gen_b);
+  const NamedArrays saved = nn::state_dict(a);
+  REQUIRE(any_param_differs(b, saved));  // a different seed really gives different weights
+
+  nn::Checkpoint ck = nn::load_checkpoint(path, b);
+  require_params_equal(b, saved);
+  CHECK(ck.metadata == Metadata{{"step", "2"}, {"run", "test"}});
+
+  // The optimizer state comes back under its own names, in full.
+  REQUIRE(ck.optimizer_state.size() == opt_state.size());
+  std::map<std::string, const Array*> by_name;
+  for (const auto& [name, v] : ck.optimizer_state) {
+    CHECK(name.rfind("optimizer.", 0) == std::string::npos);
+    by_name[name] = &v;
+  }
+  for (const auto& [name, v] : opt_state) {
+    INFO("state " << name);
+    REQUIRE(by_name.count(name) == 1);
+    CHECK(bit_equal(*by_name[name], v));
+  }
+
+  optim::AdamW opt_b(b.named_parameters(), optim::AdamW::defaults(1e-2f));
+  REQUIRE_NOTHROW(opt_b.load_state_dict(ck.optimizer_state));
+
+  // Both runs continue identically, bit for bit.
+  for (int i = 0; i < 3; ++i) {
+    train_step(a, opt_a);
+    train_step(b, opt_b);
+    require_params_equal(b, nn::state_dict(a));
+  }
+  REQUIRE(any_param_differs(a, saved));  // and training really moved the weights
+}
+
+TEST_CASE("a checkpoint without optimizer state returns an empty optimizer_state", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("m.safetensors");
+  Generator g1(3), g2(4);
+  nn::LanguageModel a(small_lm(), g1), b(small_lm(), g2);
+  nn::save_checkpoint(path, a);
+  nn::Checkpoint ck = nn::load_checkpoint(path, b);
+  CHECK(ck.optimizer_state.empty());
+  CHECK(ck.metadata.empty());
+  require_params_equal(b, nn::state_dict(a));
+}
+
+// ----------------------------------------------------------------------------------------------
+// Atomic saving
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE("saving over an existing checkpoint replaces it and leaves no temporary file", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.safetensors");
+  save_safetensors(path, {{"x", filled({3}, 1.f)}}, {{"v", "1"}});
+  CHECK(dir.entries() == std::set<std::string>{"ckpt.safetensors"});
+  save_safetensors(path, {{"x", filled({2, 2}, 2.f)}, {"y", Array(5.f)}}, {{"v", "2"}});
+  CHECK(dir.entries() == std::set<std::string>{"ckpt.safetensors"});
+
+  SafetensorsContents back = load_safetensors(path);
+  REQUIRE(back.tensors.size() == 2);
+  CHECK(bit_equal(back.tensors[0].second, filled({2, 2}, 2.f)));
+  CHECK(back.tensors[1].second() == 5.f);
+  CHECK(back.metadata == Metadata{{"v", "2"}});
+
+  // The same through save_checkpoint.
+  Generator g1(5), g2(6);
+  nn::LanguageModel a(small_lm(), g1), b(small_lm(), g2);
+  nn::save_checkpoint(path, a);
+  nn::save_checkpoint(path, b);
+  CHECK(dir.entries() == std::set<std::string>{"ckpt.safetensors"});
+  Generator g3(7);
+  nn::LanguageModel c(small_lm(), g3);
+  nn::load_checkpoint(path, c);
+  require_params_equal(c, nn::state_dict(b));
+}
+
+TEST_CASE("saving into a missing directory throws and creates nothing", "[checkpoint]") {
+  TempDir dir;
+  const std::string missing = dir.file("no_such_dir");
+  const std::string path = missing + "/ckpt.safetensors";
+  REQUIRE_THROWS_AS(save_safetensors(path, {{"x", Array(1.f)}}), Error);
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"x", Array(1.f)}}), Contains("save_safetensors") && Contains("no_such_dir"));
+  CHECK(!fs::exists(missing));
+  CHECK(dir.entries().empty());
+
+  Generator g(8);
+  nn::LanguageModel m(small_lm(), g);
+  REQUIRE_THROWS_AS(nn::save_checkpoint(path, m), Error);
+  CHECK(!fs::exists(missing));
+  CHECK(dir.entries().empty());
+}
+
+TEST_CASE("when the rename fails the error is an xgrad::Error and earlier files are intact", "[checkpoint]") {
+  TempDir dir;
+  // A good checkpoint next to the target.
+  const std::string keep = dir.file("keep.safetensors");
+  save_safetensors(keep, {{"x", filled({3}, 1.f)}});
+  const std::string keep_bytes = read_bytes(keep);
+  // The target path is a non-empty directory: the temporary file can be written but not renamed.
+  const std::string target = dir.file("target");
+  fs::create_directory(target);
+  write_bytes(target + "/inside.txt", "hello");
+
+  REQUIRE_THROWS_AS(save_safetensors(target, {{"x", filled({4}, 2.f)}}), Error);
+  REQUIRE_THROWS_WITH(save_safetensors(target, {{"x", filled({4}, 2.f)}}),
+                      Contains("save_safetensors") && Contains("target") && Contains("unchanged"));
+  CHECK(fs::is_directory(target));
+  CHECK(read_bytes(target + "/inside.txt") == "hello");
+  CHECK(dir.entries() == std::set<std::string>{"keep.safetensors", "target"});  // no temporary left
+  CHECK(read_bytes(keep) == keep_bytes);
+
+  Generator g(9);
+  nn::LanguageModel m(small_lm(), g);
+  REQUIRE_THROWS_AS(nn::save_checkpoint(target, m), Error);
+  CHECK(dir.entries() == std::set<std::string>{"keep.safetensors", "target"});
+
+  // An empty directory as the target fails the same way.
+  const std::string empty_target = dir.file("empty_target");
+  fs::create_directory(empty_target);
+  REQUIRE_THROWS_AS(save_safetensors(empty_target, {{"x", Array(1.f)}}), Error);
+  CHECK(fs::is_directory(empty_target));
+  CHECK(fs::is_empty(empty_target));
+  CHECK(dir.entries() == std::set<std::string>{"keep.safetensors", "target", "empty_target"});
+}
+
+// ----------------------------------------------------------------------------------------------
+// Corrupt inputs
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE("missing, empty and short files are clear errors", "[checkpoint]") {
+  TempDir dir;
+  const std::string missing = dir.file("missing.safetensors");
+  REQUIRE_THROWS_AS(load_safetensors(missing), Error);
+  REQUIRE_THROWS_WITH(load_safetensors(missing), Contains("load_safetensors") && Contains("cannot open") &&
+                                                      Contains("missing.safetensors"));
+
+  const std::string empty = dir.file("empty.safetensors");
+  write_bytes(empty, "");
+  REQUIRE_THROWS_AS(load_safetensors(empty), Error);
+  REQUIRE_THROWS_WITH(load_safetensors(empty), Contains("empty.safetensors") && Contains("truncated") && Contains("0 bytes"));
+
+  const std::string short_file = dir.file("short.safetensors");
+  write_bytes(short_file, std::string("\x10\x00\x00", 3));
+  REQUIRE_THROWS_WITH(load_safetensors(short_file), Contains("short.safetensors") && Contains("3 bytes") &&
+                                                         Contains("fewer than the 8-byte header length"));
+
+  for (std::size_t k = 0; k < 8; ++k) {
+    INFO("bytes " << k);
+    REQUIRE_THROWS_WITH(parse_safetensors(std::string(k, '\0')), Contains("fewer than the 8-byte header length"));
+  }
+  // A directory is not a file.
+  REQUIRE_THROWS_AS(load_safetensors(dir.path), Error);
+}
+
+TEST_CASE("header lengths that do not fit the file are errors", "[checkpoint]") {
+  // Larger than the file.
+  REQUIRE_THROWS_WITH(parse_safetensors(u64_le(100) + std::string(10, ' ')),
+                      Contains("truncated") && Contains("header length 100") && Contains("only 10 bytes"));
+  REQUIRE_THROWS_WITH(parse_safetensors(u64_le(1)), Contains("truncated") && Contains("header length 1"));
+  // Huge values: no allocation, no overflow.
+  REQUIRE_THROWS_WITH(parse_safetensors(u64_le(std::uint64_t(1) << 63) + "{}"),
+                      Contains("header length 9223372036854775808") && Contains("limit"));
+  REQUIRE_THROWS_WITH(parse_safetensors(u64_le(~std::uint64_t(0)) + "{}"), Contains("header length 18446744073709551615"));
+  REQUIRE_THROWS_AS(parse_safetensors(u64_le((std::uint64_t(1) << 63) - 1) + "{}"), Error);
+  REQUIRE_THROWS_AS(parse_safetensors(u64_le(std::uint64_t(1) << 32) + "{}"), Error);
+  // Zero-length header is not JSON.
+  REQUIRE_THROWS_WITH(parse_safetensors(u64_le(0)), Contains("not valid JSON"));
+}
+
+TEST_CASE("headers that are not a JSON object are errors", "[checkpoint]") {
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("{not json", ""), "buf"),
+                      Contains("load_safetensors: buf") && Contains("not valid JSON"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("{\"a\": {\"dtype\": \"F32\"", "")), Contains("not valid JSON"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("[1, 2]", "")), Contains("not a JSON object"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("42      ", "")), Contains("not a JSON object"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("\"text\"", "")), Contains("not a JSON object"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("null", "")), Contains("not a JSON object"));
+}
+
+// nlohmann::json treats a NUL byte as the end of its input, so without a check of its own the
+// reader would ignore everything after a NUL in the header (serde_json, used by the reference
+// implementation, rejects such trailing characters).
+TEST_CASE("a header with bytes after a NUL is not valid JSON", "[checkpoint]") {
+  CHECK_THROWS_WITH(parse_safetensors(st_bytes(std::string("{}\0\0\0\0\0\0", 8), "")), Contains("not valid JSON"));
+  CHECK_THROWS_WITH(parse_safetensors(st_bytes(std::string("{}\0garbage", 10), "")), Contains("not valid JSON"));
+  const std::string hidden = std::string("{}\0", 3) + R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
+  CHECK_THROWS_WITH(parse_safetensors(st_bytes(hidden, "")), Contains("not valid JSON"));
+}
+
+TEST_CASE("entries without dtype, shape or data_offsets are errors", "[checkpoint]") {
+  const std::string data = zeros_bytes(8);
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", data)),
+                      Contains("'w'") && Contains("needs dtype, shape and data_offsets"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "F32", "data_offsets": [0, 8]}})", data)),
+                      Contains("'w'") && Contains("needs dtype, shape and data_offsets"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "F32", "shape": [2]}})", data)),
+                      Contains("'w'") && Contains("needs dtype, shape and data_offsets"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": 5})", data)), Contains("'w'") && Contains("needs dtype"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": [1, 2]})", data)), Contains("'w'") && Contains("needs dtype"));
+}
+
+TEST_CASE("dtypes other than F32 are errors", "[checkpoint]") {
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", zeros_bytes(4))),
+                      Contains("'w'") && Contains("\"F16\"") && Contains("F32 only"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", zeros_bytes(8))),
+                      Contains("'w'") && Contains("\"I64\"") && Contains("F32 only"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "f32", "shape": [1], "data_offsets": [0, 4]}})", zeros_bytes(4))),
+                      Contains("\"f32\""));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": 32, "shape": [1], "data_offsets": [0, 4]}})", zeros_bytes(4))),
+                      Contains("'w'") && Contains("dtype 32"));
+}
+
+TEST_CASE("bad shapes are errors", "[checkpoint]") {
+  auto entry = [](const std::string& shape, const std::string& offsets) {
+    return "{\"w\": {\"dtype\": \"F32\", \"shape\": " + shape + ", \"data_offsets\": " + offsets + "}}";
+  };
+  const std::string data = zeros_bytes(8);
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[-1, 2]", "[0, 8]"), data)),
+                      Contains("'w'") && Contains("shape entry -1") && Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2.5]", "[0, 8]"), data)),
+                      Contains("'w'") && Contains("shape entry 2.5") && Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2.0]", "[0, 8]"), data)), Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[\"2\"]", "[0, 8]"), data)), Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[null]", "[0, 8]"), data)), Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1e30]", "[0, 8]"), data)), Contains("not a non-negative integer"));
+  // 2^64 does not fit an unsigned integer.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[18446744073709551616]", "[0, 8]"), data)),
+                      Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("2", "[0, 8]"), data)), Contains("'w'") && Contains("not an array"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("{\"a\": 2}", "[0, 8]"), data)), Contains("not an array"));
+
+  // Element counts that overflow 64 bits or exceed the file.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[4294967296, 4294967296, 16]", "[0, 8]"), data)),
+                      Contains("'w'") && Contains("larger than the file"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[18446744073709551615, 2]", "[0, 8]"), data)),
+                      Contains("larger than the file"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1000]", "[0, 4000]"), data)), Contains("'w'") && Contains("larger than the file"));
+  // 2^62 floats would be 2^64 bytes: count * 4 must not wrap to 0.
+  REQUIRE_THROWS_AS(parse_safetensors(st_bytes(entry("[4611686018427387904]", "[0, 0]"), "")), Error);
+  REQUIRE_THROWS_AS(parse_safetensors(st_bytes(entry("[4611686018427387904]", "[0, 8]"), data)), Error);
+}
+
+TEST_CASE("bad data_offsets are errors", "[checkpoint]") {
+  auto entry = [](const std::string& shape, const std::string& offsets) {
+    return "{\"w\": {\"dtype\": \"F32\", \"shape\": " + shape + ", \"data_offsets\": " + offsets + "}}";
+  };
+  const std::string data = zeros_bytes(8);
+  // Reversed.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", "[8, 0]"), data)),
+                      Contains("'w'") && Contains("data_offsets [8, 0]"));
+  // Out of range.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", "[0, 16]"), data)),
+                      Contains("'w'") && Contains("data_offsets [0, 16]") && Contains("outside the 8-byte data"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", "[18446744073709551608, 0]"), data)), Contains("data_offsets"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[0]", "[9, 9]"), data)), Contains("outside the 8-byte data"));
+  // Not matching the shape's byte count.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", "[0, 4]"), data)),
+                      Contains("'w'") && Contains("needs 8 bytes") && Contains("span 4"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1]", "[0, 8]"), data)), Contains("needs 4 bytes") && Contains("span 8"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[]", "[0, 8]"), data)), Contains("needs 4 bytes"));
+  // Not two non-negative integers.
+  for (const char* bad : {"[0]", "[0, 4, 8]", "[-1, 7]", "[0.0, 8.0]", "[\"0\", \"8\"]", "8", "null", "[]"}) {
+    INFO("data_offsets " << bad);
+    REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", bad), data)),
+                        Contains("'w'") && Contains("not two non-negative integers"));
+  }
+}
+
+TEST_CASE("overlaps, holes and uncovered bytes are errors", "[checkpoint]") {
+  auto two = [](const std::string& off_a, const std::string& off_b) {
+    return "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": " + off_a +
+           "}, \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": " + off_b + "}}";
+  };
+  // Overlapping: b starts inside a.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(two("[0, 8]", "[4, 12]"), zeros_bytes(12))),
+                      Contains("'b'") && Contains("starts at byte 4") && Contains("expected 8") && Contains("overlap"));
+  // Identical ranges (aliasing).
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(two("[0, 8]", "[0, 8]"), zeros_bytes(8))), Contains("overlap"));
+  // A hole between the tensors.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(two("[0, 8]", "[12, 20]"), zeros_bytes(20))),
+                      Contains("'b'") && Contains("starts at byte 12") && Contains("expected 8") && Contains("hole"));
+  // A hole at the start.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(two("[4, 12]", "[12, 20]"), zeros_bytes(20))),
+                      Contains("'a'") && Contains("starts at byte 4") && Contains("expected 0"));
+  // Trailing bytes not covered by any tensor.
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(two("[0, 8]", "[8, 16]"), zeros_bytes(20))),
+                      Contains("the data has 20 bytes") && Contains("cover 16"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("{}", zeros_bytes(4))), Contains("the data has 4 bytes") && Contains("cover 0"));
+  // Offsets in reverse file order are fine (and come back sorted by offset).
+  SafetensorsContents ok = parse_safetensors(st_bytes(two("[8, 16]", "[0, 8]"), f32_le({1, 2, 3, 4})));
+  REQUIRE(ok.tensors.size() == 2);
+  CHECK(ok.tensors[0].first == "b");
+  CHECK(ok.tensors[0].second(0) == 1.f);
+  CHECK(ok.tensors[1].first == "a");
+  CHECK(ok.tensors[1].second(1) == 4.f);
+}
+
+TEST_CASE("metadata values must be strings", "[checkpoint]") {
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": {"k": 1}})", "")),
+                      Contains("metadata value of 'k'") && Contains("not a string"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": {"ok": "x", "k": {"nested": "y"}}})", "")),
+                      Contains("metadata value of 'k'"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": {"k": null}})", "")), Contains("metadata value of 'k'"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": "text"})", "")), Contains("__metadata__ is not an object"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": ["a"]})", "")), Contains("__metadata__ is not an object"));
+  SafetensorsContents ok = parse_safetensors(st_bytes(R"({"__metadata__": {"k": "v"}})", ""));
+  CHECK(ok.metadata == Metadata{{"k", "v"}});
+}
+
+TEST_CASE("truncated files are errors at every cut", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("full.safetensors");
+  save_safetensors(path, {{"a", filled({2, 3}, 0.5f)}, {"b", filled({7}, 2.f)}, {"c", Array(1.f)}}, {{"k", "v"}});
+  const std::string full = read_bytes(path);
+  const std::uint64_t n = read_u64_le(full);
+  REQUIRE_NOTHROW(parse_safetensors(full));
+
+  // A file cut in the middle of the data, on disk.
+  const std::string cut = dir.file("cut.safetensors");
+  const std::size_t mid = 8 + n + (full.size() - 8 - n) / 2;
+  write_bytes(cut, full.substr(0, mid));
+  REQUIRE_THROWS_AS(load_safetensors(cut), Error);
+  REQUIRE_THROWS_WITH(load_safetensors(cut), Contains("cut.safetensors") &&
+                                                 (Contains("outside") || Contains("larger than the file") || Contains("cover")));
+  // Cut one byte short.
+  write_bytes(cut, full.substr(0, full.size() - 1));
+  REQUIRE_THROWS_WITH(load_safetensors(cut), Contains("cut.safetensors") && Contains("'c'"));
+  // Cut inside the header.
+  write_bytes(cut, full.substr(0, 8 + n / 2));
+  REQUIRE_THROWS_WITH(load_safetensors(cut), Contains("cut.safetensors") && Contains("truncated"));
+
+  // Every prefix of the file is an error, never a crash.
+  for (std::size_t k = 0; k < full.size(); ++k) {
+    INFO("prefix of " << k << " bytes");
+    REQUIRE_THROWS_AS(parse_safetensors(full.substr(0, k)), Error);
+  }
+  // Extra bytes appended are an error too.
+  REQUIRE_THROWS_WITH(parse_safetensors(full + "xxxx"), Contains("cover"));
+}
+
+TEST_CASE("random corruption of a header gives an Error or a valid result, never a crash", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("f.safetensors");
+  save_safetensors(path, {{"a", filled({2, 3}, 0.5f)}, {"e", Array::from_shape({0, 2})}, {"c", Array(1.f)}}, {{"k", "v"}});
+  const std::string full = read_bytes(path);
+  const std::uint64_t n = read_u64_le(full);
+  const char replacements[] = {'\0', '\xff', '9', '0', '-', '"', ',', '[', ']', '{', '}', ' ', '.', 'e'};
+  std::size_t errors = 0, accepted = 0;
+  for (std::size_t i = 0; i < 8 + n; ++i) {
+    for (char r : replacements) {
+      if (full[i] == r) continue;
+      std::string bytes = full;
+      bytes[i] = r;
+      try {
+        SafetensorsContents c = parse_safetensors(bytes, "fuzz");
+        // Whatever was accepted is self-consistent.
+        std::uint64_t total = 0;
+        for (const auto& [name, a] : c.tensors) total += 4 * a.size();
+        CHECK(total == full.size() - 8 - n);
+        ++accepted;
+      } catch (const Error&) {
+        ++errors;
+      }
+    }
+  }
+  CHECK(errors > 0);
+  // Some edits (e.g. inside the padding or a metadata string) are harmless.
+  CHECK(accepted > 0);
+}
+
+TEST_CASE("a zero-size tensor with a huge dimension does not allocate or crash", "[checkpoint]") {
+  const std::string h = R"({"z": {"dtype": "F32", "shape": [0, 18446744073709551615], "data_offsets": [0, 0]}})";
+  parse_or_error(st_bytes(h, ""));
+  const std::string h2 = R"({"z": {"dtype": "F32", "shape": [0, 4611686018427387904, 4611686018427387904], "data_offsets": [0, 0]}})";
+  parse_or_error(st_bytes(h2, ""));
+  SUCCEED();
+}
+
+// ----------------------------------------------------------------------------------------------
+// All-or-nothing loading
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpoint]") {
+  TempDir dir;
+  Generator g_target(10), g_other(11);
+  nn::LanguageModel target(small_lm(), g_target);
+  nn::LanguageModel other(small_lm(), g_other);
+  const NamedArrays before = nn::state_dict(target);
+  const NamedArrays good = nn::state_dict(other);
+  REQUIRE(good.size() >= 5);
+  REQUIRE(any_param_differs(target, good));
+
+  SECTION("a missing parameter") {
+    NamedArrays state = good;
+    const std::string dropped = state[state.size() / 2].first;
+    state.erase(state.begin() + static_cast<std::ptrdiff_t>(state.size() / 2));
+    const std::string path = dir.file("missing.safetensors");
+    save_safetensors(path, state);
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target),
+                        Contains("load_checkpoint") && Contains("missing.safetensors") && Contains("missing parameter '" + dropped + "'"));
+    require_params_equal(target, before);
+  }
+  SECTION("an unexpected extra name") {
+    NamedArrays state = good;
+    state.emplace_back("extra.weight", filled({2, 2}, 1.f));
+    const std::string path = dir.file("extra.safetensors");
+    save_safetensors(path, state);
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target),
+                        Contains("load_checkpoint") && Contains("unexpected entry 'extra.weight'"));
+    require_params_equal(target, before);
+  }
+  SECTION("an extra name that replaces a missing one") {
+    NamedArrays state = good;
+    const std::string renamed = state[1].first;
+    state[1].first = "renamed.weight";
+    const std::string path = dir.file("renamed.safetensors");
+    save_safetensors(path, state);
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("missing parameter '" + renamed + "'"));
+    require_params_equal(target, before);
+  }
+  SECTION("a wrong shape after several good parameters") {
+    NamedArrays state = good;
+    // The last parameter in file order gets a wrong shape; all others would load fine.
+    auto& [name, a] = state.back();
+    const std::string bad_name = name;
+    const std::string good_shape = shape_str(a.shape());
+    a = filled({a.size() + 1}, 1.f);
+    const std::string bad_shape = shape_str(a.shape());
+    const std::string path = dir.file("shape.safetensors");
+    save_safetensors(path, state);
+    // Check the bad entry really is last in the file.
+    SafetensorsContents raw = load_safetensors(path);
+    REQUIRE(raw.tensors.back().first == bad_name);
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") && Contains("'" + bad_name + "'") &&
+                                                               Contains(bad_shape) && Contains(good_shape));
+    require_params_equal(target, before);
+  }
+  SECTION("a corrupted file") {
+    const std::string path = dir.file("corrupt.safetensors");
+    nn::save_checkpoint(path, other);
+    const std::string full = read_bytes(path);
+    write_bytes(path, full.substr(0, full.size() - 6));
+    REQUIRE_THROWS_AS(nn::load_checkpoint(path, target), Error);
+    require_params_equal(target, before);
+    // Garbage in the header.
+    std::string garbled = full;
+    garbled[8] = 'X';
+    write_bytes(path, garbled);
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("not valid JSON"));
+    require_params_equal(target, before);
+  }
+  SECTION("a missing file") {
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(dir.file("nope.safetensors"), target), Contains("cannot open"));
+    require_params_equal(target, before);
+  }
+  SECTION("a checkpoint of a model with a different shape") {
+    Generator g(12);
+    nn::LanguageModel bigger(nn::LanguageModelOptions(11, 8, 2, 3).d_ff(16).max_len(8).dropout(0.f), g);
+    const std::string path = dir.file("bigger.safetensors");
+    nn::save_checkpoint(path, bigger);
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("unexpected entry 'blocks.2."));
+    require_params_equal(target, before);
+  }
+  // After all that, a good checkpoint still loads.
+  const std::string path = dir.file("good.safetensors");
+  nn::save_checkpoint(path, other);
+  nn::load_checkpoint(path, target);
+  require_params_equal(target, good);
+}
+
+TEST_CASE("nn::load_state_dict errors name the parameter and the shapes", "[checkpoint]") {
+  Generator g1(13), g2(14);
+  nn::LanguageModel m(small_lm(), g1), other(small_lm(), g2);
+  const NamedArrays before = nn::state_dict(m);
+  NamedArrays state = nn::state_dict(other);
+
+  SECTION("wrong shape") {
+    // "head.weight" is (V, C) = (11, 8).
+    for (auto& [name, a] : state) {
+      if (name == "head.weight") a = filled({8, 11}, 1.f);
+    }
+    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict") && Contains("'head.weight'") &&
+                                                           Contains("(8, 11) in the state") && Contains("(11, 8) in the module"));
+  }
+  SECTION("missing") {
+    state.erase(state.begin());
+    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict: missing parameter 'tok_emb.weight'"));
+  }
+  SECTION("unexpected") {
+    state.emplace_back("ghost", Array(1.f));
+    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict: unexpected entry 'ghost'"));
+  }
+  SECTION("duplicate") {
+    state.push_back(state.front());
+    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("'tok_emb.weight' appears twice"));
+  }
+  SECTION("0-d instead of a vector") {
+    for (auto& [name, a] : state) {
+      if (name == "head.bias") a = Array(1.f);
+    }
+    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("'head.bias'") && Contains("() in the state") && Contains("(11) in the module"));
+  }
+  require_params_equal(m, before);
+}
+
+TEST_CASE("nn::load_state_dict copies values and does not alias the state", "[checkpoint]") {
+  Generator g1(15), g2(16);
+  nn::LanguageModel m(small_lm(), g1), other(small_lm(), g2);
+  NamedArrays state = nn::state_dict(other);
+  nn::load_state_dict(m, state);
+  require_params_equal(m, state);
+  const NamedArrays copy = state;
+  state[0].second.data()[0] += 1.f;  // editing the state afterwards does not reach the module
+  require_params_equal(m, copy);
+}
