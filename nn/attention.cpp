@@ -5,7 +5,6 @@
 
 #include <xtensor/xbroadcast.hpp>
 
-#include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
 
@@ -32,7 +31,12 @@ std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::si
   const Shape full = {B, H, T, S};
   if (m.attn_mask) {
     const Shape& ms = m.attn_mask->shape();
-    if (ms.size() > 4 || broadcast_shapes(ms, full, "MultiHeadAttention") != full) {
+    bool fits = ms.size() <= 4;
+    for (std::size_t k = 0; fits && k < ms.size(); ++k) {
+      const std::size_t want = full[4 - ms.size() + k];
+      fits = ms[k] == want || ms[k] == 1;
+    }
+    if (!fits) {
       fail("MultiHeadAttention: attn_mask of shape ", shape_str(ms), " does not broadcast to (B, H, T, S) = ", shape_str(full));
     }
   }

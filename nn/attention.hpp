@@ -24,7 +24,8 @@ struct MultiHeadAttentionOptions {
   MultiHeadAttentionOptions(std::size_t d_model, std::size_t num_heads) : d_model_(d_model), num_heads_(num_heads) {}
   XGRAD_ARG(std::size_t, d_model, 512);
   XGRAD_ARG(std::size_t, num_heads, 8);
-  XGRAD_ARG(float, dropout, 0.1f);      // on the attention weights, while training
+  XGRAD_ARG(float, dropout, 0.1f);      // on the attention weights, while training; masks come
+                                        // from default_generator() (seed it with manual_seed)
   XGRAD_ARG(Norm, norm, Norm::pre);
   XGRAD_ARG(bool, bias, true);          // biases of the four projections
   XGRAD_ARG(float, layer_norm_eps, 1e-5f);

@@ -110,8 +110,8 @@ std::vector<std::int64_t> LanguageModel::generate(std::vector<std::int64_t> prom
       const std::size_t T = std::min(prompt.size(), options_.max_len());
       IndexArray ids = IndexArray::from_shape({1, T});
       std::copy(prompt.end() - static_cast<std::ptrdiff_t>(T), prompt.end(), ids.begin());
-      const Array& logits = forward(ids).logits.value();
-      const float* last = logits.data() + (T - 1) * V;  // next-token logits
+      const Tensor logits = forward(ids).logits;  // held by value: nothing else keeps it alive
+      const float* last = logits.value().data() + (T - 1) * V;  // next-token logits
       std::vector<std::size_t> order(V);
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return last[a] > last[b]; });

@@ -20,7 +20,7 @@ struct FeedForwardOptions {
   XGRAD_ARG(std::size_t, d_model, 512);
   XGRAD_ARG(std::size_t, d_ff, 2048);
   XGRAD_ARG(Activation, activation, Activation::gelu);
-  XGRAD_ARG(float, dropout, 0.1f);  // on the hidden activations, while training
+  XGRAD_ARG(float, dropout, 0.1f);  // on the hidden activations, while training (default_generator())
 };
 
 // y = linear2(dropout(act(linear1(x)))), x (..., C) -> (..., C)

@@ -1,0 +1,39 @@
+// Small SVG writers for the examples: attention heatmaps with a colour scale, grids of them,
+// and line plots. SVG opens in any browser and carries UTF-8 labels as they are.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace viz {
+
+struct Heatmap {
+  std::string title;
+  std::vector<std::vector<double>> values;  // rows x columns
+  std::vector<std::string> row_labels, col_labels;
+  std::string row_axis = "query", col_axis = "key";
+};
+
+// One heatmap with labels and a colour bar from 0 to vmax.
+std::string heatmap_svg(const Heatmap& map, double vmax = 1.0);
+// Several heatmaps side by side, `columns` per row, sharing one colour bar.
+std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, double vmax = 1.0);
+
+struct Series {
+  std::string name;
+  std::vector<double> x, y;
+};
+
+struct LinePlot {
+  std::string title, x_label, y_label;
+  std::vector<Series> series;
+  bool log_y = false;
+  bool markers = false;
+};
+
+std::string line_plot_svg(const LinePlot& plot);
+
+// Writes text to path; throws xgrad::Error naming the path on failure.
+void write_text_file(const std::string& path, const std::string& text);
+
+}  // namespace viz

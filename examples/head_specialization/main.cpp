@@ -1,0 +1,143 @@
+// The head-specialization example: a one-layer attention model learns to name the tokens 1, 2,
+// 3 and 4 positions back at once, and its heads divide the work, each attending at one offset;
+// a single head of the same width cannot. See the README for the task and how to read the output.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <CLI/CLI.hpp>
+
+#include "../common/terminal.hpp"
+#include "report.hpp"
+#include "xgrad/core/blas.hpp"
+#include "xgrad/core/error.hpp"
+
+using namespace headspec;
+
+namespace {
+
+std::string progress_text(const std::string& label, const Progress& p) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%-11s step %5zu/%zu  loss %.4f  accuracy %.3f  %7.0f tokens/s  %s left", label.c_str(),
+                p.step, p.steps, p.loss, p.accuracy, p.tokens_per_s, viz::duration(p.seconds_left).c_str());
+  return buf;
+}
+
+void print_accuracy(const char* what, const ExperimentConfig& c, const Accuracy& a) {
+  std::printf("%s accuracy %.4f  (", what, a.overall);
+  for (std::size_t k = 0; k < c.task.offsets.size(); ++k) {
+    std::printf("%st-%zu: %.3f", k ? ", " : "", c.task.offsets[k], a.per_offset[k]);
+  }
+  std::printf(")\n");
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << '\n';
+  if (!out) xgrad::fail("cannot write the report '", path, "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"xgrad head specialization: heads of one attention layer each learn a different offset."};
+  ExperimentConfig c;
+  c.train.steps = 600;
+  std::string norm = "pre", out = "head_specialization_out", report_path;
+  int threads = 1;
+  bool quiet = false, no_single = false;
+  std::vector<std::size_t> sweep;
+  app.add_option("--heads", c.heads, "attention heads")->capture_default_str();
+  app.add_option("--d-model", c.d_model, "model width (divisible by heads)")->capture_default_str();
+  app.add_option("--layers", c.layers, "attention layers")->capture_default_str();
+  app.add_option("--offsets", c.task.offsets, "offsets to copy, e.g. 1,2,3,4")->delimiter(',')->capture_default_str();
+  app.add_option("--vocab", c.task.vocab, "vocabulary size")->capture_default_str();
+  app.add_option("--seq-len", c.task.seq_len, "sequence length")->capture_default_str();
+  app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
+  app.add_option("--dropout", c.dropout, "dropout on attention weights")->capture_default_str();
+  app.add_option("--steps", c.train.steps, "training steps")->capture_default_str();
+  app.add_option("--batch", c.train.batch, "sequences per step")->capture_default_str();
+  app.add_option("--lr", c.train.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--weight-decay", c.train.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--warmup", c.train.warmup, "linear warm-up steps")->capture_default_str();
+  app.add_option("--seed", c.seed, "seed for weights and data")->capture_default_str();
+  app.add_option("--eval-batches", c.eval_batches, "held-out batches for the measurements")->capture_default_str();
+  app.add_option("--threads", threads, "OpenBLAS threads")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--out", out, "folder for the images")->capture_default_str();
+  app.add_option("--report", report_path, "write the JSON report here");
+  app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")->delimiter(',');
+  app.add_flag("--no-single-head", no_single, "skip the one-head contrast");
+  app.add_flag("--quiet", quiet, "print only the results");
+  CLI11_PARSE(app, argc, argv);
+  c.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
+  c.single_head = !no_single;
+
+  try {
+    validate(c);
+    for (std::size_t h : sweep) {
+      if (h == 0 || c.d_model % h != 0) xgrad::fail("--sweep-heads: d-model ", c.d_model, " is not divisible by ", h);
+    }
+    xgrad::blas::set_num_threads(threads);
+    std::filesystem::create_directories(out);
+    viz::ProgressLine line(quiet, std::max<std::size_t>(c.train.steps / 5, 1));
+    auto progress = [&](const std::string& label, const Progress& p) { line.update(p.step, p.steps, progress_text(label, p)); };
+
+    if (!sweep.empty()) {
+      std::vector<SweepRow> rows;
+      for (std::size_t h : sweep) {
+        ExperimentConfig one = c;
+        one.heads = h;
+        one.single_head = false;
+        const ExperimentResult r = run_experiment(one, progress);
+        line.finish();
+        std::size_t specialized = 0;
+        for (const HeadStats& s : r.heads) specialized += s.specialized;
+        rows.push_back({h, r.accuracy.overall, r.training.seconds, specialized, r.every_offset_owned});
+      }
+      std::printf("\nSame task, same d_model %zu, %zu steps each:\n%s", c.d_model, c.train.steps, sweep_table(rows).c_str());
+      std::printf("plot: %s\n", write_sweep_plot(out, rows).c_str());
+      if (!report_path.empty()) {
+        write_json(report_path, {{"config", config_json(c)}, {"sweep", sweep_json(rows)}});
+        std::printf("report: %s\n", report_path.c_str());
+      }
+      return 0;
+    }
+
+    if (!quiet) {
+      std::printf("task: vocabulary %zu, length %zu, offsets", c.task.vocab, c.task.seq_len);
+      for (std::size_t k : c.task.offsets) std::printf(" %zu", k);
+      std::printf("\nmodel: %zu attention layer(s), %zu heads, d_model %zu, %s-norm; AdamW lr %g, %zu steps of %zu\n",
+                  c.layers, c.heads, c.d_model, norm.c_str(), static_cast<double>(c.train.lr), c.train.steps, c.train.batch);
+    }
+    const ExperimentResult r = run_experiment(c, progress);
+    line.finish();
+
+    std::printf("\n");
+    print_accuracy(("held-out, " + std::to_string(c.heads) + " heads:").c_str(), c, r.accuracy);
+    if (!r.single_training.losses.empty() && c.heads != 1) {
+      print_accuracy("held-out, 1 head:  ", c, r.single_accuracy);
+    }
+    std::printf("training time %s (%zu heads)", viz::duration(r.training.seconds).c_str(), c.heads);
+    if (!r.single_training.losses.empty() && c.heads != 1) {
+      std::printf(", %s (1 head)", viz::duration(r.single_training.seconds).c_str());
+    }
+    std::printf("\n\n%s", head_table(c, r).c_str());
+    std::printf("every offset owned by its own specialized head: %s\n", r.every_offset_owned ? "yes" : "no");
+    if (!quiet) std::printf("\n%s", head_grids(r).c_str());
+    const std::vector<std::string> images = write_images(out, c, r);
+    std::printf("\nimages: %s/heads.svg (all heads), %s/loss.svg, and one heatmap per head in %s/\n", out.c_str(), out.c_str(),
+                out.c_str());
+    if (!report_path.empty()) {
+      write_json(report_path, report_json(c, r));
+      std::printf("report: %s\n", report_path.c_str());
+    }
+  } catch (const xgrad::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,34 @@
+// The copy/shift task: random token sequences; at every position t the model must name the
+// tokens found at several fixed offsets before it (t-1, t-2, ...). Positions before the start
+// have no answer (target -100, ignored by the loss and by accuracy).
+// Shapes: B batch, T sequence length, K number of offsets.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "xgrad/core/random.hpp"
+#include "xgrad/core/tensor.hpp"
+
+namespace headspec {
+
+constexpr std::int64_t kIgnore = -100;
+
+struct ShiftTask {
+  std::size_t vocab = 16;
+  std::size_t seq_len = 16;
+  std::vector<std::size_t> offsets = {1, 2, 3, 4};
+};
+
+struct ShiftBatch {
+  xgrad::IndexArray tokens;   // (B, T), uniform over the vocabulary
+  xgrad::IndexArray targets;  // (B, T, K): tokens[b, t - offsets[k]], or kIgnore when t < offsets[k]
+};
+
+// Throws xgrad::Error for an empty vocabulary, no offsets, a zero offset or an offset not
+// smaller than the sequence length.
+void validate(const ShiftTask& task);
+
+ShiftBatch make_batch(const ShiftTask& task, std::size_t batch, xgrad::Generator& gen);
+
+}  // namespace headspec

@@ -1,0 +1,40 @@
+// Training loop of the head-specialization example: AdamW on fresh random batches, with a
+// progress callback.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "offset_model.hpp"
+#include "shift_task.hpp"
+
+namespace headspec {
+
+struct TrainOptions {
+  std::size_t steps = 1500;
+  std::size_t batch = 64;
+  float lr = 3e-3f;
+  float weight_decay = 0.01f;
+  std::size_t warmup = 0;  // linear warm-up steps, then constant
+};
+
+struct Progress {
+  std::size_t step = 0, steps = 0;
+  float loss = 0;
+  double accuracy = 0;      // on the current training batch
+  double tokens_per_s = 0;  // positions processed per second so far
+  double seconds = 0, seconds_left = 0;
+};
+
+struct TrainResult {
+  std::vector<float> losses;  // one per step
+  double seconds = 0;         // wall time of the loop
+};
+
+// Mean cross-entropy over every (position, offset) with a target.
+xgrad::Tensor shift_loss(const xgrad::Tensor& logits, const xgrad::IndexArray& targets);
+
+TrainResult train(OffsetModel& model, const ShiftTask& task, const TrainOptions& options, xgrad::Generator& data,
+                  const std::function<void(const Progress&)>& on_progress = {});
+
+}  // namespace headspec
