@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-exec ./build/examples/spirals "$@"
+exec ./build/examples/head_specialization "$@"
