@@ -15,6 +15,8 @@
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/options.hpp"
+#include "xgrad/nn/probe.hpp"
+#include "xgrad/nn/residual.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"

@@ -59,6 +59,9 @@ Tensor mean(const Tensor& a, const std::vector<int>& axes, bool keepdims = false
 Tensor max(const Tensor& a, int axis, bool keepdims = false);
 
 // ---- shape (ops_shape.cpp) ----
+// A copy of `a` that is a node of its own, so the gradient reaching it can be read apart from
+// a's other uses (probes use it to split a residual's skip and branch paths).
+Tensor identity(const Tensor& a);
 // One entry of `shape` may be -1 and is inferred.
 Tensor reshape(const Tensor& a, const std::vector<std::int64_t>& shape);
 Tensor transpose(const Tensor& a, int axis0, int axis1);

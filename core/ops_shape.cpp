@@ -1,4 +1,4 @@
-// Shape ops: reshape, transpose/permute, slice, concat, split. Values are always stored
+// Shape ops: identity, reshape, transpose/permute, slice, concat, split. Values are always stored
 // contiguous, so each op copies; permutes are plain strided loops.
 #include <algorithm>
 #include <numeric>
@@ -46,6 +46,11 @@ Array permute_array(const Array& in, const std::vector<std::size_t>& perm) {
 
 
 }  // namespace
+
+Tensor identity(const Tensor& a) {
+  check_defined(a, "identity");
+  return record("identity", a.value(), {a}, [](GradContext& ctx) { ctx.accumulate(0, Array(ctx.grad_out())); });
+}
 
 Tensor reshape(const Tensor& a, const std::vector<std::int64_t>& shape) {
   check_defined(a, "reshape");

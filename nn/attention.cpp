@@ -7,6 +7,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
+#include "xgrad/nn/residual.hpp"
 
 namespace xgrad::nn {
 
@@ -68,31 +69,28 @@ AttentionOutput MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   const auto b = static_cast<std::int64_t>(B), t = static_cast<std::int64_t>(T);
   const auto h = static_cast<std::int64_t>(H), d = static_cast<std::int64_t>(D);
 
-  const Tensor in = options_.norm() == Norm::pre ? norm->forward(x) : x;
-  // (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
-  auto heads = [&](const Linear& proj) { return permute(reshape(proj.forward(in), {b, t, h, d}), {0, 2, 1, 3}); };
-  const Tensor q = heads(*w_q), k = heads(*w_k), v = heads(*w_v);
-
-  const Tensor scores = matmul(q, k, false, true) * (1.f / std::sqrt(static_cast<float>(D)));  // (B, H, T, S)
   const std::optional<Mask> blocked = combine_masks(mask, B, H, T, T);
-  const Tensor weights = blocked ? masked_softmax(scores, *blocked) : softmax(scores);
-  const Tensor attended = dropout(weights, options_.dropout(), is_training());
-  // (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
-  Tensor per_head = matmul(attended, v);  // (B, H, T, D)
-  if (head_gates.defined()) {
-    if (head_gates.shape() != Shape{H}) {
-      fail("MultiHeadAttention: head_gates of shape ", shape_str(head_gates.shape()), " is not (H,) = (", H, ",)");
+  Tensor weights;
+  auto attention = [&](const Tensor& in) {
+    // (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
+    auto heads = [&](const Linear& proj) { return permute(reshape(proj.forward(in), {b, t, h, d}), {0, 2, 1, 3}); };
+    const Tensor q = heads(*w_q), k = heads(*w_k), v = heads(*w_v);
+    const Tensor scores = matmul(q, k, false, true) * (1.f / std::sqrt(static_cast<float>(D)));  // (B, H, T, S)
+    weights = blocked ? masked_softmax(scores, *blocked) : softmax(scores);
+    const Tensor attended = dropout(weights, options_.dropout(), is_training());
+    Tensor per_head = matmul(attended, v);  // (B, H, T, D)
+    if (head_gates.defined()) {
+      if (head_gates.shape() != Shape{H}) {
+        fail("MultiHeadAttention: head_gates of shape ", shape_str(head_gates.shape()), " is not (H,) = (", H, ",)");
+      }
+      per_head = per_head * reshape(head_gates, {1, h, 1, 1});
     }
-    per_head = per_head * reshape(head_gates, {1, h, 1, 1});
-  }
-  const Tensor context = reshape(permute(per_head, {0, 2, 1, 3}), {b, t, static_cast<std::int64_t>(C)});
-  const Tensor out = w_o->forward(context);
-
-  switch (options_.norm()) {
-    case Norm::pre: return {x + out, weights};
-    case Norm::post: return {norm->forward(x + out), weights};
-    case Norm::none: break;
-  }
+    // (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
+    const Tensor context = reshape(permute(per_head, {0, 2, 1, 3}), {b, t, static_cast<std::int64_t>(C)});
+    probe("context", context);
+    return w_o->forward(context);
+  };
+  const Tensor out = residual_connection(*this, "residual", x, options_.norm(), norm.get(), attention);
   return {out, weights};
 }
 

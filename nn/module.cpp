@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/nn/probe.hpp"
 
 namespace xgrad::nn {
 
@@ -77,6 +78,21 @@ void Module::zero_grad() {
 void Module::train(bool on) {
   training_ = on;
   for (auto& [n, c] : children_) c->train(on);
+}
+
+void Module::collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out) {
+  out.emplace_back(path, this);
+  for (auto& [n, c] : children_) c->collect_modules(path.empty() ? n : path + "." + n, out);
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out;
+  collect_modules("", out);
+  return out;
+}
+
+void Module::probe(const std::string& point, const Tensor& t) const {
+  if (probes_) probes_->record(probe_path_.empty() ? point : probe_path_ + "." + point, t);
 }
 
 std::string Module::summary() const {

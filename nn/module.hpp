@@ -11,6 +11,8 @@
 
 namespace xgrad::nn {
 
+class ProbeSet;
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -36,6 +38,15 @@ class Module {
   // A table of parameter names, shapes and counts, with the total.
   std::string summary() const;
 
+  // Every module of the tree, depth first: this one first (named ""), then e.g. "blocks",
+  // "blocks.0", "blocks.0.attn", ...
+  std::vector<std::pair<std::string, Module*>> named_modules();
+
+  // Records `t` as the probe point "<this module's path>.<point>" when a ProbeSet is attached
+  // to the tree (see probe.hpp); does nothing otherwise. Modules call it from forward.
+  void probe(const std::string& point, const Tensor& t) const;
+  bool probing() const { return probes_ != nullptr; }
+
  protected:
   // Registers a parameter (a leaf that requires grad) under `name` and returns it.
   Tensor register_parameter(const std::string& name, Tensor t);
@@ -48,9 +59,13 @@ class Module {
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
   void collect(const std::string& prefix, NamedTensors& out) const;
+  friend class ProbeSet;
+  void collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out);
   NamedTensors params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  ProbeSet* probes_ = nullptr;  // set while a ProbeSet is attached to the tree
+  std::string probe_path_;      // this module's dotted path from the probed root
 };
 
 // An ordered list of child modules named "0", "1", ... (so paths read "blocks.0.attn...").

@@ -9,6 +9,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/tape.hpp"
+#include "xgrad/nn/residual.hpp"
 
 namespace xgrad::nn {
 
@@ -35,10 +36,12 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& 
 }
 
 BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask) const {
+  probe("stream_in", x);
   const AttentionOutput a = attn->forward(x, mask);  // residual and norm included
-  const Tensor& h = a.output;
-  const Tensor y = options_.norm() == Norm::pre ? h + ffn->forward(ffn_norm->forward(h))
-                                                : ffn_norm->forward(h + ffn->forward(h));
+  probe("stream_mid", a.output);
+  const Tensor y = residual_connection(*this, "ffn_residual", a.output, options_.norm(), ffn_norm.get(),
+                                       [&](const Tensor& h) { return ffn->forward(h); });
+  probe("stream_out", y);
   return {y, a.weights};
 }
 
