@@ -12,6 +12,8 @@
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/head_importance.hpp"
+#include "xgrad/nn/init.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/options.hpp"

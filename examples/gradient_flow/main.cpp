@@ -1,0 +1,211 @@
+// Gradient flow through residual paths, Pre-Norm against Post-Norm: per-layer gradient norms at
+// initialization, the split of each residual connection's gradient into skip and branch, a
+// depth sweep, head importance, and (with --train) training with and without warm-up.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/svg.hpp"
+#include "common/terminal.hpp"
+#include "flow.hpp"
+#include "xgrad/core/blas.hpp"
+#include "xgrad/core/error.hpp"
+
+using namespace gradflow;
+using xgrad::nn::Norm;
+
+namespace {
+
+FlowResult run(const FlowConfig& c, Norm norm) {
+  xgrad::Generator weights(c.seed), data(c.seed + 1);
+  auto model = make_model(c, norm, weights);
+  return measure(*model, shift_batches(c, c.batches, data));
+}
+
+nlohmann::json layers_json(const FlowResult& r) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const LayerFlow& l : r.layers) {
+    auto flow = [](const xgrad::nn::ResidualFlow& f) {
+      return nlohmann::json{{"out", f.out}, {"skip", f.skip}, {"branch", f.branch}, {"total", f.total}};
+    };
+    j.push_back({{"layer", l.layer},
+                 {"ffn_weight_grad_norm", l.ffn_weight_grad_norm},
+                 {"residual_grad_norm", l.residual_grad_norm},
+                 {"attention_residual", flow(l.attention)},
+                 {"ffn_residual", flow(l.feed_forward)}});
+  }
+  return j;
+}
+
+nlohmann::json heads_json(const FlowResult& r) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& h : r.heads) j.push_back({{"module", h.module}, {"head", h.head}, {"importance", h.importance}});
+  return j;
+}
+
+std::vector<double> layer_axis(std::size_t n) {
+  std::vector<double> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<double>(i);
+  return x;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"xgrad gradient flow: Pre-Norm against Post-Norm, at initialization and in training."};
+  FlowConfig c;
+  std::vector<std::size_t> depths;
+  bool train = false, quiet = false;
+  std::size_t steps = 200, warmup = 50;
+  float lr = 1e-3f;
+  int threads = 1;
+  std::string out = "gradient_flow_out", report_path;
+  app.add_option("--layers", c.layers, "transformer blocks")->capture_default_str();
+  app.add_option("--d-model", c.d_model, "model width")->capture_default_str();
+  app.add_option("--heads", c.heads, "attention heads")->capture_default_str();
+  app.add_option("--vocab", c.vocab, "vocabulary size")->capture_default_str();
+  app.add_option("--seq-len", c.seq_len, "sequence length")->capture_default_str();
+  app.add_option("--batches", c.batches, "batches averaged at initialization")->capture_default_str();
+  app.add_option("--batch", c.batch, "sequences per batch")->capture_default_str();
+  app.add_option("--seed", c.seed, "seed for weights and data")->capture_default_str();
+  app.add_option("--depths", depths, "also measure these depths, e.g. 6,8,10,12")->delimiter(',');
+  app.add_flag("--train", train, "also train both placements with and without warm-up");
+  app.add_option("--steps", steps, "training steps (--train)")->capture_default_str();
+  app.add_option("--lr", lr, "AdamW learning rate (--train)")->capture_default_str();
+  app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs (--train)")->capture_default_str();
+  app.add_option("--threads", threads, "OpenBLAS threads")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--out", out, "folder for the plots")->capture_default_str();
+  app.add_option("--report", report_path, "write the JSON report here");
+  app.add_flag("--quiet", quiet, "print only the tables");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    validate(c);
+    for (std::size_t d : depths) {
+      if (d == 0) xgrad::fail("--depths: depth 0");
+    }
+    if (train && (steps == 0 || !(lr > 0.f))) xgrad::fail("--train needs steps > 0 and lr > 0");
+    xgrad::blas::set_num_threads(threads);
+    std::filesystem::create_directories(out);
+    if (!quiet) {
+      std::printf("models: %zu layers, d_model %zu, %zu heads, FFN %zu, vocabulary %zu, T %zu; %zu batches of %zu\n",
+                  c.layers, c.d_model, c.heads, c.d_ff ? c.d_ff : 4 * c.d_model, c.vocab, c.seq_len, c.batches, c.batch);
+    }
+    const FlowResult pre = run(c, Norm::pre), post = run(c, Norm::post);
+
+    std::printf("\nAt initialization (mean loss %.3f Pre-Norm, %.3f Post-Norm):\n", pre.loss, post.loss);
+    std::printf("%5s  %16s %16s  %16s %16s\n", "layer", "Pre |E dL/dW2|", "Pre |dL/dx_in|", "Post |E dL/dW2|", "Post |dL/dx_in|");
+    for (std::size_t l = 0; l < c.layers; ++l) {
+      std::printf("%5zu  %16.4f %16.4f  %16.4f %16.4f\n", l, pre.layers[l].ffn_weight_grad_norm, pre.layers[l].residual_grad_norm,
+                  post.layers[l].ffn_weight_grad_norm, post.layers[l].residual_grad_norm);
+    }
+    auto ratio = [](const FlowResult& r) { return r.layers.back().ffn_weight_grad_norm / r.layers.front().ffn_weight_grad_norm; };
+    std::printf("last/first layer FFN-weight gradient: Pre-Norm %.3f, Post-Norm %.3f\n", ratio(pre), ratio(post));
+
+    std::printf("\nResidual connections (gradient norms, mean over batches): arriving at the output, reaching x\n"
+                "through the skip path, through the sublayer branch, and their sum (= |dL/dx|):\n");
+    for (const auto* r : {&pre, &post}) {
+      std::printf("%s\n%-28s %10s %10s %10s %10s\n", r == &pre ? "Pre-Norm" : "Post-Norm", "connection", "out", "skip", "branch", "sum");
+      for (const LayerFlow& l : r->layers) {
+        for (const auto* f : {&l.attention, &l.feed_forward}) {
+          std::printf("%-28s %10.4f %10.4f %10.4f %10.4f\n", f->name.c_str(), f->out, f->skip, f->branch, f->total);
+        }
+      }
+    }
+    if (!quiet) {
+      std::printf("\nHead importance (Michel et al. 2019, mean |dL/dgate|), Pre-Norm:\n");
+      for (const auto& h : pre.heads) std::printf("  %s head %zu: %.4g\n", h.module.c_str(), h.head, h.importance);
+    }
+
+    nlohmann::json report = {{"config",
+                              {{"layers", c.layers}, {"d_model", c.d_model}, {"heads", c.heads},
+                               {"d_ff", c.d_ff ? c.d_ff : 4 * c.d_model}, {"vocab", c.vocab}, {"seq_len", c.seq_len},
+                               {"batches", c.batches}, {"batch", c.batch}, {"seed", c.seed}}},
+                             {"pre", layers_json(pre)},
+                             {"post", layers_json(post)},
+                             {"pre_loss", pre.loss},
+                             {"post_loss", post.loss},
+                             {"head_importance", {{"pre", heads_json(pre)}, {"post", heads_json(post)}}}};
+
+    viz::LinePlot ffn{"|E dL/dW2| of each layer's second FFN weight, at initialization", "layer", "gradient norm", {}, true, true};
+    ffn.series = {{"Pre-Norm", layer_axis(c.layers), {}}, {"Post-Norm", layer_axis(c.layers), {}}};
+    viz::LinePlot stream{"|dL/dx| of the residual stream entering each layer", "layer", "gradient norm", {}, true, true};
+    stream.series = {{"Pre-Norm", layer_axis(c.layers), {}}, {"Post-Norm", layer_axis(c.layers), {}}};
+    for (std::size_t l = 0; l < c.layers; ++l) {
+      ffn.series[0].y.push_back(pre.layers[l].ffn_weight_grad_norm);
+      ffn.series[1].y.push_back(post.layers[l].ffn_weight_grad_norm);
+      stream.series[0].y.push_back(pre.layers[l].residual_grad_norm);
+      stream.series[1].y.push_back(post.layers[l].residual_grad_norm);
+    }
+    viz::write_text_file(out + "/ffn_grad_norm.svg", viz::line_plot_svg(ffn));
+    viz::write_text_file(out + "/residual_grad_norm.svg", viz::line_plot_svg(stream));
+
+    if (!depths.empty()) {
+      std::printf("\nDepth sweep: the last layer's |E dL/dW2| (and last/first)\n%6s %14s %10s %14s %10s\n", "depth", "Pre-Norm",
+                  "ratio", "Post-Norm", "ratio");
+      nlohmann::json sweep = nlohmann::json::array();
+      viz::LinePlot plot{"last layer's |E dL/dW2| against depth", "layers", "gradient norm", {}, true, true};
+      plot.series = {{"Pre-Norm", {}, {}}, {"Post-Norm", {}, {}}};
+      for (std::size_t d : depths) {
+        FlowConfig cd = c;
+        cd.layers = d;
+        const FlowResult p = run(cd, Norm::pre), q = run(cd, Norm::post);
+        const double pl = p.layers.back().ffn_weight_grad_norm, ql = q.layers.back().ffn_weight_grad_norm;
+        std::printf("%6zu %14.4f %10.3f %14.4f %10.3f\n", d, pl, ratio(p), ql, ratio(q));
+        sweep.push_back({{"layers", d}, {"pre_last", pl}, {"pre_ratio", ratio(p)}, {"post_last", ql}, {"post_ratio", ratio(q)}});
+        plot.series[0].x.push_back(static_cast<double>(d));
+        plot.series[0].y.push_back(pl);
+        plot.series[1].x.push_back(static_cast<double>(d));
+        plot.series[1].y.push_back(ql);
+      }
+      report["depth_sweep"] = sweep;
+      viz::write_text_file(out + "/depth_sweep.svg", viz::line_plot_svg(plot));
+    }
+
+    if (train) {
+      std::printf("\nTraining, AdamW lr %g, %zu steps (shift task), mean loss of the last 20 steps:\n", static_cast<double>(lr), steps);
+      viz::LinePlot curves{"training loss, lr " + std::to_string(lr), "step", "loss", {}, true, false};
+      nlohmann::json runs = nlohmann::json::array();
+      viz::ProgressLine line(quiet, std::max<std::size_t>(steps / 4, 1));
+      for (Norm norm : {Norm::pre, Norm::post}) {
+        for (std::size_t w : {std::size_t{0}, warmup}) {
+          const TrainCurve curve = train_curve(c, norm, lr, w, steps, [&](std::size_t s, float loss) {
+            char text[120];
+            std::snprintf(text, sizeof text, "%s%s step %zu/%zu loss %.4f", norm == Norm::pre ? "Pre-Norm" : "Post-Norm",
+                          w ? " warm-up" : "", s, steps, static_cast<double>(loss));
+            line.update(s, steps, text);
+          });
+          line.finish();
+          double tail = 0;
+          const std::size_t n = std::min<std::size_t>(20, curve.losses.size());
+          for (std::size_t i = curve.losses.size() - n; i < curve.losses.size(); ++i) tail += curve.losses[i] / static_cast<double>(n);
+          std::printf("  %-26s %s\n", curve.name.c_str(), curve.diverged ? "diverged (non-finite loss)" : std::to_string(tail).c_str());
+          std::vector<double> x, y;
+          for (std::size_t i = 0; i < curve.losses.size(); ++i) {
+            x.push_back(static_cast<double>(i + 1));
+            y.push_back(curve.losses[i]);
+          }
+          curves.series.push_back({curve.name, x, y});
+          runs.push_back({{"name", curve.name}, {"warmup", w}, {"losses", curve.losses}, {"diverged", curve.diverged}, {"final_loss", tail}});
+        }
+      }
+      report["training"] = {{"lr", lr}, {"steps", steps}, {"runs", runs}};
+      viz::write_text_file(out + "/training.svg", viz::line_plot_svg(curves));
+    }
+    std::printf("\nplots in %s/\n", out.c_str());
+    if (!report_path.empty()) {
+      std::ofstream f(report_path);
+      f << report.dump(2) << '\n';
+      if (!f) xgrad::fail("cannot write the report '", report_path, "'");
+      std::printf("report: %s\n", report_path.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
