@@ -32,8 +32,9 @@ struct ResidualFlow {
 class ProbeSet {
  public:
   // Attaches to every module under `root` (one ProbeSet per tree at a time) and detaches when
-  // destroyed. While attached, residual connections route x through identity copies, which
-  // changes no value or gradient but costs two copies per connection.
+  // destroyed. While attached, residual connections route x through identity copies: two
+  // copies per connection, no value changed; a gradient can differ in its last bits where x
+  // has more than two consumers (Post-Norm attention), since its parts are added in another order.
   explicit ProbeSet(Module& root);
   ~ProbeSet();
   ProbeSet(const ProbeSet&) = delete;

@@ -125,9 +125,39 @@ std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t colum
   return os.str();
 }
 
+namespace {
+
+// Round tick positions: steps of 1, 2 or 5 times a power of ten.
+std::vector<double> nice_ticks(double lo, double hi) {
+  const double raw = (hi - lo) / 5.0;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
+  std::vector<double> ticks;
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
+  return ticks;
+}
+
+// Ticks for a log axis spanning log10 values [lo, hi]: 1, 2, 5 times powers of ten.
+std::vector<double> log_ticks(double lo, double hi) {
+  std::vector<double> ticks;
+  const std::vector<double> mults = hi - lo < 1.2   ? std::vector<double>{1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9}
+                                    : hi - lo < 2.5 ? std::vector<double>{1, 2, 5}
+                                                    : std::vector<double>{1};
+  for (int e = static_cast<int>(std::floor(lo)); e <= static_cast<int>(std::ceil(hi)); ++e) {
+    for (double m : mults) {
+      const double v = std::log10(m) + e;
+      if (v >= lo && v <= hi) ticks.push_back(v);
+    }
+  }
+  return ticks;
+}
+
+}  // namespace
+
 std::string line_plot_svg(const LinePlot& p) {
   static const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
-  const double W = 640, H = 400, left = 70, right = 20, top = 40, bottom = 55;
+  const double plot_w = 560, H = 400, left = 70, legend = 190, top = 40, bottom = 55;
+  const double W = left + plot_w + legend;
   double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
   auto ty = [&](double y) { return p.log_y ? std::log10(std::max(y, 1e-12)) : y; };
   for (const Series& s : p.series) {
@@ -145,23 +175,25 @@ std::string line_plot_svg(const LinePlot& p) {
   const double pad = (ymax - ymin) * 0.05;
   ymin -= pad;
   ymax += pad;
-  auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * (W - left - right); };
-  auto Y = [&](double y) { return H - bottom - (ty(y) - ymin) / (ymax - ymin) * (H - top - bottom); };
+  auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * plot_w; };
+  auto Yt = [&](double v) { return H - bottom - (v - ymin) / (ymax - ymin) * (H - top - bottom); };
   std::ostringstream os;
   os << open_svg(W, H);
-  os << "<text x='" << W / 2 << "' y='24' font-size='15' font-weight='bold' text-anchor='middle'>" << escape(p.title) << "</text>\n";
-  os << "<rect x='" << left << "' y='" << top << "' width='" << W - left - right << "' height='" << H - top - bottom
+  os << "<text x='" << left + plot_w / 2 << "' y='24' font-size='15' font-weight='bold' text-anchor='middle'>" << escape(p.title) << "</text>\n";
+  os << "<rect x='" << left << "' y='" << top << "' width='" << plot_w << "' height='" << H - top - bottom
      << "' fill='none' stroke='#444'/>\n";
-  for (int t = 0; t <= 5; ++t) {
-    const double xv = xmin + (xmax - xmin) * t / 5, yv = ymin + (ymax - ymin) * t / 5;
-    const double xp = left + (W - left - right) * t / 5, yp = H - bottom - (H - top - bottom) * t / 5;
+  for (double xv : nice_ticks(xmin, xmax)) {
+    const double xp = X(xv);
     os << "<line x1='" << xp << "' y1='" << H - bottom << "' x2='" << xp << "' y2='" << H - bottom + 5 << "' stroke='#444'/>\n";
     os << "<text x='" << xp << "' y='" << H - bottom + 18 << "' font-size='11' text-anchor='middle'>" << num(xv) << "</text>\n";
-    os << "<line x1='" << left << "' y1='" << yp << "' x2='" << W - right << "' y2='" << yp << "' stroke='#ddd'/>\n";
+  }
+  for (double yv : p.log_y ? log_ticks(ymin, ymax) : nice_ticks(ymin, ymax)) {
+    const double yp = Yt(yv);
+    os << "<line x1='" << left << "' y1='" << yp << "' x2='" << left + plot_w << "' y2='" << yp << "' stroke='#ddd'/>\n";
     os << "<text x='" << left - 6 << "' y='" << yp + 4 << "' font-size='11' text-anchor='end'>"
        << num(p.log_y ? std::pow(10.0, yv) : yv) << "</text>\n";
   }
-  os << "<text x='" << (left + W - right) / 2 << "' y='" << H - 12 << "' font-size='12' text-anchor='middle'>" << escape(p.x_label) << "</text>\n";
+  os << "<text x='" << left + plot_w / 2 << "' y='" << H - 12 << "' font-size='12' text-anchor='middle'>" << escape(p.x_label) << "</text>\n";
   os << "<text x='16' y='" << (top + H - bottom) / 2 << "' font-size='12' text-anchor='middle' transform='rotate(-90 16 "
      << (top + H - bottom) / 2 << ")'>" << escape(p.y_label) << "</text>\n";
   for (std::size_t k = 0; k < p.series.size(); ++k) {
@@ -169,16 +201,16 @@ std::string line_plot_svg(const LinePlot& p) {
     const char* c = palette[k % 6];
     os << "<polyline fill='none' stroke='" << c << "' stroke-width='1.5' points='";
     for (std::size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
-      if (std::isfinite(s.y[i])) os << X(s.x[i]) << ',' << Y(s.y[i]) << ' ';
+      if (std::isfinite(s.y[i])) os << X(s.x[i]) << ',' << Yt(ty(s.y[i])) << ' ';
     }
     os << "'/>\n";
     if (p.markers) {
       for (std::size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
-        if (std::isfinite(s.y[i])) os << "<circle cx='" << X(s.x[i]) << "' cy='" << Y(s.y[i]) << "' r='3.5' fill='" << c << "'/>\n";
+        if (std::isfinite(s.y[i])) os << "<circle cx='" << X(s.x[i]) << "' cy='" << Yt(ty(s.y[i])) << "' r='3.5' fill='" << c << "'/>\n";
       }
     }
-    os << "<rect x='" << W - right - 170 << "' y='" << top + 10 + 18 * k << "' width='12' height='3' fill='" << c << "'/>"
-       << "<text x='" << W - right - 152 << "' y='" << top + 15 + 18 * k << "' font-size='11'>" << escape(s.name) << "</text>\n";
+    os << "<rect x='" << left + plot_w + 14 << "' y='" << top + 10 + 20 * k << "' width='14' height='3' fill='" << c << "'/>"
+       << "<text x='" << left + plot_w + 34 << "' y='" << top + 15 + 20 * k << "' font-size='11'>" << escape(s.name) << "</text>\n";
   }
   os << "</svg>\n";
   return os.str();
