@@ -50,7 +50,8 @@ class ProbeSet {
   const Tensor& tensor(const std::string& name) const;  // throws naming the point if absent
   const Array& activation(const std::string& name) const;
   const Array& gradient(const std::string& name) const;  // after backward
-  // One entry per residual connection recorded in the last forward, in order.
+  // One entry per residual connection recorded in the last forward, in order (a connection
+  // whose input does not require grad has no gradient to split and is left out).
   std::vector<ResidualFlow> residual_flows() const;
 
  private:

@@ -168,7 +168,9 @@ int main(int argc, char** argv) {
 
     if (train) {
       std::printf("\nTraining, AdamW lr %g, %zu steps (shift task), mean loss of the last 20 steps:\n", static_cast<double>(lr), steps);
-      viz::LinePlot curves{"training loss, lr " + std::to_string(lr), "step", "loss", {}, true, false};
+      char title[64];
+      std::snprintf(title, sizeof title, "training loss, AdamW lr %g", static_cast<double>(lr));
+      viz::LinePlot curves{title, "step", "loss", {}, true, false};
       nlohmann::json runs = nlohmann::json::array();
       viz::ProgressLine line(quiet, std::max<std::size_t>(steps / 4, 1));
       for (Norm norm : {Norm::pre, Norm::post}) {
