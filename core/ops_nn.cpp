@@ -212,19 +212,36 @@ Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
   check_defined(a, "dropout");
   if (!(p >= 0.f && p < 1.f)) fail("dropout: probability ", p, " is outside [0, 1)");
   if (!training || p == 0.f) return a;
-  // y = x * keep / (1 - p), keep ~ Bernoulli(1 - p)
+  // y = x * keep / (1 - p), keep ~ Bernoulli(1 - p). The keep flags come from a counter-based
+  // hash (murmur3's 32-bit finalizer over the element index, keyed by one 64-bit draw from gen):
+  // the same generator state gives the same mask on every platform, and the loop vectorizes,
+  // where one mt19937 draw per element took a quarter of a small training step.
   const float scale = 1.f / (1.f - p);
-  std::vector<std::uint8_t> keep(a.size());
+  const std::uint32_t k0 = gen.next_u32(), k1 = gen.next_u32();
+  const auto threshold = static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0);  // P(h < t) = p
+  const std::size_t n = a.size();
+  std::vector<std::uint8_t> keep(n);
   Array y = Array::from_shape(a.shape());
   const float* x = a.value().data();
-  for (std::size_t i = 0; i < keep.size(); ++i) {
-    keep[i] = gen.uniform() >= p;
-    y.data()[i] = keep[i] ? x[i] * scale : 0.f;
+  float* out = y.data();
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t h = (static_cast<std::uint32_t>(i) * 0x9e3779b9u) ^ k0;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    h ^= k1;
+    h *= 0x27d4eb2du;
+    h ^= h >> 15;
+    keep[i] = h >= threshold;
+    out[i] = x[i] * (scale * static_cast<float>(keep[i]));
   }
   return record("dropout", std::move(y), {a}, [keep = std::move(keep), scale](GradContext& ctx) {
     // dx = g * keep / (1 - p)
     Array dx = ctx.grad_out();
-    for (std::size_t i = 0; i < keep.size(); ++i) dx.data()[i] = keep[i] ? dx.data()[i] * scale : 0.f;
+    float* d = dx.data();
+    for (std::size_t i = 0; i < keep.size(); ++i) d[i] *= scale * static_cast<float>(keep[i]);
     ctx.accumulate(0, std::move(dx));
   });
 }

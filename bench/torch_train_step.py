@@ -1,0 +1,230 @@
+#!/usr/bin/python3
+"""Times one full PyTorch training step of the language model that xgrad's train-step benchmark
+times (forward, mean next-token cross-entropy, backward, AdamW step, zero_grad), so the two can be
+compared side by side under the same environment (OPENBLAS_CORETYPE included: leave it as it is).
+
+The model mirrors xgrad's nn/transformer.cpp LanguageModel with Pre-Norm placement and learned
+positions (the same modules as tests/fixtures/make_nn_fixtures.py, copied here with dropout added
+so that the benchmark does not depend on test files):
+  h = tok_emb(ids) + pos_emb[:T]
+  per block:  x = x + W_o(Attn(LN1(x)))                       separate w_q, w_k, w_v, w_o Linears,
+                                                              softmax(QK^T / sqrt(D) + causal mask),
+                                                              dropout 0.1 on the attention weights
+              x = x + linear2(dropout(GELU(linear1(LN2(x)))))  exact erf GELU, dropout 0.1
+  logits = head(final_norm(h))                                 head is a Linear with bias
+Shapes: B batch, T length, C d_model, H heads, D head size (C / H), V vocabulary, F FFN width.
+
+Prints exactly one JSON line on stdout:
+  {"impl": "pytorch", "config", "threads", "ms_per_step" (median over the timed steps),
+   "tokens_per_s" (B*T / median seconds), "peak_rss_mb" (ru_maxrss / 1024), "gflops"
+   (matmul FLOPs of forward + backward / median seconds / 1e9), "torch_version"}
+Anything else goes to stderr.
+
+Run one configuration per process, so peak memory is per configuration (Debian's python3-torch;
+the python3 on PATH has no torch):
+    /usr/bin/python3 bench/torch_train_step.py --config small --threads 1
+    /usr/bin/python3 bench/torch_train_step.py --check      # 30 tiny steps: the loss must fall
+"""
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# name: (V vocab, C d_model, H heads, layers, F ffn, T seq_len, B batch)
+CONFIGS = {
+    "tiny": (16, 64, 4, 2, 256, 32, 64),
+    "small": (256, 256, 4, 4, 1024, 64, 32),
+    "standard": (512, 512, 8, 2, 2048, 128, 8),
+}
+MAX_LEN = 256     # xgrad's LanguageModelOptions default: the learned position table is (256, C), sliced to T
+DROPOUT = 0.1     # xgrad's default, on the attention weights and the FFN hidden activation
+EPS = 1e-5        # xgrad's LayerNorm default
+LR = 1e-3         # AdamW; weight decay 0.01, betas (0.9, 0.999), eps 1e-8: PyTorch's and xgrad's defaults
+CHECK_STEPS = 30
+
+
+# ---- the model (names match xgrad's named_parameters()) ----
+
+class MultiHeadAttention(nn.Module):
+    """Pre-Norm y = x + W_o(Attn(LN(x))), attention written out (no fused kernel, no nn.MultiheadAttention)."""
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        assert d_model % num_heads == 0
+        self.h = num_heads
+        self.w_q = nn.Linear(d_model, d_model)
+        self.w_k = nn.Linear(d_model, d_model)
+        self.w_v = nn.Linear(d_model, d_model)
+        self.w_o = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model, eps=EPS)
+        self.attn_dropout = nn.Dropout(DROPOUT)
+
+    def forward(self, x, blocked):
+        b, t, c = x.shape
+        h, d = self.h, c // self.h
+        inp = self.norm(x)
+
+        def heads(proj):  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
+            return proj(inp).reshape(b, t, h, d).permute(0, 2, 1, 3)
+
+        q, k, v = heads(self.w_q), heads(self.w_k), heads(self.w_v)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # (B, H, T, S)
+        scores = scores.masked_fill(blocked, float("-inf"))
+        weights = F.softmax(scores, dim=-1)
+        attended = self.attn_dropout(weights)
+        context = torch.matmul(attended, v).permute(0, 2, 1, 3).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
+        return x + self.w_o(context)
+
+
+class FeedForward(nn.Module):
+    """linear2(dropout(gelu(linear1(x)))) with the exact erf GELU."""
+
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(DROPOUT)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(F.gelu(self.linear1(x))))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-Norm: x = x + Attn(LN1(x)); y = x + FFN(LN2(x))."""
+
+    def __init__(self, d_model, num_heads, d_ff):
+        super().__init__()
+        self.attn = MultiHeadAttention(d_model, num_heads)
+        self.ffn_norm = nn.LayerNorm(d_model, eps=EPS)
+        self.ffn = FeedForward(d_model, d_ff)
+
+    def forward(self, x, blocked):
+        h = self.attn(x, blocked)
+        return h + self.ffn(self.ffn_norm(h))
+
+
+class LearnedPositions(nn.Module):
+    def __init__(self, max_len, d_model):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(max_len, d_model))  # N(0, 1), as xgrad
+
+    def forward(self, length):
+        return self.weight[:length]
+
+
+class LanguageModel(nn.Module):
+    """h = tok_emb(ids) + pos_emb[:T]; causal Pre-Norm blocks; final_norm; head."""
+
+    def __init__(self, vocab, d_model, num_heads, num_layers, d_ff, max_len):
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab, d_model)  # N(0, 1)
+        self.pos_emb = LearnedPositions(max_len, d_model)
+        self.blocks = nn.ModuleList([TransformerBlock(d_model, num_heads, d_ff) for _ in range(num_layers)])
+        self.final_norm = nn.LayerNorm(d_model, eps=EPS)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        h = self.tok_emb(ids) + self.pos_emb(t)  # (B, T, C)
+        blocked = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)  # (T, S), true = key after query
+        for block in self.blocks:
+            h = block(h, blocked)
+        return self.head(self.final_norm(h))  # (B, T, V)
+
+
+# ---- the benchmark ----
+
+def step_flops(vocab, c, layers, f, t, b):
+    """Matmul FLOPs of forward + backward (3x the forward): per layer the Q, K, V, O projections,
+    the attention scores and weighted sum (full T x T, the causal mask saves nothing here) and
+    the FFN; plus the head."""
+    per_layer = 4 * 2 * b * t * c * c + 2 * 2 * b * t * t * c + 2 * 2 * b * t * c * f
+    forward = layers * per_layer + 2 * b * t * c * vocab
+    return 3 * forward
+
+
+def run(config, steps, warmup, seed, record_loss=False):
+    vocab, c, heads, layers, f, t, b = CONFIGS[config]
+    torch.manual_seed(seed)  # weights and dropout masks
+    model = LanguageModel(vocab, c, heads, layers, f, MAX_LEN)
+    model.train()  # dropout active
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    data_gen = torch.Generator().manual_seed(seed)  # token ids, a stream of their own
+
+    times, losses = [], []
+    for i in range(warmup + steps):
+        # A fresh random batch every step, drawn outside the timed region (xgrad's benchmark does the same).
+        seq = torch.randint(0, vocab, (b, t + 1), generator=data_gen)
+        ids, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+        start = time.perf_counter()
+        logits = model(ids)
+        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))  # mean
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+
+        if i >= warmup:
+            times.append(elapsed)
+        if record_loss:
+            losses.append(loss.item())
+    return times, losses
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=sorted(CONFIGS), help="model size (one per process)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    parser.add_argument("--seed", type=int, default=1234, help="weights, dropout and data (default 1234)")
+    parser.add_argument("--check", action="store_true",
+                        help="train %d steps on tiny and print the first and last loss to stderr" % CHECK_STEPS)
+    args = parser.parse_args()
+    if args.threads < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("--threads and --steps must be positive and --warmup non-negative")
+    if args.check and args.config not in (None, "tiny"):
+        parser.error("--check runs the tiny configuration")
+    if not args.check and args.config is None:
+        parser.error("--config is required (unless --check)")
+
+    torch.set_num_interop_threads(1)  # before any parallel work
+    torch.set_num_threads(args.threads)
+
+    if args.check:
+        _, losses = run("tiny", CHECK_STEPS, 0, args.seed, record_loss=True)
+        print("check: tiny, %d steps: first loss %.4f, last loss %.4f (uniform over the vocabulary: %.4f)"
+              % (CHECK_STEPS, losses[0], losses[-1], math.log(CONFIGS["tiny"][0])), file=sys.stderr)
+        if not losses[-1] < losses[0]:
+            print("check: FAILED, the loss did not fall", file=sys.stderr)
+            sys.exit(1)
+        return
+
+    times, _ = run(args.config, args.steps, args.warmup, args.seed)
+    vocab, c, _, layers, f, t, b = CONFIGS[args.config]
+    median = statistics.median(times)
+    result = {
+        "impl": "pytorch",
+        "config": args.config,
+        "threads": args.threads,
+        "ms_per_step": round(median * 1e3, 3),
+        "tokens_per_s": round(b * t / median, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "gflops": round(step_flops(vocab, c, layers, f, t, b) / median / 1e9, 3),
+        "torch_version": torch.__version__,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
