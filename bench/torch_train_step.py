@@ -27,8 +27,10 @@ the python3 on PATH has no torch):
 """
 
 import argparse
+import ctypes
 import json
 import math
+import os
 import resource
 import statistics
 import sys
@@ -44,7 +46,6 @@ CONFIGS = {
     "small": (256, 256, 4, 4, 1024, 64, 32),
     "standard": (512, 512, 8, 2, 2048, 128, 8),
 }
-MAX_LEN = 256     # xgrad's LanguageModelOptions default: the learned position table is (256, C), sliced to T
 DROPOUT = 0.1     # xgrad's default, on the attention weights and the FFN hidden activation
 EPS = 1e-5        # xgrad's LayerNorm default
 LR = 1e-3         # AdamW; weight decay 0.01, betas (0.9, 0.999), eps 1e-8: PyTorch's and xgrad's defaults
@@ -142,6 +143,21 @@ class LanguageModel(nn.Module):
 
 # ---- the benchmark ----
 
+def set_blas_threads(n):
+    """Debian's torch runs its float32 matmuls in the system OpenBLAS (the pthread build), and
+    torch.set_num_threads does not reach it: with --threads 1 its GEMMs still ran on every core
+    (user + sys time was about 1.8x wall on 2 cores). So set OpenBLAS's own thread count as well,
+    at run time (the environment is left as it is). libblas.so.3 is a thin wrapper around this
+    libopenblas.so.0, so there is one OpenBLAS in the process. Returns its thread count, or None
+    when no OpenBLAS is loaded."""
+    try:
+        openblas = ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        return None  # not loaded by torch: nothing to set
+    openblas.openblas_set_num_threads(ctypes.c_int(n))
+    return openblas.openblas_get_num_threads()
+
+
 def step_flops(vocab, c, layers, f, t, b):
     """Matmul FLOPs of forward + backward (3x the forward): per layer the Q, K, V, O projections,
     the attention scores and weighted sum (full T x T, the causal mask saves nothing here) and
@@ -154,7 +170,7 @@ def step_flops(vocab, c, layers, f, t, b):
 def run(config, steps, warmup, seed, record_loss=False):
     vocab, c, heads, layers, f, t, b = CONFIGS[config]
     torch.manual_seed(seed)  # weights and dropout masks
-    model = LanguageModel(vocab, c, heads, layers, f, MAX_LEN)
+    model = LanguageModel(vocab, c, heads, layers, f, t)  # max_len = T, as bench/train_step.cpp
     model.train()  # dropout active
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     data_gen = torch.Generator().manual_seed(seed)  # token ids, a stream of their own
@@ -200,6 +216,9 @@ def main():
 
     torch.set_num_interop_threads(1)  # before any parallel work
     torch.set_num_threads(args.threads)
+    blas_threads = set_blas_threads(args.threads)
+    if blas_threads != args.threads:
+        print("warning: OpenBLAS threads %r, wanted %d" % (blas_threads, args.threads), file=sys.stderr)
 
     if args.check:
         _, losses = run("tiny", CHECK_STEPS, 0, args.seed, record_loss=True)

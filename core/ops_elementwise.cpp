@@ -5,6 +5,7 @@
 
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/fast_math.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/tape.hpp"
 
@@ -162,10 +163,10 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
   if (approx == GeluApprox::exact) {
     // y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x phi(x)
     return unary(
-        "gelu", a, [=](float x) { return 0.5f * x * (1.f + std::erf(x * kInvSqrt2)); },
+        "gelu", a, [=](float x) { return 0.5f * x * (1.f + fast::erf(x * kInvSqrt2)); },
         [=](float x, float, float g) {
-          const float cdf = 0.5f * (1.f + std::erf(x * kInvSqrt2));
-          const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
+          const float cdf = 0.5f * (1.f + fast::erf(x * kInvSqrt2));
+          const float pdf = kInvSqrt2Pi * fast::exp(-0.5f * x * x);
           return g * (cdf + x * pdf);
         });
   }

@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""Runs xgrad's and PyTorch's train-step benchmarks side by side and prints the ratios.
+
+Each configuration runs in its own process (so peak memory is per configuration), xgrad and
+PyTorch alternating, `--repeats` times each; the table quotes medians. The machines are shared
+and noisy: only ratios measured in one run mean anything.
+
+    /usr/bin/python3 bench/compare.py --threads 1 2 --repeats 3
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()
+    return json.loads(out[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=["tiny", "small", "standard"])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--xgrad", default=os.path.join(ROOT, "build", "bench", "bench_train_step"))
+    ap.add_argument("--json", help="also write every measurement here")
+    args = ap.parse_args()
+
+    rows, raw = [], []
+    for threads in args.threads:
+        for config in args.configs:
+            x, t = [], []
+            for _ in range(args.repeats):
+                x.append(run([args.xgrad, "--config", config, "--threads", str(threads), "--steps", str(args.steps)]))
+                t.append(run([sys.executable, os.path.join(HERE, "torch_train_step.py"), "--config", config,
+                              "--threads", str(threads), "--steps", str(args.steps)]))
+                print(f"  {config} threads {threads}: xgrad {x[-1]['ms_per_step']:.1f} ms, "
+                      f"pytorch {t[-1]['ms_per_step']:.1f} ms", file=sys.stderr)
+            raw += x + t
+            med = lambda runs, key: statistics.median(r[key] for r in runs)
+            rows.append((config, threads, med(x, "ms_per_step"), med(t, "ms_per_step"), med(x, "tokens_per_s"),
+                         med(t, "tokens_per_s"), med(x, "peak_rss_mb"), med(t, "peak_rss_mb"), med(x, "gflops"),
+                         med(x, "peak_fraction")))
+
+    print(f"{'config':9} {'threads':>7} {'xgrad ms':>9} {'torch ms':>9} {'xgrad tok/s':>12} {'torch tok/s':>12} "
+          f"{'speed-up':>8} {'xgrad MB':>9} {'torch MB':>9} {'GFLOP/s':>8} {'of peak':>8}")
+    for c, th, xm, tm, xt, tt, xr, tr, gf, pf in rows:
+        print(f"{c:9} {th:>7} {xm:>9.1f} {tm:>9.1f} {xt:>12.0f} {tt:>12.0f} {xt / tt:>7.2f}x {xr:>9.0f} {tr:>9.0f} "
+              f"{gf:>8.1f} {pf:>7.0%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
