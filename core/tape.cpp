@@ -2,6 +2,8 @@
 #include "xgrad/core/tape.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
@@ -23,6 +25,7 @@ struct Pass {
 
 thread_local Tape tape;
 thread_local bool grad_mode = true;
+thread_local bool anomaly_mode = false;
 thread_local Pass* current_pass = nullptr;
 
 constexpr std::size_t kMinPrune = 4096;
@@ -38,6 +41,17 @@ void prune() {
   tape.prune_at = std::max(kMinPrune, 2 * e.size());
 }
 
+// Index of the first NaN or Inf in a, or a.size() when every element is finite.
+std::size_t first_non_finite(const Array& a) {
+  const float* d = a.data();
+  for (std::size_t i = 0, n = a.size(); i < n; ++i) {
+    if (!std::isfinite(d[i])) return i;
+  }
+  return a.size();
+}
+
+std::string describe(const Node& n) { return n.name.empty() ? std::string("an unnamed tensor") : "'" + n.name + "'"; }
+
 void add_into(Array& dst, const Array& src) {
   float* d = dst.data();
   const float* s = src.data();
@@ -52,6 +66,13 @@ void deliver(Node& node, Array& grad) {
     if (grad.shape() != node.value->shape()) {
       fail("backward: a hook on tensor '", node.name, "' changed its gradient's shape from ",
            shape_str(node.value->shape()), " to ", shape_str(grad.shape()));
+    }
+  }
+  if (anomaly_mode) {
+    const std::size_t bad = first_non_finite(grad);
+    if (bad < grad.size()) {
+      fail("anomaly: the gradient reaching ", describe(node), " is ", grad.data()[bad], " at flat position ", bad,
+           node.hooks.empty() ? "" : " (after its hooks ran)");
     }
   }
   const bool keeps = !node.has_creator || node.retains_grad;
@@ -71,11 +92,24 @@ const char* const kReleased =
 }  // namespace
 
 bool grad_enabled() { return grad_mode; }
+bool anomaly_enabled() { return anomaly_mode; }
+void set_anomaly_enabled(bool on) { anomaly_mode = on; }
 void set_grad_enabled(bool on) { grad_mode = on; }
 
 std::size_t tape_size() { return tape.entries.size(); }
 
 Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  if (anomaly_mode) {
+    const std::size_t bad = first_non_finite(value);
+    if (bad < value.size()) {
+      std::string names;
+      for (const Tensor& t : inputs) {
+        if (t.defined()) names += (names.empty() ? "" : ", ") + describe(*t.node());
+      }
+      fail("anomaly: forward of ", op, " produced ", value.data()[bad], " at flat position ", bad, " of its ",
+           shape_str(value.shape()), " output (inputs: ", names, ")");
+    }
+  }
   Tensor out(std::move(value));
   if (!grad_mode) return out;
   const bool any = std::any_of(inputs.begin(), inputs.end(),
@@ -198,6 +232,18 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
       deliver(*out, grad);
       GradContext ctx(e, grad, *out->value);
       e.backward(ctx);
+      if (anomaly_mode) {
+        for (std::size_t i = 0; i < e.inputs.size(); ++i) {
+          const auto& in = e.inputs[i];
+          if (!in || !in->has_pending) continue;
+          const std::size_t bad = first_non_finite(in->pending);
+          if (bad < in->pending.size()) {
+            fail("anomaly: backward of ", e.op, " produced ", in->pending.data()[bad], " in the gradient of its input ", i,
+                 " (", describe(*in), ", shape ", shape_str(in->pending.shape()), ") at flat position ", bad,
+                 "; the gradient arriving at its output was ", first_non_finite(grad) < grad.size() ? "not finite" : "finite");
+          }
+        }
+      }
       if (!retain_graph) {
         e.backward = nullptr;  // frees what the closure cached
         e.inputs.clear();      // frees activations (the pass still holds the touched nodes)

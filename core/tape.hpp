@@ -67,6 +67,24 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Anomaly detection, opt-in and per thread: while on, every op's forward value and every
+// gradient an op's backward hands to its inputs is checked for NaN and Inf, and the first one
+// found raises an Error naming the op (and the tensor's name, if it has one). It costs a pass
+// over every value, so it is for finding a bug, not for training.
+bool anomaly_enabled();
+void set_anomaly_enabled(bool on);
+
+class AnomalyGuard {
+ public:
+  AnomalyGuard() : previous_(anomaly_enabled()) { set_anomaly_enabled(true); }
+  ~AnomalyGuard() { set_anomaly_enabled(previous_); }
+  AnomalyGuard(const AnomalyGuard&) = delete;
+  AnomalyGuard& operator=(const AnomalyGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // True when an op over these inputs would be recorded (undefined tensors are ignored); ops
 // use it to skip caching what only backward needs.
 template <class... Ts>
