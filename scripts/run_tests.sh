@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# The README's second command: install what is missing, build, run every test.
+# The README's second command: install what is missing, build, run every test; then build the
+# same suite under AddressSanitizer and UndefinedBehaviorSanitizer (build-sanitize/) and run it
+# again there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-cd build
-ctest --output-on-failure -j "$(nproc)"
+(cd build && ctest --output-on-failure -j "$(nproc)")
+
+echo "xgrad: the test suite again under AddressSanitizer and UndefinedBehaviorSanitizer"
+sanitize="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+      -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="$sanitize" > /dev/null
+cmake --build build-sanitize -j "$(nproc)"
+# The install test links an outside project without the sanitizer runtime: it runs above only.
+(cd build-sanitize && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest --output-on-failure -j "$(nproc)" -E install_and_readme_tour)

@@ -3,7 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "experiment.hpp"
 
@@ -99,4 +103,22 @@ TEST_CASE("the example's command line rejects bad input with a non-zero exit") {
   CHECK(run("--offsets 1,16 --seq-len 16") != 0);
   CHECK(run("--steps 0") != 0);
   CHECK(run("--norm sideways") != 0);
+}
+
+TEST_CASE("two runs of the example with the same seed and one thread write identical reports") {
+  const auto dir = std::filesystem::temp_directory_path() / "xgrad_test_head_specialization";
+  std::filesystem::create_directories(dir);
+  nlohmann::json reports[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string report = (dir / ("report" + std::to_string(i) + ".json")).string();
+    REQUIRE(run("--steps 60 --seed 5 --threads 1 --quiet --out " + (dir / "images").string() + " --report " + report) == 0);
+    std::ifstream in(report);
+    reports[i] = nlohmann::json::parse(in);
+    // Wall-clock times are the only fields allowed to differ.
+    reports[i].erase("seconds");
+    reports[i].erase("single_head_seconds");
+  }
+  std::filesystem::remove_all(dir);
+  REQUIRE(reports[0].contains("heads"));
+  REQUIRE(reports[0] == reports[1]);
 }
