@@ -24,7 +24,7 @@ Tensor div(const Tensor& a, float s);
 Tensor rdiv(float s, const Tensor& a);  // s / a
 Tensor neg(const Tensor& a);
 
-Tensor exp(const Tensor& a);
+Tensor exp(const Tensor& a);  // overflows to +inf above about 88.7 (float's range), never NaN
 Tensor log(const Tensor& a);
 Tensor sqrt(const Tensor& a);
 Tensor pow(const Tensor& a, float exponent);

@@ -177,8 +177,9 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
       [=](float x) { return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x))); },
       [=](float x, float, float g) {
         const float t = std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x));
+        const float sech2 = 1.f - t * t;  // 0 once |u| is large, while du may overflow to inf
         const float du = kSqrt2OverPi * (1.f + 3.f * kCoef * x * x);
-        return g * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du);
+        return g * (0.5f * (1.f + t) + (sech2 == 0.f ? 0.f : 0.5f * x * sech2 * du));
       });
 }
 

@@ -257,7 +257,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
            " does not match the normalized size (", C, ",) of input ", shape_str(x.shape()));
     }
   }
-  if (!(eps > 0.f)) fail("layer_norm: eps must be positive, got ", eps);
+  if (!(eps > 0.f && std::isfinite(eps))) fail("layer_norm: eps must be finite and positive, got ", eps);
   // Per row: mean, rstd = 1 / sqrt(var + eps) (biased variance), xhat = (x - mean) rstd,
   // y = xhat * gamma + beta. mean and rstd are cached for backward.
   std::vector<float> mean(rows), rstd(rows);

@@ -19,6 +19,7 @@ Array permute_array(const Array& in, const std::vector<std::size_t>& perm) {
   Shape os(n);
   for (std::size_t k = 0; k < n; ++k) os[k] = s[perm[k]];
   Array out = Array::from_shape(os);
+  if (n == 0) return in;  // a scalar: nothing to move
   if (in.size() == 0) return out;
   std::vector<std::size_t> in_stride(n, 1);
   for (std::size_t k = n; k-- > 1;) in_stride[k - 1] = in_stride[k] * s[k];

@@ -25,11 +25,21 @@ namespace xgrad {
 namespace {
 
 constexpr std::uint64_t kMaxHeader = 100u << 20;  // as the reference implementation: 100 MB
+constexpr std::uint64_t kMaxExtent = std::uint64_t{1} << 60;
 
 std::uint64_t read_u64_le(const char* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
   return v;
+}
+
+// A JSON value for an error message: scalars as they are, containers by kind and size (dumping
+// a hostile, deeply nested value would recurse once per level).
+std::string brief(const nlohmann::json& j) {
+  if (j.is_array()) return "an array of " + std::to_string(j.size());
+  if (j.is_object()) return "an object of " + std::to_string(j.size());
+  const std::string text = j.dump();
+  return text.size() > 40 ? text.substr(0, 40) + "..." : text;
 }
 
 struct Span {
@@ -75,27 +85,30 @@ SafetensorsContents parse_safetensors(const std::string& bytes, const std::strin
       bad("entry '", name, "' needs dtype, shape and data_offsets");
     }
     if (!e["dtype"].is_string() || e["dtype"].get<std::string>() != "F32") {
-      bad("tensor '", name, "' has dtype ", e["dtype"].dump(), "; xgrad reads F32 only");
+      bad("tensor '", name, "' has dtype ", brief(e["dtype"]), "; xgrad reads F32 only");
     }
     const nlohmann::json& js = e["shape"];
     const nlohmann::json& jo = e["data_offsets"];
     if (!js.is_array()) bad("tensor '", name, "' has a shape that is not an array");
     Shape shape;
-    std::uint64_t count = 1;
+    std::uint64_t count = 1, extent = 1;
     for (const auto& d : js) {
-      if (!d.is_number_unsigned()) bad("tensor '", name, "' has a shape entry ", d.dump(), " that is not a non-negative integer");
+      if (!d.is_number_unsigned()) bad("tensor '", name, "' has a shape entry ", brief(d), " that is not a non-negative integer");
       const std::uint64_t v = d.get<std::uint64_t>();
-      if (v != 0 && count > data_size / v) bad("tensor '", name, "' has shape ", js.dump(), " larger than the file");
+      if (v != 0 && count > data_size / v) bad("tensor '", name, "' has a shape larger than the file");
+      // Even with a zero elsewhere, the strides (products of trailing sizes) must stay representable.
+      if (v > 1 && extent > kMaxExtent / v) bad("tensor '", name, "' has a shape whose sizes multiply past 2^60");
+      extent *= std::max<std::uint64_t>(v, 1);
       count *= v;
       shape.push_back(static_cast<std::size_t>(v));
     }
     if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned()) {
-      bad("tensor '", name, "' has data_offsets ", jo.dump(), " that are not two non-negative integers");
+      bad("tensor '", name, "' has data_offsets ", brief(jo), " that are not two non-negative integers");
     }
     const std::uint64_t b = jo[0].get<std::uint64_t>(), end = jo[1].get<std::uint64_t>();
     if (b > end) bad("tensor '", name, "' has reversed data_offsets [", b, ", ", end, "]");
     if (end > data_size) bad("tensor '", name, "' has data_offsets [", b, ", ", end, "] outside the ", data_size, "-byte data");
-    if (end - b != count * 4) bad("tensor '", name, "' of shape ", js.dump(), " needs ", count * 4, " bytes, its offsets span ", end - b);
+    if (end - b != count * 4) bad("tensor '", name, "' of shape ", shape_str(shape), " needs ", count * 4, " bytes, its offsets span ", end - b);
     Array a = Array::from_shape(shape);
     if (count) std::memcpy(a.data(), data + b, count * 4);
     spans.push_back({b, end, out.tensors.size()});

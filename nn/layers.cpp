@@ -32,7 +32,7 @@ Tensor Linear::forward(const Tensor& x) const {
 
 LayerNorm::LayerNorm(std::size_t features, float eps, bool affine) : features_(features), eps_(eps) {
   if (features == 0) fail("LayerNorm: features must be positive");
-  if (!(eps > 0.f)) fail("LayerNorm: eps must be positive, got ", eps);
+  if (!(eps > 0.f && std::isfinite(eps))) fail("LayerNorm: eps must be finite and positive, got ", eps);
   if (affine) {
     weight = register_parameter("weight", Tensor::ones({features}));
     bias = register_parameter("bias", Tensor::zeros({features}));

@@ -20,6 +20,10 @@ FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : options_
 }
 
 Tensor FeedForward::forward(const Tensor& x) const {
+  check_defined(x, "FeedForward");
+  if (x.ndim() == 0 || x.shape().back() != options_.d_model()) {
+    fail("FeedForward: input of shape ", shape_str(x.shape()), " does not end in d_model ", options_.d_model());
+  }
   const Tensor h = linear1->forward(x);
   const Tensor a = options_.activation() == Activation::gelu ? gelu(h) : relu(h);
   return linear2->forward(dropout(a, options_.dropout(), is_training()));
@@ -36,6 +40,10 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& 
 }
 
 BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask) const {
+  check_defined(x, "TransformerBlock");
+  if (x.ndim() != 3 || x.shape()[2] != options_.d_model()) {
+    fail("TransformerBlock: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ", shape_str(x.shape()));
+  }
   probe("stream_in", x);
   const AttentionOutput a = attn->forward(x, mask);  // residual and norm included
   probe("stream_mid", a.output);
@@ -97,13 +105,26 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
 }
 
 Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets) const {
+  if (targets.shape() != ids.shape()) {
+    fail("LanguageModel::loss: targets of shape ", shape_str(targets.shape()), " do not match ids of shape ",
+         shape_str(ids.shape()));
+  }
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const std::int64_t t = targets.data()[i];
+    if (t != -100 && (t < 0 || t >= static_cast<std::int64_t>(options_.vocab_size()))) {
+      fail("LanguageModel::loss: target ", t, " at flat position ", i, " is outside the vocabulary [0, ",
+           options_.vocab_size(), ") (and is not the ignore index -100)");
+    }
+  }
   return cross_entropy(forward(ids).logits, targets);
 }
 
 std::vector<std::int64_t> LanguageModel::generate(std::vector<std::int64_t> prompt, std::size_t count,
                                                   const GenerateOptions& opt, Generator& gen) {
   if (prompt.empty()) fail("LanguageModel::generate: the prompt is empty");
-  if (!(opt.temperature >= 0.f)) fail("LanguageModel::generate: temperature ", opt.temperature, " is negative");
+  if (!(opt.temperature >= 0.f)) {  // +inf is allowed: uniform over the top-k tokens
+    fail("LanguageModel::generate: temperature ", opt.temperature, " must be a number >= 0");
+  }
   const bool was_training = is_training();
   eval();
   NoGradGuard no_grad;

@@ -49,6 +49,15 @@ void Adam::update(Array& param, const Array& grad, ParamState& state) {
   }
 }
 
+void Adam::check_slot(const std::string& key, std::size_t k, const Array& value) const {
+  Optimizer::check_slot(key, k, value);
+  if (k == 1) {  // exp_avg_sq: its square root is taken
+    for (float v : value) {
+      if (v < 0.f) fail(who_, ": state '", key, "' holds ", v, "; a second moment cannot be negative");
+    }
+  }
+}
+
 AdamW::AdamW(NamedTensors params, const AdamOptions& o) : Adam(std::move(params), o, true, "AdamW") {}
 AdamW::AdamW(const std::vector<Tensor>& params, const AdamOptions& o) : Adam(params, o, true, "AdamW") {}
 

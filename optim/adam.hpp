@@ -31,6 +31,7 @@ class Adam : public Optimizer {
  private:
   void validate();
   void update(Array& param, const Array& grad, ParamState& state) override;
+  void check_slot(const std::string& key, std::size_t k, const Array& value) const override;
   AdamOptions options_;
   bool decoupled_;
 };

@@ -25,11 +25,23 @@ NamedTensors number(const std::vector<Tensor>& params) {
 Optimizer::Optimizer(NamedTensors params, float lr, std::vector<std::string> slots, const char* who)
     : who_(who), params_(std::move(params)), state_(params_.size()), slot_names_(std::move(slots)) {
   if (params_.empty()) fail(who, ": no parameters to optimize");
-  for (const auto& [name, p] : params_) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, p] = params_[i];
     if (!p.defined()) fail(who, ": parameter '", name, "' is undefined");
     if (!p.is_leaf() || !p.requires_grad()) fail(who, ": parameter '", name, "' must be a leaf that requires grad");
+    for (std::size_t j = 0; j < i; ++j) {
+      // The same tensor twice would be updated twice per step; one name twice breaks state_dict.
+      if (params_[j].second.is_same(p)) fail(who, ": parameter '", name, "' is the same tensor as '", params_[j].first, "'");
+      if (params_[j].first == name) fail(who, ": two parameters are named '", name, "' (a name may appear only once, not twice)");
+    }
   }
   set_lr(lr);
+}
+
+void Optimizer::check_slot(const std::string& key, std::size_t, const Array& value) const {
+  for (float v : value) {
+    if (!std::isfinite(v)) fail(who_, ": state '", key, "' holds ", v, "; optimizer state must be finite");
+  }
 }
 
 Optimizer::Optimizer(const std::vector<Tensor>& params, float lr, std::vector<std::string> slots, const char* who)
@@ -101,6 +113,7 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
                shape_str(params_[i].second.shape()));
         }
         mark(i, k, key);
+        check_slot(key, k, value);
         if (s.slots.empty()) s.slots.resize(slot_names_.size());
         s.slots[k] = value;
         matched = true;

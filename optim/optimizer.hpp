@@ -38,6 +38,9 @@ class Optimizer {
   };
   // Updates one parameter in place; state.step already counts this update.
   virtual void update(Array& param, const Array& grad, ParamState& state) = 0;
+  // Checks a state buffer being loaded (slot k, saved under `key`); throws naming the key.
+  // The base requires finite values.
+  virtual void check_slot(const std::string& key, std::size_t k, const Array& value) const;
 
   const char* who_;
 
