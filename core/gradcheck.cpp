@@ -19,6 +19,13 @@ double project(const Array& out, const Array& r) {
   return acc;
 }
 
+std::size_t first_bad(const Array& a) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a.data()[i])) return i;
+  }
+  return a.size();
+}
+
 std::string index_str(const Shape& shape, std::size_t flat) {
   std::vector<std::size_t> idx(shape.size());
   for (std::size_t k = shape.size(); k-- > 0;) {
@@ -30,23 +37,76 @@ std::string index_str(const Shape& shape, std::size_t flat) {
 
 }  // namespace
 
-GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
+GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const GradcheckOptions& opt) {
+  return gradcheck(fn, inputs, NamedTensors{}, opt);
+}
+
+GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const NamedTensors& params,
                           const GradcheckOptions& opt) {
   if (!(opt.eps > 0)) fail("gradcheck: eps must be positive, got ", opt.eps);
   std::vector<Tensor> leaves;
   for (const Tensor& t : inputs) {
     leaves.push_back(t.defined() ? Tensor(t.value(), t.requires_grad()) : Tensor());
   }
+  // The parameters' own gradients are set aside and put back at the end.
+  struct Saved {
+    Tensor t;
+    bool had;
+    Array grad;
+  };
+  std::vector<Saved> saved;
+  for (const auto& [name, p] : params) {
+    if (!p.defined()) fail("gradcheck: parameter '", name, "' is undefined");
+    saved.push_back({p, p.has_grad(), p.has_grad() ? p.grad() : Array()});
+    Tensor(p).zero_grad();
+  }
+  struct Restore {
+    std::vector<Saved>& saved;
+    ~Restore() {
+      for (Saved& s : saved) {
+        Node& n = *s.t.node();
+        n.grad = s.had ? std::move(s.grad) : Array();
+        n.has_grad = s.had;
+      }
+    }
+  } restore{saved};
+
+  GradcheckResult res;
+  auto failure = [&res](const std::string& why) {
+    if (res.ok) res.report = why;
+    res.ok = false;
+  };
 
   Tensor out = fn(leaves);
   if (!out.defined()) fail("gradcheck: the function returned an undefined tensor");
-  Generator gen(opt.seed);
-  const Array r = gen.uniform(out.shape(), -1.f, 1.f);
   bool any = false;
   for (const Tensor& t : leaves) any = any || (t.defined() && t.requires_grad());
-  if (!any) fail("gradcheck: no input requires grad");
+  for (const auto& [name, p] : params) any = any || p.requires_grad();
+  if (!any) fail("gradcheck: no input requires grad (and no parameter)");
   if (!out.requires_grad()) fail("gradcheck: the output does not depend on any input that requires grad");
+  if (first_bad(out.value()) < out.size()) failure("gradcheck: the output is not finite");
+  Generator gen(opt.seed);
+  const Array r = gen.uniform(out.shape(), -1.f, 1.f);
   out.backward(r);
+
+  struct Target {
+    std::string name;
+    Tensor t;
+    Array analytic;
+  };
+  std::vector<Target> targets;
+  for (std::size_t k = 0; k < leaves.size(); ++k) {
+    const Tensor& t = leaves[k];
+    if (!t.defined() || !t.requires_grad()) continue;
+    targets.push_back({"input " + std::to_string(k), t, t.has_grad() ? t.grad() : Array(xt::zeros<float>(t.shape()))});
+  }
+  for (const auto& [name, p] : params) {
+    if (!p.requires_grad()) continue;
+    targets.push_back({"parameter '" + name + "'", p, p.has_grad() ? p.grad() : Array(xt::zeros<float>(p.shape()))});
+  }
+  for (const Target& tg : targets) {
+    if (first_bad(tg.analytic) < tg.analytic.size()) failure("gradcheck: the gradient of " + tg.name + " is not finite");
+  }
 
   auto f = [&]() {
     NoGradGuard no_grad;
@@ -55,15 +115,19 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
     return project(y.value(), r);
   };
 
-  GradcheckResult res;
   const double h = opt.eps;
-  for (std::size_t k = 0; k < leaves.size(); ++k) {
-    Tensor& x = leaves[k];
-    if (!x.defined() || !x.requires_grad()) continue;
-    const Array zero = xt::zeros<float>(x.shape());
-    const Array& analytic = x.has_grad() ? x.grad() : zero;
-    Array& v = x.mutable_value();
-    for (std::size_t i = 0; i < v.size(); ++i) {
+  for (std::size_t k = 0; k < targets.size(); ++k) {
+    Target& tg = targets[k];
+    ++res.tensors;
+    Array& v = tg.t.mutable_value();
+    std::vector<std::size_t> which(v.size());
+    for (std::size_t i = 0; i < which.size(); ++i) which[i] = i;
+    if (opt.max_elements != 0 && which.size() > opt.max_elements) {
+      Generator pick(opt.seed * 1000003 + 17 + k);  // a fixed subset: partial Fisher-Yates
+      for (std::size_t i = 0; i < opt.max_elements; ++i) std::swap(which[i], which[i + pick.below(which.size() - i)]);
+      which.resize(opt.max_elements);
+    }
+    for (std::size_t i : which) {
       const float x0 = v.data()[i];
       auto at = [&](double dx) {
         v.data()[i] = static_cast<float>(x0 + dx);
@@ -86,24 +150,23 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
           continue;
         }
       }
-      const double a = analytic.data()[i];
+      const double a = tg.analytic.data()[i];
       const double err = std::abs(a - numeric);
       ++res.checked;
       res.max_abs_error = std::max(res.max_abs_error, err);
       const double tol = opt.atol + opt.rtol * std::abs(numeric);
-      if (!(err <= tol) && res.ok) {
-        res.ok = false;
+      if (!(err <= tol)) {
         std::ostringstream os;
-        os << "gradcheck: input " << k << " element " << index_str(x.shape(), i) << ": analytic " << a
-           << ", numeric " << numeric << ", |difference| " << err << " > tolerance " << tol;
-        res.report = os.str();
+        os << "gradcheck: " << tg.name << " element " << index_str(v.shape(), i) << ": analytic " << a << ", numeric "
+           << numeric << ", |difference| " << err << " > tolerance " << tol;
+        failure(os.str());
       }
     }
   }
   if (res.ok) {
     std::ostringstream os;
-    os << "gradcheck: " << res.checked << " elements agree (max |difference| " << res.max_abs_error << ", "
-       << res.skipped << " skipped at kinks)";
+    os << "gradcheck: " << res.checked << " elements of " << res.tensors << " tensors agree (max |difference| "
+       << res.max_abs_error << ", " << res.skipped << " skipped at kinks)";
     res.report = os.str();
   }
   return res;

@@ -22,14 +22,17 @@ struct GradcheckOptions {
   bool skip_kinks = false;
   double kink_threshold = 0.1;
   std::uint64_t seed = 0;  // draws the fixed projection of the output
+  // Compare at most this many elements of each tensor, a fixed random subset (0: all of them).
+  std::size_t max_elements = 0;
 };
 
 struct GradcheckResult {
   bool ok = true;
+  std::size_t tensors = 0;   // tensors whose gradients were compared
   std::size_t checked = 0;   // elements compared
   std::size_t skipped = 0;   // elements skipped at kinks
   double max_abs_error = 0;  // worst |analytic - numeric| over checked elements
-  std::string report;        // the first failure (input, element, both values), or a summary
+  std::string report;        // the first failure (tensor, element, both values), or a summary
   explicit operator bool() const { return ok; }
 };
 
@@ -39,6 +42,13 @@ using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;
 // projection of the output (so any output shape works). The inputs are not modified: fn is
 // called on fresh leaf copies of them. fn must be deterministic (no dropout).
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
+                          const GradcheckOptions& options = {});
+
+// The same, and also the gradients of `params`: tensors fn reads without receiving them, such
+// as a module's named_parameters(). They are perturbed in place and restored bit for bit, and
+// their gradients are left as they were. Failures name a parameter by its name. A NaN or an
+// infinity in the output or in any analytic gradient is a failure too.
+GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const NamedTensors& params,
                           const GradcheckOptions& options = {});
 
 }  // namespace xgrad

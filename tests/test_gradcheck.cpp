@@ -459,3 +459,30 @@ TEST_CASE("closed forms: d(a / b) and d(a * b) with broadcasting sum over the br
   REQUIRE_MATCHES(ma.grad(), want_mda, 1e-6, 0);
   REQUIRE_MATCHES(mb.grad(), want_mdb, 1e-5, 1e-6);
 }
+
+TEST_CASE("gradcheck checks parameters read by the function and leaves their values and gradients as they were") {
+  Tensor w(Array{{0.5f, -1.f}, {2.f, 0.25f}}, true);
+  w.set_name("w");
+  sum(w * w).backward();  // an earlier gradient that must survive the check
+  const Array value = w.value(), grad = w.grad();
+  const Tensor x(Array{{1.f, 2.f}, {-1.f, 0.5f}}, true);
+  const GradcheckResult ok = gradcheck([&](const std::vector<Tensor>& in) { return tanh(matmul(in[0], w)); }, {x}, {{"w", w}});
+  INFO(ok.report);
+  REQUIRE(ok.ok);
+  REQUIRE(ok.tensors == 2);
+  REQUIRE(ok.checked == 8);
+  REQUIRE(w.value() == value);
+  REQUIRE(w.grad() == grad);
+  // A wrong gradient for the parameter only is caught and named.
+  const GradcheckResult bad = gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        Tensor y = matmul(in[0], w);
+        if (grad_enabled()) {
+          w.register_hook([](Array& g) { g(0, 1) *= 1.05f; });
+        }
+        return tanh(y);
+      },
+      {x}, {{"w", w}});
+  REQUIRE_FALSE(bad.ok);
+  REQUIRE_THAT(bad.report, Catch::Contains("parameter 'w' element (0, 1)"));
+}

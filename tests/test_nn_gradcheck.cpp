@@ -1,5 +1,6 @@
 // Gradient checks of every nn layer: the gradient of the input AND of every named parameter
-// against central finite differences, through one shared helper (check_module_grads).
+// against central finite differences, through the public gradcheck with the module's named
+// parameters (check_module_grads).
 // Module semantics, shapes and forward formulas are tested in test_nn_modules.cpp.
 //
 // Shapes: B batch, T query length, S key length, C d_model, H heads, V vocabulary, F FFN width.
@@ -34,42 +35,16 @@ using ForwardFn = std::function<Tensor(const Ins&)>;
 // ---------------------------------------------------------------------------------------------
 // The shared helper
 
-struct CheckOptions {
-  // The same meaning and defaults as xgrad::GradcheckOptions.
-  double eps = 1e-2;
-  double atol = 2e-4;
-  double rtol = 2e-3;
-  bool skip_kinks = false;
-  double kink_threshold = 0.1;
-  // Elements compared per tensor: 0 checks all, otherwise a fixed random subset of this size.
-  std::size_t max_elements = 0;
-  std::uint64_t seed = 0;  // draws the projection r and the element subsets
-};
+using CheckOptions = GradcheckOptions;
+using CheckResult = GradcheckResult;
 
-struct CheckResult {
-  bool ok = true;
-  std::size_t tensors = 0;  // inputs and parameters checked
-  std::size_t checked = 0;  // elements compared
-  std::size_t skipped = 0;  // elements skipped at kinks
-  double max_abs_error = 0;
-  std::string report;  // the first failure, naming the parameter by its dotted path, or a summary
-  explicit operator bool() const { return ok; }
-};
-
-// <out, r> accumulated in double.
-double project(const Array& out, const Array& r) {
-  double acc = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) acc += static_cast<double>(out.data()[i]) * r.data()[i];
-  return acc;
-}
-
-std::string index_text(const Shape& shape, std::size_t flat) {
-  std::vector<std::size_t> idx(shape.size());
-  for (std::size_t k = shape.size(); k-- > 0;) {
-    idx[k] = flat % shape[k];
-    flat /= shape[k];
-  }
-  return shape_str(idx);
+// Checks d<forward(inputs), r>/d t for every input t that requires grad and for every named
+// parameter of `module`, through the public gradcheck: parameters are perturbed in place and a
+// failure names one by its dotted path. forward must be deterministic (re-seed any dropout
+// generator inside it). A NaN or an infinity in the output or a gradient fails too.
+CheckResult check_module_grads(nn::Module& module, const ForwardFn& forward, const Ins& inputs,
+                               const CheckOptions& opt = {}) {
+  return gradcheck(forward, inputs, module.named_parameters(), opt);
 }
 
 bool all_finite(const Array& a) {
@@ -77,121 +52,6 @@ bool all_finite(const Array& a) {
     if (!std::isfinite(a.data()[i])) return false;
   }
   return true;
-}
-
-// Checks d<forward(inputs), r>/d t for every input t that requires grad (named "input k") and
-// for every named parameter of `module` (named by its dotted path), with r a fixed random
-// projection of the output (r = 1 for a scalar output, so a loss gradient is compared as is).
-//
-// The analytic gradients come from ONE backward of forward(copies of the inputs) into the
-// module's own parameters; the numeric ones from central differences with Richardson
-// extrapolation (steps eps and eps/2, as core/gradcheck.cpp does), perturbing each parameter
-// element in place through mutable_value() and restoring it bit for bit. forward must be
-// deterministic (re-seed any dropout generator inside it). Also fails when the output or any
-// analytic gradient holds a NaN or an infinity. The module's gradients are cleared on return.
-CheckResult check_module_grads(nn::Module& module, const ForwardFn& forward, const Ins& inputs,
-                               const CheckOptions& opt = {}) {
-  Ins leaves;
-  for (const Tensor& t : inputs) leaves.push_back(t.defined() ? Tensor(t.value(), t.requires_grad()) : Tensor());
-  const NamedTensors params = module.named_parameters();
-  module.zero_grad();
-
-  CheckResult res;
-  auto failure = [&res](const std::string& why) {
-    if (res.ok) res.report = why;
-    res.ok = false;
-  };
-
-  Tensor out = forward(leaves);
-  if (!out.defined()) fail("check_module_grads: forward returned an undefined tensor");
-  if (!all_finite(out.value())) failure("check_module_grads: the forward output is not finite");
-  Generator gen(opt.seed);
-  Array r = out.size() == 1 ? Array(xt::ones<float>(out.shape())) : gen.uniform(out.shape(), -1.f, 1.f);
-  if (out.requires_grad()) out.backward(r);
-
-  struct Target {
-    std::string name;
-    Tensor t;
-    Array analytic;
-  };
-  std::vector<Target> targets;
-  for (std::size_t k = 0; k < leaves.size(); ++k) {
-    const Tensor& t = leaves[k];
-    if (!t.defined() || !t.requires_grad()) continue;
-    targets.push_back({"input " + std::to_string(k), t, t.has_grad() ? t.grad() : Array(xt::zeros<float>(t.shape()))});
-  }
-  for (const auto& [name, p] : params) {
-    if (!p.requires_grad()) continue;
-    targets.push_back({name, p, p.has_grad() ? p.grad() : Array(xt::zeros<float>(p.shape()))});
-  }
-  for (const Target& tg : targets) {
-    if (!all_finite(tg.analytic)) failure("check_module_grads: the gradient of " + tg.name + " is not finite");
-  }
-
-  auto f = [&]() {
-    NoGradGuard no_grad;
-    const Tensor y = forward(leaves);
-    if (y.shape() != r.shape()) fail("check_module_grads: output shape changed between calls");
-    return project(y.value(), r);
-  };
-
-  const double h = opt.eps;
-  for (std::size_t k = 0; k < targets.size(); ++k) {
-    Target& tg = targets[k];
-    ++res.tensors;
-    Array& v = tg.t.mutable_value();
-    // the elements to compare: all, or a fixed random subset (partial Fisher-Yates)
-    std::vector<std::size_t> which(v.size());
-    for (std::size_t i = 0; i < which.size(); ++i) which[i] = i;
-    if (opt.max_elements != 0 && which.size() > opt.max_elements) {
-      Generator pick(opt.seed * 1000003 + 17 + k);
-      for (std::size_t i = 0; i < opt.max_elements; ++i) std::swap(which[i], which[i + pick.below(which.size() - i)]);
-      which.resize(opt.max_elements);
-    }
-    for (std::size_t i : which) {
-      const float x0 = v.data()[i];
-      auto at = [&](double dx) {
-        v.data()[i] = static_cast<float>(x0 + dx);
-        const double y = f();
-        v.data()[i] = x0;
-        return y;
-      };
-      const double fp = at(h), fm = at(-h), fp2 = at(h / 2), fm2 = at(-h / 2);
-      // divide by the float32 step actually taken
-      const double hr = static_cast<double>(static_cast<float>(x0 + h)) - x0;
-      const double hr2 = static_cast<double>(static_cast<float>(x0 + h / 2)) - x0;
-      const double d1 = (fp - fm) / (2 * hr);
-      const double d2 = (fp2 - fm2) / (2 * hr2);
-      const double numeric = (4 * d2 - d1) / 3;
-      if (opt.skip_kinks) {
-        const double f0 = at(0);
-        const double fwd = (fp - f0) / hr, bwd = (f0 - fm) / hr;
-        if (std::abs(fwd - bwd) > opt.kink_threshold * (1 + std::abs(numeric))) {
-          ++res.skipped;
-          continue;
-        }
-      }
-      const double a = tg.analytic.data()[i];
-      const double err = std::abs(a - numeric);
-      ++res.checked;
-      res.max_abs_error = std::max(res.max_abs_error, err);
-      const double tol = opt.atol + opt.rtol * std::abs(numeric);
-      if (!(err <= tol)) {
-        std::ostringstream os;
-        os << "check_module_grads: " << tg.name << " element " << index_text(v.shape(), i) << ": analytic " << a
-           << ", numeric " << numeric << ", |difference| " << err << " > tolerance " << tol;
-        failure(os.str());
-      }
-    }
-  }
-  module.zero_grad();
-  if (res.ok) {
-    std::ostringstream os;
-    os << "check_module_grads: " << res.checked << " elements of " << res.tensors << " tensors agree (max |difference| "
-       << res.max_abs_error << ", " << res.skipped << " skipped at kinks)";
-    res.report = os.str();
-  }
-  return res;
 }
 
 #define REQUIRE_GRADS_OK(res)        \
@@ -272,7 +132,7 @@ TEST_CASE("check_module_grads catches a 1% error in one parameter element and na
   m.inner->w.remove_hook(id);
   INFO(res.report);
   REQUIRE_FALSE(res.ok);
-  REQUIRE_THAT(res.report, Contains("inner.w element (1)"));
+  REQUIRE_THAT(res.report, Contains("parameter 'inner.w' element (1)"));
   // the parameters are restored exactly and the module's gradients cleared
   REQUIRE(m.inner->w.value() == randn({3}, 5).value());
   REQUIRE_FALSE(m.inner->w.has_grad());
@@ -302,7 +162,7 @@ TEST_CASE("check_module_grads catches a wrong input gradient and a NaN gradient"
     m.bias.remove_hook(id);
     INFO(res.report);
     REQUIRE_FALSE(res.ok);
-    REQUIRE_THAT(res.report, Contains("bias is not finite"));
+    REQUIRE_THAT(res.report, Contains("parameter 'bias' is not finite"));
   }
 }
 
