@@ -27,44 +27,16 @@
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 
+#include "test_files.hpp"
+
 using namespace xgrad;
+using testing::read_bytes;
+using testing::TempDir;
+using testing::write_bytes;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under /tmp, removed with everything in it at the end of the scope.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/xgrad_ckpt_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    if (!p) FAIL("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-  std::set<std::string> entries() const {
-    std::set<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.insert(e.path().filename().string());
-    return out;
-  }
-  std::string path;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string u64_le(std::uint64_t v) {
   std::string s(8, '\0');
@@ -155,7 +127,7 @@ void parse_or_error(const std::string& bytes) {
 // ----------------------------------------------------------------------------------------------
 
 TEST_CASE("safetensors round trip keeps names, shapes, bits and metadata", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("t.safetensors");
 
   Array a = filled({2, 3}, 0.25f);
@@ -199,7 +171,7 @@ TEST_CASE("safetensors round trip keeps names, shapes, bits and metadata", "[che
 }
 
 TEST_CASE("safetensors file layout follows the specification", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("layout.safetensors");
   const Array a = filled({2, 3}, 0.5f);
   const Array s(-2.25f);
@@ -259,7 +231,7 @@ TEST_CASE("safetensors file layout follows the specification", "[checkpoint]") {
 }
 
 TEST_CASE("safetensors with no tensors and no metadata", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("empty.safetensors");
   save_safetensors(path, {});
   const std::string bytes = read_bytes(path);
@@ -273,7 +245,7 @@ TEST_CASE("safetensors with no tensors and no metadata", "[checkpoint]") {
 }
 
 TEST_CASE("save_safetensors rejects duplicate and reserved names", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("bad.safetensors");
   REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", Array(1.f)}, {"w", Array(2.f)}}),
                       Contains("save_safetensors") && Contains("'w' appears twice"));
@@ -287,7 +259,7 @@ TEST_CASE("save_safetensors rejects duplicate and reserved names", "[checkpoint]
 // ----------------------------------------------------------------------------------------------
 
 TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("lm.safetensors");
 
   Generator gen_a(1);
@@ -343,7 +315,7 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
 }
 
 TEST_CASE("a checkpoint without optimizer state returns an empty optimizer_state", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("m.safetensors");
   Generator g1(3), g2(4);
   nn::LanguageModel a(small_lm(), g1), b(small_lm(), g2);
@@ -359,7 +331,7 @@ TEST_CASE("a checkpoint without optimizer state returns an empty optimizer_state
 // ----------------------------------------------------------------------------------------------
 
 TEST_CASE("saving over an existing checkpoint replaces it and leaves no temporary file", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("ckpt.safetensors");
   save_safetensors(path, {{"x", filled({3}, 1.f)}}, {{"v", "1"}});
   CHECK(dir.entries() == std::set<std::string>{"ckpt.safetensors"});
@@ -385,7 +357,7 @@ TEST_CASE("saving over an existing checkpoint replaces it and leaves no temporar
 }
 
 TEST_CASE("saving into a missing directory throws and creates nothing", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string missing = dir.file("no_such_dir");
   const std::string path = missing + "/ckpt.safetensors";
   REQUIRE_THROWS_AS(save_safetensors(path, {{"x", Array(1.f)}}), Error);
@@ -401,7 +373,7 @@ TEST_CASE("saving into a missing directory throws and creates nothing", "[checkp
 }
 
 TEST_CASE("when the rename fails the error is an xgrad::Error and earlier files are intact", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   // A good checkpoint next to the target.
   const std::string keep = dir.file("keep.safetensors");
   save_safetensors(keep, {{"x", filled({3}, 1.f)}});
@@ -438,7 +410,7 @@ TEST_CASE("when the rename fails the error is an xgrad::Error and earlier files 
 // ----------------------------------------------------------------------------------------------
 
 TEST_CASE("missing, empty and short files are clear errors", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string missing = dir.file("missing.safetensors");
   REQUIRE_THROWS_AS(load_safetensors(missing), Error);
   REQUIRE_THROWS_WITH(load_safetensors(missing), Contains("load_safetensors") && Contains("cannot open") &&
@@ -618,7 +590,7 @@ TEST_CASE("metadata values must be strings", "[checkpoint]") {
 }
 
 TEST_CASE("truncated files are errors at every cut", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("full.safetensors");
   save_safetensors(path, {{"a", filled({2, 3}, 0.5f)}, {"b", filled({7}, 2.f)}, {"c", Array(1.f)}}, {{"k", "v"}});
   const std::string full = read_bytes(path);
@@ -649,7 +621,7 @@ TEST_CASE("truncated files are errors at every cut", "[checkpoint]") {
 }
 
 TEST_CASE("random corruption of a header gives an Error or a valid result, never a crash", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("f.safetensors");
   save_safetensors(path, {{"a", filled({2, 3}, 0.5f)}, {"e", Array::from_shape({0, 2})}, {"c", Array(1.f)}}, {{"k", "v"}});
   const std::string full = read_bytes(path);
@@ -691,7 +663,7 @@ TEST_CASE("a zero-size tensor with a huge dimension does not allocate or crash",
 // ----------------------------------------------------------------------------------------------
 
 TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpoint]") {
-  TempDir dir;
+  TempDir dir("xgrad_ckpt");
   Generator g_target(10), g_other(11);
   nn::LanguageModel target(small_lm(), g_target);
   nn::LanguageModel other(small_lm(), g_other);

@@ -33,38 +33,16 @@
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 
+#include "test_files.hpp"
+
 using namespace xgrad;
+using testing::read_bytes;
+using testing::TempDir;
+using testing::write_bytes;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// A fresh directory under /tmp, removed with everything in it at the end of the scope.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/xgrad_crash_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    if (!p) FAIL("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-  std::string path;
-};
-
-// The whole file in one allocation and one read (a string stream that grows is several times
-// slower on 16 MiB, especially under AddressSanitizer).
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  std::string s(static_cast<std::size_t>(fs::file_size(path)), '\0');
-  in.read(s.data(), static_cast<std::streamsize>(s.size()));
-  s.resize(static_cast<std::size_t>(in.gcount()));
-  return s;
-}
 
 // Deterministic values, different for each `salt`; no two arrays of A and B agree anywhere.
 Array pattern(const Shape& shape, float salt) {
@@ -201,7 +179,7 @@ std::vector<std::string> leftovers(const std::string& dir, const std::string& ba
 
 TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the new one and never a mix", "[checkpoint][crash]") {
   const auto test_start = Clock::now();
-  TempDir dir;
+  TempDir dir("xgrad_crash");
   const std::string base = "ckpt.safetensors";
   const std::string path = dir.file(base);
 

@@ -48,7 +48,12 @@
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 
+#include "test_files.hpp"
+
 using namespace xgrad;
+using testing::read_bytes;
+using testing::TempDir;
+using testing::write_bytes;
 namespace fs = std::filesystem;
 
 namespace {
@@ -85,34 +90,6 @@ std::string f32_bits_le(std::uint32_t bits) {
   for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
   return s;
 }
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// A fresh directory under /tmp, removed with everything in it at the end of the scope.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/xgrad_fuzz_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    if (!p) FAIL("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-  std::string path;
-};
 
 // A safetensors file from a header text and data: the header is padded with spaces so the data
 // starts 8-byte aligned (as save_safetensors does).
@@ -921,7 +898,7 @@ TEST_CASE("parse_safetensors on mutated inputs returns consistent contents or th
 }
 
 TEST_CASE("load_checkpoint of mutated checkpoints leaves the model unchanged whenever it throws", "[checkpoint][fuzz]") {
-  TempDir dir;
+  TempDir dir("xgrad_fuzz");
   const std::string path = dir.file("lm.safetensors");
   Generator g_target(21), g_other(22);
   nn::LanguageModel target(small_lm(), g_target);
