@@ -6,6 +6,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/gradcheck.hpp"
 #include "xgrad/core/ops.hpp"
+#include "xgrad/core/parallel.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/core/safetensors.hpp"
 #include "xgrad/core/tape.hpp"

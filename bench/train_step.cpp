@@ -122,11 +122,11 @@ int main(int argc, char** argv) {
   int threads = 1;
   std::size_t steps = 20, warmup = 3;
   app.add_option("--config", config, "tiny, small or standard")->check(CLI::IsMember({"tiny", "small", "standard"}))->capture_default_str();
-  app.add_option("--threads", threads, "OpenBLAS threads")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--threads", threads, "threads for OpenBLAS and the kernels")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  blas::set_num_threads(threads);
+  set_num_threads(threads);
   for (const BenchConfig& c : kConfigs) {
     if (c.name == config) std::printf("%s\n", run(c, threads, steps, warmup).dump().c_str());
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/parallel.hpp"
 
 namespace xgrad {
 
@@ -28,7 +29,9 @@ void add_reduced(Array& dst, const Array& g) {
   if (gs == ds) {
     float* d = dst.data();
     const float* s = g.data();
-    for (std::size_t i = 0, n = g.size(); i < n; ++i) d[i] += s[i];
+    parallel_for(g.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) d[i] += s[i];
+    });
     return;
   }
   const std::size_t n = gs.size();

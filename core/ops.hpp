@@ -77,6 +77,9 @@ std::vector<Tensor> split(const Tensor& a, const std::vector<std::size_t>& sizes
 // operand is shared by the whole batch. transpose_a / transpose_b use op(x) = x^T on the last
 // two axes without copying, e.g. matmul(q, k, false, true) is q @ k^T.
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+// y = x weight^T + bias for x (..., in), weight (out, in), bias (out,) or undefined: the affine
+// map of nn::Linear as one GEMM (the bias is its starting value), with no separate add.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- neural-network functions (ops_nn.cpp) ----
 // Numerically stable softmax / log-softmax along `axis`.

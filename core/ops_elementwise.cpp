@@ -7,28 +7,34 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/fast_math.hpp"
 #include "xgrad/core/ops.hpp"
+#include "xgrad/core/parallel.hpp"
 #include "xgrad/core/tape.hpp"
 
 namespace xgrad {
 
 namespace {
 
-// y = f(x) elementwise; backward dx = df(x, y, g). Both run as plain loops.
+// y = f(x) elementwise; backward dx = df(x, y, g). Both run as plain loops, split across the
+// kernel threads in ranges of at least `grain` elements.
 template <class Fwd, class Bwd>
-Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd) {
+Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd, std::size_t grain = kGrainCheap) {
   check_defined(a, op);
   const Array& x = a.value();
   Array y = Array::from_shape(x.shape());
   const float* xs = x.data();
   float* ys = y.data();
-  for (std::size_t i = 0, n = x.size(); i < n; ++i) ys[i] = fwd(xs[i]);
-  return record(op, std::move(y), {a}, [bwd](GradContext& ctx) {
+  parallel_for(x.size(), grain, [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) ys[i] = fwd(xs[i]);
+  });
+  return record(op, std::move(y), {a}, [bwd, grain](GradContext& ctx) {
     const float* xs = ctx.input(0).data();
     const float* ys = ctx.output().data();
     const float* gs = ctx.grad_out().data();
     Array dx = Array::from_shape(ctx.input(0).shape());
     float* d = dx.data();
-    for (std::size_t i = 0, n = dx.size(); i < n; ++i) d[i] = bwd(xs[i], ys[i], gs[i]);
+    parallel_for(dx.size(), grain, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) d[i] = bwd(xs[i], ys[i], gs[i]);
+    });
     ctx.accumulate(0, std::move(dx));
   });
 }
@@ -168,7 +174,8 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
           const float cdf = 0.5f * (1.f + fast::erf(x * kInvSqrt2));
           const float pdf = kInvSqrt2Pi * fast::exp(-0.5f * x * x);
           return g * (cdf + x * pdf);
-        });
+        },
+        kGrainCostly);
   }
   // y = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3);
   // dy/dx = (1 + tanh u) / 2 + x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2
@@ -180,7 +187,8 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
         const float sech2 = 1.f - t * t;  // 0 once |u| is large, while du may overflow to inf
         const float du = kSqrt2OverPi * (1.f + 3.f * kCoef * x * x);
         return g * (0.5f * (1.f + t) + (sech2 == 0.f ? 0.f : 0.5f * x * sech2 * du));
-      });
+      },
+      kGrainCostly);
 }
 
 }  // namespace xgrad

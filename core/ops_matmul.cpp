@@ -1,10 +1,13 @@
 // Batched matrix multiply through cblas_sgemm. Transposed operands are passed to BLAS as
 // flags, never copied; backward accumulates straight into the gradient buffers (beta = 1), which
 // also sums over broadcast batch axes.
+#include <algorithm>
+
 #include "xgrad/core/blas.hpp"
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
+#include "xgrad/core/parallel.hpp"
 #include "xgrad/core/tape.hpp"
 
 namespace xgrad {
@@ -19,6 +22,7 @@ struct Plan {
   Shape batch;                   // broadcast batch shape of the output
   std::vector<std::size_t> a_off, b_off;  // element offset of each batch's matrix
   bool folded = false;           // B is 2-D and A untransposed: the batch folds into M
+  bool a_whole = false, b_whole = false;  // the operand has its own matrix for every batch entry
 };
 
 Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
@@ -78,6 +82,14 @@ Plan make_plan(const Shape& sa, const Shape& sb, bool ta, bool tb) {
          shape_str(sb), " cannot be broadcast together");
   }
   p.folded = sb.size() == 2 && !ta;
+  const auto count = [](const Shape& s) {
+    std::size_t c = 1;
+    for (std::size_t d : s) c *= d;
+    return c;
+  };
+  const std::size_t nb = count(p.batch);
+  p.a_whole = count(batch_of(sa)) == nb;
+  p.b_whole = count(batch_of(sb)) == nb;
   if (!p.folded) {
     p.a_off = batch_offsets(batch_of(sa), p.batch, ra * ca);
     p.b_off = batch_offsets(batch_of(sb), p.batch, rb * cb);
@@ -91,6 +103,21 @@ std::size_t batch_count(const Plan& p) {
   return c;
 }
 
+// Runs gemm(q) for every batch entry q, split across the kernel threads when the entries write
+// disjoint outputs (`disjoint`); a broadcast operand's gradient gathers from several entries, so
+// those run in order on one thread.
+template <class F>
+void for_each_batch(const Plan& p, std::size_t nb, bool disjoint, F gemm) {
+  if (!disjoint) {
+    for (std::size_t q = 0; q < nb; ++q) gemm(q);
+    return;
+  }
+  const std::size_t work = std::max<std::size_t>(1, p.m * p.n * std::max<std::size_t>(p.k, 1));
+  parallel_for(nb, std::max<std::size_t>(1, (std::size_t{1} << 20) / work), [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t q = lo; q < hi; ++q) gemm(q);
+  });
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
@@ -99,7 +126,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   Shape os = p.batch;
   os.push_back(p.m);
   os.push_back(p.n);
-  Array c = xt::zeros<float>(os);
+  // beta = 0 overwrites C, so it needs no zero-fill (unless K = 0, when BLAS may leave C as is).
+  Array c = p.k == 0 ? Array(xt::zeros<float>(os)) : Array::from_shape(os);
   const float* A = a.value().data();
   const float* B = b.value().data();
   const std::size_t nb = batch_count(p);
@@ -107,10 +135,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
     // (batch*M, K) @ op(B) in one call
     blas::sgemm(false, p.tb, nb * p.m, p.n, p.k, 1.f, A, p.lda, B, p.ldb, 0.f, c.data(), p.n);
   } else {
-    for (std::size_t q = 0; q < nb; ++q) {
-      blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, 1.f, A + p.a_off[q], p.lda, B + p.b_off[q], p.ldb, 0.f,
-                  c.data() + q * p.m * p.n, p.n);
-    }
+    float* C = c.data();
+    for_each_batch(p, nb, true, [&](std::size_t q) {
+      blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, 1.f, A + p.a_off[q], p.lda, B + p.b_off[q], p.ldb, 0.f, C + q * p.m * p.n, p.n);
+    });
   }
   return record("matmul", std::move(c), {a, b}, [p, nb](GradContext& ctx) {
     // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC
@@ -123,7 +151,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
       if (p.folded) {
         blas::sgemm(false, !p.tb, nb * p.m, p.k, p.n, 1.f, G, p.n, B, p.ldb, 1.f, dA, p.lda);
       } else {
-        for (std::size_t q = 0; q < nb; ++q) {
+        for_each_batch(p, nb, p.a_whole, [&](std::size_t q) {
           if (!p.ta) {  // dA (M x K) = dC op(B)^T
             blas::sgemm(false, !p.tb, p.m, p.k, p.n, 1.f, G + q * mn, p.n, B + p.b_off[q], p.ldb, 1.f,
                         dA + p.a_off[q], p.lda);
@@ -131,7 +159,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
             blas::sgemm(p.tb, true, p.k, p.m, p.n, 1.f, B + p.b_off[q], p.ldb, G + q * mn, p.n, 1.f,
                         dA + p.a_off[q], p.lda);
           }
-        }
+        });
       }
     }
     if (ctx.needs(1)) {
@@ -143,7 +171,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
           blas::sgemm(true, false, p.n, p.k, nb * p.m, 1.f, G, p.n, A, p.lda, 1.f, dB, p.ldb);
         }
       } else {
-        for (std::size_t q = 0; q < nb; ++q) {
+        for_each_batch(p, nb, p.b_whole, [&](std::size_t q) {
           if (!p.tb) {  // dB (K x N) = op(A)^T dC
             blas::sgemm(!p.ta, false, p.k, p.n, p.m, 1.f, A + p.a_off[q], p.lda, G + q * mn, p.n, 1.f,
                         dB + p.b_off[q], p.ldb);
@@ -151,8 +179,59 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
             blas::sgemm(true, p.ta, p.n, p.k, p.m, 1.f, G + q * mn, p.n, A + p.a_off[q], p.lda, 1.f,
                         dB + p.b_off[q], p.ldb);
           }
-        }
+        });
       }
+    }
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (!x.defined() || !weight.defined()) fail("linear: input is an undefined tensor");
+  const Shape& xs = x.shape();
+  const Shape& ws = weight.shape();
+  if (ws.size() != 2) fail("linear: weight must be (out, in), got ", shape_str(ws));
+  const std::size_t out = ws[0], in = ws[1];
+  if (xs.empty() || xs.back() != in) {
+    fail("linear: input of shape ", shape_str(xs), " does not end in the weight's in_features ", in, " (weight ",
+         shape_str(ws), ")");
+  }
+  if (bias.defined() && bias.shape() != Shape{out}) {
+    fail("linear: bias of shape ", shape_str(bias.shape()), " is not (out,) = (", out, ",)");
+  }
+  std::size_t rows = 1;
+  for (std::size_t k = 0; k + 1 < xs.size(); ++k) rows *= xs[k];
+  Shape ys = xs;
+  ys.back() = out;
+  Array y = Array::from_shape(ys);
+  float* Y = y.data();
+  if (bias.defined()) {
+    const float* b = bias.value().data();
+    parallel_for(rows, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(out, 1)), [=](std::size_t lo, std::size_t hi) {
+      for (std::size_t r = lo; r < hi; ++r) std::copy(b, b + out, Y + r * out);
+    });
+  } else {
+    std::fill(Y, Y + y.size(), 0.f);
+  }
+  // Y (rows x out) += X (rows x in) W^T
+  blas::sgemm(false, true, rows, out, in, 1.f, x.value().data(), in, weight.value().data(), in, 1.f, Y, out);
+  return record("linear", std::move(y), {x, weight, bias}, [rows, in, out](GradContext& ctx) {
+    // dX = G W,  dW = G^T X,  db = sum over rows of G
+    const float* G = ctx.grad_out().data();
+    if (ctx.needs(0)) {
+      blas::sgemm(false, false, rows, in, out, 1.f, G, out, ctx.input(1).data(), in, 1.f, ctx.grad_buffer(0).data(), in);
+    }
+    if (ctx.needs(1)) {
+      blas::sgemm(true, false, out, in, rows, 1.f, G, out, ctx.input(0).data(), in, 1.f, ctx.grad_buffer(1).data(), in);
+    }
+    if (ctx.needs(2)) {
+      // Split by columns, each summed in row order by one thread.
+      float* db = ctx.grad_buffer(2).data();
+      parallel_for(out, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(rows, 1)), [=](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = 0; r < rows; ++r) {
+          const float* g = G + r * out;
+          for (std::size_t j = lo; j < hi; ++j) db[j] += g[j];
+        }
+      });
     }
   });
 }

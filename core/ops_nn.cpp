@@ -1,5 +1,6 @@
 // Neural-network functions as fused kernels (plain loops over contiguous buffers): softmax,
 // masked_softmax, log_softmax, masked_fill, cross_entropy, embedding, dropout, layer_norm.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
+#include "xgrad/core/parallel.hpp"
 #include "xgrad/core/tape.hpp"
 
 namespace xgrad {
@@ -17,11 +19,17 @@ namespace xgrad {
 namespace {
 
 
-// Calls f(base, stride) for every 1-D slice along the viewed axis.
+// Calls f(base, stride) for every 1-D slice along the viewed axis, the slices split across the
+// kernel threads (each slice is computed whole by one thread, so the split changes no value).
 template <class F>
 void for_each_slice(const AxisView& v, F f) {
-  for (std::size_t o = 0; o < v.outer; ++o)
-    for (std::size_t j = 0; j < v.inner; ++j) f(o * v.n * v.inner + j, v.inner);
+  const std::size_t grain = std::max<std::size_t>(1, kGrainCostly / std::max<std::size_t>(v.n, 1));
+  parallel_for(v.outer * v.inner, grain, [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t q = lo; q < hi; ++q) {
+      const std::size_t o = q / v.inner, j = q % v.inner;
+      f(o * v.n * v.inner + j, v.inner);
+    }
+  });
 }
 
 // Writes the log-sum-exp shift of one slice: returns (max, log sum exp(x - max)).
@@ -224,24 +232,31 @@ Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
   Array y = Array::from_shape(a.shape());
   const float* x = a.value().data();
   float* out = y.data();
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t h = (static_cast<std::uint32_t>(i) * 0x9e3779b9u) ^ k0;
-    h ^= h >> 16;
-    h *= 0x85ebca6bu;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35u;
-    h ^= h >> 16;
-    h ^= k1;
-    h *= 0x27d4eb2du;
-    h ^= h >> 15;
-    keep[i] = h >= threshold;
-    out[i] = x[i] * (scale * static_cast<float>(keep[i]));
-  }
+  std::uint8_t* kp = keep.data();
+  parallel_for(n, kGrainCheap, [=](std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) {
+      std::uint32_t h = (static_cast<std::uint32_t>(i) * 0x9e3779b9u) ^ k0;
+      h ^= h >> 16;
+      h *= 0x85ebca6bu;
+      h ^= h >> 13;
+      h *= 0xc2b2ae35u;
+      h ^= h >> 16;
+      h ^= k1;
+      h *= 0x27d4eb2du;
+      h ^= h >> 15;
+      kp[i] = h >= threshold;
+      out[i] = x[i] * (scale * static_cast<float>(kp[i]));
+    }
+  });
   return record("dropout", std::move(y), {a}, [keep = std::move(keep), scale](GradContext& ctx) {
     // dx = g * keep / (1 - p)
-    Array dx = ctx.grad_out();
+    Array dx = Array::from_shape(ctx.grad_out().shape());
+    const float* g = ctx.grad_out().data();
     float* d = dx.data();
-    for (std::size_t i = 0; i < keep.size(); ++i) d[i] *= scale * static_cast<float>(keep[i]);
+    const std::uint8_t* kp = keep.data();
+    parallel_for(keep.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) d[i] = g[i] * (scale * static_cast<float>(kp[i]));
+    });
     ctx.accumulate(0, std::move(dx));
   });
 }
@@ -265,23 +280,28 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   const float* xs = x.value().data();
   const float* gm = gamma.defined() ? gamma.value().data() : nullptr;
   const float* bt = beta.defined() ? beta.value().data() : nullptr;
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float* row = xs + r * C;
-    float m = 0.f;
-    for (std::size_t j = 0; j < C; ++j) m += row[j];
-    m /= static_cast<float>(C);
-    float var = 0.f;
-    for (std::size_t j = 0; j < C; ++j) var += (row[j] - m) * (row[j] - m);
-    var /= static_cast<float>(C);
-    const float rs = 1.f / std::sqrt(var + eps);
-    mean[r] = m;
-    rstd[r] = rs;
-    float* out = y.data() + r * C;
-    for (std::size_t j = 0; j < C; ++j) {
-      const float h = (row[j] - m) * rs;
-      out[j] = (gm ? h * gm[j] : h) + (bt ? bt[j] : 0.f);
+  float* ys = y.data();
+  float* means = mean.data();
+  float* rstds = rstd.data();
+  parallel_for(rows, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(C, 1)), [=](std::size_t lo, std::size_t hi) {
+    for (std::size_t r = lo; r < hi; ++r) {
+      const float* row = xs + r * C;
+      float m = 0.f;
+      for (std::size_t j = 0; j < C; ++j) m += row[j];
+      m /= static_cast<float>(C);
+      float var = 0.f;
+      for (std::size_t j = 0; j < C; ++j) var += (row[j] - m) * (row[j] - m);
+      var /= static_cast<float>(C);
+      const float rs = 1.f / std::sqrt(var + eps);
+      means[r] = m;
+      rstds[r] = rs;
+      float* out = ys + r * C;
+      for (std::size_t j = 0; j < C; ++j) {
+        const float h = (row[j] - m) * rs;
+        out[j] = (gm ? h * gm[j] : h) + (bt ? bt[j] : 0.f);
+      }
     }
-  }
+  });
   const bool has_gamma = gamma.defined();
   return record("layer_norm", std::move(y), {x, gamma, beta},
                 [mean = std::move(mean), rstd = std::move(rstd), rows, C, has_gamma](GradContext& ctx) {
@@ -294,27 +314,46 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     float* dx = ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr;
     float* dg = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
     float* db = ctx.needs(2) ? ctx.grad_buffer(2).data() : nullptr;
-    for (std::size_t r = 0; r < rows; ++r) {
-      const float* row = xs + r * C;
-      const float* gr = g + r * C;
-      const float m = mean[r], rs = rstd[r];
-      float sum_dh = 0.f, sum_dh_h = 0.f;
-      for (std::size_t j = 0; j < C; ++j) {
-        const float h = (row[j] - m) * rs;
-        const float dh = gm ? gr[j] * gm[j] : gr[j];
-        sum_dh += dh;
-        sum_dh_h += dh * h;
-        if (dg) dg[j] += gr[j] * h;
-        if (db) db[j] += gr[j];
-      }
-      if (!dx) continue;
-      const float inv_c = 1.f / static_cast<float>(C);
-      float* d = dx + r * C;
-      for (std::size_t j = 0; j < C; ++j) {
-        const float h = (row[j] - m) * rs;
-        const float dh = gm ? gr[j] * gm[j] : gr[j];
-        d[j] += rs * (dh - sum_dh * inv_c - h * sum_dh_h * inv_c);
-      }
+    const float* means = mean.data();
+    const float* rstds = rstd.data();
+    const std::size_t row_grain = std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(C, 1));
+    if (dx) {
+      parallel_for(rows, row_grain, [=](std::size_t lo, std::size_t hi) {
+        const float inv_c = 1.f / static_cast<float>(C);
+        for (std::size_t r = lo; r < hi; ++r) {
+          const float* row = xs + r * C;
+          const float* gr = g + r * C;
+          const float m = means[r], rs = rstds[r];
+          float sum_dh = 0.f, sum_dh_h = 0.f;
+          for (std::size_t j = 0; j < C; ++j) {
+            const float h = (row[j] - m) * rs;
+            const float dh = gm ? gr[j] * gm[j] : gr[j];
+            sum_dh += dh;
+            sum_dh_h += dh * h;
+          }
+          float* d = dx + r * C;
+          for (std::size_t j = 0; j < C; ++j) {
+            const float h = (row[j] - m) * rs;
+            const float dh = gm ? gr[j] * gm[j] : gr[j];
+            d[j] += rs * (dh - sum_dh * inv_c - h * sum_dh_h * inv_c);
+          }
+        }
+      });
+    }
+    if (dg || db) {
+      // Sums over rows, split by columns: every column is summed in row order by one thread.
+      parallel_for(C, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(rows, 1)), [=](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = 0; r < rows; ++r) {
+          const float* row = xs + r * C;
+          const float* gr = g + r * C;
+          const float m = means[r], rs = rstds[r];
+          for (std::size_t j = lo; j < hi; ++j) {
+            const float h = (row[j] - m) * rs;
+            if (dg) dg[j] += gr[j] * h;
+            if (db) db[j] += gr[j];
+          }
+        }
+      });
     }
   });
 }

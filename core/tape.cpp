@@ -7,6 +7,7 @@
 
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/parallel.hpp"
 
 namespace xgrad {
 
@@ -55,7 +56,9 @@ std::string describe(const Node& n) { return n.name.empty() ? std::string("an un
 void add_into(Array& dst, const Array& src) {
   float* d = dst.data();
   const float* s = src.data();
-  for (std::size_t i = 0, n = src.size(); i < n; ++i) d[i] += s[i];
+  parallel_for(src.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) d[i] += s[i];
+  });
 }
 
 // The gradient has arrived in full at `node`: hooks see it, and a leaf or retain_grad tensor

@@ -23,11 +23,7 @@ Tensor Linear::forward(const Tensor& x) const {
   if (x.ndim() == 0 || x.shape().back() != in_) {
     fail("Linear: input of shape ", shape_str(x.shape()), " does not end in in_features ", in_);
   }
-  if (x.ndim() == 1) {  // a single vector: (in,) -> (out,)
-    return reshape(forward(reshape(x, {1, static_cast<std::int64_t>(in_)})), {static_cast<std::int64_t>(out_)});
-  }
-  const Tensor y = matmul(x, weight, false, true);  // (..., out)
-  return bias.defined() ? y + bias : y;
+  return linear(x, weight, bias);  // (..., in) -> (..., out)
 }
 
 LayerNorm::LayerNorm(std::size_t features, float eps, bool affine) : features_(features), eps_(eps) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/parallel.hpp"
 
 namespace xgrad::optim {
 
@@ -40,13 +41,16 @@ void Adam::update(Array& param, const Array& grad, ParamState& state) {
   const float* g0 = grad.data();
   float* m = state.slots[0].data();
   float* v = state.slots[1].data();
-  for (std::size_t i = 0, n = param.size(); i < n; ++i) {
-    const float g = decoupled_ ? g0[i] : g0[i] + wd * p[i];
-    p[i] *= decay;
-    m[i] = b1 * m[i] + (1.f - b1) * g;
-    v[i] = b2 * v[i] + (1.f - b2) * g * g;
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
-  }
+  const bool decoupled = decoupled_;
+  parallel_for(param.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) {
+      const float g = decoupled ? g0[i] : g0[i] + wd * p[i];
+      p[i] *= decay;
+      m[i] = b1 * m[i] + (1.f - b1) * g;
+      v[i] = b2 * v[i] + (1.f - b2) * g * g;
+      p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
+    }
+  });
 }
 
 void Adam::check_slot(const std::string& key, std::size_t k, const Array& value) const {

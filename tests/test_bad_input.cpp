@@ -227,6 +227,36 @@ TEST_CASE("matmul with M = 0, N = 0 or an empty batch gives an empty result and 
   }
 }
 
+TEST_CASE("linear names the function and the shapes it cannot combine", "[bad_input][ops][linear]") {
+  const Tensor x = Tensor::ones({2, 3}), w = Tensor::ones({4, 3}), b = Tensor::ones({4});
+  CHECK_THROWS_WITH(linear(x, Tensor::ones({4, 3, 1})), Catch::Contains("linear: weight must be (out, in), got (4, 3, 1)"));
+  CHECK_THROWS_WITH(linear(Tensor::ones({2, 5}), w), Catch::Contains("linear: input of shape (2, 5) does not end in the weight's in_features 3"));
+  CHECK_THROWS_WITH(linear(Tensor::ones(Shape{}), w), Catch::Contains("linear: input of shape () does not end"));
+  CHECK_THROWS_WITH(linear(x, w, Tensor::ones({3})), Catch::Contains("linear: bias of shape (3) is not (out,) = (4,)"));
+  CHECK_THROWS_WITH(linear(Tensor(), w, b), Catch::Contains("linear: input is an undefined tensor"));
+}
+
+TEST_CASE("linear with in_features 0 gives the bias; with no rows, an empty result", "[bad_input][ops][empty][linear]") {
+  SECTION("in = 0: y is the bias on every row, the weight's gradient is empty") {
+    Tensor x = empty({2, 0}), w = empty({3, 0});
+    Tensor b = Tensor(Array{1.f, 2.f, 3.f}, true);
+    Tensor y = linear(x, w, b);
+    REQUIRE(y.shape() == Shape{2, 3});
+    REQUIRE(y.value() == Array{{1.f, 2.f, 3.f}, {1.f, 2.f, 3.f}});
+    sum(y).backward();
+    REQUIRE(w.grad().shape() == Shape{3, 0});
+    REQUIRE(b.grad() == Array{2.f, 2.f, 2.f});
+  }
+  SECTION("no rows: an empty result, zero weight and bias gradients") {
+    Tensor x = empty({0, 2}), w = Tensor::ones({3, 2}, true), b = Tensor::ones({3}, true);
+    Tensor y = linear(x, w, b);
+    REQUIRE(y.shape() == Shape{0, 3});
+    sum(y).backward();
+    REQUIRE(all_equal(w.grad(), 0.f));
+    REQUIRE(all_equal(b.grad(), 0.f));
+  }
+}
+
 TEST_CASE("softmax, log_softmax and masked_softmax over an empty axis give an empty result",
           "[bad_input][ops][empty]") {
   for (const Shape& s : std::vector<Shape>{{2, 0}, {0, 3}, {0}}) {

@@ -307,6 +307,16 @@ TEST_CASE("gradcheck: matmul with one operand used twice", "[gradcheck][matmul]"
   REQUIRE_GRADCHECK([](const Ins& in) { return matmul(in[0], in[0], false, true); }, {randn({2, 3, 4}, 181)});
 }
 
+TEST_CASE("gradcheck: linear with and without bias, on 1-D, 2-D and 3-D inputs", "[gradcheck][matmul][linear]") {
+  const Tensor w = randn({5, 4}, 185), b = randn({5}, 186);
+  for (const Shape& xs : {Shape{4}, Shape{3, 4}, Shape{2, 3, 4}}) {
+    INFO("x " << shape_text(xs));
+    const Tensor x = randn(xs, 187);
+    REQUIRE_GRADCHECK([](const Ins& in) { return linear(in[0], in[1], in[2]); }, {x, w, b});
+    REQUIRE_GRADCHECK([](const Ins& in) { return linear(in[0], in[1]); }, {x, w});
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Neural-network functions
 

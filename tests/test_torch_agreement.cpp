@@ -101,13 +101,14 @@ TEST_CASE("torch agreement: the fixture loads and every case has a test", "[torc
       "matmul_2d_ta",       "matmul_2d_tb",           "softmax_axis-1",        "softmax_axis1",
       "softmax_large_logits", "log_softmax_axis-1",   "log_softmax_axis1",     "log_softmax_large_logits",
       "cross_entropy_3d_ignore", "cross_entropy_2d",  "layer_norm_affine",     "layer_norm_plain",
-      "gelu_exact",         "gelu_tanh"};
+      "gelu_exact",         "gelu_tanh",              "linear_3d",             "linear_no_bias",
+      "linear_1d"};
   for (const auto& name : expected) {
     INFO("missing fixture case " << name);
     CHECK(cases().contains(name));
   }
   // Every case must belong to a family tested below, so none is silently skipped.
-  const char* families[] = {"matmul_", "softmax_", "log_softmax_", "cross_entropy_", "layer_norm_", "gelu_"};
+  const char* families[] = {"matmul_", "softmax_", "log_softmax_", "cross_entropy_", "layer_norm_", "gelu_", "linear_"};
   for (const auto& [name, c] : cases().items()) {
     const bool covered = std::any_of(std::begin(families), std::end(families),
                                      [&](const char* f) { return starts_with(name, f); });
@@ -165,5 +166,11 @@ TEST_CASE("torch agreement: gelu (exact and tanh)", "[torch][gelu]") {
     const std::string approx = c.at("approximate").get<std::string>();
     REQUIRE((approx == "none" || approx == "tanh"));
     return gelu(in.at("x"), approx == "none" ? GeluApprox::exact : GeluApprox::tanh);
+  });
+}
+
+TEST_CASE("torch agreement: linear (with and without bias, 1-D input)", "[torch][linear]") {
+  run_family("linear_", [](const Inputs& in, const json&) {
+    return linear(in.at("x"), in.at("weight"), in.count("bias") ? in.at("bias") : Tensor());
   });
 }

@@ -12,8 +12,8 @@
 #include "common/svg.hpp"
 #include "common/terminal.hpp"
 #include "flow.hpp"
-#include "xgrad/core/blas.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/parallel.hpp"
 
 using namespace gradflow;
 using xgrad::nn::Norm;
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       if (d == 0) xgrad::fail("--depths: depth 0");
     }
     if (train && (steps == 0 || !(lr > 0.f))) xgrad::fail("--train needs steps > 0 and lr > 0");
-    xgrad::blas::set_num_threads(threads);
+    xgrad::set_num_threads(threads);
     std::filesystem::create_directories(out);
     if (!quiet) {
       std::printf("models: %zu layers, d_model %zu, %zu heads, FFN %zu, vocabulary %zu, T %zu; %zu batches of %zu\n",

@@ -10,8 +10,8 @@
 
 #include "../common/terminal.hpp"
 #include "report.hpp"
-#include "xgrad/core/blas.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/parallel.hpp"
 
 using namespace headspec;
 
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     for (std::size_t h : sweep) {
       if (h == 0 || c.d_model % h != 0) xgrad::fail("--sweep-heads: d-model ", c.d_model, " is not divisible by ", h);
     }
-    xgrad::blas::set_num_threads(threads);
+    xgrad::set_num_threads(threads);
     std::filesystem::create_directories(out);
     viz::ProgressLine line(quiet, std::max<std::size_t>(c.train.steps / 5, 1));
     auto progress = [&](const std::string& label, const Progress& p) { line.update(p.step, p.steps, progress_text(label, p)); };

@@ -9,8 +9,8 @@
 #include "common/svg.hpp"
 #include "common/terminal.hpp"
 #include "trainer.hpp"
-#include "xgrad/core/blas.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/parallel.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 
 using namespace lm;
@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   c.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
 
   try {
-    xgrad::blas::set_num_threads(threads);
+    xgrad::set_num_threads(threads);
     if (sample > 0) {
       if (checkpoint.empty()) xgrad::fail("--sample needs --checkpoint");
       const TrainConfig saved = checkpoint_config(checkpoint);

@@ -1,0 +1,170 @@
+// A small pool of kernel threads (see parallel.hpp). Idle workers sleep on a condition variable
+// rather than spin: a spinning worker would take a core from OpenBLAS's threads during the next
+// GEMM.
+#include "xgrad/core/parallel.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "xgrad/core/blas.hpp"
+#include "xgrad/core/error.hpp"
+
+namespace xgrad {
+
+namespace {
+
+thread_local bool inside_body = false;
+
+// One parallel_for call: ranges are claimed through `next` by whichever thread is free.
+struct Job {
+  const std::function<void(std::size_t, std::size_t)>* body;
+  std::size_t n, ranges;
+  std::atomic<std::size_t> next{0}, done{0};
+  std::size_t workers_inside = 0;  // guarded by the pool's mutex
+  std::mutex error_mutex;
+  std::exception_ptr error;
+
+  void work() {
+    inside_body = true;
+    for (std::size_t r; (r = next.fetch_add(1)) < ranges;) {
+      try {
+        (*body)(r * n / ranges, (r + 1) * n / ranges);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+      done.fetch_add(1);
+    }
+    inside_body = false;
+  }
+};
+
+class Pool {
+ public:
+  ~Pool() { stop_workers(); }
+
+  int threads() {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    ensure_started();
+    return threads_;
+  }
+
+  void resize(int threads) {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    stop_workers();
+    blas::set_num_threads(1);
+    start_workers(threads);
+  }
+
+  void run(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& body) {
+    // Another thread's kernels hold the pool, or we are inside a body: run here, serially.
+    std::unique_lock<std::mutex> run_lock(run_mutex_, std::try_to_lock);
+    if (!run_lock.owns_lock() || inside_body) return body(0, n);
+    ensure_started();
+    const std::size_t ranges = std::min<std::size_t>(threads_, n / std::max<std::size_t>(grain, 1));
+    if (ranges <= 1) {
+      run_lock.unlock();
+      return body(0, n);
+    }
+    Job job;
+    job.body = &body;
+    job.n = n;
+    job.ranges = ranges;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &job;
+      ++generation_;
+    }
+    wake_.notify_all();
+    job.work();
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      finished_.wait(lock, [&] { return job.done.load() == ranges && job.workers_inside == 0; });
+      job_ = nullptr;  // under the lock: no worker can pick the finished job up any more
+    }
+    if (job.error) std::rethrow_exception(job.error);
+  }
+
+ private:
+  // First use: take over OpenBLAS's default thread count, and leave OpenBLAS itself one thread.
+  void ensure_started() {
+    if (threads_ == 0) {
+      const int threads = std::max(1, blas::num_threads());
+      blas::set_num_threads(1);
+      start_workers(threads);
+    }
+  }
+
+  void start_workers(int threads) {
+    threads_ = threads;
+    stop_ = false;
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& w : workers_) w.join();
+    workers_.clear();
+  }
+
+  void worker_loop() {
+    std::uint64_t seen = 0;
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+        if (!job) continue;
+        ++job->workers_inside;
+      }
+      job->work();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --job->workers_inside;
+      }
+      finished_.notify_all();
+    }
+  }
+
+  std::mutex run_mutex_;  // one parallel_for (or resize) at a time
+  int threads_ = 0;       // 0 until first use
+  std::vector<std::thread> workers_;
+
+  std::mutex mutex_;  // guards job_, generation_, stop_ and Job::workers_inside
+  std::condition_variable wake_, finished_;
+  Job* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+}  // namespace
+
+void set_num_threads(int n) {
+  if (n < 1) fail("set_num_threads: thread count must be at least 1, got ", n);
+  pool().resize(n);
+}
+
+int num_threads() { return pool().threads(); }
+
+void parallel_for(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& body) {
+  if (n == 0) return;
+  pool().run(n, grain, body);
+}
+
+}  // namespace xgrad

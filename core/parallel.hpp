@@ -1,0 +1,30 @@
+// Threads for xgrad's kernels: GEMMs (blas::sgemm splits large products across them, OpenBLAS
+// itself runs on one thread) and the elementwise, softmax, layer-norm, dropout and optimizer
+// loops. One pool of sleeping threads does all of it. OpenBLAS's own threads spin between calls
+// and took the cores from the elementwise kernels (sched_yield was 8% of a 2-thread step).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+namespace xgrad {
+
+// Threads used by the kernels and GEMMs (n >= 1). Until it is called: OpenBLAS's default
+// (OPENBLAS_NUM_THREADS, else every core).
+void set_num_threads(int n);
+int num_threads();
+
+// Runs body(begin, end) over disjoint ranges covering [0, n), on up to num_threads() threads,
+// each range at least `grain` long (so small inputs stay on the calling thread). The calling
+// thread takes part and returns when every range is done. Each index belongs to exactly one
+// range and a range is processed in order, so a body that writes only its own indices gives the
+// same result for every thread count. An exception thrown by a body is rethrown here. Calls
+// from inside a body run serially.
+void parallel_for(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& body);
+
+// Grains (elements per range) for kernels of different cost: a wake-up of a sleeping thread
+// costs tens of microseconds here, so a range should take longer than that.
+inline constexpr std::size_t kGrainCheap = 1 << 15;  // a few flops per element (copy, scale, add)
+inline constexpr std::size_t kGrainCostly = 1 << 12;  // tens of flops per element (erf, exp)
+
+}  // namespace xgrad

@@ -1,0 +1,217 @@
+// The kernel threads (core/parallel.hpp): parallel_for covers every index exactly once, passes
+// exceptions on and runs nested calls serially; the kernels other than split GEMMs give the same
+// bits on any thread count; training repeats bit for bit on a given thread count and agrees to
+// rounding across thread counts.
+//
+// Shapes: B batch, T sequence length, C d_model, F FFN width, V vocabulary.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include <xtensor/xmath.hpp>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/random.hpp"
+#include "xgrad/nn/transformer.hpp"
+#include "xgrad/optim/adam.hpp"
+
+using namespace xgrad;
+
+namespace {
+
+// Restores one thread when a test case ends.
+struct ThreadCount {
+  explicit ThreadCount(int n) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(1); }
+};
+
+std::vector<int> coverage(std::size_t n, std::size_t grain) {
+  std::vector<std::atomic<int>> hits(n);
+  parallel_for(n, grain, [&](std::size_t lo, std::size_t hi) {
+    REQUIRE(lo < hi);
+    for (std::size_t i = lo; i < hi; ++i) hits[i].fetch_add(1);
+  });
+  std::vector<int> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = hits[i].load();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("parallel_for visits every index exactly once, for any thread count and grain", "[parallel]") {
+  for (int threads : {1, 2, 3}) {
+    ThreadCount tc(threads);
+    REQUIRE(num_threads() == threads);
+    for (std::size_t n : {0, 1, 7, 1000, 100003}) {
+      for (std::size_t grain : {std::size_t{1}, std::size_t{100}, std::size_t{1} << 40}) {
+        INFO("threads " << threads << ", n " << n << ", grain " << grain);
+        const std::vector<int> hits = coverage(n, grain);
+        REQUIRE(hits == std::vector<int>(n, 1));
+      }
+    }
+  }
+}
+
+TEST_CASE("parallel_for splits large inputs and keeps small ones on the calling thread", "[parallel]") {
+  ThreadCount tc(2);
+  std::atomic<int> ranges{0};
+  parallel_for(1000, 100, [&](std::size_t, std::size_t) { ranges.fetch_add(1); });
+  CHECK(ranges.load() == 2);
+  ranges = 0;
+  parallel_for(150, 100, [&](std::size_t lo, std::size_t hi) {
+    ranges.fetch_add(1);
+    CHECK((lo == 0 && hi == 150));
+  });
+  CHECK(ranges.load() == 1);
+}
+
+TEST_CASE("parallel_for rethrows a body's exception on the calling thread and stays usable", "[parallel]") {
+  ThreadCount tc(2);
+  auto throwing = [](std::size_t lo, std::size_t) {
+    if (lo > 0) throw std::runtime_error("range starting at " + std::to_string(lo));
+  };
+  CHECK_THROWS_WITH(parallel_for(1000, 10, throwing), Catch::Contains("range starting at"));
+  REQUIRE(coverage(5000, 10) == std::vector<int>(5000, 1));
+}
+
+TEST_CASE("parallel_for inside a body runs serially and still covers its range", "[parallel]") {
+  ThreadCount tc(2);
+  std::vector<std::atomic<int>> hits(400 * 50);
+  parallel_for(400, 10, [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) {
+      parallel_for(50, 1, [&](std::size_t a, std::size_t b) {
+        for (std::size_t j = a; j < b; ++j) hits[i * 50 + j].fetch_add(1);
+      });
+    }
+  });
+  for (const auto& h : hits) REQUIRE(h.load() == 1);
+}
+
+TEST_CASE("set_num_threads rejects a count below 1", "[parallel][bad_input]") {
+  CHECK_THROWS_AS(set_num_threads(0), Error);
+  CHECK_THROWS_WITH(set_num_threads(-2), Catch::Contains("set_num_threads: thread count must be at least 1, got -2"));
+}
+
+namespace {
+
+// Forward values and input gradients of fn on one input, with `threads` kernel threads.
+std::vector<Array> value_and_grads(int threads, const std::function<Tensor(const Tensor&)>& fn, const Array& x0) {
+  ThreadCount tc(threads);
+  manual_seed(11);  // dropout's keep flags
+  Tensor x(x0, true);
+  const Tensor y = fn(x);
+  Generator g(12);
+  const Tensor weights(g.uniform(y.shape(), -1.f, 1.f));
+  sum(y * weights).backward();
+  return {y.value(), x.grad()};
+}
+
+}  // namespace
+
+TEST_CASE("the elementwise, softmax, layer-norm, dropout and batched-matmul kernels give the same bits on 1, 2 and 3 threads",
+          "[parallel][determinism]") {
+  Generator g(10);
+  const Array x = g.uniform({16, 4, 32, 32}, -3.f, 3.f);  // 65536 elements: every kernel splits
+  const Tensor gamma(g.uniform({32}, 0.5f, 1.5f)), beta(g.uniform({32}, -0.5f, 0.5f));
+  const Tensor other(g.uniform({16, 4, 32, 32}, -1.f, 1.f));
+  Mask causal = xt::zeros<bool>(Shape{32, 32});
+  for (std::size_t t = 0; t < 32; ++t)
+    for (std::size_t s = t + 1; s < 32; ++s) causal(t, s) = true;
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> kernels = {
+      {"gelu", [](const Tensor& a) { return gelu(a); }},
+      {"gelu tanh", [](const Tensor& a) { return gelu(a, GeluApprox::tanh); }},
+      {"softmax", [](const Tensor& a) { return softmax(a); }},
+      {"softmax over axis 2", [](const Tensor& a) { return softmax(a, 2); }},
+      {"masked_softmax", [&](const Tensor& a) { return masked_softmax(a, causal); }},
+      {"layer_norm", [&](const Tensor& a) { return layer_norm(a, gamma, beta); }},
+      {"dropout", [](const Tensor& a) { return dropout(a, 0.25f); }},
+      {"a sum of two uses", [&](const Tensor& a) { return a * other + exp(a * 0.1f); }},
+      {"batched matmul", [](const Tensor& a) { return matmul(a, a, false, true); }},
+  };
+  for (const auto& [name, fn] : kernels) {
+    INFO(name);
+    const std::vector<Array> one = value_and_grads(1, fn, x);
+    for (int threads : {2, 3}) {
+      INFO("threads " << threads);
+      const std::vector<Array> many = value_and_grads(threads, fn, x);
+      REQUIRE(many[0] == one[0]);
+      REQUIRE(many[1] == one[1]);
+    }
+  }
+}
+
+namespace {
+
+struct StepResult {
+  std::vector<float> losses;
+  std::vector<std::pair<std::string, Array>> params;
+};
+
+// Three AdamW steps of a model large enough that every kernel splits across two threads
+// (B T C = 65536 activations, GEMMs of 2^25 multiply-adds, B H = 64 attention products).
+StepResult train_steps(int threads) {
+  ThreadCount tc(threads);
+  constexpr std::size_t B = 16, T = 32, C = 128, H = 4, F = 512, V = 64;
+  Generator init(7), data(8);
+  manual_seed(9);
+  nn::LanguageModel model(
+      nn::LanguageModelOptions(V, C, H, 2).d_ff(F).max_len(T).dropout(0.1f).norm(nn::Norm::pre), init);
+  model.train();
+  optim::AdamW opt(model.named_parameters(), optim::AdamOptions(1e-3f).weight_decay(0.01f));
+  StepResult r;
+  for (int step = 0; step < 3; ++step) {
+    IndexArray ids = IndexArray::from_shape({B, T}), targets = IndexArray::from_shape({B, T});
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids.data()[i] = static_cast<std::int64_t>(data.below(V));
+      targets.data()[i] = static_cast<std::int64_t>(data.below(V));
+    }
+    const Tensor loss = model.loss(ids, targets);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    r.losses.push_back(loss.item());
+  }
+  for (const auto& [name, p] : model.named_parameters()) r.params.emplace_back(name, p.value());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("training steps repeat bit for bit on a given thread count", "[parallel][determinism]") {
+  for (int threads : {1, 2, 3}) {
+    INFO("threads " << threads);
+    const StepResult a = train_steps(threads), b = train_steps(threads);
+    REQUIRE(a.losses == b.losses);
+    for (std::size_t k = 0; k < a.params.size(); ++k) {
+      INFO("parameter " << a.params[k].first);
+      REQUIRE(a.params[k].second == b.params[k].second);
+    }
+  }
+}
+
+// Splitting a GEMM changes how OpenBLAS blocks it, and with it the last bits of some sums (a
+// product computed as two halves differs from the whole in about 1 element in 10, by an ulp or
+// so). Across thread counts, training therefore agrees to rounding, not to the bit.
+TEST_CASE("training steps on 2 and 3 threads agree with 1 thread to rounding", "[parallel][determinism]") {
+  const StepResult one = train_steps(1);
+  for (int threads : {2, 3}) {
+    INFO("threads " << threads);
+    const StepResult many = train_steps(threads);
+    REQUIRE(many.losses.size() == one.losses.size());
+    for (std::size_t s = 0; s < one.losses.size(); ++s) CHECK(many.losses[s] == Approx(one.losses[s]).epsilon(1e-5));
+    REQUIRE(many.params.size() == one.params.size());
+    for (std::size_t k = 0; k < one.params.size(); ++k) {
+      INFO("parameter " << one.params[k].first);
+      REQUIRE(many.params[k].first == one.params[k].first);
+      const float diff = xt::amax(xt::abs(many.params[k].second - one.params[k].second))();
+      CHECK(diff < 1e-4f);
+    }
+  }
+}
