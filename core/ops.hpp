@@ -81,6 +81,19 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool t
 // map of nn::Linear as one GEMM (the bias is its starting value), with no separate add.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
+// ---- multi-head attention (ops_attention.cpp), heads side by side in the channels ----
+// The attention weights of `heads` heads of width D = C / heads: q (B, T, C), k (B, S, C) ->
+// P (B, H, T, S), P[b, h] = softmax over s of scale * q_h k_h^T, where q_h = q[b, :, hD:(h+1)D].
+// Keys with s > t (causal) or where `mask` (broadcastable to (B, H, T, S)) is true get weight 0;
+// a query with no key left gets all zeros. The same values as
+// masked_softmax(matmul(q_heads, k_heads, false, true) * scale, mask) on the heads split out
+// with reshape and permute, without those copies.
+Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal = false,
+                         const Mask* mask = nullptr);
+// The weighted sum of values with heads side by side: P (B, H, T, S), v (B, S, C) -> (B, T, C),
+// out[b, :, hD:(h+1)D] = P[b, h] v_h.
+Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);
+
 // ---- neural-network functions (ops_nn.cpp) ----
 // Numerically stable softmax / log-softmax along `axis`.
 Tensor softmax(const Tensor& a, int axis = -1);

@@ -5,10 +5,10 @@
 
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/fast_math.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/parallel.hpp"
 #include "xgrad/core/tape.hpp"
+#include "xgrad/core/vector_kernels.hpp"
 
 namespace xgrad {
 
@@ -162,20 +162,25 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor gelu(const Tensor& a, GeluApprox approx) {
-  constexpr float kInvSqrt2 = 0.70710678118654752f;
-  constexpr float kInvSqrt2Pi = 0.39894228040143268f;
   constexpr float kSqrt2OverPi = 0.79788456080286536f;
   constexpr float kCoef = 0.044715f;
   if (approx == GeluApprox::exact) {
     // y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x phi(x)
-    return unary(
-        "gelu", a, [=](float x) { return 0.5f * x * (1.f + fast::erf(x * kInvSqrt2)); },
-        [=](float x, float, float g) {
-          const float cdf = 0.5f * (1.f + fast::erf(x * kInvSqrt2));
-          const float pdf = kInvSqrt2Pi * fast::exp(-0.5f * x * x);
-          return g * (cdf + x * pdf);
-        },
-        kGrainCostly);
+    check_defined(a, "gelu");
+    Array y = Array::from_shape(a.shape());
+    const float* xs = a.value().data();
+    float* ys = y.data();
+    parallel_for(y.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) { kernels::gelu_forward(xs + lo, ys + lo, hi - lo); });
+    return record("gelu", std::move(y), {a}, [](GradContext& ctx) {
+      const float* xs = ctx.input(0).data();
+      const float* gs = ctx.grad_out().data();
+      Array dx = Array::from_shape(ctx.input(0).shape());
+      float* d = dx.data();
+      parallel_for(dx.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) {
+        kernels::gelu_backward(xs + lo, gs + lo, d + lo, hi - lo);
+      });
+      ctx.accumulate(0, std::move(dx));
+    });
   }
   // y = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3);
   // dy/dx = (1 + tanh u) / 2 + x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2

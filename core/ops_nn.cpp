@@ -10,9 +10,11 @@
 #include "xgrad/core/axis_view.hpp"
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/keep_flags.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/parallel.hpp"
 #include "xgrad/core/tape.hpp"
+#include "xgrad/core/vector_kernels.hpp"
 
 namespace xgrad {
 
@@ -80,18 +82,21 @@ Tensor softmax_impl(const char* op, const Tensor& a, int axis, std::shared_ptr<s
   });
 }
 
-// The mask expanded to `shape` as keep flags (1 where the mask is false).
+}  // namespace
+
 std::shared_ptr<std::vector<std::uint8_t>> keep_flags(const Mask& mask, const Shape& shape, const char* op) {
-  if (broadcast_shapes(mask.shape(), shape, op) != shape) {
-    fail(op, ": mask of shape ", shape_str(mask.shape()), " does not broadcast to the input's shape ", shape_str(shape));
+  const Shape& ms = mask.shape();
+  bool fits = ms.size() <= shape.size();
+  for (std::size_t k = 0; fits && k < ms.size(); ++k) {
+    const std::size_t want = shape[shape.size() - ms.size() + k];
+    fits = ms[k] == want || ms[k] == 1;
   }
+  if (!fits) fail(op, ": mask of shape ", shape_str(ms), " does not broadcast to the input's shape ", shape_str(shape));
   const Mask full = xt::broadcast(mask, shape);
   auto keep = std::make_shared<std::vector<std::uint8_t>>(full.size());
   for (std::size_t i = 0; i < full.size(); ++i) (*keep)[i] = full.data()[i] ? 0 : 1;
   return keep;
 }
-
-}  // namespace
 
 Tensor softmax(const Tensor& a, int axis) { return softmax_impl("softmax", a, axis, nullptr); }
 
@@ -234,19 +239,7 @@ Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
   float* out = y.data();
   std::uint8_t* kp = keep.data();
   parallel_for(n, kGrainCheap, [=](std::size_t lo, std::size_t hi) {
-    for (std::size_t i = lo; i < hi; ++i) {
-      std::uint32_t h = (static_cast<std::uint32_t>(i) * 0x9e3779b9u) ^ k0;
-      h ^= h >> 16;
-      h *= 0x85ebca6bu;
-      h ^= h >> 13;
-      h *= 0xc2b2ae35u;
-      h ^= h >> 16;
-      h ^= k1;
-      h *= 0x27d4eb2du;
-      h ^= h >> 15;
-      kp[i] = h >= threshold;
-      out[i] = x[i] * (scale * static_cast<float>(kp[i]));
-    }
+    kernels::dropout_forward(x + lo, out + lo, kp + lo, lo, hi - lo, k0, k1, threshold, scale);
   });
   return record("dropout", std::move(y), {a}, [keep = std::move(keep), scale](GradContext& ctx) {
     // dx = g * keep / (1 - p)
@@ -255,7 +248,7 @@ Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
     float* d = dx.data();
     const std::uint8_t* kp = keep.data();
     parallel_for(keep.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) {
-      for (std::size_t i = lo; i < hi; ++i) d[i] = g[i] * (scale * static_cast<float>(kp[i]));
+      kernels::dropout_backward(g + lo, kp + lo, d + lo, hi - lo, scale);
     });
     ctx.accumulate(0, std::move(dx));
   });

@@ -69,24 +69,23 @@ AttentionOutput MultiHeadAttention::forward(const Tensor& x, const AttentionMask
   const auto b = static_cast<std::int64_t>(B), t = static_cast<std::int64_t>(T);
   const auto h = static_cast<std::int64_t>(H), d = static_cast<std::int64_t>(D);
 
-  const std::optional<Mask> blocked = combine_masks(mask, B, H, T, T);
+  // A causal mask alone is applied inside the kernel; any other mask is combined in full.
+  const bool causal_only = mask.causal && !mask.attn_mask && !mask.key_padding_mask;
+  const std::optional<Mask> blocked = causal_only ? std::nullopt : combine_masks(mask, B, H, T, T);
   Tensor weights;
   auto attention = [&](const Tensor& in) {
-    // (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
-    auto heads = [&](const Linear& proj) { return permute(reshape(proj.forward(in), {b, t, h, d}), {0, 2, 1, 3}); };
-    const Tensor q = heads(*w_q), k = heads(*w_k), v = heads(*w_v);
-    const Tensor scores = matmul(q, k, false, true) * (1.f / std::sqrt(static_cast<float>(D)));  // (B, H, T, S)
-    weights = blocked ? masked_softmax(scores, *blocked) : softmax(scores);
+    // q, k, v (B, T, C) hold the H heads side by side: head h is channels hD .. (h+1)D.
+    const Tensor q = w_q->forward(in), k = w_k->forward(in), v = w_v->forward(in);
+    weights = attention_weights(q, k, H, 1.f / std::sqrt(static_cast<float>(D)), causal_only,
+                                blocked ? &*blocked : nullptr);  // (B, H, T, S)
     const Tensor attended = dropout(weights, options_.dropout(), is_training());
-    Tensor per_head = matmul(attended, v);  // (B, H, T, D)
+    Tensor context = attend(attended, v, H);  // (B, T, C)
     if (head_gates.defined()) {
       if (head_gates.shape() != Shape{H}) {
         fail("MultiHeadAttention: head_gates of shape ", shape_str(head_gates.shape()), " is not (H,) = (", H, ",)");
       }
-      per_head = per_head * reshape(head_gates, {1, h, 1, 1});
+      context = reshape(reshape(context, {b, t, h, d}) * reshape(head_gates, {1, 1, h, 1}), {b, t, static_cast<std::int64_t>(C)});
     }
-    // (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
-    const Tensor context = reshape(permute(per_head, {0, 2, 1, 3}), {b, t, static_cast<std::int64_t>(C)});
     probe("context", context);
     return w_o->forward(context);
   };

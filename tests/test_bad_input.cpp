@@ -257,6 +257,44 @@ TEST_CASE("linear with in_features 0 gives the bias; with no rows, an empty resu
   }
 }
 
+TEST_CASE("attention_weights and attend name the function and the shapes that do not fit", "[bad_input][ops][attention]") {
+  const Tensor q = Tensor::ones({2, 3, 4}), k = Tensor::ones({2, 5, 4});
+  CHECK_THROWS_WITH(attention_weights(Tensor::ones({3, 4}), k, 2, 1.f),
+                    Catch::Contains("attention_weights: q and k must be (B, T, C) and (B, S, C), got (3, 4) and (2, 5, 4)"));
+  CHECK_THROWS_WITH(attention_weights(q, k, 3, 1.f), Catch::Contains("attention_weights: 4 channels do not split into 3 heads"));
+  CHECK_THROWS_WITH(attention_weights(q, k, 0, 1.f), Catch::Contains("do not split into 0 heads"));
+  CHECK_THROWS_WITH(attention_weights(q, Tensor::ones({1, 5, 4}), 2, 1.f),
+                    Catch::Contains("attention_weights: k of shape (1, 5, 4) does not match q of shape (2, 3, 4)"));
+  const Mask wrong = xt::zeros<bool>(Shape{2, 1, 3, 4});
+  CHECK_THROWS_WITH(attention_weights(q, k, 2, 1.f, false, &wrong),
+                    Catch::Contains("attention_weights: mask of shape (2, 1, 3, 4) does not broadcast to the input's shape (2, 2, 3, 5)"));
+  const Tensor w = Tensor::ones({2, 2, 3, 5}), v = Tensor::ones({2, 5, 4});
+  CHECK_THROWS_WITH(attend(Tensor::ones({2, 3, 5}), v, 2), Catch::Contains("attend: weights and v must be (B, H, T, S) and (B, S, C)"));
+  CHECK_THROWS_WITH(attend(w, Tensor::ones({2, 4, 4}), 2),
+                    Catch::Contains("attend: weights of shape (2, 2, 3, 5) do not match v of shape (2, 4, 4) and 2 heads"));
+  CHECK_THROWS_WITH(attend(w, v, 3), Catch::Contains("attend: 4 channels of v do not split into 3 heads"));
+  CHECK_THROWS_WITH(attend(w, Tensor(), 2), Catch::Contains("attend: input is an undefined tensor"));
+}
+
+TEST_CASE("attention over empty sizes gives empty or zero results", "[bad_input][ops][empty][attention]") {
+  SECTION("no keys: every weight row is empty and attend gives zeros") {
+    Tensor q = Tensor::ones({2, 3, 4}, true), k = empty({2, 0, 4}), v = empty({2, 0, 4});
+    const Tensor w = attention_weights(q, k, 2, 1.f);
+    REQUIRE(w.shape() == Shape{2, 2, 3, 0});
+    const Tensor out = attend(w, v, 2);
+    REQUIRE(out.shape() == Shape{2, 3, 4});
+    REQUIRE(all_equal(out.value(), 0.f));
+    sum(out).backward();
+    REQUIRE(all_equal(q.grad(), 0.f));
+  }
+  SECTION("zero-width heads: uniform weights over the keys") {
+    Tensor q = empty({1, 2, 0}), k = empty({1, 3, 0});
+    const Tensor w = attention_weights(q, k, 2, 1.f);
+    REQUIRE(w.shape() == Shape{1, 2, 2, 3});
+    for (float x : w.value()) REQUIRE(x == Approx(1.f / 3.f));
+  }
+}
+
 TEST_CASE("softmax, log_softmax and masked_softmax over an empty axis give an empty result",
           "[bad_input][ops][empty]") {
   for (const Shape& s : std::vector<Shape>{{2, 0}, {0, 3}, {0}}) {

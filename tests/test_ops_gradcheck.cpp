@@ -317,6 +317,27 @@ TEST_CASE("gradcheck: linear with and without bias, on 1-D, 2-D and 3-D inputs",
   }
 }
 
+TEST_CASE("gradcheck: attention_weights self and cross, causal, masked, with a fully masked row",
+          "[gradcheck][attention]") {
+  const Tensor q = randn({2, 3, 4}, 188), k = randn({2, 3, 4}, 189), k_long = randn({2, 5, 4}, 190);
+  REQUIRE_GRADCHECK([](const Ins& in) { return attention_weights(in[0], in[1], 2, 0.7f); }, {q, k});
+  REQUIRE_GRADCHECK([](const Ins& in) { return attention_weights(in[0], in[1], 2, 0.7f); }, {q, k_long});
+  REQUIRE_GRADCHECK([](const Ins& in) { return attention_weights(in[0], in[1], 1, 0.5f, true); }, {q, k});
+  Mask mask = xt::zeros<bool>(Shape{2, 1, 3, 5});
+  mask(0, 0, 1, 3) = mask(1, 0, 0, 0) = true;
+  for (std::size_t s = 0; s < 5; ++s) mask(1, 0, 2, s) = true;  // query 2 of batch 1 sees no key
+  REQUIRE_GRADCHECK([&](const Ins& in) { return attention_weights(in[0], in[1], 2, 0.7f, false, &mask); }, {q, k_long});
+  // q and k the same tensor: both gradients land on it
+  REQUIRE_GRADCHECK([](const Ins& in) { return attention_weights(in[0], in[0], 2, 0.7f, true); }, {q});
+}
+
+TEST_CASE("gradcheck: attend, and attention_weights followed by attend", "[gradcheck][attention]") {
+  const Tensor w = softmax(randn({2, 2, 3, 5}, 191)), v = randn({2, 5, 4}, 192);
+  REQUIRE_GRADCHECK([](const Ins& in) { return attend(in[0], in[1], 2); }, {w, v});
+  const Tensor q = randn({2, 3, 4}, 193), k = randn({2, 5, 4}, 194);
+  REQUIRE_GRADCHECK([](const Ins& in) { return attend(attention_weights(in[0], in[1], 2, 0.7f), in[2], 2); }, {q, k, v});
+}
+
 // ---------------------------------------------------------------------------------------------
 // Neural-network functions
 

@@ -524,3 +524,37 @@ TEST_CASE("values: layer_norm with gamma and beta matches the formula in double"
   }
   REQUIRE_CLOSE(y, want, 1e-5, 1e-5);
 }
+
+TEST_CASE("values: attention_weights and attend equal the heads split out with reshape and permute",
+          "[values][attention]") {
+  // B H = 64 heads of T = S = 24: enough for the heads to be split across threads.
+  constexpr std::int64_t B = 16, T = 24, H = 4, D = 8, C = H * D;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  Mask padding = xt::zeros<bool>(Shape{B, 1, 1, T});
+  for (std::int64_t s = 20; s < T; ++s) padding(3, 0, 0, s) = true;
+  for (const bool causal : {false, true}) {
+    INFO("causal " << causal);
+    Tensor q(normal({B, T, C}, 61), true), k(normal({B, T, C}, 62), true), v(normal({B, T, C}, 63), true);
+    const Tensor w = attention_weights(q, k, H, scale, causal, &padding);
+    const Tensor out = attend(w, v, H);
+
+    Tensor q2(q.value(), true), k2(k.value(), true), v2(v.value(), true);
+    auto heads = [&](const Tensor& x) { return permute(reshape(x, {B, T, H, D}), {0, 2, 1, 3}); };
+    Mask blocked = xt::zeros<bool>(Shape{B, H, T, T});
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t s = 0; s < T; ++s) blocked(b, h, t, s) = (causal && s > t) || padding(b, 0, 0, s);
+    const Tensor w2 = masked_softmax(matmul(heads(q2), heads(k2), false, true) * scale, blocked);
+    const Tensor out2 = reshape(permute(matmul(w2, heads(v2)), {0, 2, 1, 3}), {B, T, C});
+
+    REQUIRE(difference_text(w.value(), w2.value(), 1e-5, 1e-6) == "");
+    REQUIRE(difference_text(out.value(), out2.value(), 1e-5, 1e-6) == "");
+    const Array g = normal({B, T, C}, 64);
+    out.backward(g);
+    out2.backward(g);
+    REQUIRE(difference_text(q.grad(), q2.grad(), 1e-4, 1e-5) == "");
+    REQUIRE(difference_text(k.grad(), k2.grad(), 1e-4, 1e-5) == "");
+    REQUIRE(difference_text(v.grad(), v2.grad(), 1e-4, 1e-5) == "");
+  }
+}

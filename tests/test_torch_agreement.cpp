@@ -102,13 +102,15 @@ TEST_CASE("torch agreement: the fixture loads and every case has a test", "[torc
       "softmax_large_logits", "log_softmax_axis-1",   "log_softmax_axis1",     "log_softmax_large_logits",
       "cross_entropy_3d_ignore", "cross_entropy_2d",  "layer_norm_affine",     "layer_norm_plain",
       "gelu_exact",         "gelu_tanh",              "linear_3d",             "linear_no_bias",
-      "linear_1d"};
+      "linear_1d",          "attention_weights_plain", "attention_weights_cross", "attention_weights_causal",
+      "attention_weights_causal_padding", "attention_weights_row_fully_masked", "attend_self", "attend_cross"};
   for (const auto& name : expected) {
     INFO("missing fixture case " << name);
     CHECK(cases().contains(name));
   }
   // Every case must belong to a family tested below, so none is silently skipped.
-  const char* families[] = {"matmul_", "softmax_", "log_softmax_", "cross_entropy_", "layer_norm_", "gelu_", "linear_"};
+  const char* families[] = {"matmul_", "softmax_", "log_softmax_", "cross_entropy_", "layer_norm_", "gelu_", "linear_",
+                            "attention_weights_", "attend_"};
   for (const auto& [name, c] : cases().items()) {
     const bool covered = std::any_of(std::begin(families), std::end(families),
                                      [&](const char* f) { return starts_with(name, f); });
@@ -172,5 +174,24 @@ TEST_CASE("torch agreement: gelu (exact and tanh)", "[torch][gelu]") {
 TEST_CASE("torch agreement: linear (with and without bias, 1-D input)", "[torch][linear]") {
   run_family("linear_", [](const Inputs& in, const json&) {
     return linear(in.at("x"), in.at("weight"), in.count("bias") ? in.at("bias") : Tensor());
+  });
+}
+
+TEST_CASE("torch agreement: attention_weights (plain, cross, causal, padding, a fully masked row)", "[torch][attention]") {
+  run_family("attention_weights_", [](const Inputs& in, const json& c) {
+    const std::size_t heads = c.at("heads").get<std::size_t>();
+    const float scale = c.at("scale").get<float>();
+    const bool causal = c.at("causal").get<bool>();
+    if (!c.contains("mask")) return attention_weights(in.at("q"), in.at("k"), heads, scale, causal);
+    const IndexArray flags = testing::to_index_array(c.at("mask"));
+    Mask mask = Mask::from_shape(flags.shape());
+    for (std::size_t i = 0; i < flags.size(); ++i) mask.data()[i] = flags.data()[i] != 0;
+    return attention_weights(in.at("q"), in.at("k"), heads, scale, causal, &mask);
+  });
+}
+
+TEST_CASE("torch agreement: attend (self and cross attention)", "[torch][attention]") {
+  run_family("attend_", [](const Inputs& in, const json& c) {
+    return attend(in.at("weights"), in.at("v"), c.at("heads").get<std::size_t>());
   });
 }

@@ -1,0 +1,155 @@
+// Multi-head attention kernels on the projections' own layout, heads side by side in the
+// channels: head h of q (B, T, H*D) is the column block q[b, :, h*D:(h+1)*D], which BLAS reads
+// in place with row stride H*D. No head is ever split out, permuted or copied; each (b, h) is
+// one task for the kernel threads, and the tasks write disjoint blocks.
+//
+// Shapes: B batch, T query length, S key length, H heads, D head width, C = H*D.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "xgrad/core/blas.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/keep_flags.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/tape.hpp"
+
+namespace xgrad {
+
+namespace {
+
+struct Heads {
+  std::size_t B, T, S, H, D, C;
+};
+
+// Checks q (B, T, C) and kv (B, S, C) for `heads` heads of width C / heads.
+Heads check_heads(const char* op, const Tensor& q, const Tensor& kv, std::size_t heads, const char* q_name,
+                  const char* kv_name) {
+  if (!q.defined() || !kv.defined()) fail(op, ": input is an undefined tensor");
+  const Shape& qs = q.shape();
+  const Shape& ks = kv.shape();
+  if (qs.size() != 3 || ks.size() != 3) {
+    fail(op, ": ", q_name, " and ", kv_name, " must be (B, T, C) and (B, S, C), got ", shape_str(qs), " and ",
+         shape_str(ks));
+  }
+  if (heads == 0 || qs[2] % heads != 0) fail(op, ": ", qs[2], " channels do not split into ", heads, " heads");
+  if (ks[0] != qs[0] || ks[2] != qs[2]) {
+    fail(op, ": ", kv_name, " of shape ", shape_str(ks), " does not match ", q_name, " of shape ", shape_str(qs),
+         " in batch and channels");
+  }
+  return {qs[0], qs[1], ks[1], heads, qs[2] / heads, qs[2]};
+}
+
+// Runs task(b, h) for every batch entry and head, split across the kernel threads.
+template <class F>
+void for_each_head(const Heads& d, std::size_t work_per_head, F task) {
+  const std::size_t grain = std::max<std::size_t>(1, (std::size_t{1} << 20) / std::max<std::size_t>(work_per_head, 1));
+  parallel_for(d.B * d.H, grain, [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t bh = lo; bh < hi; ++bh) task(bh / d.H, bh % d.H);
+  });
+}
+
+}  // namespace
+
+Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal, const Mask* mask) {
+  const Heads d = check_heads("attention_weights", q, k, heads, "q", "k");
+  const Shape ws = {d.B, d.H, d.T, d.S};
+  std::shared_ptr<std::vector<std::uint8_t>> keep;
+  if (mask) keep = keep_flags(*mask, ws, "attention_weights");
+  Array w = Array::from_shape(ws);
+  const float* Q = q.value().data();
+  const float* K = k.value().data();
+  float* W = w.data();
+  if (d.D == 0) std::fill(W, W + w.size(), 0.f);  // K = 0: BLAS may leave the scores unwritten
+  const std::uint8_t* kp = keep ? keep->data() : nullptr;
+  for_each_head(d, d.T * d.S * (d.D + 4), [&](std::size_t b, std::size_t h) {
+    // scores = scale q_h k_h^T  (T x S)
+    float* P = W + (b * d.H + h) * d.T * d.S;
+    blas::sgemm(false, true, d.T, d.S, d.D, scale, Q + b * d.T * d.C + h * d.D, d.C, K + b * d.S * d.C + h * d.D, d.C,
+                0.f, P, d.S);
+    // Row softmax over the kept keys (s <= t when causal, mask false); a row with none kept is 0.
+    for (std::size_t t = 0; t < d.T; ++t) {
+      float* row = P + t * d.S;
+      const std::uint8_t* keep_row = kp ? kp + ((b * d.H + h) * d.T + t) * d.S : nullptr;
+      const std::size_t end = causal ? std::min(d.S, t + 1) : d.S;  // keys at or past `end` are masked
+      auto kept = [&](std::size_t s) { return s < end && (!keep_row || keep_row[s]); };
+      float m = -std::numeric_limits<float>::infinity();
+      for (std::size_t s = 0; s < d.S; ++s) {
+        if (kept(s)) m = std::max(m, row[s]);
+      }
+      if (!std::isfinite(m)) m = 0.f;
+      float sum = 0.f;
+      for (std::size_t s = 0; s < d.S; ++s) sum += row[s] = kept(s) ? std::exp(row[s] - m) : 0.f;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      for (std::size_t s = 0; s < d.S; ++s) row[s] *= inv;
+    }
+  });
+  return record("attention_weights", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
+    // dZ = P (dP - rowsum(dP P)) (zero where P is, so masked keys get nothing);
+    // dq_h = scale dZ k_h,  dk_h = scale dZ^T q_h
+    const float* P = ctx.output().data();
+    const float* G = ctx.grad_out().data();
+    const float* Q = ctx.input(0).data();
+    const float* K = ctx.input(1).data();
+    float* dQ = ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr;
+    float* dK = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
+    Array dz_all = Array::from_shape(ctx.output().shape());
+    float* DZ = dz_all.data();
+    for_each_head(d, d.T * d.S * (2 * d.D + 4), [&](std::size_t b, std::size_t h) {
+      const std::size_t at = (b * d.H + h) * d.T * d.S;
+      for (std::size_t t = 0; t < d.T; ++t) {
+        const float* p = P + at + t * d.S;
+        const float* g = G + at + t * d.S;
+        float* dz = DZ + at + t * d.S;
+        float dot = 0.f;
+        for (std::size_t s = 0; s < d.S; ++s) dot += g[s] * p[s];
+        for (std::size_t s = 0; s < d.S; ++s) dz[s] = p[s] * (g[s] - dot);
+      }
+      const std::size_t q_at = b * d.T * d.C + h * d.D, k_at = b * d.S * d.C + h * d.D;
+      if (dQ) blas::sgemm(false, false, d.T, d.D, d.S, scale, DZ + at, d.S, K + k_at, d.C, 1.f, dQ + q_at, d.C);
+      if (dK) blas::sgemm(true, false, d.S, d.D, d.T, scale, DZ + at, d.S, Q + q_at, d.C, 1.f, dK + k_at, d.C);
+    });
+  });
+}
+
+Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
+  if (!weights.defined() || !v.defined()) fail("attend: input is an undefined tensor");
+  const Shape& ws = weights.shape();
+  const Shape& vs = v.shape();
+  if (ws.size() != 4 || vs.size() != 3) {
+    fail("attend: weights and v must be (B, H, T, S) and (B, S, C), got ", shape_str(ws), " and ", shape_str(vs));
+  }
+  if (heads == 0 || vs[2] % heads != 0) fail("attend: ", vs[2], " channels of v do not split into ", heads, " heads");
+  if (ws[0] != vs[0] || ws[1] != heads || ws[3] != vs[1]) {
+    fail("attend: weights of shape ", shape_str(ws), " do not match v of shape ", shape_str(vs), " and ", heads,
+         " heads (expected (", vs[0], ", ", heads, ", T, ", vs[1], "))");
+  }
+  const std::size_t T = ws[2];
+  const Heads d{vs[0], T, vs[1], heads, vs[2] / heads, vs[2]};
+  Array out = Array::from_shape({d.B, T, d.C});
+  const float* W = weights.value().data();
+  const float* V = v.value().data();
+  float* O = out.data();
+  if (d.S == 0) std::fill(O, O + out.size(), 0.f);
+  for_each_head(d, d.T * d.S * d.D, [&](std::size_t b, std::size_t h) {
+    // out_h = P v_h  (T x D), written into its column block of out
+    blas::sgemm(false, false, d.T, d.D, d.S, 1.f, W + (b * d.H + h) * d.T * d.S, d.S, V + b * d.S * d.C + h * d.D, d.C,
+                0.f, O + b * d.T * d.C + h * d.D, d.C);
+  });
+  return record("attend", std::move(out), {weights, v}, [d](GradContext& ctx) {
+    // dP = dout_h v_h^T,  dv_h = P^T dout_h
+    const float* G = ctx.grad_out().data();
+    const float* W = ctx.input(0).data();
+    const float* V = ctx.input(1).data();
+    float* dW = ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr;
+    float* dV = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
+    for_each_head(d, 2 * d.T * d.S * d.D, [&](std::size_t b, std::size_t h) {
+      const std::size_t w_at = (b * d.H + h) * d.T * d.S, o_at = b * d.T * d.C + h * d.D, v_at = b * d.S * d.C + h * d.D;
+      if (dW) blas::sgemm(false, true, d.T, d.S, d.D, 1.f, G + o_at, d.C, V + v_at, d.C, 1.f, dW + w_at, d.S);
+      if (dV) blas::sgemm(true, false, d.S, d.D, d.T, 1.f, W + w_at, d.S, G + o_at, d.C, 1.f, dV + v_at, d.C);
+    });
+  });
+}
+
+}  // namespace xgrad

@@ -1,0 +1,57 @@
+// See vector_kernels.hpp. GCC builds a function marked XGRAD_CLONES for each listed target and
+// resolves the call once, at load time, from the CPU's features.
+#include "xgrad/core/vector_kernels.hpp"
+
+#include "xgrad/core/fast_math.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define XGRAD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define XGRAD_CLONES
+#endif
+
+namespace xgrad::kernels {
+
+namespace {
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+}  // namespace
+
+XGRAD_CLONES void gelu_forward(const float* x, float* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.f + fast::erf(x[i] * kInvSqrt2));
+}
+
+XGRAD_CLONES void gelu_backward(const float* x, const float* g, float* dx, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float cdf = 0.5f * (1.f + fast::erf(x[i] * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * fast::exp(-0.5f * x[i] * x[i]);
+    dx[i] = g[i] * (cdf + x[i] * pdf);
+  }
+}
+
+XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n,
+                                  std::uint32_t k0, std::uint32_t k1, std::uint32_t threshold, float scale) {
+  for (std::size_t i = 0; i < n; ++i) {
+    // murmur3's 32-bit finalizer over the index, keyed by k0 and k1
+    std::uint32_t h = (static_cast<std::uint32_t>(first + i) * 0x9e3779b9u) ^ k0;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    h ^= k1;
+    h *= 0x27d4eb2du;
+    h ^= h >> 15;
+    keep[i] = h >= threshold;
+  }
+  // A second pass: GCC 12 vectorizes neither loop when the hash and the float product share one.
+  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * (scale * static_cast<float>(keep[i]));
+}
+
+XGRAD_CLONES void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale) {
+  for (std::size_t i = 0; i < n; ++i) dx[i] = g[i] * (scale * static_cast<float>(keep[i]));
+}
+
+}  // namespace xgrad::kernels

@@ -1,0 +1,24 @@
+// The hottest elementwise loops, compiled twice on x86-64 (for AVX2 and for the baseline SSE2)
+// with the copy picked when the library loads, so one binary runs everywhere and uses 8-wide
+// vectors where the CPU has them. Both copies do the same IEEE operations per element (no FMA
+// contraction), so they give the same bits. Each call handles elements [0, n) of its pointers;
+// the ops split their work across threads and call these per range.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace xgrad::kernels {
+
+// y = x Phi(x), the exact (erf) GELU.
+void gelu_forward(const float* x, float* y, std::size_t n);
+// dx = g (Phi(x) + x phi(x)).
+void gelu_backward(const float* x, const float* g, float* dx, std::size_t n);
+// Dropout's keep flags and output for elements first .. first + n - 1 of a tensor: keep = 1 when
+// the keyed hash of the element's index is at least `threshold`, y = x keep scale.
+void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n, std::uint32_t k0,
+                     std::uint32_t k1, std::uint32_t threshold, float scale);
+// dx = g keep scale.
+void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale);
+
+}  // namespace xgrad::kernels
