@@ -2,6 +2,8 @@
 // resolves the call once, at load time, from the CPU's features.
 #include "xgrad/core/vector_kernels.hpp"
 
+#include <cmath>
+
 #include "xgrad/core/fast_math.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -52,6 +54,19 @@ XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, 
 
 XGRAD_CLONES void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale) {
   for (std::size_t i = 0; i < n; ++i) dx[i] = g[i] * (scale * static_cast<float>(keep[i]));
+}
+
+XGRAD_CLONES void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const AdamStep& s) {
+  const float b1 = s.b1, b2 = s.b2, eps = s.eps, wd = s.wd, decay = s.decay, step_size = s.step_size;
+  const float bias2_sqrt = s.bias2_sqrt;
+  const bool decoupled = s.decoupled;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = decoupled ? grad[i] : grad[i] + wd * p[i];
+    p[i] *= decay;
+    m[i] = b1 * m[i] + (1.f - b1) * g;
+    v[i] = b2 * v[i] + (1.f - b2) * g * g;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
+  }
 }
 
 }  // namespace xgrad::kernels

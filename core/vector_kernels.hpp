@@ -21,4 +21,13 @@ void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t f
 // dx = g keep scale.
 void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale);
 
+// One Adam / AdamW step over n elements (see optim/adam.cpp for the formula): g = grad (+ wd p
+// unless decoupled); p *= decay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= step_size m / (sqrt(v) / bias2_sqrt + eps).
+struct AdamStep {
+  float b1, b2, eps, wd, decay, step_size, bias2_sqrt;
+  bool decoupled;
+};
+void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const AdamStep& s);
+
 }  // namespace xgrad::kernels

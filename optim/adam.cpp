@@ -5,6 +5,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/parallel.hpp"
+#include "xgrad/core/vector_kernels.hpp"
 
 namespace xgrad::optim {
 
@@ -41,15 +42,9 @@ void Adam::update(Array& param, const Array& grad, ParamState& state) {
   const float* g0 = grad.data();
   float* m = state.slots[0].data();
   float* v = state.slots[1].data();
-  const bool decoupled = decoupled_;
-  parallel_for(param.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) {
-    for (std::size_t i = lo; i < hi; ++i) {
-      const float g = decoupled ? g0[i] : g0[i] + wd * p[i];
-      p[i] *= decay;
-      m[i] = b1 * m[i] + (1.f - b1) * g;
-      v[i] = b2 * v[i] + (1.f - b2) * g * g;
-      p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
-    }
+  const kernels::AdamStep s{b1, b2, eps, wd, decay, step_size, bias2_sqrt, decoupled_};
+  parallel_for(param.size(), kGrainCostly, [&](std::size_t lo, std::size_t hi) {
+    kernels::adam_update(p + lo, g0 + lo, m + lo, v + lo, hi - lo, s);
   });
 }
 
