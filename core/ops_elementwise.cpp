@@ -39,20 +39,31 @@ Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd, std::size_t grai
   });
 }
 
-// Checks that two inputs broadcast and evaluates an xtensor expression over them.
-template <class F>
-Array binary_value(const char* op, const Tensor& a, const Tensor& b, F f) {
+// Checks that two inputs broadcast and computes y = f(a, b): a plain loop split across the
+// kernel threads when the shapes are equal (the residual sums), else xtensor's broadcasting
+// expression `expr`.
+template <class F, class Expr>
+Array binary_value(const char* op, const Tensor& a, const Tensor& b, F f, Expr expr) {
   check_defined(a, op);
   check_defined(b, op);
   broadcast_shapes(a.shape(), b.shape(), op);
-  return f(a.value(), b.value());
+  if (a.shape() != b.shape()) return expr(a.value(), b.value());
+  Array y = Array::from_shape(a.shape());
+  const float* x = a.value().data();
+  const float* z = b.value().data();
+  float* out = y.data();
+  parallel_for(y.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) out[i] = f(x[i], z[i]);
+  });
+  return y;
 }
 
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
   // y = a + b
-  Array y = binary_value("add", a, b, [](const Array& x, const Array& z) -> Array { return x + z; });
+  Array y = binary_value("add", a, b, [](float x, float z) { return x + z; },
+                         [](const Array& x, const Array& z) -> Array { return x + z; });
   return record("add", std::move(y), {a, b}, [](GradContext& ctx) {
     // da = g, db = g (each summed over its broadcast axes)
     if (ctx.needs(0)) ctx.accumulate_reduced(0, ctx.grad_out());
@@ -62,7 +73,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   // y = a - b
-  Array y = binary_value("sub", a, b, [](const Array& x, const Array& z) -> Array { return x - z; });
+  Array y = binary_value("sub", a, b, [](float x, float z) { return x - z; },
+                         [](const Array& x, const Array& z) -> Array { return x - z; });
   return record("sub", std::move(y), {a, b}, [](GradContext& ctx) {
     // da = g, db = -g
     if (ctx.needs(0)) ctx.accumulate_reduced(0, ctx.grad_out());
@@ -72,7 +84,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   // y = a * b
-  Array y = binary_value("mul", a, b, [](const Array& x, const Array& z) -> Array { return x * z; });
+  Array y = binary_value("mul", a, b, [](float x, float z) { return x * z; },
+                         [](const Array& x, const Array& z) -> Array { return x * z; });
   return record("mul", std::move(y), {a, b}, [](GradContext& ctx) {
     // da = g * b, db = g * a
     if (ctx.needs(0)) ctx.accumulate_reduced(0, Array(ctx.grad_out() * ctx.input(1)));
@@ -82,7 +95,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   // y = a / b
-  Array y = binary_value("div", a, b, [](const Array& x, const Array& z) -> Array { return x / z; });
+  Array y = binary_value("div", a, b, [](float x, float z) { return x / z; },
+                         [](const Array& x, const Array& z) -> Array { return x / z; });
   return record("div", std::move(y), {a, b}, [](GradContext& ctx) {
     // da = g / b, db = -g * a / b^2 = -g * y / b
     if (ctx.needs(0)) ctx.accumulate_reduced(0, Array(ctx.grad_out() / ctx.input(1)));

@@ -169,13 +169,22 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     ++count;
   }
   // loss = mean over kept rows of (log sum_j exp x_j) - x_target
+  // (per-row terms across the kernel threads, then summed in row order)
   const float* x = logits.value().data();
+  const std::int64_t* tg = targets.data();
+  std::vector<float> row_loss(rows, 0.f);
+  float* rl = row_loss.data();
+  const std::size_t row_grain = std::max<std::size_t>(1, kGrainCostly / std::max<std::size_t>(C, 1));
+  parallel_for(rows, row_grain, [=](std::size_t lo, std::size_t hi) {
+    for (std::size_t r = lo; r < hi; ++r) {
+      if (tg[r] == ignore_index) continue;
+      const auto [m, lse] = max_and_log_sum(x + r * C, C, 1);
+      rl[r] = m + lse - x[r * C + tg[r]];
+    }
+  });
   double total = 0;
   for (std::size_t r = 0; r < rows; ++r) {
-    const std::int64_t t = targets.data()[r];
-    if (t == ignore_index) continue;
-    const auto [m, lse] = max_and_log_sum(x + r * C, C, 1);
-    total += static_cast<double>(m + lse - x[r * C + t]);
+    if (tg[r] != ignore_index) total += static_cast<double>(rl[r]);
   }
   const float loss = count ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
   return record("cross_entropy", Array(loss), {logits}, [targets, ignore_index, count, C](GradContext& ctx) {
@@ -183,15 +192,19 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     if (count == 0) return;
     const float scale = ctx.grad_out().data()[0] / static_cast<float>(count);
     const float* x = ctx.input(0).data();
-    Array& dx = ctx.grad_buffer(0);
-    for (std::size_t r = 0; r < targets.size(); ++r) {
-      const std::int64_t t = targets.data()[r];
-      if (t == ignore_index) continue;
-      const auto [m, lse] = max_and_log_sum(x + r * C, C, 1);
-      float* d = dx.data() + r * C;
-      for (std::size_t j = 0; j < C; ++j) d[j] += scale * std::exp(x[r * C + j] - m - lse);
-      d[t] -= scale;
-    }
+    float* dx = ctx.grad_buffer(0).data();
+    const std::int64_t* tg = targets.data();
+    parallel_for(targets.size(), std::max<std::size_t>(1, kGrainCostly / std::max<std::size_t>(C, 1)),
+                 [=](std::size_t lo, std::size_t hi) {
+      for (std::size_t r = lo; r < hi; ++r) {
+        const std::int64_t t = tg[r];
+        if (t == ignore_index) continue;
+        const auto [m, lse] = max_and_log_sum(x + r * C, C, 1);
+        float* d = dx + r * C;
+        for (std::size_t j = 0; j < C; ++j) d[j] += scale * std::exp(x[r * C + j] - m - lse);
+        d[t] -= scale;
+      }
+    });
   });
 }
 

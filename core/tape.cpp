@@ -159,7 +159,9 @@ void GradContext::accumulate(std::size_t i, Array&& g) {
 Array& GradContext::grad_buffer(std::size_t i) {
   Node& n = prepare(i);
   if (!n.has_pending) {
-    n.pending = xt::zeros<float>(n.value->shape());
+    n.pending = Array::from_shape(n.value->shape());
+    float* d = n.pending.data();
+    parallel_for(n.pending.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) { std::fill(d + lo, d + hi, 0.f); });
     n.has_pending = true;
     current_pass->touched.push_back(entry_.inputs[i]);
   }
@@ -168,7 +170,11 @@ Array& GradContext::grad_buffer(std::size_t i) {
 
 void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
   if (g.shape() == entry_.inputs.at(i)->value->shape()) {
-    accumulate(i, Array(g));
+    Array copy = Array::from_shape(g.shape());
+    const float* s = g.data();
+    float* d = copy.data();
+    parallel_for(g.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) { std::copy(s + lo, s + hi, d + lo); });
+    accumulate(i, std::move(copy));
   } else {
     add_reduced(grad_buffer(i), g);
   }
