@@ -54,6 +54,14 @@ def main():
     for c, th, xm, tm, xt, tt, xr, tr, gf, pf in rows:
         print(f"{c:9} {th:>7} {xm:>9.1f} {tm:>9.1f} {xt:>12.0f} {tt:>12.0f} {xt / tt:>7.2f}x {xr:>9.0f} {tr:>9.0f} "
               f"{gf:>8.1f} {pf:>7.0%}")
+    # Each implementation against its own 1-thread run, when the run measured both.
+    by_key = {(c, th): (xt, tt) for c, th, xm, tm, xt, tt, *rest in rows}
+    scaling = [(c, th, xt / by_key[(c, 1)][0], tt / by_key[(c, 1)][1])
+               for c, th, xm, tm, xt, tt, *rest in rows if th != 1 and (c, 1) in by_key]
+    if scaling:
+        print(f"\n{'config':9} {'threads':>7} {'xgrad vs its 1 thread':>22} {'torch vs its 1 thread':>22}")
+        for c, th, xs, ts in scaling:
+            print(f"{c:9} {th:>7} {xs:>21.2f}x {ts:>21.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1)

@@ -290,23 +290,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   float* means = mean.data();
   float* rstds = rstd.data();
   parallel_for(rows, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(C, 1)), [=](std::size_t lo, std::size_t hi) {
-    for (std::size_t r = lo; r < hi; ++r) {
-      const float* row = xs + r * C;
-      float m = 0.f;
-      for (std::size_t j = 0; j < C; ++j) m += row[j];
-      m /= static_cast<float>(C);
-      float var = 0.f;
-      for (std::size_t j = 0; j < C; ++j) var += (row[j] - m) * (row[j] - m);
-      var /= static_cast<float>(C);
-      const float rs = 1.f / std::sqrt(var + eps);
-      means[r] = m;
-      rstds[r] = rs;
-      float* out = ys + r * C;
-      for (std::size_t j = 0; j < C; ++j) {
-        const float h = (row[j] - m) * rs;
-        out[j] = (gm ? h * gm[j] : h) + (bt ? bt[j] : 0.f);
-      }
-    }
+    kernels::layer_norm_forward(xs + lo * C, gm, bt, ys + lo * C, means + lo, rstds + lo, hi - lo, C, eps);
   });
   const bool has_gamma = gamma.defined();
   return record("layer_norm", std::move(y), {x, gamma, beta},
@@ -325,25 +309,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     const std::size_t row_grain = std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(C, 1));
     if (dx) {
       parallel_for(rows, row_grain, [=](std::size_t lo, std::size_t hi) {
-        const float inv_c = 1.f / static_cast<float>(C);
-        for (std::size_t r = lo; r < hi; ++r) {
-          const float* row = xs + r * C;
-          const float* gr = g + r * C;
-          const float m = means[r], rs = rstds[r];
-          float sum_dh = 0.f, sum_dh_h = 0.f;
-          for (std::size_t j = 0; j < C; ++j) {
-            const float h = (row[j] - m) * rs;
-            const float dh = gm ? gr[j] * gm[j] : gr[j];
-            sum_dh += dh;
-            sum_dh_h += dh * h;
-          }
-          float* d = dx + r * C;
-          for (std::size_t j = 0; j < C; ++j) {
-            const float h = (row[j] - m) * rs;
-            const float dh = gm ? gr[j] * gm[j] : gr[j];
-            d[j] += rs * (dh - sum_dh * inv_c - h * sum_dh_h * inv_c);
-          }
-        }
+        kernels::layer_norm_backward_input(xs + lo * C, g + lo * C, gm, means + lo, rstds + lo, dx + lo * C, hi - lo, C);
       });
     }
     if (dg || db) {

@@ -19,6 +19,19 @@ namespace {
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
+// sum over j < n of f(j) as 8 partial sums (j mod 8) added pairwise: the same order on every
+// target, and the compiler turns the partials into vector lanes.
+template <class F>
+inline float sum8(std::size_t n, F f) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (std::size_t l = 0; l < 8; ++l) acc[l] += f(j + l);
+  }
+  for (std::size_t l = 0; j < n; ++j, ++l) acc[l] += f(j);
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 }  // namespace
 
 XGRAD_CLONES void gelu_forward(const float* x, float* y, std::size_t n) {
@@ -54,6 +67,42 @@ XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, 
 
 XGRAD_CLONES void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale) {
   for (std::size_t i = 0; i < n; ++i) dx[i] = g[i] * (scale * static_cast<float>(keep[i]));
+}
+
+XGRAD_CLONES void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                                     float* rstd, std::size_t rows, std::size_t C, float eps) {
+  const float inv_c = 1.f / static_cast<float>(C);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * C;
+    const float m = sum8(C, [&](std::size_t j) { return row[j]; }) * inv_c;
+    const float var = sum8(C, [&](std::size_t j) { return (row[j] - m) * (row[j] - m); }) * inv_c;
+    const float rs = 1.f / std::sqrt(var + eps);
+    mean[r] = m;
+    rstd[r] = rs;
+    float* out = y + r * C;
+    for (std::size_t j = 0; j < C; ++j) {
+      const float h = (row[j] - m) * rs;
+      out[j] = (gamma ? h * gamma[j] : h) + (beta ? beta[j] : 0.f);
+    }
+  }
+}
+
+XGRAD_CLONES void layer_norm_backward_input(const float* x, const float* g, const float* gamma, const float* mean,
+                                            const float* rstd, float* dx, std::size_t rows, std::size_t C) {
+  const float inv_c = 1.f / static_cast<float>(C);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * C;
+    const float* gr = g + r * C;
+    const float m = mean[r], rs = rstd[r];
+    auto dh = [&](std::size_t j) { return gamma ? gr[j] * gamma[j] : gr[j]; };
+    const float sum_dh = sum8(C, dh);
+    const float sum_dh_h = sum8(C, [&](std::size_t j) { return dh(j) * ((row[j] - m) * rs); });
+    float* d = dx + r * C;
+    for (std::size_t j = 0; j < C; ++j) {
+      const float h = (row[j] - m) * rs;
+      d[j] += rs * (dh(j) - sum_dh * inv_c - h * sum_dh_h * inv_c);
+    }
+  }
 }
 
 XGRAD_CLONES void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const AdamStep& s) {

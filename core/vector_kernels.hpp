@@ -21,6 +21,15 @@ void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t f
 // dx = g keep scale.
 void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale);
 
+// Layer norm over rows of length C (see ops_nn.cpp for the formulas): y, and each row's mean and
+// 1 / sqrt(var + eps); gamma and beta may be null. Row sums use 8 running partial sums (element j
+// goes to partial j mod 8) added pairwise at the end, a fixed order that vectorizes.
+void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                        std::size_t rows, std::size_t C, float eps);
+// dx += rstd (dh - mean(dh) - xhat mean(dh xhat)) with dh = g gamma (g when gamma is null).
+void layer_norm_backward_input(const float* x, const float* g, const float* gamma, const float* mean, const float* rstd,
+                               float* dx, std::size_t rows, std::size_t C);
+
 // One Adam / AdamW step over n elements (see optim/adam.cpp for the formula): g = grad (+ wd p
 // unless decoupled); p *= decay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= step_size m / (sqrt(v) / bias2_sqrt + eps).
