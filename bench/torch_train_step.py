@@ -15,7 +15,8 @@ so that the benchmark does not depend on test files):
 Shapes: B batch, T length, C d_model, H heads, D head size (C / H), V vocabulary, F FFN width.
 
 Prints exactly one JSON line on stdout:
-  {"impl": "pytorch", "config", "threads", "ms_per_step" (median over the timed steps),
+  {"impl": "pytorch", "config", "threads" (OpenBLAS's), "intra_op_threads" (torch's own),
+   "ms_per_step" (median over the timed steps),
    "tokens_per_s" (B*T / median seconds), "peak_rss_mb" (ru_maxrss / 1024), "gflops"
    (matmul FLOPs of forward + backward / median seconds / 1e9), "torch_version"}
 Anything else goes to stderr.
@@ -200,22 +201,27 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", choices=sorted(CONFIGS), help="model size (one per process)")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="OpenBLAS threads, which run the GEMMs (default 1)")
+    parser.add_argument("--intra-op-threads", type=int, default=1,
+                        help="torch's own intra-op threads (default 1: its fastest setting here, see below)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--seed", type=int, default=1234, help="weights, dropout and data (default 1234)")
     parser.add_argument("--check", action="store_true",
                         help="train %d steps on tiny and print the first and last loss to stderr" % CHECK_STEPS)
     args = parser.parse_args()
-    if args.threads < 1 or args.steps < 1 or args.warmup < 0:
-        parser.error("--threads and --steps must be positive and --warmup non-negative")
+    if args.threads < 1 or args.intra_op_threads < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("--threads, --intra-op-threads and --steps must be positive and --warmup non-negative")
     if args.check and args.config not in (None, "tiny"):
         parser.error("--check runs the tiny configuration")
     if not args.check and args.config is None:
         parser.error("--config is required (unless --check)")
 
     torch.set_num_interop_threads(1)  # before any parallel work
-    torch.set_num_threads(args.threads)
+    # Two cores here: OpenBLAS on 2 threads with torch's own pool at 1 thread was PyTorch's fastest
+    # 2-thread setting (small: 437 ms per step, against 715-831 ms with both at 2 and 584-661 ms
+    # with torch at 2 and OpenBLAS at 1): the two pools' spinning threads fight over the cores.
+    torch.set_num_threads(args.intra_op_threads)
     blas_threads = set_blas_threads(args.threads)
     if blas_threads != args.threads:
         print("warning: OpenBLAS threads %r, wanted %d" % (blas_threads, args.threads), file=sys.stderr)
@@ -236,6 +242,7 @@ def main():
         "impl": "pytorch",
         "config": args.config,
         "threads": args.threads,
+        "intra_op_threads": args.intra_op_threads,
         "ms_per_step": round(median * 1e3, 3),
         "tokens_per_s": round(b * t / median, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

@@ -157,6 +157,7 @@ Pool& pool() {
 
 void set_num_threads(int n) {
   if (n < 1) fail("set_num_threads: thread count must be at least 1, got ", n);
+  if (inside_body) fail("set_num_threads: called from inside a parallel_for body");
   pool().resize(n);
 }
 

@@ -94,9 +94,13 @@ TEST_CASE("parallel_for inside a body runs serially and still covers its range",
   for (const auto& h : hits) REQUIRE(h.load() == 1);
 }
 
-TEST_CASE("set_num_threads rejects a count below 1", "[parallel][bad_input]") {
+TEST_CASE("set_num_threads rejects a count below 1 and a call from inside a body", "[parallel][bad_input]") {
   CHECK_THROWS_AS(set_num_threads(0), Error);
   CHECK_THROWS_WITH(set_num_threads(-2), Catch::Contains("set_num_threads: thread count must be at least 1, got -2"));
+  ThreadCount tc(2);
+  CHECK_THROWS_WITH(parallel_for(1000, 10, [](std::size_t, std::size_t) { set_num_threads(1); }),
+                    Catch::Contains("set_num_threads: called from inside a parallel_for body"));
+  REQUIRE(num_threads() == 2);
 }
 
 namespace {
