@@ -5,8 +5,6 @@
 //
 // Shapes: B batch, T query length, S key length, H heads, D head width, C = H*D.
 #include <algorithm>
-#include <cmath>
-#include <limits>
 
 #include "xgrad/core/blas.hpp"
 #include "xgrad/core/error.hpp"
@@ -14,6 +12,7 @@
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/parallel.hpp"
 #include "xgrad/core/tape.hpp"
+#include "xgrad/core/vector_kernels.hpp"
 
 namespace xgrad {
 
@@ -70,19 +69,8 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
                 0.f, P, d.S);
     // Row softmax over the kept keys (s <= t when causal, mask false); a row with none kept is 0.
     for (std::size_t t = 0; t < d.T; ++t) {
-      float* row = P + t * d.S;
       const std::uint8_t* keep_row = kp ? kp + ((b * d.H + h) * d.T + t) * d.S : nullptr;
-      const std::size_t end = causal ? std::min(d.S, t + 1) : d.S;  // keys at or past `end` are masked
-      auto kept = [&](std::size_t s) { return s < end && (!keep_row || keep_row[s]); };
-      float m = -std::numeric_limits<float>::infinity();
-      for (std::size_t s = 0; s < d.S; ++s) {
-        if (kept(s)) m = std::max(m, row[s]);
-      }
-      if (!std::isfinite(m)) m = 0.f;
-      float sum = 0.f;
-      for (std::size_t s = 0; s < d.S; ++s) sum += row[s] = kept(s) ? std::exp(row[s] - m) : 0.f;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      for (std::size_t s = 0; s < d.S; ++s) row[s] *= inv;
+      kernels::masked_softmax_row(P + t * d.S, d.S, causal ? std::min(d.S, t + 1) : d.S, keep_row);
     }
   });
   return record("attention_weights", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
@@ -98,14 +86,7 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
     float* DZ = dz_all.data();
     for_each_head(d, d.T * d.S * (2 * d.D + 4), [&](std::size_t b, std::size_t h) {
       const std::size_t at = (b * d.H + h) * d.T * d.S;
-      for (std::size_t t = 0; t < d.T; ++t) {
-        const float* p = P + at + t * d.S;
-        const float* g = G + at + t * d.S;
-        float* dz = DZ + at + t * d.S;
-        float dot = 0.f;
-        for (std::size_t s = 0; s < d.S; ++s) dot += g[s] * p[s];
-        for (std::size_t s = 0; s < d.S; ++s) dz[s] = p[s] * (g[s] - dot);
-      }
+      for (std::size_t t = 0; t < d.T; ++t) kernels::softmax_row_backward(P + at + t * d.S, G + at + t * d.S, DZ + at + t * d.S, d.S);
       const std::size_t q_at = b * d.T * d.C + h * d.D, k_at = b * d.S * d.C + h * d.D;
       if (dQ) blas::sgemm(false, false, d.T, d.D, d.S, scale, DZ + at, d.S, K + k_at, d.C, 1.f, dQ + q_at, d.C);
       if (dK) blas::sgemm(true, false, d.S, d.D, d.T, scale, DZ + at, d.S, Q + q_at, d.C, 1.f, dK + k_at, d.C);

@@ -2,7 +2,9 @@
 // resolves the call once, at load time, from the CPU's features.
 #include "xgrad/core/vector_kernels.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "xgrad/core/fast_math.hpp"
 
@@ -67,6 +69,42 @@ XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, 
 
 XGRAD_CLONES void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale) {
   for (std::size_t i = 0; i < n; ++i) dx[i] = g[i] * (scale * static_cast<float>(keep[i]));
+}
+
+namespace {
+
+// See masked_softmax_row; kept(s) must read no memory conditionally, so the loops vectorize.
+template <class Kept>
+inline void softmax_row(float* row, std::size_t n, Kept kept) {
+  constexpr float kLowest = -std::numeric_limits<float>::infinity();
+  float part[8] = {kLowest, kLowest, kLowest, kLowest, kLowest, kLowest, kLowest, kLowest};
+  std::size_t s = 0;
+  for (; s + 8 <= n; s += 8) {
+    for (std::size_t l = 0; l < 8; ++l) part[l] = std::max(part[l], kept(s + l) ? row[s + l] : kLowest);
+  }
+  for (std::size_t l = 0; s < n; ++s, ++l) part[l] = std::max(part[l], kept(s) ? row[s] : kLowest);
+  float m = kLowest;
+  for (float v : part) m = std::max(m, v);
+  if (!(m > kLowest && m < -kLowest)) m = 0.f;  // nothing kept (or an infinite score): keep arithmetic finite
+  for (s = 0; s < n; ++s) row[s] = kept(s) ? fast::exp(row[s] - m) : 0.f;
+  const float total = sum8(n, [&](std::size_t j) { return row[j]; });
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  for (s = 0; s < n; ++s) row[s] *= inv;
+}
+
+}  // namespace
+
+XGRAD_CLONES void masked_softmax_row(float* row, std::size_t n, std::size_t end, const std::uint8_t* keep) {
+  if (keep) {
+    softmax_row(row, n, [&](std::size_t s) { return (s < end) & (keep[s] != 0); });
+  } else {
+    softmax_row(row, n, [&](std::size_t s) { return s < end; });
+  }
+}
+
+XGRAD_CLONES void softmax_row_backward(const float* p, const float* g, float* dz, std::size_t n) {
+  const float dot = sum8(n, [&](std::size_t s) { return g[s] * p[s]; });
+  for (std::size_t s = 0; s < n; ++s) dz[s] = p[s] * (g[s] - dot);
 }
 
 XGRAD_CLONES void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,

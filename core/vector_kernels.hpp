@@ -21,6 +21,13 @@ void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t f
 // dx = g keep scale.
 void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale);
 
+// Softmax of one row of n scores in place, over the kept entries only: entry s is kept when
+// s < end and keep (may be null) is nonzero there; the others become 0, and a row with none kept
+// is all zeros. exp is fast::exp (within 1.2e-7 relative of the C library's).
+void masked_softmax_row(float* row, std::size_t n, std::size_t end, const std::uint8_t* keep);
+// dz = p (g - sum_s g p) for one row of softmax output p.
+void softmax_row_backward(const float* p, const float* g, float* dz, std::size_t n);
+
 // Layer norm over rows of length C (see ops_nn.cpp for the formulas): y, and each row's mean and
 // 1 / sqrt(var + eps); gamma and beta may be null. Row sums use 8 running partial sums (element j
 // goes to partial j mod 8) added pairwise at the end, a fixed order that vectorizes.
