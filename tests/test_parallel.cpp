@@ -119,7 +119,7 @@ std::vector<Array> value_and_grads(int threads, const std::function<Tensor(const
 
 }  // namespace
 
-TEST_CASE("the elementwise, softmax, layer-norm, dropout and batched-matmul kernels give the same bits on 1, 2 and 3 threads",
+TEST_CASE("the elementwise, softmax, layer-norm, dropout, batched-matmul and attention kernels give the same bits on 1, 2 and 3 threads",
           "[parallel][determinism]") {
   Generator g(10);
   const Array x = g.uniform({16, 4, 32, 32}, -3.f, 3.f);  // 65536 elements: every kernel splits
@@ -138,6 +138,10 @@ TEST_CASE("the elementwise, softmax, layer-norm, dropout and batched-matmul kern
       {"dropout", [](const Tensor& a) { return dropout(a, 0.25f); }},
       {"a sum of two uses", [&](const Tensor& a) { return a * other + exp(a * 0.1f); }},
       {"batched matmul", [](const Tensor& a) { return matmul(a, a, false, true); }},
+      {"attention_weights and attend", [](const Tensor& a) {
+         const Tensor x = reshape(a, {64, 32, 32});  // (B, T, C) with 4 heads of 8
+         return attend(attention_weights(x, x, 4, 0.35f, true), x, 4);
+       }},
   };
   for (const auto& [name, fn] : kernels) {
     INFO(name);

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "training steps (--train)")->capture_default_str();
   app.add_option("--lr", lr, "AdamW learning rate (--train)")->capture_default_str();
   app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs (--train)")->capture_default_str();
-  app.add_option("--threads", threads, "OpenBLAS threads")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--out", out, "folder for the plots")->capture_default_str();
   app.add_option("--report", report_path, "write the JSON report here");
   app.add_flag("--quiet", quiet, "print only the tables");

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", c.dropout, "dropout")->capture_default_str();
   app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
   app.add_option("--seed", c.seed, "seed")->capture_default_str();
-  app.add_option("--threads", threads, "OpenBLAS threads")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")->capture_default_str();
   app.add_option("--eval-interval", c.eval_interval, "steps between validations")->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "validation batches")->capture_default_str();
