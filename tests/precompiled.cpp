@@ -1,0 +1,1 @@
+// Compiles the test suite's precompiled header (tests/CMakeLists.txt); every test reuses it.
