@@ -43,7 +43,7 @@ Heads check_heads(const char* op, const Tensor& q, const Tensor& kv, std::size_t
 // Runs task(b, h) for every batch entry and head, split across the kernel threads.
 template <class F>
 void for_each_head(const Heads& d, std::size_t work_per_head, F task) {
-  const std::size_t grain = std::max<std::size_t>(1, (std::size_t{1} << 20) / std::max<std::size_t>(work_per_head, 1));
+  const std::size_t grain = grain_for(kGrainGemm, work_per_head);
   parallel_for(d.B * d.H, grain, [&](std::size_t lo, std::size_t hi) {
     for (std::size_t bh = lo; bh < hi; ++bh) task(bh / d.H, bh % d.H);
   });

@@ -112,8 +112,7 @@ void for_each_batch(const Plan& p, std::size_t nb, bool disjoint, F gemm) {
     for (std::size_t q = 0; q < nb; ++q) gemm(q);
     return;
   }
-  const std::size_t work = std::max<std::size_t>(1, p.m * p.n * std::max<std::size_t>(p.k, 1));
-  parallel_for(nb, std::max<std::size_t>(1, (std::size_t{1} << 20) / work), [&](std::size_t lo, std::size_t hi) {
+  parallel_for(nb, grain_for(kGrainGemm, p.m * p.n * std::max<std::size_t>(p.k, 1)), [&](std::size_t lo, std::size_t hi) {
     for (std::size_t q = lo; q < hi; ++q) gemm(q);
   });
 }
@@ -206,7 +205,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   float* Y = y.data();
   if (bias.defined()) {
     const float* b = bias.value().data();
-    parallel_for(rows, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(out, 1)), [=](std::size_t lo, std::size_t hi) {
+    parallel_for(rows, grain_for(kGrainCheap, out), [=](std::size_t lo, std::size_t hi) {
       for (std::size_t r = lo; r < hi; ++r) std::copy(b, b + out, Y + r * out);
     });
   } else {
@@ -226,7 +225,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     if (ctx.needs(2)) {
       // Split by columns, each summed in row order by one thread.
       float* db = ctx.grad_buffer(2).data();
-      parallel_for(out, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(rows, 1)), [=](std::size_t lo, std::size_t hi) {
+      parallel_for(out, grain_for(kGrainCheap, rows), [=](std::size_t lo, std::size_t hi) {
         for (std::size_t r = 0; r < rows; ++r) {
           const float* g = G + r * out;
           for (std::size_t j = lo; j < hi; ++j) db[j] += g[j];

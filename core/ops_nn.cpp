@@ -25,7 +25,7 @@ namespace {
 // kernel threads (each slice is computed whole by one thread, so the split changes no value).
 template <class F>
 void for_each_slice(const AxisView& v, F f) {
-  const std::size_t grain = std::max<std::size_t>(1, kGrainCostly / std::max<std::size_t>(v.n, 1));
+  const std::size_t grain = grain_for(kGrainCostly, v.n);
   parallel_for(v.outer * v.inner, grain, [&](std::size_t lo, std::size_t hi) {
     for (std::size_t q = lo; q < hi; ++q) {
       const std::size_t o = q / v.inner, j = q % v.inner;
@@ -174,7 +174,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
   const std::int64_t* tg = targets.data();
   std::vector<float> row_loss(rows, 0.f);
   float* rl = row_loss.data();
-  const std::size_t row_grain = std::max<std::size_t>(1, kGrainCostly / std::max<std::size_t>(C, 1));
+  const std::size_t row_grain = grain_for(kGrainCostly, C);
   parallel_for(rows, row_grain, [=](std::size_t lo, std::size_t hi) {
     for (std::size_t r = lo; r < hi; ++r) {
       if (tg[r] == ignore_index) continue;
@@ -194,7 +194,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     const float* x = ctx.input(0).data();
     float* dx = ctx.grad_buffer(0).data();
     const std::int64_t* tg = targets.data();
-    parallel_for(targets.size(), std::max<std::size_t>(1, kGrainCostly / std::max<std::size_t>(C, 1)),
+    parallel_for(targets.size(), grain_for(kGrainCostly, C),
                  [=](std::size_t lo, std::size_t hi) {
       for (std::size_t r = lo; r < hi; ++r) {
         const std::int64_t t = tg[r];
@@ -289,7 +289,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   float* ys = y.data();
   float* means = mean.data();
   float* rstds = rstd.data();
-  parallel_for(rows, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(C, 1)), [=](std::size_t lo, std::size_t hi) {
+  parallel_for(rows, grain_for(kGrainCheap, C), [=](std::size_t lo, std::size_t hi) {
     kernels::layer_norm_forward(xs + lo * C, gm, bt, ys + lo * C, means + lo, rstds + lo, hi - lo, C, eps);
   });
   const bool has_gamma = gamma.defined();
@@ -306,7 +306,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     float* db = ctx.needs(2) ? ctx.grad_buffer(2).data() : nullptr;
     const float* means = mean.data();
     const float* rstds = rstd.data();
-    const std::size_t row_grain = std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(C, 1));
+    const std::size_t row_grain = grain_for(kGrainCheap, C);
     if (dx) {
       parallel_for(rows, row_grain, [=](std::size_t lo, std::size_t hi) {
         kernels::layer_norm_backward_input(xs + lo * C, g + lo * C, gm, means + lo, rstds + lo, dx + lo * C, hi - lo, C);
@@ -314,7 +314,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     }
     if (dg || db) {
       // Sums over rows, split by columns: every column is summed in row order by one thread.
-      parallel_for(C, std::max<std::size_t>(1, kGrainCheap / std::max<std::size_t>(rows, 1)), [=](std::size_t lo, std::size_t hi) {
+      parallel_for(C, grain_for(kGrainCheap, rows), [=](std::size_t lo, std::size_t hi) {
         for (std::size_t r = 0; r < rows; ++r) {
           const float* row = xs + r * C;
           const float* gr = g + r * C;

@@ -4,6 +4,7 @@
 // and took the cores from the elementwise kernels (sched_yield was 8% of a 2-thread step).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 
@@ -26,5 +27,10 @@ void parallel_for(std::size_t n, std::size_t grain, const std::function<void(std
 // costs tens of microseconds here, so a range should take longer than that.
 inline constexpr std::size_t kGrainCheap = 1 << 15;  // a few flops per element (copy, scale, add)
 inline constexpr std::size_t kGrainCostly = 1 << 12;  // tens of flops per element (erf, exp)
+inline constexpr std::size_t kGrainGemm = std::size_t{1} << 20;  // multiply-adds of matrix products
+
+// The grain in items (rows, heads, batch entries) when each item costs `cost` units of work and
+// a range should hold at least `grain` units: at least 1.
+inline std::size_t grain_for(std::size_t grain, std::size_t cost) { return std::max<std::size_t>(1, grain / std::max<std::size_t>(cost, 1)); }
 
 }  // namespace xgrad
