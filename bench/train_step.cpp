@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/cli.hpp"
 #include "xgrad/xgrad.hpp"
 
 using namespace xgrad;
@@ -117,18 +118,19 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"xgrad train-step benchmark: one JSON line per configuration."};
+  CLI::App app{"xgrad train-step benchmark: one JSON line per configuration.", "bench_train_step"};
   std::string config = "tiny";
   int threads = 1;
   std::size_t steps = 20, warmup = 3;
   app.add_option("--config", config, "tiny, small or standard")->check(CLI::IsMember({"tiny", "small", "standard"}))->capture_default_str();
-  app.add_option("--threads", threads, "threads for OpenBLAS and the kernels")->check(CLI::Range(1, 256))->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  set_num_threads(threads);
-  for (const BenchConfig& c : kConfigs) {
-    if (c.name == config) std::printf("%s\n", run(c, threads, steps, warmup).dump().c_str());
-  }
-  return 0;
+  app.add_option("--threads", threads, "threads for OpenBLAS and the kernels")->transform(cli::count(1, 256))->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->transform(cli::count(1, 1000000))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->transform(cli::count(0, 1000000))->capture_default_str();
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
+  return cli::run("bench_train_step", [&] {
+    set_num_threads(threads);
+    for (const BenchConfig& c : kConfigs) {
+      if (c.name == config) std::printf("%s\n", run(c, threads, steps, warmup).dump().c_str());
+    }
+  });
 }

@@ -243,7 +243,9 @@ Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
   // the same generator state gives the same mask on every platform, and the loop vectorizes,
   // where one mt19937 draw per element took a quarter of a small training step.
   const float scale = 1.f / (1.f - p);
-  const std::uint32_t k0 = gen.next_u32(), k1 = gen.next_u32();
+  // One locked draw of both halves, so threads sharing gen never interleave inside a key.
+  const std::uint64_t key = gen.next_u64();
+  const auto k0 = static_cast<std::uint32_t>(key >> 32), k1 = static_cast<std::uint32_t>(key);
   const auto threshold = static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0);  // P(h < t) = p
   const std::size_t n = a.size();
   std::vector<std::uint8_t> keep(n);

@@ -47,7 +47,9 @@ class Pool {
  public:
   ~Pool() { stop_workers(); }
 
+  // Reads without the run lock once started, so a body may ask (its caller holds that lock).
   int threads() {
+    if (const int t = threads_.load()) return t;
     std::lock_guard<std::mutex> lock(run_mutex_);
     ensure_started();
     return threads_;
@@ -61,11 +63,13 @@ class Pool {
   }
 
   void run(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& body) {
-    // Another thread's kernels hold the pool, or we are inside a body: run here, serially.
+    // Inside a body (this thread may hold run_mutex_ already: try_lock on it would be undefined),
+    // or another user thread's kernels hold the pool: run here, serially.
+    if (inside_body) return body(0, n);
     std::unique_lock<std::mutex> run_lock(run_mutex_, std::try_to_lock);
-    if (!run_lock.owns_lock() || inside_body) return body(0, n);
+    if (!run_lock.owns_lock()) return body(0, n);
     ensure_started();
-    const std::size_t ranges = std::min<std::size_t>(threads_, n / std::max<std::size_t>(grain, 1));
+    const std::size_t ranges = std::min<std::size_t>(threads_.load(), n / std::max<std::size_t>(grain, 1));
     if (ranges <= 1) {
       run_lock.unlock();
       return body(0, n);
@@ -137,8 +141,8 @@ class Pool {
     }
   }
 
-  std::mutex run_mutex_;  // one parallel_for (or resize) at a time
-  int threads_ = 0;       // 0 until first use
+  std::mutex run_mutex_;          // one parallel_for (or resize) at a time
+  std::atomic<int> threads_{0};   // 0 until first use; written under run_mutex_
   std::vector<std::thread> workers_;
 
   std::mutex mutex_;  // guards job_, generation_, stop_ and Job::workers_inside

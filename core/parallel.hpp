@@ -20,7 +20,8 @@ int num_threads();
 // thread takes part and returns when every range is done. Each index belongs to exactly one
 // range and a range is processed in order, so a body that writes only its own indices gives the
 // same result for every thread count. An exception thrown by a body is rethrown here. Calls
-// from inside a body run serially.
+// from inside a body run serially, and so does a call from another user thread while one call
+// holds the kernel threads (it never waits for them, so user threads cannot deadlock here).
 void parallel_for(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& body);
 
 // Grains (elements per range) for kernels of different cost: a wake-up of a sleeping thread

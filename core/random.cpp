@@ -8,28 +8,68 @@
 
 namespace xgrad {
 
+Generator::Generator(const Generator& other) {
+  std::lock_guard<std::mutex> lock(other.mutex_);
+  engine_ = other.engine_;
+}
+
+Generator& Generator::operator=(const Generator& other) {
+  if (this == &other) return *this;
+  std::scoped_lock lock(mutex_, other.mutex_);
+  engine_ = other.engine_;
+  return *this;
+}
+
 void Generator::manual_seed(std::uint64_t seed) {
+  std::lock_guard<std::mutex> lock(mutex_);
   // Fold 64 bits into mt19937's 32-bit seed; the standard fixes the resulting sequence.
   engine_.seed(static_cast<std::uint32_t>(seed ^ (seed >> 32)));
 }
 
-float Generator::uniform() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }
+std::uint32_t Generator::next_u32() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return draw();
+}
 
-float Generator::uniform(float low, float high) {
+std::uint64_t Generator::next_u64() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::uint64_t first = draw();
+  return first << 32 | draw();
+}
+
+float Generator::uniform() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return draw_unit();
+}
+
+float Generator::draw_uniform(float low, float high) {
   // low + (high - low) u can round up to high itself when low is large against the span.
-  const float x = low + (high - low) * uniform();
+  const float x = low + (high - low) * draw_unit();
   return x < high ? x : std::nextafter(high, low);
 }
 
-float Generator::normal() {
+float Generator::uniform(float low, float high) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return draw_uniform(low, high);
+}
+
+float Generator::draw_normal() {
   // Box-Muller with u1 in (0, 1] so the log is finite; computed in double, rounded once.
-  const double u1 = 1.0 - static_cast<double>(next_u32() >> 8) / 16777216.0;
-  const double u2 = static_cast<double>(next_u32() >> 8) / 16777216.0;
+  const double u1 = 1.0 - static_cast<double>(draw() >> 8) / 16777216.0;
+  const double u2 = static_cast<double>(draw() >> 8) / 16777216.0;
   const double two_pi = 6.283185307179586476925;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(two_pi * u2));
 }
 
-float Generator::normal(float mean, float stddev) { return mean + stddev * normal(); }
+float Generator::normal() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return draw_normal();
+}
+
+float Generator::normal(float mean, float stddev) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mean + stddev * draw_normal();
+}
 
 std::uint64_t Generator::below(std::uint64_t n) {
   if (n == 0) fail("Generator::below: n must be positive");
@@ -37,27 +77,31 @@ std::uint64_t Generator::below(std::uint64_t n) {
   // Rejection sampling: accept only draws below the largest multiple of n.
   const std::uint64_t span = 0x100000000ull;
   const std::uint64_t limit = span - span % n;
+  std::lock_guard<std::mutex> lock(mutex_);
   std::uint64_t x;
   do {
-    x = next_u32();
+    x = draw();
   } while (x >= limit);
   return x % n;
 }
 
 Array Generator::uniform(const Shape& shape, float low, float high) {
   Array a = Array::from_shape(shape);
-  for (float& v : a) v = uniform(low, high);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (float& v : a) v = draw_uniform(low, high);
   return a;
 }
 
 Array Generator::normal(const Shape& shape, float mean, float stddev) {
   Array a = Array::from_shape(shape);
-  for (float& v : a) v = normal(mean, stddev);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (float& v : a) v = mean + stddev * draw_normal();
   return a;
 }
 
 std::string Generator::state() const {
   std::ostringstream os;
+  std::lock_guard<std::mutex> lock(mutex_);
   os << engine_;
   return os.str();
 }
@@ -67,6 +111,7 @@ void Generator::set_state(const std::string& state) {
   std::mt19937 e;
   is >> e;
   if (is.fail()) fail("Generator::set_state: not a generator state (", state.size(), " characters)");
+  std::lock_guard<std::mutex> lock(mutex_);
   engine_ = e;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <random>
 #include <string>
 
@@ -11,12 +12,19 @@
 
 namespace xgrad {
 
+// A Generator may be shared by threads (two threads training one module draw dropout masks
+// from its Generator): every call below is one atomic step under the generator's mutex, so
+// threads never race on the engine; which thread gets which numbers depends on timing.
 class Generator {
  public:
   explicit Generator(std::uint64_t seed = 0) { manual_seed(seed); }
+  // Copies the engine's state (the copy is an independent stream continuing from it).
+  Generator(const Generator& other);
+  Generator& operator=(const Generator& other);
   void manual_seed(std::uint64_t seed);
 
-  std::uint32_t next_u32() { return static_cast<std::uint32_t>(engine_()); }
+  std::uint32_t next_u32();
+  std::uint64_t next_u64();               // (first draw << 32) | second draw
   float uniform();                        // [0, 1), from the top 24 bits of one draw
   float uniform(float low, float high);   // [low, high)
   float normal();                         // N(0, 1) by Box-Muller
@@ -31,10 +39,19 @@ class Generator {
   void set_state(const std::string& state);
 
  private:
+  // The draws themselves; callers hold mutex_.
+  std::uint32_t draw() { return static_cast<std::uint32_t>(engine_()); }
+  float draw_unit() { return static_cast<float>(draw() >> 8) * (1.0f / 16777216.0f); }  // [0, 1)
+  float draw_uniform(float low, float high);
+  float draw_normal();
+
+  mutable std::mutex mutex_;
   std::mt19937 engine_;
 };
 
-// The generator used when none is given; manual_seed resets it.
+// The generator used when none is given; manual_seed resets it. Each thread has its own,
+// seeded 0. nn::Dropout keeps a pointer to the generator it was given: one built with the
+// default must not draw after the thread that built it has ended.
 Generator& default_generator();
 void manual_seed(std::uint64_t seed);
 

@@ -1,22 +1,16 @@
-// safetensors reading (defensive: the file may be truncated, corrupted or hostile) and
-// atomic writing.
+// safetensors reading (defensive: the file may be truncated, corrupted or hostile; a file is
+// checked against its size before its data is read) and atomic writing.
 #include "xgrad/core/safetensors.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <limits>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/file_io.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors stores little-endian data; this host is not");
 
@@ -47,28 +41,50 @@ struct Span {
   std::size_t index;
 };
 
-}  // namespace
+// Errors of one input: "load_safetensors: <what>: ...".
+struct Bad {
+  const std::string& what;
+  template <class... Parts>
+  [[noreturn]] void operator()(const Parts&... parts) const {
+    fail("load_safetensors: ", what, ": ", parts...);
+  }
+};
 
-SafetensorsContents parse_safetensors(const std::string& bytes, const std::string& what) {
-  auto bad = [&](const auto&... parts) { fail("load_safetensors: ", what, ": ", parts...); };
-  if (bytes.size() < 8) bad("truncated: ", bytes.size(), " bytes, fewer than the 8-byte header length");
-  const std::uint64_t n = read_u64_le(bytes.data());
+// The header length from the first 8 of `total` bytes, checked against the limit and the total.
+std::uint64_t header_length(const char* first8, std::uint64_t total, const Bad& bad) {
+  if (total < 8) bad("truncated: ", total, " bytes, fewer than the 8-byte header length");
+  const std::uint64_t n = read_u64_le(first8);
   if (n > kMaxHeader) bad("header length ", n, " exceeds the 100 MB limit");
-  if (n > bytes.size() - 8) bad("truncated: header length ", n, " but only ", bytes.size() - 8, " bytes follow");
-  const std::uint64_t data_size = bytes.size() - 8 - n;
-  const char* data = bytes.data() + 8 + n;
+  if (n > total - 8) bad("truncated: header length ", n, " but only ", total - 8, " bytes follow");
+  return n;
+}
 
+struct Entry {
+  std::string name;
+  Shape shape;
+  std::uint64_t begin, end;
+};
+
+struct Header {
+  std::vector<Entry> entries;  // by data offset, covering the data exactly
+  Metadata metadata;
+};
+
+// Parses and checks the JSON header against a data section of data_size bytes, before any of
+// the data is read.
+Header parse_header(const char* text, std::uint64_t n, std::uint64_t data_size, const Bad& bad) {
   // The JSON reader stops at a NUL byte; a header must not hide bytes behind one.
-  if (std::memchr(bytes.data() + 8, '\0', n) != nullptr) bad("the header is not valid JSON: it contains a NUL byte");
+  if (std::memchr(text, '\0', n) != nullptr) bad("the header is not valid JSON: it contains a NUL byte");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    header = nlohmann::json::parse(text, text + n);
   } catch (const nlohmann::json::exception& e) {
     bad("the header is not valid JSON (", e.what(), ")");
   }
   if (!header.is_object()) bad("the header is not a JSON object");
 
-  SafetensorsContents out;
+  Header out;
+  std::vector<Entry> entries;
   std::vector<Span> spans;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -109,32 +125,64 @@ SafetensorsContents parse_safetensors(const std::string& bytes, const std::strin
     if (b > end) bad("tensor '", name, "' has reversed data_offsets [", b, ", ", end, "]");
     if (end > data_size) bad("tensor '", name, "' has data_offsets [", b, ", ", end, "] outside the ", data_size, "-byte data");
     if (end - b != count * 4) bad("tensor '", name, "' of shape ", shape_str(shape), " needs ", count * 4, " bytes, its offsets span ", end - b);
-    Array a = Array::from_shape(shape);
-    if (count) std::memcpy(a.data(), data + b, count * 4);
-    spans.push_back({b, end, out.tensors.size()});
-    out.tensors.emplace_back(name, std::move(a));
+    spans.push_back({b, end, entries.size()});
+    entries.push_back({name, std::move(shape), b, end});
   }
   // The data must be covered exactly: no holes, no overlaps.
   std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) { return x.begin < y.begin || (x.begin == y.begin && x.end < y.end); });
   std::uint64_t at = 0;
   for (const Span& s : spans) {
-    if (s.begin != at) bad("tensor '", out.tensors[s.index].first, "' starts at byte ", s.begin, ", expected ", at, " (a hole or an overlap)");
+    if (s.begin != at) bad("tensor '", entries[s.index].name, "' starts at byte ", s.begin, ", expected ", at, " (a hole or an overlap)");
     at = s.end;
   }
   if (at != data_size) bad("the data has ", data_size, " bytes but the tensors cover ", at);
-  NamedArrays ordered;
-  for (const Span& s : spans) ordered.push_back(std::move(out.tensors[s.index]));
-  out.tensors = std::move(ordered);
+  for (const Span& s : spans) out.entries.push_back(std::move(entries[s.index]));
+  return out;
+}
+
+}  // namespace
+
+SafetensorsContents parse_safetensors(const std::string& bytes, const std::string& what) {
+  const Bad bad{what};
+  const std::uint64_t n = header_length(bytes.data(), bytes.size(), bad);
+  const std::uint64_t data_size = bytes.size() - 8 - n;
+  Header header = parse_header(bytes.data() + 8, n, data_size, bad);
+  const char* data = bytes.data() + 8 + n;
+  SafetensorsContents out;
+  out.metadata = std::move(header.metadata);
+  for (Entry& e : header.entries) {
+    Array a = Array::from_shape(e.shape);
+    if (e.end > e.begin) std::memcpy(a.data(), data + e.begin, e.end - e.begin);
+    out.tensors.emplace_back(std::move(e.name), std::move(a));
+  }
   return out;
 }
 
 SafetensorsContents load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("load_safetensors: cannot open '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail("load_safetensors: error reading '", path, "'");
-  return parse_safetensors(ss.str(), "'" + path + "'");
+  remove_stale_temporaries(path);
+  const std::string what = "'" + path + "'";
+  const Bad bad{what};
+  // Everything is checked against the file's size before the data is read: a folder, a device or a
+  // fifo is refused when opened, a header that promises more than the file holds right after.
+  ReadableFile file(path, "load_safetensors");
+  const std::uint64_t total = file.size();
+  char first8[8] = {};
+  file.read_exact(first8, static_cast<std::size_t>(std::min<std::uint64_t>(total, 8)));
+  const std::uint64_t n = header_length(first8, total, bad);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  file.read_exact(text.data(), text.size());
+  Header header = parse_header(text.data(), n, total - 8 - n, bad);
+
+  // The arrays are read in place, in file order (the entries cover the data without gaps).
+  SafetensorsContents out;
+  out.metadata = std::move(header.metadata);
+  for (Entry& e : header.entries) {
+    Array a = Array::from_shape(e.shape);
+    file.read_exact(reinterpret_cast<char*>(a.data()), static_cast<std::size_t>(e.end - e.begin));
+    out.tensors.emplace_back(std::move(e.name), std::move(a));
+  }
+  if (!file.at_end()) bad("the file grew while being read (it held ", total, " bytes when opened)");
+  return out;
 }
 
 void save_safetensors(const std::string& path, const NamedArrays& tensors, const Metadata& metadata) {
@@ -152,40 +200,14 @@ void save_safetensors(const std::string& path, const NamedArrays& tensors, const
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail("save_safetensors: cannot create '", tmp, "': ", std::strerror(errno));
-  auto write_all = [&](const void* p, std::size_t len) {
-    const char* c = static_cast<const char*>(p);
-    while (len > 0) {
-      const ssize_t w = ::write(fd, c, len);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return false;
-      c += w;
-      len -= static_cast<std::size_t>(w);
-    }
-    return true;
-  };
-  unsigned char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
-  bool ok = write_all(len_bytes, 8) && write_all(text.data(), text.size());
-  for (std::size_t i = 0; ok && i < tensors.size(); ++i) ok = write_all(tensors[i].second.data(), tensors[i].second.size() * 4);
-  const int err = errno;
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = ok ? errno : err;
-    ::unlink(tmp.c_str());
-    fail("save_safetensors: writing '", path, "' failed: ", std::strerror(e), " (any earlier file there is unchanged)");
-  }
-  // Make the rename itself durable.
-  const std::string::size_type slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
+  // The arrays' own bytes, not a copy: a checkpoint may be most of the memory in use.
+  std::vector<std::string_view> chunks = {{len_bytes, 8}, text};
+  for (const auto& [name, a] : tensors) chunks.emplace_back(reinterpret_cast<const char*>(a.data()), a.size() * 4);
+  // First, so a disk filled by killed saves' leftovers has room again.
+  remove_stale_temporaries(path);
+  write_file_atomically(path, chunks, "save_safetensors");
 }
 
 }  // namespace xgrad

@@ -2,8 +2,13 @@
 #include "xgrad/core/tape.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "xgrad/core/broadcast.hpp"
 #include "xgrad/core/error.hpp"
@@ -13,15 +18,25 @@ namespace xgrad {
 
 namespace {
 
+std::atomic<std::uint64_t> last_tape_id{0};
+
 struct Tape {
+  std::uint64_t id = ++last_tape_id;  // never reused, so a dead thread's id matches no tape
   std::vector<std::shared_ptr<TapeEntry>> entries;  // in recording order
   std::uint64_t next_seq = 0;
   std::size_t prune_at = 4096;
 };
 
-// State of the backward pass running on this thread: nodes holding a pending gradient.
+// State of the backward pass running on this thread. A non-leaf's pending gradient lives on
+// its node (only this thread records or sweeps it); a leaf's lives here, since passes on
+// other threads may be gathering gradients for the same leaf at the same time.
 struct Pass {
-  std::vector<std::shared_ptr<Node>> touched;
+  std::vector<std::shared_ptr<Node>> touched;  // non-leaves holding a pending gradient
+  std::deque<std::pair<std::shared_ptr<Node>, Array>> leaves;  // first-touch order; a deque
+                                                               // keeps references stable
+  std::unordered_map<const Node*, Array*> leaf_index;
+  std::unordered_set<const Node*> delivered;  // leaves handed their gradient before the end
+  std::vector<std::function<void()>> callbacks;  // queue_backward_callback, run at the end
 };
 
 thread_local Tape tape;
@@ -51,6 +66,26 @@ std::size_t first_non_finite(const Array& a) {
   return a.size();
 }
 
+// The gradient gathered so far for n in the running pass, or null.
+Array* pending_of(Node& n) {
+  if (n.has_creator) return n.has_pending ? &n.pending : nullptr;
+  const auto it = current_pass->leaf_index.find(&n);
+  return it == current_pass->leaf_index.end() ? nullptr : it->second;
+}
+
+// Makes g the first pending gradient of n in the running pass.
+Array& start_pending(const std::shared_ptr<Node>& n, Array&& g) {
+  if (n->has_creator) {
+    n->pending = std::move(g);
+    n->has_pending = true;
+    current_pass->touched.push_back(n);
+    return n->pending;
+  }
+  Array& slot = current_pass->leaves.emplace_back(n, std::move(g)).second;
+  current_pass->leaf_index.emplace(n.get(), &slot);
+  return slot;
+}
+
 std::string describe(const Node& n) { return n.name.empty() ? std::string("an unnamed tensor") : "'" + n.name + "'"; }
 
 void add_into(Array& dst, const Array& src) {
@@ -62,7 +97,8 @@ void add_into(Array& dst, const Array& src) {
 }
 
 // The gradient has arrived in full at `node`: hooks see it, and a leaf or retain_grad tensor
-// keeps it (accumulating across backward calls, as PyTorch does).
+// keeps it (accumulating across backward calls, as PyTorch does). A leaf's caller holds its
+// grad_mutex.
 void deliver(Node& node, Array& grad) {
   for (auto& [id, hook] : node.hooks) {
     hook(grad);
@@ -87,6 +123,10 @@ void deliver(Node& node, Array& grad) {
     node.has_grad = true;
   }
 }
+
+const char* const kOtherThread =
+    "backward: the graph behind this tensor was recorded on another thread; backward must run on the "
+    "thread that recorded it (each thread has its own tape)";
 
 const char* const kReleased =
     "backward: the graph behind this tensor was already released by an earlier backward(); "
@@ -121,7 +161,20 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
   auto entry = std::make_shared<TapeEntry>();
   entry->op = op;
   entry->inputs.reserve(inputs.size());
-  for (const Tensor& t : inputs) entry->inputs.push_back(t.defined() ? t.node() : nullptr);
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) {
+      entry->inputs.push_back(nullptr);
+      continue;
+    }
+    const Node& in = *t.node();
+    // This thread's sweep never reaches another tape's entries: the gradient would be lost.
+    if (in.has_creator && in.tape_id != tape.id) {
+      fail(op, ": input ", entry->inputs.size(), in.name.empty() ? std::string() : " ('" + in.name + "')",
+           " was computed by an op recorded on another thread, and the gradient cannot flow back to that "
+           "thread's graph; pass it as t.detach() (a new leaf) or record the whole graph on one thread");
+    }
+    entry->inputs.push_back(t.node());
+  }
   entry->output = out.node();
   entry->backward = std::move(fn);
   entry->seq = tape.next_seq++;
@@ -129,6 +182,7 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
   n.requires_grad = true;
   n.has_creator = true;
   n.creator = entry;
+  n.tape_id = tape.id;
   tape.entries.push_back(std::move(entry));
   if (tape.entries.size() >= tape.prune_at) prune();
   return out;
@@ -147,25 +201,20 @@ void GradContext::accumulate(std::size_t i, Array&& g) {
     fail("backward of ", entry_.op, ": gradient for input ", i, " has shape ", shape_str(g.shape()),
          " but the input has shape ", shape_str(n.value->shape()));
   }
-  if (n.has_pending) {
-    add_into(n.pending, g);
+  if (Array* pending = pending_of(n)) {
+    add_into(*pending, g);
     return;
   }
-  n.pending = std::move(g);
-  n.has_pending = true;
-  current_pass->touched.push_back(entry_.inputs[i]);
+  start_pending(entry_.inputs[i], std::move(g));
 }
 
 Array& GradContext::grad_buffer(std::size_t i) {
   Node& n = prepare(i);
-  if (!n.has_pending) {
-    n.pending = Array::from_shape(n.value->shape());
-    float* d = n.pending.data();
-    parallel_for(n.pending.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) { std::fill(d + lo, d + hi, 0.f); });
-    n.has_pending = true;
-    current_pass->touched.push_back(entry_.inputs[i]);
-  }
-  return n.pending;
+  if (Array* pending = pending_of(n)) return *pending;
+  Array zeros = Array::from_shape(n.value->shape());
+  float* d = zeros.data();
+  parallel_for(zeros.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) { std::fill(d + lo, d + hi, 0.f); });
+  return start_pending(entry_.inputs[i], std::move(zeros));
 }
 
 void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
@@ -187,6 +236,7 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
          "inputs that do not require grad)");
   }
   if (current_pass) fail("backward: called from inside another backward pass (from a hook?)");
+  if (r->has_creator && r->tape_id != tape.id) fail(kOtherThread);
   std::shared_ptr<TapeEntry> root_entry;
   if (r->has_creator) {
     root_entry = r->creator.lock();
@@ -223,15 +273,40 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
     }
   } cleanup{pass};
 
-  r->pending = std::move(g);
-  r->has_pending = true;
-  pass.touched.push_back(r);
+  start_pending(r, std::move(g));
 
+  auto deliver_leaf = [](Node& leaf, Array& grad) {
+    std::lock_guard<std::mutex> lock(leaf.grad_mutex);
+    deliver(leaf, grad);
+  };
   if (root_entry) {
     auto& entries = tape.entries;
     auto it = std::lower_bound(entries.begin(), entries.end(), root_entry->seq,
                                [](const auto& e, std::uint64_t s) { return e->seq < s; });
-    for (std::size_t i = static_cast<std::size_t>(it - entries.begin()) + 1; i-- > 0;) {
+    const std::size_t root_index = static_cast<std::size_t>(it - entries.begin());
+    // A leaf with hooks gets its gradient as soon as it is final, once the sweep has passed the
+    // earliest entry that reads it, so a hook that starts work (DataParallel's reductions)
+    // overlaps the rest of backward. Other leaves get theirs at the end.
+    std::vector<std::pair<std::size_t, Node*>> early;  // (earliest reader, leaf), latest first
+    {
+      std::unordered_map<Node*, std::size_t> first_reader;
+      for (std::size_t j = 0; j <= root_index; ++j) {
+        for (const auto& in : entries[j]->inputs) {
+          if (in && !in->has_creator && !in->hooks.empty()) first_reader.emplace(in.get(), j);
+        }
+      }
+      for (const auto& [leaf, j] : first_reader) early.emplace_back(j, leaf);
+      std::sort(early.begin(), early.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    }
+    std::size_t next_early = 0;
+    for (std::size_t i = root_index + 1; i-- > 0;) {
+      for (; next_early < early.size() && early[next_early].first > i; ++next_early) {
+        Node* leaf = early[next_early].second;
+        const auto found = pass.leaf_index.find(leaf);
+        if (found == pass.leaf_index.end()) continue;
+        deliver_leaf(*leaf, *found->second);
+        pass.delivered.insert(leaf);
+      }
       TapeEntry& e = *entries[i];
       std::shared_ptr<Node> out = e.output.lock();
       if (!out || !out->has_pending) continue;
@@ -244,11 +319,12 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
       if (anomaly_mode) {
         for (std::size_t i = 0; i < e.inputs.size(); ++i) {
           const auto& in = e.inputs[i];
-          if (!in || !in->has_pending) continue;
-          const std::size_t bad = first_non_finite(in->pending);
-          if (bad < in->pending.size()) {
-            fail("anomaly: backward of ", e.op, " produced ", in->pending.data()[bad], " in the gradient of its input ", i,
-                 " (", describe(*in), ", shape ", shape_str(in->pending.shape()), ") at flat position ", bad,
+          const Array* pending = in ? pending_of(*in) : nullptr;
+          if (!pending) continue;
+          const std::size_t bad = first_non_finite(*pending);
+          if (bad < pending->size()) {
+            fail("anomaly: backward of ", e.op, " produced ", pending->data()[bad], " in the gradient of its input ", i,
+                 " (", describe(*in), ", shape ", shape_str(pending->shape()), ") at flat position ", bad,
                  "; the gradient arriving at its output was ", first_non_finite(grad) < grad.size() ? "not finite" : "finite");
           }
         }
@@ -259,12 +335,16 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
       }
     }
   }
-  for (auto& n : pass.touched) {
-    if (n->has_pending && !n->has_creator) {
-      deliver(*n, n->pending);
-      n->has_pending = false;
-    }
+  for (auto& [leaf, grad] : pass.leaves) {
+    if (!pass.delivered.count(leaf.get())) deliver_leaf(*leaf, grad);
   }
+  for (std::size_t i = 0; i < pass.callbacks.size(); ++i) pass.callbacks[i]();
+}
+
+void queue_backward_callback(std::function<void()> fn) {
+  if (!current_pass) fail("queue_backward_callback: no backward pass is running on this thread (call it from a hook)");
+  if (!fn) fail("queue_backward_callback: empty callback");
+  current_pass->callbacks.push_back(std::move(fn));
 }
 
 }  // namespace xgrad

@@ -1,5 +1,21 @@
 // The tape: ops record themselves here while grad mode is on; backward walks it in reverse.
 // Also grad mode (NoGradGuard) and the context a backward closure receives.
+//
+// Threads. Each thread records onto its own tape, and a graph belongs to the thread that
+// recorded it: backward() runs on that thread, and an op may not take a non-leaf tensor
+// recorded on another thread as input (both raise an Error; hand values across with detach()).
+// Leaves (parameters) may be shared: several threads may run forward and backward at once on
+// modules that share parameters. Each pass gathers its leaf gradients on its own and adds them
+// under the leaf's mutex, running the leaf's hooks there (on the pass's thread), once per pass
+// and one pass at a time: a leaf with hooks as soon as its gradient is final, the others at
+// the pass's end; a shared gradient is the sum over all passes, in the
+// order the passes ended (so its last bits can differ from a serial run's). Dropout draws from
+// a shared Generator are safe. Left to the caller, never concurrent with a pass that uses the
+// same parameters: reading or changing gradients (grad(), mutable_grad(), zero_grad(),
+// clipping, optimizer steps), changing a parameter's value or requires_grad, registering or
+// removing hooks, train()/eval() (LanguageModel::generate calls both), and attaching or
+// detaching a ProbeSet or HeadImportance; while a ProbeSet is attached, forwards must not
+// overlap at all (it records every forward into one shared set).
 #pragma once
 
 #include <cstdint>
@@ -51,7 +67,7 @@ class GradContext {
   const Array& output_;
 };
 
-// Grad mode is per thread; a graph belongs to the thread that recorded it.
+// Grad mode is per thread.
 bool grad_enabled();
 void set_grad_enabled(bool on);
 
@@ -95,6 +111,11 @@ bool should_record(const Ts&... inputs) {
 // Wraps an op's forward value in a tensor and, when should_record holds, records the op with
 // its backward closure. `op` must be a string literal (it names the op in errors).
 Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardFn fn);
+
+// Runs `fn` once, on this thread, when the backward pass running here has delivered every
+// gradient (called from a hook; DataParallel waits for its reductions there). Callbacks run in
+// the order queued, and not at all when the pass fails. Outside a pass it is an Error.
+void queue_backward_callback(std::function<void()> fn);
 
 // The engine behind Tensor::backward.
 void run_backward(const Tensor& root, const Array* seed, bool retain_graph);

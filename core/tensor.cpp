@@ -69,6 +69,17 @@ const Array& Tensor::grad() const {
 
 Array& Tensor::mutable_grad() { return const_cast<Array&>(static_cast<const Tensor*>(this)->grad()); }
 
+void Tensor::set_grad(Array grad) {
+  Node& n = checked(node_, "Tensor::set_grad");
+  if (!n.requires_grad) fail("Tensor::set_grad: the tensor does not require grad");
+  if (n.has_creator && !n.retains_grad) fail("Tensor::set_grad: only a leaf or a retain_grad() tensor keeps a gradient");
+  if (grad.shape() != n.value->shape()) {
+    fail("Tensor::set_grad: gradient of shape ", shape_str(grad.shape()), " for a tensor of shape ", shape_str(n.value->shape()));
+  }
+  n.grad = std::move(grad);
+  n.has_grad = true;
+}
+
 void Tensor::zero_grad() {
   Node& n = checked(node_, "Tensor::zero_grad");
   n.grad = Array();

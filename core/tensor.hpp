@@ -6,6 +6,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,16 +32,21 @@ using GradHook = std::function<void(Array& grad)>;
 struct TapeEntry;
 
 // One vertex of the graph. Tensor handles share it; tape entries keep their inputs alive.
+// A non-leaf belongs to the thread that recorded it. A leaf (a parameter) may be shared by
+// passes on several threads: they keep its gradient apart until the end of the pass and then
+// run its hooks and add to `grad` under `grad_mutex`.
 struct Node {
   std::shared_ptr<Array> value;  // shared between a tensor and its detach()ed handles
   Array grad;                    // accumulated gradient of a leaf or a retain_grad() tensor
   bool has_grad = false;
-  Array pending;                 // gradient gathered during the running backward pass only
+  Array pending;                 // a non-leaf's gradient gathered during the running pass only
   bool has_pending = false;
   bool requires_grad = false;
   bool retains_grad = false;
   bool has_creator = false;      // produced by a recorded op, i.e. not a leaf
   std::weak_ptr<TapeEntry> creator;  // expires when backward releases the entry
+  std::uint64_t tape_id = 0;     // the tape (thread) that recorded the creator; 0 for a leaf
+  std::mutex grad_mutex;         // held while a pass delivers a leaf's gradient
   std::string name;
   std::vector<std::pair<int, GradHook>> hooks;
   int next_hook_id = 0;
@@ -73,6 +79,9 @@ class Tensor {
   bool has_grad() const;
   const Array& grad() const;  // throws if no gradient has reached this tensor yet
   Array& mutable_grad();      // for clipping and similar in-place edits
+  // Sets the gradient of a leaf or retain_grad tensor (same shape as the value), e.g. to hand a
+  // gradient computed elsewhere (another process) to an optimizer.
+  void set_grad(Array grad);
   void zero_grad();           // forgets the gradient (the next backward starts from zero)
 
   // Keep the gradient of an intermediate tensor after backward (leaves always keep theirs).
@@ -88,7 +97,8 @@ class Tensor {
   Tensor detach() const;
 
   // Reverse-mode sweep from this tensor. Without a seed the tensor must hold one element.
-  // The graph is released afterwards unless retain_graph is true.
+  // The graph is released afterwards unless retain_graph is true. Runs on the thread that
+  // recorded the graph (see tape.hpp for what threads may share).
   void backward(bool retain_graph = false) const;
   void backward(const Array& seed, bool retain_graph = false) const;
 

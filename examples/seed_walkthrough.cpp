@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli.hpp"
 #include "common/svg.hpp"
 #include "xgrad/xgrad.hpp"
 
@@ -27,15 +27,8 @@ double stddev(const Array& a) {  // unbiased, as torch.std
   return std::sqrt(sq / static_cast<double>(a.size() - 1));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"The seed article's MultiHeadAttention walkthrough, in xgrad."};
-  std::uint64_t seed = 42;
-  std::string out = "seed_walkthrough_out";
-  app.add_option("--seed", seed, "seed for weights and input")->capture_default_str();
-  app.add_option("--out", out, "folder for the heatmap")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+void walkthrough(std::uint64_t seed, const std::string& out) {
+  cli::as_usage([&] { prepare_output_dir(out, "seed_walkthrough: --out"); });
 
   const std::size_t B = 2, T = 6, C = 512, H = 8;
   Generator gen(seed);
@@ -79,12 +72,22 @@ int main(int argc, char** argv) {
     map.values.emplace_back();
     for (std::size_t s = 0; s < T; ++s) map.values.back().push_back(w(0, 0, t, s));
   }
-  std::filesystem::create_directories(out);
   const std::string path = out + "/head0.svg";
   double vmax = 0;
   for (const auto& row : map.values)
     for (double v : row) vmax = std::max(vmax, v);
   viz::write_text_file(path, viz::heatmap_svg(map, vmax));  // colours scaled to the largest weight
   std::printf("\nheatmap of head 0: %s\n", path.c_str());
-  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"The seed article's MultiHeadAttention walkthrough, in xgrad.", "seed_walkthrough"};
+  std::uint64_t seed = 42;
+  std::string out = "seed_walkthrough_out";
+  app.add_option("--seed", seed, "seed for weights and input")->transform(cli::seed())->capture_default_str();
+  app.add_option("--out", out, "folder for the heatmap")->capture_default_str();
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
+  return cli::run("seed_walkthrough", [&] { walkthrough(seed, out); });
 }

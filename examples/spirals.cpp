@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli.hpp"
+#include "common/memory.hpp"
 #include "xgrad/xgrad.hpp"
 
 using namespace xgrad;
@@ -49,20 +51,9 @@ double accuracy(const Array& logits, const IndexArray& y) {
   return static_cast<double>(hit) / static_cast<double>(y.size());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Fit a two-layer perceptron to three spirals with xgrad's core autograd."};
-  std::size_t steps = 1000, hidden = 64, points = 100;
-  float lr = 0.5f, momentum = 0.9f;
-  std::uint64_t seed = 0;
-  app.add_option("--steps", steps, "training steps (full batch)")->check(CLI::PositiveNumber);
-  app.add_option("--hidden", hidden, "hidden units")->check(CLI::PositiveNumber);
-  app.add_option("--points", points, "points per spiral arm")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", momentum, "SGD momentum")->check(CLI::Range(0.f, 0.999f));
-  app.add_option("--seed", seed, "seed for data and weights");
-  CLI11_PARSE(app, argc, argv);
+void fit(std::size_t steps, std::size_t hidden, std::size_t points, float lr, float momentum, std::uint64_t seed) {
+  // (3 points x hidden) activations of the hidden layer and its gradient dominate.
+  cli::check_memory(static_cast<double>(points) * 3 * static_cast<double>(hidden) * 4 * 8, "--points x --hidden");
 
   const std::size_t classes = 3;
   Generator gen(seed);
@@ -86,6 +77,7 @@ int main(int argc, char** argv) {
     const Tensor loss = cross_entropy(logits, data.y);
     for (Tensor& p : params) p.zero_grad();
     loss.backward();
+    optim::check_finite(step, loss.item(), {{"w1", params[0]}, {"b1", params[1]}, {"w2", params[2]}, {"b2", params[3]}});
     // SGD with momentum, as torch.optim.SGD: v = m v + g; p -= lr v
     for (std::size_t i = 0; i < params.size(); ++i) {
       velocity[i] = momentum * velocity[i] + params[i].grad();
@@ -98,5 +90,21 @@ int main(int argc, char** argv) {
   NoGradGuard no_grad;
   const double acc = accuracy(forward(x).value(), data.y);
   std::printf("final training accuracy %.3f\n", acc);
-  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Fit a two-layer perceptron to three spirals with xgrad's core autograd.", "spirals"};
+  std::size_t steps = 1000, hidden = 64, points = 100;
+  float lr = 0.5f, momentum = 0.9f;
+  std::uint64_t seed = 0;
+  app.add_option("--steps", steps, "training steps (full batch)")->transform(cli::count(1, cli::kMaxSteps));
+  app.add_option("--hidden", hidden, "hidden units")->transform(cli::count(1, 1 << 16));
+  app.add_option("--points", points, "points per spiral arm")->transform(cli::count(1, 1 << 20));
+  app.add_option("--lr", lr, "SGD learning rate")->check(cli::real(0, 1e6, true));
+  app.add_option("--momentum", momentum, "SGD momentum")->check(cli::real(0, 0.999));
+  app.add_option("--seed", seed, "seed for data and weights")->transform(cli::seed());
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
+  return cli::run("spirals", [&] { fit(steps, hidden, points, lr, momentum, seed); });
 }

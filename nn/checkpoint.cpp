@@ -1,6 +1,7 @@
 // Module state dictionaries and checkpoint files.
 #include "xgrad/nn/checkpoint.hpp"
 
+#include <cmath>
 #include <map>
 
 #include "xgrad/core/error.hpp"
@@ -17,7 +18,7 @@ NamedArrays state_dict(const Module& module) {
   return out;
 }
 
-void load_state_dict(Module& module, const NamedArrays& state) {
+void load_state_dict(Module& module, const NamedArrays& state, const LoadOptions& options) {
   NamedTensors params = module.named_parameters();
   std::map<std::string, const Array*> given;
   for (const auto& [name, a] : state) {
@@ -38,6 +39,18 @@ void load_state_dict(Module& module, const NamedArrays& state) {
       if (!known) fail("load_state_dict: unexpected entry '", name, "' (the module has no such parameter)");
     }
   }
+  if (!options.allow_non_finite()) {
+    for (const auto& [name, p] : params) {
+      const Array& a = *given.at(name);
+      const float* v = a.data();
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(v[i])) {
+          fail("load_state_dict: parameter '", name, "' holds ", v[i], " at flat position ", i, " of ", a.size(),
+               "; refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
+        }
+      }
+    }
+  }
   for (auto& [name, p] : params) p.mutable_value() = *given.at(name);
 }
 
@@ -48,7 +61,7 @@ void save_checkpoint(const std::string& path, const Module& module, const NamedA
   save_safetensors(path, all, metadata);
 }
 
-Checkpoint load_checkpoint(const std::string& path, Module& module) {
+Checkpoint load_checkpoint(const std::string& path, Module& module, const LoadOptions& options) {
   SafetensorsContents file = load_safetensors(path);
   NamedArrays model;
   Checkpoint out;
@@ -60,7 +73,7 @@ Checkpoint load_checkpoint(const std::string& path, Module& module) {
     }
   }
   try {
-    load_state_dict(module, model);
+    load_state_dict(module, model, options);
   } catch (const Error& e) {
     fail("load_checkpoint: '", path, "': ", e.what());
   }

@@ -5,16 +5,25 @@
 
 #include <string>
 
+#include "xgrad/core/arg.hpp"
 #include "xgrad/core/safetensors.hpp"
 #include "xgrad/nn/module.hpp"
 
 namespace xgrad::nn {
 
+// How loading treats what it finds, e.g. LoadOptions().allow_non_finite(true).
+struct LoadOptions {
+  // A NaN or infinite weight is an error (naming the parameter and the flat position) unless
+  // allowed: a run that diverged before its save would otherwise resume silently as NaN.
+  XGRAD_ARG(bool, allow_non_finite, false);
+};
+
 // Copies of the parameter values by dotted name.
 NamedArrays state_dict(const Module& module);
-// Copies values into the module's parameters. Missing or unexpected names and wrong shapes are
-// errors, checked before anything is written, so on error the module is unchanged.
-void load_state_dict(Module& module, const NamedArrays& state);
+// Copies values into the module's parameters. Missing or unexpected names, wrong shapes and (unless
+// allowed) non-finite values are errors, checked before anything is written, so on error the
+// module is unchanged.
+void load_state_dict(Module& module, const NamedArrays& state, const LoadOptions& options = {});
 
 // Saves atomically (see save_safetensors).
 void save_checkpoint(const std::string& path, const Module& module, const NamedArrays& optimizer_state = {},
@@ -25,7 +34,8 @@ struct Checkpoint {
   Metadata metadata;
 };
 
-// Loads the parameters into `module` (all or nothing) and returns the rest.
-Checkpoint load_checkpoint(const std::string& path, Module& module);
+// Loads the parameters into `module` (all or nothing, checked as load_state_dict does) and returns
+// the rest; errors name the file.
+Checkpoint load_checkpoint(const std::string& path, Module& module, const LoadOptions& options = {});
 
 }  // namespace xgrad::nn

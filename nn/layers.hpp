@@ -36,7 +36,8 @@ class LayerNorm : public Module {
   float eps_;
 };
 
-// Inverted dropout while training, identity in eval mode. Masks come from `gen`.
+// Inverted dropout while training, identity in eval mode. Masks come from `gen`; threads
+// running forward at once share it safely (each mask's key is one atomic draw).
 class Dropout : public Module {
  public:
   explicit Dropout(float p = 0.5f, Generator& gen = default_generator());

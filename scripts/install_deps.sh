@@ -3,7 +3,7 @@
 set -euo pipefail
 
 packages=(cmake make g++ libxtensor-dev libxtensor-blas-dev xtl-dev libxsimd-dev libopenblas-dev
-          catch2 nlohmann-json3-dev libcli11-dev clang libclang-rt-14-dev)
+          catch2 nlohmann-json3-dev libcli11-dev clang libclang-rt-14-dev libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${packages[@]}"; do

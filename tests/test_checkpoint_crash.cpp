@@ -4,8 +4,9 @@
 //
 // What a killed save leaves behind: save_safetensors writes "<path>.tmp.<pid>", syncs it and
 // renames it over <path>. Killed before the rename, the temporary file stays next to the
-// checkpoint, complete or partial. It is harmless (nothing reads it; a later save by another
-// process uses its own pid) but nobody removes it; this test deletes them after each round.
+// checkpoint, complete or partial. Nothing reads it, and the next save or load of the same path
+// removes it once its writer's pid is gone (remove_stale_temporaries); this test checks what is
+// left before loading, and deletes the leftovers after each round.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
@@ -184,9 +185,8 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
   const std::string path = dir.file(base);
 
   // Checkpoint A and checkpoint B: different models, different large state (names, shapes and
-  // values), different metadata: 16 MiB of data per file. (Bigger files make the test slow, not
-  // stronger: load_safetensors reads through a growing string stream, and on the development VM a
-  // 64 MiB load took 1.3-1.9 s, against 0.1 s for 16 MiB.)
+  // values), different metadata: 16 MiB of data per file. (Bigger files make the test slower, not
+  // stronger.)
   Generator g_a(31), g_b(32), g_probe(33);
   nn::LanguageModel model_a(small_lm(), g_a), model_b(small_lm(), g_b), probe(small_lm(), g_probe);
   Snapshot a{nn::state_dict(model_a),

@@ -21,6 +21,7 @@
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"
+#include "xgrad/optim/finite.hpp"
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
 
@@ -845,4 +846,19 @@ TEST_CASE("invalid LrSchedule settings are rejected", "[optim]") {
   REQUIRE_NOTHROW(LrSchedule(ScheduleOptions(0.1f).warmup_steps(5).total_steps(6).decay(Decay::linear)));
   REQUIRE_NOTHROW(LrSchedule(ScheduleOptions(0.1f).min_lr(0.1f).total_steps(3).decay(Decay::cosine)));
   REQUIRE_NOTHROW(LrSchedule(ScheduleOptions(0.1f).warmup_steps(5)));  // constant needs no total_steps
+}
+
+TEST_CASE("check_finite names the step, the parameter and the position of the first NaN or Inf", "[optim][bad_input]") {
+  using namespace xgrad;
+  Tensor a(Array{1.f, 2.f, 3.f}, true), b(Array{4.f, 5.f}, true), unused(Array{1.f}, true);
+  sum(a * a + 0.f).backward();
+  sum(b).backward();
+  const NamedTensors params = {{"a", a}, {"unused", unused}, {"b", b}};
+  REQUIRE_NOTHROW(optim::check_finite(1, 0.5f, params));  // no gradient on "unused": skipped
+  REQUIRE_THROWS_WITH(optim::check_finite(7, std::nanf(""), params), "step 7: the loss is NaN");
+  REQUIRE_THROWS_WITH(optim::check_finite(7, -std::numeric_limits<float>::infinity(), params), "step 7: the loss is -inf");
+  b.mutable_grad()(1) = std::numeric_limits<float>::infinity();
+  REQUIRE_THROWS_WITH(optim::check_finite(9, 0.5f, params), "step 9: the gradient of 'b' is inf at flat position 1");
+  a.mutable_grad()(2) = std::nanf("");
+  REQUIRE_THROWS_WITH(optim::check_finite(9, 0.5f, params), "step 9: the gradient of 'a' is NaN at flat position 2");
 }

@@ -101,3 +101,48 @@ TEST_CASE("resume refuses a checkpoint with other settings and a file that is no
   REQUIRE_THROWS_WITH(a.resume(path), Catch::Contains("not a train_lm checkpoint"));
   std::filesystem::remove(path);
 }
+
+TEST_CASE("a resumed run may extend --steps: the schedule it started with goes on at min_lr") {
+  TrainConfig c = small_config();
+  c.steps = 12;
+  c.warmup = 2;
+  c.eval_interval = 0;
+  const std::string text = grammar_text(30000, 3);
+  const std::string path = temp_path("extend.safetensors");
+  Trainer first(c, split(text, 0.1, c.seq_len), identify("grammar", text));
+  first.run(c.steps);
+  first.save(path);
+
+  TrainConfig longer = c;
+  longer.steps = 20;
+  Trainer second(longer, split(text, 0.1, c.seq_len), identify("grammar", text));
+  second.resume(path);
+  REQUIRE(second.step() == 12);
+  second.run(longer.steps);
+  REQUIRE(second.log().size() == 8);
+  for (const LogEntry& e : second.log()) REQUIRE(e.lr == c.min_lr);
+  REQUIRE(second.log().back().valid_loss.has_value());  // the last step validates
+
+  // Other data is refused, naming both.
+  const std::string other = grammar_text(30000, 4);
+  Trainer third(longer, split(other, 0.1, c.seq_len), identify("other", other));
+  REQUIRE_THROWS_WITH(third.resume(path), Catch::Contains("other data") && Catch::Contains("'grammar'") && Catch::Contains("'other'"));
+  REQUIRE(third.step() == 0);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("a NaN loss stops the run before the update, naming the step") {
+  TrainConfig c = small_config();
+  c.steps = 60;
+  c.warmup = 1;
+  c.lr = 1e4f;
+  c.clip = 0;
+  c.eval_interval = 0;
+  Trainer trainer(c, split(grammar_text(30000, 3), 0.1, c.seq_len));
+  REQUIRE_THROWS_WITH(trainer.run(c.steps), Catch::Contains("train_lm: step ") && Catch::Contains("training stopped"));
+  REQUIRE(trainer.step() < c.steps);
+  // The weights are those after the last good step: finite.
+  for (const auto& [name, p] : trainer.model().named_parameters()) {
+    for (float v : p.value()) REQUIRE(std::isfinite(v));
+  }
+}

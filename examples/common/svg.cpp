@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/file_io.hpp"
 
 namespace viz {
 
@@ -216,11 +217,6 @@ std::string line_plot_svg(const LinePlot& p) {
   return os.str();
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  out.close();
-  if (!out) xgrad::fail("write_text_file: cannot write '", path, "'");
-}
+void write_text_file(const std::string& path, const std::string& text) { xgrad::write_file_atomically(path, text, "write_text_file"); }
 
 }  // namespace viz

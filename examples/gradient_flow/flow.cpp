@@ -7,6 +7,7 @@
 #include "xgrad/core/ops.hpp"
 #include "xgrad/nn/init.hpp"
 #include "xgrad/optim/adam.hpp"
+#include "xgrad/optim/finite.hpp"
 #include "xgrad/optim/schedule.hpp"
 
 namespace gradflow {
@@ -116,12 +117,15 @@ TrainCurve train_curve(const FlowConfig& c, nn::Norm norm, float lr, std::size_t
     const LmBatch b = shift_batches(c, 1, data).front();
     const Tensor loss = model->loss(b.ids, b.targets);
     curve.losses.push_back(loss.item());
-    if (!std::isfinite(loss.item())) {
+    opt.zero_grad();
+    if (std::isfinite(loss.item())) loss.backward();
+    try {
+      optim::check_finite(step + 1, loss.item(), model->named_parameters());
+    } catch (const Error& e) {
       curve.diverged = true;
+      curve.divergence = e.what();
       break;
     }
-    opt.zero_grad();
-    loss.backward();
     opt.set_lr(schedule.lr(step));
     opt.step();
     if (on_step) on_step(step + 1, loss.item());

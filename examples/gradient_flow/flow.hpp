@@ -58,7 +58,8 @@ FlowResult measure(xgrad::nn::LanguageModel& model, const std::vector<LmBatch>& 
 struct TrainCurve {
   std::string name;
   std::vector<float> losses;
-  bool diverged = false;  // a loss became non-finite (training stops there)
+  bool diverged = false;   // a loss or gradient became NaN or infinite (training stops there)
+  std::string divergence;  // which, and at what step: "step 37: the loss is inf"
 };
 
 // AdamW at `lr` (linear warm-up over `warmup` steps, then constant) on fresh shift batches.

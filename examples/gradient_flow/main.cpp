@@ -3,16 +3,17 @@
 // depth sweep, head importance, and (with --train) training with and without warm-up.
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/cli.hpp"
+#include "common/memory.hpp"
 #include "common/svg.hpp"
 #include "common/terminal.hpp"
 #include "flow.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/file_io.hpp"
 #include "xgrad/core/parallel.hpp"
 
 using namespace gradflow;
@@ -47,6 +48,19 @@ nlohmann::json heads_json(const FlowResult& r) {
   return j;
 }
 
+// A training step of the language model of `c` (measure() keeps one batch's graph at a time).
+double training_bytes(const FlowConfig& c, std::size_t layers) {
+  cli::TransformerSize s;
+  s.layers = static_cast<double>(layers);
+  s.d_model = static_cast<double>(c.d_model);
+  s.heads = static_cast<double>(c.heads);
+  s.d_ff = static_cast<double>(c.d_ff ? c.d_ff : 4 * c.d_model);
+  s.vocab = static_cast<double>(c.vocab);
+  s.batch = static_cast<double>(c.batch);
+  s.seq_len = static_cast<double>(c.seq_len);
+  return cli::transformer_training_bytes(s);
+}
+
 std::vector<double> layer_axis(std::size_t n) {
   std::vector<double> x(n);
   for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<double>(i);
@@ -56,7 +70,7 @@ std::vector<double> layer_axis(std::size_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"xgrad gradient flow: Pre-Norm against Post-Norm, at initialization and in training."};
+  CLI::App app{"xgrad gradient flow: Pre-Norm against Post-Norm, at initialization and in training.", "gradient_flow"};
   FlowConfig c;
   std::vector<std::size_t> depths;
   bool train = false, quiet = false;
@@ -64,33 +78,38 @@ int main(int argc, char** argv) {
   float lr = 1e-3f;
   int threads = 1;
   std::string out = "gradient_flow_out", report_path;
-  app.add_option("--layers", c.layers, "transformer blocks")->capture_default_str();
-  app.add_option("--d-model", c.d_model, "model width")->capture_default_str();
-  app.add_option("--heads", c.heads, "attention heads")->capture_default_str();
-  app.add_option("--vocab", c.vocab, "vocabulary size")->capture_default_str();
-  app.add_option("--seq-len", c.seq_len, "sequence length")->capture_default_str();
-  app.add_option("--batches", c.batches, "batches averaged at initialization")->capture_default_str();
-  app.add_option("--batch", c.batch, "sequences per batch")->capture_default_str();
-  app.add_option("--seed", c.seed, "seed for weights and data")->capture_default_str();
-  app.add_option("--depths", depths, "also measure these depths, e.g. 6,8,10,12")->delimiter(',');
+  const auto size = cli::count(1, 1 << 16), layers = cli::count(1, 1024);
+  app.add_option("--layers", c.layers, "transformer blocks")->transform(layers)->capture_default_str();
+  app.add_option("--d-model", c.d_model, "model width")->transform(size)->capture_default_str();
+  app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
+  app.add_option("--vocab", c.vocab, "vocabulary size")->transform(size)->capture_default_str();
+  app.add_option("--seq-len", c.seq_len, "sequence length")->transform(size)->capture_default_str();
+  app.add_option("--batches", c.batches, "batches averaged at initialization")->transform(size)->capture_default_str();
+  app.add_option("--batch", c.batch, "sequences per batch")->transform(cli::count(1, 1 << 20))->capture_default_str();
+  app.add_option("--seed", c.seed, "seed for weights and data")->transform(cli::seed())->capture_default_str();
+  app.add_option("--depths", depths, "also measure these depths, e.g. 6,8,10,12")->delimiter(',')->transform(layers);
   app.add_flag("--train", train, "also train both placements with and without warm-up");
-  app.add_option("--steps", steps, "training steps (--train)")->capture_default_str();
-  app.add_option("--lr", lr, "AdamW learning rate (--train)")->capture_default_str();
-  app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs (--train)")->capture_default_str();
-  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--steps", steps, "training steps (--train)")->transform(cli::count(1, cli::kMaxSteps))->capture_default_str();
+  app.add_option("--lr", lr, "AdamW learning rate (--train)")->check(cli::real(0, 1e6, true))->capture_default_str();
+  app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs, fewer than --steps (--train)")
+      ->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
+  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->transform(cli::count(1, 256))->capture_default_str();
   app.add_option("--out", out, "folder for the plots")->capture_default_str();
   app.add_option("--report", report_path, "write the JSON report here");
   app.add_flag("--quiet", quiet, "print only the tables");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
 
-  try {
-    validate(c);
-    for (std::size_t d : depths) {
-      if (d == 0) xgrad::fail("--depths: depth 0");
-    }
-    if (train && (steps == 0 || !(lr > 0.f))) xgrad::fail("--train needs steps > 0 and lr > 0");
+  return cli::run("gradient_flow", [&] {
+    cli::as_usage([&] {
+      validate(c);
+      if (train) cli::check_warmup(warmup, steps);
+      std::size_t deepest = c.layers;
+      for (std::size_t d : depths) deepest = std::max(deepest, d);
+      cli::check_memory(training_bytes(c, deepest), "a training step of the deepest model");
+      xgrad::prepare_output_dir(out, "gradient_flow: --out");
+      if (!report_path.empty()) xgrad::check_writable_file(report_path, "gradient_flow: --report");
+    });
     xgrad::set_num_threads(threads);
-    std::filesystem::create_directories(out);
     if (!quiet) {
       std::printf("models: %zu layers, d_model %zu, %zu heads, FFN %zu, vocabulary %zu, T %zu; %zu batches of %zu\n",
                   c.layers, c.d_model, c.heads, c.d_ff ? c.d_ff : 4 * c.d_model, c.vocab, c.seq_len, c.batches, c.batch);
@@ -185,14 +204,16 @@ int main(int argc, char** argv) {
           double tail = 0;
           const std::size_t n = std::min<std::size_t>(20, curve.losses.size());
           for (std::size_t i = curve.losses.size() - n; i < curve.losses.size(); ++i) tail += curve.losses[i] / static_cast<double>(n);
-          std::printf("  %-26s %s\n", curve.name.c_str(), curve.diverged ? "diverged (non-finite loss)" : std::to_string(tail).c_str());
+          std::printf("  %-26s %s\n", curve.name.c_str(),
+                      curve.diverged ? ("diverged: " + curve.divergence).c_str() : std::to_string(tail).c_str());
           std::vector<double> x, y;
           for (std::size_t i = 0; i < curve.losses.size(); ++i) {
             x.push_back(static_cast<double>(i + 1));
             y.push_back(curve.losses[i]);
           }
           curves.series.push_back({curve.name, x, y});
-          runs.push_back({{"name", curve.name}, {"warmup", w}, {"losses", curve.losses}, {"diverged", curve.diverged}, {"final_loss", tail}});
+          runs.push_back({{"name", curve.name}, {"warmup", w}, {"losses", curve.losses}, {"diverged", curve.diverged},
+                          {"divergence", curve.divergence}, {"final_loss", tail}});
         }
       }
       report["training"] = {{"lr", lr}, {"steps", steps}, {"runs", runs}};
@@ -200,14 +221,8 @@ int main(int argc, char** argv) {
     }
     std::printf("\nplots in %s/\n", out.c_str());
     if (!report_path.empty()) {
-      std::ofstream f(report_path);
-      f << report.dump(2) << '\n';
-      if (!f) xgrad::fail("cannot write the report '", report_path, "'");
+      xgrad::write_file_atomically(report_path, report.dump(2) + "\n", "gradient_flow: the report");
       std::printf("report: %s\n", report_path.c_str());
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+  });
 }

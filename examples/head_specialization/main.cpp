@@ -2,15 +2,16 @@
 // 3 and 4 positions back at once, and its heads divide the work, each attending at one offset;
 // a single head of the same width cannot. See the README for the task and how to read the output.
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 
 #include <CLI/CLI.hpp>
 
-#include "../common/terminal.hpp"
+#include "common/cli.hpp"
+#include "common/memory.hpp"
+#include "common/terminal.hpp"
 #include "report.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/file_io.hpp"
 #include "xgrad/core/parallel.hpp"
 
 using namespace headspec;
@@ -33,53 +34,73 @@ void print_accuracy(const char* what, const ExperimentConfig& c, const Accuracy&
 }
 
 void write_json(const std::string& path, const nlohmann::json& j) {
-  std::ofstream out(path);
-  out << j.dump(2) << '\n';
-  if (!out) xgrad::fail("cannot write the report '", path, "'");
+  xgrad::write_file_atomically(path, j.dump(2) + "\n", "head_specialization: the report");
+}
+
+// A training step of the model with `heads` heads: attention-only layers, K offsets' logits per
+// position.
+double training_bytes(const ExperimentConfig& c, std::size_t heads) {
+  cli::TransformerSize s;
+  s.layers = static_cast<double>(c.layers);
+  s.d_model = static_cast<double>(c.d_model);
+  s.heads = static_cast<double>(heads);
+  s.vocab = static_cast<double>(c.task.vocab);
+  s.outputs_per_position = static_cast<double>(c.task.offsets.size());
+  s.batch = static_cast<double>(c.train.batch);
+  s.seq_len = static_cast<double>(c.task.seq_len);
+  return cli::transformer_training_bytes(s);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"xgrad head specialization: heads of one attention layer each learn a different offset."};
+  CLI::App app{"xgrad head specialization: heads of one attention layer each learn a different offset.", "head_specialization"};
   ExperimentConfig c;
   c.train.steps = 600;
   std::string norm = "pre", out = "head_specialization_out", report_path;
   int threads = 1;
   bool quiet = false, no_single = false;
   std::vector<std::size_t> sweep;
-  app.add_option("--heads", c.heads, "attention heads")->capture_default_str();
-  app.add_option("--d-model", c.d_model, "model width (divisible by heads)")->capture_default_str();
-  app.add_option("--layers", c.layers, "attention layers")->capture_default_str();
-  app.add_option("--offsets", c.task.offsets, "offsets to copy, e.g. 1,2,3,4")->delimiter(',')->capture_default_str();
-  app.add_option("--vocab", c.task.vocab, "vocabulary size")->capture_default_str();
-  app.add_option("--seq-len", c.task.seq_len, "sequence length")->capture_default_str();
+  const auto size = cli::count(1, 1 << 16);
+  app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
+  app.add_option("--d-model", c.d_model, "model width (divisible by heads)")->transform(size)->capture_default_str();
+  app.add_option("--layers", c.layers, "attention layers")->transform(cli::count(1, 1024))->capture_default_str();
+  app.add_option("--offsets", c.task.offsets, "offsets to copy, e.g. 1,2,3,4")->delimiter(',')->transform(size)->capture_default_str();
+  app.add_option("--vocab", c.task.vocab, "vocabulary size")->transform(size)->capture_default_str();
+  app.add_option("--seq-len", c.task.seq_len, "sequence length")->transform(size)->capture_default_str();
   app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
-  app.add_option("--dropout", c.dropout, "dropout on attention weights")->capture_default_str();
-  app.add_option("--steps", c.train.steps, "training steps")->capture_default_str();
-  app.add_option("--batch", c.train.batch, "sequences per step")->capture_default_str();
-  app.add_option("--lr", c.train.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--weight-decay", c.train.weight_decay, "AdamW weight decay")->capture_default_str();
-  app.add_option("--warmup", c.train.warmup, "linear warm-up steps")->capture_default_str();
-  app.add_option("--seed", c.seed, "seed for weights and data")->capture_default_str();
-  app.add_option("--eval-batches", c.eval_batches, "held-out batches for the measurements")->capture_default_str();
-  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--dropout", c.dropout, "dropout on attention weights")->check(cli::real(0, 0.999))->capture_default_str();
+  app.add_option("--steps", c.train.steps, "training steps")->transform(cli::count(1, cli::kMaxSteps))->capture_default_str();
+  app.add_option("--batch", c.train.batch, "sequences per step")->transform(cli::count(1, 1 << 20))->capture_default_str();
+  app.add_option("--lr", c.train.lr, "AdamW learning rate")->check(cli::real(0, 1e6, true))->capture_default_str();
+  app.add_option("--weight-decay", c.train.weight_decay, "AdamW weight decay")->check(cli::real(0, 1e6))->capture_default_str();
+  app.add_option("--warmup", c.train.warmup, "linear warm-up steps (fewer than --steps)")->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
+  app.add_option("--seed", c.seed, "seed for weights and data")->transform(cli::seed())->capture_default_str();
+  app.add_option("--eval-batches", c.eval_batches, "held-out batches for the measurements")->transform(cli::count(1, 1 << 16))->capture_default_str();
+  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->transform(cli::count(1, 256))->capture_default_str();
   app.add_option("--out", out, "folder for the images")->capture_default_str();
   app.add_option("--report", report_path, "write the JSON report here");
-  app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")->delimiter(',');
+  app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")->delimiter(',')->transform(size);
   app.add_flag("--no-single-head", no_single, "skip the one-head contrast");
   app.add_flag("--quiet", quiet, "print only the results");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
   c.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
   c.single_head = !no_single;
 
-  try {
-    validate(c);
-    for (std::size_t h : sweep) {
-      if (h == 0 || c.d_model % h != 0) xgrad::fail("--sweep-heads: d-model ", c.d_model, " is not divisible by ", h);
-    }
+  return cli::run("head_specialization", [&] {
+    cli::as_usage([&] {
+      validate(c);
+      cli::check_warmup(c.train.warmup, c.train.steps);
+      std::size_t most_heads = c.heads;
+      for (std::size_t h : sweep) {
+        if (c.d_model % h != 0) xgrad::fail("--sweep-heads: d-model ", c.d_model, " is not divisible by ", h);
+        most_heads = std::max(most_heads, h);
+      }
+      cli::check_memory(training_bytes(c, most_heads), "a training step of this model");
+      xgrad::prepare_output_dir(out, "head_specialization: --out");
+      if (!report_path.empty()) xgrad::check_writable_file(report_path, "head_specialization: --report");
+    });
     xgrad::set_num_threads(threads);
-    std::filesystem::create_directories(out);
     viz::ProgressLine line(quiet, std::max<std::size_t>(c.train.steps / 5, 1));
     auto progress = [&](const std::string& label, const Progress& p) { line.update(p.step, p.steps, progress_text(label, p)); };
 
@@ -101,7 +122,7 @@ int main(int argc, char** argv) {
         write_json(report_path, {{"config", config_json(c)}, {"sweep", sweep_json(rows)}});
         std::printf("report: %s\n", report_path.c_str());
       }
-      return 0;
+      return;
     }
 
     if (!quiet) {
@@ -132,12 +153,5 @@ int main(int argc, char** argv) {
       write_json(report_path, report_json(c, r));
       std::printf("report: %s\n", report_path.c_str());
     }
-  } catch (const xgrad::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+  });
 }

@@ -4,7 +4,9 @@
 #include <chrono>
 
 #include "xgrad/core/ops.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/optim/adam.hpp"
+#include "xgrad/optim/finite.hpp"
 #include "xgrad/optim/schedule.hpp"
 
 namespace headspec {
@@ -44,6 +46,11 @@ TrainResult train(OffsetModel& model, const ShiftTask& task, const TrainOptions&
     const Tensor loss = shift_loss(out.logits, batch.targets);
     opt.zero_grad();
     loss.backward();
+    try {
+      optim::check_finite(step + 1, loss.item(), model.named_parameters());
+    } catch (const Error& e) {
+      fail("train: ", e.what(), "; training stopped before this step's update");
+    }
     opt.set_lr(schedule.lr(step));
     opt.step();
     result.losses.push_back(loss.item());

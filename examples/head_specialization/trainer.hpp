@@ -34,6 +34,7 @@ struct TrainResult {
 // Mean cross-entropy over every (position, offset) with a target.
 xgrad::Tensor shift_loss(const xgrad::Tensor& logits, const xgrad::IndexArray& targets);
 
+// A NaN or infinite loss or gradient stops training with an Error naming the step.
 TrainResult train(OffsetModel& model, const ShiftTask& task, const TrainOptions& options, xgrad::Generator& data,
                   const std::function<void(const Progress&)>& on_progress = {});
 

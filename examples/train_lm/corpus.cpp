@@ -2,10 +2,9 @@
 #include "corpus.hpp"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/file_io.hpp"
 
 namespace lm {
 
@@ -42,12 +41,8 @@ std::string grammar_text(std::size_t bytes, std::uint64_t seed) {
   return text;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) xgrad::fail("train_lm: cannot read the text file '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string read_text(const std::string& path, std::uint64_t max_bytes) {
+  return xgrad::read_file(path, "train_lm: the text file", max_bytes);
 }
 
 double unigram_entropy(const std::string& text) {

@@ -16,8 +16,9 @@ namespace lm {
 // places, times, numbers), drawn with `seed`.
 std::string grammar_text(std::size_t bytes, std::uint64_t seed);
 
-// The whole file; throws xgrad::Error naming the path if it cannot be read or is too short.
-std::string read_text(const std::string& path);
+// The whole file; throws xgrad::Error naming the path if it is not a regular file, cannot be
+// read, or is larger than max_bytes.
+std::string read_text(const std::string& path, std::uint64_t max_bytes);
 
 // Entropy in nats of the byte frequencies of `text`: the loss of the best model that ignores
 // context, the bar a language model must go well below.

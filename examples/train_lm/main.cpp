@@ -1,16 +1,23 @@
 // Train a byte-level transformer language model on any text file (or on text from a built-in
 // grammar), with validation, checkpoints, --resume, and sampling from a checkpoint.
+#include <algorithm>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli.hpp"
+#include "common/memory.hpp"
 #include "common/svg.hpp"
 #include "common/terminal.hpp"
 #include "trainer.hpp"
+#ifdef XGRAD_HAS_DISTRIBUTED
+#include "mpi_sharing.hpp"
+#endif
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/file_io.hpp"
 #include "xgrad/core/parallel.hpp"
+#include "xgrad/core/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 
 using namespace lm;
@@ -29,7 +36,7 @@ std::string sample_text(xgrad::nn::LanguageModel& model, const std::string& prom
 }
 
 void write_log(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
-  std::ofstream csv(folder + "/log.csv");
+  std::ostringstream csv;
   csv << "step,train_loss,valid_loss,lr,seconds\n";
   viz::LinePlot plot{"byte-level language model", "step", "loss (nats per byte)", {}, false, false};
   viz::Series train{"train", {}, {}}, valid{"validation", {}, {}}, uni{"unigram entropy", {}, {}};
@@ -45,80 +52,138 @@ void write_log(const std::string& folder, const std::vector<LogEntry>& log, doub
   }
   if (!log.empty()) uni = {"unigram entropy", {1.0, static_cast<double>(log.back().step)}, {unigram, unigram}};
   plot.series = {train, valid, uni};
+  xgrad::write_file_atomically(folder + "/log.csv", csv.str(), "train_lm: the log");
   viz::write_text_file(folder + "/loss.svg", viz::line_plot_svg(plot));
-  if (!csv) xgrad::fail("cannot write ", folder, "/log.csv");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"xgrad train_lm: a byte-level transformer language model, trained from C++."};
+  CLI::App app{"xgrad train_lm: a byte-level transformer language model, trained from C++.", "train_lm"};
   TrainConfig c;
   std::string text_path, norm = "pre", checkpoint, out = "train_lm_out", prompt = "The ";
   std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0, top_k = 0;
   float temperature = 0.8f;
-  bool resume = false, quiet = false;
+  bool resume = false, quiet = false, detect_anomaly = false;
   int threads = 1;
+  const auto size = cli::count(1, std::size_t{1} << 30), any = cli::count(0, std::size_t{1} << 30),
+             steps = cli::count(1, cli::kMaxSteps), interval = cli::count(0, cli::kMaxSteps);
   app.add_option("text", text_path, "a text file to train on (default: text from a built-in grammar)");
-  app.add_option("--layers", c.layers, "transformer blocks")->capture_default_str();
-  app.add_option("--d-model", c.d_model, "model width")->capture_default_str();
-  app.add_option("--heads", c.heads, "attention heads")->capture_default_str();
-  app.add_option("--d-ff", c.d_ff, "feed-forward width (0: 4 x d-model)")->capture_default_str();
-  app.add_option("--seq-len", c.seq_len, "context length in bytes")->capture_default_str();
-  app.add_option("--batch", c.batch, "sequences per step")->capture_default_str();
-  app.add_option("--steps", c.steps, "training steps")->capture_default_str();
-  app.add_option("--lr", c.lr, "peak AdamW learning rate")->capture_default_str();
-  app.add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup", c.warmup, "linear warm-up steps")->capture_default_str();
-  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->capture_default_str();
-  app.add_option("--clip", c.clip, "clip the global gradient norm (0: off)")->capture_default_str();
-  app.add_option("--dropout", c.dropout, "dropout")->capture_default_str();
+  app.add_option("--layers", c.layers, "transformer blocks")->transform(size)->capture_default_str();
+  app.add_option("--d-model", c.d_model, "model width")->transform(size)->capture_default_str();
+  app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
+  app.add_option("--d-ff", c.d_ff, "feed-forward width (0: 4 x d-model)")->transform(any)->capture_default_str();
+  app.add_option("--seq-len", c.seq_len, "context length in bytes")->transform(size)->capture_default_str();
+  app.add_option("--batch", c.batch, "sequences per step")->transform(size)->capture_default_str();
+  app.add_option("--steps", c.steps, "training steps (with --resume: may extend the run)")->transform(steps)->capture_default_str();
+  app.add_option("--lr", c.lr, "peak AdamW learning rate")->check(cli::real(0, 1e6, true))->capture_default_str();
+  app.add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay")->check(cli::real(0, 1e6))->capture_default_str();
+  app.add_option("--warmup", c.warmup, "linear warm-up steps (fewer than --steps)")->transform(interval)->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->check(cli::real(0, 1e6))->capture_default_str();
+  app.add_option("--clip", c.clip, "clip the global gradient norm (0: off)")->check(cli::real(0, 1e30))->capture_default_str();
+  app.add_option("--dropout", c.dropout, "dropout")->check(cli::real(0, 0.999))->capture_default_str();
   app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
-  app.add_option("--seed", c.seed, "seed")->capture_default_str();
-  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->check(CLI::Range(1, 256))->capture_default_str();
-  app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")->capture_default_str();
-  app.add_option("--eval-interval", c.eval_interval, "steps between validations")->capture_default_str();
-  app.add_option("--eval-batches", c.eval_batches, "validation batches")->capture_default_str();
-  app.add_option("--text-bytes", text_bytes, "size of the built-in text")->capture_default_str();
+  app.add_option("--seed", c.seed, "seed")->transform(cli::seed())->capture_default_str();
+  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->transform(cli::count(1, 256))->capture_default_str();
+  app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")->check(cli::real(0, 1, true))->capture_default_str();
+  app.add_option("--eval-interval", c.eval_interval, "steps between validations (0: at the end only)")->transform(interval)->capture_default_str();
+  app.add_option("--eval-batches", c.eval_batches, "validation batches")->transform(size)->capture_default_str();
+  app.add_option("--text-bytes", text_bytes, "size of the built-in text")->transform(size)->capture_default_str();
   app.add_option("--checkpoint", checkpoint, "checkpoint file (.safetensors) to write, resume or sample from");
-  app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)");
+  app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")->transform(interval);
   app.add_flag("--resume", resume, "continue training from --checkpoint");
-  app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training");
+  app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
+      ->transform(cli::count(0, 1 << 20));
   app.add_option("--prompt", prompt, "prompt for sampling")->capture_default_str();
-  app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")->capture_default_str();
-  app.add_option("--top-k", top_k, "sample among the k most likely bytes (0: all)")->capture_default_str();
+  app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")->check(cli::real(0, 1e6))->capture_default_str();
+  app.add_option("--top-k", top_k, "sample among the k most likely bytes (0: all)")->transform(cli::count(0, 256));
   app.add_option("--out", out, "folder for the log and the loss curve")->capture_default_str();
+  app.add_flag("--detect-anomaly", detect_anomaly, "check every op for NaN and Inf, to name the op behind a non-finite loss (slow)");
   app.add_flag("--quiet", quiet, "no progress line");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
   c.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
 
-  try {
+  // Under mpirun every rank runs this program; rank 0 alone prints and writes files.
+  std::shared_ptr<Sharing> sharing = std::make_shared<Sharing>();
+  std::function<void(int)> end_job;
+#ifdef XGRAD_HAS_DISTRIBUTED
+  std::shared_ptr<MpiSharing> mpi;
+  if (xgrad::distributed::launched_by_mpi()) {
+    auto& group = xgrad::distributed::ProcessGroup::world();
+    mpi = std::make_shared<MpiSharing>(group);
+    sharing = mpi;
+    // Another rank may be waiting in a collective: one rank's failure ends them all.
+    if (group.distributed()) end_job = [&group](int code) { group.abort(code); };
+  }
+#endif
+  const int rank = sharing->rank();
+  const bool lead = rank == 0;
+  quiet = quiet || !lead;
+  const std::string program = sharing->size() > 1 ? "train_lm (rank " + std::to_string(rank) + ")" : "train_lm";
+
+  return cli::run(program, [&] {
     xgrad::set_num_threads(threads);
     if (sample > 0) {
-      if (checkpoint.empty()) xgrad::fail("--sample needs --checkpoint");
+      if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
       const TrainConfig saved = checkpoint_config(checkpoint);
       xgrad::Generator init(0);
       xgrad::nn::LanguageModel model(model_options(saved), init);
       xgrad::nn::load_checkpoint(checkpoint, model);
-      std::printf("%s\n", sample_text(model, prompt, sample, temperature, top_k, c.seed).c_str());
-      return 0;
+      if (lead) std::printf("%s\n", sample_text(model, prompt, sample, temperature, top_k, c.seed).c_str());
+      return;
     }
-    if (resume && checkpoint.empty()) xgrad::fail("--resume needs --checkpoint");
-    validate(c);
-    const std::string text = text_path.empty() ? grammar_text(text_bytes, 12345) : read_text(text_path);
+    std::string text;
+    cli::as_usage([&] {
+      if (resume && checkpoint.empty()) xgrad::fail("--resume needs --checkpoint");
+      validate(c);
+      // Every output is checked before training, so a long run is never lost to a typo.
+      if (lead && !checkpoint.empty()) xgrad::check_writable_file(checkpoint, "train_lm: --checkpoint");
+      if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");
+      const double max_text = cli::memory_limit_bytes() / 8;  // the text is held about four times
+      if (text_path.empty()) {
+        cli::check_memory(8.0 * static_cast<double>(text_bytes), "the built-in text of --text-bytes " + std::to_string(text_bytes));
+        text = grammar_text(text_bytes, 12345);
+      } else {
+        text = read_text(text_path, static_cast<std::uint64_t>(max_text));
+      }
+    });
     const double unigram = unigram_entropy(text);
-    Trainer trainer(c, split(text, c.valid_fraction, c.seq_len));
-    if (resume) trainer.resume(checkpoint);
+    const DataSource source = identify(text_path.empty() ? "built-in grammar" : text_path, text);
+    std::unique_ptr<Trainer> trainer;
+#ifdef XGRAD_HAS_DISTRIBUTED
+    if (mpi) {
+      nlohmann::json settings = {{"text", source.describe()}, {"--resume", resume}, {"--checkpoint", checkpoint}};
+      const nlohmann::json config = c.to_json();
+      for (const auto& [key, value] : config.items()) {
+        std::string flag = "--" + key;
+        std::replace(flag.begin(), flag.end(), '_', '-');
+        settings[flag] = value;
+      }
+      mpi->check_agreement(settings);
+    }
+#endif
+    cli::as_usage([&] {
+      trainer = std::make_unique<Trainer>(c, split(text, c.valid_fraction, c.seq_len), source, sharing);
+      if (resume) trainer->resume(checkpoint);
+    });
+    std::optional<xgrad::AnomalyGuard> anomaly;
+    if (detect_anomaly) anomaly.emplace();
+    if (!lead) {
+      trainer->run(c.steps, {}, checkpoint, checkpoint_interval);
+      trainer->validation_loss();  // a collective: every rank takes part
+      return;
+    }
+    if (sharing->size() > 1) std::printf("data-parallel on %d processes, %zu sequences each\n", sharing->size(), c.batch / sharing->size());
     std::printf("text: %s, %zu bytes, unigram entropy %.3f nats/byte\n", text_path.empty() ? "built-in grammar" : text_path.c_str(),
                 text.size(), unigram);
     std::printf("model: %zu layers, d_model %zu, %zu heads, %zu parameters; %zu steps of %zu x %zu bytes%s\n", c.layers,
-                c.d_model, c.heads, trainer.model().num_parameters(), c.steps, c.batch, c.seq_len,
-                resume ? (", resuming at step " + std::to_string(trainer.step())).c_str() : "");
+                c.d_model, c.heads, trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
+                resume ? (", resuming at step " + std::to_string(trainer->step())).c_str() : "");
 
-    viz::ProgressLine line(quiet, c.eval_interval);
+    viz::ProgressLine line(quiet, c.eval_interval ? c.eval_interval : std::max<std::size_t>(c.steps / 10, 1));
     float last_valid = -1;
-    const std::size_t first = trainer.step();
-    trainer.run(c.steps, [&](const LogEntry& e) {
+    const std::size_t first = trainer->step();
+    auto on_step = [&](const LogEntry& e) {
       if (e.valid_loss) last_valid = *e.valid_loss;
       const double done = static_cast<double>(e.step - first);
       const double left = e.seconds / std::max(done, 1.0) * static_cast<double>(c.steps - e.step);
@@ -127,20 +192,23 @@ int main(int argc, char** argv) {
                     static_cast<double>(e.train_loss), last_valid < 0 ? "  -  " : std::to_string(last_valid).substr(0, 5).c_str(),
                     done * static_cast<double>(c.batch * c.seq_len) / std::max(e.seconds, 1e-9), viz::duration(left).c_str());
       line.update(e.step, c.steps, text_line);
-    }, checkpoint, checkpoint_interval);
+    };
+    try {
+      trainer->run(c.steps, on_step, checkpoint, checkpoint_interval);
+    } catch (const xgrad::Error&) {
+      line.finish();
+      write_log(out, trainer->log(), unigram);  // the steps before the failure, to look at
+      throw;
+    }
     line.finish();
-    if (!checkpoint.empty()) trainer.save(checkpoint);
+    anomaly.reset();
+    if (!checkpoint.empty()) trainer->save(checkpoint);
 
-    const float valid = trainer.validation_loss();
+    const float valid = trainer->validation_loss();
     std::printf("validation loss %.3f nats/byte (unigram entropy %.3f)\n", static_cast<double>(valid), unigram);
-    std::filesystem::create_directories(out);
-    write_log(out, trainer.log(), unigram);
+    write_log(out, trainer->log(), unigram);
     std::printf("log: %s/log.csv, curve: %s/loss.svg%s%s\n", out.c_str(), out.c_str(), checkpoint.empty() ? "" : ", checkpoint: ",
                 checkpoint.c_str());
-    std::printf("sample: %s\n", sample_text(trainer.model(), prompt, 120, temperature, top_k, c.seed).c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+    std::printf("sample: %s\n", sample_text(trainer->model(), prompt, 120, temperature, top_k, c.seed).c_str());
+  }, end_job);
 }

@@ -1,8 +1,11 @@
 // The language-model training loop and its checkpoints.
 #include "trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
@@ -10,13 +13,55 @@
 #include "xgrad/core/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/optim/clip.hpp"
+#include "xgrad/optim/finite.hpp"
+#include "common/memory.hpp"
 
 namespace lm {
 
 using namespace xgrad;
 
 namespace {
+
 constexpr const char* kFormat = "xgrad-train-lm-1";
+
+// Sizes past these are typos, not plans; they also bound what a checkpoint may ask us to build.
+constexpr std::size_t kMaxLayers = 1024, kMaxWidth = 1 << 16, kMaxSeqLen = 1 << 16, kMaxBatch = 1 << 20,
+                      kMaxSteps = 100'000'000;
+
+const std::string& meta_field(const Metadata& meta, const std::string& key, const std::string& path) {
+  auto it = meta.find(key);
+  if (it == meta.end()) fail("train_lm: checkpoint '", path, "' has no \"", key, "\" in its metadata");
+  return it->second;
+}
+
+// A plain decimal step count (no sign, no spaces), or an Error naming the file.
+std::size_t parse_step(const std::string& text, const std::string& path) {
+  std::size_t v = 0;
+  bool ok = !text.empty() && text.size() <= 19;
+  for (char ch : text) {
+    ok = ok && ch >= '0' && ch <= '9';
+    if (ok) v = v * 10 + static_cast<std::size_t>(ch - '0');
+  }
+  if (!ok) fail("train_lm: checkpoint '", path, "' has step \"", text.substr(0, 40), "\", which is not a whole number");
+  return v;
+}
+
+}  // namespace
+
+DataSource identify(const std::string& name, const std::string& text) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return {name, text.size(), h};
+}
+
+nlohmann::json DataSource::to_json() const {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a));
+  return {{"name", name}, {"bytes", bytes}, {"fnv1a", hex}};
+}
+
+std::string DataSource::describe() const {
+  return "'" + name + "' (" + std::to_string(bytes) + " bytes, FNV-1a " + to_json()["fnv1a"].get<std::string>() + ")";
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -57,17 +102,42 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
 }
 
 void validate(const TrainConfig& c) {
-  if (c.layers == 0) fail("layers must be at least 1");
-  if (c.heads == 0 || c.d_model % c.heads != 0) fail("d-model ", c.d_model, " is not divisible by heads ", c.heads);
-  if (c.seq_len == 0) fail("sequence length must be at least 1");
-  if (c.batch == 0) fail("batch must be at least 1");
-  if (!(std::isfinite(c.lr) && c.lr > 0.f)) fail("learning rate ", c.lr, " must be positive");
-  if (!(c.min_lr >= 0.f && c.min_lr <= c.lr)) fail("min-lr ", c.min_lr, " must be between 0 and the learning rate ", c.lr);
-  if (c.steps <= c.warmup) fail("steps (", c.steps, ") must exceed warm-up steps (", c.warmup, ")");
-  if (!(c.weight_decay >= 0.f)) fail("weight decay ", c.weight_decay, " must be >= 0");
-  if (!(c.clip >= 0.f)) fail("clip ", c.clip, " must be >= 0");
-  if (!(c.dropout >= 0.f && c.dropout < 1.f)) fail("dropout ", c.dropout, " is outside [0, 1)");
-  if (c.eval_batches == 0) fail("eval batches must be at least 1");
+  auto at_most = [](const char* flag, std::size_t v, std::size_t max) {
+    if (v > max) fail(flag, " ", v, " is more than ", max);
+  };
+  if (c.layers == 0) fail("--layers must be at least 1");
+  at_most("--layers", c.layers, kMaxLayers);
+  at_most("--d-model", c.d_model, kMaxWidth);
+  at_most("--d-ff", c.d_ff, 4 * kMaxWidth);
+  at_most("--seq-len", c.seq_len, kMaxSeqLen);
+  at_most("--batch", c.batch, kMaxBatch);
+  at_most("--steps", c.steps, kMaxSteps);
+  at_most("--eval-batches", c.eval_batches, kMaxBatch);
+  if (c.heads == 0 || c.d_model % c.heads != 0) fail("--d-model ", c.d_model, " is not divisible by --heads ", c.heads);
+  if (c.seq_len == 0) fail("--seq-len must be at least 1");
+  if (c.batch == 0) fail("--batch must be at least 1");
+  if (c.steps == 0) fail("--steps must be at least 1");
+  if (!(std::isfinite(c.lr) && c.lr > 0.f)) fail("--lr ", c.lr, " must be positive and finite");
+  if (!(c.min_lr >= 0.f && c.min_lr <= c.lr)) fail("--min-lr ", c.min_lr, " must be between 0 and the learning rate ", c.lr);
+  if (c.warmup >= c.steps) fail("--warmup ", c.warmup, " must be fewer than the ", c.steps, " steps of the run");
+  if (!(c.weight_decay >= 0.f && std::isfinite(c.weight_decay))) fail("--weight-decay ", c.weight_decay, " must be >= 0 and finite");
+  if (!(c.clip >= 0.f && std::isfinite(c.clip))) fail("--clip ", c.clip, " must be >= 0 and finite");
+  if (!(c.dropout >= 0.f && c.dropout < 1.f)) fail("--dropout ", c.dropout, " is outside [0, 1)");
+  if (!(c.valid_fraction > 0 && c.valid_fraction < 1)) fail("--valid-fraction ", c.valid_fraction, " is outside (0, 1)");
+  if (c.eval_batches == 0) fail("--eval-batches must be at least 1");
+  cli::check_memory(training_bytes(c), "a training step of this model");
+}
+
+double training_bytes(const TrainConfig& c) {
+  cli::TransformerSize s;
+  s.layers = static_cast<double>(c.layers);
+  s.d_model = static_cast<double>(c.d_model);
+  s.heads = static_cast<double>(c.heads);
+  s.d_ff = static_cast<double>(c.d_ff ? c.d_ff : 4 * c.d_model);
+  s.vocab = 256;
+  s.batch = static_cast<double>(c.batch);
+  s.seq_len = static_cast<double>(c.seq_len);
+  return cli::transformer_training_bytes(s);
 }
 
 nn::LanguageModelOptions model_options(const TrainConfig& c) {
@@ -78,17 +148,34 @@ nn::LanguageModelOptions model_options(const TrainConfig& c) {
       .norm(c.norm);
 }
 
-Trainer::Trainer(const TrainConfig& c, Corpus corpus)
+Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shared_ptr<Sharing> sharing)
     : config_((validate(c), c)),
+      sharing_(sharing ? std::move(sharing) : std::make_shared<Sharing>()),
+      schedule_steps_(c.steps),
+      source_(std::move(data)),
       corpus_(std::move(corpus)),
       init_(c.seed),
       data_(c.seed + 1),
       schedule_(optim::ScheduleOptions(c.lr).warmup_steps(c.warmup).total_steps(c.steps).decay(optim::Decay::cosine).min_lr(c.min_lr)) {
+  const auto ranks = static_cast<std::size_t>(sharing_->size());
+  if (c.batch % ranks != 0) fail("train_lm: --batch ", c.batch, " does not divide among ", ranks, " processes");
   valid_ = eval_batches(corpus_.valid, c.batch, c.seq_len, c.eval_batches);
   if (valid_.empty()) fail("train_lm: the validation text is shorter than one batch of ", c.batch, " x ", c.seq_len + 1, " bytes");
+  for (Batch& b : valid_) b = share(b);
   model_ = std::make_unique<nn::LanguageModel>(model_options(c), init_);
+  sharing_->wrap(*model_);
   optimizer_ = std::make_unique<optim::AdamW>(model_->named_parameters(), optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
-  manual_seed(c.seed + 2);  // dropout masks
+}
+
+Batch Trainer::share(const Batch& global) const {
+  const std::size_t ranks = static_cast<std::size_t>(sharing_->size());
+  if (ranks == 1) return global;
+  const std::size_t rows = global.ids.shape()[0] / ranks, T = global.ids.shape()[1];
+  const std::size_t from = static_cast<std::size_t>(sharing_->rank()) * rows;
+  Batch b{IndexArray::from_shape({rows, T}), IndexArray::from_shape({rows, T})};
+  std::copy_n(global.ids.data() + from * T, rows * T, b.ids.data());
+  std::copy_n(global.targets.data() + from * T, rows * T, b.targets.data());
+  return b;
 }
 
 float Trainer::validation_loss() {
@@ -97,7 +184,8 @@ float Trainer::validation_loss() {
   double total = 0;
   for (const Batch& b : valid_) total += model_->loss(b.ids, b.targets).item();
   model_->train();
-  return static_cast<float>(total / static_cast<double>(valid_.size()));
+  // Every rank holds the same number of rows, so the mean of the ranks' means is the global mean.
+  return static_cast<float>(sharing_->mean(total / static_cast<double>(valid_.size())));
 }
 
 void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>& on_step, const std::string& checkpoint,
@@ -106,10 +194,25 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
   model_->train();
   const auto start = std::chrono::steady_clock::now();
   while (step_ < until) {
-    const Batch b = sample_batch(corpus_.train, config_.batch, config_.seq_len, data_);
-    const Tensor loss = model_->loss(b.ids, b.targets);
-    optimizer_->zero_grad();
-    loss.backward();
+    const Batch b = share(sample_batch(corpus_.train, config_.batch, config_.seq_len, data_));
+    // Dropout masks: a generator seeded from (seed, rank, step), so ranks draw different masks
+    // and a resumed run draws the same ones as an uninterrupted one.
+    default_generator().manual_seed(config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(sharing_->rank()) * 1000003ull +
+                                    step_);
+    float loss = 0;
+    try {
+      const Tensor local = model_->loss(b.ids, b.targets);
+      optimizer_->zero_grad();
+      local.backward();
+      loss = static_cast<float>(sharing_->mean(local.item()));
+      optim::check_finite(step_ + 1, loss, optimizer_->params());
+    } catch (const Error& e) {
+      const std::string what = e.what();  // check_finite's message names the step already; anomaly's does not
+      fail("train_lm: ", what.rfind("step ", 0) == 0 ? "" : "step " + std::to_string(step_ + 1) + ": ", what,
+           "; training stopped before this step's update",
+           checkpoint.empty() ? "" : " (the checkpoint on disk holds the last good state)",
+           anomaly_enabled() ? "" : "; --detect-anomaly names the op that made it");
+    }
     if (config_.clip > 0.f) optim::clip_grad_norm(optimizer_->params(), config_.clip);
     const float lr = schedule_.lr(step_);
     optimizer_->set_lr(lr);
@@ -117,9 +220,12 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
     ++step_;
     LogEntry e;
     e.step = step_;
-    e.train_loss = loss.item();
+    e.train_loss = loss;
     e.lr = lr;
-    if (step_ % config_.eval_interval == 0 || step_ == config_.steps) e.valid_loss = validation_loss();
+    if ((config_.eval_interval && step_ % config_.eval_interval == 0) || step_ == config_.steps) {
+      e.valid_loss = validation_loss();
+      if (!std::isfinite(*e.valid_loss)) fail("train_lm: step ", step_, ": the validation loss is not finite (", *e.valid_loss, "); training stopped");
+    }
     e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     log_.push_back(e);
     if (on_step) on_step(e);
@@ -128,11 +234,13 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
 }
 
 void Trainer::save(const std::string& path) {
+  if (sharing_->rank() != 0) return;
   const Metadata meta = {{"format", kFormat},
                          {"step", std::to_string(step_)},
+                         {"schedule_steps", std::to_string(schedule_steps_)},
+                         {"data", source_.to_json().dump()},
                          {"config", config_.to_json().dump()},
-                         {"data_rng", data_.state()},
-                         {"dropout_rng", default_generator().state()}};
+                         {"data_rng", data_.state()}};
   nn::save_checkpoint(path, *model_, optimizer_->state_dict(), meta);
 }
 
@@ -142,32 +250,71 @@ TrainConfig checkpoint_config(const std::string& checkpoint) {
   if (it == file.metadata.end() || it->second != kFormat) {
     fail("train_lm: '", checkpoint, "' is not a train_lm checkpoint (no format \"", kFormat, "\" in its metadata)");
   }
+  TrainConfig c;
   try {
-    return TrainConfig::from_json(nlohmann::json::parse(file.metadata.at("config")));
+    c = TrainConfig::from_json(nlohmann::json::parse(meta_field(file.metadata, "config", checkpoint)));
   } catch (const nlohmann::json::exception& e) {
     fail("train_lm: '", checkpoint, "' has an unreadable config (", e.what(), ")");
   }
+  try {
+    validate(c);
+  } catch (const Error& e) {
+    fail("train_lm: '", checkpoint, "' holds a configuration that cannot be used: ", e.what());
+  }
+  return c;
 }
 
 void Trainer::resume(const std::string& checkpoint) {
   const TrainConfig saved = checkpoint_config(checkpoint);
-  if (saved.to_json() != config_.to_json()) {
-    fail("train_lm: --resume with different settings than the checkpoint's: ", saved.to_json().dump(), " vs ",
-         config_.to_json().dump());
+  nlohmann::json mine = config_.to_json(), theirs = saved.to_json();
+  std::string differ;
+  for (auto it = mine.begin(); it != mine.end(); ++it) {
+    if (it.key() == "steps" || theirs[it.key()] == it.value()) continue;
+    std::string flag = it.key();
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    differ += (differ.empty() ? "" : ", ") + ("--" + flag) + " " + theirs[it.key()].dump() + " in the checkpoint, " + it.value().dump() + " now";
   }
+  if (!differ.empty()) fail("train_lm: --resume with different settings than the checkpoint's: ", differ);
   // Read everything first, so a bad file changes nothing.
   const SafetensorsContents file = load_safetensors(checkpoint);
   const Metadata& meta = file.metadata;
-  const std::size_t step = std::stoul(meta.at("step"));
+  const std::size_t step = parse_step(meta_field(meta, "step", checkpoint), checkpoint);
+  if (step >= config_.steps) {
+    fail("train_lm: checkpoint '", checkpoint, "' is at step ", step, ", not before the run's last step ", config_.steps,
+         "; pass a larger --steps to train on");
+  }
+  const std::size_t schedule_steps = meta.count("schedule_steps") ? parse_step(meta.at("schedule_steps"), checkpoint) : saved.steps;
+  if (schedule_steps <= config_.warmup || schedule_steps > kMaxSteps) {
+    fail("train_lm: checkpoint '", checkpoint, "' has a schedule of ", schedule_steps, " steps, which cannot follow ", config_.warmup,
+         " warm-up steps");
+  }
+  if (meta.count("data")) {
+    DataSource theirs_data;
+    try {
+      const auto j = nlohmann::json::parse(meta.at("data"));
+      theirs_data.name = j.at("name").get<std::string>();
+      theirs_data.bytes = j.at("bytes").get<std::uint64_t>();
+      theirs_data.fnv1a = std::stoull(j.at("fnv1a").get<std::string>(), nullptr, 16);
+    } catch (const std::exception& e) {
+      fail("train_lm: checkpoint '", checkpoint, "' has unreadable data metadata (", e.what(), ")");
+    }
+    if (theirs_data.bytes != source_.bytes || theirs_data.fnv1a != source_.fnv1a) {
+      fail("train_lm: --resume with other data than the checkpoint was trained on: ", theirs_data.describe(), " then, ",
+           source_.describe(), " now");
+    }
+  }
   Generator data = data_;
-  data.set_state(meta.at("data_rng"));
-  Generator dropout;
-  dropout.set_state(meta.at("dropout_rng"));
+  data.set_state(meta_field(meta, "data_rng", checkpoint));
   const nn::Checkpoint ck = nn::load_checkpoint(checkpoint, *model_);
   optimizer_->load_state_dict(ck.optimizer_state);
   data_ = data;
-  default_generator() = dropout;
   step_ = step;
+  schedule_steps_ = schedule_steps;
+  schedule_ = optim::LrSchedule(optim::ScheduleOptions(config_.lr)
+                                    .warmup_steps(config_.warmup)
+                                    .total_steps(schedule_steps)
+                                    .decay(optim::Decay::cosine)
+                                    .min_lr(config_.min_lr));
 }
 
 }  // namespace lm

@@ -1,6 +1,6 @@
 // Training a byte-level LanguageModel: AdamW with warm-up and cosine decay, gradient clipping,
 // periodic validation, and checkpoints that resume exactly (model, optimizer state, step, and
-// the states of the data and dropout generators).
+// the data generator's state; dropout masks come from a generator seeded by seed, rank and step).
 #pragma once
 
 #include <functional>
@@ -28,15 +28,25 @@ struct TrainConfig {
   float lr = 3e-3f, min_lr = 3e-4f, weight_decay = 0.1f, clip = 1.f;  // clip 0: none
   // data and evaluation
   double valid_fraction = 0.1;
-  std::size_t eval_interval = 100, eval_batches = 8;
+  std::size_t eval_interval = 100, eval_batches = 8;  // eval_interval 0: validate at the end only
   std::uint64_t seed = 0;
 
   nlohmann::json to_json() const;
   static TrainConfig from_json(const nlohmann::json& j);
 };
 
-// Throws xgrad::Error naming an impossible setting.
+// Throws xgrad::Error naming an impossible or absurd setting (by its flag), including one whose
+// model and batches could not fit in this process's memory.
 void validate(const TrainConfig& config);
+
+// The bytes a run trains on, identified by content so that --resume can refuse other data.
+struct DataSource {
+  std::string name;  // the file's path, or "built-in grammar"
+  std::uint64_t bytes = 0, fnv1a = 0;  // size and 64-bit FNV-1a hash of the bytes
+  nlohmann::json to_json() const;
+  std::string describe() const;  // "'a.txt' (1234 bytes, FNV-1a 0123abcd...)"
+};
+DataSource identify(const std::string& name, const std::string& text);
 
 struct LogEntry {
   std::size_t step = 0;  // 1-based: the step just taken
@@ -45,17 +55,36 @@ struct LogEntry {
   double seconds = 0;
 };
 
+// How a run shares its work with other processes. The default is one process; a data-parallel
+// run (train_lm under mpirun) passes its own: the trainer then trains on rows
+// [rank * batch / size, (rank + 1) * batch / size) of every global batch, averages the losses it
+// reports, and expects wrap() to make backward average the gradients over the processes.
+class Sharing {
+ public:
+  virtual ~Sharing() = default;
+  virtual int rank() const { return 0; }
+  virtual int size() const { return 1; }
+  virtual double mean(double v) { return v; }  // over the processes
+  virtual void wrap(xgrad::nn::Module&) {}     // once, after the model is built
+};
+
 class Trainer {
  public:
-  Trainer(const TrainConfig& config, Corpus corpus);
+  Trainer(const TrainConfig& config, Corpus corpus, DataSource data = {}, std::shared_ptr<Sharing> sharing = {});
 
-  // Continues from a checkpoint written by save(); the model options must match.
+  // Continues from a checkpoint written by save(). Every setting but `steps` must match the
+  // checkpoint's (an error names the flags that differ), and so must the data. A larger `steps`
+  // extends the run: the learning-rate schedule stays the one the run started with, so steps
+  // past its end train at min_lr.
   void resume(const std::string& checkpoint);
   // Trains until `step` steps have been taken in all (including resumed ones). `on_step` sees
   // every log entry; a checkpoint is written every `checkpoint_interval` steps when both are set.
+  // A NaN or infinite loss or gradient stops the run with an Error naming the step, before the
+  // optimizer touches the weights (earlier checkpoints stay as they were).
   void run(std::size_t step, const std::function<void(const LogEntry&)>& on_step = {},
            const std::string& checkpoint = "", std::size_t checkpoint_interval = 0);
   float validation_loss();
+  // Writes a checkpoint (on rank 0 only; the other ranks' state is the same).
   void save(const std::string& path);
 
   std::size_t step() const { return step_; }
@@ -64,10 +93,14 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
 
  private:
+  Batch share(const Batch& global) const;  // this rank's rows
   TrainConfig config_;
+  std::shared_ptr<Sharing> sharing_;
+  std::size_t schedule_steps_;  // the schedule's length: the first run's steps, kept on resume
+  DataSource source_;
   Corpus corpus_;
   std::vector<Batch> valid_;
-  xgrad::Generator init_, data_;
+  xgrad::Generator init_, data_;  // the same on every rank: every rank draws the whole batch
   std::unique_ptr<xgrad::nn::LanguageModel> model_;
   std::unique_ptr<xgrad::optim::AdamW> optimizer_;
   xgrad::optim::LrSchedule schedule_;
@@ -77,7 +110,12 @@ class Trainer {
 
 xgrad::nn::LanguageModelOptions model_options(const TrainConfig& config);
 
-// Reads the training config stored in a checkpoint (to rebuild its model for sampling).
+// Reads the training config stored in a checkpoint (to rebuild its model for sampling), refusing
+// one that validate() refuses.
 TrainConfig checkpoint_config(const std::string& checkpoint);
+
+// The estimated bytes a training step of this config needs (parameters, optimizer state,
+// activations and their gradients).
+double training_bytes(const TrainConfig& config);
 
 }  // namespace lm

@@ -1,0 +1,225 @@
+// Bucketed gradient averaging during backward. Each bucket is one contiguous buffer holding its
+// parameters' gradients and, after them, one flag per parameter (1 when this rank produced a
+// gradient for it), so a single reduction also tells every rank which parameters got a gradient
+// anywhere. Buckets are reduced strictly in order (0, 1, ...) on every rank, whatever order the
+// gradients arrive in, so the collectives always match across ranks.
+#include "xgrad/distributed/data_parallel.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/tape.hpp"
+
+namespace xgrad::distributed {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+std::vector<std::string> signatures(const NamedTensors& params) {
+  std::vector<std::string> out;
+  for (const auto& [name, p] : params) out.push_back(name + " " + shape_str(p.shape()));
+  return out;
+}
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string s;
+  for (const std::string& p : parts) s += p + '\n';
+  return s;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at < s.size()) {
+    const std::size_t end = s.find('\n', at);
+    out.push_back(s.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+double ReductionStats::overlap() const { return reduce_seconds > 0 ? std::clamp(1.0 - wait_seconds / reduce_seconds, 0.0, 1.0) : 0.0; }
+
+struct DataParallel::State {
+  struct Slot {
+    Tensor param;
+    std::size_t bucket = 0, offset = 0, flag = 0;  // gradient at offset, flag at index `flag`
+    int hook = -1;
+  };
+  struct Bucket {
+    Array data;  // gradients, then one flag per parameter
+    std::size_t expected = 0, arrived = 0;
+    std::vector<std::size_t> slots;
+    Request request;
+  };
+  std::vector<Slot> slots;
+  std::vector<Bucket> buckets;
+  std::vector<char> arrived;
+  std::size_t next_launch = 0;
+  bool in_pass = false;
+  Clock::time_point first_launch;
+  bool launched_any = false;
+
+  void launch(ProcessGroup& group, std::size_t b) {
+    Bucket& bucket = buckets[b];
+    if (!launched_any) {
+      first_launch = Clock::now();
+      launched_any = true;
+    }
+    bucket.request = group.iallreduce_sum(bucket.data.data(), bucket.data.size());
+  }
+
+  // Starts, in order, every bucket whose gradients have all arrived, then lets MPI progress.
+  void launch_ready(ProcessGroup& group) {
+    while (next_launch < buckets.size() && buckets[next_launch].arrived == buckets[next_launch].expected) {
+      launch(group, next_launch++);
+    }
+    for (std::size_t b = 0; b < next_launch; ++b) {
+      if (buckets[b].request.pending()) buckets[b].request.test();
+    }
+  }
+};
+
+DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, const DataParallelOptions& options)
+    : module_(module), group_(group), state_(std::make_unique<State>()) {
+  if (options.bucket_bytes() < 4) fail("DataParallel: bucket_bytes ", options.bucket_bytes(), " is less than one float");
+  NamedTensors params = module.named_parameters();
+  const std::vector<std::string> mine = signatures(params);
+
+  // Every rank compares its parameters with rank 0's, then all agree on the first difference.
+  std::string reference = join(mine);
+  group.broadcast(reference, 0);
+  const std::vector<std::string> theirs = split_lines(reference);
+  std::size_t first_diff = SIZE_MAX;
+  for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+    if (i >= mine.size() || i >= theirs.size() || mine[i] != theirs[i]) {
+      first_diff = i;
+      break;
+    }
+  }
+  const std::uint64_t agreed = group.allreduce_min(first_diff);
+  if (agreed != SIZE_MAX) {
+    auto at = [&](const std::vector<std::string>& v) { return agreed < v.size() ? "'" + v[agreed] + "'" : std::string("nothing"); };
+    if (agreed == first_diff) {
+      fail("DataParallel: rank ", group.rank(), ": the ranks' models differ at parameter ", agreed, ": rank 0 has ", at(theirs),
+           ", this rank has ", at(mine));
+    }
+    fail("DataParallel: rank ", group.rank(), ": the ranks' models differ at parameter ", agreed, " (rank 0 has ", at(theirs),
+         ", as this rank does; another rank has something else)");
+  }
+  for (auto& [name, p] : params) {
+    if (!p.requires_grad()) continue;
+    group.broadcast(p.mutable_value(), 0);
+  }
+
+  // Buckets in reverse registration order, the order backward finishes gradients in.
+  State& s = *state_;
+  const std::size_t bucket_floats = options.bucket_bytes() / 4;
+  std::vector<std::vector<std::size_t>> members(1);
+  std::size_t floats = 0;
+  for (std::size_t i = params.size(); i-- > 0;) {
+    const Tensor& p = params[i].second;
+    if (!p.requires_grad()) continue;
+    if (floats > 0 && floats + p.size() > bucket_floats) {
+      members.emplace_back();
+      floats = 0;
+    }
+    State::Slot slot;
+    slot.param = p;
+    slot.bucket = members.size() - 1;
+    slot.offset = floats;
+    floats += p.size();
+    members.back().push_back(s.slots.size());
+    s.slots.push_back(slot);
+  }
+  for (const auto& m : members) {
+    if (m.empty()) continue;
+    State::Bucket bucket;
+    std::size_t n = 0;
+    for (std::size_t k : m) {
+      s.slots[k].bucket = s.buckets.size();
+      n += s.slots[k].param.size();
+    }
+    for (std::size_t j = 0; j < m.size(); ++j) s.slots[m[j]].flag = n + j;
+    bucket.data = Array::from_shape({n + m.size()});
+    bucket.expected = m.size();
+    bucket.slots = m;
+    s.buckets.push_back(std::move(bucket));
+  }
+  s.arrived.assign(s.slots.size(), 0);
+
+  for (std::size_t k = 0; k < s.slots.size(); ++k) {
+    s.slots[k].hook = s.slots[k].param.register_hook([this, k](Array& grad) {
+      State& st = *state_;
+      if (!st.in_pass) {
+        st.in_pass = true;
+        st.next_launch = 0;
+        st.launched_any = false;
+        std::fill(st.arrived.begin(), st.arrived.end(), 0);
+        for (auto& b : st.buckets) {
+          b.arrived = 0;
+          std::fill(b.data.begin(), b.data.end(), 0.f);
+        }
+        queue_backward_callback([this] { finish_pass(); });
+      }
+      State::Slot& slot = st.slots[k];
+      State::Bucket& bucket = st.buckets[slot.bucket];
+      if (!st.arrived[k]) {
+        st.arrived[k] = 1;
+        ++bucket.arrived;
+      }
+      // The gradient goes into the bucket; the parameter itself receives zeros now and the
+      // mean over ranks when backward ends.
+      std::memcpy(bucket.data.data() + slot.offset, grad.data(), grad.size() * sizeof(float));
+      bucket.data.data()[slot.flag] = 1.f;
+      std::fill(grad.begin(), grad.end(), 0.f);
+      st.launch_ready(group_);
+    });
+  }
+}
+
+void DataParallel::finish_pass() {
+  State& s = *state_;
+  const Clock::time_point sweep_end = Clock::now();
+  // Gradients that never arrived on this rank count as zeros (their flag stays 0).
+  while (s.next_launch < s.buckets.size()) s.launch(group_, s.next_launch++);
+  for (auto& b : s.buckets) b.request.wait();
+  const Clock::time_point end = Clock::now();
+  const float inv = 1.f / static_cast<float>(group_.size());
+  std::size_t bytes = 0;
+  for (State::Slot& slot : s.slots) {
+    const State::Bucket& bucket = s.buckets[slot.bucket];
+    if (bucket.data.data()[slot.flag] == 0.f) continue;  // no rank produced a gradient
+    const float* sum = bucket.data.data() + slot.offset;
+    if (!slot.param.has_grad()) slot.param.set_grad(xt::zeros<float>(slot.param.shape()));
+    float* g = slot.param.mutable_grad().data();
+    for (std::size_t i = 0, n = slot.param.size(); i < n; ++i) g[i] += sum[i] * inv;
+  }
+  for (const auto& b : s.buckets) bytes += b.data.size() * sizeof(float);
+  stats_.buckets = s.buckets.size();
+  stats_.bytes = bytes;
+  stats_.reduce_seconds = s.launched_any ? seconds_between(s.first_launch, end) : 0.0;
+  stats_.wait_seconds = seconds_between(sweep_end, end);
+  s.in_pass = false;
+}
+
+DataParallel::~DataParallel() {
+  for (State::Slot& slot : state_->slots) {
+    if (slot.hook >= 0) slot.param.remove_hook(slot.hook);
+  }
+  for (auto& b : state_->buckets) {
+    if (b.request.pending()) b.request.wait();
+  }
+}
+
+std::size_t DataParallel::num_buckets() const { return state_->buckets.size(); }
+
+}  // namespace xgrad::distributed

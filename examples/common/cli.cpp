@@ -1,0 +1,110 @@
+// Validators, parsing and main's error handling for the examples.
+#include "cli.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace cli {
+
+namespace {
+
+// The value of a plain decimal integer, or nullopt for anything else (a sign, a prefix, an
+// exponent, a space, a value past 2^64-1).
+std::optional<std::uint64_t> parse_decimal(const std::string& s) {
+  if (s.empty() || s.size() > 20) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (v > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+
+}  // namespace
+
+CLI::Validator count(std::uint64_t lo, std::uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        const auto v = parse_decimal(s);
+        if (!v) return "'" + s + "' is not a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
+        if (*v < lo || *v > hi) return s + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+        s = std::to_string(*v);  // CLI11 converts with base 0 next: "010" would become 8
+        return {};
+      },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+CLI::Validator seed() { return count(0, std::numeric_limits<std::uint64_t>::max()); }
+
+CLI::Validator real(double lo, double hi, bool open_low, bool allow_inf) {
+  std::ostringstream os;
+  os << (open_low ? "(" : "[") << lo << ", " << hi << "]";
+  const std::string range = os.str();
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || std::isnan(v)) return "'" + s + "' is not a number";
+        if (std::isinf(v) && !(allow_inf && v > 0 && std::isinf(hi))) return "'" + s + "' is not a finite number";
+        if (v < lo || v > hi || (open_low && v == lo)) return s + " is outside " + range;
+        return {};
+      },
+      "REAL in " + range);
+}
+
+std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s: error: %s\nRun with --help for the options.\n", app.get_name().c_str(), e.what());
+    return 2;
+  }
+  return std::nullopt;
+}
+
+int run(const std::string& program, const std::function<void()>& body, const std::function<void(int)>& on_failure) {
+  // Messages of the example's own code often start with the program's name already.
+  auto fail_with = [&](int code, const char* what) {
+    const std::string name = program.substr(0, program.find(' '));
+    if (std::string(what).compare(0, name.size() + 2, name + ": ") == 0) what += name.size() + 2;
+    std::fprintf(stderr, "%s: error: %s\n", program.c_str(), what);
+    std::fflush(stderr);
+    if (on_failure) on_failure(code);
+    return code;
+  };
+  try {
+    body();
+    return 0;
+  } catch (const UsageError& e) {
+    return fail_with(2, e.what());
+  } catch (const std::exception& e) {
+    return fail_with(1, e.what());
+  } catch (...) {
+    return fail_with(1, "an unknown exception");
+  }
+}
+
+void as_usage(const std::function<void()>& check) {
+  try {
+    check();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const xgrad::Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+void check_warmup(std::uint64_t warmup, std::uint64_t steps, const char* warmup_flag) {
+  if (warmup >= steps) usage_error(warmup_flag, " ", warmup, " must be fewer than the ", steps, " steps of the run");
+}
+
+}  // namespace cli

@@ -1,0 +1,58 @@
+// What every example's command line shares: strict validators for counts and reals (so "-1" is an
+// error, never 2^64-1), the one rule for warm-up, and the one way main() ends (usage errors exit 2, runtime failures 1, always with one clear line).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "xgrad/core/error.hpp"
+
+namespace cli {
+
+// A bad command line: main() exits 2 for it (1 for any other failure).
+class UsageError : public xgrad::Error {
+ public:
+  using xgrad::Error::Error;
+};
+
+template <class... Parts>
+[[noreturn]] void usage_error(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  throw UsageError(os.str());
+}
+
+// The longest run any example accepts; a count past it is a typo, not a plan.
+inline constexpr std::uint64_t kMaxSteps = 100'000'000;
+
+// A plain decimal integer in [lo, hi]: no sign, exponent, hex or octal prefix. CLI11 itself would
+// read "-1" into an unsigned option as 2^64-1 and "010" as 8.
+CLI::Validator count(std::uint64_t lo, std::uint64_t hi);
+// Any seed: a plain decimal integer in [0, 2^64-1].
+CLI::Validator seed();
+// A finite real in [lo, hi] (or (lo, hi] with open_low); "nan" and "inf" are refused unless
+// allow_inf and hi is infinite.
+CLI::Validator real(double lo, double hi, bool open_low = false, bool allow_inf = false);
+
+// Parses argv. Returns the exit code when main should end now: 0 after --help, 2 for a usage
+// error (printed with the flag's name); std::nullopt to go on.
+std::optional<int> parse(CLI::App& app, int argc, char** argv);
+
+// Runs `body` and returns main's exit code: 0, or 2 after a UsageError, 1 after any other
+// exception; the message goes to stderr as "<program>: error: <what>". After printing it,
+// on_failure (when given) sees the exit code: a data-parallel program ends the whole job there.
+int run(const std::string& program, const std::function<void()>& body, const std::function<void(int)>& on_failure = {});
+
+// Runs `check` (a validate() of an example's config) and rethrows its xgrad::Error as a
+// UsageError, since a setting that cannot work is a bad command line.
+void as_usage(const std::function<void()>& check);
+
+// The rule every example follows: warm-up steps must be fewer than the steps of the run.
+void check_warmup(std::uint64_t warmup, std::uint64_t steps, const char* warmup_flag = "--warmup");
+
+}  // namespace cli

@@ -1,0 +1,208 @@
+// The process group and the data-parallel wrapper, run by ctest under `mpirun -np 2` (every rank
+// runs every test case; the collectives inside pair up). Without mpirun it runs as a group of
+// one, where the same assertions hold trivially for the sums and exactly for the gradients.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/random.hpp"
+#include "xgrad/distributed/data_parallel.hpp"
+#include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/layers.hpp"
+#include "xgrad/nn/transformer.hpp"
+#include "xgrad/optim/adam.hpp"
+#include "xgrad/optim/clip.hpp"
+
+using namespace xgrad;
+using distributed::DataParallel;
+using distributed::DataParallelOptions;
+using distributed::ProcessGroup;
+
+namespace {
+
+ProcessGroup& group() { return ProcessGroup::world(); }
+
+nn::LanguageModelOptions lm_options(std::size_t d_model = 16) {
+  return nn::LanguageModelOptions(11, d_model, 2, 2).d_ff(32).max_len(8).dropout(0.f);
+}
+
+// A global batch of 4 sequences of 6 tokens; rank r of n takes rows [4r/n, 4(r+1)/n).
+struct Data {
+  IndexArray ids, targets;
+};
+Data global_batch(std::uint64_t seed) {
+  Generator g(seed);
+  Data d{IndexArray::from_shape({4, 6}), IndexArray::from_shape({4, 6})};
+  for (std::size_t i = 0; i < d.ids.size(); ++i) {
+    d.ids.data()[i] = static_cast<std::int64_t>(g.below(11));
+    d.targets.data()[i] = static_cast<std::int64_t>(g.below(11));
+  }
+  return d;
+}
+Data my_rows(const Data& d) {
+  const std::size_t rows = 4 / static_cast<std::size_t>(group().size()), from = rows * static_cast<std::size_t>(group().rank());
+  Data out{IndexArray::from_shape({rows, 6}), IndexArray::from_shape({rows, 6})};
+  std::copy_n(d.ids.data() + from * 6, rows * 6, out.ids.data());
+  std::copy_n(d.targets.data() + from * 6, rows * 6, out.targets.data());
+  return out;
+}
+
+// True on every rank when `a` holds the same bits on every rank as on rank 0.
+bool same_bits_everywhere(const Array& a) {
+  Array reference = a;
+  group().broadcast(reference, 0);
+  const bool same = std::memcmp(reference.data(), a.data(), a.size() * sizeof(float)) == 0;
+  return group().allreduce_min(same ? 1 : 0) == 1;
+}
+
+}  // namespace
+
+TEST_CASE("allreduce sums and averages, broadcast copies rank 0's values", "[distributed]") {
+  const int n = group().size(), r = group().rank();
+  Array a = {static_cast<float>(r + 1), 10.f * static_cast<float>(r + 1), 0.5f};
+  group().allreduce_sum(a);
+  const float total = static_cast<float>(n * (n + 1) / 2);
+  REQUIRE(a(0) == total);
+  REQUIRE(a(1) == 10.f * total);
+  REQUIRE(a(2) == 0.5f * static_cast<float>(n));
+  Array m = {static_cast<float>(2 * r)};
+  group().allreduce_mean(m);
+  REQUIRE(m(0) == Approx(static_cast<float>(n - 1)));
+  REQUIRE(group().allreduce_sum(1.5) == 1.5 * n);
+  REQUIRE(group().allreduce_max(static_cast<std::uint64_t>(r)) == static_cast<std::uint64_t>(n - 1));
+  REQUIRE(group().allreduce_min(static_cast<std::uint64_t>(r + 5)) == 5u);
+
+  Array b = {static_cast<float>(r), 7.f};
+  group().broadcast(b, 0);
+  REQUIRE(b(0) == 0.f);
+  std::string s = r == 0 ? std::string(100000, 'x') + "end" : "short";
+  group().broadcast(s, 0);
+  REQUIRE(s.size() == 100003);
+  REQUIRE(s.substr(100000) == "end");
+  group().barrier();
+}
+
+TEST_CASE("collectives refuse lengths that differ between ranks, on every rank", "[distributed][bad_input]") {
+  if (group().size() < 2) return;
+  Array a = xt::ones<float>({static_cast<std::size_t>(3 + group().rank())});
+  REQUIRE_THROWS_WITH(group().allreduce_sum(a),
+                      Catch::Contains("allreduce_sum: rank " + std::to_string(group().rank())) && Catch::Contains("from 3 to"));
+  REQUIRE_THROWS_WITH(group().broadcast(a, 0), Catch::Contains("broadcast: rank") && Catch::Contains("lengths range from 3"));
+  REQUIRE_THROWS_WITH(group().broadcast(a, 7), Catch::Contains("root 7 is not a rank"));
+  // The group still works afterwards.
+  Array ok = {1.f};
+  group().allreduce_sum(ok);
+  REQUIRE(ok(0) == static_cast<float>(group().size()));
+}
+
+TEST_CASE("DataParallel starts every rank from rank 0's weights", "[distributed]") {
+  Generator g(100 + static_cast<std::uint64_t>(group().rank()));  // different weights on each rank
+  nn::LanguageModel model(lm_options(), g);
+  DataParallel ddp(model, group());
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    REQUIRE(same_bits_everywhere(p.value()));
+  }
+}
+
+TEST_CASE("after backward every gradient is the mean over ranks: the full batch's gradient", "[distributed]") {
+  Generator g(7);
+  nn::LanguageModel model(lm_options(), g);
+  Generator g_ref(7);
+  nn::LanguageModel reference(lm_options(), g_ref);  // same weights, no communication
+  DataParallel ddp(model, group(), DataParallelOptions().bucket_bytes(2048));
+  REQUIRE(ddp.num_buckets() > 2);
+
+  const Data all = global_batch(3), mine = my_rows(all);
+  model.loss(mine.ids, mine.targets).backward();
+  reference.loss(all.ids, all.targets).backward();
+  const auto got = model.named_parameters(), want = reference.named_parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(got[i].first);
+    REQUIRE(got[i].second.has_grad());
+    const Array& a = got[i].second.grad();
+    const Array& b = want[i].second.grad();
+    for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(2e-6).epsilon(1e-4));
+    REQUIRE(same_bits_everywhere(a));
+  }
+  const distributed::ReductionStats& st = ddp.last_stats();
+  REQUIRE(st.buckets == ddp.num_buckets());
+  REQUIRE(st.bytes == (model.num_parameters() + model.named_parameters().size()) * sizeof(float));
+  REQUIRE(st.overlap() >= 0.0);
+  REQUIRE(st.overlap() <= 1.0);
+
+  // A second backward accumulates, as without DataParallel.
+  model.loss(mine.ids, mine.targets).backward();
+  reference.loss(all.ids, all.targets).backward();
+  const Array& a = model.named_parameters()[0].second.grad();
+  const Array& b = reference.named_parameters()[0].second.grad();
+  for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(4e-6).epsilon(1e-4));
+}
+
+TEST_CASE("parameters stay bit-identical on every rank through clipped AdamW steps", "[distributed]") {
+  Generator g(11);
+  nn::LanguageModel model(lm_options().dropout(0.1f), g);  // dropout differs per rank
+  DataParallel ddp(model, group());
+  optim::AdamW opt(model.named_parameters(), optim::AdamOptions(1e-2f).weight_decay(0.1f));
+  manual_seed(1000 + static_cast<std::uint64_t>(group().rank()));
+  for (std::uint64_t step = 0; step < 5; ++step) {
+    const Data mine = my_rows(global_batch(step));
+    opt.zero_grad();
+    model.loss(mine.ids, mine.targets).backward();
+    optim::clip_grad_norm(opt.params(), 0.5f);
+    opt.step();
+  }
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    REQUIRE(same_bits_everywhere(p.value()));
+  }
+}
+
+TEST_CASE("a parameter used on some ranks only gets the mean; one used nowhere gets no gradient", "[distributed]") {
+  struct Two : nn::Module {
+    explicit Two(Generator& g) : a(std::make_shared<nn::Linear>(3, 2, true, g)), b(std::make_shared<nn::Linear>(3, 2, true, g)),
+                                 c(std::make_shared<nn::Linear>(3, 2, true, g)) {
+      register_module("a", a);
+      register_module("b", b);
+      register_module("c", c);
+    }
+    std::shared_ptr<nn::Linear> a, b, c;
+  };
+  Generator g(5);
+  Two m(g);
+  DataParallel ddp(m, group());
+  const Tensor x(Array{{1.f, 2.f, 3.f}});
+  Tensor loss = sum(m.a->forward(x));
+  if (group().rank() == 0) loss = loss + sum(m.b->forward(x));  // b is used on rank 0 only
+  loss.backward();
+  REQUIRE(m.a->named_parameters()[0].second.has_grad());
+  REQUIRE(m.b->named_parameters()[0].second.has_grad());  // on every rank
+  const float n = static_cast<float>(group().size());
+  REQUIRE(m.b->named_parameters()[0].second.grad()(0, 0) == Approx(1.f / n));  // d sum(W x)/dW00 = x0 = 1, on one rank
+  REQUIRE(m.a->named_parameters()[0].second.grad()(1, 2) == Approx(3.f));
+  REQUIRE_FALSE(m.c->named_parameters()[0].second.has_grad());
+}
+
+TEST_CASE("ranks whose models differ fail on every rank, naming the first differing parameter", "[distributed][bad_input]") {
+  if (group().size() < 2) return;
+  Generator g(1);
+  nn::LanguageModel model(lm_options(group().rank() == 0 ? 16 : 32), g);
+  REQUIRE_THROWS_WITH(DataParallel(model, group()),
+                      Catch::Contains("DataParallel: rank " + std::to_string(group().rank())) &&
+                          Catch::Contains("differ at parameter 0") && Catch::Contains("tok_emb.weight (11, 16)"));
+  // The group still works afterwards.
+  Array ok = {2.f};
+  group().allreduce_sum(ok);
+  REQUIRE(ok(0) == 2.f * static_cast<float>(group().size()));
+}
+
+TEST_CASE("DataParallel refuses a bucket smaller than one float", "[distributed][bad_input]") {
+  Generator g(1);
+  nn::LanguageModel model(lm_options(), g);
+  REQUIRE_THROWS_WITH(DataParallel(model, group(), DataParallelOptions().bucket_bytes(2)), Catch::Contains("bucket_bytes 2"));
+}

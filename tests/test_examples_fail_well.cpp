@@ -1,0 +1,295 @@
+// The example programs as a hostile user runs them: every command here must end with one clear
+// message and the documented exit code (2 for a bad command line, 1 for a failure at run time),
+// never a signal, a hang or a memory blow-up, and never lose an earlier checkpoint. Each command
+// runs in a child process under a time limit and (outside AddressSanitizer, which reserves
+// terabytes of address space) a memory limit, so a regression fails this test, not the machine.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "run_program.hpp"
+#include "test_files.hpp"
+#include "xgrad/core/safetensors.hpp"
+
+using xgrad::testing::read_bytes;
+using xgrad::testing::TempDir;
+using xgrad::testing::write_bytes;
+
+namespace {
+
+using xgrad::testing::Limits;
+using xgrad::testing::Outcome;
+
+// Runs an example program from `dir`.
+Outcome run(const TempDir& dir, const std::string& program, const std::vector<std::string>& args, const Limits& limits = {}) {
+  return xgrad::testing::run_program(dir, std::string(XGRAD_EXAMPLES_DIR) + "/" + program, args, limits);
+}
+
+// Exited by itself with `code`, a one-line message on stderr containing every part.
+void require_fails(const Outcome& o, int code, const std::vector<std::string>& parts) {
+  INFO(o);
+  REQUIRE_FALSE(o.timed_out);
+  REQUIRE(o.exited);
+  REQUIRE(o.code == code);
+  for (const std::string& p : parts) REQUIRE_THAT(o.err, Catch::Contains(p));
+}
+
+// A tiny train_lm model, so each run takes well under a second.
+std::vector<std::string> tiny(std::vector<std::string> more) {
+  std::vector<std::string> a = {"--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len", "16", "--batch", "4",
+                                "--text-bytes", "20000", "--eval-batches", "2", "--quiet"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+// A child that has exited and been reaped: its pid names no process.
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+xgrad::SafetensorsContents checkpoint_with(const std::string& path, const std::string& key, const std::string& value) {
+  xgrad::SafetensorsContents c = xgrad::load_safetensors(path);
+  if (value.empty()) {
+    c.metadata.erase(key);
+  } else {
+    c.metadata[key] = value;
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("counts that wrap around are refused, naming the flag", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_counts");
+  require_fails(run(dir, "train_lm", {"--steps", "-5"}), 2, {"--steps", "'-5'"});
+  require_fails(run(dir, "train_lm", {"--layers", "-1"}), 2, {"--layers", "'-1'"});
+  require_fails(run(dir, "head_specialization", {"--steps", "-1"}), 2, {"--steps", "'-1'"});
+  require_fails(run(dir, "gradient_flow", {"--depths", "-1"}), 2, {"--depths", "'-1'"});
+  require_fails(run(dir, "gradient_flow", {"--depths", "6,-1"}), 2, {"--depths", "'-1'"});
+  require_fails(run(dir, "train_lm", {"--seed", "-1"}), 2, {"--seed", "'-1'"});
+  require_fails(run(dir, "seed_walkthrough", {"--seed", "-1"}), 2, {"--seed"});
+  require_fails(run(dir, "spirals", {"--points", "-3"}), 2, {"--points"});
+  require_fails(run(dir, "train_lm", {"--steps", "0x10"}), 2, {"--steps", "'0x10'"});
+  require_fails(run(dir, "train_lm", {"--batch", "1e3"}), 2, {"--batch"});
+  require_fails(run(dir, "train_lm", {"--steps", "1000000000"}), 2, {"--steps", "outside"});
+  require_fails(run(dir, "head_specialization", {"--offsets", "1,-2"}), 2, {"--offsets"});
+  require_fails(run(dir, "head_specialization", {"--sweep-heads", "2,-4"}), 2, {"--sweep-heads"});
+}
+
+TEST_CASE("a leading zero is decimal, not octal", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_octal");
+  // With CLI11 alone "010" is 8: the refusal names 10 steps.
+  require_fails(run(dir, "train_lm", {"--steps", "010", "--warmup", "20"}), 2, {"--warmup 20 must be fewer than the 10 steps"});
+}
+
+TEST_CASE("reals that are not finite are refused", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_reals");
+  require_fails(run(dir, "spirals", {"--lr", "nan"}), 2, {"--lr", "'nan'"});
+  require_fails(run(dir, "train_lm", {"--lr", "inf"}), 2, {"--lr", "finite"});
+  require_fails(run(dir, "train_lm", {"--dropout", "1"}), 2, {"--dropout"});
+  require_fails(run(dir, "head_specialization", {"--lr", "-1"}), 2, {"--lr"});
+  require_fails(run(dir, "gradient_flow", {"--lr", "0", "--train"}), 2, {"--lr"});
+}
+
+TEST_CASE("sizes that cannot fit in memory are refused before allocating", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_memory");
+  Limits quick;
+  quick.seconds = 10;
+  require_fails(run(dir, "train_lm", {"--layers", "1000", "--d-model", "65536", "--heads", "1"}, quick), 2, {"memory"});
+  require_fails(run(dir, "train_lm", {"--batch", "1048576", "--seq-len", "65536"}, quick), 2, {"memory"});
+  require_fails(run(dir, "head_specialization", {"--seq-len", "60000", "--batch", "100000"}, quick), 2, {"memory"});
+  require_fails(run(dir, "gradient_flow", {"--depths", "1024", "--d-model", "65536"}, quick), 2, {"memory"});
+  require_fails(run(dir, "spirals", {"--points", "1000000", "--hidden", "65536"}, quick), 2, {"memory"});
+  require_fails(run(dir, "train_lm", {"--text-bytes", "1073741824"}, quick), 2, {"--text-bytes", "memory"});
+}
+
+TEST_CASE("one warm-up rule in every example", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_warmup");
+  require_fails(run(dir, "train_lm", {"--steps", "50", "--warmup", "50"}), 2, {"--warmup 50 must be fewer than the 50 steps"});
+  require_fails(run(dir, "head_specialization", {"--steps", "50", "--warmup", "60"}), 2,
+                {"--warmup 60 must be fewer than the 50 steps"});
+  require_fails(run(dir, "gradient_flow", {"--train", "--steps", "50", "--warmup", "50"}), 2,
+                {"--warmup 50 must be fewer than the 50 steps"});
+}
+
+TEST_CASE("train_lm --eval-interval 0 validates at the end only", "[examples][bug]") {
+  TempDir dir("xgrad_fail_eval0");
+  const Outcome o = run(dir, "train_lm", tiny({"--steps", "10", "--warmup", "1", "--eval-interval", "0"}));
+  INFO(o);
+  REQUIRE(o.exited);
+  REQUIRE(o.code == 0);
+  const std::string log = read_bytes(dir.file("train_lm_out/log.csv"));
+  REQUIRE_THAT(log, Catch::StartsWith("step,train_loss,valid_loss"));
+  // Ten steps, and only the last has a validation loss.
+  std::size_t lines = 0, validated = 0;
+  std::istringstream in(log);
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    ++lines;
+    const auto a = line.find(','), b = line.find(',', a + 1), c = line.find(',', b + 1);  // step,train,valid,
+    if (c > b + 1) {
+      ++validated;
+      REQUIRE_THAT(line, Catch::StartsWith("10,"));
+    }
+  }
+  REQUIRE(lines == 10);
+  REQUIRE(validated == 1);
+}
+
+TEST_CASE("outputs that cannot be written are refused before the work starts", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_outputs");
+  write_bytes(dir.file("plain"), "a file, not a folder");
+  const std::string under_file = dir.file("plain/sub");  // fails for root too: ENOTDIR
+  require_fails(run(dir, "seed_walkthrough", {"--out", under_file}), 2, {"--out", "plain/sub", "Not a directory"});
+  require_fails(run(dir, "head_specialization", {"--out", under_file}), 2, {"--out", "Not a directory"});
+  require_fails(run(dir, "gradient_flow", {"--out", under_file}), 2, {"--out", "Not a directory"});
+  require_fails(run(dir, "train_lm", tiny({"--out", under_file})), 2, {"--out", "Not a directory"});
+  require_fails(run(dir, "head_specialization", {"--report", dir.file("plain/r.json")}), 2, {"--report", "Not a directory"});
+  require_fails(run(dir, "gradient_flow", {"--report", dir.path}), 2, {"--report", "Is a directory"});
+
+  // A checkpoint path that cannot be written fails at once, not after the run.
+  Limits quick;
+  quick.seconds = 10;
+  const Outcome o = run(dir, "train_lm", tiny({"--steps", "100000", "--checkpoint", dir.file("missing/ck.safetensors")}), quick);
+  require_fails(o, 2, {"--checkpoint", "missing/ck.safetensors", "No such file or directory"});
+  REQUIRE(o.seconds < 5);
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("train_lm_out/log.csv")));
+  require_fails(run(dir, "train_lm", tiny({"--checkpoint", dir.path})), 2, {"--checkpoint", "Is a directory"});
+}
+
+TEST_CASE("a full disk under --out is reported with the OS error", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_disk");
+  Limits full;
+  full.file_size = 300;  // bytes: the log of 40 steps is longer
+  const Outcome o = run(dir, "train_lm", tiny({"--steps", "40", "--warmup", "1", "--eval-interval", "0"}), full);
+  require_fails(o, 1, {"log.csv", "File too large"});
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("train_lm_out/log.csv")));  // no empty or cut log left behind
+}
+
+TEST_CASE("a text path that is not a regular file is named as such", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_text");
+  require_fails(run(dir, "train_lm", tiny({dir.path})), 2, {"is a folder"});
+  require_fails(run(dir, "train_lm", tiny({"/dev/zero"})), 2, {"/dev/zero", "not a regular file"});
+  require_fails(run(dir, "train_lm", tiny({dir.file("none.txt")})), 2, {"none.txt", "No such file or directory"});
+  write_bytes(dir.file("short.txt"), "too short");
+  require_fails(run(dir, "train_lm", tiny({dir.file("short.txt")})), 2, {"too short"});
+}
+
+TEST_CASE("a NaN loss stops training naming the step, and the last checkpoint stays good", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_nan");
+  const std::string ck = dir.file("ck.safetensors");
+  const Outcome o = run(dir, "train_lm", tiny({"--lr", "10000", "--clip", "0", "--steps", "60", "--warmup", "1", "--checkpoint", ck,
+                                               "--checkpoint-interval", "1"}));
+  require_fails(o, 1, {"step ", "training stopped", "--detect-anomaly"});
+  const std::size_t at = o.err.find("step ");
+  const std::size_t failed = std::stoul(o.err.substr(at + 5));
+  REQUIRE(failed >= 2);
+  const xgrad::SafetensorsContents saved = xgrad::load_safetensors(ck);
+  REQUIRE(std::stoul(saved.metadata.at("step")) == failed - 1);
+  for (const auto& [name, a] : saved.tensors) {
+    for (float v : a) REQUIRE(std::isfinite(v));
+  }
+  // The steps before the failure are logged.
+  REQUIRE_THAT(read_bytes(dir.file("train_lm_out/log.csv")), Catch::Contains("\n" + std::to_string(failed - 1) + ","));
+
+  // With anomaly mode the op is named.
+  const Outcome a = run(dir, "train_lm", tiny({"--lr", "10000", "--clip", "0", "--steps", "60", "--warmup", "1", "--detect-anomaly"}));
+  require_fails(a, 1, {"train_lm: error: step ", ": anomaly: ", "produced"});
+}
+
+TEST_CASE("checkpoints that are not what they claim are refused with clear messages", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_checkpoint");
+  const std::string ck = dir.file("ck.safetensors");
+  const Outcome made = run(dir, "train_lm", tiny({"--steps", "6", "--warmup", "1", "--checkpoint", ck}));
+  INFO(made);
+  REQUIRE(made.code == 0);
+  const std::string good = read_bytes(ck);
+
+  require_fails(run(dir, "train_lm", {"--checkpoint", dir.path, "--sample", "5"}), 1, {"folder"});
+  Limits quick;
+  quick.seconds = 10;
+  require_fails(run(dir, "train_lm", {"--checkpoint", "/dev/zero", "--sample", "5"}, quick), 1, {"/dev/zero", "regular file"});
+
+  // A stored configuration past sane limits is refused before a model is built.
+  auto config = nlohmann::json::parse(xgrad::load_safetensors(ck).metadata.at("config"));
+  config["layers"] = 100000;
+  const std::string absurd = dir.file("absurd.safetensors");
+  xgrad::SafetensorsContents c = checkpoint_with(ck, "config", config.dump());
+  xgrad::save_safetensors(absurd, c.tensors, c.metadata);
+  require_fails(run(dir, "train_lm", {"--checkpoint", absurd, "--sample", "5"}, quick), 1, {"absurd.safetensors", "--layers 100000"});
+
+  // Weights that are not finite.
+  c = xgrad::load_safetensors(ck);
+  c.tensors[0].second.data()[3] = std::nanf("");
+  const std::string nan_path = dir.file("nan.safetensors");
+  xgrad::save_safetensors(nan_path, c.tensors, c.metadata);
+  require_fails(run(dir, "train_lm", {"--checkpoint", nan_path, "--sample", "5"}), 1, {c.tensors[0].first, "nan", "non-finite"});
+
+  // The step in the metadata: missing, not a number, negative, past any run, past this run.
+  const std::vector<std::pair<std::string, std::string>> steps = {
+      {"", "no \"step\""}, {"abc", "not a whole number"}, {"-3", "not a whole number"},
+      {"18446744073709551615", "not a whole number"}, {"6", "pass a larger --steps"}};
+  for (const auto& [value, message] : steps) {
+    INFO("step metadata '" << value << "'");
+    c = checkpoint_with(ck, "step", value);
+    const std::string p = dir.file("step.safetensors");
+    xgrad::save_safetensors(p, c.tensors, c.metadata);
+    require_fails(run(dir, "train_lm", tiny({"--steps", "6", "--warmup", "1", "--checkpoint", p, "--resume"})), 2, {message});
+  }
+  REQUIRE(read_bytes(ck) == good);
+}
+
+TEST_CASE("train_lm --resume names what differs, refuses other data, and may extend --steps", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_resume");
+  const std::string ck = dir.file("ck.safetensors");
+  write_bytes(dir.file("a.txt"), std::string(30000, 'a') + std::string(30000, 'b'));
+  write_bytes(dir.file("b.txt"), std::string(30000, 'b') + std::string(30000, 'a'));
+  const Outcome made = run(dir, "train_lm", tiny({dir.file("a.txt"), "--steps", "6", "--warmup", "1", "--checkpoint", ck}));
+  INFO(made);
+  REQUIRE(made.code == 0);
+  const std::string good = read_bytes(ck);
+
+  const Outcome other_text =
+      run(dir, "train_lm", tiny({dir.file("b.txt"), "--steps", "12", "--warmup", "1", "--checkpoint", ck, "--resume"}));
+  require_fails(other_text, 2, {"other data", "a.txt", "b.txt"});
+
+  const Outcome other_sizes = run(dir, "train_lm",
+                                  {dir.file("a.txt"), "--layers", "2", "--d-model", "16", "--heads", "4", "--seq-len", "16", "--batch",
+                                   "4", "--eval-batches", "2", "--steps", "12", "--warmup", "1", "--checkpoint", ck, "--resume"});
+  require_fails(other_sizes, 2, {"--layers 1 in the checkpoint, 2 now", "--heads 2 in the checkpoint, 4 now"});
+  REQUIRE(other_sizes.err.find('{') == std::string::npos);  // names keys, not two JSON dumps
+  REQUIRE(read_bytes(ck) == good);
+
+  const Outcome extended =
+      run(dir, "train_lm", tiny({dir.file("a.txt"), "--steps", "12", "--warmup", "1", "--checkpoint", ck, "--resume"}));
+  INFO(extended);
+  REQUIRE(extended.code == 0);
+  REQUIRE_THAT(extended.out, Catch::Contains("resuming at step 6"));
+  REQUIRE(xgrad::load_safetensors(ck).metadata.at("step") == "12");
+  REQUIRE(xgrad::load_safetensors(ck).metadata.at("schedule_steps") == "6");
+}
+
+TEST_CASE("stale temporaries of a killed save are removed on the next load", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_stale");
+  const std::string ck = dir.file("ck.safetensors");
+  const Outcome made = run(dir, "train_lm", tiny({"--steps", "3", "--warmup", "1", "--checkpoint", ck}));
+  INFO(made);
+  REQUIRE(made.code == 0);
+  const std::string stale = ck + ".tmp." + std::to_string(dead_pid());
+  write_bytes(stale, "half a checkpoint");
+  const Outcome sampled = run(dir, "train_lm", {"--checkpoint", ck, "--sample", "5"});
+  INFO(sampled);
+  REQUIRE(sampled.code == 0);
+  REQUIRE_FALSE(std::filesystem::exists(stale));
+}
