@@ -1,11 +1,16 @@
 // Times one full training step of the language model (forward, cross-entropy, backward, AdamW
 // update) for the benchmark configurations, and the machine's measured GEMM peak through the
-// same OpenBLAS, and prints one JSON line per configuration.
+// same OpenBLAS, and prints one JSON line per configuration. Under mpirun (when xgrad has
+// distributed/) the global batch is split across the ranks, DataParallel averages the gradients,
+// and rank 0 reports the global tokens/s, the time a step waits for the reductions and the
+// bytes each rank reduces per step.
 // Shapes: B batch, T length, C d_model, H heads, F FFN width, V vocabulary, L layers.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +20,9 @@
 
 #include "common/cli.hpp"
 #include "xgrad/xgrad.hpp"
+#ifdef XGRAD_HAS_DISTRIBUTED
+#include "xgrad/distributed/data_parallel.hpp"
+#endif
 
 using namespace xgrad;
 
@@ -62,7 +70,15 @@ double gemm_peak(std::size_t n) {
   return best;
 }
 
-nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::size_t warmup) {
+// How the step is shared: rank `rank` of `ranks` takes rows [rank B / ranks, (rank + 1) B / ranks).
+struct Share {
+  int rank = 0, ranks = 1;
+#ifdef XGRAD_HAS_DISTRIBUTED
+  distributed::ProcessGroup* group = nullptr;
+#endif
+};
+
+nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::size_t warmup, const Share& share) {
   Generator init(0), data(1);
   manual_seed(2);
   nn::LanguageModel model(nn::LanguageModelOptions(c.vocab, c.d_model, c.heads, c.layers)
@@ -73,18 +89,27 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
                               .activation(nn::Activation::gelu),
                           init);
   model.train();
+  if (c.batch % static_cast<std::size_t>(share.ranks) != 0) fail("bench: batch ", c.batch, " does not divide among ", share.ranks, " ranks");
+  const std::size_t rows = c.batch / static_cast<std::size_t>(share.ranks), first_row = rows * static_cast<std::size_t>(share.rank);
+#ifdef XGRAD_HAS_DISTRIBUTED
+  std::unique_ptr<distributed::DataParallel> ddp;
+  if (share.group) ddp = std::make_unique<distributed::DataParallel>(model, *share.group);
+  std::vector<double> waits, reduces;
+#endif
   optim::AdamW opt(model.named_parameters(), optim::AdamOptions(1e-3f).weight_decay(0.01f));
   std::vector<double> times;
   float first_loss = 0, last_loss = 0;
   for (std::size_t step = 0; step < warmup + steps; ++step) {
     // A fresh random batch, made outside the timed region: ids (B, T), next-token targets.
-    IndexArray ids = IndexArray::from_shape({c.batch, c.seq_len}), targets = IndexArray::from_shape({c.batch, c.seq_len});
+    // Every rank draws the whole global batch and keeps its rows.
+    IndexArray ids = IndexArray::from_shape({rows, c.seq_len}), targets = IndexArray::from_shape({rows, c.seq_len});
     std::vector<std::int64_t> row(c.seq_len + 1);
     for (std::size_t b = 0; b < c.batch; ++b) {
       for (auto& t : row) t = static_cast<std::int64_t>(data.below(c.vocab));
+      if (b < first_row || b >= first_row + rows) continue;
       for (std::size_t t = 0; t < c.seq_len; ++t) {
-        ids(b, t) = row[t];
-        targets(b, t) = row[t + 1];
+        ids(b - first_row, t) = row[t];
+        targets(b - first_row, t) = row[t + 1];
       }
     }
     const auto t0 = Clock::now();
@@ -94,6 +119,12 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
     opt.step();
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step >= warmup) times.push_back(s);
+#ifdef XGRAD_HAS_DISTRIBUTED
+    if (ddp && step >= warmup) {
+      waits.push_back(ddp->last_stats().wait_seconds);
+      reduces.push_back(ddp->last_stats().reduce_seconds);
+    }
+#endif
     if (step == 0) first_loss = loss.item();
     last_loss = loss.item();
   }
@@ -102,9 +133,10 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
   getrusage(RUSAGE_SELF, &usage);
   const double gflops = step_flops(c) / sec / 1e9;
   const double peak = gemm_peak(512);
-  return {{"impl", "xgrad"},
+  nlohmann::json out = {{"impl", "xgrad"},
           {"config", c.name},
           {"threads", threads},
+          {"ranks", share.ranks},
           {"ms_per_step", sec * 1e3},
           {"tokens_per_s", static_cast<double>(c.batch * c.seq_len) / sec},
           {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0},
@@ -113,6 +145,16 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
           {"peak_fraction", gflops / peak},
           {"first_loss", first_loss},
           {"last_loss", last_loss}};
+#ifdef XGRAD_HAS_DISTRIBUTED
+  if (ddp) {
+    out["allreduce_wait_ms_per_step"] = median(waits) * 1e3;
+    // From the first bucket's start to the end of backward; the rest of it overlapped backward.
+    out["allreduce_span_ms_per_step"] = median(reduces) * 1e3;
+    out["allreduce_bytes_per_step"] = ddp->last_stats().bytes;
+    out["allreduce_buckets"] = ddp->last_stats().buckets;
+  }
+#endif
+  return out;
 }
 
 }  // namespace
@@ -127,10 +169,22 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->transform(cli::count(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->transform(cli::count(0, 1000000))->capture_default_str();
   if (const auto code = cli::parse(app, argc, argv)) return *code;
+  Share share;
+  std::function<void(int)> end_job;
+#ifdef XGRAD_HAS_DISTRIBUTED
+  if (distributed::launched_by_mpi()) {
+    share.group = &distributed::ProcessGroup::world();
+    share.rank = share.group->rank();
+    share.ranks = share.group->size();
+    if (share.ranks > 1) end_job = [&share](int code) { share.group->abort(code); };
+  }
+#endif
   return cli::run("bench_train_step", [&] {
     set_num_threads(threads);
     for (const BenchConfig& c : kConfigs) {
-      if (c.name == config) std::printf("%s\n", run(c, threads, steps, warmup).dump().c_str());
+      if (c.name != config) continue;
+      const nlohmann::json result = run(c, threads, steps, warmup, share);
+      if (share.rank == 0) std::printf("%s\n", result.dump().c_str());
     }
-  });
+  }, end_job);
 }

@@ -43,6 +43,7 @@ thread_local Tape tape;
 thread_local bool grad_mode = true;
 thread_local bool anomaly_mode = false;
 thread_local Pass* current_pass = nullptr;
+thread_local std::uint64_t pass_count = 0;
 
 constexpr std::size_t kMinPrune = 4096;
 
@@ -259,6 +260,7 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
 
   Pass pass;
   current_pass = &pass;
+  ++pass_count;
   // Whatever happens, leave no pending gradient behind and drop the entries that ran.
   struct Cleanup {
     Pass& pass;
@@ -340,6 +342,8 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
   }
   for (std::size_t i = 0; i < pass.callbacks.size(); ++i) pass.callbacks[i]();
 }
+
+std::uint64_t current_backward_pass() { return current_pass ? pass_count : 0; }
 
 void queue_backward_callback(std::function<void()> fn) {
   if (!current_pass) fail("queue_backward_callback: no backward pass is running on this thread (call it from a hook)");

@@ -117,6 +117,10 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
 // the order queued, and not at all when the pass fails. Outside a pass it is an Error.
 void queue_backward_callback(std::function<void()> fn);
 
+// A number for the backward pass running on this thread, new for every pass; 0 outside one.
+// (A hook tells a new pass from the rest of one that failed midway.)
+std::uint64_t current_backward_pass();
+
 // The engine behind Tensor::backward.
 void run_backward(const Tensor& root, const Array* seed, bool retain_graph);
 

@@ -64,7 +64,7 @@ struct DataParallel::State {
   std::vector<Bucket> buckets;
   std::vector<char> arrived;
   std::size_t next_launch = 0;
-  bool in_pass = false;
+  std::uint64_t pass = 0;  // the backward pass being reduced (0: none)
   Clock::time_point first_launch;
   bool launched_any = false;
 
@@ -159,8 +159,10 @@ DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, const DataPa
   for (std::size_t k = 0; k < s.slots.size(); ++k) {
     s.slots[k].hook = s.slots[k].param.register_hook([this, k](Array& grad) {
       State& st = *state_;
-      if (!st.in_pass) {
-        st.in_pass = true;
+      if (st.pass != current_backward_pass()) {
+        // A new pass (an earlier one may have failed midway: finish its reductions first).
+        for (auto& b : st.buckets) b.request.wait();
+        st.pass = current_backward_pass();
         st.next_launch = 0;
         st.launched_any = false;
         std::fill(st.arrived.begin(), st.arrived.end(), 0);
@@ -208,7 +210,7 @@ void DataParallel::finish_pass() {
   stats_.bytes = bytes;
   stats_.reduce_seconds = s.launched_any ? seconds_between(s.first_launch, end) : 0.0;
   stats_.wait_seconds = seconds_between(sweep_end, end);
-  s.in_pass = false;
+  s.pass = 0;
 }
 
 DataParallel::~DataParallel() {

@@ -14,5 +14,9 @@ cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-
 cmake --build build-sanitize -j "$(nproc)"
 # The install test links an outside project without the sanitizer runtime, and the fuzzer
 # already runs under the sanitizers: both run above only.
+# Open MPI keeps allocations until exit that LeakSanitizer would report: tests/lsan_openmpi.supp
+# names its libraries, and nothing else.
+suppressions="$PWD/tests/lsan_openmpi.supp"
 (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+   LSAN_OPTIONS="suppressions=$suppressions" \
    ctest --output-on-failure -j "$(nproc)" -E "install_and_readme_tour|fuzz_safetensors")

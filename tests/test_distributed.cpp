@@ -206,3 +206,37 @@ TEST_CASE("DataParallel refuses a bucket smaller than one float", "[distributed]
   nn::LanguageModel model(lm_options(), g);
   REQUIRE_THROWS_WITH(DataParallel(model, group(), DataParallelOptions().bucket_bytes(2)), Catch::Contains("bucket_bytes 2"));
 }
+
+TEST_CASE("a backward that fails midway leaves the next one correct", "[distributed]") {
+  struct Chain : nn::Module {
+    explicit Chain(Generator& g) : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
+      register_module("a", a);
+      register_module("b", b);
+    }
+    std::shared_ptr<nn::Linear> a, b;
+  };
+  Generator g(3);
+  Chain m(g);
+  DataParallel ddp(m, group(), DataParallelOptions().bucket_bytes(16));  // a bucket per tensor
+  const Tensor x(Array{{1.f, -2.f, 3.f}});
+  {
+    Tensor h = m.a->forward(x);
+    // b's gradients are final (and their reductions started) before h's arrives and fails.
+    h.register_hook([](Array&) { fail("a hook that fails"); });
+    REQUIRE_THROWS_WITH(sum(m.b->forward(tanh(h))).backward(), Catch::Contains("a hook that fails"));
+  }
+  m.zero_grad();
+  sum(m.b->forward(tanh(m.a->forward(x)))).backward();
+  // The same input on every rank: the mean is this rank's own gradient.
+  Generator g_ref(3);
+  Chain ref(g_ref);
+  sum(ref.b->forward(tanh(ref.a->forward(x)))).backward();
+  const auto got = m.named_parameters(), want = ref.named_parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(got[i].first);
+    REQUIRE(got[i].second.has_grad());
+    const Array& a = got[i].second.grad();
+    const Array& b = want[i].second.grad();
+    for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(1e-6));
+  }
+}

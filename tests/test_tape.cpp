@@ -437,3 +437,47 @@ TEST_CASE("operator<< prints the values, the shape and the tensor's name", "[ten
   undefined << Tensor();
   REQUIRE(undefined.str() == "Tensor(undefined)");
 }
+
+TEST_CASE("a leaf with hooks gets its gradient as soon as it is final, before the sweep ends", "[tape]") {
+  Tensor w0(Array{1.f, 2.f}, true), w1(Array{3.f, 4.f}, true);
+  std::vector<std::string> order;
+  Tensor h = w0 * 2.f;  // early in forward: its gradient arrives late in backward
+  h.register_hook([&](Array&) { order.push_back("h"); });
+  w1.register_hook([&](Array&) { order.push_back("w1"); });
+  w0.register_hook([&](Array&) { order.push_back("w0"); });
+  sum(h * w1).backward();
+  // w1 is read only by the last op, so its gradient is final first; w0 only after h's.
+  REQUIRE(order == std::vector<std::string>{"w1", "h", "w0"});
+  REQUIRE(w1.grad() == Array{2.f, 4.f});
+  REQUIRE(w0.grad() == Array{6.f, 8.f});
+}
+
+TEST_CASE("queue_backward_callback runs once at the end of the pass, after every gradient", "[tape][bad_input]") {
+  REQUIRE_THROWS_WITH(queue_backward_callback([] {}), Catch::Contains("queue_backward_callback: no backward pass is running"));
+  Tensor a(Array{1.f, 2.f}, true), b(Array{3.f}, true);
+  int calls = 0;
+  bool b_ready = false;
+  a.register_hook([&](Array&) {
+    REQUIRE_THROWS_WITH(queue_backward_callback(nullptr), Catch::Contains("empty callback"));
+    queue_backward_callback([&] {
+      ++calls;
+      b_ready = b.has_grad();  // b has no hook: delivered at the end, before the callbacks
+    });
+  });
+  sum(a * b).backward();
+  REQUIRE(calls == 1);
+  REQUIRE(b_ready);
+  sum(a).backward();
+  REQUIRE(calls == 2);
+}
+
+TEST_CASE("set_grad hands a gradient to a leaf, checking the shape", "[tape][bad_input]") {
+  Tensor w(Array{{1.f, 2.f, 3.f}, {4.f, 5.f, 6.f}}, true);
+  REQUIRE_THROWS_WITH(w.set_grad(Array{1.f, 2.f, 3.f}), "Tensor::set_grad: gradient of shape (3) for a tensor of shape (2, 3)");
+  w.set_grad(xt::ones<float>({2, 3}));
+  REQUIRE(w.grad() == Array(xt::ones<float>({2, 3})));
+  Tensor c(Array{1.f});
+  REQUIRE_THROWS_WITH(c.set_grad(Array{1.f}), Catch::Contains("does not require grad"));
+  const Tensor y = w * 2.f;
+  REQUIRE_THROWS_WITH(Tensor(y).set_grad(xt::ones<float>({2, 3})), Catch::Contains("only a leaf or a retain_grad() tensor"));
+}

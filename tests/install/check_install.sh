@@ -15,8 +15,15 @@ if [ ! -s "$work/consumer/tour.cpp" ]; then
   echo "check_install: no tour code found in README.md" >&2
   exit 1
 fi
-cp "$src/tests/install/CMakeLists.txt" "$work/consumer/"
+cp "$src/tests/install/CMakeLists.txt" "$src/tests/install/data_parallel.cpp" "$work/consumer/"
 cmake -S "$work/consumer" -B "$work/consumer/build" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$work/prefix" > /dev/null
 cmake --build "$work/consumer/build" > /dev/null
-"$work/consumer/build/tour"
+"$work/consumer/build/tour" | tee "$work/tour.out"
+grep -q "tensors agree" "$work/tour.out"
+# The distributed component, when xgrad was built with it: alone, and on two ranks.
+if [ -x "$work/consumer/build/data_parallel" ]; then
+  "$work/consumer/build/data_parallel"
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$work/consumer/build/data_parallel"
+fi
+echo "install check: passed"
