@@ -236,7 +236,7 @@ TEST_CASE("linear names the function and the shapes it cannot combine", "[bad_in
   CHECK_THROWS_WITH(linear(Tensor(), w, b), Catch::Contains("linear: input is an undefined tensor"));
 }
 
-TEST_CASE("linear with in_features 0 gives the bias; with no rows, an empty result", "[bad_input][ops][empty][linear]") {
+TEST_CASE("linear with in_features 0 gives the bias, and with no rows an empty result", "[bad_input][ops][empty][linear]") {
   SECTION("in = 0: y is the bias on every row, the weight's gradient is empty") {
     Tensor x = empty({2, 0}), w = empty({3, 0});
     Tensor b = Tensor(Array{1.f, 2.f, 3.f}, true);

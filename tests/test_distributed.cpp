@@ -163,7 +163,7 @@ TEST_CASE("parameters stay bit-identical on every rank through clipped AdamW ste
   }
 }
 
-TEST_CASE("a parameter used on some ranks only gets the mean; one used nowhere gets no gradient", "[distributed]") {
+TEST_CASE("a parameter used on some ranks only gets the mean, and one used nowhere gets no gradient", "[distributed]") {
   struct Two : nn::Module {
     explicit Two(Generator& g) : a(std::make_shared<nn::Linear>(3, 2, true, g)), b(std::make_shared<nn::Linear>(3, 2, true, g)),
                                  c(std::make_shared<nn::Linear>(3, 2, true, g)) {
