@@ -8,10 +8,6 @@
 
 namespace cli {
 
-namespace {
-
-// The value of a plain decimal integer, or nullopt for anything else (a sign, a prefix, an
-// exponent, a space, a value past 2^64-1).
 std::optional<std::uint64_t> parse_decimal(const std::string& s) {
   if (s.empty() || s.size() > 20) return std::nullopt;
   std::uint64_t v = 0;
@@ -23,8 +19,6 @@ std::optional<std::uint64_t> parse_decimal(const std::string& s) {
   }
   return v;
 }
-
-}  // namespace
 
 CLI::Validator count(std::uint64_t lo, std::uint64_t hi) {
   return CLI::Validator(

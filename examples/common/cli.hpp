@@ -30,6 +30,10 @@ template <class... Parts>
 // The longest run any example accepts; a count past it is a typo, not a plan.
 inline constexpr std::uint64_t kMaxSteps = 100'000'000;
 
+// The value of a plain decimal integer (digits only: no sign, space, prefix or exponent, at most
+// 2^64-1), or nullopt.
+std::optional<std::uint64_t> parse_decimal(const std::string& s);
+
 // A plain decimal integer in [lo, hi]: no sign, exponent, hex or octal prefix. CLI11 itself would
 // read "-1" into an unsigned option as 2^64-1 and "010" as 8.
 CLI::Validator count(std::uint64_t lo, std::uint64_t hi);

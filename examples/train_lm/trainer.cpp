@@ -14,6 +14,7 @@
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
+#include "common/cli.hpp"
 #include "common/memory.hpp"
 
 namespace lm {
@@ -34,16 +35,11 @@ const std::string& meta_field(const Metadata& meta, const std::string& key, cons
   return it->second;
 }
 
-// A plain decimal step count (no sign, no spaces), or an Error naming the file.
+// A plain decimal step count, or an Error naming the file.
 std::size_t parse_step(const std::string& text, const std::string& path) {
-  std::size_t v = 0;
-  bool ok = !text.empty() && text.size() <= 19;
-  for (char ch : text) {
-    ok = ok && ch >= '0' && ch <= '9';
-    if (ok) v = v * 10 + static_cast<std::size_t>(ch - '0');
-  }
-  if (!ok) fail("train_lm: checkpoint '", path, "' has step \"", text.substr(0, 40), "\", which is not a whole number");
-  return v;
+  const std::optional<std::uint64_t> v = cli::parse_decimal(text);
+  if (!v || *v > kMaxSteps) fail("train_lm: checkpoint '", path, "' has step \"", text.substr(0, 40), "\", which is not a whole number up to ", kMaxSteps);
+  return static_cast<std::size_t>(*v);
 }
 
 }  // namespace
