@@ -25,7 +25,7 @@ def run(cmd):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=["tiny", "small", "standard"])
+    ap.add_argument("--configs", nargs="+", default=["tiny", "small", "standard", "long"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)

@@ -46,6 +46,7 @@ CONFIGS = {
     "tiny": (16, 64, 4, 2, 256, 32, 64),
     "small": (256, 256, 4, 4, 1024, 64, 32),
     "standard": (512, 512, 8, 2, 2048, 128, 8),
+    "long": (256, 256, 4, 2, 1024, 1024, 2),
 }
 DROPOUT = 0.1     # xgrad's default, on the attention weights and the FFN hidden activation
 EPS = 1e-5        # xgrad's LayerNorm default

@@ -3,7 +3,7 @@
 
 namespace xgrad {
 
-// Tells glibc's malloc to serve buffers up to 32 MiB from the heap and to keep up to 512 MiB
+// Tells glibc's malloc to serve buffers of every size from the heap and to keep up to 512 MiB
 // of freed memory instead of returning it to the system at once. A training step frees and
 // reallocates the same activation sizes every step; with glibc's defaults each of those
 // buffers came back as fresh pages, and the page faults took most of the step (measured on the

@@ -1,59 +1,134 @@
-// Thin wrappers over OpenBLAS's CBLAS interface.
+// blas::sgemm: picks the engine for each product and splits large products across xgrad's kernel
+// threads. The engines themselves live in gemm_openblas.cpp and gemm_onednn.cpp.
 #include "xgrad/core/blas.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/gemm_engines.hpp"
 #include "xgrad/core/parallel.hpp"
 
 namespace xgrad::blas {
 
 namespace {
 
-void sgemm_serial(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-                  std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+#ifdef XGRAD_HAS_ONEDNN
+constexpr bool kHaveOnednn = true;
+#else
+constexpr bool kHaveOnednn = false;
+#endif
+
+// Products of fewer multiply-adds than this go to OpenBLAS under `automatic`. Measured on one
+// core with bench_gemm (bench/gemm.cpp), every shape of the benchmarks' steps: oneDNN is 1.6x to
+// 2.1x OpenBLAS's rate from 32 x 32 x 32 up, equal around 32 x 32 x 16 (16K multiply-adds) and
+// about half of it at 16 x 16 x 16, where its per-call overhead dominates.
+constexpr std::size_t kOnednnMinWork = std::size_t{1} << 14;
+
+constexpr int kUnset = -1;
+std::atomic<int> chosen{kUnset};
+
+void check_built(Engine e, const char* who) {
+  if (e == Engine::onednn && !kHaveOnednn)
+    fail(who, ": this xgrad was built without oneDNN (install libdnnl-dev and reconfigure); use openblas or auto");
+}
+
+Engine from_environment() {
+  const char* text = std::getenv("XGRAD_GEMM");
+  if (!text || !*text) return Engine::automatic;
+  Engine e;
+  try {
+    e = parse_engine(text);
+  } catch (const Error&) {
+    fail("XGRAD_GEMM: '", text, "' is not an engine (openblas, onednn or auto)");
+  }
+  check_built(e, "XGRAD_GEMM=onednn");
+  return e;
+}
+
+void run_engine(Engine e, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                std::size_t ldc) {
   if (m == 0 || n == 0) return;
-  // BLAS requires leading dimensions >= 1 even for empty operands.
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(std::max<std::size_t>(lda, 1)), b, static_cast<int>(std::max<std::size_t>(ldb, 1)),
-              beta, c, static_cast<int>(std::max<std::size_t>(ldc, 1)));
+#ifdef XGRAD_HAS_ONEDNN
+  // oneDNN refuses K = 0 (status invalid_arguments); OpenBLAS scales C by beta, as BLAS defines.
+  if (e == Engine::onednn && k > 0) return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  (void)e;
+#endif
+  detail::openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace
 
+void set_engine(Engine engine) {
+  check_built(engine, "blas::set_engine(onednn)");
+  chosen.store(static_cast<int>(engine));
+}
+
+Engine engine() {
+  int e = chosen.load();
+  if (e == kUnset) {
+    // The environment is read on first use; a concurrent set_engine wins.
+    int expected = kUnset;
+    chosen.compare_exchange_strong(expected, static_cast<int>(from_environment()));
+    e = chosen.load();
+  }
+  return static_cast<Engine>(e);
+}
+
+bool has_engine(Engine engine) { return engine != Engine::onednn || kHaveOnednn; }
+
+Engine engine_for(std::size_t m, std::size_t n, std::size_t k) {
+  const Engine e = engine();
+  if (e != Engine::automatic) return e;
+  if (!kHaveOnednn) return Engine::openblas;
+  return m * n * std::max<std::size_t>(k, 1) >= kOnednnMinWork ? Engine::onednn : Engine::openblas;
+}
+
+std::string engine_name(Engine engine) {
+  switch (engine) {
+    case Engine::automatic: return "auto";
+    case Engine::openblas: return "openblas";
+    case Engine::onednn: return "onednn";
+  }
+  return "?";
+}
+
+Engine parse_engine(const std::string& name) {
+  if (name == "auto") return Engine::automatic;
+  if (name == "openblas") return Engine::openblas;
+  if (name == "onednn") return Engine::onednn;
+  fail("blas::parse_engine: '", name, "' is not an engine (openblas, onednn or auto)");
+}
+
 void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
            const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
            std::size_t ldc) {
-  // OpenBLAS runs on one thread (see set_num_threads in parallel.cpp); large products are split
-  // here across the kernel threads, by rows of C when it is tall and by columns when it is wide.
-  // Each piece runs over the full K. Below 2 * kGrainGemm multiply-adds waking a second thread
-  // costs more than it saves. OpenBLAS rounds some elements of a piece differently from the whole
-  // product (by an ulp), so results agree across thread counts to rounding, not to the bit.
+  // Large products are split here across the kernel threads, by rows of C when it is tall and by
+  // columns when it is wide; each piece runs over the full K, with the engine chosen for the
+  // whole product. Below 2 * kGrainGemm multiply-adds waking a second thread costs more than it
+  // saves. An engine may round some elements of a piece differently from the whole product (by an
+  // ulp), so results agree across thread counts to rounding, not to the bit.
   const std::size_t work = m * n * std::max<std::size_t>(k, 1);
-  if (work < 2 * kGrainGemm) return sgemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const Engine e = engine_for(m, n, k);
+  if (work < 2 * kGrainGemm) return run_engine(e, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (m >= n) {
     const std::size_t grain = grain_for(kGrainGemm, work / m);
     parallel_for(m, grain, [=](std::size_t lo, std::size_t hi) {
       // rows lo..hi of op(A): A is m x k stored (trans: k x m)
       const float* a_part = trans_a ? a + lo : a + lo * lda;
-      sgemm_serial(trans_a, trans_b, hi - lo, n, k, alpha, a_part, lda, b, ldb, beta, c + lo * ldc, ldc);
+      run_engine(e, trans_a, trans_b, hi - lo, n, k, alpha, a_part, lda, b, ldb, beta, c + lo * ldc, ldc);
     });
   } else {
     const std::size_t grain = grain_for(kGrainGemm, work / n);
     parallel_for(n, grain, [=](std::size_t lo, std::size_t hi) {
       // columns lo..hi of op(B): B is k x n stored (trans: n x k)
       const float* b_part = trans_b ? b + lo * ldb : b + lo;
-      sgemm_serial(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, b_part, ldb, beta, c + lo, ldc);
+      run_engine(e, trans_a, trans_b, m, hi - lo, k, alpha, a, lda, b_part, ldb, beta, c + lo, ldc);
     });
   }
 }
-
-void set_num_threads(int n) {
-  if (n > 0) openblas_set_num_threads(n);
-}
-
-int num_threads() { return openblas_get_num_threads(); }
 
 }  // namespace xgrad::blas

@@ -1,18 +1,39 @@
-// The one door to BLAS. Only blas.cpp includes <cblas.h> (it clashes with xtensor-blas's
-// headers), so everything else calls these wrappers.
+// The one door to matrix products. Behind it are two engines: OpenBLAS (always) and oneDNN (when
+// xgrad was configured with it; CMake says which it found). Only the engine files include the
+// engines' headers (<cblas.h> clashes with xtensor-blas's), so everything else calls sgemm here.
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace xgrad::blas {
 
 // Row-major C (m x n) = alpha * op(A) op(B) + beta * C, where op(A) is m x k and op(B) is k x n;
 // op(X) = X^T when the flag is set. lda/ldb/ldc are the row strides of the stored matrices.
 // Large products are split across xgrad's kernel threads (parallel.hpp); a call from inside a
-// parallel_for body runs on its own thread.
+// parallel_for body runs on its own thread. Every engine call runs on the thread that makes it.
 void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
            const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
            std::size_t ldc);
+
+// Which library computes the products. `automatic` picks per call by size (see engine_for); the
+// others force one engine for every call, for comparison and debugging. The environment variable
+// XGRAD_GEMM (openblas, onednn or auto) sets the initial choice; set_engine overrides it.
+// Engines differ in rounding only (a few ulps); one engine at one thread count gives the same
+// bits on every run.
+enum class Engine { automatic, openblas, onednn };
+
+// Throws when `engine` is not built in (onednn without oneDNN).
+void set_engine(Engine engine);
+// The current choice (automatic unless XGRAD_GEMM or set_engine said otherwise).
+Engine engine();
+// Whether this build has the engine (automatic and openblas: always).
+bool has_engine(Engine engine);
+// The engine that computes one product of this size under the current choice: openblas or onednn.
+Engine engine_for(std::size_t m, std::size_t n, std::size_t k);
+// "auto", "openblas", "onednn"; and back (throws on anything else, naming the text).
+std::string engine_name(Engine engine);
+Engine parse_engine(const std::string& name);
 
 // Threads OpenBLAS itself may use (0 keeps its default), and how many it uses now. xgrad keeps
 // it at 1 and threads GEMMs itself: use xgrad::set_num_threads.

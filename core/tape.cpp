@@ -100,7 +100,8 @@ void add_into(Array& dst, const Array& src) {
 // The gradient has arrived in full at `node`: hooks see it, and a leaf or retain_grad tensor
 // keeps it (accumulating across backward calls, as PyTorch does). A leaf's caller holds its
 // grad_mutex.
-void deliver(Node& node, Array& grad) {
+// `consume`: the caller no longer needs `grad`, so a first gradient is moved in, not copied.
+void deliver(Node& node, Array& grad, bool consume) {
   for (auto& [id, hook] : node.hooks) {
     hook(grad);
     if (grad.shape() != node.value->shape()) {
@@ -120,7 +121,11 @@ void deliver(Node& node, Array& grad) {
   if (node.has_grad) {
     add_into(node.grad, grad);
   } else {
-    node.grad = grad;
+    if (consume) {
+      node.grad = std::move(grad);
+    } else {
+      node.grad = grad;
+    }
     node.has_grad = true;
   }
 }
@@ -279,7 +284,7 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
 
   auto deliver_leaf = [](Node& leaf, Array& grad) {
     std::lock_guard<std::mutex> lock(leaf.grad_mutex);
-    deliver(leaf, grad);
+    deliver(leaf, grad, true);  // a leaf's pass-local gradient ends here
   };
   if (root_entry) {
     auto& entries = tape.entries;
@@ -315,7 +320,7 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
       if (!e.backward) fail(kReleased);
       Array grad = std::move(out->pending);
       out->has_pending = false;
-      deliver(*out, grad);
+      deliver(*out, grad, false);  // its backward still reads grad
       GradContext ctx(e, grad, *out->value);
       e.backward(ctx);
       if (anomaly_mode) {

@@ -1,7 +1,8 @@
-// The hottest elementwise loops, compiled twice on x86-64 (for AVX2 and for the baseline SSE2)
-// with the copy picked when the library loads, so one binary runs everywhere and uses 8-wide
-// vectors where the CPU has them. Both copies do the same IEEE operations per element (no FMA
-// contraction), so they give the same bits. Each call handles elements [0, n) of its pointers;
+// The hottest elementwise loops, compiled three times on x86-64 (for AVX-512, AVX2 and the
+// baseline SSE2) with the copy picked when the library loads, so one binary runs everywhere and
+// uses the widest vectors the CPU has. Every copy does the same IEEE operations per element in the
+// same order (no FMA contraction; sums in a fixed order of 8 partials), so they give the same bits
+// (tests/test_kernel_targets.cpp). Each call handles elements [0, n) of its pointers;
 // the ops split their work across threads and call these per range.
 #pragma once
 
@@ -9,6 +10,23 @@
 #include <cstdint>
 
 namespace xgrad::kernels {
+
+// One Adam / AdamW step over n elements (see optim/adam.cpp for the formula): g = grad (+ wd p
+// unless decoupled); p *= decay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= step_size m / (sqrt(v) / bias2_sqrt + eps).
+struct AdamStep {
+  float b1, b2, eps, wd, decay, step_size, bias2_sqrt;
+  bool decoupled;
+};
+
+}  // namespace xgrad::kernels
+
+// The tests compile a copy per target in a namespace of its own; everyone else uses kernels.
+#ifndef XGRAD_KERNELS_NS
+#define XGRAD_KERNELS_NS kernels
+#endif
+
+namespace xgrad::XGRAD_KERNELS_NS {
 
 // y = x Phi(x), the exact (erf) GELU.
 void gelu_forward(const float* x, float* y, std::size_t n);
@@ -37,13 +55,7 @@ void layer_norm_forward(const float* x, const float* gamma, const float* beta, f
 void layer_norm_backward_input(const float* x, const float* g, const float* gamma, const float* mean, const float* rstd,
                                float* dx, std::size_t rows, std::size_t C);
 
-// One Adam / AdamW step over n elements (see optim/adam.cpp for the formula): g = grad (+ wd p
-// unless decoupled); p *= decay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= step_size m / (sqrt(v) / bias2_sqrt + eps).
-struct AdamStep {
-  float b1, b2, eps, wd, decay, step_size, bias2_sqrt;
-  bool decoupled;
-};
-void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const AdamStep& s);
+// One Adam / AdamW step over n elements: see AdamStep above.
+void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const kernels::AdamStep& s);
 
-}  // namespace xgrad::kernels
+}  // namespace xgrad::XGRAD_KERNELS_NS

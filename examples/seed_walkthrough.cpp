@@ -88,6 +88,11 @@ int main(int argc, char** argv) {
   std::string out = "seed_walkthrough_out";
   app.add_option("--seed", seed, "seed for weights and input")->transform(cli::seed())->capture_default_str();
   app.add_option("--out", out, "folder for the heatmap")->capture_default_str();
+  int threads = 1;
+  cli::add_threads(app, threads);
   if (const auto code = cli::parse(app, argc, argv)) return *code;
-  return cli::run("seed_walkthrough", [&] { walkthrough(seed, out); });
+  return cli::run("seed_walkthrough", [&] {
+    xgrad::set_num_threads(threads);
+    walkthrough(seed, out);
+  });
 }

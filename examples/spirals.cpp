@@ -105,6 +105,11 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "SGD learning rate")->check(cli::real(0, 1e6, true));
   app.add_option("--momentum", momentum, "SGD momentum")->check(cli::real(0, 0.999));
   app.add_option("--seed", seed, "seed for data and weights")->transform(cli::seed());
+  int threads = 1;
+  cli::add_threads(app, threads);
   if (const auto code = cli::parse(app, argc, argv)) return *code;
-  return cli::run("spirals", [&] { fit(steps, hidden, points, lr, momentum, seed); });
+  return cli::run("spirals", [&] {
+    xgrad::set_num_threads(threads);
+    fit(steps, hidden, points, lr, momentum, seed);
+  });
 }

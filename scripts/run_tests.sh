@@ -6,6 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 (cd build && ctest --output-on-failure -j "$(nproc)")
+# Every test again with each GEMM engine forced (the run above chose per product); a build
+# without oneDNN runs the OpenBLAS pass only.
+for engine in openblas onednn; do
+  if [ "$engine" = onednn ] && ! grep -q "^XGRAD_HAS_ONEDNN:INTERNAL=ON" build/CMakeCache.txt; then
+    echo "xgrad: built without oneDNN, no oneDNN pass"
+    continue
+  fi
+  echo "xgrad: the test suite again with XGRAD_GEMM=$engine"
+  (cd build && XGRAD_GEMM=$engine ctest --output-on-failure -j "$(nproc)" -E "install_and_readme_tour|fuzz_safetensors")
+done
 
 echo "xgrad: the test suite again under AddressSanitizer and UndefinedBehaviorSanitizer"
 sanitize="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"

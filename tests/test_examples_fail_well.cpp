@@ -97,6 +97,16 @@ TEST_CASE("counts that wrap around are refused, naming the flag", "[examples][ba
   require_fails(run(dir, "head_specialization", {"--sweep-heads", "2,-4"}), 2, {"--sweep-heads"});
 }
 
+// Every program takes --threads (default 1) through one option (examples/common/cli.hpp).
+TEST_CASE("every example takes --threads and refuses 0 and -1", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_threads");
+  for (const char* program : {"train_lm", "head_specialization", "gradient_flow", "seed_walkthrough", "spirals"}) {
+    INFO(program);
+    require_fails(run(dir, program, {"--threads", "0"}), 2, {"--threads", "0 is outside [1, 256]"});
+    require_fails(run(dir, program, {"--threads", "-1"}), 2, {"--threads", "'-1'"});
+  }
+}
+
 TEST_CASE("a leading zero is decimal, not octal", "[examples][bad_input]") {
   TempDir dir("xgrad_fail_octal");
   // With CLI11 alone "010" is 8: the refusal names 10 steps.

@@ -21,6 +21,7 @@
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
+#include "train_steps.hpp"
 
 using namespace xgrad;
 
@@ -157,47 +158,11 @@ TEST_CASE("the elementwise, softmax, layer-norm, dropout, batched-matmul and att
   }
 }
 
-namespace {
-
-struct StepResult {
-  std::vector<float> losses;
-  std::vector<std::pair<std::string, Array>> params;
-};
-
-// Three AdamW steps of a model large enough that every kernel splits across two threads
-// (B T C = 65536 activations, GEMMs of 2^25 multiply-adds, B H = 64 attention products).
-StepResult train_steps(int threads) {
-  ThreadCount tc(threads);
-  constexpr std::size_t B = 16, T = 32, C = 128, H = 4, F = 512, V = 64;
-  Generator init(7), data(8);
-  manual_seed(9);
-  nn::LanguageModel model(
-      nn::LanguageModelOptions(V, C, H, 2).d_ff(F).max_len(T).dropout(0.1f).norm(nn::Norm::pre), init);
-  model.train();
-  optim::AdamW opt(model.named_parameters(), optim::AdamOptions(1e-3f).weight_decay(0.01f));
-  StepResult r;
-  for (int step = 0; step < 3; ++step) {
-    IndexArray ids = IndexArray::from_shape({B, T}), targets = IndexArray::from_shape({B, T});
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      ids.data()[i] = static_cast<std::int64_t>(data.below(V));
-      targets.data()[i] = static_cast<std::int64_t>(data.below(V));
-    }
-    const Tensor loss = model.loss(ids, targets);
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-    r.losses.push_back(loss.item());
-  }
-  for (const auto& [name, p] : model.named_parameters()) r.params.emplace_back(name, p.value());
-  return r;
-}
-
-}  // namespace
 
 TEST_CASE("training steps repeat bit for bit on a given thread count", "[parallel][determinism]") {
   for (int threads : {1, 2, 3}) {
     INFO("threads " << threads);
-    const StepResult a = train_steps(threads), b = train_steps(threads);
+    const testing::StepResult a = testing::train_steps(threads), b = testing::train_steps(threads);
     REQUIRE(a.losses == b.losses);
     for (std::size_t k = 0; k < a.params.size(); ++k) {
       INFO("parameter " << a.params[k].first);
@@ -210,10 +175,10 @@ TEST_CASE("training steps repeat bit for bit on a given thread count", "[paralle
 // product computed as two halves differs from the whole in about 1 element in 10, by an ulp or
 // so). Across thread counts, training therefore agrees to rounding, not to the bit.
 TEST_CASE("training steps on 2 and 3 threads agree with 1 thread to rounding", "[parallel][determinism]") {
-  const StepResult one = train_steps(1);
+  const testing::StepResult one = testing::train_steps(1);
   for (int threads : {2, 3}) {
     INFO("threads " << threads);
-    const StepResult many = train_steps(threads);
+    const testing::StepResult many = testing::train_steps(threads);
     REQUIRE(many.losses.size() == one.losses.size());
     for (std::size_t s = 0; s < one.losses.size(); ++s) CHECK(many.losses[s] == Approx(one.losses[s]).epsilon(1e-5));
     REQUIRE(many.params.size() == one.params.size());

@@ -34,6 +34,12 @@ CLI::Validator count(std::uint64_t lo, std::uint64_t hi) {
 
 CLI::Validator seed() { return count(0, std::numeric_limits<std::uint64_t>::max()); }
 
+void add_threads(CLI::App& app, int& threads) {
+  app.add_option("--threads", threads, "xgrad's kernel threads: they split the matrix products and the other kernels")
+      ->transform(count(1, 256))
+      ->capture_default_str();
+}
+
 CLI::Validator real(double lo, double hi, bool open_low, bool allow_inf) {
   std::ostringstream os;
   os << (open_low ? "(" : "[") << lo << ", " << hi << "]";

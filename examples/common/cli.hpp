@@ -43,6 +43,10 @@ CLI::Validator seed();
 // allow_inf and hi is infinite.
 CLI::Validator real(double lo, double hi, bool open_low = false, bool allow_inf = false);
 
+// Every program's --threads (default 1, up to 256): xgrad's kernel threads, which split the matrix
+// products and the other kernels; the program passes it to xgrad::set_num_threads.
+void add_threads(CLI::App& app, int& threads);
+
 // Parses argv. Returns the exit code when main should end now: 0 after --help, 2 for a usage
 // error (printed with the flag's name); std::nullopt to go on.
 std::optional<int> parse(CLI::App& app, int argc, char** argv);

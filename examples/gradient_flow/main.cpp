@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "AdamW learning rate (--train)")->check(cli::real(0, 1e6, true))->capture_default_str();
   app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs, fewer than --steps (--train)")
       ->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
-  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->transform(cli::count(1, 256))->capture_default_str();
+  cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the plots")->capture_default_str();
   app.add_option("--report", report_path, "write the JSON report here");
   app.add_flag("--quiet", quiet, "print only the tables");

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", c.train.warmup, "linear warm-up steps (fewer than --steps)")->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
   app.add_option("--seed", c.seed, "seed for weights and data")->transform(cli::seed())->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "held-out batches for the measurements")->transform(cli::count(1, 1 << 16))->capture_default_str();
-  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->transform(cli::count(1, 256))->capture_default_str();
+  cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the images")->capture_default_str();
   app.add_option("--report", report_path, "write the JSON report here");
   app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")->delimiter(',')->transform(size);

@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", c.dropout, "dropout")->check(cli::real(0, 0.999))->capture_default_str();
   app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
   app.add_option("--seed", c.seed, "seed")->transform(cli::seed())->capture_default_str();
-  app.add_option("--threads", threads, "threads for the GEMMs and the other kernels")->transform(cli::count(1, 256))->capture_default_str();
+  cli::add_threads(app, threads);
   app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")->check(cli::real(0, 1, true))->capture_default_str();
   app.add_option("--eval-interval", c.eval_interval, "steps between validations (0: at the end only)")->transform(interval)->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "validation batches")->transform(size)->capture_default_str();

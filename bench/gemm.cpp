@@ -1,0 +1,95 @@
+// GFLOP/s of one product through each GEMM engine behind blas::sgemm, on the calling thread
+// (xgrad's pool at one thread), for the product shapes of the train-step benchmark and a few
+// small ones. Engines alternate within each shape and the table quotes medians; this is the
+// measurement behind blas.cpp's rule for `auto`.
+//     build/bench/bench_gemm [--reps 15]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/cli.hpp"
+#include "xgrad/xgrad.hpp"
+
+using namespace xgrad;
+
+namespace {
+
+struct Product {
+  std::size_t m, n, k;
+  bool ta, tb;
+};
+
+// M x N x K, transposes; the comment names where the benchmark's step meets it.
+const std::vector<Product> kShapes = {
+    {2048, 64, 64, false, true},     // tiny: Q/K/V/O projections (B T, C, C)
+    {2048, 256, 64, false, true},    // tiny: FFN up
+    {64, 256, 2048, true, false},    // tiny: FFN weight gradient
+    {32, 32, 16, false, true},       // tiny: one head's scores (T, T, D)
+    {32, 16, 32, false, false},      // tiny: one head's weighted sum
+    {2048, 192, 64, false, true},
+    {2048, 1024, 256, false, true},  // small: FFN up
+    {1024, 256, 2048, true, false},
+    {64, 64, 64, false, true},       // small: one head's scores
+    {512, 512, 512, false, false},
+    {1024, 2048, 512, false, true},  // standard: FFN up
+    {128, 128, 64, false, true},     // standard: one head's scores
+    {1024, 1024, 64, false, true},   // long: one head's scores (T 1024)
+    {1024, 64, 1024, false, false},  // long: one head's weighted sum
+    {16, 16, 16, false, false},
+    {24, 24, 24, false, false},
+    {32, 32, 32, false, false},
+};
+
+double seconds_of(const Product& s, const std::vector<float>& a, const std::vector<float>& b, std::vector<float>& c) {
+  // Repeat small products so one timing covers at least ~0.2 ms.
+  const std::size_t calls = std::max<std::size_t>(1, (1u << 18) / (s.m * s.n * s.k / 64 + 1));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < calls; ++i)
+    blas::sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), s.ta ? s.m : s.k, b.data(), s.tb ? s.k : s.n, 0.f, c.data(), s.n);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(calls);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"GFLOP/s of OpenBLAS and oneDNN on the benchmark's product shapes, one thread.", "bench_gemm"};
+  std::size_t reps = 15;
+  app.add_option("--reps", reps, "timings per engine and shape")->transform(cli::count(1, 10000))->capture_default_str();
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
+  return cli::run("bench_gemm", [&] {
+    set_num_threads(1);
+    if (!blas::has_engine(blas::Engine::onednn)) fail("this xgrad was built without oneDNN: nothing to compare");
+    const blas::Engine before = blas::engine();
+    std::printf("%-22s %10s %10s %7s %8s\n", "M x N x K (op)", "OpenBLAS", "oneDNN", "ratio", "auto");
+    Generator gen(1);
+    for (const Product& s : kShapes) {
+      std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n);
+      for (auto& x : a) x = gen.uniform(-1.f, 1.f);
+      for (auto& x : b) x = gen.uniform(-1.f, 1.f);
+      std::vector<double> t_open, t_dnnl;
+      for (std::size_t r = 0; r < reps + 2; ++r) {
+        blas::set_engine(blas::Engine::openblas);
+        const double o = seconds_of(s, a, b, c);
+        blas::set_engine(blas::Engine::onednn);
+        const double d = seconds_of(s, a, b, c);
+        if (r >= 2) t_open.push_back(o), t_dnnl.push_back(d);  // two warm-up rounds
+      }
+      blas::set_engine(blas::Engine::automatic);
+      const double flop = 2.0 * s.m * s.n * s.k;
+      const double go = flop / median(t_open) / 1e9, gd = flop / median(t_dnnl) / 1e9;
+      char name[64];
+      std::snprintf(name, sizeof name, "%zu x %zu x %zu (%c%c)", s.m, s.n, s.k, s.ta ? 'T' : 'N', s.tb ? 'T' : 'N');
+      std::printf("%-22s %10.1f %10.1f %6.2fx %8s\n", name, go, gd, gd / go,
+                  blas::engine_name(blas::engine_for(s.m, s.n, s.k)).c_str());
+    }
+    blas::set_engine(before);
+  });
+}

@@ -1,0 +1,31 @@
+// The vector kernels of one compilation target, as function pointers: tests/kernel_target_copy.cpp
+// is compiled once per target (tests/CMakeLists.txt) and each copy returns its table.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "xgrad/core/vector_kernels.hpp"
+
+namespace xgrad::testing {
+
+struct KernelTable {
+  void (*gelu_forward)(const float*, float*, std::size_t);
+  void (*gelu_backward)(const float*, const float*, float*, std::size_t);
+  void (*dropout_forward)(const float*, float*, std::uint8_t*, std::size_t, std::size_t, std::uint32_t, std::uint32_t,
+                          std::uint32_t, float);
+  void (*dropout_backward)(const float*, const std::uint8_t*, float*, std::size_t, float);
+  void (*masked_softmax_row)(float*, std::size_t, std::size_t, const std::uint8_t*);
+  void (*softmax_row_backward)(const float*, const float*, float*, std::size_t);
+  void (*layer_norm_forward)(const float*, const float*, const float*, float*, float*, float*, std::size_t, std::size_t,
+                             float);
+  void (*layer_norm_backward_input)(const float*, const float*, const float*, const float*, const float*, float*,
+                                    std::size_t, std::size_t);
+  void (*adam_update)(float*, const float*, float*, float*, std::size_t, const kernels::AdamStep&);
+};
+
+KernelTable kernels_avx512_table();
+KernelTable kernels_avx2_table();
+KernelTable kernels_baseline_table();
+
+}  // namespace xgrad::testing

@@ -1,0 +1,15 @@
+// One copy of core/vector_kernels.cpp for a single target, in its own namespace; CMake defines
+// XGRAD_KERNELS_NS, XGRAD_KERNELS_ONLY_<target> and XGRAD_KERNEL_TABLE for each copy.
+#include "core/vector_kernels.cpp"
+#include "kernel_table.hpp"
+
+namespace xgrad::testing {
+
+KernelTable XGRAD_KERNEL_TABLE() {
+  namespace k = xgrad::XGRAD_KERNELS_NS;
+  return {&k::gelu_forward,       &k::gelu_backward,        &k::dropout_forward,
+          &k::dropout_backward,   &k::masked_softmax_row,   &k::softmax_row_backward,
+          &k::layer_norm_forward, &k::layer_norm_backward_input, &k::adam_update};
+}
+
+}  // namespace xgrad::testing

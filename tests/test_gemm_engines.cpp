@@ -1,0 +1,237 @@
+// The two GEMM engines behind blas::sgemm (core/blas.hpp): both compute the same products to
+// rounding on every shape, transpose, stride, alpha and beta; each repeats bit for bit; `auto`
+// follows its size rule; XGRAD_GEMM and set_engine choose; oneDNN leaves no threads behind.
+// The whole suite also runs once per engine in CI (scripts/run_tests.sh).
+#include <dirent.h>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <xtensor/xmath.hpp>
+
+#include "xgrad/core/blas.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/random.hpp"
+#include "train_steps.hpp"
+
+using namespace xgrad;
+
+namespace {
+
+// Sets the engine for one scope and restores the one before.
+struct EngineScope {
+  explicit EngineScope(blas::Engine e) : before(blas::engine()) { blas::set_engine(e); }
+  ~EngineScope() { blas::set_engine(before); }
+  blas::Engine before;
+};
+
+struct Product {
+  std::size_t m, n, k;
+  bool ta, tb;
+  std::size_t pad;  // extra elements per stored row (leading dimension beyond the row length)
+  float alpha, beta;
+};
+
+struct Operands {
+  std::vector<float> a, b, c;
+  std::size_t lda, ldb, ldc;
+};
+
+Operands operands(const Product& p) {
+  Generator gen(11);
+  Operands o;
+  o.lda = (p.ta ? p.m : p.k) + p.pad;
+  o.ldb = (p.tb ? p.k : p.n) + p.pad;
+  o.ldc = p.n + p.pad;
+  o.a.resize((p.ta ? p.k : p.m) * o.lda);
+  o.b.resize((p.tb ? p.n : p.k) * o.ldb);
+  o.c.resize(p.m * o.ldc);
+  for (auto* v : {&o.a, &o.b, &o.c})
+    for (float& x : *v) x = gen.uniform(-1.f, 1.f);
+  return o;
+}
+
+std::vector<float> run(blas::Engine e, const Product& p, Operands o) {
+  EngineScope scope(e);
+  blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, o.a.data(), o.lda, o.b.data(), o.ldb, p.beta, o.c.data(), o.ldc);
+  return o.c;
+}
+
+// C in double, and for each element the sum of |terms|, the scale of its rounding error.
+void reference(const Product& p, const Operands& o, std::vector<double>& c, std::vector<double>& scale) {
+  c.assign(o.c.size(), 0.0);
+  scale.assign(o.c.size(), 0.0);
+  for (std::size_t i = 0; i < p.m; ++i) {
+    for (std::size_t j = 0; j < p.n; ++j) {
+      double sum = 0, mag = 0;
+      for (std::size_t l = 0; l < p.k; ++l) {
+        const double x = p.ta ? o.a[l * o.lda + i] : o.a[i * o.lda + l];
+        const double y = p.tb ? o.b[j * o.ldb + l] : o.b[l * o.ldb + j];
+        sum += x * y;
+        mag += std::fabs(x * y);
+      }
+      const double old = o.c[i * o.ldc + j];
+      c[i * o.ldc + j] = p.alpha * sum + (p.beta == 0.f ? 0.0 : p.beta * old);
+      scale[i * o.ldc + j] = std::fabs(p.alpha) * mag + std::fabs(p.beta * old);
+    }
+  }
+}
+
+std::size_t threads_of_this_process() {
+  std::size_t n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("both engines compute every shape, transpose, stride, alpha and beta to rounding", "[gemm][engines]") {
+  if (!blas::has_engine(blas::Engine::onednn)) {
+    WARN("this build has OpenBLAS only");
+    return;
+  }
+  std::vector<Product> products;
+  for (std::size_t size : {1, 3, 16, 33, 70}) {
+    for (int t = 0; t < 4; ++t) {
+      products.push_back({size, size + 5, size + 2, (t & 1) != 0, (t & 2) != 0, 0, 1.f, 0.f});
+      products.push_back({size + 4, size, 2 * size + 1, (t & 1) != 0, (t & 2) != 0, 3, -0.5f, 1.f});
+    }
+  }
+  products.push_back({130, 257, 64, false, true, 0, 0.125f, 0.f});  // an attention-score shape
+  products.push_back({7, 9, 0, false, false, 1, 1.f, 0.5f});        // K = 0: C = beta C
+  for (const Product& p : products) {
+    INFO(p.m << " x " << p.n << " x " << p.k << (p.ta ? " T" : " N") << (p.tb ? "T" : "N") << " pad " << p.pad
+              << " alpha " << p.alpha << " beta " << p.beta);
+    const Operands o = operands(p);
+    std::vector<double> ref, scale;
+    reference(p, o, ref, scale);
+    const std::vector<float> open = run(blas::Engine::openblas, p, o), dnnl = run(blas::Engine::onednn, p, o);
+    double worst_open = 0, worst_dnnl = 0;
+    for (std::size_t i = 0; i < p.m; ++i) {
+      for (std::size_t j = 0; j < o.ldc; ++j) {
+        const std::size_t at = i * o.ldc + j;
+        if (j >= p.n) {  // the padding past each row of C is never written
+          REQUIRE(open[at] == o.c[at]);
+          REQUIRE(dnnl[at] == o.c[at]);
+          continue;
+        }
+        // float32 sums of k terms: error within a few k ulps of the sum of magnitudes
+        const double bound = 4e-7 * (static_cast<double>(p.k) + 2) * scale[at] + 1e-30;
+        worst_open = std::max(worst_open, std::fabs(open[at] - ref[at]) / bound);
+        worst_dnnl = std::max(worst_dnnl, std::fabs(dnnl[at] - ref[at]) / bound);
+      }
+    }
+    CHECK(worst_open <= 1.0);
+    CHECK(worst_dnnl <= 1.0);
+  }
+}
+
+TEST_CASE("each engine repeats bit for bit, and the engines agree on training to rounding", "[gemm][engines][determinism]") {
+  std::vector<blas::Engine> engines = {blas::Engine::openblas};
+  if (blas::has_engine(blas::Engine::onednn)) engines.push_back(blas::Engine::onednn);
+  std::vector<testing::StepResult> results;
+  for (blas::Engine e : engines) {
+    EngineScope scope(e);
+    for (int threads : {1, 2}) {
+      INFO("engine " << blas::engine_name(e) << ", threads " << threads);
+      const testing::StepResult a = testing::train_steps(threads), b = testing::train_steps(threads);
+      REQUIRE(a.losses == b.losses);
+      for (std::size_t k = 0; k < a.params.size(); ++k) {
+        INFO("parameter " << a.params[k].first);
+        REQUIRE(a.params[k].second == b.params[k].second);
+      }
+      if (threads == 1) results.push_back(a);
+    }
+  }
+  if (results.size() < 2) return;
+  // Rounding only: three AdamW steps at lr 1e-3 move each weight by up to 3e-3, and the two runs'
+  // weights differ by orders of magnitude less.
+  const testing::StepResult &open = results[0], &dnnl = results[1];
+  for (std::size_t s = 0; s < open.losses.size(); ++s) CHECK(dnnl.losses[s] == Approx(open.losses[s]).epsilon(1e-5));
+  bool any_bit_differs = false;
+  for (std::size_t k = 0; k < open.params.size(); ++k) {
+    INFO("parameter " << open.params[k].first);
+    const float diff = xt::amax(xt::abs(dnnl.params[k].second - open.params[k].second))();
+    CHECK(diff < 1e-4f);
+    any_bit_differs = any_bit_differs || diff > 0.f;
+  }
+  // The second run really used the other engine (their products round differently).
+  CHECK(any_bit_differs);
+}
+
+TEST_CASE("auto sends small products to OpenBLAS and the rest to oneDNN; a forced engine takes all", "[gemm][engines]") {
+  {
+    EngineScope scope(blas::Engine::automatic);
+    REQUIRE(blas::engine_for(16, 16, 16) == blas::Engine::openblas);
+    REQUIRE(blas::engine_for(512, 512, 512) ==
+            (blas::has_engine(blas::Engine::onednn) ? blas::Engine::onednn : blas::Engine::openblas));
+  }
+  {
+    EngineScope scope(blas::Engine::openblas);
+    REQUIRE(blas::engine_for(512, 512, 512) == blas::Engine::openblas);
+  }
+  if (blas::has_engine(blas::Engine::onednn)) {
+    EngineScope scope(blas::Engine::onednn);
+    REQUIRE(blas::engine_for(2, 2, 2) == blas::Engine::onednn);
+  }
+}
+
+TEST_CASE("engine names parse both ways and a wrong one is named", "[gemm][engines][bad_input]") {
+  for (blas::Engine e : {blas::Engine::automatic, blas::Engine::openblas, blas::Engine::onednn})
+    REQUIRE(blas::parse_engine(blas::engine_name(e)) == e);
+  REQUIRE_THROWS_WITH(blas::parse_engine("mkl"), Catch::Contains("blas::parse_engine") && Catch::Contains("'mkl'"));
+  REQUIRE_THROWS_WITH(blas::parse_engine(""), Catch::Contains("is not an engine"));
+  if (!blas::has_engine(blas::Engine::onednn))
+    REQUIRE_THROWS_WITH(blas::set_engine(blas::Engine::onednn), Catch::Contains("built without oneDNN"));
+}
+
+// CI runs the suite with XGRAD_GEMM unset, openblas and onednn: each run checks its own setting.
+TEST_CASE("XGRAD_GEMM sets the engine every product starts with", "[gemm][engines]") {
+  const char* env = std::getenv("XGRAD_GEMM");
+  const blas::Engine expected = env && *env ? blas::parse_engine(env) : blas::Engine::automatic;
+  REQUIRE(blas::engine() == expected);
+}
+
+// Run by ctest with XGRAD_GEMM=mkl (tests/CMakeLists.txt), not by test discovery.
+TEST_CASE("an unknown XGRAD_GEMM is an error naming the variable and the value", "[.gemm_bad_env]") {
+  REQUIRE(std::string(std::getenv("XGRAD_GEMM")) == "mkl");
+  REQUIRE_THROWS_WITH(blas::engine(), Catch::Contains("XGRAD_GEMM") && Catch::Contains("'mkl'"));
+  const float a = 1, b = 2;
+  float c = 0;
+  REQUIRE_THROWS_WITH(blas::sgemm(false, false, 1, 1, 1, 1.f, &a, 1, &b, 1, 0.f, &c, 1), Catch::Contains("XGRAD_GEMM"));
+}
+
+// ctest runs this case with OMP_NUM_THREADS=4: oneDNN's OpenMP must still run each call on the
+// calling thread, from the main thread and from xgrad's kernel threads, and start no team.
+TEST_CASE("oneDNN products start no threads of their own", "[gemm][engines][threads]") {
+  if (!blas::has_engine(blas::Engine::onednn)) {
+    WARN("this build has OpenBLAS only");
+    return;
+  }
+  EngineScope scope(blas::Engine::onednn);
+  set_num_threads(2);
+  Generator gen(3);
+  const std::size_t n = 256;  // 2^24 multiply-adds: split across both kernel threads
+  std::vector<float> a(n * n), b(n * n), c(n * n);
+  for (float& x : a) x = gen.uniform(-1.f, 1.f);
+  for (float& x : b) x = gen.uniform(-1.f, 1.f);
+  blas::sgemm(false, false, 64, 64, 64, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);  // main thread only
+  const std::size_t before = threads_of_this_process();
+  for (int rep = 0; rep < 20; ++rep) {
+    blas::sgemm(false, false, 64, 64, 64, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    blas::sgemm(false, true, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+  }
+  const std::size_t after = threads_of_this_process();
+  set_num_threads(1);
+  REQUIRE(before > 0);
+  REQUIRE(after == before);
+}

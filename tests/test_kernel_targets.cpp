@@ -1,0 +1,138 @@
+// The vector kernels give the same bits whichever copy the CPU runs: core/vector_kernels.cpp is
+// compiled here once for AVX-512, once for AVX2 and once for the baseline (kernel_target_copy.cpp),
+// and every kernel's output is compared bit for bit on inputs with awkward lengths (tails of 1 to
+// 15 elements), masks, and values from -8 to 8.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernel_table.hpp"
+#include "xgrad/core/random.hpp"
+
+using namespace xgrad;
+using testing::KernelTable;
+
+namespace {
+
+struct Target {
+  std::string name;
+  KernelTable table;
+};
+
+std::vector<Target> targets() {
+  std::vector<Target> t = {{"baseline", testing::kernels_baseline_table()}};
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (__builtin_cpu_supports("avx2")) t.push_back({"avx2", testing::kernels_avx2_table()});
+  if (__builtin_cpu_supports("avx512f")) t.push_back({"avx512f", testing::kernels_avx512_table()});
+#endif
+  return t;
+}
+
+std::vector<float> randoms(std::size_t n, std::uint64_t seed, float scale = 8.f) {
+  Generator gen(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = gen.uniform(-scale, scale);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Runs `run(table)` for every target and requires each result to match the baseline's bits.
+template <class Run>
+void require_same_bits(const char* kernel, Run run) {
+  const std::vector<Target> all = targets();
+  const std::vector<std::vector<float>> base = run(all[0].table);
+  for (std::size_t i = 1; i < all.size(); ++i) {
+    INFO(kernel << ": " << all[i].name << " against the baseline");
+    const std::vector<std::vector<float>> got = run(all[i].table);
+    REQUIRE(got.size() == base.size());
+    for (std::size_t k = 0; k < got.size(); ++k) REQUIRE(same_bits(got[k], base[k]));
+  }
+}
+
+const std::size_t kLengths[] = {1, 7, 8, 15, 16, 17, 31, 64, 100, 1023};
+
+}  // namespace
+
+TEST_CASE("this CPU runs more than the baseline copy, so the comparison compares something", "[kernels][targets]") {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (__builtin_cpu_supports("avx2")) REQUIRE(targets().size() >= 2);
+#endif
+  REQUIRE(!targets().empty());
+}
+
+TEST_CASE("GELU forward and backward give the same bits on every target", "[kernels][targets]") {
+  for (std::size_t n : kLengths) {
+    const std::vector<float> x = randoms(n, n), g = randoms(n, n + 1, 1.f);
+    require_same_bits("gelu", [&](const KernelTable& k) {
+      std::vector<float> y(n), dx(n);
+      k.gelu_forward(x.data(), y.data(), n);
+      k.gelu_backward(x.data(), g.data(), dx.data(), n);
+      return std::vector<std::vector<float>>{y, dx};
+    });
+  }
+}
+
+TEST_CASE("dropout gives the same flags and values on every target", "[kernels][targets]") {
+  for (std::size_t n : kLengths) {
+    const std::vector<float> x = randoms(n, n + 2), g = randoms(n, n + 3);
+    require_same_bits("dropout", [&](const KernelTable& k) {
+      std::vector<float> y(n), dx(n), flags(n);
+      std::vector<std::uint8_t> keep(n);
+      k.dropout_forward(x.data(), y.data(), keep.data(), 12345, n, 0xdeadbeefu, 0x1234567u, 1u << 30, 1.f / 0.75f);
+      k.dropout_backward(g.data(), keep.data(), dx.data(), n, 1.f / 0.75f);
+      for (std::size_t i = 0; i < n; ++i) flags[i] = keep[i];
+      return std::vector<std::vector<float>>{y, dx, flags};
+    });
+  }
+}
+
+TEST_CASE("masked softmax and its backward give the same bits on every target", "[kernels][targets]") {
+  for (std::size_t n : kLengths) {
+    const std::vector<float> z = randoms(n, n + 4), g = randoms(n, n + 5, 1.f);
+    std::vector<std::uint8_t> keep(n);
+    for (std::size_t i = 0; i < n; ++i) keep[i] = (i * 7) % 3 != 0;
+    require_same_bits("softmax", [&](const KernelTable& k) {
+      std::vector<float> all = z, causal = z, masked = z, dz(n);
+      k.masked_softmax_row(all.data(), n, n, nullptr);
+      k.masked_softmax_row(causal.data(), n, (n + 1) / 2, nullptr);
+      k.masked_softmax_row(masked.data(), n, n, keep.data());
+      k.softmax_row_backward(all.data(), g.data(), dz.data(), n);
+      return std::vector<std::vector<float>>{all, causal, masked, dz};
+    });
+  }
+}
+
+TEST_CASE("layer norm forward and backward give the same bits on every target", "[kernels][targets]") {
+  for (std::size_t C : kLengths) {
+    const std::size_t rows = 3;
+    const std::vector<float> x = randoms(rows * C, C + 6), g = randoms(rows * C, C + 7, 1.f);
+    const std::vector<float> gamma = randoms(C, C + 8, 2.f), beta = randoms(C, C + 9, 1.f);
+    require_same_bits("layer_norm", [&](const KernelTable& k) {
+      std::vector<float> y(rows * C), mean(rows), rstd(rows), dx(rows * C, 0.25f), y_plain(rows * C);
+      k.layer_norm_forward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
+      k.layer_norm_forward(x.data(), nullptr, nullptr, y_plain.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
+      k.layer_norm_backward_input(x.data(), g.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), rows, C);
+      return std::vector<std::vector<float>>{y, y_plain, mean, rstd, dx};
+    });
+  }
+}
+
+TEST_CASE("the Adam and AdamW update gives the same bits on every target", "[kernels][targets]") {
+  for (std::size_t n : kLengths) {
+    const std::vector<float> p0 = randoms(n, n + 10, 1.f), grad = randoms(n, n + 11, 1.f);
+    for (bool decoupled : {false, true}) {
+      require_same_bits("adam", [&](const KernelTable& k) {
+        std::vector<float> p = p0, m(n, 0.01f), v(n, 0.001f);
+        const kernels::AdamStep s{0.9f, 0.999f, 1e-8f, 0.01f, decoupled ? 0.99999f : 1.f, 1e-3f, 0.0447f, decoupled};
+        for (int step = 0; step < 3; ++step) k.adam_update(p.data(), grad.data(), m.data(), v.data(), n, s);
+        return std::vector<std::vector<float>>{p, m, v};
+      });
+    }
+  }
+}
