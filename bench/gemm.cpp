@@ -36,6 +36,12 @@ const std::vector<Product> kShapes = {
     {512, 512, 512, false, false},
     {1024, 2048, 512, false, true},  // standard: FFN up
     {128, 128, 64, false, true},     // standard: one head's scores
+    {1024, 512, 512, false, false},  // standard: a projection's input gradient (B T, C, C)
+    {512, 512, 1024, true, false},   // standard: a projection's weight gradient (C, C, B T)
+    {2048, 512, 1024, true, false},  // standard: FFN up's weight gradient
+    {512, 2048, 1024, true, false},  // standard: FFN down's weight gradient
+    {1024, 512, 2048, false, false}, // standard: FFN up's input gradient
+    {256, 256, 2048, true, false},   // small: a projection's weight gradient
     {1024, 1024, 64, false, true},   // long: one head's scores (T 1024)
     {1024, 64, 1024, false, false},  // long: one head's weighted sum
     {16, 16, 16, false, false},

@@ -1,9 +1,13 @@
-// A small pool of kernel threads (see parallel.hpp). Idle workers sleep on a condition variable
-// rather than spin: a spinning worker would take a core from OpenBLAS's threads during the next
-// GEMM.
+// A small pool of kernel threads (see parallel.hpp). A step runs hundreds of kernels back to back,
+// and a wake-up through a condition variable took tens of microseconds here: long enough for the
+// calling thread to finish a short kernel's ranges alone while its worker was still waking. So a
+// worker that finishes a job watches for the next one for a short while (kSpin) before it sleeps,
+// and the calling thread watches for its job's end the same way before it blocks. Idle longer
+// than that, workers sleep on a condition variable and take no core.
 #include "xgrad/core/parallel.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -19,12 +23,34 @@ namespace {
 
 thread_local bool inside_body = false;
 
+// How long a thread watches for the next job or for its job's end before it blocks.
+constexpr std::chrono::microseconds kSpin{200};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins until done() or kSpin has passed; returns done().
+template <class Done>
+bool spin_until(Done done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (unsigned i = 1;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return done();
+  }
+}
+
 // One parallel_for call: ranges are claimed through `next` by whichever thread is free.
 struct Job {
   const std::function<void(std::size_t, std::size_t)>* body;
   std::size_t n, ranges;
   std::atomic<std::size_t> next{0}, done{0};
-  std::size_t workers_inside = 0;  // guarded by the pool's mutex
+  std::atomic<std::size_t> workers_inside{0};  // changed under the pool's mutex, read while spinning
   std::mutex error_mutex;
   std::exception_ptr error;
 
@@ -85,9 +111,12 @@ class Pool {
     }
     wake_.notify_all();
     job.work();
+    auto finished = [&] { return job.done.load() == ranges && job.workers_inside.load() == 0; };
+    spin_until(finished);
     {
+      // Checked again under the lock: a worker may pick the job up until job_ is reset.
       std::unique_lock<std::mutex> lock(mutex_);
-      finished_.wait(lock, [&] { return job.done.load() == ranges && job.workers_inside == 0; });
+      finished_.wait(lock, finished);
       job_ = nullptr;  // under the lock: no worker can pick the finished job up any more
     }
     if (job.error) std::rethrow_exception(job.error);
@@ -123,9 +152,10 @@ class Pool {
     std::uint64_t seen = 0;
     for (;;) {
       Job* job = nullptr;
+      spin_until([&] { return stop_.load() || generation_.load() != seen; });
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
         if (stop_) return;
         seen = generation_;
         job = job_;
@@ -145,11 +175,11 @@ class Pool {
   std::atomic<int> threads_{0};   // 0 until first use; written under run_mutex_
   std::vector<std::thread> workers_;
 
-  std::mutex mutex_;  // guards job_, generation_, stop_ and Job::workers_inside
+  std::mutex mutex_;  // guards job_ and the changes of generation_, stop_ and Job::workers_inside
   std::condition_variable wake_, finished_;
   Job* job_ = nullptr;
-  std::uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 Pool& pool() {

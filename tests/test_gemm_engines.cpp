@@ -3,12 +3,17 @@
 // follows its size rule; XGRAD_GEMM and set_engine choose; oneDNN leaves no threads behind.
 // The whole suite also runs once per engine in CI (scripts/run_tests.sh).
 #include <dirent.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <xtensor/xmath.hpp>
@@ -90,6 +95,28 @@ std::size_t threads_of_this_process() {
     closedir(d);
   }
   return n;
+}
+
+// CPU seconds (user + system) used so far by every thread of this process but the calling one.
+double cpu_seconds_of_other_threads() {
+  const std::string self = std::to_string(gettid());
+  double ticks = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.' || self == e->d_name) continue;
+      std::ifstream stat(std::string("/proc/self/task/") + e->d_name + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      // fields after the ")" that closes the thread's name: state is field 3, utime 14, stime 15
+      std::istringstream rest(line.substr(line.rfind(')') + 2));
+      std::string field;
+      for (int i = 3; i <= 15 && rest >> field; ++i) {
+        if (i == 14 || i == 15) ticks += std::stod(field);
+      }
+    }
+    closedir(d);
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 }  // namespace
@@ -234,4 +261,27 @@ TEST_CASE("oneDNN products start no threads of their own", "[gemm][engines][thre
   set_num_threads(1);
   REQUIRE(before > 0);
   REQUIRE(after == before);
+}
+
+// Kernel threads watch for the next job for 0.2 ms before they sleep (core/parallel.cpp); neither
+// they, nor OpenBLAS's threads, nor oneDNN's may keep spinning after the work ends.
+TEST_CASE("idle threads use no CPU after products on both engines and two kernel threads", "[gemm][engines][threads]") {
+  set_num_threads(2);
+  Generator gen(5);
+  const std::size_t n = 256;
+  std::vector<float> a(n * n), b(n * n), c(n * n);
+  for (float& x : a) x = gen.uniform(-1.f, 1.f);
+  for (float& x : b) x = gen.uniform(-1.f, 1.f);
+  for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn}) {
+    if (!blas::has_engine(e)) continue;
+    EngineScope scope(e);
+    for (int rep = 0; rep < 20; ++rep) blas::sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past any spin-then-sleep
+  const double before = cpu_seconds_of_other_threads();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const double used = cpu_seconds_of_other_threads() - before;
+  set_num_threads(1);
+  // A spinning thread would use about 1 s here; clock ticks are 10 ms.
+  CHECK(used < 0.05);
 }
