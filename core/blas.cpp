@@ -51,9 +51,16 @@ void run_engine(Engine e, bool trans_a, bool trans_b, std::size_t m, std::size_t
                 const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
                 std::size_t ldc) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // C = beta C, as BLAS defines it (beta 0 sets C to 0 whatever it held); oneDNN refuses K = 0.
+    for (std::size_t i = 0; i < m; ++i) {
+      float* row = c + i * ldc;
+      for (std::size_t j = 0; j < n; ++j) row[j] = beta == 0.f ? 0.f : beta * row[j];
+    }
+    return;
+  }
 #ifdef XGRAD_HAS_ONEDNN
-  // oneDNN refuses K = 0 (status invalid_arguments); OpenBLAS scales C by beta, as BLAS defines.
-  if (e == Engine::onednn && k > 0) return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (e == Engine::onednn) return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #else
   (void)e;
 #endif

@@ -80,15 +80,18 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
     const float* G = ctx.grad_out().data();
     const float* Q = ctx.input(0).data();
     const float* K = ctx.input(1).data();
-    float* dQ = ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr;
+    // dK's buffer first: when q and k are one tensor, dQ's target is then that zeroed buffer.
     float* dK = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
+    const auto dq_target = ctx.needs(0) ? ctx.grad_target(0) : GradContext::GradTarget{nullptr, 0.f};
+    float* dQ = dq_target.data;
+    const float dq_beta = dq_target.beta;
     Array dz_all = Array::from_shape(ctx.output().shape());
     float* DZ = dz_all.data();
     for_each_head(d, d.T * d.S * (2 * d.D + 4), [&](std::size_t b, std::size_t h) {
       const std::size_t at = (b * d.H + h) * d.T * d.S;
       for (std::size_t t = 0; t < d.T; ++t) kernels::softmax_row_backward(P + at + t * d.S, G + at + t * d.S, DZ + at + t * d.S, d.S);
       const std::size_t q_at = b * d.T * d.C + h * d.D, k_at = b * d.S * d.C + h * d.D;
-      if (dQ) blas::sgemm(false, false, d.T, d.D, d.S, scale, DZ + at, d.S, K + k_at, d.C, 1.f, dQ + q_at, d.C);
+      if (dQ) blas::sgemm(false, false, d.T, d.D, d.S, scale, DZ + at, d.S, K + k_at, d.C, dq_beta, dQ + q_at, d.C);
       if (dK) blas::sgemm(true, false, d.S, d.D, d.T, scale, DZ + at, d.S, Q + q_at, d.C, 1.f, dK + k_at, d.C);
     });
   });
@@ -123,12 +126,15 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
     const float* G = ctx.grad_out().data();
     const float* W = ctx.input(0).data();
     const float* V = ctx.input(1).data();
-    float* dW = ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr;
-    float* dV = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
+    // Each head writes its own blocks of dW and dV once: new buffers need no zeros. (The weights
+    // (B, H, T, S) and v (B, S, C) cannot be one tensor.)
+    const auto none = GradContext::GradTarget{nullptr, 0.f};
+    const auto dw = ctx.needs(0) ? ctx.grad_target(0) : none;
+    const auto dv = ctx.needs(1) ? ctx.grad_target(1) : none;
     for_each_head(d, 2 * d.T * d.S * d.D, [&](std::size_t b, std::size_t h) {
       const std::size_t w_at = (b * d.H + h) * d.T * d.S, o_at = b * d.T * d.C + h * d.D, v_at = b * d.S * d.C + h * d.D;
-      if (dW) blas::sgemm(false, true, d.T, d.S, d.D, 1.f, G + o_at, d.C, V + v_at, d.C, 1.f, dW + w_at, d.S);
-      if (dV) blas::sgemm(true, false, d.S, d.D, d.T, 1.f, W + w_at, d.S, G + o_at, d.C, 1.f, dV + v_at, d.C);
+      if (dw.data) blas::sgemm(false, true, d.T, d.S, d.D, 1.f, G + o_at, d.C, V + v_at, d.C, dw.beta, dw.data + w_at, d.S);
+      if (dv.data) blas::sgemm(true, false, d.S, d.D, d.T, 1.f, W + w_at, d.S, G + o_at, d.C, dv.beta, dv.data + v_at, d.C);
     });
   });
 }

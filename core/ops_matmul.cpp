@@ -217,10 +217,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     // dX = G W,  dW = G^T X,  db = sum over rows of G
     const float* G = ctx.grad_out().data();
     if (ctx.needs(0)) {
-      blas::sgemm(false, false, rows, in, out, 1.f, G, out, ctx.input(1).data(), in, 1.f, ctx.grad_buffer(0).data(), in);
+      const auto dx = ctx.grad_target(0);
+      blas::sgemm(false, false, rows, in, out, 1.f, G, out, ctx.input(1).data(), in, dx.beta, dx.data, in);
     }
     if (ctx.needs(1)) {
-      blas::sgemm(true, false, out, in, rows, 1.f, G, out, ctx.input(0).data(), in, 1.f, ctx.grad_buffer(1).data(), in);
+      const auto dw = ctx.grad_target(1);
+      blas::sgemm(true, false, out, in, rows, 1.f, G, out, ctx.input(0).data(), in, dw.beta, dw.data, in);
     }
     if (ctx.needs(2)) {
       // Split by columns, each summed in row order by one thread.

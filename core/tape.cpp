@@ -223,6 +223,12 @@ Array& GradContext::grad_buffer(std::size_t i) {
   return start_pending(entry_.inputs[i], std::move(zeros));
 }
 
+GradContext::GradTarget GradContext::grad_target(std::size_t i) {
+  Node& n = prepare(i);
+  if (Array* pending = pending_of(n)) return {pending->data(), 1.f};
+  return {start_pending(entry_.inputs[i], Array::from_shape(n.value->shape())).data(), 0.f};
+}
+
 void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
   if (g.shape() == entry_.inputs.at(i)->value->shape()) {
     Array copy = Array::from_shape(g.shape());

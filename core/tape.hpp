@@ -59,6 +59,15 @@ class GradContext {
   void accumulate_reduced(std::size_t i, const Array& g);
   // Input i's gradient buffer (zeros the first time), for kernels that add in place.
   Array& grad_buffer(std::size_t i);
+  // For kernels that write every element of input i's gradient once, such as a GEMM: the buffer,
+  // and beta = 0 when it is new (its contents are undefined: overwrite them, which saves zeroing
+  // it) or 1 when earlier gradients are there (add to them). Write it before asking for another
+  // input's buffer: two inputs may be one tensor.
+  struct GradTarget {
+    float* data;
+    float beta;
+  };
+  GradTarget grad_target(std::size_t i);
 
  private:
   Node& prepare(std::size_t i);

@@ -60,18 +60,26 @@ XGRAD_CLONES void gelu_backward(const float* x, const float* g, float* dx, std::
 
 XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n,
                                   std::uint32_t k0, std::uint32_t k1, std::uint32_t threshold, float scale) {
-  for (std::size_t i = 0; i < n; ++i) {
-    // murmur3's 32-bit finalizer over the index, keyed by k0 and k1
-    std::uint32_t h = (static_cast<std::uint32_t>(first + i) * 0x9e3779b9u) ^ k0;
-    h ^= h >> 16;
-    h *= 0x85ebca6bu;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35u;
-    h ^= h >> 16;
-    h ^= k1;
-    h *= 0x27d4eb2du;
-    h ^= h >> 15;
-    keep[i] = h >= threshold;
+  // The hash reads the index modulo 2^32, so the loop counts in 32 bits (64-bit index arithmetic
+  // took half the vector lanes), in chunks below 2^31 elements.
+  for (std::size_t done = 0; done < n;) {
+    const std::uint32_t count = static_cast<std::uint32_t>(std::min<std::size_t>(n - done, std::size_t{1} << 31));
+    const std::uint32_t base = static_cast<std::uint32_t>(first + done);
+    std::uint8_t* kp = keep + done;
+    for (std::uint32_t i = 0; i < count; ++i) {
+      // murmur3's 32-bit finalizer over the index, keyed by k0 and k1
+      std::uint32_t h = ((base + i) * 0x9e3779b9u) ^ k0;
+      h ^= h >> 16;
+      h *= 0x85ebca6bu;
+      h ^= h >> 13;
+      h *= 0xc2b2ae35u;
+      h ^= h >> 16;
+      h ^= k1;
+      h *= 0x27d4eb2du;
+      h ^= h >> 15;
+      kp[i] = h >= threshold;
+    }
+    done += count;
   }
   // A second pass: GCC 12 vectorizes neither loop when the hash and the float product share one.
   for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * (scale * static_cast<float>(keep[i]));
