@@ -112,6 +112,9 @@ Tensor embedding(const Tensor& weight, const IndexArray& ids);
 // Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).
 // Identity when !training or p == 0.
 Tensor dropout(const Tensor& a, float p, bool training = true, Generator& gen = default_generator());
+// dropout(gelu(a), p, training, gen) (exact GELU) in one pass: the same draw from gen and the same
+// bits, forward and backward, with one activation fewer kept for backward.
+Tensor gelu_dropout(const Tensor& a, float p, bool training = true, Generator& gen = default_generator());
 // Normalizes over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta, with the biased
 // variance; gamma and beta (shape (C,)) may be undefined tensors for no affine part.
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);

@@ -234,19 +234,37 @@ Tensor embedding(const Tensor& weight, const IndexArray& ids) {
   });
 }
 
-Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
-  check_defined(a, "dropout");
-  if (!(p >= 0.f && p < 1.f)) fail("dropout: probability ", p, " is outside [0, 1)");
-  if (!training || p == 0.f) return a;
-  // y = x * keep / (1 - p), keep ~ Bernoulli(1 - p). The keep flags come from a counter-based
-  // hash (murmur3's 32-bit finalizer over the element index, keyed by one 64-bit draw from gen):
-  // the same generator state gives the same mask on every platform, and the loop vectorizes,
-  // where one mt19937 draw per element took a quarter of a small training step.
-  const float scale = 1.f / (1.f - p);
+namespace {
+
+// The keep flags' key and threshold for one dropout call: y = x * keep / (1 - p), keep ~
+// Bernoulli(1 - p). The flags come from a counter-based hash (murmur3's 32-bit finalizer over the
+// element index, keyed by one 64-bit draw from gen): the same generator state gives the same mask
+// on every platform, and the loop vectorizes, where one mt19937 draw per element took a quarter
+// of a small training step.
+struct DropoutKey {
+  std::uint32_t k0, k1, threshold;
+  float scale;
+};
+
+DropoutKey draw_dropout_key(float p, Generator& gen) {
   // One locked draw of both halves, so threads sharing gen never interleave inside a key.
   const std::uint64_t key = gen.next_u64();
-  const auto k0 = static_cast<std::uint32_t>(key >> 32), k1 = static_cast<std::uint32_t>(key);
-  const auto threshold = static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0);  // P(h < t) = p
+  return {static_cast<std::uint32_t>(key >> 32), static_cast<std::uint32_t>(key),
+          static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0),  // P(h < t) = p
+          1.f / (1.f - p)};
+}
+
+void check_dropout_probability(const char* op, float p) {
+  if (!(p >= 0.f && p < 1.f)) fail(op, ": probability ", p, " is outside [0, 1)");
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
+  check_defined(a, "dropout");
+  check_dropout_probability("dropout", p);
+  if (!training || p == 0.f) return a;
+  const DropoutKey key = draw_dropout_key(p, gen);
   const std::size_t n = a.size();
   std::vector<std::uint8_t> keep(n);
   Array y = Array::from_shape(a.shape());
@@ -254,9 +272,9 @@ Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
   float* out = y.data();
   std::uint8_t* kp = keep.data();
   parallel_for(n, kGrainCheap, [=](std::size_t lo, std::size_t hi) {
-    kernels::dropout_forward(x + lo, out + lo, kp + lo, lo, hi - lo, k0, k1, threshold, scale);
+    kernels::dropout_forward(x + lo, out + lo, kp + lo, lo, hi - lo, key.k0, key.k1, key.threshold, key.scale);
   });
-  return record("dropout", std::move(y), {a}, [keep = std::move(keep), scale](GradContext& ctx) {
+  return record("dropout", std::move(y), {a}, [keep = std::move(keep), scale = key.scale](GradContext& ctx) {
     // dx = g * keep / (1 - p)
     Array dx = Array::from_shape(ctx.grad_out().shape());
     const float* g = ctx.grad_out().data();
@@ -264,6 +282,36 @@ Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
     const std::uint8_t* kp = keep.data();
     parallel_for(keep.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) {
       kernels::dropout_backward(g + lo, kp + lo, d + lo, hi - lo, scale);
+    });
+    ctx.accumulate(0, std::move(dx));
+  });
+}
+
+Tensor gelu_dropout(const Tensor& a, float p, bool training, Generator& gen) {
+  check_defined(a, "gelu_dropout");
+  check_dropout_probability("gelu_dropout", p);
+  if (!training || p == 0.f) return gelu(a);
+  // y = gelu(x) * keep / (1 - p): dropout(gelu(x)) in one pass, with the same draw and bits, and
+  // without keeping gelu(x) for backward.
+  const DropoutKey key = draw_dropout_key(p, gen);
+  const std::size_t n = a.size();
+  std::vector<std::uint8_t> keep(n);
+  Array y = Array::from_shape(a.shape());
+  const float* x = a.value().data();
+  float* out = y.data();
+  std::uint8_t* kp = keep.data();
+  parallel_for(n, kGrainCostly, [=](std::size_t lo, std::size_t hi) {
+    kernels::gelu_dropout_forward(x + lo, out + lo, kp + lo, lo, hi - lo, key.k0, key.k1, key.threshold, key.scale);
+  });
+  return record("gelu_dropout", std::move(y), {a}, [keep = std::move(keep), scale = key.scale](GradContext& ctx) {
+    // dx = (g * keep / (1 - p)) * (Phi(x) + x phi(x))
+    Array dx = Array::from_shape(ctx.grad_out().shape());
+    const float* x = ctx.input(0).data();
+    const float* g = ctx.grad_out().data();
+    float* d = dx.data();
+    const std::uint8_t* kp = keep.data();
+    parallel_for(keep.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) {
+      kernels::gelu_dropout_backward(x + lo, g + lo, kp + lo, d + lo, hi - lo, scale);
     });
     ctx.accumulate(0, std::move(dx));
   });

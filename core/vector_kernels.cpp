@@ -46,20 +46,12 @@ inline float sum8(std::size_t n, F f) {
 
 }  // namespace
 
-XGRAD_CLONES void gelu_forward(const float* x, float* y, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.f + fast::erf(x[i] * kInvSqrt2));
-}
 
-XGRAD_CLONES void gelu_backward(const float* x, const float* g, float* dx, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float cdf = 0.5f * (1.f + fast::erf(x[i] * kInvSqrt2));
-    const float pdf = kInvSqrt2Pi * fast::exp(-0.5f * x[i] * x[i]);
-    dx[i] = g[i] * (cdf + x[i] * pdf);
-  }
-}
+namespace {
 
-XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n,
-                                  std::uint32_t k0, std::uint32_t k1, std::uint32_t threshold, float scale) {
+// Dropout's keep flags for elements first .. first + n - 1 (see dropout_forward).
+inline void keep_flags(std::uint8_t* keep, std::size_t first, std::size_t n, std::uint32_t k0, std::uint32_t k1,
+                       std::uint32_t threshold) {
   // The hash reads the index modulo 2^32, so the loop counts in 32 bits (64-bit index arithmetic
   // took half the vector lanes), in chunks below 2^31 elements.
   for (std::size_t done = 0; done < n;) {
@@ -81,8 +73,43 @@ XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, 
     }
     done += count;
   }
+}
+
+inline float gelu_of(float x) { return 0.5f * x * (1.f + fast::erf(x * kInvSqrt2)); }
+
+// d gelu / dx = Phi(x) + x phi(x)
+inline float gelu_slope(float x) {
+  const float cdf = 0.5f * (1.f + fast::erf(x * kInvSqrt2));
+  const float pdf = kInvSqrt2Pi * fast::exp(-0.5f * x * x);
+  return cdf + x * pdf;
+}
+
+}  // namespace
+
+XGRAD_CLONES void gelu_forward(const float* x, float* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = gelu_of(x[i]);
+}
+
+XGRAD_CLONES void gelu_backward(const float* x, const float* g, float* dx, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dx[i] = g[i] * gelu_slope(x[i]);
+}
+
+XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n,
+                                  std::uint32_t k0, std::uint32_t k1, std::uint32_t threshold, float scale) {
+  keep_flags(keep, first, n, k0, k1, threshold);
   // A second pass: GCC 12 vectorizes neither loop when the hash and the float product share one.
   for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * (scale * static_cast<float>(keep[i]));
+}
+
+XGRAD_CLONES void gelu_dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n,
+                                       std::uint32_t k0, std::uint32_t k1, std::uint32_t threshold, float scale) {
+  keep_flags(keep, first, n, k0, k1, threshold);
+  for (std::size_t i = 0; i < n; ++i) y[i] = gelu_of(x[i]) * (scale * static_cast<float>(keep[i]));
+}
+
+XGRAD_CLONES void gelu_dropout_backward(const float* x, const float* g, const std::uint8_t* keep, float* dx,
+                                        std::size_t n, float scale) {
+  for (std::size_t i = 0; i < n; ++i) dx[i] = (g[i] * (scale * static_cast<float>(keep[i]))) * gelu_slope(x[i]);
 }
 
 XGRAD_CLONES void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale) {

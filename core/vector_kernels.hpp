@@ -38,6 +38,12 @@ void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t f
                      std::uint32_t k1, std::uint32_t threshold, float scale);
 // dx = g keep scale.
 void dropout_backward(const float* g, const std::uint8_t* keep, float* dx, std::size_t n, float scale);
+// Dropout of GELU in one pass, the same bits as gelu_forward then dropout_forward:
+// y = gelu(x) keep scale, and dx = (g keep scale) (Phi(x) + x phi(x)).
+void gelu_dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n,
+                          std::uint32_t k0, std::uint32_t k1, std::uint32_t threshold, float scale);
+void gelu_dropout_backward(const float* x, const float* g, const std::uint8_t* keep, float* dx, std::size_t n,
+                           float scale);
 
 // Softmax of one row of n scores in place, over the kept entries only: entry s is kept when
 // s < end and keep (may be null) is nonzero there; the others become 0, and a row with none kept

@@ -25,8 +25,8 @@ Tensor FeedForward::forward(const Tensor& x) const {
     fail("FeedForward: input of shape ", shape_str(x.shape()), " does not end in d_model ", options_.d_model());
   }
   const Tensor h = linear1->forward(x);
-  const Tensor a = options_.activation() == Activation::gelu ? gelu(h) : relu(h);
-  return linear2->forward(dropout(a, options_.dropout(), is_training()));
+  if (options_.activation() == Activation::gelu) return linear2->forward(gelu_dropout(h, options_.dropout(), is_training()));
+  return linear2->forward(dropout(relu(h), options_.dropout(), is_training()));
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& gen) : options_(o) {

@@ -15,6 +15,9 @@ struct KernelTable {
   void (*dropout_forward)(const float*, float*, std::uint8_t*, std::size_t, std::size_t, std::uint32_t, std::uint32_t,
                           std::uint32_t, float);
   void (*dropout_backward)(const float*, const std::uint8_t*, float*, std::size_t, float);
+  void (*gelu_dropout_forward)(const float*, float*, std::uint8_t*, std::size_t, std::size_t, std::uint32_t,
+                               std::uint32_t, std::uint32_t, float);
+  void (*gelu_dropout_backward)(const float*, const float*, const std::uint8_t*, float*, std::size_t, float);
   void (*masked_softmax_row)(float*, std::size_t, std::size_t, const std::uint8_t*);
   void (*softmax_row_backward)(const float*, const float*, float*, std::size_t);
   void (*layer_norm_forward)(const float*, const float*, const float*, float*, float*, float*, std::size_t, std::size_t,

@@ -8,7 +8,8 @@ namespace xgrad::testing {
 KernelTable XGRAD_KERNEL_TABLE() {
   namespace k = xgrad::XGRAD_KERNELS_NS;
   return {&k::gelu_forward,       &k::gelu_backward,        &k::dropout_forward,
-          &k::dropout_backward,   &k::masked_softmax_row,   &k::softmax_row_backward,
+          &k::dropout_backward,   &k::gelu_dropout_forward, &k::gelu_dropout_backward,
+          &k::masked_softmax_row, &k::softmax_row_backward,
           &k::layer_norm_forward, &k::layer_norm_backward_input, &k::adam_update};
 }
 

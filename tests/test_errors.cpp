@@ -265,6 +265,8 @@ TEST_CASE("dropout rejects a probability p unless 0 <= p < 1", "[errors][nn]") {
   REQUIRE_THROWS_AS(dropout(a, 1.5f, /*training=*/false), Error);
   REQUIRE_NOTHROW(dropout(a, 0.f));
   REQUIRE_NOTHROW(dropout(a, 0.999f));
+  REQUIRE_THROWS_WITH(gelu_dropout(a, 1.5f), Contains("gelu_dropout") && Contains("1.5") && Contains("[0, 1)"));
+  REQUIRE_THROWS_WITH(gelu_dropout(a, -0.1f, /*training=*/false), Contains("gelu_dropout") && Contains("-0.1"));
 }
 
 TEST_CASE("layer_norm rejects gamma or beta of the wrong shape", "[errors][nn]") {

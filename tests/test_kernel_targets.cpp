@@ -78,7 +78,7 @@ TEST_CASE("GELU forward and backward give the same bits on every target", "[kern
   }
 }
 
-TEST_CASE("dropout gives the same flags and values on every target", "[kernels][targets]") {
+TEST_CASE("dropout, alone and after GELU, gives the same flags and values on every target", "[kernels][targets]") {
   for (std::size_t n : kLengths) {
     const std::vector<float> x = randoms(n, n + 2), g = randoms(n, n + 3);
     require_same_bits("dropout", [&](const KernelTable& k) {
@@ -87,7 +87,10 @@ TEST_CASE("dropout gives the same flags and values on every target", "[kernels][
       k.dropout_forward(x.data(), y.data(), keep.data(), 12345, n, 0xdeadbeefu, 0x1234567u, 1u << 30, 1.f / 0.75f);
       k.dropout_backward(g.data(), keep.data(), dx.data(), n, 1.f / 0.75f);
       for (std::size_t i = 0; i < n; ++i) flags[i] = keep[i];
-      return std::vector<std::vector<float>>{y, dx, flags};
+      std::vector<float> gy(n), gdx(n);
+      k.gelu_dropout_forward(x.data(), gy.data(), keep.data(), 77, n, 0xdeadbeefu, 0x1234567u, 1u << 30, 1.f / 0.75f);
+      k.gelu_dropout_backward(x.data(), g.data(), keep.data(), gdx.data(), n, 1.f / 0.75f);
+      return std::vector<std::vector<float>>{y, dx, flags, gy, gdx};
     });
   }
 }

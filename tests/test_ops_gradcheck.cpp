@@ -416,6 +416,22 @@ TEST_CASE("gradcheck: dropout with a fixed generator seed", "[gradcheck][nn]") {
   REQUIRE_GRADCHECK([](const Ins& in) { return dropout(in[0], 0.4f, false); }, {x});  // eval: identity
 }
 
+TEST_CASE("gradcheck: gelu_dropout with a fixed generator seed", "[gradcheck][nn]") {
+  const Tensor x = randn({4, 6}, 233, 2.f);
+  auto fn = [](const Ins& in) {
+    Generator g(7);
+    return gelu_dropout(in[0], 0.4f, true, g);
+  };
+  REQUIRE_GRADCHECK(fn, {x});
+  {  // the mask drops some elements and keeps others
+    const Tensor y = fn({x});
+    const auto zeros = std::count(y.value().begin(), y.value().end(), 0.f);
+    CHECK(zeros > 0);
+    CHECK(zeros < static_cast<long>(y.size()));
+  }
+  REQUIRE_GRADCHECK([](const Ins& in) { return gelu_dropout(in[0], 0.4f, false); }, {x});  // eval: GELU
+}
+
 TEST_CASE("gradcheck: layer_norm with and without gamma/beta", "[gradcheck][nn]") {
   const Tensor x = randn({2, 3, 6}, 241, 2.f);
   const Tensor gamma = randn({6}, 242);

@@ -487,6 +487,25 @@ TEST_CASE("values: dropout is the identity in eval mode or with p = 0, and seede
   REQUIRE(dropout(Tensor(x), 0.5f).value() == d1);
 }
 
+TEST_CASE("values: gelu_dropout is dropout(gelu) bit for bit, forward and backward, and uses one draw", "[values][nn]") {
+  const Array x = normal({8, 300}, 143);  // 2400 elements: split across kernel threads when there are some
+  const Array g = normal({8, 300}, 144);
+  for (float p : {0.f, 0.1f, 0.5f}) {
+    for (bool training : {true, false}) {
+      INFO("p " << p << ", training " << training);
+      Generator g1(3), g2(3);
+      Tensor a(x, true), b(x, true);
+      const Tensor fused = gelu_dropout(a, p, training, g1);
+      const Tensor apart = dropout(gelu(b), p, training, g2);
+      REQUIRE(fused.value() == apart.value());
+      fused.backward(g);
+      apart.backward(g);
+      REQUIRE(a.grad() == b.grad());
+      REQUIRE(g1.next_u64() == g2.next_u64());  // both drew the same amount
+    }
+  }
+}
+
 TEST_CASE("values: layer_norm rows have mean 0 and variance 1 without affine", "[values][nn]") {
   const std::size_t rows = 6, C = 64;
   Array x = normal({2, 3, C}, 151, 3.f);
