@@ -110,6 +110,31 @@ Engine parse_engine(const std::string& name) {
   fail("blas::parse_engine: '", name, "' is not an engine (openblas, onednn or auto)");
 }
 
+namespace {
+
+// Rows lo..hi of Y = X W^T + bias on the calling thread.
+void linear_rows(Engine e, std::size_t lo, std::size_t hi, std::size_t out, std::size_t in, const float* x,
+                 const float* w, const float* bias, float* y) {
+  const std::size_t rows = hi - lo;
+  x += lo * in;
+  y += lo * out;
+  for (std::size_t r = 0; r < rows; ++r) std::copy(bias, bias + out, y + r * out);
+  run_engine(e, false, true, rows, out, in, 1.f, x, in, w, in, 1.f, y, out);
+}
+
+}  // namespace
+
+void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
+            float* y) {
+  if (!bias) return sgemm(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  const Engine e = engine_for(rows, out, in);
+  const std::size_t work = rows * out * std::max<std::size_t>(in, 1);
+  if (work < 2 * kGrainGemm) return linear_rows(e, 0, rows, out, in, x, w, bias, y);
+  parallel_for(rows, grain_for(kGrainGemm, work / rows), [=](std::size_t lo, std::size_t hi) {
+    linear_rows(e, lo, hi, out, in, x, w, bias, y);
+  });
+}
+
 void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
            const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
            std::size_t ldc) {

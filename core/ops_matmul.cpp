@@ -202,17 +202,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape ys = xs;
   ys.back() = out;
   Array y = Array::from_shape(ys);
-  float* Y = y.data();
-  if (bias.defined()) {
-    const float* b = bias.value().data();
-    parallel_for(rows, grain_for(kGrainCheap, out), [=](std::size_t lo, std::size_t hi) {
-      for (std::size_t r = lo; r < hi; ++r) std::copy(b, b + out, Y + r * out);
-    });
-  } else {
-    std::fill(Y, Y + y.size(), 0.f);
-  }
-  // Y (rows x out) += X (rows x in) W^T
-  blas::sgemm(false, true, rows, out, in, 1.f, x.value().data(), in, weight.value().data(), in, 1.f, Y, out);
+  // Y (rows x out) = X (rows x in) W^T + b
+  blas::linear(rows, out, in, x.value().data(), weight.value().data(), bias.defined() ? bias.value().data() : nullptr,
+               y.data());
   return record("linear", std::move(y), {x, weight, bias}, [rows, in, out](GradContext& ctx) {
     // dX = G W,  dW = G^T X,  db = sum over rows of G
     const float* G = ctx.grad_out().data();
