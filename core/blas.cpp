@@ -118,8 +118,13 @@ void linear_rows(Engine e, std::size_t lo, std::size_t hi, std::size_t out, std:
   const std::size_t rows = hi - lo;
   x += lo * in;
   y += lo * out;
-  for (std::size_t r = 0; r < rows; ++r) std::copy(bias, bias + out, y + r * out);
-  run_engine(e, false, true, rows, out, in, 1.f, x, in, w, in, 1.f, y, out);
+  // The product first, then the bias added while the rows are in cache (copying the bias rows
+  // first, one memmove per row, measured the same).
+  run_engine(e, false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* row = y + r * out;
+    for (std::size_t j = 0; j < out; ++j) row[j] += bias[j];
+  }
 }
 
 }  // namespace

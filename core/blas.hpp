@@ -17,8 +17,8 @@ void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t
            std::size_t ldc);
 
 // Y (rows x out) = X (rows x in) W^T + bias, the Linear layer's product: W is stored out x in
-// (PyTorch's layout), all row-major and contiguous; bias (out) may be null. Y starts as the bias
-// rows and sgemm adds the product. (oneDNN's matmul primitive with the bias fused ran 1.2x faster
+// (PyTorch's layout), all row-major and contiguous; bias (out) may be null. sgemm writes the
+// product, then the bias is added. (oneDNN's matmul primitive with the bias fused ran 1.2x faster
 // than this at in 64 alone, but made no measurable difference to the benchmark's step, so the
 // simpler path stays.)
 void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,

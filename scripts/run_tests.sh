@@ -17,6 +17,11 @@ for engine in openblas onednn; do
   (cd build && XGRAD_GEMM=$engine ctest --output-on-failure -j "$(nproc)" -E "install_and_readme_tour|fuzz_safetensors")
 done
 
+echo "xgrad: a build without oneDNN (OpenBLAS only): the library and the engine tests"
+cmake -S . -B build-openblas-only -DXGRAD_WITH_ONEDNN=OFF -DXGRAD_BUILD_EXAMPLES=OFF > /dev/null
+cmake --build build-openblas-only -j "$(nproc)" --target test_gemm_engines test_ops_values
+(cd build-openblas-only && ctest --output-on-failure -j "$(nproc)" -R "^test_(gemm_engines|ops_values):|^gemm_engines_")
+
 echo "xgrad: the test suite again under AddressSanitizer and UndefinedBehaviorSanitizer"
 sanitize="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
