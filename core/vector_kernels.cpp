@@ -130,6 +130,14 @@ inline void softmax_row(float* row, std::size_t n, Kept kept) {
   for (std::size_t l = 0; s < n; ++s, ++l) part[l] = std::max(part[l], kept(s) ? row[s] : kLowest);
   float m = kLowest;
   for (float v : part) m = std::max(m, v);
+  // A NaN score makes the row NaN, as in exact arithmetic: max skips NaN, and fast::exp clamps
+  // it to a tiny finite value, so without this check it would vanish silently.
+  std::uint32_t nans = 0;
+  for (s = 0; s < n; ++s) nans += kept(s) & (row[s] != row[s]);
+  if (nans) {
+    std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
   if (!(m > kLowest && m < -kLowest)) m = 0.f;  // nothing kept (or an infinite score): keep arithmetic finite
   for (s = 0; s < n; ++s) row[s] = kept(s) ? fast::exp(row[s] - m) : 0.f;
   const float total = sum8(n, [&](std::size_t j) { return row[j]; });

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -101,12 +102,14 @@ TEST_CASE("masked softmax and its backward give the same bits on every target", 
     std::vector<std::uint8_t> keep(n);
     for (std::size_t i = 0; i < n; ++i) keep[i] = (i * 7) % 3 != 0;
     require_same_bits("softmax", [&](const KernelTable& k) {
-      std::vector<float> all = z, causal = z, masked = z, dz(n);
+      std::vector<float> all = z, causal = z, masked = z, dz(n), with_nan = z;
+      with_nan[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      k.masked_softmax_row(with_nan.data(), n, n, nullptr);
       k.masked_softmax_row(all.data(), n, n, nullptr);
       k.masked_softmax_row(causal.data(), n, (n + 1) / 2, nullptr);
       k.masked_softmax_row(masked.data(), n, n, keep.data());
       k.softmax_row_backward(all.data(), g.data(), dz.data(), n);
-      return std::vector<std::vector<float>>{all, causal, masked, dz};
+      return std::vector<std::vector<float>>{all, causal, masked, dz, with_nan};
     });
   }
 }

@@ -559,3 +559,21 @@ TEST_CASE("GELU gradients stay finite for finite inputs beyond 1e19", "[numerica
     CHECK(all_finite(x.grad()));
   }
 }
+
+// The attention softmax's exp is a fast polynomial that clamps its input; a NaN score must still
+// come out as NaN (it used to become a weight of about 1e-38 and vanish).
+TEST_CASE("a NaN in q makes that query's attention weights NaN, not a silent finite value", "[numerical][attention][bug]") {
+  const std::size_t B = 1, T = 4, C = 4;
+  Generator gen(31);
+  Array q = gen.normal({B, T, C}, 0.f, 1.f), k = gen.normal({B, T, C}, 0.f, 1.f);
+  q(0, 2, 1) = std::numeric_limits<float>::quiet_NaN();
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    const Array w = attention_weights(Tensor(q), Tensor(k), 2, 0.5f, causal).value();  // (B, H, T, S)
+    for (std::size_t s = 0; s < T; ++s) {
+      CHECK(std::isnan(w(0, 0, 2, s)));      // head 0 reads channel 1: its query 2 is NaN
+      CHECK(std::isfinite(w(0, 1, 2, s)));   // head 1 reads channels 2, 3: untouched
+      CHECK(std::isfinite(w(0, 0, 1, s)));   // other queries of head 0: untouched
+    }
+  }
+}
