@@ -260,61 +260,55 @@ void check_dropout_probability(const char* op, float p) {
 
 }  // namespace
 
-Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
-  check_defined(a, "dropout");
-  check_dropout_probability("dropout", p);
-  if (!training || p == 0.f) return a;
+namespace {
+
+// Dropout of a (with_gelu: of gelu(a)) in training: y = f(x) * keep / (1 - p), one key drawn.
+Tensor dropout_training(const char* op, const Tensor& a, float p, Generator& gen, bool with_gelu) {
   const DropoutKey key = draw_dropout_key(p, gen);
-  const std::size_t n = a.size();
+  const std::size_t n = a.size(), grain = with_gelu ? kGrainCostly : kGrainCheap;
   std::vector<std::uint8_t> keep(n);
   Array y = Array::from_shape(a.shape());
   const float* x = a.value().data();
   float* out = y.data();
   std::uint8_t* kp = keep.data();
-  parallel_for(n, kGrainCheap, [=](std::size_t lo, std::size_t hi) {
-    kernels::dropout_forward(x + lo, out + lo, kp + lo, lo, hi - lo, key.k0, key.k1, key.threshold, key.scale);
+  parallel_for(n, grain, [=](std::size_t lo, std::size_t hi) {
+    const auto forward = with_gelu ? kernels::gelu_dropout_forward : kernels::dropout_forward;
+    forward(x + lo, out + lo, kp + lo, lo, hi - lo, key.k0, key.k1, key.threshold, key.scale);
   });
-  return record("dropout", std::move(y), {a}, [keep = std::move(keep), scale = key.scale](GradContext& ctx) {
-    // dx = g * keep / (1 - p)
+  return record(op, std::move(y), {a}, [keep = std::move(keep), scale = key.scale, grain, with_gelu](GradContext& ctx) {
+    // dx = g * keep / (1 - p), times (Phi(x) + x phi(x)) with GELU
     Array dx = Array::from_shape(ctx.grad_out().shape());
+    const float* x = ctx.input(0).data();
     const float* g = ctx.grad_out().data();
     float* d = dx.data();
     const std::uint8_t* kp = keep.data();
-    parallel_for(keep.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) {
-      kernels::dropout_backward(g + lo, kp + lo, d + lo, hi - lo, scale);
+    parallel_for(keep.size(), grain, [=](std::size_t lo, std::size_t hi) {
+      if (with_gelu) {
+        kernels::gelu_dropout_backward(x + lo, g + lo, kp + lo, d + lo, hi - lo, scale);
+      } else {
+        kernels::dropout_backward(g + lo, kp + lo, d + lo, hi - lo, scale);
+      }
     });
     ctx.accumulate(0, std::move(dx));
   });
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& a, float p, bool training, Generator& gen) {
+  check_defined(a, "dropout");
+  check_dropout_probability("dropout", p);
+  if (!training || p == 0.f) return a;
+  return dropout_training("dropout", a, p, gen, false);
 }
 
 Tensor gelu_dropout(const Tensor& a, float p, bool training, Generator& gen) {
   check_defined(a, "gelu_dropout");
   check_dropout_probability("gelu_dropout", p);
   if (!training || p == 0.f) return gelu(a);
-  // y = gelu(x) * keep / (1 - p): dropout(gelu(x)) in one pass, with the same draw and bits, and
-  // without keeping gelu(x) for backward.
-  const DropoutKey key = draw_dropout_key(p, gen);
-  const std::size_t n = a.size();
-  std::vector<std::uint8_t> keep(n);
-  Array y = Array::from_shape(a.shape());
-  const float* x = a.value().data();
-  float* out = y.data();
-  std::uint8_t* kp = keep.data();
-  parallel_for(n, kGrainCostly, [=](std::size_t lo, std::size_t hi) {
-    kernels::gelu_dropout_forward(x + lo, out + lo, kp + lo, lo, hi - lo, key.k0, key.k1, key.threshold, key.scale);
-  });
-  return record("gelu_dropout", std::move(y), {a}, [keep = std::move(keep), scale = key.scale](GradContext& ctx) {
-    // dx = (g * keep / (1 - p)) * (Phi(x) + x phi(x))
-    Array dx = Array::from_shape(ctx.grad_out().shape());
-    const float* x = ctx.input(0).data();
-    const float* g = ctx.grad_out().data();
-    float* d = dx.data();
-    const std::uint8_t* kp = keep.data();
-    parallel_for(keep.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) {
-      kernels::gelu_dropout_backward(x + lo, g + lo, kp + lo, d + lo, hi - lo, scale);
-    });
-    ctx.accumulate(0, std::move(dx));
-  });
+  // dropout(gelu(x)) in one pass, with the same draw and bits, and without keeping gelu(x) for
+  // backward.
+  return dropout_training("gelu_dropout", a, p, gen, true);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
