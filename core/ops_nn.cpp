@@ -169,17 +169,29 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     ++count;
   }
   // loss = mean over kept rows of (log sum_j exp x_j) - x_target
-  // (per-row terms across the kernel threads, then summed in row order)
+  // (per-row terms across the kernel threads, then summed in row order). Rows of finite logits
+  // take the vector kernel, and their log-sum-exp is kept for backward; the others (NaN or
+  // infinite logits) the exact arithmetic of max_and_log_sum.
   const float* x = logits.value().data();
   const std::int64_t* tg = targets.data();
   std::vector<float> row_loss(rows, 0.f);
+  // per row: max and log sum exp(x - max), as in max_and_log_sum
+  auto lse = std::make_shared<std::vector<float>>(2 * rows, 0.f);
+  auto vectored = std::make_shared<std::vector<std::uint8_t>>(rows, 0);
   float* rl = row_loss.data();
+  float* ls = lse->data();
+  std::uint8_t* vec = vectored->data();
   const std::size_t row_grain = grain_for(kGrainCostly, C);
   parallel_for(rows, row_grain, [=](std::size_t lo, std::size_t hi) {
     for (std::size_t r = lo; r < hi; ++r) {
       if (tg[r] == ignore_index) continue;
-      const auto [m, lse] = max_and_log_sum(x + r * C, C, 1);
-      rl[r] = m + lse - x[r * C + tg[r]];
+      if (kernels::log_sum_exp_finite(x + r * C, C, &ls[2 * r], &ls[2 * r + 1])) {
+        vec[r] = 1;
+        rl[r] = ls[2 * r] + ls[2 * r + 1] - x[r * C + tg[r]];
+      } else {
+        const auto [m, l] = max_and_log_sum(x + r * C, C, 1);
+        rl[r] = m + l - x[r * C + tg[r]];
+      }
     }
   });
   double total = 0;
@@ -187,21 +199,27 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     if (tg[r] != ignore_index) total += static_cast<double>(rl[r]);
   }
   const float loss = count ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
-  return record("cross_entropy", Array(loss), {logits}, [targets, ignore_index, count, C](GradContext& ctx) {
+  return record("cross_entropy", Array(loss), {logits}, [targets, ignore_index, count, C, lse, vectored](GradContext& ctx) {
     // dx_rj = g / count * (softmax(x_r)_j - [j == target_r]); ignored rows get 0
     if (count == 0) return;
     const float scale = ctx.grad_out().data()[0] / static_cast<float>(count);
     const float* x = ctx.input(0).data();
     float* dx = ctx.grad_buffer(0).data();
     const std::int64_t* tg = targets.data();
+    const float* ls = lse->data();
+    const std::uint8_t* vec = vectored->data();
     parallel_for(targets.size(), grain_for(kGrainCostly, C),
                  [=](std::size_t lo, std::size_t hi) {
       for (std::size_t r = lo; r < hi; ++r) {
         const std::int64_t t = tg[r];
         if (t == ignore_index) continue;
-        const auto [m, lse] = max_and_log_sum(x + r * C, C, 1);
         float* d = dx + r * C;
-        for (std::size_t j = 0; j < C; ++j) d[j] += scale * std::exp(x[r * C + j] - m - lse);
+        if (vec[r]) {
+          kernels::add_scaled_softmax(x + r * C, C, ls[2 * r], ls[2 * r + 1], scale, d);
+        } else {
+          const auto [m, l] = max_and_log_sum(x + r * C, C, 1);
+          for (std::size_t j = 0; j < C; ++j) d[j] += scale * std::exp(x[r * C + j] - m - l);
+        }
         d[t] -= scale;
       }
     });

@@ -160,6 +160,29 @@ XGRAD_CLONES void softmax_row_backward(const float* p, const float* g, float* dz
   for (std::size_t s = 0; s < n; ++s) dz[s] = p[s] * (g[s] - dot);
 }
 
+XGRAD_CLONES bool log_sum_exp_finite(const float* x, std::size_t n, float* max, float* log_sum) {
+  // x * 0 is 0 for a finite x and NaN for NaN and +-inf
+  std::uint32_t non_finite = 0;
+  for (std::size_t j = 0; j < n; ++j) non_finite += !(x[j] * 0.f == 0.f);
+  if (non_finite || n == 0) return false;
+  float part[8] = {x[0], x[0], x[0], x[0], x[0], x[0], x[0], x[0]};
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (std::size_t l = 0; l < 8; ++l) part[l] = std::max(part[l], x[j + l]);
+  }
+  for (std::size_t l = 0; j < n; ++j, ++l) part[l] = std::max(part[l], x[j]);
+  float m = part[0];
+  for (float v : part) m = std::max(m, v);
+  const float total = sum8(n, [&](std::size_t i) { return fast::exp(x[i] - m); });
+  *max = m;
+  *log_sum = std::log(total);
+  return true;
+}
+
+XGRAD_CLONES void add_scaled_softmax(const float* x, std::size_t n, float m, float l, float scale, float* d) {
+  for (std::size_t j = 0; j < n; ++j) d[j] += scale * fast::exp((x[j] - m) - l);
+}
+
 XGRAD_CLONES void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                                      float* rstd, std::size_t rows, std::size_t C, float eps) {
   const float inv_c = 1.f / static_cast<float>(C);

@@ -52,6 +52,14 @@ void masked_softmax_row(float* row, std::size_t n, std::size_t end, const std::u
 // dz = p (g - sum_s g p) for one row of softmax output p.
 void softmax_row_backward(const float* p, const float* g, float* dz, std::size_t n);
 
+// Cross-entropy's row of n logits: when every logit is finite, writes m = max_j x_j and
+// l = log sum_j exp(x_j - m) (exp being fast::exp) and returns true; log sum_j exp(x_j) is m + l,
+// kept apart because m + l rounds to m's ulp. Otherwise returns false and leaves the row to the
+// caller's exact arithmetic (NaN and infinities propagate there).
+bool log_sum_exp_finite(const float* x, std::size_t n, float* m, float* l);
+// d += scale softmax(x) = scale exp((x_j - m) - l), for a row log_sum_exp_finite accepted.
+void add_scaled_softmax(const float* x, std::size_t n, float m, float l, float scale, float* d);
+
 // Layer norm over rows of length C (see ops_nn.cpp for the formulas): y, and each row's mean and
 // 1 / sqrt(var + eps); gamma and beta may be null. Row sums use 8 running partial sums (element j
 // goes to partial j mod 8) added pairwise at the end, a fixed order that vectorizes.

@@ -20,6 +20,8 @@ struct KernelTable {
   void (*gelu_dropout_backward)(const float*, const float*, const std::uint8_t*, float*, std::size_t, float);
   void (*masked_softmax_row)(float*, std::size_t, std::size_t, const std::uint8_t*);
   void (*softmax_row_backward)(const float*, const float*, float*, std::size_t);
+  bool (*log_sum_exp_finite)(const float*, std::size_t, float*, float*);
+  void (*add_scaled_softmax)(const float*, std::size_t, float, float, float, float*);
   void (*layer_norm_forward)(const float*, const float*, const float*, float*, float*, float*, std::size_t, std::size_t,
                              float);
   void (*layer_norm_backward_input)(const float*, const float*, const float*, const float*, const float*, float*,

@@ -135,6 +135,10 @@ TEST_CASE("both engines compute every shape, transpose, stride, alpha and beta t
   }
   products.push_back({130, 257, 64, false, true, 0, 0.125f, 0.f});  // an attention-score shape
   products.push_back({7, 9, 0, false, false, 1, 1.f, 0.5f});        // K = 0: C = beta C
+  // A^T B with C at least twice as tall as wide: oneDNN computes B^T A and blas.cpp transposes it
+  products.push_back({70, 20, 33, true, false, 2, 0.75f, 1.f});
+  products.push_back({64, 16, 300, true, false, 0, 1.f, 0.f});
+  products.push_back({2100, 1000, 2, true, false, 0, 1.f, 0.5f});  // past the swap's size limit
   for (const Product& p : products) {
     INFO(p.m << " x " << p.n << " x " << p.k << (p.ta ? " T" : " N") << (p.tb ? "T" : "N") << " pad " << p.pad
               << " alpha " << p.alpha << " beta " << p.beta);

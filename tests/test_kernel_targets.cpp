@@ -114,6 +114,27 @@ TEST_CASE("masked softmax and its backward give the same bits on every target", 
   }
 }
 
+TEST_CASE("cross-entropy's log-sum-exp and softmax gradient give the same bits on every target", "[kernels][targets]") {
+  for (std::size_t n : kLengths) {
+    const std::vector<float> x = randoms(n, n + 12, 8.f), d0 = randoms(n, n + 13, 1.f);
+    require_same_bits("log_sum_exp", [&](const KernelTable& k) {
+      float m = 0, l = 0;
+      std::vector<float> out(3), d = d0;
+      out[0] = k.log_sum_exp_finite(x.data(), n, &m, &l) ? 1.f : 0.f;
+      out[1] = m;
+      out[2] = l;
+      k.add_scaled_softmax(x.data(), n, m, l, -0.25f, d.data());
+      std::vector<float> with_inf = x;
+      with_inf[n / 2] = -std::numeric_limits<float>::infinity();
+      float unused = 0;
+      out.push_back(k.log_sum_exp_finite(with_inf.data(), n, &unused, &unused) ? 1.f : 0.f);
+      REQUIRE(out[0] == 1.f);  // finite rows take the vector path
+      REQUIRE(out[3] == 0.f);  // an infinite logit is left to exact arithmetic
+      return std::vector<std::vector<float>>{out, d};
+    });
+  }
+}
+
 TEST_CASE("layer norm forward and backward give the same bits on every target", "[kernels][targets]") {
   for (std::size_t C : kLengths) {
     const std::size_t rows = 3;
