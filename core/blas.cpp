@@ -212,4 +212,51 @@ void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t
   }
 }
 
+namespace {
+
+// Batches go to oneDNN's matmul primitive, one call per range of b, when each product is at most
+// 2^21 multiply-adds and the whole batch at least 2^16. Measured on one core (batches, heads,
+// M x N x K: the primitive against a loop of dnnl_sgemm, GFLOP/s): 32, 4, 64^3 NT 169 against
+// 119, TN 159 against 138; 64, 4, 32 x 32 x 16 NT 119 against 56; 8, 8, 128 x 128 x 64 NT 194
+// against 170; but 2, 4, 1024 x 1024 x 64 NT 175 against 196, and 2, 1, 8^3 0.2 against 3.3
+// (the call's few microseconds).
+constexpr std::size_t kBatchedMaxWork = std::size_t{1} << 21;
+constexpr std::size_t kBatchedMinWork = std::size_t{1} << 16;
+
+template <class T>
+Strided<T> from_batch(Strided<T> s, std::size_t b) {
+  s.data += b * s.batch_stride;
+  return s;
+}
+
+}  // namespace
+
+void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
+                   std::size_t k, float alpha, Strided<const float> a, Strided<const float> b, float beta,
+                   Strided<float> c) {
+  if (batches == 0 || heads == 0 || m == 0 || n == 0) return;
+  const std::size_t per_product = m * n * std::max<std::size_t>(k, 1), work = per_product * heads * batches;
+  const bool primitive = kHaveOnednn && engine() != Engine::openblas && k > 0 && per_product <= kBatchedMaxWork &&
+                         work >= kBatchedMinWork;
+  const Engine e = engine_for(m, n, k);
+  auto range = [=](std::size_t lo, std::size_t hi) {
+#ifdef XGRAD_HAS_ONEDNN
+    if (primitive && detail::onednn_sgemm_batched(trans_a, trans_b, hi - lo, heads, m, n, k, alpha, from_batch(a, lo),
+                                                  from_batch(b, lo), beta, from_batch(c, lo)))
+      return;
+#else
+    (void)primitive;
+#endif
+    for (std::size_t i = lo; i < hi; ++i) {
+      for (std::size_t h = 0; h < heads; ++h) {
+        run_engine(e, trans_a, trans_b, m, n, k, alpha, a.data + i * a.batch_stride + h * a.head_stride, a.ld,
+                   b.data + i * b.batch_stride + h * b.head_stride, b.ld, beta,
+                   c.data + i * c.batch_stride + h * c.head_stride, c.ld);
+      }
+    }
+  };
+  if (work < 2 * kGrainGemm) return range(0, batches);
+  parallel_for(batches, grain_for(kGrainGemm, per_product * heads), range);
+}
+
 }  // namespace xgrad::blas

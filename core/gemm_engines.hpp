@@ -5,6 +5,8 @@
 
 #include <cstddef>
 
+#include "xgrad/core/blas.hpp"
+
 namespace xgrad::blas::detail {
 
 void openblas_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
@@ -15,5 +17,22 @@ void openblas_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, st
 void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
                   const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
                   std::size_t ldc);
+// blas::sgemm_batched over all `batches` in one call of oneDNN's matmul primitive (k > 0). Returns
+// false, computing nothing, when oneDNN has no primitive for these strides.
+bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
+                          std::size_t n, std::size_t k, float alpha, Strided<const float> a, Strided<const float> b,
+                          float beta, Strided<float> c);
+
+// While alive, holds the calling thread's OpenMP thread count at 1 (see gemm_onednn.cpp).
+class OnednnOnThisThread {
+ public:
+  OnednnOnThisThread();
+  ~OnednnOnThisThread();
+  OnednnOnThisThread(const OnednnOnThisThread&) = delete;
+  OnednnOnThisThread& operator=(const OnednnOnThisThread&) = delete;
+
+ private:
+  int outer_;
+};
 
 }  // namespace xgrad::blas::detail

@@ -1,7 +1,8 @@
 // Multi-head attention kernels on the projections' own layout, heads side by side in the
 // channels: head h of q (B, T, H*D) is the column block q[b, :, h*D:(h+1)*D], which BLAS reads
-// in place with row stride H*D. No head is ever split out, permuted or copied; each (b, h) is
-// one task for the kernel threads, and the tasks write disjoint blocks.
+// in place with row stride H*D. No head is ever split out, permuted or copied; the products of
+// all heads of a range of batch entries are one call (blas::sgemm_batched), ranges are tasks for
+// the kernel threads, and the tasks write disjoint blocks.
 //
 // Shapes: B batch, T query length, S key length, H heads, D head width, C = H*D.
 #include <algorithm>
@@ -40,13 +41,34 @@ Heads check_heads(const char* op, const Tensor& q, const Tensor& kv, std::size_t
   return {qs[0], qs[1], ks[1], heads, qs[2] / heads, qs[2]};
 }
 
-// Runs task(b, h) for every batch entry and head, split across the kernel threads.
+// Scores of about this many bytes are computed per piece, so that the elementwise pass after a
+// piece's products (softmax, or its backward before them) finds them still in cache.
+constexpr std::size_t kPieceBytes = std::size_t{512} << 10;
+
+// Runs task(b0, b1) over ranges of batch entries: split across the kernel threads, and cut into
+// pieces of about kPieceBytes of scores.
 template <class F>
-void for_each_head(const Heads& d, std::size_t work_per_head, F task) {
-  const std::size_t grain = grain_for(kGrainGemm, work_per_head);
-  parallel_for(d.B * d.H, grain, [&](std::size_t lo, std::size_t hi) {
-    for (std::size_t bh = lo; bh < hi; ++bh) task(bh / d.H, bh % d.H);
+void for_each_batch_range(const Heads& d, std::size_t work_per_entry, F task) {
+  const std::size_t score_bytes = std::max<std::size_t>(1, d.H * d.T * d.S * sizeof(float));
+  const std::size_t piece = std::max<std::size_t>(1, kPieceBytes / score_bytes);
+  parallel_for(d.B, grain_for(kGrainGemm, work_per_entry), [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t b0 = lo; b0 < hi; b0 += piece) task(b0, std::min(hi, b0 + piece));
   });
+}
+
+// Head h of batch entry b of a (B, L, C) tensor: L x D at row stride C. The scores and weights
+// (B, H, T, S) are contiguous T x S blocks.
+blas::Strided<const float> heads_of(const float* x, const Heads& d, std::size_t L, std::size_t b0) {
+  return {x + b0 * L * d.C, d.C, L * d.C, d.D};
+}
+blas::Strided<float> heads_of(float* x, const Heads& d, std::size_t L, std::size_t b0) {
+  return {x + b0 * L * d.C, d.C, L * d.C, d.D};
+}
+blas::Strided<const float> blocks_of(const float* w, const Heads& d, std::size_t b0) {
+  return {w + b0 * d.H * d.T * d.S, d.S, d.H * d.T * d.S, d.T * d.S};
+}
+blas::Strided<float> blocks_of(float* w, const Heads& d, std::size_t b0) {
+  return {w + b0 * d.H * d.T * d.S, d.S, d.H * d.T * d.S, d.T * d.S};
 }
 
 }  // namespace
@@ -62,15 +84,14 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
   float* W = w.data();
   if (d.D == 0) std::fill(W, W + w.size(), 0.f);  // K = 0: BLAS may leave the scores unwritten
   const std::uint8_t* kp = keep ? keep->data() : nullptr;
-  for_each_head(d, d.T * d.S * (d.D + 4), [&](std::size_t b, std::size_t h) {
-    // scores = scale q_h k_h^T  (T x S)
-    float* P = W + (b * d.H + h) * d.T * d.S;
-    blas::sgemm(false, true, d.T, d.S, d.D, scale, Q + b * d.T * d.C + h * d.D, d.C, K + b * d.S * d.C + h * d.D, d.C,
-                0.f, P, d.S);
+  for_each_batch_range(d, d.H * d.T * d.S * (d.D + 4), [&](std::size_t b0, std::size_t b1) {
+    // scores = scale q_h k_h^T  (T x S) for every head of entries b0 .. b1 - 1
+    blas::sgemm_batched(false, true, b1 - b0, d.H, d.T, d.S, d.D, scale, heads_of(Q, d, d.T, b0),
+                        heads_of(K, d, d.S, b0), 0.f, blocks_of(W, d, b0));
     // Row softmax over the kept keys (s <= t when causal, mask false); a row with none kept is 0.
-    for (std::size_t t = 0; t < d.T; ++t) {
-      const std::uint8_t* keep_row = kp ? kp + ((b * d.H + h) * d.T + t) * d.S : nullptr;
-      kernels::masked_softmax_row(P + t * d.S, d.S, causal ? std::min(d.S, t + 1) : d.S, keep_row);
+    for (std::size_t row = b0 * d.H * d.T; row < b1 * d.H * d.T; ++row) {
+      const std::size_t t = row % d.T;
+      kernels::masked_softmax_row(W + row * d.S, d.S, causal ? std::min(d.S, t + 1) : d.S, kp ? kp + row * d.S : nullptr);
     }
   });
   return record("attention_weights", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
@@ -87,12 +108,20 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
     const float dq_beta = dq_target.beta;
     Array dz_all = Array::from_shape(ctx.output().shape());
     float* DZ = dz_all.data();
-    for_each_head(d, d.T * d.S * (2 * d.D + 4), [&](std::size_t b, std::size_t h) {
-      const std::size_t at = (b * d.H + h) * d.T * d.S;
-      for (std::size_t t = 0; t < d.T; ++t) kernels::softmax_row_backward(P + at + t * d.S, G + at + t * d.S, DZ + at + t * d.S, d.S);
-      const std::size_t q_at = b * d.T * d.C + h * d.D, k_at = b * d.S * d.C + h * d.D;
-      if (dQ) blas::sgemm(false, false, d.T, d.D, d.S, scale, DZ + at, d.S, K + k_at, d.C, dq_beta, dQ + q_at, d.C);
-      if (dK) blas::sgemm(true, false, d.S, d.D, d.T, scale, DZ + at, d.S, Q + q_at, d.C, 1.f, dK + k_at, d.C);
+    for_each_batch_range(d, d.H * d.T * d.S * (2 * d.D + 4), [&](std::size_t b0, std::size_t b1) {
+      for (std::size_t row = b0 * d.H * d.T; row < b1 * d.H * d.T; ++row) {
+        kernels::softmax_row_backward(P + row * d.S, G + row * d.S, DZ + row * d.S, d.S);
+      }
+      const std::size_t nb = b1 - b0;
+      const float* dz = DZ;
+      if (dQ) {
+        blas::sgemm_batched(false, false, nb, d.H, d.T, d.D, d.S, scale, blocks_of(dz, d, b0), heads_of(K, d, d.S, b0),
+                            dq_beta, heads_of(dQ, d, d.T, b0));
+      }
+      if (dK) {
+        blas::sgemm_batched(true, false, nb, d.H, d.S, d.D, d.T, scale, blocks_of(dz, d, b0), heads_of(Q, d, d.T, b0),
+                            1.f, heads_of(dK, d, d.S, b0));
+      }
     });
   });
 }
@@ -116,11 +145,9 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
   const float* V = v.value().data();
   float* O = out.data();
   if (d.S == 0) std::fill(O, O + out.size(), 0.f);
-  for_each_head(d, d.T * d.S * d.D, [&](std::size_t b, std::size_t h) {
-    // out_h = P v_h  (T x D), written into its column block of out
-    blas::sgemm(false, false, d.T, d.D, d.S, 1.f, W + (b * d.H + h) * d.T * d.S, d.S, V + b * d.S * d.C + h * d.D, d.C,
-                0.f, O + b * d.T * d.C + h * d.D, d.C);
-  });
+  // out_h = P v_h  (T x D), written into its column block of out
+  blas::sgemm_batched(false, false, d.B, d.H, d.T, d.D, d.S, 1.f, blocks_of(W, d, 0), heads_of(V, d, d.S, 0), 0.f,
+                      heads_of(O, d, d.T, 0));
   return record("attend", std::move(out), {weights, v}, [d](GradContext& ctx) {
     // dP = dout_h v_h^T,  dv_h = P^T dout_h
     const float* G = ctx.grad_out().data();
@@ -131,11 +158,14 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
     const auto none = GradContext::GradTarget{nullptr, 0.f};
     const auto dw = ctx.needs(0) ? ctx.grad_target(0) : none;
     const auto dv = ctx.needs(1) ? ctx.grad_target(1) : none;
-    for_each_head(d, 2 * d.T * d.S * d.D, [&](std::size_t b, std::size_t h) {
-      const std::size_t w_at = (b * d.H + h) * d.T * d.S, o_at = b * d.T * d.C + h * d.D, v_at = b * d.S * d.C + h * d.D;
-      if (dw.data) blas::sgemm(false, true, d.T, d.S, d.D, 1.f, G + o_at, d.C, V + v_at, d.C, dw.beta, dw.data + w_at, d.S);
-      if (dv.data) blas::sgemm(true, false, d.S, d.D, d.T, 1.f, W + w_at, d.S, G + o_at, d.C, dv.beta, dv.data + v_at, d.C);
-    });
+    if (dw.data) {
+      blas::sgemm_batched(false, true, d.B, d.H, d.T, d.S, d.D, 1.f, heads_of(G, d, d.T, 0), heads_of(V, d, d.S, 0),
+                          dw.beta, blocks_of(dw.data, d, 0));
+    }
+    if (dv.data) {
+      blas::sgemm_batched(true, false, d.B, d.H, d.S, d.D, d.T, 1.f, blocks_of(W, d, 0), heads_of(G, d, d.T, 0),
+                          dv.beta, heads_of(dv.data, d, d.S, 0));
+    }
   });
 }
 

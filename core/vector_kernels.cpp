@@ -1,7 +1,9 @@
 // See vector_kernels.hpp. GCC builds a function marked XGRAD_CLONES for each listed target and
 // resolves the call once, at load time, from the CPU's features: AVX-512 made the tiny benchmark
 // step about 10% faster than AVX2 alone (bench_train_step, alternating runs, medians 20.9 and
-// 23.1 ms).
+// 23.1 ms). The AVX-512 copy is x86-64-v4 (F, BW, CD, DQ, VL), not AVX-512F alone: without VL
+// the 256-bit code GCC prefers has 16 registers, not 32, and spilled in the fused GELU-dropout
+// loops (its backward ran 1.0 ns per element, 0.53 with VL).
 #include "xgrad/core/vector_kernels.hpp"
 
 #include <algorithm>
@@ -13,13 +15,13 @@
 // tests/test_kernel_targets.cpp compiles this file once per target, each copy in a namespace of
 // its own (XGRAD_KERNELS_NS), and checks that the copies give the same bits.
 #if defined(XGRAD_KERNELS_ONLY_AVX512)
-#define XGRAD_CLONES __attribute__((target("avx512f")))
+#define XGRAD_CLONES __attribute__((target("arch=x86-64-v4")))
 #elif defined(XGRAD_KERNELS_ONLY_AVX2)
 #define XGRAD_CLONES __attribute__((target("avx2")))
 #elif defined(XGRAD_KERNELS_ONLY_BASELINE)
 #define XGRAD_CLONES
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define XGRAD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define XGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define XGRAD_CLONES
 #endif
@@ -31,17 +33,40 @@ namespace {
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
-// sum over j < n of f(j) as 8 partial sums (j mod 8) added pairwise: the same order on every
-// target, and the compiler turns the partials into vector lanes.
+// sum over j < n of f(j) as 32 partial sums (j mod 32) added pairwise (16 + 16, 8 + 8, ...): the
+// same order on every target. The compiler turns the partials into several independent vector
+// accumulators; with 8 partials, one vector, each add waited for the previous one, and layer
+// norm's row sums ran at a third of the adders' rate (forward at C 256: 0.56 ns per element,
+// 0.23 with 32).
 template <class F>
-inline float sum8(std::size_t n, F f) {
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+inline float sum32(std::size_t n, F f) {
+  float acc[32] = {};
   std::size_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    for (std::size_t l = 0; l < 8; ++l) acc[l] += f(j + l);
+  for (; j + 32 <= n; j += 32) {
+    for (std::size_t l = 0; l < 32; ++l) acc[l] += f(j + l);
   }
   for (std::size_t l = 0; j < n; ++j, ++l) acc[l] += f(j);
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (std::size_t w = 16; w > 0; w /= 2) {
+    for (std::size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  }
+  return acc[0];
+}
+
+// max over j < n of f(j), skipping NaN (std::max keeps its first argument when the second is
+// NaN); -inf when n is 0. Exact, so the partials' order does not matter.
+template <class F>
+inline float max32(std::size_t n, F f) {
+  constexpr float kLowest = -std::numeric_limits<float>::infinity();
+  float part[32];
+  std::fill(part, part + 32, kLowest);
+  std::size_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    for (std::size_t l = 0; l < 32; ++l) part[l] = std::max(part[l], f(j + l));
+  }
+  for (std::size_t l = 0; j < n; ++j, ++l) part[l] = std::max(part[l], f(j));
+  float m = kLowest;
+  for (float v : part) m = std::max(m, v);
+  return m;
 }
 
 }  // namespace
@@ -122,14 +147,8 @@ namespace {
 template <class Kept>
 inline void softmax_row(float* row, std::size_t n, Kept kept) {
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
-  float part[8] = {kLowest, kLowest, kLowest, kLowest, kLowest, kLowest, kLowest, kLowest};
+  float m = max32(n, [&](std::size_t j) { return kept(j) ? row[j] : kLowest; });
   std::size_t s = 0;
-  for (; s + 8 <= n; s += 8) {
-    for (std::size_t l = 0; l < 8; ++l) part[l] = std::max(part[l], kept(s + l) ? row[s + l] : kLowest);
-  }
-  for (std::size_t l = 0; s < n; ++s, ++l) part[l] = std::max(part[l], kept(s) ? row[s] : kLowest);
-  float m = kLowest;
-  for (float v : part) m = std::max(m, v);
   // A NaN score makes the row NaN, as in exact arithmetic: max skips NaN, and fast::exp clamps
   // it to a tiny finite value, so without this check it would vanish silently.
   std::uint32_t nans = 0;
@@ -140,7 +159,7 @@ inline void softmax_row(float* row, std::size_t n, Kept kept) {
   }
   if (!(m > kLowest && m < -kLowest)) m = 0.f;  // nothing kept (or an infinite score): keep arithmetic finite
   for (s = 0; s < n; ++s) row[s] = kept(s) ? fast::exp(row[s] - m) : 0.f;
-  const float total = sum8(n, [&](std::size_t j) { return row[j]; });
+  const float total = sum32(n, [&](std::size_t j) { return row[j]; });
   const float inv = total > 0.f ? 1.f / total : 0.f;
   for (s = 0; s < n; ++s) row[s] *= inv;
 }
@@ -156,7 +175,7 @@ XGRAD_CLONES void masked_softmax_row(float* row, std::size_t n, std::size_t end,
 }
 
 XGRAD_CLONES void softmax_row_backward(const float* p, const float* g, float* dz, std::size_t n) {
-  const float dot = sum8(n, [&](std::size_t s) { return g[s] * p[s]; });
+  const float dot = sum32(n, [&](std::size_t s) { return g[s] * p[s]; });
   for (std::size_t s = 0; s < n; ++s) dz[s] = p[s] * (g[s] - dot);
 }
 
@@ -165,15 +184,8 @@ XGRAD_CLONES bool log_sum_exp_finite(const float* x, std::size_t n, float* max, 
   std::uint32_t non_finite = 0;
   for (std::size_t j = 0; j < n; ++j) non_finite += !(x[j] * 0.f == 0.f);
   if (non_finite || n == 0) return false;
-  float part[8] = {x[0], x[0], x[0], x[0], x[0], x[0], x[0], x[0]};
-  std::size_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    for (std::size_t l = 0; l < 8; ++l) part[l] = std::max(part[l], x[j + l]);
-  }
-  for (std::size_t l = 0; j < n; ++j, ++l) part[l] = std::max(part[l], x[j]);
-  float m = part[0];
-  for (float v : part) m = std::max(m, v);
-  const float total = sum8(n, [&](std::size_t i) { return fast::exp(x[i] - m); });
+  const float m = max32(n, [&](std::size_t j) { return x[j]; });
+  const float total = sum32(n, [&](std::size_t i) { return fast::exp(x[i] - m); });
   *max = m;
   *log_sum = std::log(total);
   return true;
@@ -188,8 +200,8 @@ XGRAD_CLONES void layer_norm_forward(const float* x, const float* gamma, const f
   const float inv_c = 1.f / static_cast<float>(C);
   for (std::size_t r = 0; r < rows; ++r) {
     const float* row = x + r * C;
-    const float m = sum8(C, [&](std::size_t j) { return row[j]; }) * inv_c;
-    const float var = sum8(C, [&](std::size_t j) { return (row[j] - m) * (row[j] - m); }) * inv_c;
+    const float m = sum32(C, [&](std::size_t j) { return row[j]; }) * inv_c;
+    const float var = sum32(C, [&](std::size_t j) { return (row[j] - m) * (row[j] - m); }) * inv_c;
     const float rs = 1.f / std::sqrt(var + eps);
     mean[r] = m;
     rstd[r] = rs;
@@ -209,8 +221,8 @@ XGRAD_CLONES void layer_norm_backward_input(const float* x, const float* g, cons
     const float* gr = g + r * C;
     const float m = mean[r], rs = rstd[r];
     auto dh = [&](std::size_t j) { return gamma ? gr[j] * gamma[j] : gr[j]; };
-    const float sum_dh = sum8(C, dh);
-    const float sum_dh_h = sum8(C, [&](std::size_t j) { return dh(j) * ((row[j] - m) * rs); });
+    const float sum_dh = sum32(C, dh);
+    const float sum_dh_h = sum32(C, [&](std::size_t j) { return dh(j) * ((row[j] - m) * rs); });
     float* d = dx + r * C;
     for (std::size_t j = 0; j < C; ++j) {
       const float h = (row[j] - m) * rs;

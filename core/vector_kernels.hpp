@@ -61,8 +61,8 @@ bool log_sum_exp_finite(const float* x, std::size_t n, float* m, float* l);
 void add_scaled_softmax(const float* x, std::size_t n, float m, float l, float scale, float* d);
 
 // Layer norm over rows of length C (see ops_nn.cpp for the formulas): y, and each row's mean and
-// 1 / sqrt(var + eps); gamma and beta may be null. Row sums use 8 running partial sums (element j
-// goes to partial j mod 8) added pairwise at the end, a fixed order that vectorizes.
+// 1 / sqrt(var + eps); gamma and beta may be null. Row sums use 32 running partial sums (element j
+// goes to partial j mod 32) added pairwise at the end, a fixed order that vectorizes.
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                         std::size_t rows, std::size_t C, float eps);
 // dx += rstd (dh - mean(dh) - xhat mean(dh xhat)) with dh = g gamma (g when gamma is null).

@@ -27,7 +27,7 @@ std::vector<Target> targets() {
   std::vector<Target> t = {{"baseline", testing::kernels_baseline_table()}};
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   if (__builtin_cpu_supports("avx2")) t.push_back({"avx2", testing::kernels_avx2_table()});
-  if (__builtin_cpu_supports("avx512f")) t.push_back({"avx512f", testing::kernels_avx512_table()});
+  if (__builtin_cpu_supports("x86-64-v4")) t.push_back({"x86-64-v4", testing::kernels_avx512_table()});
 #endif
   return t;
 }
