@@ -1,7 +1,9 @@
 // GFLOP/s of one product through each GEMM engine behind blas::sgemm, on the calling thread
 // (xgrad's pool at one thread), for the product shapes of the train-step benchmark and a few
 // small ones. Engines alternate within each shape and the table quotes medians; this is the
-// measurement behind blas.cpp's rule for `auto`.
+// measurement behind blas.cpp's rule for `auto`. A second table times attention's per-head
+// products of each benchmark configuration as one blas::sgemm_batched call against a loop of
+// blas::sgemm (both under `auto`), the measurement behind blas.cpp's rule for batches.
 //     build/bench/bench_gemm [--reps 15]
 #include <algorithm>
 #include <chrono>
@@ -58,6 +60,50 @@ double seconds_of(const Product& s, const std::vector<float>& a, const std::vect
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(calls);
 }
 
+// Attention's per-head products for one batch: B entries, H heads of width D, length T (keys S =
+// T); q, k, v and the output are (B, T, H D), the scores (B, H, T, T).
+struct HeadBatch {
+  const char* what;
+  std::size_t B, H, T, D;
+};
+
+const std::vector<HeadBatch> kHeadBatches = {
+    {"tiny", 64, 4, 32, 16}, {"small", 32, 4, 64, 64}, {"standard", 8, 8, 128, 64}, {"long", 2, 4, 1024, 64}};
+
+// The four product forms of attention: scores q k^T (NT), weighted sum P v (NN), and the weight
+// gradients P^T dO and dZ^T q (TN).
+struct HeadForm {
+  const char* name;
+  bool ta, tb;
+};
+const HeadForm kHeadForms[] = {{"scores (NT)", false, true}, {"P v (NN)", false, false}, {"P^T dO (TN)", true, false}};
+
+// Seconds of one batch of form f: all heads in one sgemm_batched call, or a loop of sgemm.
+double head_seconds(const HeadBatch& h, const HeadForm& f, bool batched, const std::vector<float>& x,
+                    const std::vector<float>& scores, std::vector<float>& out) {
+  const std::size_t C = h.H * h.D, TT = h.T * h.T;
+  // NT: (T x D) (T x D)^T -> T x T;  NN: (T x T) (T x D) -> T x D;  TN: (T x T)^T (T x D) -> T x D
+  const bool to_scores = f.tb;
+  const std::size_t m = h.T, n = to_scores ? h.T : h.D, k = to_scores ? h.D : h.T;
+  const blas::Strided<const float> heads{x.data(), C, h.T * C, h.D}, blocks{scores.data(), h.T, h.H * TT, TT};
+  const blas::Strided<const float> a = to_scores ? heads : blocks;
+  const blas::Strided<float> c = to_scores ? blas::Strided<float>{out.data(), h.T, h.H * TT, TT}
+                                           : blas::Strided<float>{out.data(), C, h.T * C, h.D};
+  const auto t0 = std::chrono::steady_clock::now();
+  if (batched) {
+    blas::sgemm_batched(f.ta, f.tb, h.B, h.H, m, n, k, 1.f, a, heads, 0.f, c);
+  } else {
+    for (std::size_t b = 0; b < h.B; ++b) {
+      for (std::size_t i = 0; i < h.H; ++i) {
+        blas::sgemm(f.ta, f.tb, m, n, k, 1.f, a.data + b * a.batch_stride + i * a.head_stride, a.ld,
+                    heads.data + b * heads.batch_stride + i * heads.head_stride, heads.ld, 0.f,
+                    c.data + b * c.batch_stride + i * c.head_stride, c.ld);
+      }
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -66,7 +112,9 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"GFLOP/s of OpenBLAS and oneDNN on the benchmark's product shapes, one thread.", "bench_gemm"};
+  CLI::App app{"GFLOP/s of OpenBLAS and oneDNN on the benchmark's product shapes, and of attention's heads as one "
+               "batched call against a loop, one thread.",
+               "bench_gemm"};
   std::size_t reps = 15;
   app.add_option("--reps", reps, "timings per engine and shape")->transform(cli::count(1, 10000))->capture_default_str();
   if (const auto code = cli::parse(app, argc, argv)) return *code;
@@ -95,6 +143,29 @@ int main(int argc, char** argv) {
       std::snprintf(name, sizeof name, "%zu x %zu x %zu (%c%c)", s.m, s.n, s.k, s.ta ? 'T' : 'N', s.tb ? 'T' : 'N');
       std::printf("%-22s %10.1f %10.1f %6.2fx %8s\n", name, go, gd, gd / go,
                   blas::engine_name(blas::engine_for(s.m, s.n, s.k)).c_str());
+    }
+    // Attention's heads under auto: one sgemm_batched call (oneDNN's matmul primitive where
+    // blas.cpp's rule sends it) against the loop of sgemm it replaced.
+    std::printf("\n%-9s %-4s %-16s %-12s %10s %10s %7s\n", "config", "B H", "T x D", "product", "loop", "batched",
+                "ratio");
+    blas::set_engine(blas::Engine::automatic);
+    for (const HeadBatch& h : kHeadBatches) {
+      std::vector<float> x(h.B * h.T * h.H * h.D), scores(h.B * h.H * h.T * h.T), out(scores.size());
+      for (auto& v : x) v = gen.uniform(-1.f, 1.f);
+      for (auto& v : scores) v = gen.uniform(0.f, 1.f);
+      for (const HeadForm& f : kHeadForms) {
+        std::vector<double> t_loop, t_batched;
+        for (std::size_t r = 0; r < reps + 2; ++r) {
+          const double l = head_seconds(h, f, false, x, scores, out), b = head_seconds(h, f, true, x, scores, out);
+          if (r >= 2) t_loop.push_back(l), t_batched.push_back(b);
+        }
+        const double flop = 2.0 * h.B * h.H * h.T * h.T * h.D;
+        const double gl = flop / median(t_loop) / 1e9, gb = flop / median(t_batched) / 1e9;
+        char bh[32], td[32];
+        std::snprintf(bh, sizeof bh, "%zu %zu", h.B, h.H);
+        std::snprintf(td, sizeof td, "%zu x %zu", h.T, h.D);
+        std::printf("%-9s %-4s %-16s %-12s %10.1f %10.1f %6.2fx\n", h.what, bh, td, f.name, gl, gb, gb / gl);
+      }
     }
     blas::set_engine(before);
   });

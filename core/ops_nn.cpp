@@ -368,26 +368,23 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     float* db = ctx.needs(2) ? ctx.grad_buffer(2).data() : nullptr;
     const float* means = mean.data();
     const float* rstds = rstd.data();
-    const std::size_t row_grain = grain_for(kGrainCheap, C);
-    if (dx) {
-      parallel_for(rows, row_grain, [=](std::size_t lo, std::size_t hi) {
-        kernels::layer_norm_backward_input(xs + lo * C, g + lo * C, gm, means + lo, rstds + lo, dx + lo * C, hi - lo, C);
-      });
-    }
-    if (dg || db) {
-      // Sums over rows, split by columns: every column is summed in row order by one thread.
-      parallel_for(C, grain_for(kGrainCheap, rows), [=](std::size_t lo, std::size_t hi) {
-        for (std::size_t r = 0; r < rows; ++r) {
-          const float* row = xs + r * C;
-          const float* gr = g + r * C;
-          const float m = means[r], rs = rstds[r];
-          for (std::size_t j = lo; j < hi; ++j) {
-            const float h = (row[j] - m) * rs;
-            if (dg) dg[j] += gr[j] * h;
-            if (db) db[j] += gr[j];
-          }
-        }
-      });
+    // Rows in fixed chunks, each with its own partial sums of dgamma and dbeta, added in chunk
+    // order afterwards: one pass over x and g, and sums that do not depend on the thread count.
+    constexpr std::size_t kChunkRows = 32;
+    const std::size_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+    std::vector<float> part_g(dg ? chunks * C : 0, 0.f), part_b(db ? chunks * C : 0, 0.f);
+    float* pg = part_g.data();
+    float* pb = part_b.data();
+    parallel_for(chunks, grain_for(kGrainCheap, kChunkRows * C), [=](std::size_t lo, std::size_t hi) {
+      for (std::size_t c = lo; c < hi; ++c) {
+        const std::size_t r0 = c * kChunkRows, n = std::min(rows, r0 + kChunkRows) - r0;
+        kernels::layer_norm_backward(xs + r0 * C, g + r0 * C, gm, means + r0, rstds + r0, dx ? dx + r0 * C : nullptr,
+                                     dg ? pg + c * C : nullptr, db ? pb + c * C : nullptr, n, C);
+      }
+    });
+    for (std::size_t c = 0; c < chunks; ++c) {
+      for (std::size_t j = 0; dg && j < C; ++j) dg[j] += pg[c * C + j];
+      for (std::size_t j = 0; db && j < C; ++j) db[j] += pb[c * C + j];
     }
   });
 }

@@ -213,20 +213,29 @@ XGRAD_CLONES void layer_norm_forward(const float* x, const float* gamma, const f
   }
 }
 
-XGRAD_CLONES void layer_norm_backward_input(const float* x, const float* g, const float* gamma, const float* mean,
-                                            const float* rstd, float* dx, std::size_t rows, std::size_t C) {
+XGRAD_CLONES void layer_norm_backward(const float* x, const float* g, const float* gamma, const float* mean,
+                                      const float* rstd, float* dx, float* dgamma, float* dbeta, std::size_t rows,
+                                      std::size_t C) {
   const float inv_c = 1.f / static_cast<float>(C);
   for (std::size_t r = 0; r < rows; ++r) {
     const float* row = x + r * C;
     const float* gr = g + r * C;
     const float m = mean[r], rs = rstd[r];
-    auto dh = [&](std::size_t j) { return gamma ? gr[j] * gamma[j] : gr[j]; };
-    const float sum_dh = sum32(C, dh);
-    const float sum_dh_h = sum32(C, [&](std::size_t j) { return dh(j) * ((row[j] - m) * rs); });
-    float* d = dx + r * C;
-    for (std::size_t j = 0; j < C; ++j) {
-      const float h = (row[j] - m) * rs;
-      d[j] += rs * (dh(j) - sum_dh * inv_c - h * sum_dh_h * inv_c);
+    if (dx) {
+      auto dh = [&](std::size_t j) { return gamma ? gr[j] * gamma[j] : gr[j]; };
+      const float sum_dh = sum32(C, dh);
+      const float sum_dh_h = sum32(C, [&](std::size_t j) { return dh(j) * ((row[j] - m) * rs); });
+      float* d = dx + r * C;
+      for (std::size_t j = 0; j < C; ++j) {
+        const float h = (row[j] - m) * rs;
+        d[j] += rs * (dh(j) - sum_dh * inv_c - h * sum_dh_h * inv_c);
+      }
+    }
+    if (dgamma) {
+      for (std::size_t j = 0; j < C; ++j) dgamma[j] += gr[j] * ((row[j] - m) * rs);
+    }
+    if (dbeta) {
+      for (std::size_t j = 0; j < C; ++j) dbeta[j] += gr[j];
     }
   }
 }

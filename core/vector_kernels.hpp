@@ -65,9 +65,11 @@ void add_scaled_softmax(const float* x, std::size_t n, float m, float l, float s
 // goes to partial j mod 32) added pairwise at the end, a fixed order that vectorizes.
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                         std::size_t rows, std::size_t C, float eps);
-// dx += rstd (dh - mean(dh) - xhat mean(dh xhat)) with dh = g gamma (g when gamma is null).
-void layer_norm_backward_input(const float* x, const float* g, const float* gamma, const float* mean, const float* rstd,
-                               float* dx, std::size_t rows, std::size_t C);
+// Layer norm's backward over rows; any of dx, dgamma and dbeta may be null: dx += rstd (dh -
+// mean(dh) - xhat mean(dh xhat)) with dh = g gamma (g when gamma is null), and, summed over the
+// rows in order, dgamma += g xhat and dbeta += g.
+void layer_norm_backward(const float* x, const float* g, const float* gamma, const float* mean, const float* rstd,
+                         float* dx, float* dgamma, float* dbeta, std::size_t rows, std::size_t C);
 
 // One Adam / AdamW step over n elements: see AdamStep above.
 void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const kernels::AdamStep& s);

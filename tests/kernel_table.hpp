@@ -24,8 +24,8 @@ struct KernelTable {
   void (*add_scaled_softmax)(const float*, std::size_t, float, float, float, float*);
   void (*layer_norm_forward)(const float*, const float*, const float*, float*, float*, float*, std::size_t, std::size_t,
                              float);
-  void (*layer_norm_backward_input)(const float*, const float*, const float*, const float*, const float*, float*,
-                                    std::size_t, std::size_t);
+  void (*layer_norm_backward)(const float*, const float*, const float*, const float*, const float*, float*, float*,
+                              float*, std::size_t, std::size_t);
   void (*adam_update)(float*, const float*, float*, float*, std::size_t, const kernels::AdamStep&);
 };
 

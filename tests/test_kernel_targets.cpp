@@ -142,10 +142,12 @@ TEST_CASE("layer norm forward and backward give the same bits on every target", 
     const std::vector<float> gamma = randoms(C, C + 8, 2.f), beta = randoms(C, C + 9, 1.f);
     require_same_bits("layer_norm", [&](const KernelTable& k) {
       std::vector<float> y(rows * C), mean(rows), rstd(rows), dx(rows * C, 0.25f), y_plain(rows * C);
+      std::vector<float> dgamma(C, 0.5f), dbeta(C, -0.5f);
       k.layer_norm_forward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
       k.layer_norm_forward(x.data(), nullptr, nullptr, y_plain.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
-      k.layer_norm_backward_input(x.data(), g.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), rows, C);
-      return std::vector<std::vector<float>>{y, y_plain, mean, rstd, dx};
+      k.layer_norm_backward(x.data(), g.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dgamma.data(),
+                            dbeta.data(), rows, C);
+      return std::vector<std::vector<float>>{y, y_plain, mean, rstd, dx, dgamma, dbeta};
     });
   }
 }
