@@ -2,6 +2,7 @@
 // flags, never copied; backward accumulates straight into the gradient buffers (beta = 1), which
 // also sums over broadcast batch axes.
 #include <algorithm>
+#include <vector>
 
 #include "xgrad/core/blas.hpp"
 #include "xgrad/core/broadcast.hpp"
@@ -9,6 +10,7 @@
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/parallel.hpp"
 #include "xgrad/core/tape.hpp"
+#include "xgrad/core/vector_kernels.hpp"
 
 namespace xgrad {
 
@@ -217,14 +219,20 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       blas::sgemm(true, false, out, in, rows, 1.f, G, out, ctx.input(0).data(), in, dw.beta, dw.data, in);
     }
     if (ctx.needs(2)) {
-      // Split by columns, each summed in row order by one thread.
-      float* db = ctx.grad_buffer(2).data();
-      parallel_for(out, grain_for(kGrainCheap, rows), [=](std::size_t lo, std::size_t hi) {
-        for (std::size_t r = 0; r < rows; ++r) {
-          const float* g = G + r * out;
-          for (std::size_t j = lo; j < hi; ++j) db[j] += g[j];
+      // Rows in fixed chunks, each summed into its own partial row, the partials then added in
+      // chunk order: every thread reads whole rows (split by columns, two threads ran 2.2x
+      // slower than one), and the sums do not depend on the thread count.
+      constexpr std::size_t kChunkRows = 64;
+      const std::size_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+      std::vector<float> partial(chunks * out, 0.f);
+      float* part = partial.data();
+      parallel_for(chunks, grain_for(kGrainCheap, kChunkRows * out), [=](std::size_t lo, std::size_t hi) {
+        for (std::size_t c = lo; c < hi; ++c) {
+          const std::size_t r0 = c * kChunkRows;
+          kernels::add_column_sums(G + r0 * out, std::min(rows, r0 + kChunkRows) - r0, out, part + c * out);
         }
       });
+      kernels::add_column_sums(part, chunks, out, ctx.grad_buffer(2).data());
     }
   });
 }

@@ -64,9 +64,10 @@ inline float max32(std::size_t n, F f) {
     for (std::size_t l = 0; l < 32; ++l) part[l] = std::max(part[l], f(j + l));
   }
   for (std::size_t l = 0; j < n; ++j, ++l) part[l] = std::max(part[l], f(j));
-  float m = kLowest;
-  for (float v : part) m = std::max(m, v);
-  return m;
+  for (std::size_t w = 16; w > 0; w /= 2) {
+    for (std::size_t l = 0; l < w; ++l) part[l] = std::max(part[l], part[l + w]);
+  }
+  return part[0];
 }
 
 }  // namespace
@@ -237,6 +238,13 @@ XGRAD_CLONES void layer_norm_backward(const float* x, const float* g, const floa
     if (dbeta) {
       for (std::size_t j = 0; j < C; ++j) dbeta[j] += gr[j];
     }
+  }
+}
+
+XGRAD_CLONES void add_column_sums(const float* x, std::size_t rows, std::size_t cols, float* sums) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    for (std::size_t j = 0; j < cols; ++j) sums[j] += row[j];
   }
 }
 

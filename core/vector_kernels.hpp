@@ -71,6 +71,9 @@ void layer_norm_forward(const float* x, const float* gamma, const float* beta, f
 void layer_norm_backward(const float* x, const float* g, const float* gamma, const float* mean, const float* rstd,
                          float* dx, float* dgamma, float* dbeta, std::size_t rows, std::size_t C);
 
+// sums[j] += sum over r < rows of x[r * cols + j], adding the rows in order.
+void add_column_sums(const float* x, std::size_t rows, std::size_t cols, float* sums);
+
 // One Adam / AdamW step over n elements: see AdamStep above.
 void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const kernels::AdamStep& s);
 

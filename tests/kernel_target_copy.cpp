@@ -11,7 +11,7 @@ KernelTable XGRAD_KERNEL_TABLE() {
           &k::dropout_backward,   &k::gelu_dropout_forward, &k::gelu_dropout_backward,
           &k::masked_softmax_row, &k::softmax_row_backward,
           &k::log_sum_exp_finite, &k::add_scaled_softmax,
-          &k::layer_norm_forward, &k::layer_norm_backward, &k::adam_update};
+          &k::layer_norm_forward, &k::layer_norm_backward, &k::add_column_sums, &k::adam_update};
 }
 
 }  // namespace xgrad::testing

@@ -152,6 +152,18 @@ TEST_CASE("layer norm forward and backward give the same bits on every target", 
   }
 }
 
+TEST_CASE("column sums give the same bits on every target", "[kernels][targets]") {
+  for (std::size_t cols : kLengths) {
+    const std::size_t rows = 5;
+    const std::vector<float> x = randoms(rows * cols, cols + 14), start = randoms(cols, cols + 15, 1.f);
+    require_same_bits("column_sums", [&](const KernelTable& k) {
+      std::vector<float> sums = start;
+      k.add_column_sums(x.data(), rows, cols, sums.data());
+      return std::vector<std::vector<float>>{sums};
+    });
+  }
+}
+
 TEST_CASE("the Adam and AdamW update gives the same bits on every target", "[kernels][targets]") {
   for (std::size_t n : kLengths) {
     const std::vector<float> p0 = randoms(n, n + 10, 1.f), grad = randoms(n, n + 11, 1.f);
