@@ -70,8 +70,8 @@ struct HeadBatch {
 const std::vector<HeadBatch> kHeadBatches = {
     {"tiny", 64, 4, 32, 16}, {"small", 32, 4, 64, 64}, {"standard", 8, 8, 128, 64}, {"long", 2, 4, 1024, 64}};
 
-// The four product forms of attention: scores q k^T (NT), weighted sum P v (NN), and the weight
-// gradients P^T dO and dZ^T q (TN).
+// Three of attention's product forms: scores q k^T (NT), weighted sum P v (NN), and the gradient
+// P^T dO (TN; dZ^T q has the same shape).
 struct HeadForm {
   const char* name;
   bool ta, tb;

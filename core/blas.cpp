@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <vector>
+#include <memory>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/gemm_engines.hpp"
@@ -183,9 +183,9 @@ void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t
            std::size_t ldc) {
   if (k > 0 && swap_tall_tn(engine_for(m, n, k), trans_a, trans_b, m, n)) {
     // C^T = alpha B^T A, computed (n x m, now wide: no second swap) and added transposed
-    std::vector<float> t(m * n);
-    sgemm(true, false, n, m, k, alpha, b, ldb, a, lda, 0.f, t.data(), m);
-    return add_transposed(m, n, t.data(), beta, c, ldc);
+    const std::unique_ptr<float[]> t(new float[m * n]);  // beta 0 below: no need to zero it
+    sgemm(true, false, n, m, k, alpha, b, ldb, a, lda, 0.f, t.get(), m);
+    return add_transposed(m, n, t.get(), beta, c, ldc);
   }
   // Large products are split here across the kernel threads, by rows of C when it is tall and by
   // columns when it is wide; each piece runs over the full K, with the engine chosen for the
@@ -214,14 +214,18 @@ void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t
 
 namespace {
 
-// Batches go to oneDNN's matmul primitive, one call per range of b, when each product is at most
-// 2^21 multiply-adds and the whole batch at least 2^16. bench_gemm's second table (one core,
-// attention's products of each benchmark configuration, one call against the loop of sgemm it
-// replaced): 1.7x to 2.7x on tiny's 32 x 32 x 16 heads, 1.1x to 1.6x on small's and standard's.
-// Measured apart, long's 1024 x 1024 x 64 heads ran at 175 GFLOP/s in one call against 196 in
-// the loop, and 2 x 1 products of 8^3 at 0.2 against 3.3 (the call costs a few microseconds).
+// Batched products go to oneDNN's matmul primitive, one call per range of b, when each product
+// is 2^12 to 2^21 multiply-adds. The rule reads the product alone, not how many there are, so
+// how a caller splits its batch (by thread count) never changes which engine computes a product.
+// bench_gemm's second table (one core, attention's products of each benchmark configuration, one
+// call against the loop of sgemm it replaced): 1.7x to 2.7x on tiny's 32 x 32 x 16 heads, 1.1x
+// to 1.6x on small's and standard's. Measured apart: long's 1024 x 1024 x 64 heads ran at 175
+// GFLOP/s in one call against 196 in the loop; 64 x 4 products of 16^3 at 74 against 23, and of
+// 8^3 at 15 against 6, but 2 of 8^3 at 0.2 against 3.3 (a call costs a few microseconds).
+constexpr std::size_t kBatchedMinWork = std::size_t{1} << 12;
+
+std::atomic<std::size_t> primitive_calls{0};
 constexpr std::size_t kBatchedMaxWork = std::size_t{1} << 21;
-constexpr std::size_t kBatchedMinWork = std::size_t{1} << 16;
 
 template <class T>
 Strided<T> from_batch(Strided<T> s, std::size_t b) {
@@ -236,13 +240,15 @@ void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t 
                    Strided<float> c) {
   if (batches == 0 || heads == 0 || m == 0 || n == 0) return;
   const std::size_t per_product = m * n * std::max<std::size_t>(k, 1), work = per_product * heads * batches;
-  const bool primitive = kHaveOnednn && engine() != Engine::openblas && k > 0 && per_product <= kBatchedMaxWork &&
-                         work >= kBatchedMinWork;
+  const bool primitive = kHaveOnednn && engine() != Engine::openblas && k > 0 && per_product >= kBatchedMinWork &&
+                         per_product <= kBatchedMaxWork;
   auto range = [=](std::size_t lo, std::size_t hi) {
 #ifdef XGRAD_HAS_ONEDNN
     if (primitive && detail::onednn_sgemm_batched(trans_a, trans_b, hi - lo, heads, m, n, k, alpha, from_batch(a, lo),
-                                                  from_batch(b, lo), beta, from_batch(c, lo)))
+                                                  from_batch(b, lo), beta, from_batch(c, lo))) {
+      primitive_calls.fetch_add(1, std::memory_order_relaxed);
       return;
+    }
 #else
     (void)primitive;
 #endif
@@ -259,5 +265,9 @@ void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t 
   if (work < 2 * kGrainGemm) return range(0, batches);
   parallel_for(batches, grain_for(kGrainGemm, per_product * heads), range);
 }
+
+namespace detail {
+std::size_t onednn_batched_calls() { return primitive_calls.load(); }
+}  // namespace detail
 
 }  // namespace xgrad::blas

@@ -26,7 +26,7 @@ void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, c
 
 // One operand of a batch of products over (b, h): matrix (b, h) starts at
 // data + b * batch_stride + h * head_stride and has row stride ld. Attention's heads sit side by
-// side in the channels, so head h of a (B, T, H D) tensor is {data, H D, T H D, h D}.
+// side in the channels, so the heads of a (B, T, H D) tensor are {data, H D, T H D, D}.
 template <class T>
 struct Strided {
   T* data;
@@ -34,10 +34,12 @@ struct Strided {
 };
 
 // C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h) for b < batches and h < heads, each as
-// in sgemm. Under oneDNN, ranges of b are one call of its matmul primitive each (attention's
-// per-head products, 64 x 64 x 64 and smaller, ran 1.1x to 2.2x faster than a loop of sgemm);
-// under OpenBLAS, a loop of sgemm. Ranges of b are split across the kernel threads; a call from
-// inside a parallel_for body runs on its own thread.
+// in sgemm. Under oneDNN, products of 2^12 to 2^21 multiply-adds are one call of its matmul
+// primitive per range of b (attention's heads in the benchmarks ran 1.1x to 2.7x faster than a
+// loop of sgemm; see blas.cpp); others, and OpenBLAS, a loop of sgemm. Which engine computes a
+// product depends on its size only, so splitting a batch differently changes no bit. Ranges of b
+// are split across the kernel threads; a call from inside a parallel_for body runs on its own
+// thread.
 void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
                    std::size_t k, float alpha, Strided<const float> a, Strided<const float> b, float beta,
                    Strided<float> c);

@@ -23,6 +23,10 @@ bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::
                           std::size_t n, std::size_t k, float alpha, Strided<const float> a, Strided<const float> b,
                           float beta, Strided<float> c);
 
+// How many calls of oneDNN's matmul primitive blas::sgemm_batched has made so far (0 without
+// oneDNN); tests check that the path runs.
+std::size_t onednn_batched_calls();
+
 // While alive, holds the calling thread's OpenMP thread count at 1 (see gemm_onednn.cpp).
 class OnednnOnThisThread {
  public:

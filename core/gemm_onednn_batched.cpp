@@ -1,13 +1,13 @@
 // blas::sgemm_batched on oneDNN's matmul primitive: one call computes a whole batch of products
 // whose operands sit at regular strides (attention's heads), so oneDNN's per-call cost is paid
 // once per batch instead of once per head. A primitive is built (and JIT-compiled, about 1.5 ms)
-// once per shape, strides, alpha and beta, and kept. Built only with oneDNN.
+// once per shape (batch count included: a model's calls have a handful), strides, alpha and beta,
+// and kept. Built only with oneDNN.
 //
-// Threads: each primitive runs with a scratchpad the caller provides (scratchpad_mode::user).
-// Debian's oneDNN is not built for concurrent execution, so its own scratchpad is one buffer per
-// library: two threads running primitives with it would write over each other's.
-#include <omp.h>
-
+// Threads: each primitive runs with a scratchpad the caller provides (scratchpad_mode::user), one
+// per thread. oneDNN's own scratchpad belongs to the thread that created the primitive, so a
+// cached primitive run by two threads at once would have them write over each other's
+// (tests/test_gemm_engines.cpp fails that way).
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -60,33 +60,33 @@ Built build(bool ta, bool tb, std::int64_t B, std::int64_t H, std::int64_t m, st
             float alpha, const Strided<const float>& a, const Strided<const float>& b, float beta,
             const Strided<float>& c) {
   Built built;
-  built.src = operand(B, H, m, k, ta, a);
-  built.weights = operand(B, H, k, n, tb, b);
-  built.dst = operand(B, H, m, n, false, {c.data, c.ld, c.batch_stride, c.head_stride});
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (alpha != 1.f) attr.set_output_scales(0, {alpha});
-  if (beta != 0.f) {
-    dnnl::post_ops sum;
-    sum.append_sum(beta);
-    attr.set_post_ops(sum);
-  }
   try {
+    built.src = operand(B, H, m, k, ta, a);
+    built.weights = operand(B, H, k, n, tb, b);
+    built.dst = operand(B, H, m, n, false, {c.data, c.ld, c.batch_stride, c.head_stride});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.f) {
+      dnnl::post_ops sum;
+      sum.append_sum(beta);
+      attr.set_post_ops(sum);
+    }
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.src, built.weights, built.dst), attr, cpu());
     built.matmul = dnnl::matmul(pd);
     built.scratch = pd.scratchpad_desc();
     built.ok = true;
   } catch (const dnnl::error&) {
-    built.ok = false;
+    built.ok = false;  // descriptors or a primitive oneDNN does not support: the caller loops
   }
   return built;
 }
 
 // A copy (dnnl objects are reference-counted handles), taken under the lock: another thread may
 // empty the cache as soon as it is released.
-Built built_for(const Key& key, bool ta, bool tb, std::int64_t B, std::int64_t H, std::int64_t m,
-                       std::int64_t n, std::int64_t k, float alpha, const Strided<const float>& a,
-                       const Strided<const float>& b, float beta, const Strided<float>& c) {
+Built built_for(const Key& key, bool ta, bool tb, std::int64_t B, std::int64_t H, std::int64_t m, std::int64_t n,
+                std::int64_t k, float alpha, const Strided<const float>& a, const Strided<const float>& b, float beta,
+                const Strided<float>& c) {
   static std::mutex mutex;
   static std::map<Key, Built> cache;
   const std::lock_guard<std::mutex> lock(mutex);
@@ -122,12 +122,12 @@ bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::
                    static_cast<std::int64_t>(c.head_stride),
                    bits_of(alpha),
                    bits_of(beta)};
-  const Built use = built_for(key, trans_a, trans_b, B, H, M, N, K, alpha, a, b, beta, c);
-  if (!use.ok) return false;
-  thread_local dnnl::stream stream(cpu());
-  thread_local std::vector<std::uint8_t> scratch;
-  if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
   try {
+    const Built use = built_for(key, trans_a, trans_b, B, H, M, N, K, alpha, a, b, beta, c);
+    if (!use.ok) return false;
+    thread_local dnnl::stream stream(cpu());
+    thread_local std::vector<std::uint8_t> scratch;
+    if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
     dnnl::memory src(use.src, cpu(), const_cast<float*>(a.data)), weights(use.weights, cpu(), const_cast<float*>(b.data)),
         dst(use.dst, cpu(), c.data), pad(use.scratch, cpu(), scratch.data());
     use.matmul.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst},

@@ -1,8 +1,8 @@
 // Multi-head attention kernels on the projections' own layout, heads side by side in the
 // channels: head h of q (B, T, H*D) is the column block q[b, :, h*D:(h+1)*D], which BLAS reads
-// in place with row stride H*D. No head is ever split out, permuted or copied; the products of
-// all heads of a range of batch entries are one call (blas::sgemm_batched), ranges are tasks for
-// the kernel threads, and the tasks write disjoint blocks.
+// in place with row stride H*D. No head is ever split out, permuted or copied; the products of a
+// block of heads are one call (blas::sgemm_batched), blocks are tasks for the kernel threads, and
+// the tasks write disjoint parts of the outputs.
 //
 // Shapes: B batch, T query length, S key length, H heads, D head width, C = H*D.
 #include <algorithm>
@@ -41,34 +41,59 @@ Heads check_heads(const char* op, const Tensor& q, const Tensor& kv, std::size_t
   return {qs[0], qs[1], ks[1], heads, qs[2] / heads, qs[2]};
 }
 
-// Scores of about this many bytes are computed per piece, so that the elementwise pass after a
-// piece's products (softmax, or its backward before them) finds them still in cache.
-constexpr std::size_t kPieceBytes = std::size_t{512} << 10;
+// Scores of about this many bytes are computed per block, so that the elementwise pass after a
+// block's products (softmax, or its backward before them) finds them still in cache.
+constexpr std::size_t kBlockBytes = std::size_t{512} << 10;
 
-// Runs task(b0, b1) over ranges of batch entries: split across the kernel threads, and cut into
-// pieces of about kPieceBytes of scores.
+// Heads h0 .. h1 - 1 of batch entries b0 .. b1 - 1.
+struct HeadBlock {
+  std::size_t b0, b1, h0, h1;
+};
+
+// Runs task(block) over every (entry, head), split across the kernel threads by entries (all
+// heads of each) when there are at least as many entries as threads, else by heads of each entry
+// (generation has one), in blocks of about kBlockBytes of scores. A block's products are one
+// blas::sgemm_batched call, whose engine depends on the product's size only: no split changes a
+// bit.
 template <class F>
-void for_each_batch_range(const Heads& d, std::size_t work_per_entry, F task) {
-  const std::size_t score_bytes = std::max<std::size_t>(1, d.H * d.T * d.S * sizeof(float));
-  const std::size_t piece = std::max<std::size_t>(1, kPieceBytes / score_bytes);
-  parallel_for(d.B, grain_for(kGrainGemm, work_per_entry), [&](std::size_t lo, std::size_t hi) {
-    for (std::size_t b0 = lo; b0 < hi; b0 += piece) task(b0, std::min(hi, b0 + piece));
-  });
+void for_each_head_block(const Heads& d, std::size_t work_per_head, F task) {
+  const std::size_t head_bytes = std::max<std::size_t>(1, d.T * d.S * sizeof(float));
+  if (d.B >= static_cast<std::size_t>(num_threads())) {
+    const std::size_t entries = std::max<std::size_t>(1, kBlockBytes / (d.H * head_bytes));
+    parallel_for(d.B, grain_for(kGrainGemm, work_per_head * d.H), [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t b0 = lo; b0 < hi; b0 += entries) task(HeadBlock{b0, std::min(hi, b0 + entries), 0, d.H});
+    });
+    return;
+  }
+  const std::size_t heads = std::max<std::size_t>(1, kBlockBytes / head_bytes);
+  for (std::size_t b = 0; b < d.B; ++b) {
+    parallel_for(d.H, grain_for(kGrainGemm, work_per_head), [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t h0 = lo; h0 < hi; h0 += heads) task(HeadBlock{b, b + 1, h0, std::min(hi, h0 + heads)});
+    });
+  }
 }
 
-// Head h of batch entry b of a (B, L, C) tensor: L x D at row stride C. The scores and weights
-// (B, H, T, S) are contiguous T x S blocks.
-blas::Strided<const float> heads_of(const float* x, const Heads& d, std::size_t L, std::size_t b0) {
-  return {x + b0 * L * d.C, d.C, L * d.C, d.D};
+// The block's heads of a (B, L, C) tensor: head h of entry b is L x D at row stride C.
+blas::Strided<const float> heads_of(const float* x, const Heads& d, std::size_t L, const HeadBlock& k) {
+  return {x + k.b0 * L * d.C + k.h0 * d.D, d.C, L * d.C, d.D};
 }
-blas::Strided<float> heads_of(float* x, const Heads& d, std::size_t L, std::size_t b0) {
-  return {x + b0 * L * d.C, d.C, L * d.C, d.D};
+blas::Strided<float> heads_of(float* x, const Heads& d, std::size_t L, const HeadBlock& k) {
+  return {x + k.b0 * L * d.C + k.h0 * d.D, d.C, L * d.C, d.D};
 }
-blas::Strided<const float> blocks_of(const float* w, const Heads& d, std::size_t b0) {
-  return {w + b0 * d.H * d.T * d.S, d.S, d.H * d.T * d.S, d.T * d.S};
+// The block's scores or weights in (B, H, T, S): contiguous T x S blocks.
+blas::Strided<const float> scores_of(const float* w, const Heads& d, const HeadBlock& k) {
+  return {w + (k.b0 * d.H + k.h0) * d.T * d.S, d.S, d.H * d.T * d.S, d.T * d.S};
 }
-blas::Strided<float> blocks_of(float* w, const Heads& d, std::size_t b0) {
-  return {w + b0 * d.H * d.T * d.S, d.S, d.H * d.T * d.S, d.T * d.S};
+blas::Strided<float> scores_of(float* w, const Heads& d, const HeadBlock& k) {
+  return {w + (k.b0 * d.H + k.h0) * d.T * d.S, d.S, d.H * d.T * d.S, d.T * d.S};
+}
+
+// Runs row(r) for every score row r (index into (B, H, T)) of the block.
+template <class F>
+void for_each_row(const Heads& d, const HeadBlock& k, F row) {
+  for (std::size_t b = k.b0; b < k.b1; ++b) {
+    for (std::size_t r = (b * d.H + k.h0) * d.T; r < (b * d.H + k.h1) * d.T; ++r) row(r);
+  }
 }
 
 }  // namespace
@@ -84,15 +109,15 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
   float* W = w.data();
   if (d.D == 0) std::fill(W, W + w.size(), 0.f);  // K = 0: BLAS may leave the scores unwritten
   const std::uint8_t* kp = keep ? keep->data() : nullptr;
-  for_each_batch_range(d, d.H * d.T * d.S * (d.D + 4), [&](std::size_t b0, std::size_t b1) {
-    // scores = scale q_h k_h^T  (T x S) for every head of entries b0 .. b1 - 1
-    blas::sgemm_batched(false, true, b1 - b0, d.H, d.T, d.S, d.D, scale, heads_of(Q, d, d.T, b0),
-                        heads_of(K, d, d.S, b0), 0.f, blocks_of(W, d, b0));
+  for_each_head_block(d, d.T * d.S * (d.D + 4), [&](const HeadBlock& k) {
+    // scores = scale q_h k_h^T  (T x S) for every head of the block
+    blas::sgemm_batched(false, true, k.b1 - k.b0, k.h1 - k.h0, d.T, d.S, d.D, scale, heads_of(Q, d, d.T, k),
+                        heads_of(K, d, d.S, k), 0.f, scores_of(W, d, k));
     // Row softmax over the kept keys (s <= t when causal, mask false); a row with none kept is 0.
-    for (std::size_t row = b0 * d.H * d.T; row < b1 * d.H * d.T; ++row) {
-      const std::size_t t = row % d.T;
-      kernels::masked_softmax_row(W + row * d.S, d.S, causal ? std::min(d.S, t + 1) : d.S, kp ? kp + row * d.S : nullptr);
-    }
+    for_each_row(d, k, [&](std::size_t r) {
+      const std::size_t t = r % d.T;
+      kernels::masked_softmax_row(W + r * d.S, d.S, causal ? std::min(d.S, t + 1) : d.S, kp ? kp + r * d.S : nullptr);
+    });
   });
   return record("attention_weights", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
     // dZ = P (dP - rowsum(dP P)) (zero where P is, so masked keys get nothing);
@@ -108,19 +133,19 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
     const float dq_beta = dq_target.beta;
     Array dz_all = Array::from_shape(ctx.output().shape());
     float* DZ = dz_all.data();
-    for_each_batch_range(d, d.H * d.T * d.S * (2 * d.D + 4), [&](std::size_t b0, std::size_t b1) {
-      for (std::size_t row = b0 * d.H * d.T; row < b1 * d.H * d.T; ++row) {
-        kernels::softmax_row_backward(P + row * d.S, G + row * d.S, DZ + row * d.S, d.S);
-      }
-      const std::size_t nb = b1 - b0;
-      const float* dz = DZ;
+    const float* dz = DZ;
+    for_each_head_block(d, d.T * d.S * (2 * d.D + 4), [&](const HeadBlock& k) {
+      for_each_row(d, k, [&](std::size_t r) {
+        kernels::softmax_row_backward(P + r * d.S, G + r * d.S, DZ + r * d.S, d.S);
+      });
+      const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
       if (dQ) {
-        blas::sgemm_batched(false, false, nb, d.H, d.T, d.D, d.S, scale, blocks_of(dz, d, b0), heads_of(K, d, d.S, b0),
-                            dq_beta, heads_of(dQ, d, d.T, b0));
+        blas::sgemm_batched(false, false, nb, nh, d.T, d.D, d.S, scale, scores_of(dz, d, k), heads_of(K, d, d.S, k),
+                            dq_beta, heads_of(dQ, d, d.T, k));
       }
       if (dK) {
-        blas::sgemm_batched(true, false, nb, d.H, d.S, d.D, d.T, scale, blocks_of(dz, d, b0), heads_of(Q, d, d.T, b0),
-                            1.f, heads_of(dK, d, d.S, b0));
+        blas::sgemm_batched(true, false, nb, nh, d.S, d.D, d.T, scale, scores_of(dz, d, k), heads_of(Q, d, d.T, k),
+                            1.f, heads_of(dK, d, d.S, k));
       }
     });
   });
@@ -145,9 +170,11 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
   const float* V = v.value().data();
   float* O = out.data();
   if (d.S == 0) std::fill(O, O + out.size(), 0.f);
-  // out_h = P v_h  (T x D), written into its column block of out
-  blas::sgemm_batched(false, false, d.B, d.H, d.T, d.D, d.S, 1.f, blocks_of(W, d, 0), heads_of(V, d, d.S, 0), 0.f,
-                      heads_of(O, d, d.T, 0));
+  for_each_head_block(d, d.T * d.S * d.D, [&](const HeadBlock& k) {
+    // out_h = P v_h  (T x D), written into its column block of out
+    blas::sgemm_batched(false, false, k.b1 - k.b0, k.h1 - k.h0, d.T, d.D, d.S, 1.f, scores_of(W, d, k),
+                        heads_of(V, d, d.S, k), 0.f, heads_of(O, d, d.T, k));
+  });
   return record("attend", std::move(out), {weights, v}, [d](GradContext& ctx) {
     // dP = dout_h v_h^T,  dv_h = P^T dout_h
     const float* G = ctx.grad_out().data();
@@ -158,14 +185,17 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
     const auto none = GradContext::GradTarget{nullptr, 0.f};
     const auto dw = ctx.needs(0) ? ctx.grad_target(0) : none;
     const auto dv = ctx.needs(1) ? ctx.grad_target(1) : none;
-    if (dw.data) {
-      blas::sgemm_batched(false, true, d.B, d.H, d.T, d.S, d.D, 1.f, heads_of(G, d, d.T, 0), heads_of(V, d, d.S, 0),
-                          dw.beta, blocks_of(dw.data, d, 0));
-    }
-    if (dv.data) {
-      blas::sgemm_batched(true, false, d.B, d.H, d.S, d.D, d.T, 1.f, blocks_of(W, d, 0), heads_of(G, d, d.T, 0),
-                          dv.beta, heads_of(dv.data, d, d.S, 0));
-    }
+    for_each_head_block(d, 2 * d.T * d.S * d.D, [&](const HeadBlock& k) {
+      const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
+      if (dw.data) {
+        blas::sgemm_batched(false, true, nb, nh, d.T, d.S, d.D, 1.f, heads_of(G, d, d.T, k), heads_of(V, d, d.S, k),
+                            dw.beta, scores_of(dw.data, d, k));
+      }
+      if (dv.data) {
+        blas::sgemm_batched(true, false, nb, nh, d.S, d.D, d.T, 1.f, scores_of(W, d, k), heads_of(G, d, d.T, k),
+                            dv.beta, heads_of(dv.data, d, d.S, k));
+      }
+    });
   });
 }
 

@@ -382,10 +382,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
                                      dg ? pg + c * C : nullptr, db ? pb + c * C : nullptr, n, C);
       }
     });
-    for (std::size_t c = 0; c < chunks; ++c) {
-      for (std::size_t j = 0; dg && j < C; ++j) dg[j] += pg[c * C + j];
-      for (std::size_t j = 0; db && j < C; ++j) db[j] += pb[c * C + j];
-    }
+    if (dg) kernels::add_column_sums(pg, chunks, C, dg);
+    if (db) kernels::add_column_sums(pb, chunks, C, db);
   });
 }
 

@@ -1,7 +1,7 @@
 // The hottest elementwise loops, compiled three times on x86-64 (for AVX-512, AVX2 and the
 // baseline SSE2) with the copy picked when the library loads, so one binary runs everywhere and
 // uses the widest vectors the CPU has. Every copy does the same IEEE operations per element in the
-// same order (no FMA contraction; sums in a fixed order of 8 partials), so they give the same bits
+// same order (no FMA contraction; sums in a fixed order of 32 partials), so they give the same bits
 // (tests/test_kernel_targets.cpp). Each call handles elements [0, n) of its pointers;
 // the ops split their work across threads and call these per range.
 #pragma once

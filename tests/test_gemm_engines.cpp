@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 
 #include "xgrad/core/blas.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/gemm_engines.hpp"
 #include "xgrad/core/parallel.hpp"
 #include "xgrad/core/random.hpp"
 #include "train_steps.hpp"
@@ -380,6 +382,8 @@ TEST_CASE("batched products agree with the reference on every engine, layout, tr
       {1, 1, 8, 8, 8, false, false, 1.f, 0.f, true, 0},        // too little work for one call
       {2, 1, 300, 300, 30, false, true, 1.f, 0.f, true, 0},    // products too large for it
       {2, 2, 3, 4, 0, false, false, 1.f, 0.5f, true, 0},       // K = 0: C = beta C
+      {3, 4, 64, 32, 64, true, false, 0.125f, 1.f, false, 0},  // primitive with alpha and beta (attention's dK)
+      {2, 2, 48, 40, 16, false, true, -2.f, 0.25f, false, 1},
   };
   for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn, blas::Engine::automatic}) {
     if (!blas::has_engine(e)) continue;
@@ -395,6 +399,7 @@ TEST_CASE("batched products agree with the reference on every engine, layout, tr
         BatchedOperand c = p.blocks ? in_blocks(p.batches, p.heads, p.m, p.n, gen)
                                     : side_by_side(p.batches, p.heads, p.m, p.n, p.pad, gen);
         const std::vector<float> c_before = c.data;
+        const std::size_t calls_before = blas::detail::onednn_batched_calls();
         blas::sgemm_batched(p.ta, p.tb, p.batches, p.heads, p.m, p.n, p.k, p.alpha,
                             {a.data.data(), a.ld, a.batch_stride, a.head_stride},
                             {b.data.data(), b.ld, b.batch_stride, b.head_stride}, p.beta,
@@ -425,6 +430,11 @@ TEST_CASE("batched products agree with the reference on every engine, layout, tr
         for (std::size_t i = 0; i < c.data.size(); ++i) {
           if (!written[i]) REQUIRE(c.data[i] == c_before[i]);  // padding between heads is never written
         }
+        // oneDNN's primitive computes exactly the products of 2^12 to 2^21 multiply-adds
+        const std::size_t work = p.m * p.n * p.k;
+        const bool primitive = blas::has_engine(blas::Engine::onednn) && e != blas::Engine::openblas && work >= (1u << 12) &&
+                               work <= (1u << 21);
+        CHECK((blas::detail::onednn_batched_calls() > calls_before) == primitive);
       }
     }
   }
@@ -463,4 +473,51 @@ TEST_CASE("two threads running oneDNN's batched products at once get the same bi
   for (auto& th : threads) th.join();
   CHECK(mismatches[0] == 0);
   CHECK(mismatches[1] == 0);
+}
+
+TEST_CASE("beta 0 ignores NaN in C, on the transposed tall product and on batches", "[gemm][engines]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn}) {
+    if (!blas::has_engine(e)) continue;
+    EngineScope scope(e);
+    INFO(blas::engine_name(e));
+    // A^T B with C twice as tall as wide (oneDNN computes it transposed)
+    const std::size_t m = 96, n = 24, k = 40;
+    std::vector<float> a(k * m, 0.5f), b(k * n, 0.25f), c(m * n, nan);
+    blas::sgemm(true, false, m, n, k, 1.f, a.data(), m, b.data(), n, 0.f, c.data(), n);
+    for (float v : c) REQUIRE(v == Approx(0.5f * 0.25f * k));
+    // a batch that oneDNN computes in one call
+    const std::size_t B = 2, H = 3, T = 32, D = 16;
+    std::vector<float> q(B * T * H * D, 0.5f), scores(B * H * T * T, nan);
+    blas::sgemm_batched(false, true, B, H, T, T, D, 1.f, {q.data(), H * D, T * H * D, D}, {q.data(), H * D, T * H * D, D},
+                        0.f, {scores.data(), T, H * T * T, T * T});
+    for (float v : scores) REQUIRE(v == Approx(0.25f * D));
+  }
+}
+
+TEST_CASE("a batch whose operand repeats (batch stride 0) is computed right on every engine", "[gemm][engines]") {
+  for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn}) {
+    if (!blas::has_engine(e)) continue;
+    EngineScope scope(e);
+    INFO(blas::engine_name(e));
+    const std::size_t B = 3, H = 2, M = 32, N = 24, K = 16;
+    Generator gen(23);
+    std::vector<float> a(M * H * K), b(B * K * H * N), c(B * H * M * N, 0.f);
+    for (float& v : a) v = gen.uniform(-1.f, 1.f);
+    for (float& v : b) v = gen.uniform(-1.f, 1.f);
+    // every entry b uses the same A (batch stride 0)
+    blas::sgemm_batched(false, false, B, H, M, N, K, 1.f, {a.data(), H * K, 0, K}, {b.data(), H * N, K * H * N, N}, 0.f,
+                        {c.data(), N, H * M * N, M * N});
+    for (std::size_t bi = 0; bi < B; ++bi) {
+      for (std::size_t h = 0; h < H; ++h) {
+        for (std::size_t i = 0; i < M; ++i) {
+          for (std::size_t j = 0; j < N; ++j) {
+            double want = 0;
+            for (std::size_t l = 0; l < K; ++l) want += static_cast<double>(a[i * H * K + h * K + l]) * b[bi * K * H * N + l * H * N + h * N + j];
+            REQUIRE(c[bi * H * M * N + h * M * N + i * N + j] == Approx(want).margin(1e-5));
+          }
+        }
+      }
+    }
+  }
 }

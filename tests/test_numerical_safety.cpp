@@ -467,6 +467,47 @@ TEST_CASE("cross_entropy with every target ignored is 0 with zero gradient", "[n
 }
 
 // =============================================================================================
+// cross_entropy with non-finite logits: rows of finite logits take a vector kernel, the others
+// the exact arithmetic, and the two must agree on what each row gives
+
+TEST_CASE("cross_entropy rows with -inf, +inf or NaN logits follow exact arithmetic", "[numerical][cross_entropy]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  SECTION("a -inf logit (a class ruled out) adds nothing and gets an exactly zero gradient") {
+    const Array x{{0.5f, -inf, 2.f, 1.f}, {1.f, 2.f, 3.f, 4.f}};
+    const IndexArray targets{2, 0};
+    Tensor t(x, true);
+    Tensor loss = cross_entropy(t, targets);
+    double want = 0;
+    std::vector<double> want_dx;
+    for (std::size_t r = 0; r < 2; ++r) {
+      double m = -1e30, s = 0;
+      for (std::size_t j = 0; j < 4; ++j) m = std::max(m, static_cast<double>(x(r, j)));
+      for (std::size_t j = 0; j < 4; ++j) s += std::exp(static_cast<double>(x(r, j)) - m);
+      want += m + std::log(s) - x(r, targets(r));
+      for (std::size_t j = 0; j < 4; ++j) {
+        const double p = std::exp(static_cast<double>(x(r, j)) - m) / s;
+        want_dx.push_back((p - (static_cast<std::int64_t>(j) == targets(r) ? 1.0 : 0.0)) / 2);
+      }
+    }
+    CHECK(loss.item() == Approx(want / 2).epsilon(1e-6));
+    loss.backward();
+    REQUIRE(t.grad()(0, 1) == 0.f);
+    require_close(t.grad(), want_dx, 1e-5, 1e-7);
+  }
+  SECTION("a NaN logit makes the loss and the row's gradient NaN") {
+    Tensor t(Array{{1.f, nan, 0.f}, {1.f, 2.f, 3.f}}, true);
+    Tensor loss = cross_entropy(t, IndexArray{0, 1});
+    REQUIRE(std::isnan(loss.item()));
+    loss.backward();
+    REQUIRE(std::isnan(t.grad()(0, 1)));
+  }
+  SECTION("a +inf logit away from the target makes the loss infinite") {
+    Tensor t(Array{{1.f, inf, 0.f}}, true);
+    REQUIRE(std::isinf(cross_entropy(t, IndexArray{0}).item()));
+  }
+}
+
+// =============================================================================================
 // sigmoid, exp, GELU at extreme inputs
 
 TEST_CASE("sigmoid at +-100 and +-1e4 is finite with finite gradient", "[numerical][sigmoid]") {
