@@ -144,10 +144,11 @@ void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, c
 namespace {
 
 // oneDNN's A^T B runs at about 160 GFLOP/s when C is at least twice as tall as wide and about 195
-// on the transposed product B^T A (one core, same process: 1024 x 256 x 2048
-// 158 -> 190 including the transpose, 2048 x 512 x 1024 161 -> 188, 256 x 64 x 2048 165 -> 203;
-// 2048 x 1024 x 2048 lost 2%, so C is swapped only up to 2^20 elements). These are the weight
-// gradients of layers that widen their input (the FFN's first Linear: dW = dY^T X).
+// on the transposed product B^T A. Measured on one core, direct against transposed including the
+// transpose: 1024 x 256 x 2048 158 -> 190, 2048 x 512 x 1024 161 -> 188, 256 x 64 x 2048
+// 165 -> 203, but 2048 x 1024 x 2048 lost 2%, so C is swapped only up to 2^20 elements
+// (bench_gemm's TN rows show the result). These are the weight gradients of layers that widen
+// their input (the FFN's first Linear: dW = dY^T X).
 constexpr std::size_t kSwapMaxElements = std::size_t{1} << 20;
 
 bool swap_tall_tn(Engine e, bool trans_a, bool trans_b, std::size_t m, std::size_t n) {
