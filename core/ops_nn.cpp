@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <tuple>
 
 #include <xtensor/xbroadcast.hpp>
 
@@ -170,12 +171,12 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
   }
   // loss = mean over kept rows of (log sum_j exp x_j) - x_target
   // (per-row terms across the kernel threads, then summed in row order). Rows of finite logits
-  // take the vector kernel, and their log-sum-exp is kept for backward; the others (NaN or
-  // infinite logits) the exact arithmetic of max_and_log_sum.
+  // take the vector kernel, the others (NaN or infinite logits) the exact arithmetic of
+  // max_and_log_sum; backward reuses each row's log-sum-exp and path.
   const float* x = logits.value().data();
   const std::int64_t* tg = targets.data();
   std::vector<float> row_loss(rows, 0.f);
-  // per row: max and log sum exp(x - max), as in max_and_log_sum
+  // per row: max and log sum exp(x - max), by either path, kept for backward
   auto lse = std::make_shared<std::vector<float>>(2 * rows, 0.f);
   auto vectored = std::make_shared<std::vector<std::uint8_t>>(rows, 0);
   float* rl = row_loss.data();
@@ -189,8 +190,8 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
         vec[r] = 1;
         rl[r] = ls[2 * r] + ls[2 * r + 1] - x[r * C + tg[r]];
       } else {
-        const auto [m, l] = max_and_log_sum(x + r * C, C, 1);
-        rl[r] = m + l - x[r * C + tg[r]];
+        std::tie(ls[2 * r], ls[2 * r + 1]) = max_and_log_sum(x + r * C, C, 1);
+        rl[r] = ls[2 * r] + ls[2 * r + 1] - x[r * C + tg[r]];
       }
     }
   });
@@ -217,7 +218,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
         if (vec[r]) {
           kernels::add_scaled_softmax(x + r * C, C, ls[2 * r], ls[2 * r + 1], scale, d);
         } else {
-          const auto [m, l] = max_and_log_sum(x + r * C, C, 1);
+          const float m = ls[2 * r], l = ls[2 * r + 1];
           for (std::size_t j = 0; j < C; ++j) d[j] += scale * std::exp(x[r * C + j] - m - l);
         }
         d[t] -= scale;
