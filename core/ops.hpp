@@ -85,11 +85,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // The attention weights of `heads` heads of width D = C / heads: q (B, T, C), k (B, S, C) ->
 // P (B, H, T, S), P[b, h] = softmax over s of scale * q_h k_h^T, where q_h = q[b, :, hD:(h+1)D].
 // Keys with s > t (causal) or where `mask` (broadcastable to (B, H, T, S)) is true get weight 0;
-// a query with no key left gets all zeros. The same values as
+// a query with no key left gets all zeros. The same values, up to the products' rounding, as
 // masked_softmax(matmul(q_heads, k_heads, false, true) * scale, mask) on the heads split out
 // with reshape and permute, without those copies.
 Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal = false,
                          const Mask* mask = nullptr);
+// The scores alone, before any mask or softmax: scale q_h k_h^T, (B, H, T, S). With
+// masked_softmax along the last axis it gives attention_weights' bits (one kernel per formula).
+Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, float scale);
 // The weighted sum of values with heads side by side: P (B, H, T, S), v (B, S, C) -> (B, T, C),
 // out[b, :, hD:(h+1)D] = P[b, h] v_h.
 Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);

@@ -98,6 +98,63 @@ void for_each_row(const Heads& d, const HeadBlock& k, F row) {
 
 }  // namespace
 
+namespace {
+
+// The block's scores, scale q_h k_h^T (T x S) for each of its heads, into W.
+void block_scores(const Heads& d, const HeadBlock& k, float scale, const float* Q, const float* K, float* W) {
+  blas::sgemm_batched(false, true, k.b1 - k.b0, k.h1 - k.h0, d.T, d.S, d.D, scale, heads_of(Q, d, d.T, k),
+                      heads_of(K, d, d.S, k), 0.f, scores_of(W, d, k));
+}
+
+// The scores' backward for one block, from dZ (the gradient at the scores): dq_h = scale dZ k_h,
+// dk_h = scale dZ^T q_h; dQ or dK may be null.
+void block_scores_backward(const Heads& d, const HeadBlock& k, float scale, const float* dZ, const float* Q,
+                           const float* K, float* dQ, float dq_beta, float* dK) {
+  const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
+  if (dQ) {
+    blas::sgemm_batched(false, false, nb, nh, d.T, d.D, d.S, scale, scores_of(dZ, d, k), heads_of(K, d, d.S, k), dq_beta,
+                        heads_of(dQ, d, d.T, k));
+  }
+  if (dK) {
+    blas::sgemm_batched(true, false, nb, nh, d.S, d.D, d.T, scale, scores_of(dZ, d, k), heads_of(Q, d, d.T, k), 1.f,
+                        heads_of(dK, d, d.S, k));
+  }
+}
+
+// dQ's and dK's targets: dK's buffer first, so that when q and k are one tensor dQ's target is
+// then that zeroed buffer.
+struct ScoresGradTargets {
+  float* dQ;
+  float dq_beta;
+  float* dK;
+};
+ScoresGradTargets scores_grad_targets(GradContext& ctx) {
+  float* dK = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
+  const auto dq = ctx.needs(0) ? ctx.grad_target(0) : GradContext::GradTarget{nullptr, 0.f};
+  return {dq.data, dq.beta, dK};
+}
+
+}  // namespace
+
+Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, float scale) {
+  const Heads d = check_heads("attention_scores", q, k, heads, "q", "k");
+  Array w = Array::from_shape({d.B, d.H, d.T, d.S});
+  const float* Q = q.value().data();
+  const float* K = k.value().data();
+  float* W = w.data();
+  if (d.D == 0) std::fill(W, W + w.size(), 0.f);  // K = 0: BLAS may leave the scores unwritten
+  for_each_head_block(d, d.T * d.S * d.D, [&](const HeadBlock& k) { block_scores(d, k, scale, Q, K, W); });
+  return record("attention_scores", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
+    const float* G = ctx.grad_out().data();
+    const float* Q = ctx.input(0).data();
+    const float* K = ctx.input(1).data();
+    const ScoresGradTargets t = scores_grad_targets(ctx);
+    for_each_head_block(d, 2 * d.T * d.S * d.D, [&](const HeadBlock& k) {
+      block_scores_backward(d, k, scale, G, Q, K, t.dQ, t.dq_beta, t.dK);
+    });
+  });
+}
+
 Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal, const Mask* mask) {
   const Heads d = check_heads("attention_weights", q, k, heads, "q", "k");
   const Shape ws = {d.B, d.H, d.T, d.S};
@@ -110,9 +167,7 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
   if (d.D == 0) std::fill(W, W + w.size(), 0.f);  // K = 0: BLAS may leave the scores unwritten
   const std::uint8_t* kp = keep ? keep->data() : nullptr;
   for_each_head_block(d, d.T * d.S * (d.D + 4), [&](const HeadBlock& k) {
-    // scores = scale q_h k_h^T  (T x S) for every head of the block
-    blas::sgemm_batched(false, true, k.b1 - k.b0, k.h1 - k.h0, d.T, d.S, d.D, scale, heads_of(Q, d, d.T, k),
-                        heads_of(K, d, d.S, k), 0.f, scores_of(W, d, k));
+    block_scores(d, k, scale, Q, K, W);
     // Row softmax over the kept keys (s <= t when causal, mask false); a row with none kept is 0.
     for_each_row(d, k, [&](std::size_t r) {
       const std::size_t t = r % d.T;
@@ -120,33 +175,20 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
     });
   });
   return record("attention_weights", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
-    // dZ = P (dP - rowsum(dP P)) (zero where P is, so masked keys get nothing);
-    // dq_h = scale dZ k_h,  dk_h = scale dZ^T q_h
+    // dZ = P (dP - rowsum(dP P)) (zero where P is, so masked keys get nothing), then the scores'
+    // backward from dZ
     const float* P = ctx.output().data();
     const float* G = ctx.grad_out().data();
     const float* Q = ctx.input(0).data();
     const float* K = ctx.input(1).data();
-    // dK's buffer first: when q and k are one tensor, dQ's target is then that zeroed buffer.
-    float* dK = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
-    const auto dq_target = ctx.needs(0) ? ctx.grad_target(0) : GradContext::GradTarget{nullptr, 0.f};
-    float* dQ = dq_target.data;
-    const float dq_beta = dq_target.beta;
+    const ScoresGradTargets t = scores_grad_targets(ctx);
     Array dz_all = Array::from_shape(ctx.output().shape());
     float* DZ = dz_all.data();
-    const float* dz = DZ;
     for_each_head_block(d, d.T * d.S * (2 * d.D + 4), [&](const HeadBlock& k) {
       for_each_row(d, k, [&](std::size_t r) {
         kernels::softmax_row_backward(P + r * d.S, G + r * d.S, DZ + r * d.S, d.S);
       });
-      const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
-      if (dQ) {
-        blas::sgemm_batched(false, false, nb, nh, d.T, d.D, d.S, scale, scores_of(dz, d, k), heads_of(K, d, d.S, k),
-                            dq_beta, heads_of(dQ, d, d.T, k));
-      }
-      if (dK) {
-        blas::sgemm_batched(true, false, nb, nh, d.S, d.D, d.T, scale, scores_of(dz, d, k), heads_of(Q, d, d.T, k),
-                            1.f, heads_of(dK, d, d.S, k));
-      }
+      block_scores_backward(d, k, scale, DZ, Q, K, t.dQ, t.dq_beta, t.dK);
     });
   });
 }

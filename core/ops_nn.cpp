@@ -45,7 +45,9 @@ std::pair<float, float> max_and_log_sum(const float* x, std::size_t n, std::size
   return {m, std::log(s)};
 }
 
-// Softmax of every slice, skipping elements whose keep flag is 0 (keep == nullptr keeps all).
+// Softmax of every slice, skipping elements whose keep flag is 0 (keep == nullptr keeps all),
+// by the kernels attention uses (kernels::masked_softmax_row and softmax_row_backward), so both
+// give the same bits. A slice along an inner axis is gathered into a row and scattered back.
 Tensor softmax_impl(const char* op, const Tensor& a, int axis, std::shared_ptr<std::vector<std::uint8_t>> keep) {
   check_defined(a, op);
   const AxisView v = view_around(a.shape(), normalize_axis(axis, a.ndim(), op));
@@ -55,18 +57,18 @@ Tensor softmax_impl(const char* op, const Tensor& a, int axis, std::shared_ptr<s
   float* out = y.data();
   for_each_slice(v, [&](std::size_t b, std::size_t st) {
     // y_i = exp(x_i - max) / sum_j exp(x_j - max), over kept elements only
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::size_t i = 0; i < v.n; ++i) {
-      if (!k || k[b + i * st]) m = std::max(m, x[b + i * st]);
+    if (st == 1) {
+      std::copy(x + b, x + b + v.n, out + b);
+      return kernels::masked_softmax_row(out + b, v.n, v.n, k ? k + b : nullptr);
     }
-    if (!std::isfinite(m)) m = 0.f;
-    float s = 0.f;
-    for (std::size_t i = 0; i < v.n; ++i) {
-      const std::size_t at = b + i * st;
-      s += out[at] = (!k || k[at]) ? std::exp(x[at] - m) : 0.f;
-    }
-    const float inv = s > 0.f ? 1.f / s : 0.f;
-    for (std::size_t i = 0; i < v.n; ++i) out[b + i * st] *= inv;
+    thread_local std::vector<float> row;
+    thread_local std::vector<std::uint8_t> kept;
+    row.resize(v.n);
+    kept.resize(k ? v.n : 0);
+    for (std::size_t i = 0; i < v.n; ++i) row[i] = x[b + i * st];
+    for (std::size_t i = 0; k && i < v.n; ++i) kept[i] = k[b + i * st];
+    kernels::masked_softmax_row(row.data(), v.n, v.n, k ? kept.data() : nullptr);
+    for (std::size_t i = 0; i < v.n; ++i) out[b + i * st] = row[i];
   });
   return record(op, std::move(y), {a}, [v](GradContext& ctx) {
     // dx_i = y_i (g_i - sum_j g_j y_j); zero wherever y is (masked elements)
@@ -75,9 +77,16 @@ Tensor softmax_impl(const char* op, const Tensor& a, int axis, std::shared_ptr<s
     Array dx = Array::from_shape(ctx.output().shape());
     float* d = dx.data();
     for_each_slice(v, [&](std::size_t b, std::size_t st) {
-      float dot = 0.f;
-      for (std::size_t i = 0; i < v.n; ++i) dot += g[b + i * st] * y[b + i * st];
-      for (std::size_t i = 0; i < v.n; ++i) d[b + i * st] = y[b + i * st] * (g[b + i * st] - dot);
+      if (st == 1) return kernels::softmax_row_backward(y + b, g + b, d + b, v.n);
+      thread_local std::vector<float> rows;
+      rows.resize(3 * v.n);
+      float *yr = rows.data(), *gr = yr + v.n, *dr = gr + v.n;
+      for (std::size_t i = 0; i < v.n; ++i) {
+        yr[i] = y[b + i * st];
+        gr[i] = g[b + i * st];
+      }
+      kernels::softmax_row_backward(yr, gr, dr, v.n);
+      for (std::size_t i = 0; i < v.n; ++i) d[b + i * st] = dr[i];
     });
     ctx.accumulate(0, std::move(dx));
   });

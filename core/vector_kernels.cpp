@@ -180,7 +180,9 @@ inline void softmax_row(float* row, std::size_t n, Kept kept) {
     return;
   }
   if (!(m > kLowest && m < -kLowest)) m = 0.f;  // nothing kept (or an infinite score): keep arithmetic finite
-  for (s = 0; s < n; ++s) row[s] = kept(s) ? fast::exp(row[s] - m) : 0.f;
+  // Below -87 fast::exp clamps; the exact value is below 1.7e-38 there, and 0 keeps a score far
+  // below the maximum at exactly 0 weight, as in exact arithmetic.
+  for (s = 0; s < n; ++s) row[s] = (kept(s) & (row[s] - m >= -87.f)) ? fast::exp(row[s] - m) : 0.f;
   const float total = sum32(n, [&](std::size_t j) { return row[j]; });
   const float inv = total > 0.f ? 1.f / total : 0.f;
   for (s = 0; s < n; ++s) row[s] *= inv;

@@ -265,6 +265,9 @@ TEST_CASE("attention_weights and attend name the function and the shapes that do
   CHECK_THROWS_WITH(attention_weights(q, k, 0, 1.f), Catch::Contains("do not split into 0 heads"));
   CHECK_THROWS_WITH(attention_weights(q, Tensor::ones({1, 5, 4}), 2, 1.f),
                     Catch::Contains("attention_weights: k of shape (1, 5, 4) does not match q of shape (2, 3, 4)"));
+  CHECK_THROWS_WITH(attention_scores(q, Tensor::ones({2, 5, 6}), 2, 1.f),
+                    Catch::Contains("attention_scores: k of shape (2, 5, 6) does not match q of shape (2, 3, 4)"));
+  CHECK_THROWS_WITH(attention_scores(q, k, 3, 1.f), Catch::Contains("attention_scores: 4 channels do not split into 3 heads"));
   const Mask wrong = xt::zeros<bool>(Shape{2, 1, 3, 4});
   CHECK_THROWS_WITH(attention_weights(q, k, 2, 1.f, false, &wrong),
                     Catch::Contains("attention_weights: mask of shape (2, 1, 3, 4) does not broadcast to the input's shape (2, 2, 3, 5)"));

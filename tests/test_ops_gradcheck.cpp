@@ -331,6 +331,12 @@ TEST_CASE("gradcheck: attention_weights self and cross, causal, masked, with a f
   REQUIRE_GRADCHECK([](const Ins& in) { return attention_weights(in[0], in[0], 2, 0.7f, true); }, {q});
 }
 
+TEST_CASE("gradcheck: attention_scores self, cross and with q and k one tensor", "[gradcheck][attention]") {
+  const Tensor q = randn({2, 3, 4}, 195), k = randn({2, 5, 4}, 196);
+  REQUIRE_GRADCHECK([](const Ins& in) { return attention_scores(in[0], in[1], 2, 0.7f); }, {q, k});
+  REQUIRE_GRADCHECK([](const Ins& in) { return attention_scores(in[0], in[0], 1, 0.5f); }, {q});
+}
+
 TEST_CASE("gradcheck: attend, and attention_weights followed by attend", "[gradcheck][attention]") {
   const Tensor w = softmax(randn({2, 2, 3, 5}, 191)), v = randn({2, 5, 4}, 192);
   REQUIRE_GRADCHECK([](const Ins& in) { return attend(in[0], in[1], 2); }, {w, v});

@@ -577,3 +577,52 @@ TEST_CASE("values: attention_weights and attend equal the heads split out with r
     REQUIRE(difference_text(v.grad(), v2.grad(), 1e-4, 1e-5) == "");
   }
 }
+
+TEST_CASE("values: attention_scores then masked_softmax give attention_weights' bits, forward and backward",
+          "[values][attention]") {
+  // The two forms of the attention weights share one softmax kernel and one product per head
+  // block; the hook point "scores" relies on it (patching nothing there changes nothing).
+  constexpr std::int64_t B = 16, T = 24, S = 20, H = 4, D = 8, C = H * D;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  Mask padding = xt::zeros<bool>(Shape{B, 1, 1, S});
+  for (std::int64_t s = 12; s < S; ++s) padding(3, 0, 0, s) = true;
+  for (std::int64_t s = 0; s < S; ++s) padding(5, 0, 0, s) = true;  // entry 5 sees no key
+  for (const bool causal : {false, true}) {
+    for (const bool padded : {false, true}) {
+      INFO("causal " << causal << ", padded " << padded);
+      Tensor q(normal({B, T, C}, 71), true), k(normal({B, S, C}, 72), true);
+      const Tensor w = attention_weights(q, k, H, scale, causal, padded ? &padding : nullptr);
+      Tensor q2(q.value(), true), k2(k.value(), true);
+      const Tensor scores = attention_scores(q2, k2, H, scale);
+      Mask blocked = xt::zeros<bool>(Shape{B, H, T, S});
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t s = 0; s < S; ++s) blocked(b, h, t, s) = (causal && s > t) || (padded && padding(b, 0, 0, s));
+      const Tensor w2 = masked_softmax(scores, blocked);
+      REQUIRE(w.value() == w2.value());
+      const Array g = normal({B, H, T, S}, 73);
+      w.backward(g);
+      w2.backward(g);
+      REQUIRE(q.grad() == q2.grad());
+      REQUIRE(k.grad() == k2.grad());
+    }
+  }
+}
+
+TEST_CASE("values: attention_scores equal scale q_h k_h^T with the heads split out", "[values][attention]") {
+  constexpr std::int64_t B = 3, T = 5, S = 7, H = 2, D = 3, C = H * D;
+  const Array q = normal({B, T, C}, 74), k = normal({B, S, C}, 75);
+  const Array scores = attention_scores(Tensor(q), Tensor(k), H, 0.3f).value();
+  REQUIRE(scores.shape() == Shape{B, H, T, S});
+  Array want = Array::from_shape({B, H, T, S});
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t s = 0; s < S; ++s) {
+          double dot = 0;
+          for (std::int64_t j = 0; j < D; ++j) dot += static_cast<double>(q(b, t, h * D + j)) * k(b, s, h * D + j);
+          want(b, h, t, s) = static_cast<float>(0.3 * dot);
+        }
+  REQUIRE_CLOSE(scores, want, 1e-5, 1e-6);
+}
