@@ -15,6 +15,7 @@
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/head_importance.hpp"
+#include "xgrad/nn/hook.hpp"
 #include "xgrad/nn/init.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"

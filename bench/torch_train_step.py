@@ -95,23 +95,23 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(DROPOUT)
+        self.norm = nn.LayerNorm(d_model, eps=EPS)  # the residual connection's, applied by the block
 
     def forward(self, x):
         return self.linear2(self.dropout(F.gelu(self.linear1(x))))
 
 
 class TransformerBlock(nn.Module):
-    """Pre-Norm: x = x + Attn(LN1(x)); y = x + FFN(LN2(x))."""
+    """Pre-Norm: x = x + Attn(attn.norm(x)); y = x + FFN(ffn.norm(x))."""
 
     def __init__(self, d_model, num_heads, d_ff):
         super().__init__()
         self.attn = MultiHeadAttention(d_model, num_heads)
-        self.ffn_norm = nn.LayerNorm(d_model, eps=EPS)
         self.ffn = FeedForward(d_model, d_ff)
 
     def forward(self, x, blocked):
         h = self.attn(x, blocked)
-        return h + self.ffn(self.ffn_norm(h))
+        return h + self.ffn(self.ffn.norm(h))
 
 
 class LearnedPositions(nn.Module):

@@ -1,4 +1,4 @@
-// MultiHeadAttention forward (its backward is the ops' own).
+// Attention forward (its backward is the ops' own).
 #include "xgrad/nn/attention.hpp"
 
 #include <cmath>
@@ -7,11 +7,10 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
-#include "xgrad/nn/residual.hpp"
 
 namespace xgrad::nn {
 
-MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& o, Generator& gen) : options_(o) {
+Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : options_(o) {
   if (o.num_heads() == 0 || o.d_model() == 0) {
     fail("MultiHeadAttention: d_model ", o.d_model(), " and num_heads ", o.num_heads(), " must be positive");
   }
@@ -24,7 +23,7 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& o, Gener
   w_k = register_module("w_k", std::make_shared<Linear>(C, C, o.bias(), gen));
   w_v = register_module("w_v", std::make_shared<Linear>(C, C, o.bias(), gen));
   w_o = register_module("w_o", std::make_shared<Linear>(C, C, o.bias(), gen));
-  if (o.norm() != Norm::none) norm = register_module("norm", std::make_shared<LayerNorm>(C, o.layer_norm_eps()));
+  declare_hook_points({"q", "k", "v", "scores", "pattern", "context", "out"});
 }
 
 std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::size_t H, std::size_t T, std::size_t S) {
@@ -59,38 +58,36 @@ std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::si
   return out;
 }
 
-AttentionOutput MultiHeadAttention::forward(const Tensor& x, const AttentionMask& mask) const {
+void Attention::check_input(const Tensor& x) const {
   check_defined(x, "MultiHeadAttention");
-  const std::size_t C = options_.d_model(), H = options_.num_heads(), D = C / H;
-  if (x.ndim() != 3 || x.shape()[2] != C) {
-    fail("MultiHeadAttention: input must be (B, T, C) with C = d_model ", C, ", got ", shape_str(x.shape()));
+  if (x.ndim() != 3 || x.shape()[2] != options_.d_model()) {
+    fail("MultiHeadAttention: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ", shape_str(x.shape()));
   }
-  const std::size_t B = x.shape()[0], T = x.shape()[1];
-  const auto b = static_cast<std::int64_t>(B), t = static_cast<std::int64_t>(T);
-  const auto h = static_cast<std::int64_t>(H), d = static_cast<std::int64_t>(D);
+}
 
-  // A causal mask alone is applied inside the kernel; any other mask is combined in full.
+AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask) const {
+  check_input(x);
+  const std::size_t C = options_.d_model(), H = options_.num_heads(), D = C / H;
+  const std::size_t B = x.shape()[0], T = x.shape()[1];
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  // A causal mask alone is applied inside the fused kernel; any other mask is combined in full.
   const bool causal_only = mask.causal && !mask.attn_mask && !mask.key_padding_mask;
-  const std::optional<Mask> blocked = causal_only ? std::nullopt : combine_masks(mask, B, H, T, T);
-  Tensor weights;
-  auto attention = [&](const Tensor& in) {
-    // q, k, v (B, T, C) hold the H heads side by side: head h is channels hD .. (h+1)D.
-    const Tensor q = w_q->forward(in), k = w_k->forward(in), v = w_v->forward(in);
-    weights = attention_weights(q, k, H, 1.f / std::sqrt(static_cast<float>(D)), causal_only,
-                                blocked ? &*blocked : nullptr);  // (B, H, T, S)
-    const Tensor attended = dropout(weights, options_.dropout(), is_training());
-    Tensor context = attend(attended, v, H);  // (B, T, C)
-    if (head_gates.defined()) {
-      if (head_gates.shape() != Shape{H}) {
-        fail("MultiHeadAttention: head_gates of shape ", shape_str(head_gates.shape()), " is not (H,) = (", H, ",)");
-      }
-      context = reshape(reshape(context, {b, t, h, d}) * reshape(head_gates, {1, 1, h, 1}), {b, t, static_cast<std::int64_t>(C)});
-    }
-    probe("context", context);
-    return w_o->forward(context);
-  };
-  const Tensor out = residual_connection(*this, "residual", x, options_.norm(), norm.get(), attention);
-  return {out, weights};
+  const bool unfused = hooked("scores");
+  const std::optional<Mask> blocked = causal_only && !unfused ? std::nullopt : combine_masks(mask, B, H, T, T);
+
+  // q, k, v (B, T, C) hold the H heads side by side: head h is channels hD .. (h+1)D.
+  const Tensor q = hook("q", w_q->forward(x)), k = hook("k", w_k->forward(x)), v = hook("v", w_v->forward(x));
+  Tensor weights;  // (B, H, T, S)
+  if (unfused) {
+    // The same kernels as the fused op, so the same bits when the hooks change nothing.
+    const Tensor scores = hook("scores", attention_scores(q, k, H, scale));
+    weights = blocked ? masked_softmax(scores, *blocked) : softmax(scores);
+  } else {
+    weights = attention_weights(q, k, H, scale, causal_only, blocked ? &*blocked : nullptr);
+  }
+  weights = hook("pattern", weights);
+  const Tensor context = hook("context", attend(dropout(weights, options_.dropout(), is_training()), v, H));  // (B, T, C)
+  return {hook("out", w_o->forward(context)), weights};
 }
 
 }  // namespace xgrad::nn

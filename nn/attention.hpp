@@ -1,12 +1,20 @@
-// MultiHeadAttention, the classic module: per-head scaled dot-product attention in subspaces
-// of size D = d_model / H, dropout on the attention weights, masks, and the residual
-// connection with LayerNorm placed Pre-Norm or Post-Norm.
+// Multi-head attention, the classic module: per-head scaled dot-product attention in subspaces
+// of size D = d_model / H, dropout on the attention weights, masks, and (MultiHeadAttention) the
+// residual connection with LayerNorm placed Pre-Norm or Post-Norm.
 //
-//   head_h  = softmax(Q_h K_h^T / sqrt(D) + mask) V_h     with Q_h = LN?(x) W_q[h] etc.
-//   Attn(x) = concat(head_1 .. head_H) W_o
-//   Pre-Norm:  y = x + Attn(LN(x))
-//   Post-Norm: y = LN(x + Attn(x))
-//   none:      y = Attn(x)            (no residual, no norm: compose your own)
+//   head_h  = softmax(Q_h K_h^T / sqrt(D) + mask) V_h     with Q_h = x W_q[h] etc.
+//   Attention(x) = concat(head_1 .. head_H) W_o
+//   MultiHeadAttention = Residual<Attention> (residual.hpp), by options.norm():
+//     Pre-Norm:  y = x + Attention(norm(x))
+//     Post-Norm: y = norm(x + Attention(x))
+//     none:      y = Attention(x)            (no residual, no norm: compose your own)
+//
+// Hook points of Attention (hook.hpp), in forward order:
+//   q, k, v    (B, T, C) the projections, heads side by side (head h is channels hD .. (h+1)D)
+//   scores     (B, H, T, S) scale Q_h K_h^T before masks and softmax (formed only while hooked)
+//   pattern    (B, H, T, S) the attention weights, before dropout
+//   context    (B, T, C) each head's output, side by side, before W_o
+//   out        (B, T, C) the attention's output
 //
 // Shapes: B batch, T query length, S key length (S = T: self-attention), C = d_model,
 // H heads, D = C / H.
@@ -17,6 +25,7 @@
 
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/options.hpp"
+#include "xgrad/nn/residual.hpp"
 
 namespace xgrad::nn {
 
@@ -42,23 +51,30 @@ struct AttentionOutput {
   Tensor output;   // (B, T, C)
   Tensor weights;  // (B, H, T, S), before dropout; a query whose keys are all masked gets zeros
 };
+inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
 
-class MultiHeadAttention : public Module {
+// The attention sublayer alone: projections, heads, dropout on the weights, masks. Of the
+// options it reads d_model, num_heads, dropout and bias; norm and layer_norm_eps belong to the
+// residual connection around it (MultiHeadAttention).
+class Attention : public Module {
  public:
-  explicit MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator());
+  explicit Attention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator());
   AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}) const;
+  void check_input(const Tensor& x) const;  // (B, T, d_model)
   const MultiHeadAttentionOptions& options() const { return options_; }
 
   std::shared_ptr<Linear> w_q, w_k, w_v, w_o;
-  std::shared_ptr<LayerNorm> norm;  // null when options.norm() is Norm::none
-
-  // Optional (H,) gates multiplying each head's context before W_o (undefined: no gating).
-  // Set a gate to 0 to ablate a head; a gate of ones that requires grad yields the head
-  // importance dLoss/dgate of Michel et al. (2019). Not a parameter.
-  Tensor head_gates;
 
  private:
   MultiHeadAttentionOptions options_;
+};
+
+// The article's module: Attention inside its residual connection and LayerNorm. Parameters:
+// w_q, w_k, w_v, w_o (each weight (C, C), bias (C,)) and, unless norm is none, norm.
+class MultiHeadAttention : public Residual<Attention> {
+ public:
+  explicit MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator())
+      : Residual<Attention>(options.norm(), options.d_model(), options.layer_norm_eps(), options, gen) {}
 };
 
 // The combined boolean mask (true = blocked) for a (B, H, T, S) score tensor, or nullopt when

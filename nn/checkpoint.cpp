@@ -2,7 +2,9 @@
 #include "xgrad/nn/checkpoint.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <map>
+#include <set>
 
 #include "xgrad/core/error.hpp"
 
@@ -10,7 +12,47 @@ namespace xgrad::nn {
 
 namespace {
 const std::string kOptimizerPrefix = "optimizer.";
+
+// Names from before a TransformerBlock's feed-forward sublayer owned its norm:
+// "blocks.<i>.ffn_norm.<p>" is now "blocks.<i>.ffn.norm.<p>". Returns the current name, or the
+// name unchanged.
+std::string current_name(const std::string& name) {
+  const std::string old_part = "ffn_norm.", new_part = "ffn.norm.";
+  const std::size_t at = name.find(old_part);
+  if (at == std::string::npos || (at > 0 && name[at - 1] != '.')) return name;
+  return name.substr(0, at) + new_part + name.substr(at + old_part.size());
 }
+
+// Renames old entries whose current name the module expects (and the state does not hold
+// under that name already); returns how many.
+template <class IsExpected>
+std::size_t rename_old_entries(NamedArrays& state, IsExpected is_expected) {
+  std::set<std::string> names;
+  for (const auto& [name, a] : state) names.insert(name);
+  std::size_t renamed = 0;
+  for (auto& [name, a] : state) {
+    const std::string now = current_name(name);
+    if (now == name || names.count(now) || !is_expected(now)) continue;
+    name = now;
+    ++renamed;
+  }
+  return renamed;
+}
+
+std::size_t rename_old_parameters(const Module& module, NamedArrays& state) {
+  std::set<std::string> params;
+  for (const auto& [name, p] : module.named_parameters()) params.insert(name);
+  return rename_old_entries(state, [&](const std::string& n) { return params.count(n) != 0; });
+}
+
+void say_renamed(const std::string& who, std::size_t renamed) {
+  if (!renamed) return;
+  std::fprintf(stderr,
+               "xgrad: %s: %zu tensor(s) use the names from before the rename of blocks.N.ffn_norm to "
+               "blocks.N.ffn.norm; loaded under the new names (save again to update the file)\n",
+               who.c_str(), renamed);
+}
+}  // namespace
 
 NamedArrays state_dict(const Module& module) {
   NamedArrays out;
@@ -18,8 +60,10 @@ NamedArrays state_dict(const Module& module) {
   return out;
 }
 
-void load_state_dict(Module& module, const NamedArrays& state, const LoadOptions& options) {
+void load_state_dict(Module& module, const NamedArrays& state_in, const LoadOptions& options) {
   NamedTensors params = module.named_parameters();
+  NamedArrays state = state_in;
+  say_renamed("load_state_dict", rename_old_parameters(module, state));
   std::map<std::string, const Array*> given;
   for (const auto& [name, a] : state) {
     if (!given.emplace(name, &a).second) fail("load_state_dict: '", name, "' appears twice");
@@ -72,6 +116,14 @@ Checkpoint load_checkpoint(const std::string& path, Module& module, const LoadOp
       model.emplace_back(name, std::move(a));
     }
   }
+  // Optimizer entries are "<parameter>.<slot>".
+  std::set<std::string> params;
+  for (const auto& [name, p] : module.named_parameters()) params.insert(name);
+  say_renamed("load_checkpoint: '" + path + "'",
+              rename_old_parameters(module, model) + rename_old_entries(out.optimizer_state, [&](const std::string& key) {
+                const std::size_t dot = key.rfind('.');
+                return dot != std::string::npos && params.count(key.substr(0, dot)) != 0;
+              }));
   try {
     load_state_dict(module, model, options);
   } catch (const Error& e) {

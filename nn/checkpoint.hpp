@@ -22,7 +22,9 @@ struct LoadOptions {
 NamedArrays state_dict(const Module& module);
 // Copies values into the module's parameters. Missing or unexpected names, wrong shapes and (unless
 // allowed) non-finite values are errors, checked before anything is written, so on error the
-// module is unchanged.
+// module is unchanged. States saved before the block's feed-forward norm moved
+// ("blocks.N.ffn_norm.*", now "blocks.N.ffn.norm.*") load under the new names, with one line
+// on stderr saying so.
 void load_state_dict(Module& module, const NamedArrays& state, const LoadOptions& options = {});
 
 // Saves atomically (see save_safetensors).

@@ -1,27 +1,37 @@
-// Head gates and their accumulated gradients.
+// Head gates on the attention's "context" hook point, and their accumulated gradients.
 #include "xgrad/nn/head_importance.hpp"
 
 #include <cmath>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
 
 namespace xgrad::nn {
 
-HeadImportance::HeadImportance(Module& root) {
-  for (auto& [path, m] : root.named_modules()) {
-    auto* mha = dynamic_cast<MultiHeadAttention*>(m);
-    if (!mha) continue;
-    if (mha->head_gates.defined()) fail("HeadImportance: '", path, "' already has head gates");
-    const std::size_t H = mha->options().num_heads();
-    Gate g{path, mha, Tensor(xt::ones<float>({H}), true), std::vector<double>(H, 0.0)};
-    mha->head_gates = g.gate;
-    gates_.push_back(std::move(g));
+HookHandle gate_heads(Attention& attention, const Tensor& gates) {
+  const std::size_t H = attention.options().num_heads();
+  if (!gates.defined() || gates.shape() != Shape{H}) {
+    fail("gate_heads: gates of shape ", gates.defined() ? shape_str(gates.shape()) : std::string("(undefined)"),
+         " is not (H,) = (", H, ",)");
   }
-  if (gates_.empty()) fail("HeadImportance: no MultiHeadAttention in the module tree");
+  return attention.add_forward_hook("context", [gates, H](const Tensor& context) {
+    // (B, T, C) -> (B, T, H, D) * gates (1, 1, H, 1) -> (B, T, C)
+    const auto b = static_cast<std::int64_t>(context.shape()[0]), t = static_cast<std::int64_t>(context.shape()[1]);
+    const auto c = static_cast<std::int64_t>(context.shape()[2]), h = static_cast<std::int64_t>(H);
+    return reshape(reshape(context, {b, t, h, c / h}) * reshape(gates, {1, 1, h, 1}), {b, t, c});
+  });
 }
 
-HeadImportance::~HeadImportance() {
-  for (Gate& g : gates_) g.module->head_gates = Tensor();
+HeadImportance::HeadImportance(Module& root) {
+  for (auto& [path, m] : root.named_modules()) {
+    auto* attention = dynamic_cast<Attention*>(m);
+    if (!attention) continue;
+    const std::size_t H = attention->options().num_heads();
+    Tensor gate(xt::ones<float>({H}), true);
+    HookHandle hook = gate_heads(*attention, gate);
+    gates_.push_back({path, gate, std::vector<double>(H, 0.0), std::move(hook)});
+  }
+  if (gates_.empty()) fail("HeadImportance: no attention in the module tree");
 }
 
 void HeadImportance::accumulate() {
@@ -42,6 +52,11 @@ std::vector<HeadScore> HeadImportance::scores() const {
     }
   }
   return out;
+}
+
+const Tensor& HeadImportance::gates(std::size_t i) const {
+  if (i >= gates_.size()) fail("HeadImportance::gates: index ", i, " is out of range for ", gates_.size(), " attentions");
+  return gates_[i].gate;
 }
 
 }  // namespace xgrad::nn

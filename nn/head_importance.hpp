@@ -1,6 +1,7 @@
-// Head importance after Michel, Levy and Neubig (2019), "Are Sixteen Heads Really Better than
-// One?": each head's output is multiplied by a gate equal to 1, and the head's importance is
-// the expected absolute gradient of the loss with respect to its gate, I_h = E |dL/dg_h|.
+// Head gates, and head importance after Michel, Levy and Neubig (2019), "Are Sixteen Heads
+// Really Better than One?": each head's output is multiplied by a gate equal to 1, and the
+// head's importance is the expected absolute gradient of the loss with respect to its gate,
+// I_h = E |dL/dg_h|.
 #pragma once
 
 #include <string>
@@ -10,18 +11,22 @@
 
 namespace xgrad::nn {
 
+// Multiplies each head's output (the attention's "context" point, heads side by side) by its
+// gate, gates (H,), while the returned handle lives: a gate of 0 ablates its head, and a gate
+// that requires grad receives dL/dgate. Several gates may be attached at once; each multiplies.
+[[nodiscard]] HookHandle gate_heads(Attention& attention, const Tensor& gates);
+
 struct HeadScore {
-  std::string module;  // the MultiHeadAttention's path, e.g. "blocks.0.attn"
+  std::string module;  // the attention's path, e.g. "blocks.0.attn"
   std::size_t head = 0;
   double importance = 0;  // mean |dL/dgate| over the accumulated batches
 };
 
 class HeadImportance {
  public:
-  // Installs a gate of ones (requiring grad) on every MultiHeadAttention under root; the gates
-  // change no value. The destructor removes them.
+  // Gates every attention under root with ones that require grad (changing no value) until it
+  // is destroyed.
   explicit HeadImportance(Module& root);
-  ~HeadImportance();
   HeadImportance(const HeadImportance&) = delete;
   HeadImportance& operator=(const HeadImportance&) = delete;
 
@@ -29,13 +34,16 @@ class HeadImportance {
   void accumulate();
   std::vector<HeadScore> scores() const;
   std::size_t batches() const { return batches_; }
+  // The gates of the i-th attention found under root (depth first), (H,).
+  const Tensor& gates(std::size_t i) const;
+  std::size_t size() const { return gates_.size(); }
 
  private:
   struct Gate {
     std::string path;
-    MultiHeadAttention* module;
     Tensor gate;
     std::vector<double> sum;
+    HookHandle hook;
   };
   std::vector<Gate> gates_;
   std::size_t batches_ = 0;

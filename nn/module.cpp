@@ -1,4 +1,4 @@
-// Module bookkeeping: registration, dotted names, train/eval, the printed summary.
+// Module bookkeeping: registration, dotted names, train/eval, hook points, the printed summary.
 #include "xgrad/nn/module.hpp"
 
 #include <algorithm>
@@ -6,7 +6,8 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/nn/probe.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/tape.hpp"
 
 namespace xgrad::nn {
 
@@ -91,8 +92,108 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() {
   return out;
 }
 
-void Module::probe(const std::string& point, const Tensor& t) const {
-  if (probes_) probes_->record(probe_path_.empty() ? point : probe_path_ + "." + point, t);
+template <class F>
+void Module::visit(const std::string& path, F f) const {
+  f(path, *this);
+  for (const auto& [n, c] : children_) c->visit(path.empty() ? n : path + "." + n, f);
+}
+
+namespace {
+std::string point_name(const std::string& path, const std::string& point) {
+  return path.empty() ? point : path + "." + point;
+}
+}  // namespace
+
+std::vector<std::string> Module::hook_points() const {
+  std::vector<std::string> out;
+  visit("", [&](const std::string& path, const Module& m) {
+    std::lock_guard<std::mutex> lock(m.hooks_->mutex);
+    for (const auto& slot : m.hooks_->slots) out.push_back(point_name(path, slot.point));
+  });
+  return out;
+}
+
+void Module::declare_hook_points(std::initializer_list<const char*> points) {
+  std::lock_guard<std::mutex> lock(hooks_->mutex);
+  for (const char* p : points) {
+    for (const auto& slot : hooks_->slots) {
+      if (slot.point == p) fail("Module::declare_hook_points: '", p, "' is declared twice");
+    }
+    hooks_->slots.push_back({p, {}, {}});
+  }
+}
+
+HookHandle Module::attach(const std::string& point, const char* who, ForwardHook* forward, BackwardHook* backward) {
+  if ((forward && !*forward) || (backward && !*backward)) fail(who, ": the hook for '", point, "' is empty");
+  HookHandle handle;
+  visit("", [&](const std::string& path, const Module& m) {
+    if (handle.attached()) return;
+    std::lock_guard<std::mutex> lock(m.hooks_->mutex);
+    for (auto& slot : m.hooks_->slots) {
+      if (point_name(path, slot.point) != point) continue;
+      const int id = m.hooks_->next_id++;
+      if (forward) slot.forward.push_back({id, point, std::move(*forward)});
+      if (backward) slot.backward.push_back({id, point, std::move(*backward)});
+      m.hooks_->attached.fetch_add(1, std::memory_order_release);
+      handle = HookHandle(m.hooks_, slot.point, id);
+      return;
+    }
+  });
+  if (!handle.attached()) fail(who, ": no hook point '", point, "' in this module tree (hook_points() lists them)");
+  return handle;
+}
+
+HookHandle Module::add_forward_hook(const std::string& point, ForwardHook hook) {
+  return attach(point, "Module::add_forward_hook", &hook, nullptr);
+}
+
+HookHandle Module::add_backward_hook(const std::string& point, BackwardHook hook) {
+  return attach(point, "Module::add_backward_hook", nullptr, &hook);
+}
+
+std::size_t Module::num_hooks() const {
+  std::size_t n = 0;
+  visit("", [&](const std::string&, const Module& m) { n += static_cast<std::size_t>(m.hooks_->attached.load()); });
+  return n;
+}
+
+bool Module::hooked(const char* point) const {
+  if (hooks_->attached.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard<std::mutex> lock(hooks_->mutex);
+  for (const auto& slot : hooks_->slots) {
+    if (slot.point == point) return !slot.forward.empty() || !slot.backward.empty();
+  }
+  fail("Module::hooked: '", point, "' is not a declared hook point");
+}
+
+Tensor Module::hook(const char* point, const Tensor& value) const {
+  if (hooks_->attached.load(std::memory_order_acquire) == 0) return value;
+  // Copies, so that hooks run unlocked (they may attach or remove hooks themselves).
+  std::vector<detail::HookTable::Entry<ForwardHook>> forward;
+  std::vector<detail::HookTable::Entry<BackwardHook>> backward;
+  {
+    std::lock_guard<std::mutex> lock(hooks_->mutex);
+    const auto slot = std::find_if(hooks_->slots.begin(), hooks_->slots.end(), [&](const auto& s) { return s.point == point; });
+    if (slot == hooks_->slots.end()) fail("Module::hook: '", point, "' is not a declared hook point");
+    forward = slot->forward;
+    backward = slot->backward;
+  }
+  Tensor v = value;
+  for (const auto& h : forward) {
+    Tensor replaced = h.fn(v);
+    if (!replaced.defined()) continue;
+    if (replaced.shape() != v.shape()) {
+      fail("forward hook at '", h.name, "': returned shape ", shape_str(replaced.shape()), " for a value of shape ",
+           shape_str(v.shape()));
+    }
+    v = std::move(replaced);
+  }
+  if (!backward.empty() && v.requires_grad() && grad_enabled()) {
+    // A node of its own, so the hooks see exactly the gradient that flows back through here.
+    v = identity(v);
+    for (auto& h : backward) v.register_hook(std::move(h.fn));
+  }
+  return v;
 }
 
 std::string Module::summary() const {
@@ -112,5 +213,12 @@ std::string Module::summary() const {
   os << line;
   return os.str();
 }
+
+const std::shared_ptr<Module>& ModuleList::operator[](std::size_t i) const {
+  if (i >= items_.size()) fail("ModuleList: index ", i, " is out of range for ", items_.size(), " modules");
+  return items_[i];
+}
+
+void ModuleList::fail_not_a(std::size_t i) const { fail("ModuleList: module ", i, " is not of the requested type"); }
 
 }  // namespace xgrad::nn

@@ -1,17 +1,17 @@
 // Module: the base of every layer. Named parameters with dotted paths in a stable order,
-// child modules, and the train/eval flag.
+// child modules, the train/eval flag, and hook points (hook.hpp).
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "xgrad/core/tensor.hpp"
+#include "xgrad/nn/hook.hpp"
 
 namespace xgrad::nn {
-
-class ProbeSet;
 
 class Module {
  public:
@@ -42,12 +42,25 @@ class Module {
   // "blocks.0", "blocks.0.attn", ...
   std::vector<std::pair<std::string, Module*>> named_modules();
 
-  // Records `t` as the probe point "<this module's path>.<point>" when a ProbeSet is attached
-  // to the tree (see probe.hpp); does nothing otherwise. Modules call it from forward.
-  void probe(const std::string& point, const Tensor& t) const;
-  bool probing() const { return probes_ != nullptr; }
+  // Every hook point of the tree by full name ("blocks.0.attn.pattern"), modules depth first,
+  // each module's points in the order its forward reaches them.
+  std::vector<std::string> hook_points() const;
+  // Attaches a hook at the point of that full name (relative to this module) until the handle
+  // is destroyed; throws naming the point when no module of the tree declares it.
+  [[nodiscard]] HookHandle add_forward_hook(const std::string& point, ForwardHook hook);
+  [[nodiscard]] HookHandle add_backward_hook(const std::string& point, BackwardHook hook);
+  // How many hooks are attached in the tree.
+  std::size_t num_hooks() const;
 
  protected:
+  // Declares this module's hook points; constructors call it.
+  void declare_hook_points(std::initializer_list<const char*> points);
+  // Whether a hook is attached at `point` (to form a value the fused path never materializes).
+  bool hooked(const char* point) const;
+  // The value at `point` after the attached forward hooks, routed through an identity op whose
+  // gradient the backward hooks see; `value` itself when no hook is attached anywhere here.
+  Tensor hook(const char* point, const Tensor& value) const;
+
   // Registers a parameter (a leaf that requires grad) under `name` and returns it.
   Tensor register_parameter(const std::string& name, Tensor t);
   template <class M>
@@ -59,13 +72,14 @@ class Module {
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
   void collect(const std::string& prefix, NamedTensors& out) const;
-  friend class ProbeSet;
   void collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out);
+  template <class F>
+  void visit(const std::string& path, F f) const;
+  HookHandle attach(const std::string& point, const char* who, ForwardHook* forward, BackwardHook* backward);
   NamedTensors params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
-  ProbeSet* probes_ = nullptr;  // set while a ProbeSet is attached to the tree
-  std::string probe_path_;      // this module's dotted path from the probed root
+  std::shared_ptr<detail::HookTable> hooks_ = std::make_shared<detail::HookTable>();
 };
 
 // An ordered list of child modules named "0", "1", ... (so paths read "blocks.0.attn...").
@@ -73,12 +87,25 @@ class ModuleList : public Module {
  public:
   template <class M>
   std::shared_ptr<M> push_back(std::shared_ptr<M> m) {
-    return register_module(std::to_string(size_++), std::move(m));
+    items_.push_back(m);
+    return register_module(std::to_string(items_.size() - 1), std::move(m));
   }
-  std::size_t size() const { return size_; }
+  std::size_t size() const { return items_.size(); }
+  // The i-th module; throws naming i and the size when out of range.
+  const std::shared_ptr<Module>& operator[](std::size_t i) const;
+  // The i-th module as an M; throws also when it is not one.
+  template <class M>
+  std::shared_ptr<M> at(std::size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    if (!m) fail_not_a(i);
+    return m;
+  }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
 
  private:
-  std::size_t size_ = 0;
+  [[noreturn]] void fail_not_a(std::size_t i) const;
+  std::vector<std::shared_ptr<Module>> items_;
 };
 
 }  // namespace xgrad::nn

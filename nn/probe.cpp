@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
 
 namespace xgrad::nn {
 
@@ -18,27 +19,28 @@ double norm(const Array& a) {
 }
 }  // namespace
 
-ProbeSet::ProbeSet(Module& root) {
-  for (auto& [path, m] : root.named_modules()) {
-    if (m->probes_) fail("ProbeSet: module '", path, "' already has a ProbeSet attached");
-  }
-  for (auto& [path, m] : root.named_modules()) {
-    m->probes_ = this;
-    m->probe_path_ = path;
-    attached_.push_back(m);
-  }
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+}  // namespace
 
-ProbeSet::~ProbeSet() {
-  for (Module* m : attached_) {
-    m->probes_ = nullptr;
-    m->probe_path_.clear();
+ProbeSet::ProbeSet(Module& root, std::function<bool(const std::string&)> which) {
+  for (const std::string& point : root.hook_points()) {
+    if (which ? !which(point) : ends_with(point, ".scores") || point == "scores") continue;
+    const bool path_copy = ends_with(point, "residual.skip") || ends_with(point, "residual.branch");
+    hooks_.push_back(root.add_forward_hook(point, [this, point, path_copy](const Tensor& t) {
+      const Tensor kept = path_copy && t.requires_grad() ? identity(t) : t;
+      record(point, kept);
+      return path_copy ? kept : Tensor();
+    }));
   }
 }
 
 void ProbeSet::record(const std::string& name, const Tensor& t) {
   Tensor kept = t;
   if (kept.requires_grad() && !kept.retains_grad()) kept.retain_grad();
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = points_.find(name);
   if (it == points_.end()) {
     order_.push_back(name);
@@ -75,7 +77,7 @@ std::vector<ResidualFlow> ProbeSet::residual_flows() const {
   std::vector<ResidualFlow> flows;
   const std::string suffix = ".skip";
   for (const std::string& name : order_) {
-    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    if (!ends_with(name, suffix)) continue;
     const std::string base = name.substr(0, name.size() - suffix.size());
     if (!has(base + ".branch") || !has(base + ".out")) continue;
     const Tensor &skip = tensor(name), &branch = tensor(base + ".branch"), &out = tensor(base + ".out");

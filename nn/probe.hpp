@@ -1,17 +1,17 @@
-// Probes: read activations and gradients at named points of a model without editing its code.
-// Attach a ProbeSet to a module tree; the modules' forward passes record their probe points
-// into it (retaining their gradients), and after backward each point's gradient is readable.
-//
-// Points recorded by the xgrad modules (paths as in named_modules()):
+// Probes: read activations and gradients at every hook point of a model (hook.hpp) without
+// editing its code. A ProbeSet attaches a forward hook to each point of a module tree; forward
+// records the points (retaining their gradients), and after backward each point's gradient is
+// readable. The points are the modules' hook points, e.g.
 //   <block>.stream_in, <block>.stream_mid, <block>.stream_out   the residual stream entering a
-//       TransformerBlock, after its attention sublayer, after its feed-forward sublayer
-//   <attn>.residual.*, <block>.ffn_residual.*                   each residual connection:
-//       .in (x), .sublayer (the sublayer's output), .out (y), and .skip / .branch, two identity
-//       copies of x through which the skip path and the sublayer branch take x
-//   <attn>.context  (B, T, C) the heads' concatenated outputs before W_o
+//       TransformerBlock, between its sublayers, leaving it
+//   <block>.attn.residual.*, <block>.ffn.residual.*             each residual connection:
+//       .in (x), .out (y), and .skip / .branch, the two paths' copies of x
+//   <block>.attn.q, .k, .v, .pattern, .context, .out and <block>.ffn.pre, .hidden, .out
 #pragma once
 
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,17 +31,17 @@ struct ResidualFlow {
 
 class ProbeSet {
  public:
-  // Attaches to every module under `root` (one ProbeSet per tree at a time) and detaches when
-  // destroyed. While attached, residual connections route x through identity copies: two
-  // copies per connection, no value changed; a gradient can differ in its last bits where x
-  // has more than two consumers (Post-Norm attention), since its parts are added in another order.
-  explicit ProbeSet(Module& root);
-  ~ProbeSet();
+  // Attaches to every hook point of `root` that `which` accepts (by full name; all but
+  // "*.scores" by default: recording those makes attention form its scores separately, which
+  // costs time and memory and changes no value). While attached, each residual connection
+  // routes x through two identity copies (".residual.skip" and ".residual.branch"), so that the
+  // gradient arriving through each path can be read apart; no value changes, and a gradient can
+  // differ in its last bits where x has more than two consumers (Post-Norm attention), since its
+  // parts are added in another order. Other hooks may be attached at the same time.
+  explicit ProbeSet(Module& root, std::function<bool(const std::string&)> which = {});
   ProbeSet(const ProbeSet&) = delete;
   ProbeSet& operator=(const ProbeSet&) = delete;
 
-  // Called by modules; keeps the latest tensor per name and retains its gradient.
-  void record(const std::string& name, const Tensor& t);
   // Forgets every recorded tensor (and the activations they hold).
   void clear();
 
@@ -55,9 +55,12 @@ class ProbeSet {
   std::vector<ResidualFlow> residual_flows() const;
 
  private:
-  std::vector<Module*> attached_;
+  // Keeps the latest tensor per name and retains its gradient.
+  void record(const std::string& name, const Tensor& t);
+  std::mutex mutex_;  // forward may run on several threads
   std::vector<std::string> order_;
   std::map<std::string, Tensor> points_;
+  std::vector<HookHandle> hooks_;  // last: detached first, before the records go
 };
 
 // The L2 norm of each parameter's gradient by dotted name (0 for a parameter without one).

@@ -1,19 +1,64 @@
-// One residual connection around a sublayer f, the LayerNorm placed by `norm`:
-//   pre:  y = x + f(LN(x))      post: y = LN(x + f(x))      none: y = f(x)
-// While probes are attached (probe.hpp) it records "<name>.in" (x), "<name>.skip" and
-// "<name>.branch" (identity copies of x taken by the skip path and by f), "<name>.sublayer"
-// (f's output) and "<name>.out" (y) under the owner's path.
+// Residual<Sublayer>: a sublayer f that knows nothing of norms, wrapped in a residual connection
+// with its LayerNorm placed by `placement`:
+//   pre:  y = x + f(norm(x))      post: y = norm(x + f(x))      none: y = f(x)
+// It is the sublayer itself (it derives from it), with one child more, "norm", so its parameters
+// read "attn.w_q.weight" and "attn.norm.weight", "ffn.linear1.weight" and "ffn.norm.weight".
+// Sublayer::forward(x, args...) returns a Tensor, or an output struct whose main tensor
+// `residual_output` picks; Sublayer::check_input(x) throws, naming the sublayer, when x cannot be
+// its input (checked before the norm sees x).
+//
+// Hook points, before the sublayer's own:
+//   residual.in      x
+//   residual.skip    x as the skip path takes it   } a gradient hook on each splits dL/dx into
+//   residual.branch  x as f (or the norm) takes it } the two paths' parts
+//   residual.out     y
 #pragma once
 
-#include <functional>
-#include <string>
+#include <memory>
+#include <utility>
 
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/options.hpp"
 
 namespace xgrad::nn {
 
-Tensor residual_connection(const Module& owner, const std::string& name, const Tensor& x, Norm norm,
-                           const LayerNorm* layer_norm, const std::function<Tensor(const Tensor&)>& sublayer);
+inline Tensor& residual_output(Tensor& out) { return out; }
+
+template <class Sublayer>
+class Residual : public Sublayer {
+ public:
+  template <class... Args>
+  Residual(Norm placement, std::size_t features, float layer_norm_eps, Args&&... sublayer_args)
+      : Sublayer(std::forward<Args>(sublayer_args)...), placement_(placement) {
+    if (placement != Norm::none) norm = this->register_module("norm", std::make_shared<LayerNorm>(features, layer_norm_eps));
+    this->declare_hook_points({"residual.in", "residual.skip", "residual.branch", "residual.out"});
+  }
+
+  template <class... Args>
+  auto forward(const Tensor& x, Args&&... args) const {
+    Sublayer::check_input(x);
+    const Tensor in = this->hook("residual.in", x);
+    const Tensor skip = this->hook("residual.skip", in), branch = this->hook("residual.branch", in);
+    auto out = Sublayer::forward(placement_ == Norm::pre ? norm->forward(branch) : branch, std::forward<Args>(args)...);
+    Tensor& f = residual_output(out);
+    switch (placement_) {
+      case Norm::pre: f = skip + f; break;
+      case Norm::post: f = norm->forward(skip + f); break;
+      case Norm::none: break;
+    }
+    f = this->hook("residual.out", f);
+    return out;
+  }
+
+  // The sublayer alone, f, without the connection and the norm.
+  const Sublayer& sublayer() const { return *this; }
+  Norm placement() const { return placement_; }
+  std::shared_ptr<LayerNorm> norm;  // null for Norm::none
+
+ private:
+  Norm placement_;
+};
 
 }  // namespace xgrad::nn

@@ -9,7 +9,6 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/tape.hpp"
-#include "xgrad/nn/residual.hpp"
 
 namespace xgrad::nn {
 
@@ -17,26 +16,35 @@ FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : options_
   if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("FeedForward: dropout ", o.dropout(), " is outside [0, 1)");
   linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model(), o.d_ff(), true, gen));
   linear2 = register_module("linear2", std::make_shared<Linear>(o.d_ff(), o.d_model(), true, gen));
+  declare_hook_points({"pre", "hidden", "out"});
 }
 
-Tensor FeedForward::forward(const Tensor& x) const {
+void FeedForward::check_input(const Tensor& x) const {
   check_defined(x, "FeedForward");
   if (x.ndim() == 0 || x.shape().back() != options_.d_model()) {
     fail("FeedForward: input of shape ", shape_str(x.shape()), " does not end in d_model ", options_.d_model());
   }
-  const Tensor h = linear1->forward(x);
-  if (options_.activation() == Activation::gelu) return linear2->forward(gelu_dropout(h, options_.dropout(), is_training()));
-  return linear2->forward(dropout(relu(h), options_.dropout(), is_training()));
+}
+
+Tensor FeedForward::forward(const Tensor& x) const {
+  check_input(x);
+  const Tensor h = hook("pre", linear1->forward(x));
+  const float p = options_.dropout();
+  const Tensor a = options_.activation() == Activation::gelu ? gelu_dropout(h, p, is_training()) : dropout(relu(h), p, is_training());
+  return hook("out", linear2->forward(hook("hidden", a)));
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& gen) : options_(o) {
   if (o.norm() == Norm::none) fail("TransformerBlock: norm must be Norm::pre or Norm::post");
-  attn = register_module("attn", std::make_shared<MultiHeadAttention>(
-                                     MultiHeadAttentionOptions(o.d_model(), o.num_heads()).dropout(o.dropout()).norm(o.norm()),
-                                     gen));
-  ffn_norm = register_module("ffn_norm", std::make_shared<LayerNorm>(o.d_model()));
-  ffn = register_module("ffn", std::make_shared<FeedForward>(
+  attn = register_module("attn", std::make_shared<MultiHeadAttention>(MultiHeadAttentionOptions(o.d_model(), o.num_heads())
+                                                                          .dropout(o.dropout())
+                                                                          .norm(o.norm())
+                                                                          .layer_norm_eps(o.layer_norm_eps()),
+                                                                      gen));
+  ffn = register_module("ffn", std::make_shared<Residual<FeedForward>>(
+                                   o.norm(), o.d_model(), o.layer_norm_eps(),
                                    FeedForwardOptions(o.d_model(), o.d_ff()).activation(o.activation()).dropout(o.dropout()), gen));
+  declare_hook_points({"stream_in", "stream_mid", "stream_out"});
 }
 
 BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask) const {
@@ -44,13 +52,9 @@ BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask
   if (x.ndim() != 3 || x.shape()[2] != options_.d_model()) {
     fail("TransformerBlock: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ", shape_str(x.shape()));
   }
-  probe("stream_in", x);
-  const AttentionOutput a = attn->forward(x, mask);  // residual and norm included
-  probe("stream_mid", a.output);
-  const Tensor y = residual_connection(*this, "ffn_residual", a.output, options_.norm(), ffn_norm.get(),
-                                       [&](const Tensor& h) { return ffn->forward(h); });
-  probe("stream_out", y);
-  return {y, a.weights};
+  const AttentionOutput a = attn->forward(hook("stream_in", x), mask);
+  const Tensor y = ffn->forward(hook("stream_mid", a.output));
+  return {hook("stream_out", y), a.weights};
 }
 
 LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : options_(o) {
@@ -71,11 +75,15 @@ LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : op
                                                                   .d_ff(o.d_ff())
                                                                   .dropout(o.dropout())
                                                                   .norm(o.norm())
-                                                                  .activation(o.activation()),
+                                                                  .activation(o.activation())
+                                                                  .layer_norm_eps(o.layer_norm_eps()),
                                                               gen)));
   }
-  if (o.norm() == Norm::pre) final_norm = register_module("final_norm", std::make_shared<LayerNorm>(o.d_model()));
+  if (o.norm() == Norm::pre) {
+    final_norm = register_module("final_norm", std::make_shared<LayerNorm>(o.d_model(), o.layer_norm_eps()));
+  }
   head = register_module("head", std::make_shared<Linear>(o.d_model(), o.vocab_size(), true, gen));
+  declare_hook_points({"embed", "logits"});
 }
 
 LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
@@ -90,7 +98,7 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
     }
   }
   const Tensor pos = pos_emb ? pos_emb->forward(T) : pos_table->forward(T);  // (T, C)
-  Tensor h = tok_emb->forward(ids) + pos;                                    // (B, T, C)
+  Tensor h = hook("embed", tok_emb->forward(ids) + pos);                     // (B, T, C)
   AttentionMask mask;
   mask.causal = true;
   LanguageModelOutput out;
@@ -100,7 +108,7 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
     out.attentions.push_back(b.attention);
   }
   if (final_norm) h = final_norm->forward(h);
-  out.logits = head->forward(h);
+  out.logits = hook("logits", head->forward(h));
   return out;
 }
 

@@ -1,10 +1,17 @@
 // FeedForward, TransformerBlock and a small decoder-only language model.
 //
-// TransformerBlock, with the same placement for both sublayers:
-//   Pre-Norm:  x = x + Attn(LN1(x));  y = x + FFN(LN2(x))
-//   Post-Norm: x = LN1(x + Attn(x));  y = LN2(x + FFN(x))
+// TransformerBlock: two residual sublayers of one shape (residual.hpp), the same placement for
+// both:
+//   Pre-Norm:  x = x + attn(attn.norm(x));  y = x + ffn(ffn.norm(x))
+//   Post-Norm: x = attn.norm(x + attn(x));  y = ffn.norm(x + ffn(x))
 // LanguageModel: h = tok_emb(ids) + pos(T); h = block_1..N(h) with a causal mask;
 //   Pre-Norm adds a final LayerNorm; logits = head(h).
+//
+// Hook points (hook.hpp), besides the attention's and each residual connection's:
+//   FeedForward       pre (linear1's output), hidden (after the activation and dropout), out
+//   TransformerBlock  stream_in, stream_mid, stream_out: the residual stream entering the block,
+//                     between its sublayers, and leaving it
+//   LanguageModel     embed (tokens plus positions), logits
 // Shapes: B batch, T length, C d_model, V vocabulary, F FFN width.
 #pragma once
 
@@ -28,6 +35,7 @@ class FeedForward : public Module {
  public:
   explicit FeedForward(const FeedForwardOptions& options, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) const;
+  void check_input(const Tensor& x) const;  // (..., d_model)
   std::shared_ptr<Linear> linear1, linear2;
 
  private:
@@ -43,6 +51,7 @@ struct TransformerBlockOptions {
   XGRAD_ARG(float, dropout, 0.1f);     // attention weights and FFN hidden
   XGRAD_ARG(Norm, norm, Norm::pre);    // pre or post
   XGRAD_ARG(Activation, activation, Activation::gelu);
+  XGRAD_ARG(float, layer_norm_eps, 1e-5f);
 };
 
 struct BlockOutput {
@@ -54,9 +63,8 @@ class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const TransformerBlockOptions& options, Generator& gen = default_generator());
   BlockOutput forward(const Tensor& x, const AttentionMask& mask = {}) const;
-  std::shared_ptr<MultiHeadAttention> attn;  // holds the attention sublayer's norm and residual
-  std::shared_ptr<LayerNorm> ffn_norm;
-  std::shared_ptr<FeedForward> ffn;
+  std::shared_ptr<MultiHeadAttention> attn;     // Residual<Attention>: attn.norm, attn.w_q, ...
+  std::shared_ptr<Residual<FeedForward>> ffn;  // ffn.norm, ffn.linear1, ffn.linear2
 
  private:
   TransformerBlockOptions options_;
@@ -77,6 +85,7 @@ struct LanguageModelOptions {
   XGRAD_ARG(Norm, norm, Norm::pre);
   XGRAD_ARG(Activation, activation, Activation::gelu);
   XGRAD_ARG(Positional, positional, Positional::learned);
+  XGRAD_ARG(float, layer_norm_eps, 1e-5f);
 };
 
 struct LanguageModelOutput {

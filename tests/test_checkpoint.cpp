@@ -314,6 +314,54 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
   REQUIRE(any_param_differs(a, saved));  // and training really moved the weights
 }
 
+// Checkpoints written while a block's feed-forward norm was its own child, "blocks.N.ffn_norm",
+// before it moved into the feed-forward residual sublayer as "blocks.N.ffn.norm".
+TEST_CASE("a checkpoint with the names from before the ffn.norm rename loads and resumes exactly", "[checkpoint]") {
+  TempDir dir("xgrad_ckpt");
+  const std::string path = dir.file("old.safetensors");
+  auto old_name = [](std::string n) {
+    const std::size_t at = n.find("ffn.norm.");
+    return at == std::string::npos ? n : n.replace(at, 9, "ffn_norm.");
+  };
+  Generator gen_a(1);
+  nn::LanguageModel a(small_lm(), gen_a);
+  optim::AdamW opt_a(a.named_parameters(), optim::AdamW::defaults(1e-2f));
+  train_step(a, opt_a);
+  // The file as the old layout wrote it: every tensor under its old name.
+  NamedArrays all;
+  std::size_t renamed = 0;
+  for (const auto& [name, v] : nn::state_dict(a)) {
+    all.emplace_back(old_name(name), v);
+    renamed += old_name(name) != name;
+  }
+  for (const auto& [name, v] : opt_a.state_dict()) all.emplace_back("optimizer." + old_name(name), v);
+  REQUIRE(renamed == 4);  // two blocks, weight and bias
+  save_safetensors(path, all);
+
+  Generator gen_b(2);
+  nn::LanguageModel b(small_lm(), gen_b);
+  const nn::Checkpoint ck = nn::load_checkpoint(path, b);
+  require_params_equal(b, nn::state_dict(a));
+  optim::AdamW opt_b(b.named_parameters(), optim::AdamW::defaults(1e-2f));
+  REQUIRE_NOTHROW(opt_b.load_state_dict(ck.optimizer_state));
+  for (int i = 0; i < 2; ++i) {
+    train_step(a, opt_a);
+    train_step(b, opt_b);
+    require_params_equal(b, nn::state_dict(a));
+  }
+
+  // load_state_dict takes the old names too; a state holding both names keeps the strict check.
+  Generator gen_c(3);
+  nn::LanguageModel c(small_lm(), gen_c);
+  NamedArrays old_state;
+  for (const auto& [name, v] : nn::state_dict(a)) old_state.emplace_back(old_name(name), v);
+  nn::load_state_dict(c, old_state);
+  require_params_equal(c, nn::state_dict(a));
+  NamedArrays both = nn::state_dict(a);
+  both.emplace_back("blocks.0.ffn_norm.weight", both.front().second);
+  REQUIRE_THROWS_WITH(nn::load_state_dict(c, both), Catch::Contains("unexpected entry 'blocks.0.ffn_norm.weight'"));
+}
+
 TEST_CASE("a checkpoint without optimizer state returns an empty optimizer_state", "[checkpoint]") {
   TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("m.safetensors");

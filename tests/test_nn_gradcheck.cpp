@@ -551,7 +551,7 @@ TEST_CASE("TransformerBlock gradients, Pre-Norm and Post-Norm, causal", "[nn][gr
       INFO(res.report);
       REQUIRE(res.ok);
       REQUIRE(res.checked + res.skipped == total_elements(block, {x}));
-      REQUIRE(res.tensors == 17);  // input, attn (8 + norm 2), ffn_norm 2, ffn 4
+      REQUIRE(res.tensors == 17);  // input, attn (8 + norm 2), ffn.norm 2, ffn 4
       REQUIRE(res.skipped * 10 < res.checked);
     }
   }

@@ -187,12 +187,12 @@ TEST_CASE("LanguageModel parameter names are dotted paths in registration order"
       "blocks.0.attn.w_o.bias",
       "blocks.0.attn.norm.weight",
       "blocks.0.attn.norm.bias",
-      "blocks.0.ffn_norm.weight",
-      "blocks.0.ffn_norm.bias",
       "blocks.0.ffn.linear1.weight",
       "blocks.0.ffn.linear1.bias",
       "blocks.0.ffn.linear2.weight",
       "blocks.0.ffn.linear2.bias",
+      "blocks.0.ffn.norm.weight",
+      "blocks.0.ffn.norm.bias",
       "final_norm.weight",
       "final_norm.bias",
       "head.weight",
@@ -212,6 +212,7 @@ TEST_CASE("LanguageModel parameter names are dotted paths in registration order"
   REQUIRE(lm.parameter("blocks.0.ffn.linear2.weight").is_same(lm.blocks[0]->ffn->linear2->weight));
   REQUIRE(lm.parameter("head.bias").is_same(lm.head->bias));
   REQUIRE(lm.parameter("blocks.0.ffn.linear1.weight").shape() == Shape{32, 8});
+  REQUIRE(lm.parameter("blocks.0.ffn.norm.bias").is_same(lm.blocks[0]->ffn->norm->bias));
 
   // a second layer appears as blocks.1 after blocks.0
   Generator gen2(1);
@@ -219,7 +220,7 @@ TEST_CASE("LanguageModel parameter names are dotted paths in registration order"
   const std::vector<std::string> names2 = names_of(lm2.named_parameters());
   REQUIRE(names2.size() == expected.size() + 16);
   REQUIRE(names2[18] == "blocks.1.attn.w_q.weight");
-  REQUIRE(names2[33] == "blocks.1.ffn.linear2.bias");
+  REQUIRE(names2[33] == "blocks.1.ffn.norm.bias");
   REQUIRE(names2[34] == "final_norm.weight");
 }
 
@@ -280,7 +281,7 @@ TEST_CASE("num_parameters is the sum of sizes and the closed form for MultiHeadA
   std::size_t total = 0;
   for (const Tensor& p : lm.parameters()) total += p.size();
   REQUIRE(lm.num_parameters() == total);
-  // V*C + max_len*C + block (attention 4(C^2+C)+2C, ffn_norm 2C, ffn C*4C+4C+4C*C+C) + 2C + C*V+V
+  // V*C + max_len*C + block (attention 4(C^2+C)+2C, ffn.norm 2C, ffn C*4C+4C+4C*C+C) + 2C + C*V+V
   const std::size_t V = 7, C = 8, L = 6, F = 32;
   REQUIRE(total == V * C + L * C + (4 * (C * C + C) + 2 * C) + 2 * C + (C * F + F + F * C + C) + 2 * C + (C * V + V));
 }
@@ -310,7 +311,7 @@ TEST_CASE("train and eval propagate to every submodule and never change requires
     for (const auto& b : lm.blocks) {
       for (const nn::Module* m : std::initializer_list<const nn::Module*>{
                b.get(), b->attn.get(), b->attn->w_q.get(), b->attn->w_k.get(), b->attn->w_v.get(), b->attn->w_o.get(),
-               b->attn->norm.get(), b->ffn_norm.get(), b->ffn.get(), b->ffn->linear1.get(), b->ffn->linear2.get()}) {
+               b->attn->norm.get(), b->ffn->norm.get(), b->ffn.get(), b->ffn->linear1.get(), b->ffn->linear2.get()}) {
         ms.push_back(m);
       }
     }
@@ -776,11 +777,12 @@ TEST_CASE("TransformerBlock places the FFN norm like the attention norm", "[nn][
     REQUIRE(out.attention.shape() == Shape{2, 2, 4, 4});
     const Tensor h = block.attn->forward(x, mask).output;  // the attention sublayer with its residual
     // Pre: y = h + FFN(LN2(h))      Post: y = LN2(h + FFN(h))
-    const Tensor want = norm == nn::Norm::pre ? h + block.ffn->forward(block.ffn_norm->forward(h))
-                                              : block.ffn_norm->forward(h + block.ffn->forward(h));
+    const nn::FeedForward& ffn = block.ffn->sublayer();
+    const Tensor want = norm == nn::Norm::pre ? h + ffn.forward(block.ffn->norm->forward(h))
+                                              : block.ffn->norm->forward(h + ffn.forward(h));
     REQUIRE(max_abs_diff(out.output.value(), want.value()) < 1e-5);
-    const Tensor other = norm == nn::Norm::pre ? block.ffn_norm->forward(h + block.ffn->forward(h))
-                                               : h + block.ffn->forward(block.ffn_norm->forward(h));
+    const Tensor other = norm == nn::Norm::pre ? block.ffn->norm->forward(h + ffn.forward(h))
+                                               : h + ffn.forward(block.ffn->norm->forward(h));
     REQUIRE(max_abs_diff(out.output.value(), other.value()) > 0.1);
   }
 }
@@ -941,4 +943,23 @@ TEST_CASE("generate rejects an empty prompt and a negative temperature", "[nn][g
   nan.temperature = std::nanf("");
   REQUIRE_THAT(error_of([&] { lm.generate({1}, 3, nan); }), Contains("generate") && Contains("temperature"));
   REQUIRE(lm.is_training());
+}
+
+TEST_CASE("ModuleList is indexable, typed and iterable, and says which index is out of range", "[nn][module]") {
+  Generator gen(41);
+  nn::ModuleList list;
+  auto a = list.push_back(std::make_shared<nn::Linear>(2, 3, true, gen));
+  auto b = list.push_back(std::make_shared<nn::LayerNorm>(3));
+  REQUIRE(list.size() == 2);
+  REQUIRE(list[0].get() == a.get());
+  REQUIRE(list.at<nn::LayerNorm>(1).get() == b.get());
+  std::vector<nn::Module*> seen;
+  for (const auto& m : list) seen.push_back(m.get());
+  REQUIRE(seen == std::vector<nn::Module*>{a.get(), b.get()});
+  REQUIRE_THROWS_WITH(list[2], Catch::Contains("ModuleList") && Catch::Contains("index 2") && Catch::Contains("2 modules"));
+  REQUIRE_THROWS_WITH(list.at<nn::LayerNorm>(0), Catch::Contains("ModuleList") && Catch::Contains("module 0"));
+  REQUIRE_THROWS_WITH(list.at<nn::Linear>(5), Catch::Contains("index 5"));
+  // The language model's blocks are a ModuleList under "blocks".
+  nn::LanguageModel lm(nn::LanguageModelOptions(7, 8, 2, 2).max_len(6), gen);
+  REQUIRE(lm.named_modules()[3].first == "blocks");
 }

@@ -94,16 +94,40 @@ NamedArrays gradients_of(const nn::Module& m) {
   return out;
 }
 
-// Every point a ProbeSet records on an L-layer LanguageModel.
-std::vector<std::string> expected_points(std::size_t layers) {
-  std::vector<std::string> v;
+// The points on an L-layer LanguageModel that hold the residual stream's shape (B, T, C), in
+// the order forward reaches them.
+std::vector<std::string> stream_points(std::size_t layers) {
+  std::vector<std::string> v = {"embed"};
   for (std::size_t l = 0; l < layers; ++l) {
     const std::string b = "blocks." + std::to_string(l);
-    for (const char* p : {".stream_in", ".stream_mid", ".stream_out", ".attn.context"}) v.push_back(b + p);
-    for (const std::string& r : {b + ".attn.residual", b + ".ffn_residual"}) {
-      for (const char* p : {".in", ".skip", ".branch", ".sublayer", ".out"}) v.push_back(r + p);
+    v.push_back(b + ".stream_in");
+    for (const char* p : {".residual.in", ".residual.skip", ".residual.branch", ".q", ".k", ".v", ".context", ".out",
+                          ".residual.out"}) {
+      v.push_back(b + ".attn" + p);
+    }
+    v.push_back(b + ".stream_mid");
+    for (const char* p : {".residual.in", ".residual.skip", ".residual.branch", ".out", ".residual.out"}) v.push_back(b + ".ffn" + p);
+    v.push_back(b + ".stream_out");
+  }
+  return v;
+}
+
+// Every point a ProbeSet records by default, with its shape, in forward order.
+std::vector<std::pair<std::string, Shape>> expected_points(std::size_t layers) {
+  std::vector<std::pair<std::string, Shape>> v;
+  for (const std::string& n : stream_points(layers)) {
+    v.emplace_back(n, Shape{kB, kT, kC});
+    auto ends_with = [&](const std::string& suffix) {
+      return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".attn.v")) v.emplace_back(n.substr(0, n.size() - 1) + "pattern", Shape{kB, kH, kT, kT});
+    if (ends_with(".ffn.residual.branch")) {
+      const std::string ffn = n.substr(0, n.size() - std::string("residual.branch").size());
+      v.emplace_back(ffn + "pre", Shape{kB, kT, 4 * kC});
+      v.emplace_back(ffn + "hidden", Shape{kB, kT, 4 * kC});
     }
   }
+  v.emplace_back("logits", Shape{kB, kT, kV});
   return v;
 }
 
@@ -124,8 +148,9 @@ Tensor loss_from_block(const nn::LanguageModel& m, std::size_t first, const Tens
 Tensor loss_from_ffn_paths(const nn::LanguageModel& m, std::size_t l, const Tensor& skip, const Tensor& branch,
                            const IndexArray& targets) {
   const nn::TransformerBlock& blk = *m.blocks[l];
-  const Tensor y = m.options().norm() == Norm::pre ? skip + blk.ffn->forward(blk.ffn_norm->forward(branch))
-                                                   : blk.ffn_norm->forward(skip + blk.ffn->forward(branch));
+  const nn::FeedForward& ffn = blk.ffn->sublayer();
+  const Tensor y = m.options().norm() == Norm::pre ? skip + ffn.forward(blk.ffn->norm->forward(branch))
+                                                   : blk.ffn->norm->forward(skip + ffn.forward(branch));
   return loss_from_block(m, l + 1, y, targets);
 }
 
@@ -199,7 +224,7 @@ void require_gradcheck_agrees(const std::function<Tensor(const Tensor&)>& fn, co
 // ---------------------------------------------------------------------------------------------
 // ProbeSet points
 
-TEST_CASE("a ProbeSet records every stream and residual point with the stream's shape and values") {
+TEST_CASE("a ProbeSet records every hook point but the scores, in forward order, with its shape and values") {
   for (Norm norm : {Norm::pre, Norm::post}) {
     INFO(norm_name(norm));
     auto model = make_lm(norm);
@@ -208,18 +233,17 @@ TEST_CASE("a ProbeSet records every stream and residual point with the stream's 
     REQUIRE(probes.names().empty());
     model->loss(b.ids, b.targets);
 
-    const std::vector<std::string> expected = expected_points(kL);
+    const auto expected = expected_points(kL);
     const std::vector<std::string> names = probes.names();
     REQUIRE(names.size() == expected.size());
-    REQUIRE(std::set<std::string>(names.begin(), names.end()) == std::set<std::string>(expected.begin(), expected.end()));
-    REQUIRE(names.front() == "blocks.0.stream_in");
-    REQUIRE(names.back() == "blocks.1.stream_out");
-    for (const std::string& n : expected) {
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      const auto& [n, shape] = expected[i];
       INFO(n);
-      REQUIRE(probes.has(n));
-      REQUIRE(probes.activation(n).shape() == Shape{kB, kT, kC});
+      REQUIRE(names[i] == n);
+      REQUIRE(probes.activation(n).shape() == shape);
       REQUIRE(probes.tensor(n).requires_grad());
     }
+    REQUIRE_FALSE(probes.has("blocks.0.attn.scores"));
     REQUIRE_FALSE(probes.has("blocks.0.attn.residual"));
     REQUIRE_THROWS_AS(probes.tensor("blocks.9.stream_in"), Error);
     REQUIRE_THROWS_AS(probes.gradient("blocks.0.stream_in"), Error);  // no backward yet
@@ -227,7 +251,7 @@ TEST_CASE("a ProbeSet records every stream and residual point with the stream's 
     // The points hold the values the names promise.
     REQUIRE(bitwise_equal(probes.activation("blocks.1.stream_in"), probes.activation("blocks.0.stream_out")));
     for (std::size_t l = 0; l < kL; ++l) {
-      const std::string blk = "blocks." + std::to_string(l), att = blk + ".attn.residual", ffn = blk + ".ffn_residual";
+      const std::string blk = "blocks." + std::to_string(l), att = blk + ".attn.residual", ffn = blk + ".ffn.residual";
       auto act = [&](const std::string& n) { return probes.activation(n); };
       REQUIRE(bitwise_equal(act(att + ".in"), act(blk + ".stream_in")));
       REQUIRE(bitwise_equal(act(att + ".skip"), act(att + ".in")));
@@ -240,19 +264,22 @@ TEST_CASE("a ProbeSet records every stream and residual point with the stream's 
 
       NoGradGuard no_grad;
       const nn::TransformerBlock& tb = *model->blocks[l];
-      // The attention sublayer's output is W_o applied to the context.
-      REQUIRE(bitwise_equal(tb.attn->w_o->forward(Tensor(act(blk + ".attn.context"))).value(), act(att + ".sublayer")));
+      // The attention sublayer's output is W_o applied to the context; the FFN's is linear2
+      // applied to its hidden activations, which are GELU of its pre-activations (no dropout).
+      const std::string att_out = blk + ".attn.out", ffn_out = blk + ".ffn.out";
+      REQUIRE(bitwise_equal(tb.attn->w_o->forward(Tensor(act(blk + ".attn.context"))).value(), act(att_out)));
+      REQUIRE(bitwise_equal(tb.ffn->linear2->forward(Tensor(act(blk + ".ffn.hidden"))).value(), act(ffn_out)));
+      REQUIRE(bitwise_equal(gelu(Tensor(act(blk + ".ffn.pre"))).value(), act(blk + ".ffn.hidden")));
       const Tensor ffn_in(act(ffn + ".in"));
+      const nn::FeedForward& f = tb.ffn->sublayer();
       if (norm == Norm::pre) {
-        REQUIRE(bitwise_equal(tb.ffn->forward(tb.ffn_norm->forward(ffn_in)).value(), act(ffn + ".sublayer")));
-        REQUIRE(bitwise_equal(Array(act(att + ".in") + act(att + ".sublayer")), act(att + ".out")));
-        REQUIRE(bitwise_equal(Array(act(ffn + ".in") + act(ffn + ".sublayer")), act(ffn + ".out")));
+        REQUIRE(bitwise_equal(f.forward(tb.ffn->norm->forward(ffn_in)).value(), act(ffn_out)));
+        REQUIRE(bitwise_equal(Array(act(att + ".in") + act(att_out)), act(att + ".out")));
+        REQUIRE(bitwise_equal(Array(act(ffn + ".in") + act(ffn_out)), act(ffn + ".out")));
       } else {
-        REQUIRE(bitwise_equal(tb.ffn->forward(ffn_in).value(), act(ffn + ".sublayer")));
-        REQUIRE(bitwise_equal(tb.attn->norm->forward(Tensor(Array(act(att + ".in") + act(att + ".sublayer")))).value(),
-                              act(att + ".out")));
-        REQUIRE(bitwise_equal(tb.ffn_norm->forward(Tensor(Array(act(ffn + ".in") + act(ffn + ".sublayer")))).value(),
-                              act(ffn + ".out")));
+        REQUIRE(bitwise_equal(f.forward(ffn_in).value(), act(ffn_out)));
+        REQUIRE(bitwise_equal(tb.attn->norm->forward(Tensor(Array(act(att + ".in") + act(att_out)))).value(), act(att + ".out")));
+        REQUIRE(bitwise_equal(tb.ffn->norm->forward(Tensor(Array(act(ffn + ".in") + act(ffn_out)))).value(), act(ffn + ".out")));
       }
     }
   }
@@ -306,30 +333,35 @@ TEST_CASE("Post-Norm probes change no value and no gradient beyond rounding") {
   require_probes_change_nothing(Norm::post, false);
 }
 
-TEST_CASE("a destroyed ProbeSet records nothing, a new one can attach, two at once throw") {
+TEST_CASE("a destroyed ProbeSet leaves no hook behind; two at once record the same values") {
   auto model = make_lm(Norm::pre);
   const Batch b = make_batch(3);
+  const std::size_t points = expected_points(kL).size();
   {
     nn::ProbeSet probes(*model);
-    for (auto& [path, m] : model->named_modules()) REQUIRE(m->probing());
+    REQUIRE(model->num_hooks() == points);
     model->loss(b.ids, b.targets);
-    REQUIRE(probes.names().size() == expected_points(kL).size());
-
-    // A second ProbeSet on the same tree, or on a sub-tree of it, throws and attaches nothing.
-    auto second = [&] { nn::ProbeSet other(*model); };
-    auto on_block = [&] { nn::ProbeSet other(*model->blocks[1]); };
-    REQUIRE_THROWS_AS(second(), Error);
-    REQUIRE_THROWS_AS(on_block(), Error);
+    REQUIRE(probes.names().size() == points);
+    {
+      // A second ProbeSet, on the whole tree or a sub-tree, records alongside the first.
+      nn::ProbeSet other(*model), on_block(*model->blocks[1]);
+      model->loss(b.ids, b.targets);
+      REQUIRE(other.names() == probes.names());
+      for (const std::string& n : probes.names()) {
+        INFO(n);
+        REQUIRE(bitwise_equal(other.activation(n), probes.activation(n)));
+      }
+      REQUIRE(bitwise_equal(on_block.activation("stream_out"), probes.activation("blocks.1.stream_out")));
+      REQUIRE_FALSE(on_block.has("blocks.1.stream_out"));
+    }
+    REQUIRE(model->num_hooks() == points);
     probes.clear();
     REQUIRE(probes.names().empty());
     REQUIRE_FALSE(probes.has("blocks.0.stream_in"));
     model->loss(b.ids, b.targets);  // the first one still records
-    REQUIRE(probes.names().size() == expected_points(kL).size());
+    REQUIRE(probes.names().size() == points);
   }
-  for (auto& [path, m] : model->named_modules()) {
-    INFO(path);
-    REQUIRE_FALSE(m->probing());
-  }
+  REQUIRE(model->num_hooks() == 0);
   // Forward and backward run without a ProbeSet (nothing dangles).
   const Tensor loss = model->loss(b.ids, b.targets);
   loss.backward();
@@ -338,9 +370,7 @@ TEST_CASE("a destroyed ProbeSet records nothing, a new one can attach, two at on
   // A sub-tree can be probed on its own, with paths from its root.
   {
     nn::ProbeSet block_probes(*model->blocks[0]);
-    REQUIRE_FALSE(model->probing());
-    REQUIRE(model->blocks[0]->probing());
-    REQUIRE_FALSE(model->blocks[1]->probing());
+    REQUIRE(model->blocks[1]->num_hooks() == 0);
     model->loss(b.ids, b.targets);
     REQUIRE(block_probes.has("stream_in"));
     REQUIRE(block_probes.has("attn.residual.branch"));
@@ -350,7 +380,7 @@ TEST_CASE("a destroyed ProbeSet records nothing, a new one can attach, two at on
   nn::ProbeSet again(*model);
   REQUIRE(again.names().empty());
   model->loss(b.ids, b.targets);
-  REQUIRE(again.names().size() == expected_points(kL).size());
+  REQUIRE(again.names().size() == points);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -368,7 +398,7 @@ TEST_CASE("at every residual connection the skip and branch gradients add up to 
     REQUIRE(flows.size() == 2 * kL);
     for (std::size_t l = 0; l < kL; ++l) {
       REQUIRE(flows[2 * l].name == "blocks." + std::to_string(l) + ".attn.residual");
-      REQUIRE(flows[2 * l + 1].name == "blocks." + std::to_string(l) + ".ffn_residual");
+      REQUIRE(flows[2 * l + 1].name == "blocks." + std::to_string(l) + ".ffn.residual");
     }
     for (const nn::ResidualFlow& f : flows) {
       INFO(f.name);
@@ -397,8 +427,8 @@ TEST_CASE("at every residual connection the skip and branch gradients add up to 
     for (std::size_t l = 0; l < kL; ++l) {
       const std::string blk = "blocks." + std::to_string(l);
       REQUIRE(bitwise_equal(probes.gradient(blk + ".stream_in"), probes.gradient(blk + ".attn.residual.in")));
-      REQUIRE(bitwise_equal(probes.gradient(blk + ".stream_mid"), probes.gradient(blk + ".ffn_residual.in")));
-      REQUIRE(bitwise_equal(probes.gradient(blk + ".stream_out"), probes.gradient(blk + ".ffn_residual.out")));
+      REQUIRE(bitwise_equal(probes.gradient(blk + ".stream_mid"), probes.gradient(blk + ".ffn.residual.in")));
+      REQUIRE(bitwise_equal(probes.gradient(blk + ".stream_out"), probes.gradient(blk + ".ffn.residual.out")));
     }
   }
 }
@@ -457,7 +487,7 @@ TEST_CASE("the gradients through the feed-forward branch and skip paths equal fi
     auto model = make_lm(norm);
     const Batch b = make_batch(6);
     for (std::size_t l = 0; l < kL; ++l) {
-      const std::string base = "blocks." + std::to_string(l) + ".ffn_residual";
+      const std::string base = "blocks." + std::to_string(l) + ".ffn.residual";
       INFO(norm_name(norm) << ", " << base);
       Array x, g_branch, g_skip;
       float model_loss = 0;
@@ -573,10 +603,8 @@ TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as fin
     model->zero_grad();
 
     nn::HeadImportance importance(*model);
-    for (const auto& blk : model->blocks) {
-      REQUIRE(blk->attn->head_gates.defined());
-      REQUIRE(bitwise_equal(blk->attn->head_gates.value(), xt::ones<float>({kH})));
-    }
+    REQUIRE(importance.size() == kL);
+    for (std::size_t l = 0; l < kL; ++l) REQUIRE(bitwise_equal(importance.gates(l).value(), xt::ones<float>({kH})));
     // Gates are not parameters.
     REQUIRE(model->named_parameters().size() == plain_grads.size());
 
@@ -590,10 +618,10 @@ TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as fin
     }
 
     std::vector<Array> dgate;
-    for (const auto& blk : model->blocks) dgate.push_back(blk->attn->head_gates.grad());
+    for (std::size_t l = 0; l < kL; ++l) dgate.push_back(importance.gates(l).grad());
     importance.accumulate();
     REQUIRE(importance.batches() == 1);
-    for (const auto& blk : model->blocks) REQUIRE_FALSE(blk->attn->head_gates.has_grad());
+    for (std::size_t l = 0; l < kL; ++l) REQUIRE_FALSE(importance.gates(l).has_grad());
 
     const std::vector<nn::HeadScore> scores = importance.scores();
     REQUIRE(scores.size() == kL * kH);
@@ -607,7 +635,7 @@ TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as fin
         REQUIRE(s.importance == Approx(std::abs(dgate[l](h))).epsilon(1e-12));
 
         // dL/dgate_h by finite differences of the gate's value.
-        Tensor gate = model->blocks[l]->attn->head_gates;
+        Tensor gate = importance.gates(l);
         auto loss_at = [&](double g) {
           gate.mutable_value()(h) = static_cast<float>(g);
           NoGradGuard no_grad;
@@ -643,7 +671,7 @@ TEST_CASE("head importance averages absolute gate gradients over batches") {
     model->zero_grad();
     model->loss(b.ids, b.targets).backward();
     for (std::size_t l = 0; l < kL; ++l) {
-      for (std::size_t h = 0; h < kH; ++h) g[l * kH + h].push_back(model->blocks[l]->attn->head_gates.grad()(h));
+      for (std::size_t h = 0; h < kH; ++h) g[l * kH + h].push_back(importance.gates(l).grad()(h));
     }
     importance.accumulate();
   }
@@ -670,18 +698,21 @@ TEST_CASE("head importance averages absolute gate gradients over batches") {
   REQUIRE(some_sign_differs);
 }
 
-TEST_CASE("the HeadImportance destructor removes the gates, and a tree without attention throws") {
+TEST_CASE("the HeadImportance destructor removes the gates, two at once each see their gradient, and a tree without attention throws") {
   auto model = make_lm(Norm::post);
   const Batch b = make_batch(9);
   {
     nn::HeadImportance importance(*model);
-    for (const auto& blk : model->blocks) REQUIRE(blk->attn->head_gates.defined());
-    auto twice = [&] { nn::HeadImportance other(*model); };
-    REQUIRE_THROWS_AS(twice(), Error);
+    REQUIRE(model->num_hooks() == kL);
     // accumulate() before any backward: nothing reached the gates.
     REQUIRE_THROWS_AS(importance.accumulate(), Error);
+    // A second tool at once: both gates are 1, so each receives the same dL/dgate.
+    nn::HeadImportance other(*model);
+    model->loss(b.ids, b.targets).backward();
+    for (std::size_t l = 0; l < kL; ++l) REQUIRE(bitwise_equal(importance.gates(l).grad(), other.gates(l).grad()));
+    REQUIRE_THROWS_AS(importance.gates(kL), Error);
   }
-  for (const auto& blk : model->blocks) REQUIRE_FALSE(blk->attn->head_gates.defined());
+  REQUIRE(model->num_hooks() == 0);
   const Tensor loss = model->loss(b.ids, b.targets);  // runs ungated
   REQUIRE(std::isfinite(loss.item()));
   { nn::HeadImportance again(*model); }  // can be installed again

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "xgrad/core/tape.hpp"
+#include "xgrad/nn/head_importance.hpp"
 
 namespace headspec {
 
@@ -129,9 +130,8 @@ std::vector<HeadStats> analyze_heads(OffsetModel& model, const ShiftTask& task, 
       accumulate_stats(s, weights[l], h);
       Array gates = xt::ones<float>({H});
       gates(h) = 0.f;
-      model.layers[l]->head_gates = Tensor(gates);
+      const nn::HookHandle ablation = nn::gate_heads(*model.layers[l], Tensor(gates));
       s.ablated = evaluate(model, task, data);
-      model.layers[l]->head_gates = Tensor();
       stats.push_back(std::move(s));
     }
   }
