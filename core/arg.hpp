@@ -1,6 +1,7 @@
 // XGRAD_ARG declares one option of an options struct: a field with its default, a getter and
 // a chainable setter, so that MultiHeadAttentionOptions(512, 8).dropout(0.1).norm(Norm::pre)
-// reads like the sentence it is.
+// reads like the sentence it is. XGRAD_REQUIRED_ARG declares one the struct's constructor sets
+// (a required value such as d_model, or one derived from them): it has no default of its own.
 #pragma once
 
 #define XGRAD_ARG(T, name, default_value)   \
@@ -13,3 +14,14 @@
                                             \
  private:                                   \
   T name##_ = default_value
+
+#define XGRAD_REQUIRED_ARG(T, name)         \
+ public:                                    \
+  auto& name(const T& v) {                  \
+    name##_ = v;                            \
+    return *this;                           \
+  }                                         \
+  const T& name() const { return name##_; } \
+                                            \
+ private:                                   \
+  T name##_

@@ -5,6 +5,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/parallel.hpp"
+#include "xgrad/core/strided_offsets.hpp"
 
 namespace xgrad {
 
@@ -51,11 +52,11 @@ void add_reduced(Array& dst, const Array& g) {
   const std::size_t inner = n ? gs[n - 1] : 1;
   const std::size_t inner_stride = n ? stride[n - 1] : 0;
   const std::size_t outer = g.size() / inner;
-  std::vector<std::size_t> idx(n, 0);  // multi-index over g's leading n-1 axes
+  StridedOffsets at(gs.data(), stride.data(), n ? n - 1 : 0);  // over g's leading n-1 axes
   const float* src = g.data();
   float* d = dst.data();
-  std::size_t off = 0;
-  for (std::size_t o = 0; o < outer; ++o) {
+  for (std::size_t o = 0; o < outer; ++o, at.next()) {
+    const std::size_t off = at.offset();
     const float* row = src + o * inner;
     if (inner_stride == 0) {
       float acc = 0.f;
@@ -64,15 +65,6 @@ void add_reduced(Array& dst, const Array& g) {
     } else {
       float* drow = d + off;
       for (std::size_t j = 0; j < inner; ++j) drow[j] += row[j];
-    }
-    // Advance the multi-index over axes n-2 .. 0 and keep off in step with it.
-    for (std::size_t k = n - 1; k-- > 0;) {
-      if (++idx[k] < gs[k]) {
-        off += stride[k];
-        break;
-      }
-      off -= stride[k] * (gs[k] - 1);
-      idx[k] = 0;
     }
   }
 }

@@ -1,6 +1,6 @@
 // Every differentiable op. Each is a free function that computes its value and records one
 // backward closure next to it (see the ops_*.cpp files). Axes may be negative (from the end).
-// Shape legend: N rows, C classes or channels, M/K/N matmul dimensions.
+// Shape legend: N rows, C classes or channels; matmul multiplies (M, K) by (K, P).
 #pragma once
 
 #include <cstdint>
@@ -73,7 +73,7 @@ Tensor concat(const std::vector<Tensor>& parts, int axis);
 std::vector<Tensor> split(const Tensor& a, const std::vector<std::size_t>& sizes, int axis);
 
 // ---- matmul (ops_matmul.cpp), through cblas_sgemm ----
-// (..., M, K) @ (..., K, N) -> (..., M, N), batch axes broadcast as in numpy; a 2-D right
+// (..., M, K) @ (..., K, P) -> (..., M, P), batch axes broadcast as in numpy; a 2-D right
 // operand is shared by the whole batch. transpose_a / transpose_b use op(x) = x^T on the last
 // two axes without copying, e.g. matmul(q, k, false, true) is q @ k^T.
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
@@ -109,7 +109,8 @@ Tensor masked_softmax(const Tensor& a, const Mask& mask, int axis = -1);
 Tensor masked_fill(const Tensor& a, const Mask& mask, float value);
 // Mean cross-entropy of logits (..., C) against integer targets (...), skipping targets equal
 // to ignore_index; fused with log-softmax. With every target ignored the loss is 0.
-Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index = -100);
+constexpr std::int64_t kIgnoreIndex = -100;  // the target that cross_entropy skips by default, as in PyTorch
+Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index = kIgnoreIndex);
 // Rows of weight (V, C) picked by ids (...) -> (..., C); backward scatter-adds into weight.
 Tensor embedding(const Tensor& weight, const IndexArray& ids);
 // Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).

@@ -9,6 +9,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/parallel.hpp"
+#include "xgrad/core/strided_offsets.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/core/vector_kernels.hpp"
 
@@ -43,19 +44,8 @@ std::vector<std::size_t> batch_offsets(const Shape& own, const Shape& batch, std
   std::size_t count = 1;
   for (std::size_t d : batch) count *= d;
   std::vector<std::size_t> offs(count);
-  std::vector<std::size_t> idx(n, 0);
-  std::size_t off = 0;
-  for (std::size_t q = 0; q < count; ++q) {
-    offs[q] = off;
-    for (std::size_t k = n; k-- > 0;) {
-      if (++idx[k] < batch[k]) {
-        off += stride[k];
-        break;
-      }
-      off -= stride[k] * (batch[k] - 1);
-      idx[k] = 0;
-    }
-  }
+  StridedOffsets at(batch.data(), stride.data(), n);
+  for (std::size_t q = 0; q < count; ++q, at.next()) offs[q] = at.offset();
   return offs;
 }
 

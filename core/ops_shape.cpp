@@ -6,6 +6,7 @@
 #include "xgrad/core/axis_view.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
+#include "xgrad/core/strided_offsets.hpp"
 #include "xgrad/core/tape.hpp"
 
 namespace xgrad {
@@ -27,20 +28,11 @@ Array permute_array(const Array& in, const std::vector<std::size_t>& perm) {
   for (std::size_t k = 0; k < n; ++k) st[k] = in_stride[perm[k]];
   const std::size_t inner = n ? os[n - 1] : 1;
   const std::size_t inner_st = n ? st[n - 1] : 1;
-  std::vector<std::size_t> idx(n, 0);
+  StridedOffsets at(os.data(), st.data(), n - 1);  // over the output's leading n-1 axes
   const float* src = in.data();
   float* dst = out.data();
-  std::size_t off = 0;
-  for (std::size_t o = 0, rows = out.size() / inner; o < rows; ++o) {
-    for (std::size_t j = 0; j < inner; ++j) dst[o * inner + j] = src[off + j * inner_st];
-    for (std::size_t k = n - 1; k-- > 0;) {
-      if (++idx[k] < os[k]) {
-        off += st[k];
-        break;
-      }
-      off -= st[k] * (os[k] - 1);
-      idx[k] = 0;
-    }
+  for (std::size_t o = 0, rows = out.size() / inner; o < rows; ++o, at.next()) {
+    for (std::size_t j = 0; j < inner; ++j) dst[o * inner + j] = src[at.offset() + j * inner_st];
   }
   return out;
 }

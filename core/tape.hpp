@@ -110,15 +110,8 @@ class AnomalyGuard {
   bool previous_;
 };
 
-// True when an op over these inputs would be recorded (undefined tensors are ignored); ops
-// use it to skip caching what only backward needs.
-template <class... Ts>
-bool should_record(const Ts&... inputs) {
-  return grad_enabled() && ((inputs.defined() && inputs.requires_grad()) || ...);
-}
-
-// Wraps an op's forward value in a tensor and, when should_record holds, records the op with
-// its backward closure. `op` must be a string literal (it names the op in errors).
+// Wraps an op's forward value in a tensor and, when grad mode is on and an input requires grad,
+// records the op with its backward closure. `op` must be a string literal (it names the op in errors).
 Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardFn fn);
 
 // Runs `fn` once, on this thread, when the backward pass running here has delivered every

@@ -25,6 +25,13 @@ class Tensor;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;  // e.g. a module's parameters
 using NamedArrays = std::vector<std::pair<std::string, Array>>;    // e.g. a checkpoint's contents
 
+// The sum of every element's square, accumulated in double: gradient norms and clipping.
+inline double sum_of_squares(const Array& a) {
+  double s = 0;
+  for (float v : a) s += static_cast<double>(v) * v;
+  return s;
+}
+
 // A gradient hook sees the gradient arriving at a tensor during backward and may change it
 // in place (scale it, zero it, replace it); the changed gradient is what flows on.
 using GradHook = std::function<void(Array& grad)>;

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/argmax.hpp"
 #include "common/cli.hpp"
 #include "common/memory.hpp"
 #include "xgrad/xgrad.hpp"
@@ -44,9 +45,7 @@ double accuracy(const Array& logits, const IndexArray& y) {
   std::size_t hit = 0;
   const std::size_t k = logits.shape()[1];
   for (std::size_t i = 0; i < y.size(); ++i) {
-    std::size_t best = 0;
-    for (std::size_t j = 1; j < k; ++j) best = logits(i, j) > logits(i, best) ? j : best;
-    hit += static_cast<std::int64_t>(best) == y(i);
+    hit += static_cast<std::int64_t>(metrics::argmax(logits.data() + i * k, k)) == y(i);
   }
   return static_cast<double>(hit) / static_cast<double>(y.size());
 }

@@ -31,8 +31,8 @@ namespace xgrad::nn {
 
 struct MultiHeadAttentionOptions {
   MultiHeadAttentionOptions(std::size_t d_model, std::size_t num_heads) : d_model_(d_model), num_heads_(num_heads) {}
-  XGRAD_ARG(std::size_t, d_model, 512);
-  XGRAD_ARG(std::size_t, num_heads, 8);
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);
   XGRAD_ARG(float, dropout, 0.1f);      // on the attention weights, while training; masks come
                                         // from default_generator() (seed it with manual_seed)
   XGRAD_ARG(Norm, norm, Norm::pre);

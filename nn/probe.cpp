@@ -12,11 +12,7 @@
 namespace xgrad::nn {
 
 namespace {
-double norm(const Array& a) {
-  double s = 0;
-  for (float v : a) s += static_cast<double>(v) * v;
-  return std::sqrt(s);
-}
+double norm(const Array& a) { return std::sqrt(sum_of_squares(a)); }
 }  // namespace
 
 namespace {

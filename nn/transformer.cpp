@@ -119,9 +119,9 @@ Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets) con
   }
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const std::int64_t t = targets.data()[i];
-    if (t != -100 && (t < 0 || t >= static_cast<std::int64_t>(options_.vocab_size()))) {
+    if (t != kIgnoreIndex && (t < 0 || t >= static_cast<std::int64_t>(options_.vocab_size()))) {
       fail("LanguageModel::loss: target ", t, " at flat position ", i, " is outside the vocabulary [0, ",
-           options_.vocab_size(), ") (and is not the ignore index -100)");
+           options_.vocab_size(), ") (and is not the ignore index ", kIgnoreIndex, ")");
     }
   }
   return cross_entropy(forward(ids).logits, targets);

@@ -24,8 +24,8 @@ namespace xgrad::nn {
 
 struct FeedForwardOptions {
   FeedForwardOptions(std::size_t d_model, std::size_t d_ff) : d_model_(d_model), d_ff_(d_ff) {}
-  XGRAD_ARG(std::size_t, d_model, 512);
-  XGRAD_ARG(std::size_t, d_ff, 2048);
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);
   XGRAD_ARG(Activation, activation, Activation::gelu);
   XGRAD_ARG(float, dropout, 0.1f);  // on the hidden activations, while training (default_generator())
 };
@@ -45,9 +45,9 @@ class FeedForward : public Module {
 struct TransformerBlockOptions {
   TransformerBlockOptions(std::size_t d_model, std::size_t num_heads)
       : d_model_(d_model), num_heads_(num_heads), d_ff_(4 * d_model) {}
-  XGRAD_ARG(std::size_t, d_model, 512);
-  XGRAD_ARG(std::size_t, num_heads, 8);
-  XGRAD_ARG(std::size_t, d_ff, 2048);  // 4 * d_model unless set
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  // 4 * d_model unless set
   XGRAD_ARG(float, dropout, 0.1f);     // attention weights and FFN hidden
   XGRAD_ARG(Norm, norm, Norm::pre);    // pre or post
   XGRAD_ARG(Activation, activation, Activation::gelu);
@@ -75,11 +75,11 @@ enum class Positional { learned, sinusoidal };
 struct LanguageModelOptions {
   LanguageModelOptions(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads, std::size_t num_layers)
       : vocab_size_(vocab_size), d_model_(d_model), num_heads_(num_heads), num_layers_(num_layers), d_ff_(4 * d_model) {}
-  XGRAD_ARG(std::size_t, vocab_size, 256);
-  XGRAD_ARG(std::size_t, d_model, 512);
-  XGRAD_ARG(std::size_t, num_heads, 8);
-  XGRAD_ARG(std::size_t, num_layers, 2);
-  XGRAD_ARG(std::size_t, d_ff, 2048);  // 4 * d_model unless set
+  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);
+  XGRAD_REQUIRED_ARG(std::size_t, num_layers);
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  // 4 * d_model unless set
   XGRAD_ARG(std::size_t, max_len, 256);
   XGRAD_ARG(float, dropout, 0.1f);
   XGRAD_ARG(Norm, norm, Norm::pre);
@@ -103,7 +103,7 @@ class LanguageModel : public Module {
   explicit LanguageModel(const LanguageModelOptions& options, Generator& gen = default_generator());
   // ids (B, T) with T <= max_len; causal attention.
   LanguageModelOutput forward(const IndexArray& ids) const;
-  // Mean next-token cross-entropy of forward(ids) against targets (B, T) (ignore_index -100).
+  // Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
   // Appends `count` tokens to `prompt`, feeding at most the last max_len tokens; runs in eval
   // mode without recording and restores the previous mode.

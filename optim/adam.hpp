@@ -12,7 +12,7 @@ namespace xgrad::optim {
 
 struct AdamOptions {
   explicit AdamOptions(float lr = 1e-3f) : lr_(lr) {}
-  XGRAD_ARG(float, lr, 1e-3f);
+  XGRAD_REQUIRED_ARG(float, lr);
   XGRAD_ARG(float, beta1, 0.9f);
   XGRAD_ARG(float, beta2, 0.999f);
   XGRAD_ARG(float, eps, 1e-8f);

@@ -12,7 +12,7 @@ float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
   double sq = 0;
   for (const Tensor& p : params) {
     if (!p.defined() || !p.has_grad()) continue;
-    for (float g : p.grad()) sq += static_cast<double>(g) * g;
+    sq += sum_of_squares(p.grad());
   }
   const float norm = static_cast<float>(std::sqrt(sq));
   if (!std::isfinite(norm)) return norm;

@@ -16,7 +16,7 @@ enum class Decay { constant, linear, cosine };
 
 struct ScheduleOptions {
   explicit ScheduleOptions(float base_lr) : base_lr_(base_lr) {}
-  XGRAD_ARG(float, base_lr, 1e-3f);
+  XGRAD_REQUIRED_ARG(float, base_lr);
   XGRAD_ARG(std::size_t, warmup_steps, 0);
   XGRAD_ARG(std::size_t, total_steps, 0);  // needed by linear and cosine decay
   XGRAD_ARG(Decay, decay, Decay::constant);

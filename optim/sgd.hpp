@@ -13,7 +13,7 @@ namespace xgrad::optim {
 
 struct SGDOptions {
   explicit SGDOptions(float lr) : lr_(lr) {}
-  XGRAD_ARG(float, lr, 0.01f);
+  XGRAD_REQUIRED_ARG(float, lr);
   XGRAD_ARG(float, momentum, 0.f);
   XGRAD_ARG(float, dampening, 0.f);
   XGRAD_ARG(float, weight_decay, 0.f);

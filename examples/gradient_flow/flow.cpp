@@ -28,7 +28,7 @@ std::vector<LmBatch> shift_batches(const FlowConfig& c, std::size_t count, Gener
     LmBatch b{IndexArray::from_shape({c.batch, c.seq_len}), IndexArray::from_shape({c.batch, c.seq_len})};
     for (std::size_t s = 0; s < c.batch; ++s) {
       for (std::size_t t = 0; t < c.seq_len; ++t) b.ids(s, t) = static_cast<std::int64_t>(gen.below(c.vocab));
-      for (std::size_t t = 0; t < c.seq_len; ++t) b.targets(s, t) = t == 0 ? -100 : b.ids(s, t - 1);
+      for (std::size_t t = 0; t < c.seq_len; ++t) b.targets(s, t) = t == 0 ? kIgnoreIndex : b.ids(s, t - 1);
     }
     out.push_back(std::move(b));
   }
@@ -48,11 +48,7 @@ std::unique_ptr<nn::LanguageModel> make_model(const FlowConfig& c, nn::Norm norm
 }
 
 namespace {
-double norm_of(const Array& a) {
-  double s = 0;
-  for (float v : a) s += static_cast<double>(v) * v;
-  return std::sqrt(s);
-}
+double norm_of(const Array& a) { return std::sqrt(sum_of_squares(a)); }
 
 void add_flow(nn::ResidualFlow& acc, const nn::ResidualFlow& f, double w) {
   acc.name = f.name;

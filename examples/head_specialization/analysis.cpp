@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/argmax.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/nn/head_importance.hpp"
 
@@ -28,9 +29,7 @@ Accuracy evaluate(const OffsetModel& model, const ShiftTask& task, const std::ve
     for (std::size_t i = 0; i < batch.targets.size(); ++i) {
       const std::int64_t target = batch.targets.data()[i];
       if (target == kIgnore) continue;
-      const float* row = logits.data() + i * V;
-      const auto best = std::max_element(row, row + V) - row;
-      hit[i % K] += best == target;
+      hit[i % K] += static_cast<std::int64_t>(metrics::argmax(logits.data() + i * V, V)) == target;
       ++total[i % K];
     }
   }

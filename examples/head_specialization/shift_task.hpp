@@ -7,12 +7,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "xgrad/core/ops.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/core/tensor.hpp"
 
 namespace headspec {
 
-constexpr std::int64_t kIgnore = -100;
+constexpr std::int64_t kIgnore = xgrad::kIgnoreIndex;
 
 struct ShiftTask {
   std::size_t vocab = 16;

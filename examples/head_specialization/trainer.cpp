@@ -3,6 +3,8 @@
 
 #include <chrono>
 
+#include "common/argmax.hpp"
+
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/optim/adam.hpp"
@@ -22,10 +24,7 @@ double batch_accuracy(const Array& logits, const IndexArray& targets) {
   std::size_t hit = 0, total = 0;
   for (std::size_t i = 0; i < targets.size(); ++i) {
     if (targets.data()[i] == kIgnore) continue;
-    const float* row = logits.data() + i * V;
-    std::size_t best = 0;
-    for (std::size_t v = 1; v < V; ++v) best = row[v] > row[best] ? v : best;
-    hit += static_cast<std::int64_t>(best) == targets.data()[i];
+    hit += static_cast<std::int64_t>(metrics::argmax(logits.data() + i * V, V)) == targets.data()[i];
     ++total;
   }
   return total ? static_cast<double>(hit) / static_cast<double>(total) : 0.0;
