@@ -4,7 +4,8 @@
 // (a required value such as d_model, or one derived from them): it has no default of its own.
 #pragma once
 
-#define XGRAD_ARG(T, name, default_value)   \
+// The getter and the chainable setter that both macros declare; the field follows them.
+#define XGRAD_ARG_ACCESSORS_(T, name)       \
  public:                                    \
   auto& name(const T& v) {                  \
     name##_ = v;                            \
@@ -12,16 +13,7 @@
   }                                         \
   const T& name() const { return name##_; } \
                                             \
- private:                                   \
-  T name##_ = default_value
+ private:
 
-#define XGRAD_REQUIRED_ARG(T, name)         \
- public:                                    \
-  auto& name(const T& v) {                  \
-    name##_ = v;                            \
-    return *this;                           \
-  }                                         \
-  const T& name() const { return name##_; } \
-                                            \
- private:                                   \
-  T name##_
+#define XGRAD_ARG(T, name, default_value) XGRAD_ARG_ACCESSORS_(T, name) T name##_ = default_value
+#define XGRAD_REQUIRED_ARG(T, name) XGRAD_ARG_ACCESSORS_(T, name) T name##_
