@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs xgrad from a build tree into a scratch prefix, then builds and runs the README's API
-# tour as an outside project with find_package(xgrad).
+# tour as an outside project with find_package(xgrad); then the same against the build tree
+# itself (xgrad_DIR=BUILD_DIR).
 # Usage: check_install.sh BUILD_DIR SOURCE_DIR WORK_DIR
 set -euo pipefail
 build=$1 src=$2 work=$3
@@ -26,4 +27,9 @@ if [ -x "$work/consumer/build/data_parallel" ]; then
   "$work/consumer/build/data_parallel"
   mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$work/consumer/build/data_parallel"
 fi
+# The build tree as the package, without installing.
+cmake -S "$work/consumer" -B "$work/from_build" -DCMAKE_BUILD_TYPE=Release -Dxgrad_DIR="$build" > /dev/null
+cmake --build "$work/from_build" > /dev/null
+"$work/from_build/tour" > "$work/tour_from_build.out"
+grep -q "tensors agree" "$work/tour_from_build.out"
 echo "install check: passed"
