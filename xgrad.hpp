@@ -21,6 +21,7 @@
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/options.hpp"
 #include "xgrad/nn/probe.hpp"
+#include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/residual.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"

@@ -11,13 +11,25 @@ namespace xgrad {
 Generator::Generator(const Generator& other) {
   std::lock_guard<std::mutex> lock(other.mutex_);
   engine_ = other.engine_;
+  spawned_ = other.spawned_;
 }
 
 Generator& Generator::operator=(const Generator& other) {
   if (this == &other) return *this;
   std::scoped_lock lock(mutex_, other.mutex_);
   engine_ = other.engine_;
+  spawned_ = other.spawned_;
   return *this;
+}
+
+Generator Generator::spawn() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::mt19937 ahead = engine_;  // draws from a copy leave this generator's stream as it was
+  std::uint64_t z = (static_cast<std::uint64_t>(ahead()) << 32 | ahead()) + 0x9E3779B97F4A7C15ull * ++spawned_;
+  // SplitMix64's finalizer: children of nearby counts get unrelated seeds.
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return Generator(z ^ (z >> 31));
 }
 
 void Generator::manual_seed(std::uint64_t seed) {

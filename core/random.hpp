@@ -22,6 +22,11 @@ class Generator {
   Generator(const Generator& other);
   Generator& operator=(const Generator& other);
   void manual_seed(std::uint64_t seed);
+  // A new generator seeded from this one's state and the number of spawns so far, without
+  // drawing from it: what this generator draws next is unchanged (a module's own dropout
+  // stream is spawned so, and the weights initialized after it stay the same). Deterministic;
+  // the spawn count is not part of state().
+  Generator spawn();
 
   std::uint32_t next_u32();
   std::uint64_t next_u64();               // (first draw << 32) | second draw
@@ -47,6 +52,7 @@ class Generator {
 
   mutable std::mutex mutex_;
   std::mt19937 engine_;
+  std::uint64_t spawned_ = 0;
 };
 
 // The generator used when none is given; manual_seed resets it. Each thread has its own,

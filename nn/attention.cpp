@@ -10,7 +10,7 @@
 
 namespace xgrad::nn {
 
-Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : options_(o) {
+Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
   if (o.num_heads() == 0 || o.d_model() == 0) {
     fail("MultiHeadAttention: d_model ", o.d_model(), " and num_heads ", o.num_heads(), " must be positive");
   }
@@ -86,7 +86,7 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask) c
     weights = attention_weights(q, k, H, scale, causal_only, blocked ? &*blocked : nullptr);
   }
   weights = hook("pattern", weights);
-  const Tensor context = hook("context", attend(dropout(weights, options_.dropout(), is_training()), v, H));  // (B, T, C)
+  const Tensor context = hook("context", attend(dropout(weights, options_.dropout(), is_training(), generator()), v, H));  // (B, T, C)
   return {hook("out", w_o->forward(context)), weights};
 }
 

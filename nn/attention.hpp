@@ -25,6 +25,7 @@
 
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/options.hpp"
+#include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/residual.hpp"
 
 namespace xgrad::nn {
@@ -34,7 +35,7 @@ struct MultiHeadAttentionOptions {
   XGRAD_REQUIRED_ARG(std::size_t, d_model);
   XGRAD_REQUIRED_ARG(std::size_t, num_heads);
   XGRAD_ARG(float, dropout, 0.1f);      // on the attention weights, while training; masks come
-                                        // from default_generator() (seed it with manual_seed)
+                                        // from the module's RandomStream
   XGRAD_ARG(Norm, norm, Norm::pre);
   XGRAD_ARG(bool, bias, true);          // biases of the four projections
   XGRAD_ARG(float, layer_norm_eps, 1e-5f);
@@ -56,7 +57,7 @@ inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
 // The attention sublayer alone: projections, heads, dropout on the weights, masks. Of the
 // options it reads d_model, num_heads, dropout and bias; norm and layer_norm_eps belong to the
 // residual connection around it (MultiHeadAttention).
-class Attention : public Module {
+class Attention : public Module, public RandomStream {
  public:
   explicit Attention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator());
   AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}) const;

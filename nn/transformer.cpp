@@ -12,7 +12,7 @@
 
 namespace xgrad::nn {
 
-FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : options_(o) {
+FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
   if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("FeedForward: dropout ", o.dropout(), " is outside [0, 1)");
   linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model(), o.d_ff(), true, gen));
   linear2 = register_module("linear2", std::make_shared<Linear>(o.d_ff(), o.d_model(), true, gen));
@@ -30,7 +30,8 @@ Tensor FeedForward::forward(const Tensor& x) const {
   check_input(x);
   const Tensor h = hook("pre", linear1->forward(x));
   const float p = options_.dropout();
-  const Tensor a = options_.activation() == Activation::gelu ? gelu_dropout(h, p, is_training()) : dropout(relu(h), p, is_training());
+  const Tensor a = options_.activation() == Activation::gelu ? gelu_dropout(h, p, is_training(), generator())
+                                                             : dropout(relu(h), p, is_training(), generator());
   return hook("out", linear2->forward(hook("hidden", a)));
 }
 

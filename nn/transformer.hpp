@@ -27,11 +27,11 @@ struct FeedForwardOptions {
   XGRAD_REQUIRED_ARG(std::size_t, d_model);
   XGRAD_REQUIRED_ARG(std::size_t, d_ff);
   XGRAD_ARG(Activation, activation, Activation::gelu);
-  XGRAD_ARG(float, dropout, 0.1f);  // on the hidden activations, while training (default_generator())
+  XGRAD_ARG(float, dropout, 0.1f);  // on the hidden activations, while training (its RandomStream)
 };
 
 // y = linear2(dropout(act(linear1(x)))), x (..., C) -> (..., C)
-class FeedForward : public Module {
+class FeedForward : public Module, public RandomStream {
  public:
   explicit FeedForward(const FeedForwardOptions& options, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) const;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
@@ -22,6 +23,7 @@
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"
+#include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 using namespace xgrad;
@@ -83,7 +85,7 @@ Tensor attention_by_hand(const nn::MultiHeadAttention& m, const Tensor& in, cons
   const Tensor q = heads(*m.w_q), k = heads(*m.w_k), v = heads(*m.w_v);            // (B, H, T, D)
   const Tensor scores = mul(matmul(q, k, false, true), 1.f / std::sqrt(static_cast<float>(D)));  // (B, H, T, S)
   Tensor w = blocked ? masked_softmax(scores, *blocked, -1) : softmax(scores, -1);
-  if (p > 0.f) w = dropout(w, p, true, default_generator());
+  if (p > 0.f) w = dropout(w, p, true, m.generator());
   const Tensor context = reshape(permute(matmul(w, v), {0, 2, 1, 3}), {B, T, C});  // (B, T, C)
   return m.w_o->forward(context);
 }
@@ -730,16 +732,17 @@ TEST_CASE("attention dropout acts on the attention weights in training mode only
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(8, 2).dropout(p).norm(nn::Norm::none), gen);
   const Tensor x = randn({2, 5, 8}, 9);
   REQUIRE(m.is_training());
-  // the attention's dropout draws from the default generator
-  manual_seed(100);
+  // the attention's dropout draws from the module's own stream, not the default generator
+  m.generator().manual_seed(100);
   const Array a = m.forward(x).output.value();
-  manual_seed(101);
+  m.generator().manual_seed(101);
   const Array b = m.forward(x).output.value();
   REQUIRE(max_abs_diff(a, b) > 1e-3);
-  manual_seed(100);
-  REQUIRE(m.forward(x).output.value() == a);  // same generator state, same mask
+  m.generator().manual_seed(100);
+  manual_seed(7);
+  REQUIRE(m.forward(x).output.value() == a);  // same stream state, same mask, whatever the default
   // exactly w_o(dropout(softmax(QK^T / sqrt(D))) V): dropout on the weights, not elsewhere
-  manual_seed(100);
+  m.generator().manual_seed(100);
   const Array by_hand = attention_by_hand(m, x, nullptr, p).value();
   REQUIRE(max_abs_diff(a, by_hand) < 1e-5);
 
@@ -962,4 +965,33 @@ TEST_CASE("ModuleList is indexable, typed and iterable, and says which index is 
   // The language model's blocks are a ModuleList under "blocks".
   nn::LanguageModel lm(nn::LanguageModelOptions(7, 8, 2, 2).max_len(6), gen);
   REQUIRE(lm.named_modules()[3].first == "blocks");
+}
+
+TEST_CASE("attention and feed-forward draw dropout from their own streams, on any thread", "[nn][dropout][threads]") {
+  Generator gen(61);
+  nn::LanguageModel lm(nn::LanguageModelOptions(7, 8, 2, 2).max_len(6).dropout(0.3f), gen);
+  IndexArray ids = IndexArray::from_shape({2, 6});
+  for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>(i % 7);
+  nn::seed_dropout(lm, 5);
+  const Array here = lm.forward(ids).logits.value();
+  // The same seed on a new thread (whose default generator starts at seed 0): the same masks.
+  Array there;
+  nn::seed_dropout(lm, 5);
+  std::thread([&] { there = lm.forward(ids).logits.value(); }).join();
+  REQUIRE(here == there);
+  // Another seed, other masks; the default generator plays no part.
+  nn::seed_dropout(lm, 6);
+  manual_seed(5);
+  REQUIRE(max_abs_diff(lm.forward(ids).logits.value(), here) > 1e-4);
+
+  // Each module has its own stream unless given one to share.
+  auto& a0 = *lm.blocks[0]->attn;
+  auto& a1 = *lm.blocks[1]->attn;
+  REQUIRE(&a0.generator() != &a1.generator());
+  auto shared = std::make_shared<Generator>(9);
+  a0.set_generator(shared);
+  a1.set_generator(shared);
+  REQUIRE(&a0.generator() == &a1.generator());
+  REQUIRE_THROWS_WITH(a0.set_generator(nullptr), Catch::Contains("set_generator") && Catch::Contains("null"));
+
 }

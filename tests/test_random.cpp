@@ -288,3 +288,21 @@ TEST_CASE("pinned: the first uniform() and normal() values for seed 42", "[rando
   const float normals[5] = {0.279287368f, 0.996547401f, 0.300987422f, -1.10869062f, -0.549042165f};
   for (float want : normals) REQUIRE(h.normal() == Approx(want).margin(1e-6));
 }
+
+TEST_CASE("spawn draws nothing from its parent, is deterministic, and its children differ", "[random]") {
+  Generator g(77), untouched(77);
+  Generator a = g.spawn(), b = g.spawn();
+  for (int i = 0; i < 8; ++i) REQUIRE(g.next_u32() == untouched.next_u32());  // the parent's stream is as it was
+  Generator g2(77);
+  Generator a2 = g2.spawn(), b2 = g2.spawn();
+  std::vector<std::uint32_t> da, db;
+  for (int i = 0; i < 8; ++i) {
+    da.push_back(a.next_u32());
+    db.push_back(b.next_u32());
+    REQUIRE(da.back() == a2.next_u32());  // the same parent state and count, the same child
+    REQUIRE(db.back() == b2.next_u32());
+  }
+  REQUIRE(da != db);  // the first and the second child are different streams
+  Generator c = Generator(78).spawn();
+  REQUIRE(c.next_u32() != Generator(77).spawn().next_u32());  // and other parents, other children
+}

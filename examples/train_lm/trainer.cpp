@@ -12,6 +12,7 @@
 #include "xgrad/core/safetensors.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/random_stream.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
 #include "common/cli.hpp"
@@ -191,10 +192,9 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
   const auto start = std::chrono::steady_clock::now();
   while (step_ < until) {
     const Batch b = share(sample_batch(corpus_.train, config_.batch, config_.seq_len, data_));
-    // Dropout masks: a generator seeded from (seed, rank, step), so ranks draw different masks
-    // and a resumed run draws the same ones as an uninterrupted one.
-    default_generator().manual_seed(config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(sharing_->rank()) * 1000003ull +
-                                    step_);
+    // Dropout masks: the model's streams seeded from (seed, rank, step), so ranks draw different
+    // masks and a resumed run draws the same ones as an uninterrupted one.
+    nn::seed_dropout(*model_, config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(sharing_->rank()) * 1000003ull + step_);
     float loss = 0;
     try {
       const Tensor local = model_->loss(b.ids, b.targets);

@@ -1,6 +1,6 @@
 // Training a byte-level LanguageModel: AdamW with warm-up and cosine decay, gradient clipping,
 // periodic validation, and checkpoints that resume exactly (model, optimizer state, step, and
-// the data generator's state; dropout masks come from a generator seeded by seed, rank and step).
+// the data generator's state; the model's dropout streams are seeded by seed, rank and step).
 #pragma once
 
 #include <functional>
