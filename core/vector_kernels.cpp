@@ -12,20 +12,7 @@
 #include <limits>
 
 #include "xgrad/core/fast_math.hpp"
-
-// tests/test_kernel_targets.cpp compiles this file once per target, each copy in a namespace of
-// its own (XGRAD_KERNELS_NS), and checks that the copies give the same bits.
-#if defined(XGRAD_KERNELS_ONLY_AVX512)
-#define XGRAD_CLONES __attribute__((target("arch=x86-64-v4")))
-#elif defined(XGRAD_KERNELS_ONLY_AVX2)
-#define XGRAD_CLONES __attribute__((target("avx2")))
-#elif defined(XGRAD_KERNELS_ONLY_BASELINE)
-#define XGRAD_CLONES
-#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define XGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define XGRAD_CLONES
-#endif
+#include "xgrad/core/target_clones.hpp"
 
 namespace xgrad::XGRAD_KERNELS_NS {
 
@@ -274,17 +261,5 @@ XGRAD_CLONES void add_column_sums(const float* x, std::size_t rows, std::size_t 
   }
 }
 
-XGRAD_CLONES void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const kernels::AdamStep& s) {
-  const float b1 = s.b1, b2 = s.b2, eps = s.eps, wd = s.wd, decay = s.decay, step_size = s.step_size;
-  const float bias2_sqrt = s.bias2_sqrt;
-  const bool decoupled = s.decoupled;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float g = decoupled ? grad[i] : grad[i] + wd * p[i];
-    p[i] *= decay;
-    m[i] = b1 * m[i] + (1.f - b1) * g;
-    v[i] = b2 * v[i] + (1.f - b2) * g * g;
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
-  }
-}
 
 }  // namespace xgrad::XGRAD_KERNELS_NS

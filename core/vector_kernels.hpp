@@ -9,22 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace xgrad::kernels {
-
-// One Adam / AdamW step over n elements (see optim/adam.cpp for the formula): g = grad (+ wd p
-// unless decoupled); p *= decay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= step_size m / (sqrt(v) / bias2_sqrt + eps).
-struct AdamStep {
-  float b1, b2, eps, wd, decay, step_size, bias2_sqrt;
-  bool decoupled;
-};
-
-}  // namespace xgrad::kernels
-
-// The tests compile a copy per target in a namespace of its own; everyone else uses kernels.
-#ifndef XGRAD_KERNELS_NS
-#define XGRAD_KERNELS_NS kernels
-#endif
+#include "xgrad/core/target_clones.hpp"
 
 namespace xgrad::XGRAD_KERNELS_NS {
 
@@ -73,8 +58,5 @@ void layer_norm_backward(const float* x, const float* g, const float* gamma, con
 
 // sums[j] += sum over r < rows of x[r * cols + j], adding the rows in order.
 void add_column_sums(const float* x, std::size_t rows, std::size_t cols, float* sums);
-
-// One Adam / AdamW step over n elements: see AdamStep above.
-void adam_update(float* p, const float* grad, float* m, float* v, std::size_t n, const kernels::AdamStep& s);
 
 }  // namespace xgrad::XGRAD_KERNELS_NS

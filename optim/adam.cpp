@@ -5,7 +5,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/parallel.hpp"
-#include "xgrad/core/vector_kernels.hpp"
+#include "xgrad/optim/adam_kernel.hpp"
 
 namespace xgrad::optim {
 
@@ -42,7 +42,7 @@ void Adam::update(Array& param, const Array& grad, ParamState& state) {
   const float* g0 = grad.data();
   float* m = state.slots[0].data();
   float* v = state.slots[1].data();
-  const kernels::AdamStep s{b1, b2, eps, wd, decay, step_size, bias2_sqrt, decoupled_};
+  const AdamStep s{b1, b2, eps, wd, decay, step_size, bias2_sqrt, decoupled_};
   parallel_for(param.size(), kGrainCostly, [&](std::size_t lo, std::size_t hi) {
     kernels::adam_update(p + lo, g0 + lo, m + lo, v + lo, hi - lo, s);
   });

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "xgrad/core/vector_kernels.hpp"
+#include "xgrad/optim/adam_kernel.hpp"
 
 namespace xgrad::testing {
 
@@ -27,7 +28,7 @@ struct KernelTable {
   void (*layer_norm_backward)(const float*, const float*, const float*, const float*, const float*, float*, float*,
                               float*, std::size_t, std::size_t);
   void (*add_column_sums)(const float*, std::size_t, std::size_t, float*);
-  void (*adam_update)(float*, const float*, float*, float*, std::size_t, const kernels::AdamStep&);
+  void (*adam_update)(float*, const float*, float*, float*, std::size_t, const optim::AdamStep&);
 };
 
 KernelTable kernels_avx512_table();

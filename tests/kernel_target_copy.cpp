@@ -1,6 +1,8 @@
-// One copy of core/vector_kernels.cpp for a single target, in its own namespace; CMake defines
-// XGRAD_KERNELS_NS, XGRAD_KERNELS_ONLY_<target> and XGRAD_KERNEL_TABLE for each copy.
+// One copy of core/vector_kernels.cpp and optim/adam_kernel.cpp for a single target, in its own
+// namespace; CMake defines XGRAD_KERNELS_NS, XGRAD_KERNELS_ONLY_<target> and XGRAD_KERNEL_TABLE
+// for each copy.
 #include "core/vector_kernels.cpp"
+#include "optim/adam_kernel.cpp"
 #include "kernel_table.hpp"
 
 namespace xgrad::testing {
@@ -11,7 +13,7 @@ KernelTable XGRAD_KERNEL_TABLE() {
           &k::dropout_backward,   &k::gelu_dropout_forward, &k::gelu_dropout_backward,
           &k::masked_softmax_row, &k::softmax_row_backward,
           &k::log_sum_exp_finite, &k::add_scaled_softmax,
-          &k::layer_norm_forward, &k::layer_norm_backward, &k::add_column_sums, &k::adam_update};
+          &k::layer_norm_forward, &k::layer_norm_backward, &k::add_column_sums, &xgrad::optim::XGRAD_KERNELS_NS::adam_update};
 }
 
 }  // namespace xgrad::testing

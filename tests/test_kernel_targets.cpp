@@ -170,7 +170,7 @@ TEST_CASE("the Adam and AdamW update gives the same bits on every target", "[ker
     for (bool decoupled : {false, true}) {
       require_same_bits("adam", [&](const KernelTable& k) {
         std::vector<float> p = p0, m(n, 0.01f), v(n, 0.001f);
-        const kernels::AdamStep s{0.9f, 0.999f, 1e-8f, 0.01f, decoupled ? 0.99999f : 1.f, 1e-3f, 0.0447f, decoupled};
+        const optim::AdamStep s{0.9f, 0.999f, 1e-8f, 0.01f, decoupled ? 0.99999f : 1.f, 1e-3f, 0.0447f, decoupled};
         for (int step = 0; step < 3; ++step) k.adam_update(p.data(), grad.data(), m.data(), v.data(), n, s);
         return std::vector<std::vector<float>>{p, m, v};
       });
