@@ -25,7 +25,8 @@ Generator& Generator::operator=(const Generator& other) {
 Generator Generator::spawn() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::mt19937 ahead = engine_;  // draws from a copy leave this generator's stream as it was
-  std::uint64_t z = (static_cast<std::uint64_t>(ahead()) << 32 | ahead()) + 0x9E3779B97F4A7C15ull * ++spawned_;
+  const std::uint64_t high = ahead(), low = ahead();  // two statements: the order is fixed
+  std::uint64_t z = (high << 32 | low) + 0x9E3779B97F4A7C15ull * ++spawned_;
   // SplitMix64's finalizer: children of nearby counts get unrelated seeds.
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -36,6 +37,7 @@ void Generator::manual_seed(std::uint64_t seed) {
   std::lock_guard<std::mutex> lock(mutex_);
   // Fold 64 bits into mt19937's 32-bit seed; the standard fixes the resulting sequence.
   engine_.seed(static_cast<std::uint32_t>(seed ^ (seed >> 32)));
+  spawned_ = 0;
 }
 
 std::uint32_t Generator::next_u32() {
@@ -125,6 +127,7 @@ void Generator::set_state(const std::string& state) {
   if (is.fail()) fail("Generator::set_state: not a generator state (", state.size(), " characters)");
   std::lock_guard<std::mutex> lock(mutex_);
   engine_ = e;
+  spawned_ = 0;
 }
 
 Generator& default_generator() {

@@ -24,8 +24,8 @@ class Generator {
   void manual_seed(std::uint64_t seed);
   // A new generator seeded from this one's state and the number of spawns so far, without
   // drawing from it: what this generator draws next is unchanged (a module's own dropout
-  // stream is spawned so, and the weights initialized after it stay the same). Deterministic;
-  // the spawn count is not part of state().
+  // stream is spawned so, and the weights initialized after it stay the same). Deterministic:
+  // manual_seed and set_state reset the spawn count, which is not part of state().
   Generator spawn();
 
   std::uint32_t next_u32();

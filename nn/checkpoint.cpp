@@ -1,6 +1,7 @@
 // Module state dictionaries and checkpoint files.
 #include "xgrad/nn/checkpoint.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -62,10 +63,15 @@ NamedArrays state_dict(const Module& module) {
 
 void load_state_dict(Module& module, const NamedArrays& state_in, const LoadOptions& options) {
   NamedTensors params = module.named_parameters();
-  NamedArrays state = state_in;
-  say_renamed("load_state_dict", rename_old_parameters(module, state));
+  // Only a state with old names is copied (to rename it); others are read in place.
+  NamedArrays renamed;
+  const bool old_names = std::any_of(state_in.begin(), state_in.end(), [](const auto& e) { return current_name(e.first) != e.first; });
+  if (old_names) {
+    renamed = state_in;
+    say_renamed("load_state_dict", rename_old_parameters(module, renamed));
+  }
   std::map<std::string, const Array*> given;
-  for (const auto& [name, a] : state) {
+  for (const auto& [name, a] : old_names ? renamed : state_in) {
     if (!given.emplace(name, &a).second) fail("load_state_dict: '", name, "' appears twice");
   }
   for (const auto& [name, p] : params) {

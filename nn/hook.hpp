@@ -29,11 +29,14 @@ namespace detail {
 // One module's declared points and the hooks attached to them. Attaching and removing may happen
 // while other threads run forward: the lists are read and written under `mutex`.
 struct HookTable {
+  // Held by shared_ptr: a forward that copied the list keeps calling the same object (a
+  // mutable hook keeps its state), and a backward hook on a recorded node holds it weakly, so
+  // removing the hook silences it there too.
   template <class Fn>
   struct Entry {
     int id;
     std::string name;  // the full name it was attached by, for messages
-    Fn fn;
+    std::shared_ptr<Fn> fn;
   };
   struct Slot {
     std::string point;
@@ -47,8 +50,10 @@ struct HookTable {
 };
 }  // namespace detail
 
-// Owns one attached hook; destroying it (or remove()) detaches the hook. Outliving the module is
-// safe: removal then does nothing.
+// Owns one attached hook; destroying it (or remove()) detaches the hook: later forwards do not
+// call it, nor does backward through values recorded before (a forward already running on
+// another thread may still call it once). Outliving the module is safe: removal then does
+// nothing.
 class HookHandle {
  public:
   HookHandle() = default;

@@ -132,8 +132,8 @@ HookHandle Module::attach(const std::string& point, const char* who, ForwardHook
     for (auto& slot : m.hooks_->slots) {
       if (point_name(path, slot.point) != point) continue;
       const int id = m.hooks_->next_id++;
-      if (forward) slot.forward.push_back({id, point, std::move(*forward)});
-      if (backward) slot.backward.push_back({id, point, std::move(*backward)});
+      if (forward) slot.forward.push_back({id, point, std::make_shared<ForwardHook>(std::move(*forward))});
+      if (backward) slot.backward.push_back({id, point, std::make_shared<BackwardHook>(std::move(*backward))});
       m.hooks_->attached.fetch_add(1, std::memory_order_release);
       handle = HookHandle(m.hooks_, slot.point, id);
       return;
@@ -180,7 +180,7 @@ Tensor Module::hook(const char* point, const Tensor& value) const {
   }
   Tensor v = value;
   for (const auto& h : forward) {
-    Tensor replaced = h.fn(v);
+    Tensor replaced = (*h.fn)(v);
     if (!replaced.defined()) continue;
     if (replaced.shape() != v.shape()) {
       fail("forward hook at '", h.name, "': returned shape ", shape_str(replaced.shape()), " for a value of shape ",
@@ -191,7 +191,11 @@ Tensor Module::hook(const char* point, const Tensor& value) const {
   if (!backward.empty() && v.requires_grad() && grad_enabled()) {
     // A node of its own, so the hooks see exactly the gradient that flows back through here.
     v = identity(v);
-    for (auto& h : backward) v.register_hook(std::move(h.fn));
+    for (const auto& h : backward) {
+      v.register_hook([weak = std::weak_ptr<BackwardHook>(h.fn)](Array& g) {
+        if (const auto fn = weak.lock()) (*fn)(g);
+      });
+    }
   }
   return v;
 }

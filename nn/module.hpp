@@ -43,7 +43,7 @@ class Module {
   std::vector<std::pair<std::string, Module*>> named_modules();
 
   // Every hook point of the tree by full name ("blocks.0.attn.pattern"), modules depth first,
-  // each module's points in the order its forward reaches them.
+  // each module's points in the order it declares them.
   std::vector<std::string> hook_points() const;
   // Attaches a hook at the point of that full name (relative to this module) until the handle
   // is destroyed; throws naming the point when no module of the tree declares it.

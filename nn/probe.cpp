@@ -25,46 +25,56 @@ ProbeSet::ProbeSet(Module& root, std::function<bool(const std::string&)> which) 
   for (const std::string& point : root.hook_points()) {
     if (which ? !which(point) : ends_with(point, ".scores") || point == "scores") continue;
     const bool path_copy = ends_with(point, "residual.skip") || ends_with(point, "residual.branch");
-    hooks_.push_back(root.add_forward_hook(point, [this, point, path_copy](const Tensor& t) {
+    // The hooks hold the records, not the ProbeSet: a forward on another thread that still
+    // calls one after the ProbeSet is gone writes into records nobody reads.
+    hooks_.push_back(root.add_forward_hook(point, [records = records_, point, path_copy](const Tensor& t) {
       const Tensor kept = path_copy && t.requires_grad() ? identity(t) : t;
-      record(point, kept);
+      records->record(point, kept);
       return path_copy ? kept : Tensor();
     }));
   }
 }
 
-void ProbeSet::record(const std::string& name, const Tensor& t) {
+void ProbeSet::Records::record(const std::string& name, const Tensor& t) {
   Tensor kept = t;
   if (kept.requires_grad() && !kept.retains_grad()) kept.retain_grad();
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = points_.find(name);
-  if (it == points_.end()) {
-    order_.push_back(name);
-    points_.emplace(name, kept);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = points.find(name);
+  if (it == points.end()) {
+    order.push_back(name);
+    points.emplace(name, kept);
   } else {
     it->second = kept;
   }
 }
 
 void ProbeSet::clear() {
-  points_.clear();
-  order_.clear();
+  std::lock_guard<std::mutex> lock(records_->mutex);
+  records_->points.clear();
+  records_->order.clear();
 }
 
-std::vector<std::string> ProbeSet::names() const { return order_; }
+std::vector<std::string> ProbeSet::names() const {
+  std::lock_guard<std::mutex> lock(records_->mutex);
+  return records_->order;
+}
 
-bool ProbeSet::has(const std::string& name) const { return points_.count(name) != 0; }
+bool ProbeSet::has(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(records_->mutex);
+  return records_->points.count(name) != 0;
+}
 
-const Tensor& ProbeSet::tensor(const std::string& name) const {
-  auto it = points_.find(name);
-  if (it == points_.end()) fail("ProbeSet: no probe point named '", name, "' was recorded");
+Tensor ProbeSet::tensor(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(records_->mutex);
+  auto it = records_->points.find(name);
+  if (it == records_->points.end()) fail("ProbeSet: no probe point named '", name, "' was recorded");
   return it->second;
 }
 
-const Array& ProbeSet::activation(const std::string& name) const { return tensor(name).value(); }
+Array ProbeSet::activation(const std::string& name) const { return tensor(name).value(); }
 
-const Array& ProbeSet::gradient(const std::string& name) const {
-  const Tensor& t = tensor(name);
+Array ProbeSet::gradient(const std::string& name) const {
+  const Tensor t = tensor(name);
   if (!t.has_grad()) fail("ProbeSet: probe point '", name, "' has no gradient (no backward through it yet)");
   return t.grad();
 }
@@ -72,7 +82,7 @@ const Array& ProbeSet::gradient(const std::string& name) const {
 std::vector<ResidualFlow> ProbeSet::residual_flows() const {
   std::vector<ResidualFlow> flows;
   const std::string suffix = ".skip";
-  for (const std::string& name : order_) {
+  for (const std::string& name : names()) {
     if (!ends_with(name, suffix)) continue;
     const std::string base = name.substr(0, name.size() - suffix.size());
     if (!has(base + ".branch") || !has(base + ".out")) continue;

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -45,22 +46,26 @@ class ProbeSet {
   // Forgets every recorded tensor (and the activations they hold).
   void clear();
 
+  // Read after forward (and backward), not while one runs: a point holds the latest value.
   std::vector<std::string> names() const;  // in first-recorded order
   bool has(const std::string& name) const;
-  const Tensor& tensor(const std::string& name) const;  // throws naming the point if absent
-  const Array& activation(const std::string& name) const;
-  const Array& gradient(const std::string& name) const;  // after backward
+  Tensor tensor(const std::string& name) const;  // throws naming the point if absent
+  Array activation(const std::string& name) const;
+  Array gradient(const std::string& name) const;  // after backward
   // One entry per residual connection recorded in the last forward, in order (a connection
   // whose input does not require grad has no gradient to split and is left out).
   std::vector<ResidualFlow> residual_flows() const;
 
  private:
-  // Keeps the latest tensor per name and retains its gradient.
-  void record(const std::string& name, const Tensor& t);
-  std::mutex mutex_;  // forward may run on several threads
-  std::vector<std::string> order_;
-  std::map<std::string, Tensor> points_;
-  std::vector<HookHandle> hooks_;  // last: detached first, before the records go
+  struct Records {
+    // Keeps the latest tensor per name and retains its gradient.
+    void record(const std::string& name, const Tensor& t);
+    std::mutex mutex;  // forward may run on several threads
+    std::vector<std::string> order;
+    std::map<std::string, Tensor> points;
+  };
+  std::shared_ptr<Records> records_ = std::make_shared<Records>();
+  std::vector<HookHandle> hooks_;
 };
 
 // The L2 norm of each parameter's gradient by dotted name (0 for a parameter without one).

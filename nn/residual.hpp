@@ -7,11 +7,11 @@
 // `residual_output` picks; Sublayer::check_input(x) throws, naming the sublayer, when x cannot be
 // its input (checked before the norm sees x).
 //
-// Hook points, before the sublayer's own:
+// Hook points, declared after the sublayer's own (forward reaches them first and last):
 //   residual.in      x
 //   residual.skip    x as the skip path takes it   } a gradient hook on each splits dL/dx into
-//   residual.branch  x as f (or the norm) takes it } the two paths' parts
-//   residual.out     y
+//   residual.branch  x as f (or the norm) takes it } the two paths' parts (none: no skip path,
+//   residual.out     y                                and no residual.skip point)
 #pragma once
 
 #include <memory>
@@ -33,14 +33,19 @@ class Residual : public Sublayer {
   Residual(Norm placement, std::size_t features, float layer_norm_eps, Args&&... sublayer_args)
       : Sublayer(std::forward<Args>(sublayer_args)...), placement_(placement) {
     if (placement != Norm::none) norm = this->register_module("norm", std::make_shared<LayerNorm>(features, layer_norm_eps));
-    this->declare_hook_points({"residual.in", "residual.skip", "residual.branch", "residual.out"});
+    if (placement == Norm::none) {
+      this->declare_hook_points({"residual.in", "residual.branch", "residual.out"});
+    } else {
+      this->declare_hook_points({"residual.in", "residual.skip", "residual.branch", "residual.out"});
+    }
   }
 
   template <class... Args>
   auto forward(const Tensor& x, Args&&... args) const {
     Sublayer::check_input(x);
     const Tensor in = this->hook("residual.in", x);
-    const Tensor skip = this->hook("residual.skip", in), branch = this->hook("residual.branch", in);
+    const Tensor skip = placement_ == Norm::none ? in : this->hook("residual.skip", in);
+    const Tensor branch = this->hook("residual.branch", in);
     auto out = Sublayer::forward(placement_ == Norm::pre ? norm->forward(branch) : branch, std::forward<Args>(args)...);
     Tensor& f = residual_output(out);
     switch (placement_) {

@@ -40,8 +40,10 @@
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
+#include "small_models.hpp"
 
 using namespace xgrad;
+using testing::tiny_lm;
 using Catch::Contains;
 
 namespace {
@@ -112,11 +114,6 @@ std::string outcome_in_child(const std::function<std::string()>& f, unsigned sec
     return "killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
   }
   return got;
-}
-
-nn::LanguageModelOptions tiny_lm() {
-  // vocab 7, d_model 8, 2 heads, 1 layer, d_ff 16, max_len 6, no dropout
-  return nn::LanguageModelOptions(7, 8, 2, 1).d_ff(16).max_len(6).dropout(0.f);
 }
 
 Tensor param(const Array& values) { return Tensor(values, true); }

@@ -28,8 +28,10 @@
 #include "xgrad/optim/adam.hpp"
 
 #include "test_files.hpp"
+#include "small_models.hpp"
 
 using namespace xgrad;
+using testing::small_lm;
 using testing::read_bytes;
 using testing::TempDir;
 using testing::write_bytes;
@@ -75,11 +77,6 @@ Array filled(const Shape& shape, float scale, float offset = 0.f) {
 bool bit_equal(const Array& a, const Array& b) {
   if (a.shape() != b.shape()) return false;
   return a.size() == 0 || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// A small language model with no dropout, so training is deterministic.
-nn::LanguageModelOptions small_lm() {
-  return nn::LanguageModelOptions(11, 8, 2, 2).d_ff(16).max_len(8).dropout(0.f);
 }
 
 IndexArray batch_ids() { return IndexArray{{1, 4, 2, 7, 3}, {9, 0, 5, 5, 10}}; }

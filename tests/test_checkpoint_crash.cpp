@@ -35,8 +35,10 @@
 #include "xgrad/nn/transformer.hpp"
 
 #include "test_files.hpp"
+#include "small_models.hpp"
 
 using namespace xgrad;
+using testing::small_lm;
 using testing::read_bytes;
 using testing::TempDir;
 using testing::write_bytes;
@@ -65,8 +67,6 @@ bool named_equal(const NamedArrays& x, const NamedArrays& y) {
   }
   return true;
 }
-
-nn::LanguageModelOptions small_lm() { return nn::LanguageModelOptions(11, 8, 2, 2).d_ff(16).max_len(8).dropout(0.f); }
 
 // One checkpoint: a small model's parameters plus a large stand-in optimizer state (16 MiB), so a
 // save (write + fsync) takes tens of milliseconds and can be interrupted.

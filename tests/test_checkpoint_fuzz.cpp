@@ -49,8 +49,10 @@
 #include "xgrad/nn/transformer.hpp"
 
 #include "test_files.hpp"
+#include "small_models.hpp"
 
 using namespace xgrad;
+using testing::small_lm;
 using testing::read_bytes;
 using testing::TempDir;
 using testing::write_bytes;
@@ -737,9 +739,6 @@ std::vector<std::pair<std::string, std::string>> sweep_inputs(const std::vector<
   }
   return out;
 }
-
-// A small language model with no dropout (the same as test_checkpoint.cpp's).
-nn::LanguageModelOptions small_lm() { return nn::LanguageModelOptions(11, 8, 2, 2).d_ff(16).max_len(8).dropout(0.f); }
 
 bool bit_equal(const Array& a, const Array& b) {
   if (a.shape() != b.shape()) return false;

@@ -5,6 +5,7 @@
 // Shapes: B batch, T length, C d_model, H heads, V vocabulary.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "small_models.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;
@@ -28,10 +30,7 @@ namespace {
 constexpr std::size_t kB = 2, kT = 5, kC = 8, kH = 2, kV = 7;
 
 std::unique_ptr<nn::LanguageModel> make_lm(nn::Norm norm = nn::Norm::pre, std::uint64_t seed = 3) {
-  Generator gen(seed);
-  auto m = std::make_unique<nn::LanguageModel>(nn::LanguageModelOptions(kV, kC, kH, 2).max_len(kT).dropout(0.f).norm(norm), gen);
-  m->eval();
-  return m;
+  return testing::eval_lm(nn::LanguageModelOptions(kV, kC, kH, 2).max_len(kT).dropout(0.f).norm(norm), seed);
 }
 
 IndexArray make_ids(std::uint64_t seed) {
@@ -243,15 +242,52 @@ TEST_CASE("two threads run forward on one hooked module while a third attaches a
     }
   };
   std::thread a(run), b(run);
-  for (int i = 0; i < 200; ++i) {
-    nn::HookHandle h = model->add_forward_hook("blocks.1.ffn.hidden", [&](const Tensor&) {
+  // Attach and remove until forwards have run through the hooks many times; each hook returns
+  // a replacement with the same values, so the replacement path runs too.
+  for (int i = 0; i < 200 || (reads < 50 && i < 200000); ++i) {
+    nn::HookHandle h = model->add_forward_hook("blocks.1.ffn.hidden", [&](const Tensor& t) {
       ++reads;
-      return Tensor();
+      return t * 1.f;
     });
+    if (i % 16 == 0) std::this_thread::yield();
   }
   stop = true;
   a.join();
   b.join();
+  REQUIRE(reads >= 50);
   REQUIRE_FALSE(wrong);
   REQUIRE(model->num_hooks() == 0);
+}
+
+TEST_CASE("a hook keeps its own state across calls, and a removed backward hook stays silent", "[hooks]") {
+  auto model = make_lm();
+  const IndexArray ids = make_ids(10), targets = make_ids(11);
+  // A mutable hook: the same object runs at every forward.
+  std::vector<int> counts;
+  nn::HookHandle counter = model->add_forward_hook("embed", [&counts, n = 0](const Tensor&) mutable {
+    counts.push_back(++n);
+    return Tensor();
+  });
+  for (int i = 0; i < 3; ++i) model->forward(ids);
+  REQUIRE(counts == std::vector<int>{1, 2, 3});
+  // A backward hook removed between forward and backward is not called by that backward.
+  bool called = false;
+  nn::HookHandle h = model->add_backward_hook("blocks.0.stream_out", [&](Array&) { called = true; });
+  const Tensor loss = model->loss(ids, targets);
+  h.remove();
+  loss.backward();
+  REQUIRE_FALSE(called);
+  nn::HookHandle again = model->add_backward_hook("blocks.0.stream_out", [&](Array&) { called = true; });
+  model->loss(ids, targets).backward();
+  REQUIRE(called);
+}
+
+TEST_CASE("a residual connection without a norm has no skip path and no residual.skip point", "[hooks]") {
+  Generator gen(12);
+  nn::MultiHeadAttention none(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f).norm(nn::Norm::none), gen);
+  const std::vector<std::string> points = none.hook_points();
+  REQUIRE(std::find(points.begin(), points.end(), "residual.skip") == points.end());
+  REQUIRE(std::find(points.begin(), points.end(), "residual.branch") != points.end());
+  REQUIRE_THROWS_WITH(none.add_forward_hook("residual.skip", [](const Tensor&) { return Tensor(); }),
+                      Contains("residual.skip"));
 }

@@ -23,6 +23,7 @@
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "small_models.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;
@@ -363,25 +364,6 @@ const char* norm_name(nn::Norm n) { return n == nn::Norm::pre ? "pre" : n == nn:
 // B = 2, T = S = 3, C = 8, H = 2; dropout 0.
 constexpr std::size_t kB = 2, kT = 3, kC = 8, kH = 2;
 
-// Whether key s is blocked for query t of batch b, head h, read from the mask's fields
-// directly (independently of nn::combine_masks).
-bool blocked(const nn::AttentionMask& m, std::size_t b, std::size_t h, std::size_t t, std::size_t s) {
-  if (m.causal && s > t) return true;
-  if (m.key_padding_mask && (*m.key_padding_mask)(b, s)) return true;
-  if (m.attn_mask) {
-    const Mask& a = *m.attn_mask;
-    const std::size_t idx[4] = {b, h, t, s};
-    const std::size_t r = a.dimension();
-    std::size_t flat = 0;
-    for (std::size_t k = 0; k < r; ++k) {
-      const std::size_t n = a.shape()[k];
-      flat = flat * n + (n == 1 ? 0 : idx[4 - r + k]);
-    }
-    if (a.data()[flat]) return true;
-  }
-  return false;
-}
-
 // Elements of the (B, H, T, S) weights that break the mask: a blocked key with non-zero weight,
 // or a row with some key allowed that does not sum to 1. A fully blocked row must be all zeros.
 std::size_t mask_violations(const nn::AttentionMask& m, const Array& w) {
@@ -394,7 +376,7 @@ std::size_t mask_violations(const nn::AttentionMask& m, const Array& w) {
         bool any_allowed = false;
         for (std::size_t s = 0; s < sh[3]; ++s) {
           sum += w(b, h, t, s);
-          if (blocked(m, b, h, t, s)) {
+          if (testing::blocked_at(m, b, h, t, s)) {
             bad += w(b, h, t, s) != 0.f;
           } else {
             any_allowed = true;

@@ -25,8 +25,11 @@
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "small_models.hpp"
 
 using namespace xgrad;
+using testing::tiny_lm;
+using testing::blocked_at;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -130,24 +133,6 @@ Array attention_reference(const nn::MultiHeadAttention& m, const Array& x) {
   return y;
 }
 
-// Whether key s is blocked for query t of batch b, head h, read from the mask's fields.
-bool blocked_at(const nn::AttentionMask& m, std::size_t b, std::size_t h, std::size_t t, std::size_t s) {
-  if (m.causal && s > t) return true;
-  if (m.key_padding_mask && (*m.key_padding_mask)(b, s)) return true;
-  if (m.attn_mask) {
-    const Mask& a = *m.attn_mask;
-    const std::size_t idx[4] = {b, h, t, s};
-    const std::size_t r = a.dimension();
-    std::size_t flat = 0;
-    for (std::size_t k = 0; k < r; ++k) {
-      const std::size_t n = a.shape()[k];
-      flat = flat * n + (n == 1 ? 0 : idx[4 - r + k]);
-    }
-    if (a.data()[flat]) return true;
-  }
-  return false;
-}
-
 // (T, T), true above the diagonal: query t may not see keys after t.
 Mask causal_mask(std::size_t T) {
   Mask m = xt::zeros<bool>(Shape{T, T});
@@ -160,11 +145,6 @@ std::vector<std::string> names_of(const NamedTensors& named) {
   std::vector<std::string> out;
   for (const auto& [n, p] : named) out.push_back(n);
   return out;
-}
-
-nn::LanguageModelOptions tiny_lm(nn::Norm norm = nn::Norm::pre) {
-  // vocab 7, d_model 8, 2 heads, 1 layer, max_len 6, dropout 0
-  return nn::LanguageModelOptions(7, 8, 2, 1).max_len(6).dropout(0.f).norm(norm);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/probe.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "small_models.hpp"
 
 using namespace xgrad;
 using nn::Norm;
@@ -39,11 +40,7 @@ std::string norm_name(Norm n) { return n == Norm::pre ? "Pre-Norm" : "Post-Norm"
 
 // V 7, C 8, H 2, L 2, max_len 6, no dropout, in eval mode.
 std::unique_ptr<nn::LanguageModel> make_lm(Norm norm, std::uint64_t seed = 11) {
-  Generator gen(seed);
-  auto m = std::make_unique<nn::LanguageModel>(
-      nn::LanguageModelOptions(kV, kC, kH, kL).max_len(kT).dropout(0.f).norm(norm), gen);
-  m->eval();
-  return m;
+  return testing::eval_lm(nn::LanguageModelOptions(kV, kC, kH, kL).max_len(kT).dropout(0.f).norm(norm), seed);
 }
 
 struct Batch {

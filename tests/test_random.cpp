@@ -305,4 +305,24 @@ TEST_CASE("spawn draws nothing from its parent, is deterministic, and its childr
   REQUIRE(da != db);  // the first and the second child are different streams
   Generator c = Generator(78).spawn();
   REQUIRE(c.next_u32() != Generator(77).spawn().next_u32());  // and other parents, other children
+
+  // The child's seed spelled out (SplitMix64's finalizer over the parent's next two draws, high
+  // first, plus the golden ratio times the spawn count), so a change of the formula or of the
+  // order of the draws fails here.
+  std::mt19937 parent(77);
+  const std::uint64_t high = parent(), low = parent();
+  std::uint64_t z = (high << 32 | low) + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  Generator want(z ^ (z >> 31));
+  REQUIRE(Generator(77).spawn().next_u32() == want.next_u32());
+  // Reseeding starts the spawn count again: the same seed, the same children.
+  Generator r(77);
+  r.spawn();
+  r.manual_seed(77);
+  REQUIRE(r.spawn().next_u32() == Generator(77).spawn().next_u32());
+  r.set_state(Generator(77).state());
+  r.spawn();
+  r.set_state(Generator(77).state());
+  REQUIRE(r.spawn().next_u32() == Generator(77).spawn().next_u32());
 }
