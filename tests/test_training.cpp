@@ -23,7 +23,7 @@ using namespace xgrad;
 namespace {
 
 constexpr std::size_t kV = 12, kT = 12, kB = 16, kLag = 2;
-constexpr std::int64_t kIgnore = -100;
+constexpr std::int64_t kIgnore = kIgnoreIndex;
 
 struct Batch {
   IndexArray ids;      // (B, T) uniform random tokens

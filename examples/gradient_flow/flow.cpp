@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "common/shift_task.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/nn/init.hpp"
@@ -23,14 +24,12 @@ void validate(const FlowConfig& c) {
 }
 
 std::vector<LmBatch> shift_batches(const FlowConfig& c, std::size_t count, Generator& gen) {
+  const tasks::ShiftTask previous_token{c.vocab, c.seq_len, {1}};
   std::vector<LmBatch> out;
   for (std::size_t i = 0; i < count; ++i) {
-    LmBatch b{IndexArray::from_shape({c.batch, c.seq_len}), IndexArray::from_shape({c.batch, c.seq_len})};
-    for (std::size_t s = 0; s < c.batch; ++s) {
-      for (std::size_t t = 0; t < c.seq_len; ++t) b.ids(s, t) = static_cast<std::int64_t>(gen.below(c.vocab));
-      for (std::size_t t = 0; t < c.seq_len; ++t) b.targets(s, t) = t == 0 ? kIgnoreIndex : b.ids(s, t - 1);
-    }
-    out.push_back(std::move(b));
+    tasks::ShiftBatch b = tasks::make_batch(previous_token, c.batch, gen);
+    b.targets.reshape({c.batch, c.seq_len});  // (B, T, 1) -> (B, T)
+    out.push_back({std::move(b.tokens), std::move(b.targets)});
   }
   return out;
 }

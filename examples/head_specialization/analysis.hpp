@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "offset_model.hpp"
-#include "shift_task.hpp"
+#include "task.hpp"
 
 namespace headspec {
 

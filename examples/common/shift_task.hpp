@@ -1,6 +1,8 @@
-// The copy/shift task: random token sequences; at every position t the model must name the
-// tokens found at several fixed offsets before it (t-1, t-2, ...). Positions before the start
-// have no answer (target -100, ignored by the loss and by accuracy).
+// The copy/shift task of the examples: random token sequences; at every position t the model
+// must name the tokens found at fixed offsets before it (t-1, t-2, ...). Positions before the
+// start have no answer (target kIgnore, ignored by the loss and by accuracy). The
+// head-specialization example uses four offsets, the gradient-flow example one (the previous
+// token).
 // Shapes: B batch, T sequence length, K number of offsets.
 #pragma once
 
@@ -11,7 +13,7 @@
 #include "xgrad/core/random.hpp"
 #include "xgrad/core/tensor.hpp"
 
-namespace headspec {
+namespace tasks {
 
 constexpr std::int64_t kIgnore = xgrad::kIgnoreIndex;
 
@@ -32,4 +34,4 @@ void validate(const ShiftTask& task);
 
 ShiftBatch make_batch(const ShiftTask& task, std::size_t batch, xgrad::Generator& gen);
 
-}  // namespace headspec
+}  // namespace tasks

@@ -1,9 +1,9 @@
 // Batches of the copy/shift task.
-#include "shift_task.hpp"
+#include "common/shift_task.hpp"
 
 #include "xgrad/core/error.hpp"
 
-namespace headspec {
+namespace tasks {
 
 void validate(const ShiftTask& task) {
   if (task.vocab < 2) xgrad::fail("ShiftTask: vocabulary size ", task.vocab, " must be at least 2");
@@ -30,4 +30,4 @@ ShiftBatch make_batch(const ShiftTask& task, std::size_t batch, xgrad::Generator
   return out;
 }
 
-}  // namespace headspec
+}  // namespace tasks
