@@ -10,7 +10,7 @@
 
 namespace xgrad::nn {
 
-Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
+void Attention::check(const MultiHeadAttentionOptions& o) {
   if (o.num_heads() == 0 || o.d_model() == 0) {
     fail("MultiHeadAttention: d_model ", o.d_model(), " and num_heads ", o.num_heads(), " must be positive");
   }
@@ -18,6 +18,10 @@ Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : Rando
     fail("MultiHeadAttention: d_model ", o.d_model(), " is not divisible by num_heads ", o.num_heads());
   }
   if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("MultiHeadAttention: dropout ", o.dropout(), " is outside [0, 1)");
+}
+
+Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
+  check(o);
   const std::size_t C = o.d_model();
   w_q = register_module("w_q", std::make_shared<Linear>(C, C, o.bias(), gen));
   w_k = register_module("w_k", std::make_shared<Linear>(C, C, o.bias(), gen));

@@ -60,6 +60,9 @@ inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
 class Attention : public Module, public RandomStream {
  public:
   explicit Attention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator());
+  // Throws, naming the option, for options the constructor refuses (a program can check its
+  // settings before it builds anything).
+  static void check(const MultiHeadAttentionOptions& options);
   AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}) const;
   void check_input(const Tensor& x) const;  // (B, T, d_model)
   const MultiHeadAttentionOptions& options() const { return options_; }

@@ -58,12 +58,17 @@ BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask
   return {hook("stream_out", y), a.weights};
 }
 
-LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : options_(o) {
+void LanguageModel::check(const LanguageModelOptions& o) {
   if (o.vocab_size() == 0 || o.num_layers() == 0 || o.max_len() == 0) {
     fail("LanguageModel: vocab_size ", o.vocab_size(), ", num_layers ", o.num_layers(), " and max_len ", o.max_len(),
          " must be positive");
   }
   if (o.norm() == Norm::none) fail("LanguageModel: norm must be Norm::pre or Norm::post");
+  Attention::check(MultiHeadAttentionOptions(o.d_model(), o.num_heads()).dropout(o.dropout()));
+}
+
+LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : options_(o) {
+  check(o);
   tok_emb = register_module("tok_emb", std::make_shared<Embedding>(o.vocab_size(), o.d_model(), gen));
   if (o.positional() == Positional::learned) {
     pos_emb = register_module("pos_emb", std::make_shared<LearnedPositionalEncoding>(o.max_len(), o.d_model(), gen));

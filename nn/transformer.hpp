@@ -101,6 +101,9 @@ struct GenerateOptions {
 class LanguageModel : public Module {
  public:
   explicit LanguageModel(const LanguageModelOptions& options, Generator& gen = default_generator());
+  // Throws, naming the option, for options the constructor refuses (its own and its
+  // attention's), before anything is built.
+  static void check(const LanguageModelOptions& options);
   // ids (B, T) with T <= max_len; causal attention.
   LanguageModelOutput forward(const IndexArray& ids) const;
   // Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).

@@ -87,7 +87,7 @@ TEST_CASE("same seed, same result") {
 TEST_CASE("impossible settings are rejected") {
   ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 0);
   c.d_model = 50;
-  REQUIRE_THROWS_WITH(validate(c), Catch::Contains("d-model 50 is not divisible by heads 3"));
+  REQUIRE_THROWS_WITH(validate(c), Catch::Contains("MultiHeadAttention: d_model 50 is not divisible by num_heads 3"));
   c = reduced(xgrad::nn::Norm::pre, 0);
   c.task.offsets = {1, 12};
   REQUIRE_THROWS_WITH(validate(c), Catch::Contains("offset 12"));

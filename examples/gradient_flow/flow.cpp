@@ -16,8 +16,7 @@ namespace gradflow {
 using namespace xgrad;
 
 void validate(const FlowConfig& c) {
-  if (c.layers == 0) fail("layers must be at least 1");
-  if (c.heads == 0 || c.d_model % c.heads != 0) fail("d-model ", c.d_model, " is not divisible by heads ", c.heads);
+  nn::LanguageModel::check(nn::LanguageModelOptions(c.vocab, c.d_model, c.heads, c.layers).max_len(c.seq_len));
   if (c.vocab < 2) fail("vocabulary ", c.vocab, " must be at least 2");
   if (c.seq_len < 2) fail("sequence length ", c.seq_len, " must be at least 2");
   if (c.batches == 0 || c.batch == 0) fail("batches and batch must be at least 1");

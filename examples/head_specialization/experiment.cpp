@@ -9,14 +9,12 @@ using namespace xgrad;
 
 void validate(const ExperimentConfig& c) {
   validate(c.task);
-  if (c.heads == 0) fail("heads must be at least 1");
-  if (c.d_model == 0 || c.d_model % c.heads != 0) fail("d-model ", c.d_model, " is not divisible by heads ", c.heads);
+  nn::Attention::check(nn::MultiHeadAttentionOptions(c.d_model, c.heads).dropout(c.dropout));
   if (c.layers == 0) fail("layers must be at least 1");
   if (c.train.steps == 0) fail("steps must be at least 1");
   if (c.train.batch == 0) fail("batch must be at least 1");
   if (c.eval_batches == 0) fail("eval batches must be at least 1");
   if (!(c.train.lr > 0.f)) fail("learning rate ", c.train.lr, " must be positive");
-  if (!(c.dropout >= 0.f && c.dropout < 1.f)) fail("dropout ", c.dropout, " is outside [0, 1)");
 }
 
 OffsetModelOptions model_options(const ExperimentConfig& c, std::size_t heads) {

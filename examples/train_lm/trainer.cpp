@@ -102,7 +102,6 @@ void validate(const TrainConfig& c) {
   auto at_most = [](const char* flag, std::size_t v, std::size_t max) {
     if (v > max) fail(flag, " ", v, " is more than ", max);
   };
-  if (c.layers == 0) fail("--layers must be at least 1");
   at_most("--layers", c.layers, kMaxLayers);
   at_most("--d-model", c.d_model, kMaxWidth);
   at_most("--d-ff", c.d_ff, 4 * kMaxWidth);
@@ -110,7 +109,6 @@ void validate(const TrainConfig& c) {
   at_most("--batch", c.batch, kMaxBatch);
   at_most("--steps", c.steps, kMaxSteps);
   at_most("--eval-batches", c.eval_batches, kMaxBatch);
-  if (c.heads == 0 || c.d_model % c.heads != 0) fail("--d-model ", c.d_model, " is not divisible by --heads ", c.heads);
   if (c.seq_len == 0) fail("--seq-len must be at least 1");
   if (c.batch == 0) fail("--batch must be at least 1");
   if (c.steps == 0) fail("--steps must be at least 1");
@@ -119,9 +117,9 @@ void validate(const TrainConfig& c) {
   if (c.warmup >= c.steps) fail("--warmup ", c.warmup, " must be fewer than the ", c.steps, " steps of the run");
   if (!(c.weight_decay >= 0.f && std::isfinite(c.weight_decay))) fail("--weight-decay ", c.weight_decay, " must be >= 0 and finite");
   if (!(c.clip >= 0.f && std::isfinite(c.clip))) fail("--clip ", c.clip, " must be >= 0 and finite");
-  if (!(c.dropout >= 0.f && c.dropout < 1.f)) fail("--dropout ", c.dropout, " is outside [0, 1)");
   if (!(c.valid_fraction > 0 && c.valid_fraction < 1)) fail("--valid-fraction ", c.valid_fraction, " is outside (0, 1)");
   if (c.eval_batches == 0) fail("--eval-batches must be at least 1");
+  nn::LanguageModel::check(model_options(c));  // --layers, --d-model with --heads, --dropout
   cli::check_memory(training_bytes(c), "a training step of this model");
 }
 
