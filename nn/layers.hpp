@@ -29,6 +29,7 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(std::size_t features, float eps = 1e-5f, bool affine = true);
   Tensor forward(const Tensor& x) const;
+  float eps() const { return eps_; }
   Tensor weight, bias;
 
  private:
