@@ -17,7 +17,6 @@
 #include <memory>
 #include <utility>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/options.hpp"
@@ -32,10 +31,10 @@ class Residual : public Sublayer {
   template <class... Args>
   Residual(Norm placement, std::size_t features, float layer_norm_eps, Args&&... sublayer_args)
       : Sublayer(std::forward<Args>(sublayer_args)...), placement_(placement) {
-    if (placement != Norm::none) norm = this->register_module("norm", std::make_shared<LayerNorm>(features, layer_norm_eps));
     if (placement == Norm::none) {
       this->declare_hook_points({"residual.in", "residual.branch", "residual.out"});
     } else {
+      norm = this->register_module("norm", std::make_shared<LayerNorm>(features, layer_norm_eps));
       this->declare_hook_points({"residual.in", "residual.skip", "residual.branch", "residual.out"});
     }
   }

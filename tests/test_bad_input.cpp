@@ -40,6 +40,7 @@
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
+
 #include "small_models.hpp"
 
 using namespace xgrad;

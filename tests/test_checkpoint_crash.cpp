@@ -34,8 +34,8 @@
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 
-#include "test_files.hpp"
 #include "small_models.hpp"
+#include "test_files.hpp"
 
 using namespace xgrad;
 using testing::small_lm;

@@ -48,12 +48,16 @@
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 
-#include "test_files.hpp"
+#include "safetensors_bytes.hpp"
 #include "small_models.hpp"
+#include "test_files.hpp"
 
 using namespace xgrad;
 using testing::small_lm;
+using testing::f32_le;
 using testing::read_bytes;
+using testing::read_u64_le;
+using testing::u64_le;
 using testing::TempDir;
 using testing::write_bytes;
 namespace fs = std::filesystem;
@@ -63,29 +67,6 @@ namespace {
 // ----------------------------------------------------------------------------------------------
 // Bytes
 // ----------------------------------------------------------------------------------------------
-
-std::string u64_le(std::uint64_t v) {
-  std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  return s;
-}
-
-std::uint64_t read_u64_le(const std::string& s) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[i]);
-  return v;
-}
-
-// Little-endian float32 bytes, built from the bit patterns (independent of the host's order).
-std::string f32_le(const std::vector<float>& values) {
-  std::string s;
-  for (float f : values) {
-    std::uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
-  }
-  return s;
-}
 
 std::string f32_bits_le(std::uint32_t bits) {
   std::string s;

@@ -20,6 +20,7 @@
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/transformer.hpp"
+
 #include "small_models.hpp"
 
 using namespace xgrad;

@@ -23,6 +23,7 @@
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/transformer.hpp"
+
 #include "small_models.hpp"
 
 using namespace xgrad;

@@ -25,6 +25,7 @@
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/transformer.hpp"
+
 #include "small_models.hpp"
 
 using namespace xgrad;

@@ -27,6 +27,7 @@
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/probe.hpp"
 #include "xgrad/nn/transformer.hpp"
+
 #include "small_models.hpp"
 
 using namespace xgrad;
