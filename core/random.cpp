@@ -26,11 +26,7 @@ Generator Generator::spawn() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::mt19937 ahead = engine_;  // draws from a copy leave this generator's stream as it was
   const std::uint64_t high = ahead(), low = ahead();  // two statements: the order is fixed
-  std::uint64_t z = (high << 32 | low) + 0x9E3779B97F4A7C15ull * ++spawned_;
-  // SplitMix64's finalizer: children of nearby counts get unrelated seeds.
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return Generator(z ^ (z >> 31));
+  return Generator(mix_seed(high << 32 | low, ++spawned_));
 }
 
 void Generator::manual_seed(std::uint64_t seed) {

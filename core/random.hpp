@@ -55,6 +55,16 @@ class Generator {
   std::uint64_t spawned_ = 0;
 };
 
+// SplitMix64 of (base, index): base + index times the golden ratio, through SplitMix64's
+// finalizer, so nearby bases and indices give unrelated 64-bit seeds (spawned generators,
+// modules' dropout streams).
+inline std::uint64_t mix_seed(std::uint64_t base, std::uint64_t index) {
+  std::uint64_t z = base + 0x9E3779B97F4A7C15ull * index;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 // The generator used when none is given; manual_seed resets it. Each thread has its own,
 // seeded 0. nn::Dropout keeps a pointer to the generator it was given: one built with the
 // default must not draw after the thread that built it has ended.

@@ -17,11 +17,7 @@ void seed_dropout(Module& root, std::uint64_t seed) {
     ++place;
     auto* stream = dynamic_cast<RandomStream*>(m);
     if (!stream) continue;
-    // SplitMix64 of (seed, place): nearby seeds and places give unrelated streams.
-    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * place;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    stream->generator().manual_seed(z ^ (z >> 31));
+    stream->generator().manual_seed(mix_seed(seed, place));
   }
 }
 
