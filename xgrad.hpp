@@ -24,6 +24,7 @@
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/residual.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/inspect/svg.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"

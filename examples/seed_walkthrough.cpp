@@ -11,7 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
-#include "common/svg.hpp"
+#include "xgrad/inspect/svg.hpp"
 #include "xgrad/xgrad.hpp"
 
 using namespace xgrad;
@@ -65,7 +65,7 @@ void walkthrough(std::uint64_t seed, const std::string& out) {
   std::printf("  check: %zu + %zu + %zu = %zu\n", projections, 4 * C, 2 * C, projections + 6 * C);
 
   const std::vector<std::string> tokens = {"我", "昨天", "去", "了", "北京", "出差"};
-  viz::Heatmap map;
+  xgrad::inspect::Heatmap map;
   map.title = "head 0, sequence 0 (random weights)";
   map.row_labels = map.col_labels = tokens;
   for (std::size_t t = 0; t < T; ++t) {
@@ -76,7 +76,7 @@ void walkthrough(std::uint64_t seed, const std::string& out) {
   double vmax = 0;
   for (const auto& row : map.values)
     for (double v : row) vmax = std::max(vmax, v);
-  viz::write_text_file(path, viz::heatmap_svg(map, vmax));  // colours scaled to the largest weight
+  xgrad::inspect::write_text_file(path, xgrad::inspect::heatmap_svg(map, vmax));  // colours scaled to the largest weight
   std::printf("\nheatmap of head 0: %s\n", path.c_str());
 }
 

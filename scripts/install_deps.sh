@@ -2,8 +2,9 @@
 # Installs the Debian packages xgrad builds with, but only those that are missing.
 set -euo pipefail
 
-packages=(cmake make g++ libxtensor-dev libxtensor-blas-dev xtl-dev libxsimd-dev libopenblas-dev libdnnl-dev
-          catch2 nlohmann-json3-dev libcli11-dev clang libclang-rt-14-dev libopenmpi-dev openmpi-bin)
+packages=(cmake make g++ libxtensor-dev libxtensor-blas-dev xtl-dev libxsimd-dev libopenblas-dev libdnnl-dev ocl-icd-opencl-dev
+          catch2 nlohmann-json3-dev libcli11-dev clang libclang-rt-14-dev libopenmpi-dev openmpi-bin
+          chromium)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -9,7 +9,7 @@
 
 #include "common/cli.hpp"
 #include "common/memory.hpp"
-#include "common/svg.hpp"
+#include "xgrad/inspect/svg.hpp"
 #include "common/terminal.hpp"
 #include "flow.hpp"
 #include "xgrad/core/error.hpp"
@@ -150,9 +150,9 @@ int main(int argc, char** argv) {
                              {"post_loss", post.loss},
                              {"head_importance", {{"pre", heads_json(pre)}, {"post", heads_json(post)}}}};
 
-    viz::LinePlot ffn{"|E dL/dW2| of each layer's second FFN weight, at initialization", "layer", "gradient norm", {}, true, true};
+    xgrad::inspect::LinePlot ffn{"|E dL/dW2| of each layer's second FFN weight, at initialization", "layer", "gradient norm", {}, true, true};
     ffn.series = {{"Pre-Norm", layer_axis(c.layers), {}}, {"Post-Norm", layer_axis(c.layers), {}}};
-    viz::LinePlot stream{"|dL/dx| of the residual stream entering each layer", "layer", "gradient norm", {}, true, true};
+    xgrad::inspect::LinePlot stream{"|dL/dx| of the residual stream entering each layer", "layer", "gradient norm", {}, true, true};
     stream.series = {{"Pre-Norm", layer_axis(c.layers), {}}, {"Post-Norm", layer_axis(c.layers), {}}};
     for (std::size_t l = 0; l < c.layers; ++l) {
       ffn.series[0].y.push_back(pre.layers[l].ffn_weight_grad_norm);
@@ -160,14 +160,14 @@ int main(int argc, char** argv) {
       stream.series[0].y.push_back(pre.layers[l].residual_grad_norm);
       stream.series[1].y.push_back(post.layers[l].residual_grad_norm);
     }
-    viz::write_text_file(out + "/ffn_grad_norm.svg", viz::line_plot_svg(ffn));
-    viz::write_text_file(out + "/residual_grad_norm.svg", viz::line_plot_svg(stream));
+    xgrad::inspect::write_text_file(out + "/ffn_grad_norm.svg", xgrad::inspect::line_plot_svg(ffn));
+    xgrad::inspect::write_text_file(out + "/residual_grad_norm.svg", xgrad::inspect::line_plot_svg(stream));
 
     if (!depths.empty()) {
       std::printf("\nDepth sweep: the last layer's |E dL/dW2| (and last/first)\n%6s %14s %10s %14s %10s\n", "depth", "Pre-Norm",
                   "ratio", "Post-Norm", "ratio");
       nlohmann::json sweep = nlohmann::json::array();
-      viz::LinePlot plot{"last layer's |E dL/dW2| against depth", "layers", "gradient norm", {}, true, true};
+      xgrad::inspect::LinePlot plot{"last layer's |E dL/dW2| against depth", "layers", "gradient norm", {}, true, true};
       plot.series = {{"Pre-Norm", {}, {}}, {"Post-Norm", {}, {}}};
       for (std::size_t d : depths) {
         FlowConfig cd = c;
@@ -182,14 +182,14 @@ int main(int argc, char** argv) {
         plot.series[1].y.push_back(ql);
       }
       report["depth_sweep"] = sweep;
-      viz::write_text_file(out + "/depth_sweep.svg", viz::line_plot_svg(plot));
+      xgrad::inspect::write_text_file(out + "/depth_sweep.svg", xgrad::inspect::line_plot_svg(plot));
     }
 
     if (train) {
       std::printf("\nTraining, AdamW lr %g, %zu steps (shift task), mean loss of the last 20 steps:\n", static_cast<double>(lr), steps);
       char title[64];
       std::snprintf(title, sizeof title, "training loss, AdamW lr %g", static_cast<double>(lr));
-      viz::LinePlot curves{title, "step", "loss", {}, true, false};
+      xgrad::inspect::LinePlot curves{title, "step", "loss", {}, true, false};
       nlohmann::json runs = nlohmann::json::array();
       viz::ProgressLine line(quiet, std::max<std::size_t>(steps / 4, 1));
       for (Norm norm : {Norm::pre, Norm::post}) {
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
         }
       }
       report["training"] = {{"lr", lr}, {"steps", steps}, {"runs", runs}};
-      viz::write_text_file(out + "/training.svg", viz::line_plot_svg(curves));
+      xgrad::inspect::write_text_file(out + "/training.svg", xgrad::inspect::line_plot_svg(curves));
     }
     std::printf("\nplots in %s/\n", out.c_str());
     if (!report_path.empty()) {

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "../common/svg.hpp"
+#include "xgrad/inspect/svg.hpp"
 #include "../common/terminal.hpp"
 
 namespace headspec {
@@ -62,8 +62,8 @@ std::string sweep_table(const std::vector<SweepRow>& rows) {
 
 namespace {
 
-viz::Heatmap head_map(const HeadStats& s, const std::vector<std::string>& labels) {
-  viz::Heatmap m;
+xgrad::inspect::Heatmap head_map(const HeadStats& s, const std::vector<std::string>& labels) {
+  xgrad::inspect::Heatmap m;
   m.title = "layer " + std::to_string(s.layer) + " head " + std::to_string(s.head) + ": t-" + std::to_string(s.dominant_offset) +
             (s.specialized ? "" : " (not specialized)");
   m.values = s.pattern;
@@ -82,18 +82,18 @@ std::vector<double> steps_axis(std::size_t n) {
 
 std::vector<std::string> write_images(const std::string& folder, const ExperimentConfig& c, const ExperimentResult& r) {
   std::vector<std::string> written;
-  std::vector<viz::Heatmap> maps;
+  std::vector<xgrad::inspect::Heatmap> maps;
   for (const HeadStats& s : r.heads) {
     maps.push_back(head_map(s, r.position_labels));
     const std::string path = folder + "/head_l" + std::to_string(s.layer) + "_h" + std::to_string(s.head) + ".svg";
-    viz::write_text_file(path, viz::heatmap_svg(maps.back()));
+    xgrad::inspect::write_text_file(path, xgrad::inspect::heatmap_svg(maps.back()));
     written.push_back(path);
   }
   const std::string overview = folder + "/heads.svg";
-  viz::write_text_file(overview, viz::heatmap_grid_svg(maps, c.heads));
+  xgrad::inspect::write_text_file(overview, xgrad::inspect::heatmap_grid_svg(maps, c.heads));
   written.push_back(overview);
 
-  viz::LinePlot loss;
+  xgrad::inspect::LinePlot loss;
   loss.title = "training loss (cross-entropy, mean over offsets)";
   loss.x_label = "step";
   loss.y_label = "loss";
@@ -105,18 +105,18 @@ std::vector<std::string> write_images(const std::string& folder, const Experimen
     loss.series.push_back({"1 head", steps_axis(s.size()), std::vector<double>(s.begin(), s.end())});
   }
   const std::string curve = folder + "/loss.svg";
-  viz::write_text_file(curve, viz::line_plot_svg(loss));
+  xgrad::inspect::write_text_file(curve, xgrad::inspect::line_plot_svg(loss));
   written.push_back(curve);
   return written;
 }
 
 std::string write_sweep_plot(const std::string& folder, const std::vector<SweepRow>& rows) {
-  viz::LinePlot p;
+  xgrad::inspect::LinePlot p;
   p.title = "held-out accuracy and training time against the number of heads";
   p.x_label = "heads (same d_model)";
   p.y_label = "accuracy / training seconds (scaled to the slowest)";
   p.markers = true;
-  viz::Series acc{"accuracy", {}, {}}, time{"training time / slowest", {}, {}};
+  xgrad::inspect::Series acc{"accuracy", {}, {}}, time{"training time / slowest", {}, {}};
   double slowest = 0;
   for (const SweepRow& s : rows) slowest = std::max(slowest, s.seconds);
   for (const SweepRow& s : rows) {
@@ -127,7 +127,7 @@ std::string write_sweep_plot(const std::string& folder, const std::vector<SweepR
   }
   p.series = {acc, time};
   const std::string path = folder + "/sweep_heads.svg";
-  viz::write_text_file(path, viz::line_plot_svg(p));
+  xgrad::inspect::write_text_file(path, xgrad::inspect::line_plot_svg(p));
   return path;
 }
 

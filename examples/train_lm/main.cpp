@@ -8,7 +8,7 @@
 
 #include "common/cli.hpp"
 #include "common/memory.hpp"
-#include "common/svg.hpp"
+#include "xgrad/inspect/svg.hpp"
 #include "common/terminal.hpp"
 #include "trainer.hpp"
 #ifdef XGRAD_HAS_DISTRIBUTED
@@ -38,8 +38,8 @@ std::string sample_text(xgrad::nn::LanguageModel& model, const std::string& prom
 void write_log(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
   std::ostringstream csv;
   csv << "step,train_loss,valid_loss,lr,seconds\n";
-  viz::LinePlot plot{"byte-level language model", "step", "loss (nats per byte)", {}, false, false};
-  viz::Series train{"train", {}, {}}, valid{"validation", {}, {}}, uni{"unigram entropy", {}, {}};
+  xgrad::inspect::LinePlot plot{"byte-level language model", "step", "loss (nats per byte)", {}, false, false};
+  xgrad::inspect::Series train{"train", {}, {}}, valid{"validation", {}, {}}, uni{"unigram entropy", {}, {}};
   for (const LogEntry& e : log) {
     csv << e.step << ',' << e.train_loss << ',' << (e.valid_loss ? std::to_string(*e.valid_loss) : "") << ',' << e.lr << ','
         << e.seconds << '\n';
@@ -53,7 +53,7 @@ void write_log(const std::string& folder, const std::vector<LogEntry>& log, doub
   if (!log.empty()) uni = {"unigram entropy", {1.0, static_cast<double>(log.back().step)}, {unigram, unigram}};
   plot.series = {train, valid, uni};
   xgrad::write_file_atomically(folder + "/log.csv", csv.str(), "train_lm: the log");
-  viz::write_text_file(folder + "/loss.svg", viz::line_plot_svg(plot));
+  xgrad::inspect::write_text_file(folder + "/loss.svg", xgrad::inspect::line_plot_svg(plot));
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
-// Small SVG writers for the examples: attention heatmaps with a colour scale, grids of them,
-// and line plots. SVG opens in any browser and carries UTF-8 labels as they are.
+// SVG pictures of what a model does: attention heatmaps with a colour scale, grids of them, and
+// line plots. SVG opens in any browser and carries UTF-8 labels as they are.
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace viz {
+namespace xgrad::inspect {
 
 struct Heatmap {
   std::string title;
@@ -33,7 +33,8 @@ struct LinePlot {
 
 std::string line_plot_svg(const LinePlot& plot);
 
-// Writes text to path; throws xgrad::Error naming the path on failure.
+// Writes text to path atomically (an earlier file survives a failure); throws xgrad::Error
+// naming the path.
 void write_text_file(const std::string& path, const std::string& text);
 
-}  // namespace viz
+}  // namespace xgrad::inspect

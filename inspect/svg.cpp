@@ -1,5 +1,5 @@
 // SVG heatmaps and line plots.
-#include "svg.hpp"
+#include "xgrad/inspect/svg.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/file_io.hpp"
 
-namespace viz {
+namespace xgrad::inspect {
 
 namespace {
 
@@ -217,6 +217,6 @@ std::string line_plot_svg(const LinePlot& p) {
   return os.str();
 }
 
-void write_text_file(const std::string& path, const std::string& text) { xgrad::write_file_atomically(path, text, "write_text_file"); }
+void write_text_file(const std::string& path, const std::string& text) { write_file_atomically(path, text, "write_text_file"); }
 
-}  // namespace viz
+}  // namespace xgrad::inspect
