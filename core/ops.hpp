@@ -107,6 +107,9 @@ Tensor log_softmax(const Tensor& a, int axis = -1);
 Tensor masked_softmax(const Tensor& a, const Mask& mask, int axis = -1);
 // Where mask (broadcastable to a's shape) is true the result is `value`; there a gets no gradient.
 Tensor masked_fill(const Tensor& a, const Mask& mask, float value);
+// The same with one value per element: values has a's shape (activation patching copies another
+// run's values into a region this way).
+Tensor masked_fill(const Tensor& a, const Mask& mask, const Array& values);
 // Mean cross-entropy of logits (..., C) against integer targets (...), skipping targets equal
 // to ignore_index; fused with log-softmax. With every target ignored the loss is 0.
 constexpr std::int64_t kIgnoreIndex = -100;  // the target that cross_entropy skips by default, as in PyTorch

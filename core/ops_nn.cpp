@@ -141,13 +141,15 @@ Tensor log_softmax(const Tensor& a, int axis) {
   });
 }
 
-Tensor masked_fill(const Tensor& a, const Mask& mask, float value) {
-  check_defined(a, "masked_fill");
-  const Shape& s = a.shape();
-  auto keep = keep_flags(mask, s, "masked_fill");  // backward reuses it
+namespace {
+
+// a where keep, else fill(i).
+template <class Fill>
+Tensor masked_fill_with(const Tensor& a, const Mask& mask, Fill fill) {
+  auto keep = keep_flags(mask, a.shape(), "masked_fill");  // backward reuses it
   Array y = a.value();
   for (std::size_t i = 0; i < y.size(); ++i) {
-    if (!(*keep)[i]) y.data()[i] = value;
+    if (!(*keep)[i]) y.data()[i] = fill(i);
   }
   return record("masked_fill", std::move(y), {a}, [keep](GradContext& ctx) {
     // dx = g where the mask is false, 0 where it is true
@@ -157,6 +159,22 @@ Tensor masked_fill(const Tensor& a, const Mask& mask, float value) {
     }
     ctx.accumulate(0, std::move(dx));
   });
+}
+
+}  // namespace
+
+Tensor masked_fill(const Tensor& a, const Mask& mask, float value) {
+  check_defined(a, "masked_fill");
+  return masked_fill_with(a, mask, [value](std::size_t) { return value; });
+}
+
+Tensor masked_fill(const Tensor& a, const Mask& mask, const Array& values) {
+  check_defined(a, "masked_fill");
+  if (values.shape() != a.shape()) {
+    fail("masked_fill: values of shape ", shape_str(values.shape()), " do not match the input's shape ", shape_str(a.shape()));
+  }
+  const float* v = values.data();
+  return masked_fill_with(a, mask, [v](std::size_t i) { return v[i]; });
 }
 
 Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index) {

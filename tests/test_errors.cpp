@@ -30,6 +30,7 @@
 // layer_norm gamma (3) / beta (4, 1) for C = 4      | "layer_norm: gamma of shape (3) does not match"
 // layer_norm eps = 0                                | "layer_norm: eps must be positive"
 // masked_fill mask (3) or (2, 2, 4) on (2, 4)       | "masked_fill: ... (3) ... (2, 4)"
+// masked_fill values (4, 2) on (2, 4)               | "masked_fill: values of shape (4, 2) ... (2, 4)"
 // an undefined Tensor() passed to an op             | "<op>: input is an undefined tensor"
 // Tensor().value() / Tensor().backward()           | "Tensor::value: the tensor is undefined" / "Tensor::node: ..."
 // Tensor::grad() before any backward                | "Tensor::grad: no gradient for 'w'"
@@ -293,6 +294,9 @@ TEST_CASE("masked_fill rejects a mask that does not broadcast to the input", "[e
                       Contains("masked_fill") && Contains("(2, 2, 4)") && Contains("(2, 4)"));
   const Mask row = xt::zeros<bool>({1, 4});
   REQUIRE_NOTHROW(masked_fill(a, row, 0.f));
+  const Array wrong_values = xt::zeros<float>(Shape{4, 2});
+  REQUIRE_THROWS_WITH(masked_fill(a, row, wrong_values),
+                      Contains("masked_fill: values of shape (4, 2)") && Contains("(2, 4)"));
 }
 
 TEST_CASE("an undefined Tensor() passed to an op raises an error naming the op", "[errors]") {

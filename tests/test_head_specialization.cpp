@@ -42,6 +42,20 @@ void require_specialized(const ExperimentResult& r, const ExperimentConfig& c) {
       if (c.task.offsets[k] == s.dominant_offset) REQUIRE(s.ablated.per_offset[k] < 0.5);
     }
   }
+  // The library's fixed-offset detector finds each offset's head on its own.
+  for (std::size_t k = 0; k < c.task.offsets.size(); ++k) {
+    std::size_t found = 0;
+    for (const HeadStats& s : r.heads) {
+      UNSCOPED_INFO("head " << s.head << " detected t-" << s.detected_offset << " score " << s.offset_score);
+      found += s.detected_offset == c.task.offsets[k] && s.offset_score > 0.5;  // most of the weight
+    }
+    INFO("offset " << c.task.offsets[k]);
+    REQUIRE(found == 1);
+  }
+  // Patching: with the token at p corrupted, restoring one head from the clean run restores the
+  // prediction of offset o at p + o exactly when the head owns o.
+  REQUIRE(r.patching.corrupted == std::vector<double>(c.task.offsets.size(), 0.0));
+  REQUIRE(r.each_offset_restored);
   // One head of the same width can follow one offset, not three: chance is 1/16 for the rest.
   REQUIRE(r.single_accuracy.overall < 0.6);
 }

@@ -356,6 +356,14 @@ TEST_CASE("gradcheck: softmax and log_softmax on the last and a middle axis", "[
   }
 }
 
+TEST_CASE("gradcheck: masked_fill with per-element values", "[gradcheck][nn]") {
+  const Tensor x = randn({2, 3, 4}, 203);
+  const Array values = randn({2, 3, 4}, 204).value();
+  Mask mask = xt::zeros<bool>(Shape{1, 3, 1});
+  mask(0, 1, 0) = true;
+  REQUIRE_GRADCHECK([mask, values](const Ins& in) { return mul(masked_fill(in[0], mask, values), in[0]); }, {x});
+}
+
 TEST_CASE("gradcheck: masked_fill with a mask broadcast over leading axes", "[gradcheck][nn]") {
   const Tensor x = randn({2, 3, 4}, 201);
   Mask mask = xt::zeros<bool>(Shape{3, 4});

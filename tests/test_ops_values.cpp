@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -424,6 +425,23 @@ TEST_CASE("values: masked_fill with a mask broadcast over leading axes", "[value
   REQUIRE(std::isinf(z(1, 2, 3)));
   REQUIRE(z(1, 1, 3) == x(1, 1, 3));
   REQUIRE(t.value() == x);
+}
+
+TEST_CASE("values: masked_fill with per-element values copies them bit for bit", "[values][nn]") {
+  Array x = normal({2, 3, 4}, 112);
+  Array values = normal({2, 3, 4}, 113);
+  values(1, 2, 0) = -0.f;  // the sign of a zero is kept too
+  x(0, 0, 1) = -0.f;
+  Mask mask = xt::zeros<bool>(Shape{2, 1, 4});
+  mask(1, 0, 0) = mask(0, 0, 3) = true;
+  const Array y = masked_fill(Tensor(x), mask, values).value();
+  for (std::size_t b = 0; b < 2; ++b)
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 4; ++j) {
+        INFO("element (" << b << ", " << i << ", " << j << ")");
+        const float want = mask(b, 0, j) ? values(b, i, j) : x(b, i, j);
+        REQUIRE(std::memcmp(&y(b, i, j), &want, sizeof want) == 0);
+      }
 }
 
 TEST_CASE("values: embedding picks rows of the table", "[values][nn]") {

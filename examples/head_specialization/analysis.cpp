@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <xtensor/xbuilder.hpp>
+
 #include "common/argmax.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/nn/head_importance.hpp"
@@ -44,72 +46,6 @@ Accuracy evaluate(const OffsetModel& model, const ShiftTask& task, const std::ve
   return acc;
 }
 
-namespace {
-
-double entropy_of(const double* p, std::size_t n) {
-  double e = 0;
-  for (std::size_t i = 0; i < n; ++i) e -= p[i] * std::log(p[i] + 1e-9);
-  return e;
-}
-
-// Statistics of head h from attention weights w (B, H, T, S) of all held-out batches.
-void accumulate_stats(HeadStats& s, const std::vector<Array>& weights, std::size_t h) {
-  const std::size_t T = weights[0].shape()[2];
-  std::vector<double> mass(T, 0.0), count(T, 0.0);
-  double entropy = 0, query_entropy = 0, sequences = 0, queries = 0;
-  std::vector<double> row(T), mean_row(T);
-  for (const Array& w : weights) {
-    const std::size_t B = w.shape()[0], H = w.shape()[1];
-    for (std::size_t b = 0; b < B; ++b) {
-      std::fill(mean_row.begin(), mean_row.end(), 0.0);
-      for (std::size_t t = 0; t < T; ++t) {
-        const float* r = w.data() + ((b * H + h) * T + t) * T;
-        for (std::size_t k = 0; k < T; ++k) {
-          row[k] = r[k];
-          mean_row[k] += r[k] / static_cast<double>(T);
-        }
-        for (std::size_t o = 0; o <= t; ++o) {
-          mass[o] += row[t - o];
-          count[o] += 1;
-        }
-        query_entropy += entropy_of(row.data(), T);
-        queries += 1;
-      }
-      entropy += entropy_of(mean_row.data(), T);
-      sequences += 1;
-    }
-  }
-  s.offset_mass.resize(T);
-  for (std::size_t o = 0; o < T; ++o) s.offset_mass[o] = count[o] ? mass[o] / count[o] : 0.0;
-  s.dominant_offset = static_cast<std::size_t>(std::max_element(s.offset_mass.begin(), s.offset_mass.end()) - s.offset_mass.begin());
-  s.dominant_mass = s.offset_mass[s.dominant_offset];
-  s.entropy = entropy / sequences;
-  s.query_entropy = query_entropy / queries;
-
-  double on_target = 0, confidence = 0, considered = 0;
-  for (const Array& w : weights) {
-    const std::size_t B = w.shape()[0], H = w.shape()[1];
-    for (std::size_t b = 0; b < B; ++b) {
-      for (std::size_t t = s.dominant_offset; t < T; ++t) {
-        const float* r = w.data() + ((b * H + h) * T + t) * T;
-        const std::size_t best = static_cast<std::size_t>(std::max_element(r, r + t + 1) - r);
-        on_target += best == t - s.dominant_offset;
-        confidence += r[best];
-        considered += 1;
-      }
-    }
-  }
-  s.argmax_fraction = considered ? on_target / considered : 0.0;
-  s.confidence = considered ? confidence / considered : 0.0;
-  s.specialized = s.argmax_fraction >= 0.9;
-  const Array& first = weights[0];
-  s.pattern.assign(T, std::vector<double>(T));
-  for (std::size_t t = 0; t < T; ++t)
-    for (std::size_t k = 0; k < T; ++k) s.pattern[t][k] = first(0, h, t, k);
-}
-
-}  // namespace
-
 std::vector<HeadStats> analyze_heads(OffsetModel& model, const ShiftTask& task, const std::vector<ShiftBatch>& data) {
   NoGradGuard no_grad;
   const bool was_training = model.is_training();
@@ -122,11 +58,22 @@ std::vector<HeadStats> analyze_heads(OffsetModel& model, const ShiftTask& task, 
   }
   std::vector<HeadStats> stats;
   for (std::size_t l = 0; l < L; ++l) {
+    Array all = weights[l][0];
+    for (std::size_t i = 1; i < weights[l].size(); ++i) all = xt::concatenate(xt::xtuple(all, weights[l][i]), 0);
+    std::vector<std::size_t> offsets;
+    const std::vector<double> offset_scores = inspect::fixed_offset_scores(all, &offsets);
     for (std::size_t h = 0; h < H; ++h) {
       HeadStats s;
       s.layer = l;
       s.head = h;
-      accumulate_stats(s, weights[l], h);
+      static_cast<inspect::HeadStatistics&>(s) = inspect::head_statistics(weights[l], h);
+      s.specialized = s.argmax_fraction >= 0.9;
+      s.detected_offset = offsets[h];
+      s.offset_score = offset_scores[h];
+      const std::size_t T = task.seq_len;
+      s.pattern.assign(T, std::vector<double>(T));
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t k = 0; k < T; ++k) s.pattern[t][k] = weights[l][0](0, h, t, k);
       Array gates = xt::ones<float>({H});
       gates(h) = 0.f;
       const nn::HookHandle ablation = nn::gate_heads(*model.layers[l], Tensor(gates));

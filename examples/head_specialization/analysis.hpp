@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "offset_model.hpp"
+#include "xgrad/inspect/head_patterns.hpp"
 #include "task.hpp"
 
 namespace headspec {
@@ -15,24 +16,14 @@ struct Accuracy {
   std::vector<double> per_offset;  // aligned with ShiftTask::offsets
 };
 
-struct HeadStats {
+// The library's statistics of one head (inspect/head_patterns.hpp: offset masses, dominant
+// offset, argmax fraction, confidence, both entropies) and what this example adds.
+struct HeadStats : xgrad::inspect::HeadStatistics {
   std::size_t layer = 0, head = 0;
-  // offset_mass[o]: mean attention weight on the key o positions back (query t, key t - o),
-  // over the queries for which that key exists (t >= o). o = 0 .. T-1.
-  std::vector<double> offset_mass;
-  std::size_t dominant_offset = 0;  // argmax of offset_mass
-  double dominant_mass = 0;         // offset_mass[dominant_offset]
-  // Over queries with t >= dominant_offset: the fraction whose largest weight falls on key
-  // t - dominant_offset, and the mean of each query's largest weight.
-  double argmax_fraction = 0;
-  double confidence = 0;
-  // The seed article's entropy: the head's attention averaged over queries first, then
-  // -sum p log(p + 1e-9) (averaged over sequences). High for an offset head, whose sharp rows
-  // point at different keys.
-  double entropy = 0;
-  // Mean over queries of each row's own entropy -sum_s w log(w + 1e-9). Low for a sharp head.
-  double query_entropy = 0;
   bool specialized = false;  // argmax_fraction >= 0.9 (Voita et al. 2019's positional heads)
+  // The library's fixed-offset detector over all held-out sequences: the offset and its score.
+  std::size_t detected_offset = 0;
+  double offset_score = 0;
   Accuracy ablated;          // accuracy with this head's output zeroed
   std::vector<std::vector<double>> pattern;  // (T, S) attention of the first held-out sequence
 };

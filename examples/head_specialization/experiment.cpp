@@ -48,6 +48,8 @@ ExperimentResult run_experiment(const ExperimentConfig& c, const ProgressFn& on_
   r.accuracy = evaluate(model, c.task, data);
   r.heads = analyze_heads(model, c.task, data);
   r.every_offset_owned = every_offset_owned(c.task, r.heads);
+  r.patching = patch_each_head(model, c.task, data, c.seed + 2000003);
+  r.each_offset_restored = each_offset_restored_by_its_own_head(c.task, r.heads, r.patching);
 
   if (c.single_head && c.heads != 1) {
     Generator weights1(c.seed), batches1(c.seed + 1);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "analysis.hpp"
+#include "patching.hpp"
 #include "trainer.hpp"
 
 namespace headspec {
@@ -29,6 +30,8 @@ struct ExperimentResult {
   Accuracy accuracy;
   std::vector<HeadStats> heads;
   bool every_offset_owned = false;
+  PatchingTable patching;           // one head's output restored at a time
+  bool each_offset_restored = false;  // by its own head only
   TrainResult single_training;  // empty when the contrast was not run
   Accuracy single_accuracy;
   std::vector<std::string> position_labels;  // "t0", "t1", ...

@@ -112,9 +112,7 @@ int main(int argc, char** argv) {
         one.single_head = false;
         const ExperimentResult r = run_experiment(one, progress);
         line.finish();
-        std::size_t specialized = 0;
-        for (const HeadStats& s : r.heads) specialized += s.specialized;
-        rows.push_back({h, r.accuracy.overall, r.training.seconds, specialized, r.every_offset_owned});
+        rows.push_back(sweep_row(h, r));
       }
       std::printf("\nSame task, same d_model %zu, %zu steps each:\n%s", c.d_model, c.train.steps, sweep_table(rows).c_str());
       std::printf("plot: %s\n", write_sweep_plot(out, rows).c_str());
@@ -145,10 +143,12 @@ int main(int argc, char** argv) {
     }
     std::printf("\n\n%s", head_table(c, r).c_str());
     std::printf("every offset owned by its own specialized head: %s\n", r.every_offset_owned ? "yes" : "no");
+    std::printf("\n%s", patching_table(c, r).c_str());
+    std::printf("each offset restored by its own head only: %s\n", r.each_offset_restored ? "yes" : "no");
     if (!quiet) std::printf("\n%s", head_grids(r).c_str());
     const std::vector<std::string> images = write_images(out, c, r);
-    std::printf("\nimages: %s/heads.svg (all heads), %s/loss.svg, and one heatmap per head in %s/\n", out.c_str(), out.c_str(),
-                out.c_str());
+    std::printf("\nimages: %s/heads.svg (all heads), %s/patching.svg, %s/loss.svg, and one heatmap per head in %s/\n",
+                out.c_str(), out.c_str(), out.c_str(), out.c_str());
     if (!report_path.empty()) {
       write_json(report_path, report_json(c, r));
       std::printf("report: %s\n", report_path.c_str());

@@ -1,6 +1,7 @@
 // Tables, images and the JSON report of the head-specialization example.
 #include "report.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -47,14 +48,62 @@ std::string head_grids(const ExperimentResult& r) {
   return os.str();
 }
 
+namespace {
+std::string offset_label(std::size_t offset) { return "t-" + std::to_string(offset); }
+}  // namespace
+
+std::string patching_table(const ExperimentConfig& c, const ExperimentResult& r) {
+  const PatchingTable& p = r.patching;
+  std::ostringstream os;
+  char cell[64];
+  os << "token at t" << p.position << " corrupted; share of its predictions (offset o, read at t" << p.position
+     << " + o) restored by the head patched from the clean run:\n";
+  os << "layer head  owns ";
+  for (std::size_t o : c.task.offsets) {
+    std::snprintf(cell, sizeof cell, "%7s", offset_label(o).c_str());
+    os << cell;
+  }
+  os << "\n";
+  const auto row = [&](const std::string& label, const std::vector<double>& values) {
+    os << label;
+    for (double v : values) {
+      std::snprintf(cell, sizeof cell, "%7.3f", v);
+      os << cell;
+    }
+    os << "\n";
+  };
+  for (std::size_t i = 0; i < r.heads.size(); ++i) {
+    const HeadStats& s = r.heads[i];
+    std::snprintf(cell, sizeof cell, "%5zu %4zu %5s ", s.layer, s.head, s.specialized ? offset_label(s.dominant_offset).c_str() : "-");
+    row(cell, p.restored[i]);
+  }
+  row("no patch (corrupted) ", p.corrupted);
+  row("clean run            ", p.clean);
+  return os.str();
+}
+
+SweepRow sweep_row(std::size_t heads, const ExperimentResult& r) {
+  SweepRow row{heads, r.accuracy.overall, r.training.seconds, 0, r.every_offset_owned};
+  row.ablated_worst = row.ablated_worst_offset = 1.0;
+  for (const HeadStats& s : r.heads) {
+    row.specialized += s.specialized;
+    row.ablated_mean += s.ablated.overall / static_cast<double>(r.heads.size());
+    row.ablated_worst = std::min(row.ablated_worst, s.ablated.overall);
+    for (double a : s.ablated.per_offset) row.ablated_worst_offset = std::min(row.ablated_worst_offset, a);
+  }
+  return row;
+}
+
 std::string sweep_table(const std::vector<SweepRow>& rows) {
   std::ostringstream os;
-  char line[160];
-  std::snprintf(line, sizeof line, "%6s %9s %12s %12s %14s\n", "heads", "accuracy", "specialized", "train time", "offsets owned");
+  char line[200];
+  std::snprintf(line, sizeof line, "%6s %9s %12s %12s %14s   %s\n", "heads", "accuracy", "specialized", "train time", "offsets owned",
+                "one head ablated: mean  worst  worst offset");
   os << line;
   for (const SweepRow& s : rows) {
-    std::snprintf(line, sizeof line, "%6zu %9.3f %12zu %12s %14s\n", s.heads, s.accuracy, s.specialized,
-                  viz::duration(s.seconds).c_str(), s.every_offset_owned ? "all" : "not all");
+    std::snprintf(line, sizeof line, "%6zu %9.3f %12zu %12s %14s   %23.3f %6.3f %13.3f\n", s.heads, s.accuracy, s.specialized,
+                  viz::duration(s.seconds).c_str(), s.every_offset_owned ? "all" : "not all", s.ablated_mean, s.ablated_worst,
+                  s.ablated_worst_offset);
     os << line;
   }
   return os.str();
@@ -92,6 +141,17 @@ std::vector<std::string> write_images(const std::string& folder, const Experimen
   const std::string overview = folder + "/heads.svg";
   xgrad::inspect::write_text_file(overview, xgrad::inspect::heatmap_grid_svg(maps, c.heads));
   written.push_back(overview);
+
+  xgrad::inspect::Heatmap patched;
+  patched.title = "restored by patching one head (token at t" + std::to_string(r.patching.position) + " corrupted)";
+  patched.values = r.patching.restored;
+  for (const HeadStats& s : r.heads) patched.row_labels.push_back("L" + std::to_string(s.layer) + "H" + std::to_string(s.head));
+  for (std::size_t o : c.task.offsets) patched.col_labels.push_back(offset_label(o));
+  patched.row_axis = "patched head";
+  patched.col_axis = "prediction";
+  const std::string patching = folder + "/patching.svg";
+  xgrad::inspect::write_text_file(patching, xgrad::inspect::heatmap_svg(patched));
+  written.push_back(patching);
 
   xgrad::inspect::LinePlot loss;
   loss.title = "training loss (cross-entropy, mean over offsets)";
@@ -163,12 +223,19 @@ nlohmann::json report_json(const ExperimentConfig& c, const ExperimentResult& r)
                      {"entropy", s.entropy},
                      {"query_entropy", s.query_entropy},
                      {"specialized", s.specialized},
+                     {"detected_offset", s.detected_offset},
+                     {"offset_score", s.offset_score},
                      {"ablated_accuracy", s.ablated.overall},
                      {"ablated_accuracy_per_offset", per_offset(c, s.ablated)}});
   }
   nlohmann::json j = {{"accuracy", r.accuracy.overall},
                       {"accuracy_per_offset", per_offset(c, r.accuracy)},
                       {"every_offset_owned", r.every_offset_owned},
+                      {"patching", {{"position", r.patching.position},
+                                    {"restored_by_head", r.patching.restored},
+                                    {"corrupted", r.patching.corrupted},
+                                    {"clean", r.patching.clean},
+                                    {"each_offset_restored_by_its_own_head", r.each_offset_restored}}},
                       {"seconds", r.training.seconds},
                       {"config", config_json(c)},
                       {"heads", heads},
@@ -190,6 +257,9 @@ nlohmann::json sweep_json(const std::vector<SweepRow>& rows) {
                  {"accuracy", s.accuracy},
                  {"specialized_heads", s.specialized},
                  {"every_offset_owned", s.every_offset_owned},
+                 {"ablated_accuracy_mean", s.ablated_mean},
+                 {"ablated_accuracy_worst", s.ablated_worst},
+                 {"ablated_accuracy_worst_offset", s.ablated_worst_offset},
                  {"seconds", s.seconds}});
   }
   return j;

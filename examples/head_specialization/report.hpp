@@ -16,7 +16,12 @@ struct SweepRow {
   double accuracy = 0, seconds = 0;
   std::size_t specialized = 0;
   bool every_offset_owned = false;
+  // Accuracy with one head ablated, over the heads: the mean and the worst overall, and the
+  // worst on any one offset.
+  double ablated_mean = 0, ablated_worst = 0, ablated_worst_offset = 0;
 };
+
+SweepRow sweep_row(std::size_t heads, const ExperimentResult& result);
 
 std::string norm_name(xgrad::nn::Norm norm);
 
@@ -25,9 +30,13 @@ std::string norm_name(xgrad::nn::Norm norm);
 std::string head_table(const ExperimentConfig& config, const ExperimentResult& result);
 // Each head's attention on the first held-out sequence as a shaded grid.
 std::string head_grids(const ExperimentResult& result);
+// One row per head: the fraction of each offset's predictions restored by patching that head,
+// then the rows without a patch (corrupted, clean).
+std::string patching_table(const ExperimentConfig& config, const ExperimentResult& result);
 std::string sweep_table(const std::vector<SweepRow>& rows);
 
-// Writes the heatmaps (one per head and an overview) and the loss curve into `folder`;
+// Writes the heatmaps (one per head, an overview and the patching table) and the loss curve
+// into `folder`;
 // returns the paths written.
 std::vector<std::string> write_images(const std::string& folder, const ExperimentConfig& config,
                                       const ExperimentResult& result);

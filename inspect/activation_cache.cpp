@@ -1,0 +1,82 @@
+// ActivationCache and the recording run.
+#include "xgrad/inspect/activation_cache.hpp"
+
+#include <mutex>
+#include <utility>
+
+#include "xgrad/core/error.hpp"
+
+namespace xgrad::inspect {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+bool default_points(const std::string& name) {
+  return !ends_with(name, "scores") && !ends_with(name, "residual.skip") && !ends_with(name, "residual.branch");
+}
+
+PointFilter points_ending_with(std::vector<std::string> suffixes) {
+  return [suffixes = std::move(suffixes)](const std::string& name) {
+    for (const std::string& s : suffixes) {
+      if (ends_with(name, s)) return true;
+    }
+    return false;
+  };
+}
+
+void ActivationCache::insert(const std::string& name, Array value) {
+  if (!values_.emplace(name, std::move(value)).second) fail("ActivationCache: point '", name, "' is already held");
+  order_.push_back(name);
+}
+
+bool ActivationCache::has(const std::string& name) const { return values_.count(name) != 0; }
+
+const Array& ActivationCache::at(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it != values_.end()) return it->second;
+  std::string held;
+  for (std::size_t i = 0; i < order_.size() && i < 8; ++i) held += (i ? ", " : "") + order_[i];
+  if (order_.size() > 8) held += ", ...";
+  fail("ActivationCache: no point named '", name, "' (", order_.size(), " held", order_.empty() ? "" : ": ", held, ")");
+}
+
+std::size_t ActivationCache::bytes() const {
+  std::size_t total = 0;
+  for (const auto& [name, value] : values_) total += value.size() * sizeof(float);
+  return total;
+}
+
+ActivationCache cache_activations(nn::Module& root, const std::function<void()>& run, const PointFilter& which) {
+  if (!run) fail("cache_activations: no function to run");
+  struct Shared {
+    std::mutex mutex;  // the run may reach points from several threads
+    ActivationCache cache;
+    std::string repeated;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::vector<nn::HookHandle> hooks;
+  for (const std::string& point : root.hook_points()) {
+    if (which && !which(point)) continue;
+    hooks.push_back(root.add_forward_hook(point, [shared, point](const Tensor& t) {
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      if (shared->cache.has(point)) {
+        if (shared->repeated.empty()) shared->repeated = point;
+      } else {
+        shared->cache.insert(point, t.value());
+      }
+      return Tensor();
+    }));
+  }
+  if (hooks.empty()) fail("cache_activations: the filter accepts none of the module's ", root.hook_points().size(), " hook points");
+  run();
+  hooks.clear();
+  if (!shared->repeated.empty()) {
+    fail("cache_activations: point '", shared->repeated, "' was reached more than once; cache one forward per call");
+  }
+  return std::move(shared->cache);
+}
+
+}  // namespace xgrad::inspect

@@ -1,0 +1,170 @@
+// attention_viewer_html: the patterns as JSON inside one HTML page with its own script.
+#include "xgrad/inspect/attention_viewer.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "xgrad/core/error.hpp"
+
+namespace xgrad::inspect {
+
+namespace {
+
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// JSON that may sit inside <script>: "</" would end the element early.
+std::string script_safe(std::string json) {
+  for (std::size_t at = json.find("</"); at != std::string::npos; at = json.find("</", at + 3)) json.replace(at, 2, "<\\/");
+  return json;
+}
+
+// Weights rounded to 4 decimals, the precision the page shows.
+double rounded(float w) { return std::round(static_cast<double>(w) * 1e4) / 1e4; }
+
+const char* kPage = R"HTML(<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>%TITLE%</title>
+<style>
+body { font-family: sans-serif; margin: 16px; color: #222; }
+#controls { margin-bottom: 10px; }
+#controls select { margin: 0 12px 0 4px; }
+#info { font-family: monospace; margin-left: 8px; }
+table { border-collapse: collapse; }
+th { font-weight: normal; font-size: 13px; padding: 2px 4px; }
+th.key { writing-mode: vertical-rl; vertical-align: bottom; }
+th.query { text-align: right; }
+td.cell { width: 24px; height: 24px; border: 1px solid #fff; }
+td.cell:hover { outline: 2px solid #e33; }
+</style>
+</head>
+<body>
+<h1>%TITLE%</h1>
+<div id="controls">layer<select id="layer"></select>head<select id="head"></select><span id="info">hover a cell</span></div>
+<table id="grid"></table>
+<script id="attention-data" type="application/json">%DATA%</script>
+<script>
+"use strict";
+const data = JSON.parse(document.getElementById("attention-data").textContent);
+const layerBox = document.getElementById("layer"), headBox = document.getElementById("head");
+const grid = document.getElementById("grid"), info = document.getElementById("info");
+// Viridis at five stops, interpolated.
+const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+function colour(v) {
+  v = Math.min(Math.max(v, 0), 1) * 4;
+  const i = Math.min(3, Math.floor(v)), f = v - i;
+  const c = stops[i].map((s, k) => Math.round(s + f * (stops[i + 1][k] - s)));
+  return "rgb(" + c.join(",") + ")";
+}
+function option(box, value, text) {
+  const o = document.createElement("option");
+  o.value = value;
+  o.textContent = text;
+  box.appendChild(o);
+}
+function draw() {
+  const layer = data.layers[layerBox.value], weights = layer.heads[headBox.value];
+  grid.textContent = "";
+  const top = grid.insertRow();
+  top.appendChild(document.createElement("th"));
+  for (const token of data.tokens) {
+    const th = document.createElement("th");
+    th.className = "key";
+    th.textContent = token;
+    top.appendChild(th);
+  }
+  weights.forEach((row, q) => {
+    const tr = grid.insertRow();
+    const th = document.createElement("th");
+    th.className = "query";
+    th.textContent = data.tokens[q];
+    tr.appendChild(th);
+    row.forEach((w, k) => {
+      const td = tr.insertCell();
+      td.className = "cell";
+      td.style.background = colour(w);
+      const text = data.tokens[q] + " \u2192 " + data.tokens[k] + ": " + w.toFixed(4);
+      td.title = text;
+      td.dataset.weight = w.toFixed(4);
+      td.addEventListener("mouseenter", () => { info.textContent = layer.name + " head " + headBox.value + ", " + text; });
+    });
+  });
+  grid.dataset.layer = layerBox.value;
+  grid.dataset.head = headBox.value;
+}
+function fillHeads() {
+  const keep = headBox.value;
+  headBox.textContent = "";
+  data.layers[layerBox.value].heads.forEach((_, h) => option(headBox, h, h));
+  if (keep !== "" && keep < headBox.options.length) headBox.value = keep;
+}
+data.layers.forEach((layer, l) => option(layerBox, l, layer.name));
+const wanted = new URLSearchParams(location.hash.slice(1));
+if (Number(wanted.get("layer")) < data.layers.length) layerBox.value = Number(wanted.get("layer"));
+fillHeads();
+if (Number(wanted.get("head")) < headBox.options.length) headBox.value = Number(wanted.get("head"));
+layerBox.addEventListener("change", () => { fillHeads(); draw(); });
+headBox.addEventListener("change", draw);
+draw();
+</script>
+</body>
+</html>
+)HTML";
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+std::string attention_viewer_html(const ActivationCache& cache, const std::vector<std::string>& tokens, std::size_t batch,
+                                  const std::string& title) {
+  const std::size_t T = tokens.size();
+  nlohmann::json layers = nlohmann::json::array();
+  for (const std::string& name : cache.names()) {
+    const std::string suffix = "pattern";
+    if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const Array& p = cache.at(name);
+    const Shape& s = p.shape();
+    if (s.size() != 4 || s[2] != T || s[3] != T) {
+      fail("attention_viewer_html: point '", name, "' has shape ", shape_str(s), ", not (B, H, T, T) with T = ", T, " tokens");
+    }
+    if (batch >= s[0]) fail("attention_viewer_html: sequence ", batch, " of point '", name, "', which holds ", s[0]);
+    nlohmann::json heads = nlohmann::json::array();
+    for (std::size_t h = 0; h < s[1]; ++h) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (std::size_t q = 0; q < T; ++q) {
+        nlohmann::json row = nlohmann::json::array();
+        const float* w = p.data() + ((batch * s[1] + h) * T + q) * T;
+        for (std::size_t k = 0; k < T; ++k) row.push_back(rounded(w[k]));
+        rows.push_back(std::move(row));
+      }
+      heads.push_back(std::move(rows));
+    }
+    layers.push_back({{"name", name.size() > suffix.size() + 1 ? name.substr(0, name.size() - suffix.size() - 1) : name},
+                      {"heads", std::move(heads)}});
+  }
+  if (layers.empty()) fail("attention_viewer_html: the cache holds no '*.pattern' point (", cache.size(), " points)");
+  const nlohmann::json data = {{"tokens", tokens}, {"layers", std::move(layers)}};
+  std::string page = kPage;
+  replace_all(page, "%TITLE%", html_escape(title));
+  replace_all(page, "%DATA%", script_safe(data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
+  return page;
+}
+
+}  // namespace xgrad::inspect

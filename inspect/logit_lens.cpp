@@ -1,0 +1,74 @@
+// logit_lens: the cached residual streams read out through the final norm and head.
+#include "xgrad/inspect/logit_lens.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+#include "xgrad/core/tape.hpp"
+#include "xgrad/inspect/activation_cache.hpp"
+
+namespace xgrad::inspect {
+
+namespace {
+
+void top_tokens(const Array& logits, std::size_t k, LensLayer& layer) {
+  const Shape& s = logits.shape();  // (B, T, V)
+  const std::size_t V = s[2], rows = s[0] * s[1];
+  layer.top = IndexArray::from_shape({s[0], s[1], k});
+  layer.top_prob = Array::from_shape({s[0], s[1], k});
+  std::vector<std::size_t> order(V);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* x = logits.data() + r * V;
+    const float m = *std::max_element(x, x + V);
+    double z = 0;
+    for (std::size_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(x[v]) - m);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    // ties keep the lower id first
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                      [x](std::size_t a, std::size_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    for (std::size_t j = 0; j < k; ++j) {
+      layer.top.data()[r * k + j] = static_cast<std::int64_t>(order[j]);
+      layer.top_prob.data()[r * k + j] = static_cast<float>(std::exp(static_cast<double>(x[order[j]]) - m) / z);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<LensLayer> logit_lens(nn::LanguageModel& model, const IndexArray& ids, const IndexArray& targets,
+                                  std::size_t top_k) {
+  if (top_k == 0 || top_k > model.options().vocab_size()) {
+    fail("logit_lens: top_k ", top_k, " is outside [1, ", model.options().vocab_size(), "] (the vocabulary)");
+  }
+  if (targets.shape() != ids.shape()) {
+    fail("logit_lens: targets of shape ", shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
+  }
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  ActivationCache cache;
+  try {
+    cache = cache_activations(model, [&] { model.forward(ids); }, points_ending_with({"embed", "stream_out"}));
+  } catch (...) {
+    model.train(was_training);
+    throw;
+  }
+  model.train(was_training);
+  std::vector<LensLayer> layers;
+  for (const std::string& point : cache.names()) {
+    Tensor h(cache.at(point));
+    if (model.final_norm) h = model.final_norm->forward(h);
+    const Tensor logits = model.head->forward(h);
+    LensLayer layer;
+    layer.point = point;
+    layer.loss = cross_entropy(logits, targets).value()();
+    top_tokens(logits.value(), top_k, layer);
+    layers.push_back(std::move(layer));
+  }
+  return layers;
+}
+
+}  // namespace xgrad::inspect

@@ -1,0 +1,44 @@
+// Activation patching: run a model while named activations, or parts of them, take the values
+// they had in another run (an ActivationCache), to find which component carries which
+// information. Patching a run with its own cache changes nothing, bit for bit.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "xgrad/inspect/activation_cache.hpp"
+
+namespace xgrad::inspect {
+
+// What to patch at one hook point. Without head and position the whole value is replaced.
+//   head      the slice of one head: columns [h D, (h + 1) D) of an attention's q, k, v and
+//             context points (B, T, C), heads side by side (D = C / H); index h of axis 1 of
+//             its pattern and scores points (B, H, T, S). Other points have no heads.
+//   position  one position: axis 1 of a (B, T, ...) point; the query axis (2) of pattern and
+//             scores.
+struct Patch {
+  std::string point;  // full name, e.g. "blocks.0.attn.context"
+  std::optional<std::size_t> head;
+  std::optional<std::size_t> position;
+};
+
+// Attaches the patches to root's tree for as long as it lives; the source values are copied,
+// so the cache may go. Several patches at one point replace the union of their regions.
+// Patched elements get no gradient; the others keep theirs. Throws, naming the point, for a
+// point the tree or the cache lacks, a head past the attention's count or on a point without
+// heads; and in forward, for a value whose shape differs from the cached one (another batch or
+// length) or a position past its length.
+class PatchSet {
+ public:
+  PatchSet(nn::Module& root, const ActivationCache& source, const std::vector<Patch>& patches);
+  PatchSet(PatchSet&&) = default;
+  PatchSet& operator=(PatchSet&&) = default;
+  std::size_t size() const { return hooks_.size(); }  // points patched
+
+ private:
+  std::vector<nn::HookHandle> hooks_;
+};
+
+}  // namespace xgrad::inspect
