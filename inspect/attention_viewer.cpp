@@ -42,6 +42,7 @@ const char* kPage = R"HTML(<!doctype html>
 <title>%TITLE%</title>
 <style>
 body { font-family: sans-serif; margin: 16px; color: #222; }
+h1 { font-size: 18px; }
 #controls { margin-bottom: 10px; }
 #controls select { margin: 0 12px 0 4px; }
 #info { font-family: monospace; margin-left: 8px; }

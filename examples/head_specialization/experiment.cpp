@@ -1,7 +1,10 @@
 // Training both models and measuring the multi-head one.
 #include "experiment.hpp"
 
+#include <xtensor/xview.hpp>
+
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/tape.hpp"
 
 namespace headspec {
 
@@ -50,6 +53,13 @@ ExperimentResult run_experiment(const ExperimentConfig& c, const ProgressFn& on_
   r.every_offset_owned = every_offset_owned(c.task, r.heads);
   r.patching = patch_each_head(model, c.task, data, c.seed + 2000003);
   r.each_offset_restored = each_offset_restored_by_its_own_head(c.task, r.heads, r.patching);
+  {
+    NoGradGuard no_grad;
+    model.eval();
+    const IndexArray first = xt::view(data[0].tokens, xt::range(0, 1), xt::all());
+    r.first_sequence = inspect::cache_activations(model, [&] { model.forward(first); }, inspect::points_ending_with({".pattern"}));
+    for (std::size_t t = 0; t < c.task.seq_len; ++t) r.first_tokens.push_back("t" + std::to_string(t) + " " + std::to_string(first(0, t)));
+  }
 
   if (c.single_head && c.heads != 1) {
     Generator weights1(c.seed), batches1(c.seed + 1);

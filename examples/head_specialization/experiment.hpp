@@ -7,6 +7,7 @@
 
 #include "analysis.hpp"
 #include "patching.hpp"
+#include "xgrad/inspect/activation_cache.hpp"
 #include "trainer.hpp"
 
 namespace headspec {
@@ -32,6 +33,9 @@ struct ExperimentResult {
   bool every_offset_owned = false;
   PatchingTable patching;           // one head's output restored at a time
   bool each_offset_restored = false;  // by its own head only
+  // The attention patterns of the first held-out sequence, and its tokens as "t<pos> <token>".
+  xgrad::inspect::ActivationCache first_sequence;
+  std::vector<std::string> first_tokens;
   TrainResult single_training;  // empty when the contrast was not run
   Accuracy single_accuracy;
   std::vector<std::string> position_labels;  // "t0", "t1", ...

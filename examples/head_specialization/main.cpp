@@ -147,8 +147,9 @@ int main(int argc, char** argv) {
     std::printf("each offset restored by its own head only: %s\n", r.each_offset_restored ? "yes" : "no");
     if (!quiet) std::printf("\n%s", head_grids(r).c_str());
     const std::vector<std::string> images = write_images(out, c, r);
-    std::printf("\nimages: %s/heads.svg (all heads), %s/patching.svg, %s/loss.svg, and one heatmap per head in %s/\n",
-                out.c_str(), out.c_str(), out.c_str(), out.c_str());
+    std::printf("\nimages: %s/heads.svg (all heads), %s/patching.svg, %s/loss.svg, one heatmap per head in %s/, and the\n"
+                "attention viewer %s/attention.html\n",
+                out.c_str(), out.c_str(), out.c_str(), out.c_str(), out.c_str());
     if (!report_path.empty()) {
       write_json(report_path, report_json(c, r));
       std::printf("report: %s\n", report_path.c_str());

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "xgrad/core/file_io.hpp"
+#include "xgrad/inspect/attention_viewer.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "../common/terminal.hpp"
 
@@ -149,6 +151,11 @@ std::vector<std::string> write_images(const std::string& folder, const Experimen
   for (std::size_t o : c.task.offsets) patched.col_labels.push_back(offset_label(o));
   patched.row_axis = "patched head";
   patched.col_axis = "prediction";
+  const std::string viewer = folder + "/attention.html";
+  xgrad::write_file_atomically(viewer, xgrad::inspect::attention_viewer_html(r.first_sequence, r.first_tokens, 0,
+                                                                             "head specialization: first held-out sequence"),
+                               "head_specialization: the attention viewer");
+  written.push_back(viewer);
   const std::string patching = folder + "/patching.svg";
   xgrad::inspect::write_text_file(patching, xgrad::inspect::heatmap_svg(patched));
   written.push_back(patching);
