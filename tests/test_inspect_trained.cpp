@@ -84,6 +84,7 @@ TEST_CASE("the previous-token detector finds the head a trained two-layer model 
   SECTION("the logit lens: the last block's read-out is the model's, the embedding's far worse") {
     const std::vector<inspect::LensLayer> lens = inspect::logit_lens(model, ids, targets);
     REQUIRE(lens.size() == 3);
+    INFO("lens losses " << lens[0].loss << ", " << lens[1].loss << ", " << lens[2].loss);
     REQUIRE(lens.back().loss < 1.0);
     REQUIRE(lens.front().loss > 1.3);  // the token alone leaves 8 equally likely ones
   }
