@@ -8,20 +8,15 @@
 
 namespace xgrad::inspect {
 
-namespace {
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
-
 bool default_points(const std::string& name) {
-  return !ends_with(name, "scores") && !ends_with(name, "residual.skip") && !ends_with(name, "residual.branch");
+  using nn::point_ends_with;
+  return !point_ends_with(name, "scores") && !point_ends_with(name, "residual.skip") && !point_ends_with(name, "residual.branch");
 }
 
 PointFilter points_ending_with(std::vector<std::string> suffixes) {
   return [suffixes = std::move(suffixes)](const std::string& name) {
     for (const std::string& s : suffixes) {
-      if (ends_with(name, s)) return true;
+      if (nn::point_ends_with(name, s)) return true;
     }
     return false;
   };

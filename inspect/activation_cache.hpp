@@ -43,7 +43,8 @@ class ActivationCache {
 // root's tree that `which` accepts, and returns copies of the values those points saw, after
 // any other hook attached before this call. The result of the run is unchanged, bit for bit.
 // Throws, naming the point, when a point is reached twice (cache each forward on its own), and
-// when `which` accepts no point of the tree.
+// when `which` accepts no point of the tree. The hooks sit on the module, so a forward that
+// another thread runs on it meanwhile is recorded too: cache a module no other thread uses.
 ActivationCache cache_activations(nn::Module& root, const std::function<void()>& run,
                                   const PointFilter& which = default_points);
 

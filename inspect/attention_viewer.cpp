@@ -139,7 +139,7 @@ std::string attention_viewer_html(const ActivationCache& cache, const std::vecto
   nlohmann::json layers = nlohmann::json::array();
   for (const std::string& name : cache.names()) {
     const std::string suffix = "pattern";
-    if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    if (!nn::point_ends_with(name, suffix)) continue;
     const Array& p = cache.at(name);
     const Shape& s = p.shape();
     if (s.size() != 4 || s[2] != T || s[3] != T) {

@@ -13,10 +13,6 @@ namespace xgrad::inspect {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 enum class Layout { plain, heads_in_columns, heads_on_axis1 };
 
 struct Region {
@@ -43,9 +39,9 @@ const nn::Attention* owning_attention(nn::Module& root, const std::string& point
 
 Layout layout_of(const std::string& point) {
   for (const char* p : {".q", ".k", ".v", ".context"}) {
-    if (ends_with(point, p)) return Layout::heads_in_columns;
+    if (nn::point_ends_with(point, p)) return Layout::heads_in_columns;
   }
-  if (ends_with(point, ".pattern") || ends_with(point, ".scores")) return Layout::heads_on_axis1;
+  if (nn::point_ends_with(point, ".pattern") || nn::point_ends_with(point, ".scores")) return Layout::heads_on_axis1;
   return Layout::plain;
 }
 

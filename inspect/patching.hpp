@@ -29,7 +29,8 @@ struct Patch {
 // Patched elements get no gradient; the others keep theirs. Throws, naming the point, for a
 // point the tree or the cache lacks, a head past the attention's count or on a point without
 // heads; and in forward, for a value whose shape differs from the cached one (another batch or
-// length) or a position past its length.
+// length) or a position past its length. Like any hook, a patch applies to every forward of
+// the module while it lives, on any thread.
 class PatchSet {
  public:
   PatchSet(nn::Module& root, const ActivationCache& source, const std::vector<Patch>& patches);

@@ -18,6 +18,11 @@
 
 namespace xgrad::nn {
 
+// Whether a point's full name ends with `suffix`, e.g. "blocks.0.attn.pattern" with ".pattern".
+inline bool point_ends_with(const std::string& point, const std::string& suffix) {
+  return point.size() >= suffix.size() && point.compare(point.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // Called in forward with the value at the point; returns its replacement (same shape), or an
 // undefined Tensor to keep the value. Hooks at one point run in the order they were attached,
 // each seeing the previous one's result.

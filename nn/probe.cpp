@@ -15,16 +15,10 @@ namespace {
 double norm(const Array& a) { return std::sqrt(sum_of_squares(a)); }
 }  // namespace
 
-namespace {
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
-
 ProbeSet::ProbeSet(Module& root, std::function<bool(const std::string&)> which) {
   for (const std::string& point : root.hook_points()) {
-    if (which ? !which(point) : ends_with(point, ".scores") || point == "scores") continue;
-    const bool path_copy = ends_with(point, "residual.skip") || ends_with(point, "residual.branch");
+    if (which ? !which(point) : point_ends_with(point, ".scores") || point == "scores") continue;
+    const bool path_copy = point_ends_with(point, "residual.skip") || point_ends_with(point, "residual.branch");
     // The hooks hold the records, not the ProbeSet: a forward on another thread that still
     // calls one after the ProbeSet is gone writes into records nobody reads.
     hooks_.push_back(root.add_forward_hook(point, [records = records_, point, path_copy](const Tensor& t) {
@@ -83,7 +77,7 @@ std::vector<ResidualFlow> ProbeSet::residual_flows() const {
   std::vector<ResidualFlow> flows;
   const std::string suffix = ".skip";
   for (const std::string& name : names()) {
-    if (!ends_with(name, suffix)) continue;
+    if (!point_ends_with(name, suffix)) continue;
     const std::string base = name.substr(0, name.size() - suffix.size());
     if (!has(base + ".branch") || !has(base + ".out")) continue;
     const Tensor &skip = tensor(name), &branch = tensor(base + ".branch"), &out = tensor(base + ".out");
