@@ -94,7 +94,7 @@ TEST_CASE("a short training run brings the held-out loss well below the unigram 
   REQUIRE(r.losses.held_out < 0.5 * r.losses.unigram);
 }
 
-TEST_CASE("same seed, same bits; another seed, other weights") {
+TEST_CASE("the same seed gives the same bits, another seed other weights") {
   const CorpusSplit corpus = builtin_corpus();
   const TrainResult a = train(short_run(30), corpus), b = train(short_run(30), corpus);
   TrainOptions other = short_run(30);
