@@ -87,11 +87,11 @@ TEST_CASE("the corpus holds the sentence's words, and sentences encode and decod
 }
 
 TEST_CASE("a short training run brings the held-out loss well below the unigram baseline") {
-  const TrainResult r = train(short_run(300), builtin_corpus());
+  const TrainResult r = train(short_run(200), builtin_corpus());
   INFO("held-out " << r.losses.held_out << ", untrained " << r.losses.held_out_before << ", unigram " << r.losses.unigram);
   REQUIRE(r.losses.unigram > 3.0);  // about 80 words in use: a meaningful bar
   REQUIRE(r.losses.held_out_before > r.losses.unigram);
-  REQUIRE(r.losses.held_out < 0.5 * r.losses.unigram);
+  REQUIRE(r.losses.held_out < 0.4 * r.losses.unigram);  // measured: 1.306 against 3.697
 }
 
 TEST_CASE("the same seed gives the same bits, another seed other weights") {

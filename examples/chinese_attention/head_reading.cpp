@@ -36,7 +36,7 @@ std::vector<HeadReading> read_heads(const std::vector<xgrad::Array>& attention) 
       r.head = h;
       for (std::size_t t = 0; t < T; ++t) {
         std::size_t best = 0;
-        for (std::size_t s = 1; s < T; ++s) {
+        for (std::size_t s = 1; s <= t; ++s) {  // keys after t have weight 0
           if (w(h, t, s) > w(h, t, best)) best = s;
         }
         r.strongest_key.push_back(best);

@@ -1,6 +1,7 @@
 // Trains a small word-level language model on built-in Chinese sentences, then shows what each
 // attention head of each layer does on 我 昨天 去 了 北京 出差: terminal grids, SVG heatmaps, and
 // a one-line reading per head computed from its weights.
+#include <algorithm>
 #include <cstdio>
 
 #include "command_line.hpp"
