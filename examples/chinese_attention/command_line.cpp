@@ -1,0 +1,26 @@
+// Options and their checks.
+#include "command_line.hpp"
+
+#include "common/cli.hpp"
+#include "xgrad/core/file_io.hpp"
+
+namespace zh {
+
+void add_options(CLI::App& app, CommandLine& c) {
+  app.add_option("--steps", c.train.steps, "training steps")->transform(cli::count(1, cli::kMaxSteps))->capture_default_str();
+  app.add_option("--batch", c.train.batch, "sentences per step")->transform(cli::count(1, 1 << 16))->capture_default_str();
+  app.add_option("--lr", c.train.lr, "peak AdamW learning rate")->check(cli::real(0, 1e6, true))->capture_default_str();
+  app.add_option("--seed", c.train.seed, "seed for the weights and the batches")->transform(cli::seed())->capture_default_str();
+  cli::add_threads(app, c.threads);
+  app.add_option("--out", c.out, "folder for the SVG heatmaps")->capture_default_str();
+  app.add_flag("--quiet", c.quiet, "no progress line and no terminal grids");
+}
+
+void check_before_run(const CommandLine& c) {
+  cli::as_usage([&] {
+    validate(c.train);
+    xgrad::prepare_output_dir(c.out, "chinese_attention: --out");
+  });
+}
+
+}  // namespace zh

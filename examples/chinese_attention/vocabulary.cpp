@@ -1,0 +1,68 @@
+// Vocabulary and batches.
+#include "vocabulary.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
+
+namespace zh {
+
+Vocabulary::Vocabulary(const std::vector<Sentence>& sentences) : words_{"<pad>", "<s>", "</s>"} {
+  std::set<std::string> words;
+  for (const Sentence& s : sentences) words.insert(s.begin(), s.end());
+  for (const std::string& w : words) {
+    if (std::find(words_.begin(), words_.begin() + 3, w) != words_.begin() + 3) continue;
+    words_.push_back(w);
+  }
+  for (std::size_t i = 0; i < words_.size(); ++i) ids_[words_[i]] = static_cast<std::int64_t>(i);
+}
+
+std::vector<std::int64_t> Vocabulary::encode(const Sentence& words) const {
+  std::vector<std::int64_t> ids;
+  for (const std::string& w : words) {
+    auto it = ids_.find(w);
+    if (it == ids_.end()) xgrad::fail("Vocabulary: the word '", w, "' is not in the vocabulary of ", size(), " words");
+    ids.push_back(it->second);
+  }
+  return ids;
+}
+
+const std::string& Vocabulary::word(std::int64_t id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= words_.size()) {
+    xgrad::fail("Vocabulary: id ", id, " is outside [0, ", words_.size(), ")");
+  }
+  return words_[static_cast<std::size_t>(id)];
+}
+
+Sentence Vocabulary::decode(const std::vector<std::int64_t>& ids) const {
+  Sentence words;
+  for (std::int64_t id : ids) words.push_back(word(id));
+  return words;
+}
+
+Batch make_batch(const Vocabulary& vocab, const std::vector<const Sentence*>& sentences) {
+  std::size_t longest = 0;
+  for (const Sentence* s : sentences) longest = std::max(longest, s->size());
+  const std::size_t B = sentences.size(), T = longest + 1;
+  Batch b{xgrad::IndexArray::from_shape({B, T}), xgrad::IndexArray::from_shape({B, T})};
+  for (std::size_t i = 0; i < B; ++i) {
+    const std::vector<std::int64_t> ids = vocab.encode(*sentences[i]);
+    for (std::size_t t = 0; t < T; ++t) {
+      b.ids(i, t) = t == 0 ? Vocabulary::kBos : t <= ids.size() ? ids[t - 1] : Vocabulary::kPad;
+      b.targets(i, t) = t < ids.size() ? ids[t] : t == ids.size() ? Vocabulary::kEos : xgrad::kIgnoreIndex;
+    }
+  }
+  return b;
+}
+
+xgrad::IndexArray model_input(const Vocabulary& vocab, const Sentence& words) {
+  const std::vector<std::int64_t> ids = vocab.encode(words);
+  xgrad::IndexArray input = xgrad::IndexArray::from_shape({std::size_t{1}, ids.size() + 1});
+  input(0, 0) = Vocabulary::kBos;
+  for (std::size_t t = 0; t < ids.size(); ++t) input(0, t + 1) = ids[t];
+  return input;
+}
+
+}  // namespace zh
