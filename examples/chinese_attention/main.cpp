@@ -1,6 +1,6 @@
 // Trains a small word-level language model on built-in Chinese sentences, then shows what each
 // attention head of each layer does on 我 昨天 去 了 北京 出差: terminal grids, SVG heatmaps, and
-// a one-line reading per head computed from its weights.
+// a one-line reading per head computed from its weights, the logit lens and an HTML viewer.
 #include <algorithm>
 #include <cstdio>
 
@@ -8,6 +8,7 @@
 #include "common/cli.hpp"
 #include "common/terminal.hpp"
 #include "head_reading.hpp"
+#include "lens.hpp"
 #include "report.hpp"
 #include "xgrad/core/parallel.hpp"
 
@@ -57,7 +58,12 @@ int main(int argc, char** argv) {
                                 attention_grid(attention[h.layer], h.head, labels).c_str());
       std::printf("layer %zu head %zu  %s\n", h.layer, h.head, describe(h, labels).c_str());
     }
+    std::printf("\nlogit lens: the likeliest next word after each position, read out after each block\n%s",
+                lens_table(*r.model, r.vocab, sentence).c_str());
     const std::vector<std::string> written = write_heatmaps(c.out, attention, readings, labels);
-    std::printf("\nimages: %s (all heads) and one heatmap per head in %s/\n", written.front().c_str(), c.out.c_str());
+    const std::string viewer = c.out + "/attention.html";
+    write_viewer(viewer, *r.model, r.vocab, sentence);
+    std::printf("\nimages: %s (all heads) and one heatmap per head in %s/; attention viewer %s\n", written.front().c_str(),
+                c.out.c_str(), viewer.c_str());
   });
 }

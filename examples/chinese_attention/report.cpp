@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <sstream>
 
+#include "xgrad/core/file_io.hpp"
+#include "xgrad/core/tape.hpp"
+#include "xgrad/inspect/attention_viewer.hpp"
 #include "xgrad/inspect/svg.hpp"
 
 namespace zh {
@@ -63,6 +66,15 @@ std::vector<std::string> write_heatmaps(const std::string& folder, const std::ve
   xgrad::inspect::write_text_file(overview, xgrad::inspect::heatmap_grid_svg(maps, heads));
   written.insert(written.begin(), overview);
   return written;
+}
+
+void write_viewer(const std::string& path, xgrad::nn::LanguageModel& model, const Vocabulary& vocab, const Sentence& words) {
+  xgrad::NoGradGuard no_grad;
+  const xgrad::IndexArray ids = model_input(vocab, words);
+  const xgrad::inspect::ActivationCache cache =
+      xgrad::inspect::cache_activations(model, [&] { model.forward(ids); }, xgrad::inspect::points_ending_with({".pattern"}));
+  xgrad::write_file_atomically(path, xgrad::inspect::attention_viewer_html(cache, token_labels(words), 0, join_words(words)),
+                               "chinese_attention: the attention viewer");
 }
 
 }  // namespace zh

@@ -20,4 +20,7 @@ std::string attention_grid(const xgrad::Array& weights, std::size_t head, const 
 std::vector<std::string> write_heatmaps(const std::string& folder, const std::vector<xgrad::Array>& attention,
                                         const std::vector<HeadReading>& readings, const std::vector<std::string>& labels);
 
+// The self-contained HTML attention viewer of the model over the sentence.
+void write_viewer(const std::string& path, xgrad::nn::LanguageModel& model, const Vocabulary& vocab, const Sentence& words);
+
 }  // namespace zh
