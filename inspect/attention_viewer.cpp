@@ -7,24 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/inspect/svg.hpp"
 
 namespace xgrad::inspect {
 
 namespace {
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // JSON that may sit inside <script>: "</" would end the element early.
 std::string script_safe(std::string json) {
@@ -163,7 +150,7 @@ std::string attention_viewer_html(const ActivationCache& cache, const std::vecto
   if (layers.empty()) fail("attention_viewer_html: the cache holds no '*.pattern' point (", cache.size(), " points)");
   const nlohmann::json data = {{"tokens", tokens}, {"layers", std::move(layers)}};
   std::string page = kPage;
-  replace_all(page, "%TITLE%", html_escape(title));
+  replace_all(page, "%TITLE%", xml_escape(title));
   replace_all(page, "%DATA%", script_safe(data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
   return page;
 }

@@ -27,20 +27,6 @@ std::string colour(double v) {
   return buf;
 }
 
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
@@ -58,30 +44,30 @@ double map_height(const Heatmap& m) { return kTitle + kCell * m.values.size() + 
 // Draws one heatmap with its top-left corner at (x0, y0).
 void draw_map(std::ostringstream& os, const Heatmap& m, double x0, double y0, double vmax) {
   const std::size_t rows = m.values.size(), cols = rows ? m.values[0].size() : 0;
-  os << "<text x='" << x0 + kLabel << "' y='" << y0 + 18 << "' font-size='13' font-weight='bold'>" << escape(m.title) << "</text>\n";
+  os << "<text x='" << x0 + kLabel << "' y='" << y0 + 18 << "' font-size='13' font-weight='bold'>" << xml_escape(m.title) << "</text>\n";
   const double top = y0 + kTitle, left = x0 + kLabel;
   for (std::size_t r = 0; r < rows; ++r) {
     for (std::size_t c = 0; c < cols; ++c) {
       const double v = m.values[r][c];
       os << "<rect x='" << left + c * kCell << "' y='" << top + r * kCell << "' width='" << kCell << "' height='" << kCell
-         << "' fill='" << colour(vmax > 0 ? v / vmax : 0) << "'><title>" << escape(m.row_axis) << ' '
-         << (r < m.row_labels.size() ? escape(m.row_labels[r]) : std::to_string(r)) << ", " << escape(m.col_axis) << ' '
-         << (c < m.col_labels.size() ? escape(m.col_labels[c]) : std::to_string(c)) << ": " << num(v) << "</title></rect>\n";
+         << "' fill='" << colour(vmax > 0 ? v / vmax : 0) << "'><title>" << xml_escape(m.row_axis) << ' '
+         << (r < m.row_labels.size() ? xml_escape(m.row_labels[r]) : std::to_string(r)) << ", " << xml_escape(m.col_axis) << ' '
+         << (c < m.col_labels.size() ? xml_escape(m.col_labels[c]) : std::to_string(c)) << ": " << num(v) << "</title></rect>\n";
     }
     if (r < m.row_labels.size()) {
       os << "<text x='" << left - 4 << "' y='" << top + r * kCell + kCell * 0.7 << "' font-size='11' text-anchor='end'>"
-         << escape(m.row_labels[r]) << "</text>\n";
+         << xml_escape(m.row_labels[r]) << "</text>\n";
     }
   }
   for (std::size_t c = 0; c < cols && c < m.col_labels.size(); ++c) {
     const double x = left + c * kCell + kCell * 0.5, y = top + rows * kCell + 6;
     os << "<text x='" << x << "' y='" << y << "' font-size='11' text-anchor='end' transform='rotate(-60 " << x << ' ' << y
-       << ")'>" << escape(m.col_labels[c]) << "</text>\n";
+       << ")'>" << xml_escape(m.col_labels[c]) << "</text>\n";
   }
   os << "<text x='" << left + cols * kCell / 2 << "' y='" << top + rows * kCell + kLabel - 2
-     << "' font-size='11' text-anchor='middle'>" << escape(m.col_axis) << "</text>\n";
+     << "' font-size='11' text-anchor='middle'>" << xml_escape(m.col_axis) << "</text>\n";
   os << "<text x='" << x0 + 10 << "' y='" << top + rows * kCell / 2 << "' font-size='11' text-anchor='middle' transform='rotate(-90 "
-     << x0 + 10 << ' ' << top + rows * kCell / 2 << ")'>" << escape(m.row_axis) << "</text>\n";
+     << x0 + 10 << ' ' << top + rows * kCell / 2 << ")'>" << xml_escape(m.row_axis) << "</text>\n";
 }
 
 void draw_colour_bar(std::ostringstream& os, double x, double y, double height, double vmax) {
@@ -180,7 +166,7 @@ std::string line_plot_svg(const LinePlot& p) {
   auto Yt = [&](double v) { return H - bottom - (v - ymin) / (ymax - ymin) * (H - top - bottom); };
   std::ostringstream os;
   os << open_svg(W, H);
-  os << "<text x='" << left + plot_w / 2 << "' y='24' font-size='15' font-weight='bold' text-anchor='middle'>" << escape(p.title) << "</text>\n";
+  os << "<text x='" << left + plot_w / 2 << "' y='24' font-size='15' font-weight='bold' text-anchor='middle'>" << xml_escape(p.title) << "</text>\n";
   os << "<rect x='" << left << "' y='" << top << "' width='" << plot_w << "' height='" << H - top - bottom
      << "' fill='none' stroke='#444'/>\n";
   for (double xv : nice_ticks(xmin, xmax)) {
@@ -194,9 +180,9 @@ std::string line_plot_svg(const LinePlot& p) {
     os << "<text x='" << left - 6 << "' y='" << yp + 4 << "' font-size='11' text-anchor='end'>"
        << num(p.log_y ? std::pow(10.0, yv) : yv) << "</text>\n";
   }
-  os << "<text x='" << left + plot_w / 2 << "' y='" << H - 12 << "' font-size='12' text-anchor='middle'>" << escape(p.x_label) << "</text>\n";
+  os << "<text x='" << left + plot_w / 2 << "' y='" << H - 12 << "' font-size='12' text-anchor='middle'>" << xml_escape(p.x_label) << "</text>\n";
   os << "<text x='16' y='" << (top + H - bottom) / 2 << "' font-size='12' text-anchor='middle' transform='rotate(-90 16 "
-     << (top + H - bottom) / 2 << ")'>" << escape(p.y_label) << "</text>\n";
+     << (top + H - bottom) / 2 << ")'>" << xml_escape(p.y_label) << "</text>\n";
   for (std::size_t k = 0; k < p.series.size(); ++k) {
     const Series& s = p.series[k];
     const char* c = palette[k % 6];
@@ -211,10 +197,24 @@ std::string line_plot_svg(const LinePlot& p) {
       }
     }
     os << "<rect x='" << left + plot_w + 14 << "' y='" << top + 10 + 20 * k << "' width='14' height='3' fill='" << c << "'/>"
-       << "<text x='" << left + plot_w + 34 << "' y='" << top + 15 + 20 * k << "' font-size='11'>" << escape(s.name) << "</text>\n";
+       << "<text x='" << left + plot_w + 34 << "' y='" << top + 15 + 20 * k << "' font-size='11'>" << xml_escape(s.name) << "</text>\n";
   }
   os << "</svg>\n";
   return os.str();
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
 }
 
 void write_text_file(const std::string& path, const std::string& text) { write_file_atomically(path, text, "write_text_file"); }

@@ -33,6 +33,9 @@ struct LinePlot {
 
 std::string line_plot_svg(const LinePlot& plot);
 
+// s with & < > " as entities: safe as XML or HTML text and inside double-quoted attributes.
+std::string xml_escape(const std::string& s);
+
 // Writes text to path atomically (an earlier file survives a failure); throws xgrad::Error
 // naming the path.
 void write_text_file(const std::string& path, const std::string& text);
