@@ -124,6 +124,18 @@ TEST_CASE("the memory formula matches the bytes a block's forward keeps") {
   }
 }
 
+TEST_CASE("the timed steps of a block and of its one-head twin give medians of real steps") {
+  StepOptions o;
+  o.batch = 2;
+  o.seq_len = 16;
+  o.steps = 3;
+  const auto [many, one] = time_block_steps({32, 4, 0}, o);
+  CHECK(many.forward_backward_ms > 0);
+  CHECK(one.forward_backward_ms > 0);
+  CHECK(many.optimizer_ms > 0);
+  CHECK(many.forward_backward_ms < 10000);
+}
+
 TEST_CASE("a reduced head-count run is deterministic and learns") {
   const HeadsConfig c = tiny_heads();
   validate(c);
@@ -182,5 +194,6 @@ TEST_CASE("article_claims prints its tables and fails well on bad options") {
   require_usage_error(run(dir, {"configs", "--share-lengths", "128,0"}), "--share-lengths");
   require_usage_error(run(dir, {"configs", "--dropout", "1"}), "--dropout");
   require_usage_error(run(dir, {"configs", "--threads", "0"}), "--threads");
-  require_usage_error(run(dir, {"configs", "--seq-len", "65536", "--batch", "4096"}), "memory");
+  require_usage_error(run(dir, {"configs", "--seq-len", "65536", "--batch", "4096"}), "--batch 4096", {"memory"});
+  require_usage_error(run(dir, {"configs", "--share-lengths", "65536"}), "--share-lengths 65536", {"memory"});
 }

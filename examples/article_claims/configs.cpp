@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
 
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/random.hpp"
@@ -64,28 +65,55 @@ ModuleCounts count_module_params(const BlockSize& s) {
   return c;
 }
 
-StepTimes time_block_step(const BlockSize& s, const StepOptions& o) {
-  Generator gen(o.seed);
-  nn::TransformerBlock block(block_options(s, o.dropout), gen);
-  block.train();
-  optim::AdamW opt(block.named_parameters());
-  const Tensor x(gen.normal({o.batch, o.seq_len, s.d_model}, 0.f, 1.f));
-  nn::AttentionMask mask;
-  mask.causal = o.causal;
-  std::vector<double> passes, updates;
-  for (std::size_t step = 0; step <= o.steps; ++step) {
+namespace {
+
+// One block, its optimizer and its input, stepped one training step at a time.
+class TimedBlock {
+ public:
+  TimedBlock(const BlockSize& s, const StepOptions& o)
+      : gen_(o.seed), block_(block_options(s, o.dropout), gen_), opt_(block_.named_parameters()),
+        x_(gen_.normal({o.batch, o.seq_len, s.d_model}, 0.f, 1.f)) {
+    block_.train();
+    mask_.causal = o.causal;
+  }
+  // Times one step; the first one (it allocates the gradients and the moments) is not kept.
+  void step() {
     const auto start = std::chrono::steady_clock::now();
-    opt.zero_grad();
-    mean(block.forward(x, mask).output).backward();
+    opt_.zero_grad();
+    mean(block_.forward(x_, mask_).output).backward();
     const double pass = milliseconds_since(start);
     const auto update_start = std::chrono::steady_clock::now();
-    opt.step();
+    opt_.step();
     const double update = milliseconds_since(update_start);
-    if (step == 0) continue;  // the first step allocates the gradients and the moments
-    passes.push_back(pass);
-    updates.push_back(update);
+    if (warm_) {
+      passes_.push_back(pass);
+      updates_.push_back(update);
+    }
+    warm_ = true;
   }
-  return {median(passes), median(updates)};
+  StepTimes medians() const { return {median(passes_), median(updates_)}; }
+
+ private:
+  Generator gen_;
+  nn::TransformerBlock block_;
+  optim::AdamW opt_;
+  Tensor x_;
+  nn::AttentionMask mask_;
+  bool warm_ = false;
+  std::vector<double> passes_, updates_;
+};
+
+}  // namespace
+
+std::pair<StepTimes, StepTimes> time_block_steps(const BlockSize& s, const StepOptions& o) {
+  BlockSize one_head = s;
+  one_head.heads = 1;
+  TimedBlock many(s, o), one(one_head, o);
+  for (std::size_t step = 0; step <= o.steps; ++step) {
+    many.step();
+    one.step();
+  }
+  return {many.medians(), one.medians()};
 }
 
 double measured_activation_bytes(const BlockSize& s, const StepOptions& o) {
@@ -123,10 +151,7 @@ ConfigReport report_config(const ArticleConfig& config, const ConfigsOptions& o)
     r.memory_measured.push_back(measured_activation_bytes(config.size, m));
     r.memory_measured_one_head.push_back(measured_activation_bytes(one_head, m));
   }
-  if (o.measure_time) {
-    r.times = time_block_step(config.size, o.step);
-    r.times_one_head = time_block_step(one_head, o.step);
-  }
+  if (o.measure_time) std::tie(r.times, r.times_one_head) = time_block_steps(config.size, o.step);
   return r;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sizes.hpp"
@@ -31,7 +32,7 @@ ModuleCounts count_module_params(const BlockSize& size);
 
 struct StepOptions {
   std::size_t batch = 8, seq_len = 128;
-  std::size_t steps = 5;  // timed steps, after one untimed warm-up step
+  std::size_t steps = 7;  // timed steps, after one untimed warm-up step
   float dropout = 0.1f;   // attention weights and FFN hidden, as in the article's module
   bool causal = true;
   std::uint64_t seed = 0;
@@ -42,7 +43,9 @@ struct StepOptions {
 struct StepTimes {
   double forward_backward_ms = 0, optimizer_ms = 0;
 };
-StepTimes time_block_step(const BlockSize& size, const StepOptions& options);
+// The block of `size` and the same block with one head of width C, their steps alternating, so
+// the load of a shared machine falls on both alike. Returns {H heads, 1 head}.
+std::pair<StepTimes, StepTimes> time_block_steps(const BlockSize& size, const StepOptions& options);
 
 // Heap bytes (glibc's mallinfo2) that one training-mode forward of the block leaves allocated
 // until backward: the activations the tape holds, plus the block's output.

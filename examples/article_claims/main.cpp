@@ -28,10 +28,12 @@ void check_configs_memory(const ConfigsOptions& o) {
     s.d_ff = static_cast<double>(a.size.ffn_width());
     s.batch = static_cast<double>(o.step.batch);
     s.seq_len = static_cast<double>(o.step.seq_len);
-    cli::check_memory(cli::transformer_training_bytes(s), "a training step of the timed block");
+    cli::check_memory(cli::transformer_training_bytes(s), "a training step of the timed block (--batch " +
+                                                              std::to_string(o.step.batch) + ", --seq-len " +
+                                                              std::to_string(o.step.seq_len) + ")");
     s.batch = 1;
     s.seq_len = static_cast<double>(longest);
-    cli::check_memory(cli::transformer_training_bytes(s), "the memory measurement at --share-lengths");
+    cli::check_memory(cli::transformer_training_bytes(s), "the memory measurement at --share-lengths " + std::to_string(longest));
   }
 }
 
@@ -48,7 +50,7 @@ void check_heads_memory(const HeadsConfig& c) {
   s.batch = static_cast<double>(std::max<std::size_t>(c.batch, 256));  // evaluation runs 256 at a time
   s.seq_len = static_cast<double>(c.task.seq_len);
   const double data = 8.0 * static_cast<double>(c.train_size + c.val_size) * s.seq_len * (1 + s.outputs_per_position);
-  cli::check_memory(cli::transformer_training_bytes(s) + data, "a training step of the largest head count");
+  cli::check_memory(cli::transformer_training_bytes(s) + data, "a training step of the largest head count (--d-model, --layers, --batch, --seq-len)");
 }
 
 void write_report(const std::string& path, const nlohmann::json& report) {
