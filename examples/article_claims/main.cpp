@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   configs->add_option("--steps", co.step.steps, "timed steps (the median is printed), after one warm-up")
       ->transform(cli::count(1, 1000))->capture_default_str();
   configs->add_option("--share-lengths", co.share_lengths, "T of the FLOP and memory shares, e.g. 128,1024")
-      ->delimiter(',')->transform(size);
+      ->delimiter(',')->transform(size)->capture_default_str();
   configs->add_option("--dropout", co.step.dropout, "dropout of the block")->check(cli::real(0, 1))->capture_default_str();
   configs->add_option("--seed", co.step.seed, "seed of weights and input")->transform(cli::seed())->capture_default_str();
   configs->add_flag("--no-time", no_time, "skip the timed steps (counts and shares only)");
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   CLI::App* heads = app.add_subcommand("heads", "1 to 32 heads at one d_model, on a finite training set");
   heads->add_option("--d-model", hc.d_model, "model width (the head size is d_model / heads)")->transform(cli::count(1, 4096))
       ->capture_default_str();
-  heads->add_option("--heads", hc.head_counts, "head counts, e.g. 1,2,4,8,16,32")->delimiter(',')->transform(cli::count(1, 4096));
+  heads->add_option("--heads", hc.head_counts, "head counts, e.g. 1,2,4,8,16,32")->delimiter(',')->transform(cli::count(1, 4096))->capture_default_str();
   heads->add_option("--layers", hc.layers, "transformer blocks")->transform(cli::count(1, 64))->capture_default_str();
   heads->add_option("--offsets", offsets, "relations: the task asks for the tokens 1 .. K positions back")
       ->transform(cli::count(1, 4096))->capture_default_str();
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   heads->add_option("--batch", hc.batch, "sequences per step")->transform(cli::count(1, 1 << 16))->capture_default_str();
   heads->add_option("--lr", hc.lr, "AdamW learning rate")->check(cli::real(0, 1e6, true))->capture_default_str();
   heads->add_option("--weight-decay", hc.weight_decay, "AdamW weight decay")->check(cli::real(0, 1e6))->capture_default_str();
-  heads->add_option("--seeds", hc.seeds, "one run per seed and head count, e.g. 0,1")->delimiter(',')->transform(cli::seed());
+  heads->add_option("--seeds", hc.seeds, "one run per seed and head count, e.g. 0,1")->delimiter(',')->transform(cli::seed())->capture_default_str();
   cli::add_threads(*heads, threads);
   heads->add_option("--report", report_path, "write the JSON report here");
   heads->add_flag("--quiet", quiet, "print only the table");
