@@ -1,14 +1,14 @@
 // The article's configuration table, counted and measured on xgrad's own modules: parameters of
 // MultiHeadAttention (with H heads and with one head of the same width) and of a TransformerBlock,
-// the activation bytes a block's forward keeps for backward, and the time of a training step.
+// the formulas' shares, and the measurements of block_measure.hpp, per configuration.
 // Shapes: B batch, T length, C d_model, H heads.
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "block_measure.hpp"
 #include "sizes.hpp"
 
 namespace claims {
@@ -30,30 +30,6 @@ struct ModuleCounts {
 };
 ModuleCounts count_module_params(const BlockSize& size);
 
-struct StepOptions {
-  std::size_t batch = 8, seq_len = 128;
-  std::size_t steps = 7;  // timed steps, after one untimed warm-up step
-  float dropout = 0.1f;   // attention weights and FFN hidden, as in the article's module
-  bool causal = true;
-  std::uint64_t seed = 0;
-};
-
-// Medians over the timed steps of one Pre-Norm TransformerBlock on random input:
-// forward + backward of mean(block(x)), and the AdamW update that follows.
-struct StepTimes {
-  double forward_backward_ms = 0, optimizer_ms = 0;
-};
-// The block of `size` and the same block with one head of width C, their steps alternating, so
-// the load of a shared machine falls on both alike. Returns {H heads, 1 head}.
-std::pair<StepTimes, StepTimes> time_block_steps(const BlockSize& size, const StepOptions& options);
-
-// Heap bytes (glibc's mallinfo2) that one training-mode forward of the block leaves allocated
-// until backward: the activations the tape holds, plus the block's output.
-double measured_activation_bytes(const BlockSize& size, const StepOptions& options);
-
-}  // namespace claims
-
-namespace claims {
 
 struct ConfigsOptions {
   StepOptions step;                                   // the timed training step
@@ -73,9 +49,5 @@ struct ConfigReport {
 };
 
 ConfigReport report_config(const ArticleConfig& config, const ConfigsOptions& options);
-
-// The attention-weight bytes the measurements imply: the bytes that grow with H, from
-// m_H = rest + H w and m_1 = rest + w, so H w = H (m_H - m_1) / (H - 1). 0 for H = 1.
-double measured_attention_weight_bytes(double bytes_h_heads, double bytes_one_head, std::size_t heads);
 
 }  // namespace claims
