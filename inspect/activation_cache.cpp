@@ -50,6 +50,7 @@ ActivationCache cache_activations(nn::Module& root, const std::function<void()>&
     std::mutex mutex;  // the run may reach points from several threads
     ActivationCache cache;
     std::string repeated;
+    bool closed = false;  // set before the cache is moved out: a late call records nothing
   };
   auto shared = std::make_shared<Shared>();
   std::vector<nn::HookHandle> hooks;
@@ -57,6 +58,7 @@ ActivationCache cache_activations(nn::Module& root, const std::function<void()>&
     if (which && !which(point)) continue;
     hooks.push_back(root.add_forward_hook(point, [shared, point](const Tensor& t) {
       std::lock_guard<std::mutex> lock(shared->mutex);
+      if (shared->closed) return Tensor();
       if (shared->cache.has(point)) {
         if (shared->repeated.empty()) shared->repeated = point;
       } else {
@@ -68,6 +70,8 @@ ActivationCache cache_activations(nn::Module& root, const std::function<void()>&
   if (hooks.empty()) fail("cache_activations: the filter accepts none of the module's ", root.hook_points().size(), " hook points");
   run();
   hooks.clear();
+  std::lock_guard<std::mutex> lock(shared->mutex);
+  shared->closed = true;
   if (!shared->repeated.empty()) {
     fail("cache_activations: point '", shared->repeated, "' was reached more than once; cache one forward per call");
   }

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -13,10 +15,17 @@ namespace xgrad::inspect {
 
 namespace {
 
-// JSON that may sit inside <script>: "</" would end the element early.
-std::string script_safe(std::string json) {
-  for (std::size_t at = json.find("</"); at != std::string::npos; at = json.find("</", at + 3)) json.replace(at, 2, "<\\/");
-  return json;
+// JSON that may sit inside <script>: every < > & (inside strings, the only place JSON has
+// them) as a \u escape, so no token can close the element or open a comment in it.
+std::string script_safe(const std::string& json) {
+  std::string out;
+  for (char c : json) {
+    if (c == '<') out += "\\u003c";
+    else if (c == '>') out += "\\u003e";
+    else if (c == '&') out += "\\u0026";
+    else out += c;
+  }
+  return out;
 }
 
 // Weights rounded to 4 decimals, the precision the page shows.
@@ -103,9 +112,13 @@ function fillHeads() {
 }
 data.layers.forEach((layer, l) => option(layerBox, l, layer.name));
 const wanted = new URLSearchParams(location.hash.slice(1));
-if (Number(wanted.get("layer")) < data.layers.length) layerBox.value = Number(wanted.get("layer"));
+function index(key, count) {
+  const n = Number(wanted.get(key));
+  return wanted.has(key) && Number.isInteger(n) && n >= 0 && n < count ? n : 0;
+}
+layerBox.value = index("layer", data.layers.length);
 fillHeads();
-if (Number(wanted.get("head")) < headBox.options.length) headBox.value = Number(wanted.get("head"));
+headBox.value = index("head", headBox.options.length);
 layerBox.addEventListener("change", () => { fillHeads(); draw(); });
 headBox.addEventListener("change", draw);
 draw();
@@ -114,8 +127,23 @@ draw();
 </html>
 )HTML";
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+// The template with each placeholder replaced in one pass, so that a replacement is never
+// searched again (a title may contain "%DATA%").
+std::string fill(const std::string& page, const std::vector<std::pair<std::string, std::string>>& values) {
+  std::string out;
+  for (std::size_t at = 0; at < page.size();) {
+    bool replaced = false;
+    for (const auto& [key, value] : values) {
+      if (page.compare(at, key.size(), key) == 0) {
+        out += value;
+        at += key.size();
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += page[at++];
+  }
+  return out;
 }
 
 }  // namespace
@@ -139,7 +167,12 @@ std::string attention_viewer_html(const ActivationCache& cache, const std::vecto
       for (std::size_t q = 0; q < T; ++q) {
         nlohmann::json row = nlohmann::json::array();
         const float* w = p.data() + ((batch * s[1] + h) * T + q) * T;
-        for (std::size_t k = 0; k < T; ++k) row.push_back(rounded(w[k]));
+        for (std::size_t k = 0; k < T; ++k) {
+          if (!std::isfinite(w[k])) {
+            fail("attention_viewer_html: point '", name, "' has weight ", w[k], " at (", batch, ", ", h, ", ", q, ", ", k, ")");
+          }
+          row.push_back(rounded(w[k]));
+        }
         rows.push_back(std::move(row));
       }
       heads.push_back(std::move(rows));
@@ -149,10 +182,8 @@ std::string attention_viewer_html(const ActivationCache& cache, const std::vecto
   }
   if (layers.empty()) fail("attention_viewer_html: the cache holds no '*.pattern' point (", cache.size(), " points)");
   const nlohmann::json data = {{"tokens", tokens}, {"layers", std::move(layers)}};
-  std::string page = kPage;
-  replace_all(page, "%TITLE%", xml_escape(title));
-  replace_all(page, "%DATA%", script_safe(data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
-  return page;
+  return fill(kPage, {{"%TITLE%", xml_escape(title)},
+                      {"%DATA%", script_safe(data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))}});
 }
 
 }  // namespace xgrad::inspect

@@ -68,6 +68,12 @@ HeadStatistics head_statistics(const std::vector<Array>& patterns, std::size_t h
       std::fill(mean_row.begin(), mean_row.end(), 0.0);
       for (std::size_t t = 0; t < T; ++t) {
         const float* r = row(p, d, b, head, t);
+        for (std::size_t s = t + 1; s < T; ++s) {
+          if (!(std::abs(r[s]) <= 1e-6f)) {
+            fail("head_statistics: head ", head, " puts weight ", r[s], " on key ", s, " after query ", t,
+                 " (sequence ", b, "); these statistics are for causal attention");
+          }
+        }
         for (std::size_t s = 0; s < T; ++s) {
           values[s] = r[s];
           mean_row[s] += r[s] / static_cast<double>(T);
@@ -86,8 +92,7 @@ HeadStatistics head_statistics(const std::vector<Array>& patterns, std::size_t h
   HeadStatistics s;
   s.offset_mass.resize(T);
   for (std::size_t o = 0; o < T; ++o) s.offset_mass[o] = count[o] ? mass[o] / count[o] : 0.0;
-  const auto half = s.offset_mass.begin() + static_cast<std::ptrdiff_t>(T / 2 + 1);
-  s.dominant_offset = static_cast<std::size_t>(std::max_element(s.offset_mass.begin(), half) - s.offset_mass.begin());
+  s.dominant_offset = static_cast<std::size_t>(std::max_element(s.offset_mass.begin(), s.offset_mass.end()) - s.offset_mass.begin());
   s.dominant_mass = s.offset_mass[s.dominant_offset];
   s.entropy = sequences ? entropy / sequences : 0.0;
   s.query_entropy = queries ? query_entropy / queries : 0.0;
@@ -117,17 +122,22 @@ std::vector<HeadStatistics> head_statistics(const Array& pattern) {
   return out;
 }
 
-std::vector<double> offset_scores(const Array& pattern, std::size_t offset) {
-  const Dims d = check_pattern(pattern, "offset_scores");
-  if (offset >= d.T) fail("offset_scores: offset ", offset, " is not below the length ", d.T);
+namespace {
+std::vector<double> offset_scores_of(const Array& pattern, std::size_t offset, const char* who) {
+  const Dims d = check_pattern(pattern, who);
+  if (offset >= d.T) fail(who, ": offset ", offset, " is not below the length ", d.T);
   return mean_per_head(
       pattern, d, [offset](std::size_t, std::size_t t) { return t >= offset; },
       [offset](const float* r, std::size_t, std::size_t t) { return static_cast<double>(r[t - offset]); });
 }
+}  // namespace
+
+std::vector<double> offset_scores(const Array& pattern, std::size_t offset) {
+  return offset_scores_of(pattern, offset, "offset_scores");
+}
 
 std::vector<double> previous_token_scores(const Array& pattern) {
-  if (pattern.dimension() == 4 && pattern.shape()[2] < 2) fail("previous_token_scores: a length of ", pattern.shape()[2], " has no previous token");
-  return offset_scores(pattern, 1);
+  return offset_scores_of(pattern, 1, "previous_token_scores");
 }
 
 std::vector<double> first_token_scores(const Array& pattern) {
@@ -164,7 +174,7 @@ std::vector<double> fixed_offset_scores(const Array& pattern, std::vector<std::s
   std::vector<double> best(d.H, -1.0);
   std::vector<std::size_t> offsets(d.H, 0);
   for (std::size_t o = 0; o <= d.T / 2; ++o) {
-    const std::vector<double> scores = offset_scores(pattern, o);
+    const std::vector<double> scores = offset_scores_of(pattern, o, "fixed_offset_scores");
     for (std::size_t h = 0; h < d.H; ++h) {
       if (scores[h] > best[h]) {
         best[h] = scores[h];

@@ -46,17 +46,19 @@ std::vector<LensLayer> logit_lens(nn::LanguageModel& model, const IndexArray& id
   if (targets.shape() != ids.shape()) {
     fail("logit_lens: targets of shape ", shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
   }
-  NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
-  ActivationCache cache;
-  try {
-    cache = cache_activations(model, [&] { model.forward(ids); }, points_ending_with({"embed", "stream_out"}));
-  } catch (...) {
-    model.train(was_training);
-    throw;
+  const auto vocab = static_cast<std::int64_t>(model.options().vocab_size());
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const std::int64_t t = targets.data()[i];
+    if (t != kIgnoreIndex && (t < 0 || t >= vocab)) {
+      fail("logit_lens: target ", t, " at flat position ", i, " is outside the vocabulary [0, ", vocab, ")");
+    }
   }
-  model.train(was_training);
+  NoGradGuard no_grad;
+  ActivationCache cache;
+  {
+    const nn::EvalGuard eval(model);
+    cache = cache_activations(model, [&] { model.forward(ids); }, points_ending_with({"embed", "stream_out"}));
+  }
   std::vector<LensLayer> layers;
   for (const std::string& point : cache.names()) {
     Tensor h(cache.at(point));

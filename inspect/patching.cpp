@@ -37,11 +37,11 @@ const nn::Attention* owning_attention(nn::Module& root, const std::string& point
   return nullptr;
 }
 
+// By the point's own name, the last of its dotted path (a root attention's points have no dot).
 Layout layout_of(const std::string& point) {
-  for (const char* p : {".q", ".k", ".v", ".context"}) {
-    if (nn::point_ends_with(point, p)) return Layout::heads_in_columns;
-  }
-  if (nn::point_ends_with(point, ".pattern") || nn::point_ends_with(point, ".scores")) return Layout::heads_on_axis1;
+  const std::string name = point.substr(point.rfind('.') + 1);
+  if (name == "q" || name == "k" || name == "v" || name == "context") return Layout::heads_in_columns;
+  if (name == "pattern" || name == "scores") return Layout::heads_on_axis1;
   return Layout::plain;
 }
 

@@ -14,9 +14,10 @@ namespace xgrad::inspect {
 
 namespace {
 
-// Viridis, sampled at five points and interpolated linearly.
+// Viridis, sampled at five points and interpolated linearly; grey for NaN.
 std::string colour(double v) {
   static const double stops[5][3] = {{68, 1, 84}, {59, 82, 139}, {33, 145, 140}, {94, 201, 98}, {253, 231, 37}};
+  if (std::isnan(v)) return "#999999";
   v = std::clamp(v, 0.0, 1.0) * 4.0;
   const int i = std::min(3, static_cast<int>(v));
   const double f = v - i;
@@ -96,6 +97,7 @@ std::string heatmap_svg(const Heatmap& m, double vmax) { return heatmap_grid_svg
 
 std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, double vmax) {
   if (maps.empty()) return open_svg(10, 10) + "</svg>\n";
+  if (!(vmax > 0) || !std::isfinite(vmax)) vmax = 1.0;
   columns = std::max<std::size_t>(1, std::min(columns, maps.size()));
   double cell_w = 0, cell_h = 0;
   for (const Heatmap& m : maps) {

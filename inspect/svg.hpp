@@ -14,7 +14,8 @@ struct Heatmap {
   std::string row_axis = "query", col_axis = "key";
 };
 
-// One heatmap with labels and a colour bar from 0 to vmax.
+// One heatmap with labels and a colour bar from 0 to vmax (a vmax that is not a positive finite
+// number is taken as 1; NaN cells are grey, infinite ones take the end colours).
 std::string heatmap_svg(const Heatmap& map, double vmax = 1.0);
 // Several heatmaps side by side, `columns` per row, sharing one colour bar.
 std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, double vmax = 1.0);

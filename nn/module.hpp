@@ -108,4 +108,18 @@ class ModuleList : public Module {
   std::vector<std::shared_ptr<Module>> items_;
 };
 
+// Puts a module tree in eval mode for a scope, and sets it back to the mode the module had
+// (train(previous) on the whole tree) when destroyed, also when an exception leaves the scope.
+class EvalGuard {
+ public:
+  explicit EvalGuard(Module& module) : module_(module), was_training_(module.is_training()) { module.eval(); }
+  ~EvalGuard() { module_.train(was_training_); }
+  EvalGuard(const EvalGuard&) = delete;
+  EvalGuard& operator=(const EvalGuard&) = delete;
+
+ private:
+  Module& module_;
+  bool was_training_;
+};
+
 }  // namespace xgrad::nn

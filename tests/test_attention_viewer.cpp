@@ -3,7 +3,9 @@
 // the DOM its script built; the test reads the cells back.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <regex>
 #include <string>
 #include <vector>
@@ -36,6 +38,32 @@ std::string four_decimals(float w) {
   return buf;
 }
 
+// The DOM Chromium builds from the page, opened at `fragment` ("#layer=1&head=1").
+std::string rendered_dom(const std::string& page, const std::string& fragment) {
+  testing::TempDir dir("xgrad_viewer");
+  write_file_atomically(dir.file("view.html"), page, "test");
+  std::vector<std::string> args = headless("--dump-dom");
+  args.insert(args.begin(), "--user-data-dir=" + dir.file("profile"));
+  args.push_back("file://" + dir.file("view.html") + fragment);
+  testing::Limits limits;
+  limits.seconds = 120;
+  limits.memory = RLIM_INFINITY;
+  const testing::Outcome run = testing::run_program(dir, kChromium, args, limits);
+  INFO(run);
+  REQUIRE(run.exited);
+  REQUIRE(run.code == 0);
+  return run.out;
+}
+
+std::vector<std::string> cell_weights(const std::string& dom) {
+  const std::regex cell("<td class=\"cell\"[^>]*data-weight=\"([0-9.]+)\"");
+  std::vector<std::string> weights;
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), cell); it != std::sregex_iterator(); ++it) {
+    weights.push_back((*it)[1]);
+  }
+  return weights;
+}
+
 }  // namespace
 
 TEST_CASE("the attention viewer renders every cell of the chosen layer and head in Chromium") {
@@ -47,28 +75,11 @@ TEST_CASE("the attention viewer renders every cell of the chosen layer and head 
   const std::string page = attention_viewer_html(cache, tokens, 0, "small model <test>");
   REQUIRE(page.find("http") == std::string::npos);  // nothing to fetch
 
-  testing::TempDir dir("xgrad_viewer");
-  write_file_atomically(dir.file("view.html"), page, "test");
-  std::vector<std::string> args = headless("--dump-dom");
-  args.insert(args.begin(), "--user-data-dir=" + dir.file("profile"));
-  args.push_back("file://" + dir.file("view.html") + "#layer=1&head=1");
-  testing::Limits limits;
-  limits.seconds = 120;
-  limits.memory = RLIM_INFINITY;
-  const testing::Outcome run = testing::run_program(dir, kChromium, args, limits);
-  INFO(run);
-  REQUIRE(run.exited);
-  REQUIRE(run.code == 0);
-  const std::string& dom = run.out;
+  const std::string dom = rendered_dom(page, "#layer=1&head=1");
   REQUIRE_THAT(dom, Contains("data-layer=\"1\"") && Contains("data-head=\"1\""));
   REQUIRE_THAT(dom, Contains("北京") && Contains("small model &lt;test&gt;"));
   REQUIRE_THAT(dom, !Contains("<b id=\"evil\">"));  // a token is text, never markup
-
-  const std::regex cell("<td class=\"cell\"[^>]*data-weight=\"([0-9.]+)\"");
-  std::vector<std::string> weights;
-  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), cell); it != std::sregex_iterator(); ++it) {
-    weights.push_back((*it)[1]);
-  }
+  const std::vector<std::string> weights = cell_weights(dom);
   REQUIRE(weights.size() == 64);
   const Array& pattern = cache.at("blocks.1.attn.pattern");
   for (std::size_t q = 0; q < 8; ++q) {
@@ -81,6 +92,28 @@ TEST_CASE("the attention viewer renders every cell of the chosen layer and head 
   REQUIRE_THAT(dom, Contains("title=\"昨天 → 我: " + four_decimals(pattern(0, 1, 2, 1)) + "\""));
 }
 
+TEST_CASE("hostile tokens, titles and addresses cannot break the viewer") {
+  REQUIRE(::access(kChromium, X_OK) == 0);
+  auto model = testing::eval_lm(testing::small_lm(), 22);
+  const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
+  const ActivationCache cache = cache_activations(*model, [&] { model->forward(ids); }, points_ending_with({"pattern"}));
+  // "<!--<script>" would put the HTML parser in a state where the closing tag is not seen; an
+  // image with onerror would run script if the title's "%DATA%" were filled in again
+  const std::vector<std::string> tokens = {"<!--<script>", "<img src=x onerror=document.body.setAttribute('data-pwned',1)>",
+                                           "&amp;", "\"quoted\"", "%TITLE%", "%DATA%", "\\u003c", "x"};
+  const std::string page = attention_viewer_html(cache, tokens, 0, "%DATA% <i>title</i>");
+  // a layer that does not exist and a head that is not an integer open layer 0, head 0
+  const std::string dom = rendered_dom(page, "#layer=-1&head=1.5");
+  REQUIRE_THAT(dom, !Contains("data-pwned=\"1\"") && !Contains("<img") && !Contains("<i>"));
+  REQUIRE_THAT(dom, Contains("data-layer=\"0\"") && Contains("data-head=\"0\""));
+  const std::vector<std::string> weights = cell_weights(dom);
+  REQUIRE(weights.size() == 64);
+  const Array& pattern = cache.at("blocks.0.attn.pattern");
+  for (std::size_t q = 0; q < 8; ++q)
+    for (std::size_t k = 0; k < 8; ++k) REQUIRE(weights[q * 8 + k] == four_decimals(pattern(0, 0, q, k)));
+  REQUIRE_THAT(dom, Contains("&lt;!--&lt;script&gt;") && Contains("%DATA% &lt;i&gt;title&lt;/i&gt;"));
+}
+
 TEST_CASE("the attention viewer refuses a cache it cannot draw") {
   auto model = testing::eval_lm(testing::small_lm(), 21);
   const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
@@ -91,4 +124,10 @@ TEST_CASE("the attention viewer refuses a cache it cannot draw") {
   REQUIRE_THROWS_WITH(attention_viewer_html(patterns, std::vector<std::string>(5, "x")),
                       Contains("point 'blocks.0.attn.pattern' has shape (1, 2, 8, 8), not (B, H, T, T) with T = 5 tokens"));
   REQUIRE_THROWS_WITH(attention_viewer_html(patterns, eight, 1), Contains("sequence 1 of point 'blocks.0.attn.pattern', which holds 1"));
+  ActivationCache with_nan;
+  Array weights = patterns.at("blocks.0.attn.pattern");
+  weights(0, 1, 4, 2) = std::numeric_limits<float>::quiet_NaN();
+  with_nan.insert("blocks.0.attn.pattern", weights);
+  REQUIRE_THROWS_WITH(attention_viewer_html(with_nan, eight),
+                      Contains("point 'blocks.0.attn.pattern' has weight nan at (0, 1, 4, 2)"));
 }

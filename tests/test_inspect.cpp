@@ -148,6 +148,21 @@ TEST_CASE("patching copies exactly the chosen region from the other run") {
         }
     REQUIRE(copied > 0);  // the two runs differ there, so the test can see the copy
   }
+  SECTION("one query of the pattern, every head") {
+    const std::string point = "blocks.0.attn.pattern";  // (B, H, T, S): the position is the query axis
+    const PatchSet patched(*model, source, {{point, {}, 2}});
+    const ActivationCache seen = cache_activations(*model, [&] { model->forward(corrupt); }, points_ending_with({"0.attn.pattern"}));
+    const Array& got = seen.at(point);
+    for (std::size_t b = 0; b < 2; ++b)
+      for (std::size_t h = 0; h < 2; ++h)
+        for (std::size_t t = 0; t < 8; ++t)
+          for (std::size_t k = 0; k < 8; ++k) {
+            INFO("(" << b << ", " << h << ", " << t << ", " << k << ")");
+            REQUIRE(got(b, h, t, k) == (t == 2 ? source.at(point) : target.at(point))(b, h, t, k));
+          }
+    const bool differs = xt::view(source.at(point), 0, xt::all(), 2) != xt::view(target.at(point), 0, xt::all(), 2);
+    REQUIRE(differs);  // the corrupted token changes query 2's row in sequence 0, so the copy is visible
+  }
   SECTION("a head of the pattern, all queries") {
     const PatchSet patched(*model, source, {{"blocks.0.attn.pattern", 0, {}}});
     const ActivationCache seen = cache_activations(*model, [&] { model->forward(corrupt); }, points_ending_with({"0.attn.pattern"}));
@@ -226,6 +241,9 @@ TEST_CASE("the logit lens reads the stream after each block; its last entry is t
   REQUIRE_THROWS_WITH(logit_lens(*model, ids, ids, 0), Contains("logit_lens: top_k 0 is outside [1, 11]"));
   REQUIRE_THROWS_WITH(logit_lens(*model, ids, ids, 12), Contains("logit_lens: top_k 12"));
   REQUIRE_THROWS_WITH(logit_lens(*model, ids, random_ids(2, 7, 11, 1)), Contains("logit_lens: targets of shape (2, 7)"));
+  IndexArray outside = ids;
+  outside(1, 3) = 11;
+  REQUIRE_THROWS_WITH(logit_lens(*model, ids, outside), Contains("logit_lens: target 11 at flat position 11 is outside the vocabulary [0, 11)"));
 }
 
 namespace {
@@ -275,8 +293,12 @@ TEST_CASE("head detectors score hand-made heads as their definitions say") {
     REQUIRE(stats[2].argmax_fraction == 1.0);
     REQUIRE(stats[2].confidence == 1.0);
     REQUIRE(stats[2].query_entropy == Approx(0.0).margin(1e-6));
-    // a first-token head is not an offset head: its offsets beyond T/2 are not considered
-    REQUIRE(stats[1].dominant_offset <= T / 2);
+    // a first-token head has its largest offset mass at T-1, from the last query alone: the
+    // fixed-offset detector, which only weighs offsets most queries have, does not score it 1
+    REQUIRE(stats[1].dominant_offset == T - 1);
+    REQUIRE(stats[1].dominant_mass == 1.0);
+    REQUIRE(offsets[1] <= T / 2);
+    REQUIRE(fixed[1] < 0.5);
     // uniform rows: each row's entropy is log(t + 1)
     double query_entropy = 0;
     for (std::size_t t = 0; t < T; ++t) query_entropy += std::log(static_cast<double>(t + 1));
@@ -308,5 +330,39 @@ TEST_CASE("head detectors score hand-made heads as their definitions say") {
     REQUIRE_THROWS_WITH(induction_scores(p, IndexArray{{1, 2}}), Contains("induction_scores: ids of shape (1, 2)"));
     REQUIRE_THROWS_WITH(head_statistics(std::vector<Array>{p}, 4), Contains("head_statistics: head 4 of a pattern with 4 heads"));
     REQUIRE_THROWS_WITH(head_statistics(std::vector<Array>{}, 0), Contains("head_statistics: no patterns"));
+    REQUIRE_THROWS_WITH(previous_token_scores(xt::zeros<float>({1, 1, 1, 1})),
+                        Contains("previous_token_scores: offset 1 is not below the length 1"));
+    Array looks_ahead = p;
+    looks_ahead(0, 2, 3, 5) = 0.5f;
+    REQUIRE_THROWS_WITH(head_statistics(std::vector<Array>{looks_ahead}, 2),
+                        Contains("head_statistics: head 2 puts weight 0.5 on key 5 after query 3"));
+    REQUIRE_NOTHROW(head_statistics(std::vector<Array>{looks_ahead}, 1));
   }
+}
+
+TEST_CASE("patching a root attention module: its points have no dotted path, and still have heads") {
+  Generator gen(31);
+  nn::Attention attention(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f), gen);
+  const Tensor a(Generator(32).normal({1, 5, 8}, 0.f, 1.f)), b(Generator(33).normal({1, 5, 8}, 0.f, 1.f));
+  nn::AttentionMask causal;
+  causal.causal = true;
+  const ActivationCache source = cache_activations(attention, [&] { attention.forward(a, causal); });
+  const ActivationCache own = cache_activations(attention, [&] { attention.forward(b, causal); });
+  REQUIRE(source.has("pattern"));
+  {
+    const PatchSet patched(attention, source, {{"pattern", {}, 3}, {"context", 1, {}}});
+    const ActivationCache seen = cache_activations(attention, [&] { attention.forward(b, causal); },
+                                                   points_ending_with({"pattern", "context"}));
+    for (std::size_t h = 0; h < 2; ++h)
+      for (std::size_t t = 0; t < 5; ++t)
+        for (std::size_t k = 0; k < 5; ++k) {
+          INFO("pattern (" << h << ", " << t << ", " << k << ")");
+          REQUIRE(seen.at("pattern")(0, h, t, k) == (t == 3 ? source : own).at("pattern")(0, h, t, k));
+        }
+    // the context follows the patched pattern, except head 1's channels, which come from the source
+    const Array& context = seen.at("context");
+    for (std::size_t t = 0; t < 5; ++t)
+      for (std::size_t c = 4; c < 8; ++c) REQUIRE(context(0, t, c) == source.at("context")(0, t, c));
+  }
+  REQUIRE_THROWS_WITH(PatchSet(attention, source, {{"out", 0, {}}}), Contains("point 'out' has no heads"));
 }

@@ -37,9 +37,9 @@ PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const s
   const std::size_t longest = *std::max_element(task.offsets.begin(), task.offsets.end());
   if (longest >= task.seq_len) fail("patch_each_head: offset ", longest, " leaves no position in a length of ", task.seq_len);
   if (task.vocab < 2) fail("patch_each_head: a vocabulary of ", task.vocab, " has no other token to corrupt with");
+  if (data.empty() || data[0].tokens.shape()[0] == 0) fail("patch_each_head: no held-out sequences");
   NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
+  const nn::EvalGuard eval(model);
   PatchingTable table;
   table.position = task.seq_len - 1 - longest;
   const std::size_t p = table.position, L = model.layers.size(), H = model.options().heads, K = task.offsets.size();
@@ -74,7 +74,6 @@ PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const s
   average(table.clean);
   average(table.corrupted);
   for (auto& row : table.restored) average(row);
-  model.train(was_training);
   return table;
 }
 
