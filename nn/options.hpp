@@ -9,6 +9,7 @@ namespace xgrad::nn {
 //   pre:  y = x + f(LN(x))      post: y = LN(x + f(x))      none: y = f(x) (no residual, no norm)
 enum class Norm { pre, post, none };
 
-enum class Activation { gelu, relu };
+// gelu: the exact (erf) GELU; gelu_tanh: its tanh approximation (GPT-2's); relu.
+enum class Activation { gelu, gelu_tanh, relu };
 
 }  // namespace xgrad::nn

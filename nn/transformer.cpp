@@ -30,8 +30,12 @@ Tensor FeedForward::forward(const Tensor& x) const {
   check_input(x);
   const Tensor h = hook("pre", linear1->forward(x));
   const float p = options_.dropout();
-  const Tensor a = options_.activation() == Activation::gelu ? gelu_dropout(h, p, is_training(), generator())
-                                                             : dropout(relu(h), p, is_training(), generator());
+  Tensor a;
+  switch (options_.activation()) {
+    case Activation::gelu: a = gelu_dropout(h, p, is_training(), generator()); break;
+    case Activation::gelu_tanh: a = dropout(gelu(h, GeluApprox::tanh), p, is_training(), generator()); break;
+    case Activation::relu: a = dropout(relu(h), p, is_training(), generator()); break;
+  }
   return hook("out", linear2->forward(hook("hidden", a)));
 }
 

@@ -16,6 +16,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/gradcheck.hpp"
+#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/core/tape.hpp"
@@ -338,6 +339,21 @@ TEST_CASE("FeedForward gradients, GELU", "[nn][gradcheck][ffn]") {
   REQUIRE(res.ok);
   REQUIRE(res.tensors == 5);
   REQUIRE(res.checked == total_elements(ffn, {x}));
+}
+
+TEST_CASE("FeedForward gradients, tanh-approximated GELU", "[nn][gradcheck][ffn]") {
+  Generator gen(16);
+  nn::FeedForward ffn(nn::FeedForwardOptions(4, 6).activation(nn::Activation::gelu_tanh).dropout(0.f), gen);
+  const Tensor x = randn({2, 3, 4}, 17);
+  const CheckResult res = check_module_grads(ffn, [&](const Ins& in) { return ffn.forward(in[0]); }, {x});
+  INFO(res.report);
+  REQUIRE(res.ok);
+  REQUIRE(res.tensors == 5);
+  REQUIRE(res.checked == total_elements(ffn, {x}));
+  // not the exact GELU: the outputs differ
+  nn::FeedForward exact(nn::FeedForwardOptions(4, 6).activation(nn::Activation::gelu).dropout(0.f), gen);
+  nn::load_state_dict(exact, nn::state_dict(ffn));
+  REQUIRE(xt::amax(xt::abs(exact.forward(x).value() - ffn.forward(x).value()))() > 1e-5f);
 }
 
 TEST_CASE("FeedForward gradients, ReLU", "[nn][gradcheck][ffn]") {
