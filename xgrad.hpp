@@ -29,6 +29,7 @@
 #include "xgrad/nn/probe.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/residual.hpp"
+#include "xgrad/nn/torch_import.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"

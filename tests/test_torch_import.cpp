@@ -1,0 +1,287 @@
+// Weights from PyTorch: safetensors F16 and BF16 (exact reading, round-to-nearest-even writing),
+// and nn/torch_import's layouts against PyTorch's outputs on tests/fixtures/import_*.safetensors
+// (make_import_fixtures.py writes them). No Python here.
+// Shapes: B batch, T length, S key length, C d_model, H heads, V vocabulary.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "fixture.hpp"
+#include "safetensors_bytes.hpp"
+#include "test_files.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/tape.hpp"
+#include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/torch_import.hpp"
+
+using namespace xgrad;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr double kTol = 1e-5;  // max |got - want| / max |want|
+
+const NamedArrays& fixture(const std::string& file) {
+  static std::map<std::string, NamedArrays> cache;
+  auto it = cache.find(file);
+  if (it == cache.end()) it = cache.emplace(file, load_safetensors(testing::fixture_path(file)).tensors).first;
+  return it->second;
+}
+
+const Array& get(const NamedArrays& arrays, const std::string& name) {
+  for (const auto& [n, a] : arrays) {
+    if (n == name) return a;
+  }
+  FAIL("no tensor '" << name << "'");
+  static const Array none;
+  return none;
+}
+
+const Array& output(const std::string& name) { return get(fixture("import_outputs.safetensors"), name); }
+
+std::uint32_t bits_of(float f) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+void require_close(const Array& got, const Array& want, const std::string& what) {
+  const double err = testing::rel_error(got, want);
+  INFO(what << ": got " << testing::shape_string(got.shape()) << ", want " << testing::shape_string(want.shape()));
+  CAPTURE(err);
+  REQUIRE(err <= kTol);
+}
+
+NamedArrays with(NamedArrays state, const std::string& name, const Array* value) {
+  for (auto it = state.begin(); it != state.end(); ++it) {
+    if (it->first == name) {
+      if (value) {
+        it->second = *value;
+      } else {
+        state.erase(it);
+      }
+      return state;
+    }
+  }
+  state.emplace_back(name, *value);
+  return state;
+}
+
+// A missing, an extra and a misshapen tensor: each an error naming it (and the shapes).
+template <class Import>
+void require_checked(const NamedArrays& state, const std::string& name, Import import) {
+  REQUIRE_NOTHROW(import(state));
+  REQUIRE_THROWS_WITH(import(with(state, name, nullptr)), Contains("missing tensor '" + name + "'"));
+  const Array extra = Array::from_shape({2});
+  REQUIRE_THROWS_WITH(import(with(state, "extra.weight", &extra)), Contains("unexpected tensor 'extra.weight' (2)"));
+  const Array& good = get(state, name);
+  Shape bad_shape = good.shape();
+  bad_shape.back() += 1;
+  Array bad = Array::from_shape(bad_shape);
+  bad.fill(0.f);
+  REQUIRE_THROWS_WITH(import(with(state, name, &bad)), Contains("tensor '" + name + "' has shape " + shape_str(bad_shape) +
+                                                                 ", expected " + shape_str(good.shape())));
+}
+
+}  // namespace
+
+TEST_CASE("every F16 value, and BF16 values, read as float32 exactly", "[import]") {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const int exp = static_cast<int>((h >> 10) & 0x1f), man = static_cast<int>(h & 0x3ff);
+    const float sign = (h & 0x8000) ? -1.f : 1.f;
+    const float got = f16_to_f32(static_cast<std::uint16_t>(h));
+    INFO("F16 bits 0x" << std::hex << h);
+    if (exp == 31 && man != 0) {
+      REQUIRE(std::isnan(got));
+      REQUIRE((bits_of(got) >> 13 & 0x3ff) == static_cast<std::uint32_t>(man));  // the payload stays
+      REQUIRE(std::signbit(got) == (sign < 0));
+      continue;
+    }
+    const double want = exp == 31 ? INFINITY : exp == 0 ? std::ldexp(man, -24) : std::ldexp(1024 + man, exp - 25);
+    REQUIRE(bits_of(got) == bits_of(sign * static_cast<float>(want)));
+    if (exp < 31 || man == 0) REQUIRE(f32_to_f16(got) == h);  // and back
+  }
+  const std::pair<std::uint16_t, float> known[] = {{0x3c00, 1.f}, {0xc000, -2.f}, {0x7bff, 65504.f}, {0x0400, 6.103515625e-05f},
+                                                   {0x0001, 5.9604644775390625e-08f}, {0x03ff, 6.09755516052246094e-05f},
+                                                   {0x3555, 0.333251953125f}};
+  for (const auto& [h, f] : known) REQUIRE(f16_to_f32(h) == f);
+  REQUIRE(std::isinf(f16_to_f32(0xfc00)));
+  REQUIRE(bits_of(f16_to_f32(0x8000)) == 0x80000000u);
+  for (std::uint32_t b = 0; b < 65536; b += 97) REQUIRE(bits_of(bf16_to_f32(static_cast<std::uint16_t>(b))) == b << 16);
+  REQUIRE(bf16_to_f32(0x3f80) == 1.f);
+}
+
+TEST_CASE("float32 rounds to F16 and BF16 to nearest, ties to even, as numpy and torch do", "[import]") {
+  const Array& values = output("rounding.f32");
+  const Array& f16 = output("rounding.f16");    // numpy's astype(float16), read back
+  const Array& bf16 = output("rounding.bf16");  // torch's to(bfloat16), read back
+  REQUIRE(values.size() > 40);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const float v = values.data()[i];
+    INFO("value " << v << " (bits 0x" << std::hex << bits_of(v) << ")");
+    REQUIRE(bits_of(f16_to_f32(f32_to_f16(v))) == bits_of(f16.data()[i]));
+    REQUIRE(bits_of(bf16_to_f32(f32_to_bf16(v))) == bits_of(bf16.data()[i]));
+  }
+  REQUIRE(f32_to_f16(1.f + 0x1p-11f) == 0x3c00);       // a tie, down to even
+  REQUIRE(f32_to_f16(1.f + 3 * 0x1p-11f) == 0x3c02);   // a tie, up to even
+  REQUIRE(f32_to_f16(2.5f * 0x1p-24f) == 0x0002);      // a subnormal tie
+  REQUIRE(f32_to_f16(0x1p-25f) == 0x0000);             // half the smallest subnormal: to zero
+  REQUIRE(f32_to_f16(65520.f) == 0x7c00);              // past the range
+  REQUIRE(f32_to_bf16(1.f + 0x1p-8f) == 0x3f80);
+  REQUIRE(f32_to_bf16(1.f + 3 * 0x1p-8f) == 0x3f82);
+  REQUIRE((f32_to_f16(std::nanf("")) & 0x7fff) > 0x7c00);
+  REQUIRE((f32_to_bf16(std::nanf("")) & 0x7fff) > 0x7f80);
+}
+
+TEST_CASE("save_safetensors writes F16 and BF16 when asked and refuses values out of range", "[import]") {
+  testing::TempDir dir("xgrad_import_dtypes");
+  const NamedArrays& gpt2 = fixture("import_gpt2.safetensors");
+  const NamedArrays& f16 = fixture("import_gpt2_f16.safetensors");  // numpy's rounding of the same weights
+  for (const Dtype dtype : {Dtype::f32, Dtype::f16, Dtype::bf16}) {
+    const std::string path = dir.file(std::string(dtype_name(dtype)) + ".safetensors");
+    save_safetensors(path, gpt2, {{"k", "v"}}, dtype);
+    const std::string bytes = testing::read_bytes(path);
+    const std::uint64_t n = testing::read_u64_le(bytes);
+    REQUIRE_THAT(bytes.substr(8, n), Contains(std::string("\"dtype\":\"") + dtype_name(dtype) + "\""));
+    const SafetensorsContents back = parse_safetensors(bytes);
+    REQUIRE(back.metadata.at("k") == "v");
+    REQUIRE(back.tensors.size() == gpt2.size());
+    for (std::size_t t = 0; t < gpt2.size(); ++t) {
+      const auto& [name, a] = gpt2[t];
+      const Array& b = get(back.tensors, name);
+      REQUIRE(b.shape() == a.shape());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const float v = a.data()[i];
+        const float want = dtype == Dtype::f32 ? v : dtype == Dtype::f16 ? f16_to_f32(f32_to_f16(v)) : bf16_to_f32(f32_to_bf16(v));
+        REQUIRE(bits_of(b.data()[i]) == bits_of(want));
+        if (dtype == Dtype::f16) REQUIRE(bits_of(b.data()[i]) == bits_of(get(f16, "transformer." + name).data()[i]));
+      }
+    }
+  }
+  // F32 stays the default.
+  save_safetensors(dir.file("default.safetensors"), gpt2);
+  REQUIRE_THAT(testing::read_bytes(dir.file("default.safetensors")), Contains("\"F32\"") && !Contains("\"F16\""));
+
+  Array w = Array::from_shape({3});
+  w.data()[0] = 1.f, w.data()[1] = 70000.f, w.data()[2] = 2.f;
+  const std::string path = dir.file("range.safetensors");
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"ok", output("mha.x")}, {"w", w}}, {}, Dtype::f16),
+                      Contains("save_safetensors") && Contains("'w'") && Contains("70000") && Contains("flat position 1") &&
+                          Contains("F16"));
+  REQUIRE_FALSE(std::filesystem::exists(path));
+  w.data()[1] = 3.4e38f;
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", w}}, {}, Dtype::bf16), Contains("'w'") && Contains("3.4e+38") && Contains("BF16"));
+  w.data()[1] = INFINITY;  // an infinity is representable, and stays one
+  save_safetensors(path, {{"w", w}}, {}, Dtype::f16);
+  REQUIRE(std::isinf(load_safetensors(path).tensors[0].second.data()[1]));
+}
+
+TEST_CASE("F16 and BF16 files: other dtypes, odd byte counts and truncated data are errors", "[import]") {
+  using testing::u64_le;
+  auto file = [](const std::string& header, const std::string& data) { return u64_le(header.size()) + header + data; };
+  const std::string two = std::string("\x00\x3c\x00\xc0", 4);  // F16 1, -2; BF16 bits 0x3c00, 0xc000
+  Array got = parse_safetensors(file(R"({"h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", two)).tensors[0].second;
+  REQUIRE((got.data()[0] == 1.f && got.data()[1] == -2.f));
+  got = parse_safetensors(file(R"({"b": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})", two)).tensors[0].second;
+  REQUIRE((bits_of(got.data()[0]) == 0x3c000000u && bits_of(got.data()[1]) == 0xc0000000u));
+
+  REQUIRE_THROWS_WITH(parse_safetensors(file(R"({"m": {"dtype": "BOOL", "shape": [4], "data_offsets": [0, 4]}})", two)),
+                      Contains("'m'") && Contains("\"BOOL\"") && Contains("F32, F16 and BF16"));
+  REQUIRE_THROWS_WITH(parse_safetensors(file(R"({"h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 3]}})", two.substr(0, 3))),
+                      Contains("'h'") && Contains("F16 needs 4 bytes, its offsets span 3"));
+  REQUIRE_THROWS_WITH(parse_safetensors(file(R"({"h": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]}})", two)),
+                      Contains("outside the 4-byte data"));
+  REQUIRE_THROWS_WITH(parse_safetensors(file(R"({"h": {"dtype": "BF16", "shape": [4611686018427387904], "data_offsets": [0, 4]}})", two)),
+                      Contains("larger than the file"));
+  // Every prefix of a real F16 file: an error, never a crash.
+  const std::string real = testing::read_bytes(testing::fixture_path("import_gpt2_f16.safetensors"));
+  for (std::size_t n = 0; n < real.size(); n += 7) REQUIRE_THROWS_AS(parse_safetensors(real.substr(0, n)), Error);
+}
+
+TEST_CASE("nn.MultiheadAttention's packed weights load into Attention", "[import]") {
+  const auto options = nn::MultiHeadAttentionOptions(8, 2).norm(nn::Norm::none).dropout(0.f);
+  const NamedArrays& torch_state = fixture("import_mha.safetensors");
+  nn::MultiHeadAttention attn(options);
+  nn::load_state_dict(attn, nn::from_torch_multihead_attention(torch_state, options));
+  NoGradGuard no_grad;
+  const nn::AttentionOutput y = attn.forward(Tensor(output("mha.x")));
+  require_close(y.output.value(), output("mha.out"), "mha output");
+  require_close(y.weights.value(), output("mha.weights"), "mha weights");
+  for (const char* name : {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}) {
+    INFO(name);
+    require_checked(torch_state, name, [&](const NamedArrays& s) { return nn::from_torch_multihead_attention(s, options); });
+  }
+}
+
+TEST_CASE("nn.TransformerEncoderLayer, Post-Norm (relu) and Pre-Norm (gelu), loads into TransformerBlock", "[import]") {
+  for (const bool pre : {false, true}) {
+    const std::string name = pre ? "encoder_pre" : "encoder_post";
+    INFO(name);
+    const auto options = nn::TransformerBlockOptions(8, 2)
+                             .d_ff(16)
+                             .dropout(0.f)
+                             .norm(pre ? nn::Norm::pre : nn::Norm::post)
+                             .activation(pre ? nn::Activation::gelu : nn::Activation::relu);
+    const NamedArrays& torch_state = fixture("import_" + name + ".safetensors");
+    nn::TransformerBlock block(options);
+    nn::load_state_dict(block, nn::from_torch_encoder_layer(torch_state, options));
+    block.eval();
+    NoGradGuard no_grad;
+    require_close(block.forward(Tensor(output(name + ".x"))).output.value(), output(name + ".out"), name);
+    require_checked(torch_state, "norm2.weight", [&](const NamedArrays& s) { return nn::from_torch_encoder_layer(s, options); });
+    require_checked(torch_state, "self_attn.in_proj_weight",
+                    [&](const NamedArrays& s) { return nn::from_torch_encoder_layer(s, options); });
+  }
+}
+
+TEST_CASE("a GPT-2 state dict (F32, and F16 under transformer. with an lm_head) becomes a LanguageModel", "[import]") {
+  const Array& ids_f = output("gpt2.ids");
+  IndexArray ids = IndexArray::from_shape(ids_f.shape());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>(ids_f.data()[i]);
+  for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"}) {
+    INFO(file);
+    const nn::ImportedLanguageModel imported = nn::from_gpt2(fixture(file), 2);
+    const nn::LanguageModelOptions& o = imported.options;
+    REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 && o.max_len() == 16 &&
+             o.d_ff() == 32));
+    REQUIRE((o.norm() == nn::Norm::pre && o.activation() == nn::Activation::gelu_tanh && o.layer_norm_eps() == 1e-5f));
+    nn::LanguageModel model(o);
+    nn::load_state_dict(model, imported.state);
+    model.eval();
+    NoGradGuard no_grad;
+    const bool f16 = file.find("f16") != std::string::npos;
+    require_close(model.forward(ids).logits.value(), output(f16 ? "gpt2_f16.logits" : "gpt2.logits"), file);
+  }
+  REQUIRE_THROWS_WITH(nn::from_gpt2(fixture("import_gpt2.safetensors"), 3), Contains("from_gpt2: num_heads 3 does not divide d_model 8"));
+}
+
+TEST_CASE("GPT-2: missing, extra and misshapen tensors are errors naming them; the model is unchanged", "[import]") {
+  const NamedArrays& state = fixture("import_gpt2.safetensors");
+  auto import = [](const NamedArrays& s) { return nn::from_gpt2(s, 2); };
+  for (const char* name : {"wpe.weight", "h.1.attn.c_attn.weight", "h.0.mlp.c_proj.weight", "ln_f.bias"}) {
+    INFO(name);
+    require_checked(state, name, import);
+  }
+  // Under "transformer.", names in messages carry the prefix; the buffers are optional.
+  NamedArrays prefixed = fixture("import_gpt2_f16.safetensors");
+  require_checked(prefixed, "transformer.h.0.ln_2.bias", import);
+  prefixed = with(with(prefixed, "transformer.h.0.attn.bias", nullptr), "transformer.h.1.attn.masked_bias", nullptr);
+  REQUIRE_NOTHROW(import(prefixed));
+  const Array one = Array::from_shape({1});
+  REQUIRE_THROWS_WITH(import(with(prefixed, "h.0.ln_1.weight", &one)), Contains("unexpected tensor 'h.0.ln_1.weight'"));
+  REQUIRE_THROWS_WITH(import(with(state, "h.5.attn.bias", &one)), Contains("unexpected tensor 'h.5.attn.bias'"));
+  REQUIRE_THROWS_WITH(import(with(state, "h.999999.ln_1.weight", &one)), Contains("missing tensor 'h.2.ln_1.weight'"));
+  REQUIRE_THROWS_WITH(import(with(state, "wte.weight", nullptr)), Contains("missing tensor 'wte.weight'"));
+
+  // Loading stops before anything is written.
+  nn::LanguageModel model(import(state).options);
+  const NamedArrays before = nn::state_dict(model);
+  Array wide = Array::from_shape({16, 9});
+  REQUIRE_THROWS_AS(nn::load_state_dict(model, import(with(state, "wpe.weight", &wide)).state), Error);
+  const NamedArrays after = nn::state_dict(model);
+  for (std::size_t i = 0; i < before.size(); ++i) REQUIRE(testing::rel_error(after[i].second, before[i].second) == 0.0);
+}
