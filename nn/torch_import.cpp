@@ -129,7 +129,7 @@ void map_attention(const Source& s, NamedArrays& out, const std::string& src, co
 
 // Key and value widths of the attention `o` builds.
 std::pair<std::size_t, std::size_t> key_value_widths(const MultiHeadAttentionOptions& o) {
-  return {o.d_model(), o.d_model()};
+  return {o.kdim() ? o.kdim() : o.d_model(), o.vdim() ? o.vdim() : o.d_model()};
 }
 
 // "h.12.attn.bias" -> 12 and "attn.bias"; false for names of another form (at most 6 digits, no
@@ -225,7 +225,7 @@ ImportedLanguageModel from_gpt2(const NamedArrays& state, std::size_t num_heads)
   }
   const std::size_t L = layers.empty() ? 1 : *layers.rbegin() + 1;
   for (std::size_t n = 0; n < L; ++n) {
-    if (!layers.count(n)) fail(who, ": missing tensor '", prefix, "h.", n, ".ln_1.weight' (", C, ",): layer ", n, " is absent");
+    if (!layers.count(n)) fail(who, ": missing tensor '", prefix, "h.", n, ".ln_1.weight' (", C, "): layer ", n, " is absent");
   }
   for (const auto& [name, a] : state) {
     std::size_t n;

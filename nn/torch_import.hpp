@@ -20,8 +20,9 @@ namespace xgrad::nn {
 //   in_proj_weight (3E, E)          -> w_q.weight, w_k.weight, w_v.weight: rows 0..E, E..2E, 2E..3E
 //   in_proj_bias (3E)               -> w_q.bias, w_k.bias, w_v.bias, the same thirds
 //   out_proj.weight (E, E), .bias (E) -> w_o.weight, w_o.bias
-// When kdim or vdim differs from E, PyTorch keeps the projections apart: q_proj_weight (E, E),
-// k_proj_weight (E, kdim), v_proj_weight (E, vdim) instead of in_proj_weight. Without bias
+// When options.kdim() or vdim() differs from E, PyTorch keeps the projections apart:
+// q_proj_weight (E, E), k_proj_weight (E, kdim), v_proj_weight (E, vdim) instead of
+// in_proj_weight (cross-attention: forward(query, key, value)). Without bias
 // (options.bias() false) there is no in_proj_bias and no out_proj.bias. Not supported:
 // add_bias_kv (bias_k, bias_v are extra tensors).
 NamedArrays from_torch_multihead_attention(const NamedArrays& state, const MultiHeadAttentionOptions& options);

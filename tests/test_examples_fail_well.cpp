@@ -8,15 +8,19 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "fixture.hpp"
 #include "run_program.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/safetensors.hpp"
+#include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/torch_import.hpp"
 
 using xgrad::testing::read_bytes;
 using xgrad::testing::TempDir;
@@ -304,4 +308,60 @@ TEST_CASE("stale temporaries of a killed save are removed on the next load", "[e
   INFO(sampled);
   REQUIRE(sampled.code == 0);
   REQUIRE_FALSE(std::filesystem::exists(stale));
+}
+
+TEST_CASE("train_lm --sample --import gpt2 samples from a GPT-2-layout checkpoint as the library does", "[examples]") {
+  TempDir dir("xgrad_import_sample");
+  const std::string prompt = "Hi";
+  for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"}) {
+    INFO(file);
+    const std::string path = xgrad::testing::fixture_path(file);
+    const Outcome o = run(dir, "train_lm", {"--sample", "40", "--checkpoint", path, "--import", "gpt2", "--heads", "2",
+                                            "--temperature", "0", "--prompt", prompt});
+    INFO(o);
+    REQUIRE(o.code == 0);
+    const xgrad::nn::ImportedLanguageModel imported = xgrad::nn::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
+    xgrad::nn::LanguageModel model(imported.options);
+    xgrad::nn::load_state_dict(model, imported.state);
+    xgrad::Generator gen(0);
+    const auto ids = model.generate({'H', 'i'}, 40, {0.f, 0}, gen);
+    std::string want;
+    for (const std::int64_t id : ids) want += static_cast<char>(id);
+    REQUIRE(want.size() == prompt.size() + 40);
+    REQUIRE(o.out == want + "\n");
+  }
+}
+
+TEST_CASE("train_lm --import: bad usage and unusable files are refused in one line", "[examples][bad_input]") {
+  TempDir dir("xgrad_import_fail");
+  const std::string gpt2 = xgrad::testing::fixture_path("import_gpt2.safetensors");
+  auto sample = [&](const std::string& path, std::vector<std::string> more) {
+    std::vector<std::string> a = {"--sample", "5", "--checkpoint", path};
+    a.insert(a.end(), more.begin(), more.end());
+    return run(dir, "train_lm", a);
+  };
+  auto one_line = [](const Outcome& o, int code, const std::vector<std::string>& parts) {
+    require_fails(o, code, parts);
+    REQUIRE(std::count(o.err.begin(), o.err.end(), '\n') == 1);
+  };
+  one_line(sample(gpt2, {"--import", "gpt2"}), 2, {"--import gpt2 needs --heads"});
+  one_line(sample(gpt2, {"--import", "llama", "--heads", "2"}), 2, {"--import: unknown layout 'llama'"});
+  one_line(sample(gpt2, {"--import", "gpt2", "--heads", "3"}), 2, {"--heads 3 does not divide", "d_model 8"});
+  one_line(run(dir, "train_lm", {"--import", "gpt2", "--heads", "2"}), 2, {"--import is for --sample"});
+
+  // A vocabulary other than bytes; a file missing a tensor.
+  xgrad::NamedArrays tensors = xgrad::load_safetensors(gpt2).tensors;
+  for (auto& [name, a] : tensors) {
+    if (name != "wte.weight") continue;
+    xgrad::Array fewer = xgrad::Array::from_shape({200, a.shape()[1]});
+    std::copy(a.data(), a.data() + fewer.size(), fewer.data());
+    a = fewer;
+  }
+  xgrad::save_safetensors(dir.file("v200.safetensors"), tensors);
+  one_line(sample(dir.file("v200.safetensors"), {"--import", "gpt2", "--heads", "2"}), 2, {"vocabulary of 200", "needs 256"});
+  tensors = xgrad::load_safetensors(gpt2).tensors;
+  tensors.erase(std::find_if(tensors.begin(), tensors.end(), [](const auto& e) { return e.first == "h.1.mlp.c_fc.bias"; }));
+  xgrad::save_safetensors(dir.file("short.safetensors"), tensors);
+  one_line(sample(dir.file("short.safetensors"), {"--import", "gpt2", "--heads", "2"}), 1,
+           {"from_gpt2: missing tensor 'h.1.mlp.c_fc.bias'"});
 }

@@ -217,6 +217,25 @@ TEST_CASE("nn.MultiheadAttention's packed weights load into Attention", "[import
   }
 }
 
+TEST_CASE("nn.MultiheadAttention with kdim and vdim (separate projections) loads into cross-attention", "[import]") {
+  const auto options = nn::MultiHeadAttentionOptions(8, 2).kdim(6).vdim(5).norm(nn::Norm::none).dropout(0.f);
+  const NamedArrays& torch_state = fixture("import_mha_kv.safetensors");
+  nn::MultiHeadAttention attn(options);
+  nn::load_state_dict(attn, nn::from_torch_multihead_attention(torch_state, options));
+  NoGradGuard no_grad;
+  const nn::AttentionOutput y =
+      attn.forward(Tensor(output("mha_kv.query")), Tensor(output("mha_kv.key")), Tensor(output("mha_kv.value")));
+  require_close(y.output.value(), output("mha_kv.out"), "mha_kv output");
+  require_close(y.weights.value(), output("mha_kv.weights"), "mha_kv weights");
+  for (const char* name : {"q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"}) {
+    INFO(name);
+    require_checked(torch_state, name, [&](const NamedArrays& s) { return nn::from_torch_multihead_attention(s, options); });
+  }
+  // The packed layout where the widths differ is refused, naming what is missing.
+  REQUIRE_THROWS_WITH(nn::from_torch_multihead_attention(fixture("import_mha.safetensors"), options),
+                      Contains("missing tensors 'q_proj_weight' (8, 8), 'k_proj_weight' (8, 6), 'v_proj_weight' (8, 5)"));
+}
+
 TEST_CASE("nn.TransformerEncoderLayer, Post-Norm (relu) and Pre-Norm (gelu), loads into TransformerBlock", "[import]") {
   for (const bool pre : {false, true}) {
     const std::string name = pre ? "encoder_pre" : "encoder_post";

@@ -1,5 +1,6 @@
 // Train a byte-level transformer language model on any text file (or on text from a built-in
-// grammar), with validation, checkpoints, --resume, and sampling from a checkpoint.
+// grammar), with validation, checkpoints, --resume, and sampling from a checkpoint (its own, or
+// a GPT-2-layout one with --import gpt2).
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "xgrad/core/parallel.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/torch_import.hpp"
 
 using namespace lm;
 
@@ -33,6 +35,22 @@ std::string sample_text(xgrad::nn::LanguageModel& model, const std::string& prom
   std::string text;
   for (std::int64_t id : out) text += static_cast<char>(id);
   return text;
+}
+
+// The text as it is (a NUL byte included) and a newline.
+void print_line(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+}
+
+// --heads must divide the width of the imported model (wte.weight (V, C)).
+void check_heads(const xgrad::NamedArrays& tensors, std::size_t heads) {
+  for (const auto& [name, a] : tensors) {
+    if ((name == "wte.weight" || name == "transformer.wte.weight") && a.dimension() == 2 && a.shape()[1] % heads != 0) {
+      cli::usage_error("--heads ", heads, " does not divide the imported model's d_model ", a.shape()[1], " (", name, " is ",
+                       xgrad::shape_str(a.shape()), ")");
+    }
+  }
 }
 
 void write_log(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
@@ -61,7 +79,7 @@ void write_log(const std::string& folder, const std::vector<LogEntry>& log, doub
 int main(int argc, char** argv) {
   CLI::App app{"xgrad train_lm: a byte-level transformer language model, trained from C++.", "train_lm"};
   TrainConfig c;
-  std::string text_path, norm = "pre", checkpoint, out = "train_lm_out", prompt = "The ";
+  std::string text_path, norm = "pre", checkpoint, out = "train_lm_out", prompt = "The ", import_layout;
   std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0, top_k = 0;
   float temperature = 0.8f;
   bool resume = false, quiet = false, detect_anomaly = false;
@@ -71,7 +89,7 @@ int main(int argc, char** argv) {
   app.add_option("text", text_path, "a text file to train on (default: text from a built-in grammar)");
   app.add_option("--layers", c.layers, "transformer blocks")->transform(size)->capture_default_str();
   app.add_option("--d-model", c.d_model, "model width")->transform(size)->capture_default_str();
-  app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
+  CLI::Option* heads = app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
   app.add_option("--d-ff", c.d_ff, "feed-forward width (0: 4 x d-model)")->transform(any)->capture_default_str();
   app.add_option("--seq-len", c.seq_len, "context length in bytes")->transform(size)->capture_default_str();
   app.add_option("--batch", c.batch, "sequences per step")->transform(size)->capture_default_str();
@@ -94,6 +112,7 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue training from --checkpoint");
   app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
       ->transform(cli::count(0, 1 << 20));
+  app.add_option("--import", import_layout, "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads)");
   app.add_option("--prompt", prompt, "prompt for sampling")->capture_default_str();
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")->check(cli::real(0, 1e6))->capture_default_str();
   app.add_option("--top-k", top_k, "sample among the k most likely bytes (0: all)")->transform(cli::count(0, 256));
@@ -123,13 +142,33 @@ int main(int argc, char** argv) {
 
   return cli::run(program, [&] {
     xgrad::set_num_threads(threads);
+    if (!import_layout.empty()) {
+      if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");
+      if (sample == 0) cli::usage_error("--import is for --sample: it reads a checkpoint to sample from");
+      if (heads->count() == 0) cli::usage_error("--import gpt2 needs --heads: the number of attention heads is not in the file");
+    }
+    if (sample > 0 && !import_layout.empty()) {
+      if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
+      const xgrad::NamedArrays tensors = xgrad::load_safetensors(checkpoint).tensors;
+      check_heads(tensors, c.heads);
+      const xgrad::nn::ImportedLanguageModel imported = xgrad::nn::from_gpt2(tensors, c.heads);
+      if (imported.options.vocab_size() != 256) {
+        cli::usage_error("--import gpt2: '", checkpoint, "' has a vocabulary of ", imported.options.vocab_size(),
+                         " tokens; train_lm reads and writes bytes, so it needs 256");
+      }
+      xgrad::Generator init(0);
+      xgrad::nn::LanguageModel model(imported.options, init);
+      xgrad::nn::load_state_dict(model, imported.state);
+      if (lead) print_line(sample_text(model, prompt, sample, temperature, top_k, c.seed));
+      return;
+    }
     if (sample > 0) {
       if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
       const TrainConfig saved = checkpoint_config(checkpoint);
       xgrad::Generator init(0);
       xgrad::nn::LanguageModel model(model_options(saved), init);
       xgrad::nn::load_checkpoint(checkpoint, model);
-      if (lead) std::printf("%s\n", sample_text(model, prompt, sample, temperature, top_k, c.seed).c_str());
+      if (lead) print_line(sample_text(model, prompt, sample, temperature, top_k, c.seed));
       return;
     }
     std::string text;
