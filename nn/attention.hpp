@@ -2,7 +2,10 @@
 // of size D = d_model / H, dropout on the attention weights, masks, and (MultiHeadAttention) the
 // residual connection with LayerNorm placed Pre-Norm or Post-Norm.
 //
-//   head_h  = softmax(Q_h K_h^T / sqrt(D) + mask) V_h     with Q_h = x W_q[h] etc.
+//   head_h  = softmax(Q_h K_h^T / sqrt(D) + mask) V_h     with Q_h = query W_q[h], K_h = key W_k[h],
+//                                                           V_h = value W_v[h]
+// Self-attention takes query = key = value = x; cross-attention takes key and value of another
+// length S and, optionally, other widths (kdim, vdim, as PyTorch's nn.MultiheadAttention).
 //   Attention(x) = concat(head_1 .. head_H) W_o
 //   MultiHeadAttention = Residual<Attention> (residual.hpp), by options.norm():
 //     Pre-Norm:  y = x + Attention(norm(x))
@@ -10,7 +13,8 @@
 //     none:      y = Attention(x)            (no residual, no norm: compose your own)
 //
 // Hook points of Attention (hook.hpp), in forward order:
-//   q, k, v    (B, T, C) the projections, heads side by side (head h is channels hD .. (h+1)D)
+//   q          (B, T, C) the query projection, heads side by side (head h is channels hD .. (h+1)D)
+//   k, v       (B, S, C) the key and value projections (with a KVCache: every cached position)
 //   scores     (B, H, T, S) scale Q_h K_h^T before masks and softmax (formed only while hooked)
 //   pattern    (B, H, T, S) the attention weights, before dropout
 //   context    (B, T, C) each head's output, side by side, before W_o
@@ -39,13 +43,29 @@ struct MultiHeadAttentionOptions {
   XGRAD_ARG(Norm, norm, Norm::pre);
   XGRAD_ARG(bool, bias, true);          // biases of the four projections
   XGRAD_ARG(float, layer_norm_eps, 1e-5f);
+  XGRAD_ARG(std::size_t, kdim, 0);      // width of the key input; 0: d_model
+  XGRAD_ARG(std::size_t, vdim, 0);      // width of the value input; 0: d_model
 };
 
-// Masks for one forward call. true marks a position that may NOT be attended to.
+// Masks for one forward call. In the boolean masks true marks a key that may NOT be attended to.
+// A query left with no key gets weights of zero (and so a context of zero), never NaN, and no
+// gradient flows through its scores.
 struct AttentionMask {
-  bool causal = false;                  // query t sees keys 0..t only
+  bool causal = false;                  // query t sees keys 0..t only (with a KVCache holding P
+                                        // positions: query t is position P + t, and sees 0..P + t)
   std::optional<Mask> attn_mask;        // broadcastable to (B, H, T, S)
   std::optional<Mask> key_padding_mask; // (B, S): true marks padding keys
+  // Added to the scaled scores before the softmax, broadcastable to (B, H, T, S), as PyTorch's
+  // float attn_mask; -inf blocks a key, and +inf or NaN is an error.
+  std::optional<Array> additive_mask;
+};
+
+// The keys and values an Attention has projected so far, for generating one position at a time:
+// forward(x, mask, &cache) projects only x's positions, appends them, and attends over all.
+struct KVCache {
+  Tensor k, v;  // (B, P, C): the P positions seen so far; undefined while empty
+  std::size_t length() const { return k.defined() ? k.shape()[1] : 0; }
+  void clear() { k = Tensor(), v = Tensor(); }
 };
 
 struct AttentionOutput {
@@ -63,18 +83,27 @@ class Attention : public Module, public RandomStream {
   // Throws, naming the option, for options the constructor refuses (a program can check its
   // settings before it builds anything).
   static void check(const MultiHeadAttentionOptions& options);
-  AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}) const;
-  void check_input(const Tensor& x) const;  // (B, T, d_model)
+  // Self-attention of x (B, T, d_model). With a cache, x holds the next T positions of sequences
+  // whose earlier positions the cache holds; their keys and values are appended to it.
+  AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr) const;
+  // Attention of query (B, T, d_model) over key (B, S, kdim) and value (B, S, vdim).
+  AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value, const AttentionMask& mask = {}) const;
+  void check_input(const Tensor& query) const;  // (B, T, d_model)
   const MultiHeadAttentionOptions& options() const { return options_; }
 
   std::shared_ptr<Linear> w_q, w_k, w_v, w_o;
 
  private:
+  AttentionOutput attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                               std::size_t offset) const;
   MultiHeadAttentionOptions options_;
 };
 
 // The article's module: Attention inside its residual connection and LayerNorm. Parameters:
-// w_q, w_k, w_v, w_o (each weight (C, C), bias (C,)) and, unless norm is none, norm.
+// w_q, w_k, w_v, w_o (weights (C, C), (C, kdim), (C, vdim), (C, C); biases (C,)) and, unless
+// norm is none, norm. In cross-attention, forward(query, key, value, mask), the residual path and
+// the norm are the query's; key and value enter the projections as given (as the memory does in
+// PyTorch's nn.TransformerDecoderLayer).
 class MultiHeadAttention : public Residual<Attention> {
  public:
   explicit MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator())
@@ -82,7 +111,10 @@ class MultiHeadAttention : public Residual<Attention> {
 };
 
 // The combined boolean mask (true = blocked) for a (B, H, T, S) score tensor, or nullopt when
-// nothing is masked. Throws naming the mask whose shape does not fit.
-std::optional<Mask> combine_masks(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t T, std::size_t S);
+// nothing is masked; queries are positions offset .. offset + T - 1 for the causal mask, and the
+// -inf entries of additive_mask count as blocked. Throws naming the mask whose shape or values do
+// not fit.
+std::optional<Mask> combine_masks(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t T, std::size_t S,
+                                  std::size_t offset = 0);
 
 }  // namespace xgrad::nn

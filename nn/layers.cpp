@@ -69,12 +69,23 @@ SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(std::size_t max_len, 
   table_ = Tensor(std::move(pe));
 }
 
-Tensor SinusoidalPositionalEncoding::forward(std::size_t length) const {
-  if (length > table_.shape()[0]) {
-    fail("SinusoidalPositionalEncoding: length ", length, " exceeds max_len ", table_.shape()[0]);
+namespace {
+
+void check_positions(const char* who, std::size_t length, std::size_t first, std::size_t max_len) {
+  if (first > max_len || length > max_len - first) {
+    if (first == 0) fail(who, ": length ", length, " exceeds max_len ", max_len);
+    fail(who, ": positions ", first, " .. ", first + length - 1, " exceed max_len ", max_len);
   }
-  return slice(table_, 0, 0, length);
 }
+
+}  // namespace
+
+Tensor SinusoidalPositionalEncoding::forward(std::size_t length, std::size_t first) const {
+  check_positions("SinusoidalPositionalEncoding", length, first, table_.shape()[0]);
+  return slice(table_, 0, first, first + length);
+}
+
+Tensor SinusoidalPositionalEncoding::at(const IndexArray& positions) const { return embedding(table_, positions); }
 
 LearnedPositionalEncoding::LearnedPositionalEncoding(std::size_t max_len, std::size_t dim, Generator& gen)
     : max_len_(max_len) {
@@ -82,9 +93,11 @@ LearnedPositionalEncoding::LearnedPositionalEncoding(std::size_t max_len, std::s
   weight = register_parameter("weight", Tensor(gen.normal({max_len, dim}, 0.f, 1.f)));
 }
 
-Tensor LearnedPositionalEncoding::forward(std::size_t length) const {
-  if (length > max_len_) fail("LearnedPositionalEncoding: length ", length, " exceeds max_len ", max_len_);
-  return slice(weight, 0, 0, length);
+Tensor LearnedPositionalEncoding::forward(std::size_t length, std::size_t first) const {
+  check_positions("LearnedPositionalEncoding", length, first, max_len_);
+  return slice(weight, 0, first, first + length);
 }
+
+Tensor LearnedPositionalEncoding::at(const IndexArray& positions) const { return embedding(weight, positions); }
 
 }  // namespace xgrad::nn

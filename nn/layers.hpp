@@ -63,7 +63,8 @@ class Embedding : public Module {
 class SinusoidalPositionalEncoding : public Module {
  public:
   SinusoidalPositionalEncoding(std::size_t max_len, std::size_t dim);
-  Tensor forward(std::size_t length) const;  // (length, dim)
+  Tensor forward(std::size_t length, std::size_t first = 0) const;  // (length, dim): positions first ..
+  Tensor at(const IndexArray& positions) const;                    // (..., dim): one row per position
 
  private:
   Tensor table_;
@@ -73,7 +74,8 @@ class SinusoidalPositionalEncoding : public Module {
 class LearnedPositionalEncoding : public Module {
  public:
   LearnedPositionalEncoding(std::size_t max_len, std::size_t dim, Generator& gen = default_generator());
-  Tensor forward(std::size_t length) const;  // (length, dim)
+  Tensor forward(std::size_t length, std::size_t first = 0) const;  // (length, dim): positions first ..
+  Tensor at(const IndexArray& positions) const;                    // (..., dim): one row per position
   Tensor weight;
 
  private:

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -52,12 +53,12 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& 
   declare_hook_points({"stream_in", "stream_mid", "stream_out"});
 }
 
-BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask) const {
+BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask, KVCache* cache) const {
   check_defined(x, "TransformerBlock");
   if (x.ndim() != 3 || x.shape()[2] != options_.d_model()) {
     fail("TransformerBlock: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ", shape_str(x.shape()));
   }
-  const AttentionOutput a = attn->forward(hook("stream_in", x), mask);
+  const AttentionOutput a = attn->forward(hook("stream_in", x), mask, cache);
   const Tensor y = ffn->forward(hook("stream_mid", a.output));
   return {hook("stream_out", y), a.weights};
 }
@@ -96,24 +97,26 @@ LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : op
   declare_hook_points({"embed", "logits"});
 }
 
-LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
+void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
   if (ids.dimension() != 2) fail("LanguageModel: ids must be (B, T), got ", shape_str(ids.shape()));
   const std::size_t T = ids.shape()[1];
   if (T == 0) fail("LanguageModel: empty sequence (T = 0)");
-  if (T > options_.max_len()) fail("LanguageModel: sequence length ", T, " exceeds max_len ", options_.max_len());
+  if (first + T > options_.max_len()) {
+    if (first == 0) fail("LanguageModel: sequence length ", T, " exceeds max_len ", options_.max_len());
+    fail("LanguageModel: sequence length ", first + T, " (", first, " cached and ", T, " new) exceeds max_len ", options_.max_len());
+  }
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const std::int64_t id = ids.data()[i];
     if (id < 0 || id >= static_cast<std::int64_t>(options_.vocab_size())) {
       fail("LanguageModel: token id ", id, " at flat position ", i, " is outside the vocabulary [0, ", options_.vocab_size(), ")");
     }
   }
-  const Tensor pos = pos_emb ? pos_emb->forward(T) : pos_table->forward(T);  // (T, C)
-  Tensor h = hook("embed", tok_emb->forward(ids) + pos);                     // (B, T, C)
-  AttentionMask mask;
-  mask.causal = true;
+}
+
+LanguageModelOutput LanguageModel::run_blocks(Tensor h, const AttentionMask& mask, LanguageModelCache* cache) const {
   LanguageModelOutput out;
-  for (const auto& block : blocks) {
-    BlockOutput b = block->forward(h, mask);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    BlockOutput b = blocks[i]->forward(h, mask, cache ? &cache->blocks[i] : nullptr);
     h = b.output;
     out.attentions.push_back(b.attention);
   }
@@ -122,7 +125,57 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
   return out;
 }
 
+LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
+  check_ids(ids, 0);
+  const std::size_t T = ids.shape()[1];
+  const Tensor pos = pos_emb ? pos_emb->forward(T) : pos_table->forward(T);  // (T, C)
+  AttentionMask mask;
+  mask.causal = true;
+  return run_blocks(hook("embed", tok_emb->forward(ids) + pos), mask, nullptr);  // (B, T, C)
+}
+
+LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& key_padding_mask) const {
+  check_ids(ids, 0);
+  if (key_padding_mask.shape() != ids.shape()) {
+    fail("LanguageModel: key_padding_mask of shape ", shape_str(key_padding_mask.shape()), " does not match ids of shape ",
+         shape_str(ids.shape()));
+  }
+  const std::size_t B = ids.shape()[0], T = ids.shape()[1];
+  IndexArray positions = IndexArray::from_shape({B, T});  // each row's count of real tokens before t
+  for (std::size_t b = 0; b < B; ++b) {
+    std::int64_t real = 0;
+    for (std::size_t t = 0; t < T; ++t) {
+      positions(b, t) = real;
+      if (!key_padding_mask(b, t)) ++real;
+    }
+  }
+  const Tensor pos = pos_emb ? pos_emb->at(positions) : pos_table->at(positions);  // (B, T, C)
+  AttentionMask mask;
+  mask.causal = true;
+  mask.key_padding_mask = key_padding_mask;
+  return run_blocks(hook("embed", tok_emb->forward(ids) + pos), mask, nullptr);
+}
+
+LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, LanguageModelCache& cache) const {
+  const std::size_t first = cache.length();
+  check_ids(ids, first);
+  if (cache.blocks.empty()) cache.blocks.resize(blocks.size());
+  if (cache.blocks.size() != blocks.size()) {
+    fail("LanguageModel::forward_cached: the cache holds ", cache.blocks.size(), " blocks, the model has ", blocks.size());
+  }
+  const std::size_t T = ids.shape()[1];
+  const Tensor pos = pos_emb ? pos_emb->forward(T, first) : pos_table->forward(T, first);
+  AttentionMask mask;
+  mask.causal = true;
+  return run_blocks(hook("embed", tok_emb->forward(ids) + pos), mask, &cache);
+}
+
 Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets) const {
+  check_targets(ids, targets);
+  return cross_entropy(forward(ids).logits, targets);
+}
+
+void LanguageModel::check_targets(const IndexArray& ids, const IndexArray& targets) const {
   if (targets.shape() != ids.shape()) {
     fail("LanguageModel::loss: targets of shape ", shape_str(targets.shape()), " do not match ids of shape ",
          shape_str(ids.shape()));
@@ -134,55 +187,122 @@ Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets) con
            options_.vocab_size(), ") (and is not the ignore index ", kIgnoreIndex, ")");
     }
   }
-  return cross_entropy(forward(ids).logits, targets);
 }
+
+Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets, const Mask& key_padding_mask) const {
+  check_targets(ids, targets);
+  return cross_entropy(forward(ids, key_padding_mask).logits, targets);
+}
+
+namespace {
+
+// The next token from the next-token logits `last` (V values).
+std::int64_t pick_token(const float* last, std::size_t V, const GenerateOptions& opt, Generator& gen) {
+  if (opt.temperature == 0.f) return std::max_element(last, last + V) - last;  // the first of equal maxima
+  std::vector<std::size_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return last[a] > last[b]; });
+  const std::size_t k = opt.top_k == 0 ? V : std::min(opt.top_k, V);
+  // p_i = exp((l_i - l_max) / temperature) over the k most likely tokens
+  std::vector<double> p(k);
+  double total = 0;
+  for (std::size_t i = 0; i < k; ++i) total += p[i] = std::exp((last[order[i]] - last[order[0]]) / opt.temperature);
+  double u = static_cast<double>(gen.uniform()) * total;
+  for (std::size_t i = 0; i < k; ++i) {
+    if (u < p[i]) return static_cast<std::int64_t>(order[i]);
+    u -= p[i];
+  }
+  return static_cast<std::int64_t>(order[k - 1]);
+}
+
+IndexArray row_of(const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end) {
+  IndexArray ids = IndexArray::from_shape({1, end - begin});
+  std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(begin), tokens.begin() + static_cast<std::ptrdiff_t>(end), ids.begin());
+  return ids;
+}
+
+}  // namespace
 
 std::vector<std::int64_t> LanguageModel::generate(std::vector<std::int64_t> prompt, std::size_t count,
                                                   const GenerateOptions& opt, Generator& gen) {
+  return generate_impl(std::move(prompt), count, opt, gen, false).tokens;
+}
+
+Generation LanguageModel::generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
+                                                  const GenerateOptions& opt, Generator& gen) {
+  return generate_impl(std::move(prompt), count, opt, gen, true);
+}
+
+Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& opt,
+                                        Generator& gen, bool keep_attention) {
+  const std::size_t max_len = options_.max_len(), V = options_.vocab_size();
   if (prompt.empty()) fail("LanguageModel::generate: the prompt is empty");
   if (!(opt.temperature >= 0.f)) {  // +inf is allowed: uniform over the top-k tokens
     fail("LanguageModel::generate: temperature ", opt.temperature, " must be a number >= 0");
   }
+  if (opt.window_keep >= max_len) {
+    fail("LanguageModel::generate: window_keep ", opt.window_keep, " must be less than max_len ", max_len);
+  }
+  if (count > std::numeric_limits<std::size_t>::max() / 2 - prompt.size()) {
+    fail("LanguageModel::generate: count ", count, " is too large");
+  }
+  // Positions that run as queries: every token but the last.
+  const std::size_t queries = prompt.size() + count - 1;
+  if (opt.past_max_len == PastMaxLen::error && queries > max_len) {
+    fail("LanguageModel::generate: ", prompt.size(), " prompt tokens and ", count, " new ones need ", queries,
+         " positions, more than max_len ", max_len, " (past_max_len is error)");
+  }
+  check_ids(row_of(prompt, prompt.size() - std::min(prompt.size(), max_len), prompt.size()), 0);
+  const std::size_t keep = opt.window_keep ? opt.window_keep : std::max<std::size_t>(1, max_len / 2);
+
+  Generation out;
+  out.tokens = std::move(prompt);
+  std::vector<std::int64_t>& tokens = out.tokens;
+  if (keep_attention && count > 0) {
+    for (std::size_t l = 0; l < blocks.size(); ++l) out.attention.push_back(xt::zeros<float>({options_.num_heads(), queries, queries}));
+  }
+  std::size_t recorded = 0;  // positions whose attention rows are kept
+  // Keeps the rows of the positions that have not run before: weights (1, H, n, S) of the queries
+  // begin + S - n .. begin + S - 1 over the keys begin .. begin + S - 1.
+  auto keep_rows = [&](const std::vector<Tensor>& attentions, std::size_t begin) {
+    if (out.attention.empty()) return;
+    const std::size_t H = options_.num_heads(), n = attentions[0].shape()[2], S = attentions[0].shape()[3];
+    for (std::size_t l = 0; l < attentions.size(); ++l) {
+      const float* w = attentions[l].value().data();
+      for (std::size_t h = 0; h < H; ++h)
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::size_t query = begin + S - n + i;
+          if (query < recorded) continue;
+          std::copy_n(w + (h * n + i) * S, S, &out.attention[l](h, query, begin));
+        }
+    }
+    recorded = begin + S;
+  };
+
   const bool was_training = is_training();
   eval();
   NoGradGuard no_grad;
-  const std::size_t V = options_.vocab_size();
   try {
+    LanguageModelCache cache;
+    std::size_t begin = tokens.size() - std::min(tokens.size(), max_len);  // the context: tokens begin .. end
+    recorded = begin;
     for (std::size_t step = 0; step < count; ++step) {
-      const std::size_t T = std::min(prompt.size(), options_.max_len());
-      IndexArray ids = IndexArray::from_shape({1, T});
-      std::copy(prompt.end() - static_cast<std::ptrdiff_t>(T), prompt.end(), ids.begin());
-      const Tensor logits = forward(ids).logits;  // held by value: nothing else keeps it alive
-      const float* last = logits.value().data() + (T - 1) * V;  // next-token logits
-      std::vector<std::size_t> order(V);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return last[a] > last[b]; });
-      if (opt.temperature == 0.f) {
-        prompt.push_back(static_cast<std::int64_t>(order[0]));
-        continue;
+      if (tokens.size() - begin > max_len) {
+        begin = tokens.size() - 1 - keep;  // the context's last `keep` tokens and the new one
+        cache.clear();
       }
-      const std::size_t k = opt.top_k == 0 ? V : std::min(opt.top_k, V);
-      // p_i = exp((l_i - l_max) / temperature) over the k most likely tokens
-      std::vector<double> p(k);
-      double total = 0;
-      for (std::size_t i = 0; i < k; ++i) total += p[i] = std::exp((last[order[i]] - last[order[0]]) / opt.temperature);
-      double u = static_cast<double>(gen.uniform()) * total;
-      std::size_t pick = k - 1;
-      for (std::size_t i = 0; i < k; ++i) {
-        if (u < p[i]) {
-          pick = i;
-          break;
-        }
-        u -= p[i];
-      }
-      prompt.push_back(static_cast<std::int64_t>(order[pick]));
+      LanguageModelOutput run = opt.use_cache ? forward_cached(row_of(tokens, begin + cache.length(), tokens.size()), cache)
+                                              : forward(row_of(tokens, begin, tokens.size()));
+      keep_rows(run.attentions, begin);
+      const std::size_t n = run.logits.shape()[1];
+      tokens.push_back(pick_token(run.logits.value().data() + (n - 1) * V, V, opt, gen));
     }
   } catch (...) {
     train(was_training);
     throw;
   }
   train(was_training);
-  return prompt;
+  return out;
 }
 
 }  // namespace xgrad::nn

@@ -62,7 +62,8 @@ struct BlockOutput {
 class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const TransformerBlockOptions& options, Generator& gen = default_generator());
-  BlockOutput forward(const Tensor& x, const AttentionMask& mask = {}) const;
+  // With a cache: x holds the next positions after those the cache holds (see Attention).
+  BlockOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr) const;
   std::shared_ptr<MultiHeadAttention> attn;     // Residual<Attention>: attn.norm, attn.w_q, ...
   std::shared_ptr<Residual<FeedForward>> ffn;  // ffn.norm, ffn.linear1, ffn.linear2
 
@@ -93,9 +94,41 @@ struct LanguageModelOutput {
   std::vector<Tensor> attentions;  // one (B, H, T, T) per block
 };
 
+// What generate does when the sequence outgrows max_len.
+enum class PastMaxLen {
+  slide,  // the context drops its oldest tokens (see window_keep) and goes on
+  error,  // generate refuses, before any work, a prompt plus count longer than max_len
+};
+
 struct GenerateOptions {
   float temperature = 1.f;  // 0 picks the most likely token (greedy)
   std::size_t top_k = 0;    // sample among the k most likely tokens; 0 means all
+  // With the cache the prompt runs once and then each new token runs alone, attending to the
+  // cached keys and values of the context; without it the whole context runs for every token.
+  // Both give the same tokens (up to float rounding).
+  bool use_cache = true;
+  PastMaxLen past_max_len = PastMaxLen::slide;
+  // The context is the tokens the model sees, at most max_len. When it is full and a new token
+  // must be fed, the context becomes its last window_keep tokens and the new one (window_keep 0:
+  // max_len / 2, at least 1; must be less than max_len), and the cache is rebuilt from them.
+  // window_keep = max_len - 1 slides the context by one token, which recomputes all of it for
+  // every token past max_len (no faster than without the cache).
+  std::size_t window_keep = 0;
+};
+
+// Keys and values of every block, for LanguageModel::forward_cached.
+struct LanguageModelCache {
+  std::vector<KVCache> blocks;
+  std::size_t length() const { return blocks.empty() ? 0 : blocks.front().length(); }
+  void clear() { blocks.clear(); }
+};
+
+struct Generation {
+  std::vector<std::int64_t> tokens;  // the prompt, then the generated tokens
+  // attention[l] (H, Q, Q): block l's weights for the Q = tokens.size() - 1 positions that ran as
+  // queries (every token but the last). Row p holds query p's weights over the absolute key
+  // positions it saw (zero outside its context), as forward on the context gave them.
+  std::vector<Array> attention;
 };
 
 class LanguageModel : public Module {
@@ -106,11 +139,24 @@ class LanguageModel : public Module {
   static void check(const LanguageModelOptions& options);
   // ids (B, T) with T <= max_len; causal attention.
   LanguageModelOutput forward(const IndexArray& ids) const;
+  // A batch of sequences of different lengths: key_padding_mask (B, T) marks padding tokens (true),
+  // anywhere in a row, which no query attends to. Positions count each row's tokens that are not
+  // padding, so a row gets the logits it gets alone whether it is padded on the left or the
+  // right. A padding token's own logits mean nothing; give its target kIgnoreIndex.
+  LanguageModelOutput forward(const IndexArray& ids, const Mask& key_padding_mask) const;
+  // ids (B, n): the next n positions after the cache.length() positions whose keys and values
+  // `cache` holds (empty: positions 0 .. n-1); appends theirs. logits (B, n, V); attentions
+  // (B, H, n, cache.length()) per block, over every cached position.
+  LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache) const;
   // Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
-  // Appends `count` tokens to `prompt`, feeding at most the last max_len tokens; runs in eval
-  // mode without recording and restores the previous mode.
+  Tensor loss(const IndexArray& ids, const IndexArray& targets, const Mask& key_padding_mask) const;
+  // Appends `count` tokens to `prompt` (see GenerateOptions for the context past max_len); runs in
+  // eval mode without recording and restores the previous mode.
   std::vector<std::int64_t> generate(std::vector<std::int64_t> prompt, std::size_t count,
+                                     const GenerateOptions& options = {}, Generator& gen = default_generator());
+  // The same tokens, with the attention weights of every position that ran as a query.
+  Generation generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
   const LanguageModelOptions& options() const { return options_; }
 
@@ -122,6 +168,11 @@ class LanguageModel : public Module {
   std::shared_ptr<Linear> head;
 
  private:
+  void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached
+  void check_targets(const IndexArray& ids, const IndexArray& targets) const;
+  Generation generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& options,
+                           Generator& gen, bool keep_attention);
+  LanguageModelOutput run_blocks(Tensor embedded, const AttentionMask& mask, LanguageModelCache* cache) const;
   LanguageModelOptions options_;
 };
 

@@ -846,10 +846,14 @@ TEST_CASE("generate keeps the prompt, appends count tokens and greedy is determi
   REQUIRE(a[3] == best);
 
   // every greedy token is the arg-max of the logits of the model run on the tokens so far
-  // (the last max_len of them), for several prompts and many steps
+  // (the last max_len of them, with a window that slides by one), for several prompts and many
+  // steps, with and without the cache
   lm.eval();
+  nn::GenerateOptions sliding = greedy;
+  sliding.window_keep = 5;
   for (const std::vector<std::int64_t>& p : std::vector<std::vector<std::int64_t>>{{0}, {6, 6}, {2, 5, 1, 0}, {4}}) {
-    const std::vector<std::int64_t> g = lm.generate(p, 12, greedy);
+    sliding.use_cache = p.size() % 2 == 0;
+    const std::vector<std::int64_t> g = lm.generate(p, 12, sliding);
     REQUIRE(g.size() == p.size() + 12);
     for (std::size_t n = p.size(); n < g.size(); ++n) {
       const std::size_t T = std::min<std::size_t>(n, 6);

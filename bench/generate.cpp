@@ -1,0 +1,71 @@
+// Tokens per second of LanguageModel::generate with the key/value cache against without it, for
+// the default train_lm model (weights as initialized: speed does not depend on training), a
+// prompt of --prompt tokens and --tokens new ones, greedy. The two runs alternate and the table
+// quotes medians; both give the same tokens, which the benchmark checks.
+//     build/bench/bench_generate [--tokens 200] [--prompt 32] [--reps 7] [--window-keep 0] [--threads 1]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/cli.hpp"
+#include "trainer.hpp"
+#include "xgrad/xgrad.hpp"
+
+using namespace xgrad;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t tokens = 200, prompt_len = 32, reps = 7, threads = 1, keep = 0;
+  CLI::App app{"tokens per second of generate, with and without the key/value cache"};
+  app.add_option("--tokens", tokens, "new tokens per run")->transform(cli::count(1, 100000))->capture_default_str();
+  app.add_option("--prompt", prompt_len, "prompt tokens")->transform(cli::count(1, 100000))->capture_default_str();
+  app.add_option("--reps", reps, "runs of each")->transform(cli::count(1, 1000))->capture_default_str();
+  app.add_option("--window-keep", keep, "GenerateOptions::window_keep (0: max_len / 2)")->transform(cli::count(0, 100000))->capture_default_str();
+  app.add_option("--threads", threads, "kernel threads")->transform(cli::count(1, 256))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return cli::run("bench_generate", [&] {
+    set_num_threads(threads);
+    const nn::LanguageModelOptions options = lm::model_options(lm::TrainConfig{});
+    Generator init(0);
+    nn::LanguageModel model(options, init);
+    std::vector<std::int64_t> prompt(prompt_len);
+    for (std::size_t i = 0; i < prompt_len; ++i) prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % options.vocab_size());
+    nn::GenerateOptions cached, uncached;
+    cached.temperature = uncached.temperature = 0.f;
+    cached.window_keep = uncached.window_keep = keep;
+    uncached.use_cache = false;
+    std::vector<double> with, without, ratio;
+    for (std::size_t r = 0; r < reps; ++r) {
+      std::vector<std::int64_t> out[2];
+      double secs[2];
+      for (int c = 0; c < 2; ++c) {
+        const auto t0 = std::chrono::steady_clock::now();
+        out[c] = model.generate(prompt, tokens, c == 0 ? cached : uncached);
+        secs[c] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      if (out[0] != out[1]) fail("bench_generate: the cached and uncached runs gave different tokens");
+      with.push_back(static_cast<double>(tokens) / secs[0]);
+      without.push_back(static_cast<double>(tokens) / secs[1]);
+      ratio.push_back(secs[1] / secs[0]);
+    }
+    std::printf("model: vocab %zu, d_model %zu, heads %zu, layers %zu, d_ff %zu, max_len %zu; prompt %zu, %zu new tokens, "
+                "greedy, window_keep %zu, %zu thread(s), %zu runs each (alternating)\n",
+                options.vocab_size(), options.d_model(), options.num_heads(), options.num_layers(), options.d_ff(),
+                options.max_len(), prompt_len, tokens, cached.window_keep, threads, reps);
+    std::printf("%-12s %14s\n", "", "tokens/s (median)");
+    std::printf("%-12s %14.0f\n", "cached", median(with));
+    std::printf("%-12s %14.0f\n", "uncached", median(without));
+    std::printf("speed-up (median of per-run ratios): %.1fx\n", median(ratio));
+  });
+}
