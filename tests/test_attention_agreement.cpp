@@ -539,6 +539,36 @@ TEST_CASE("LanguageModel: a left- or right-padded row gives the logits it gives 
   }
 }
 
+TEST_CASE("LanguageModel: a mask without padding changes nothing, and a row of only padding stays finite",
+          "[attention][transformer]") {
+  const IndexArray ids = {{1, 5, 9, 2, 7, 3}, {4, 4, 0, 8, 6, 10}};
+  const IndexArray targets = {{5, 9, 2, 7, 3, 1}, {-100, -100, -100, -100, -100, -100}};
+  Mask padding = xt::zeros<bool>(Shape{2, 6});
+  for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
+    INFO("norm " << norm_name(norm));
+    const auto lm = testing::eval_lm(testing::small_lm().norm(norm), 150);
+    {
+      NoGradGuard no_grad;
+      CHECK(testing::rel_error(lm->forward(ids, padding).logits.value(), lm->forward(ids).logits.value()) <= 1e-6);
+    }
+    Mask row_padded = padding;
+    for (std::size_t t = 0; t < 6; ++t) row_padded(1, t) = true;
+    const nn::LanguageModelOutput out = lm->forward(ids, row_padded);
+    CHECK(all_finite(out.logits.value()));
+    for (const Tensor& a : out.attentions) {
+      const Array& w = a.value();
+      CHECK(std::all_of(w.begin() + static_cast<std::ptrdiff_t>(w.size() / 2), w.end(), [](float v) { return v == 0.f; }));
+    }
+    const Tensor loss = lm->loss(ids, targets, row_padded);
+    REQUIRE(std::isfinite(loss.value()()));
+    loss.backward();
+    for (const auto& [name, p] : lm->named_parameters()) {
+      INFO("parameter " << name);
+      CHECK((p.has_grad() && all_finite(p.grad())));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input
 
