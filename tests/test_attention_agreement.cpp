@@ -422,6 +422,30 @@ TEST_CASE("Pre-Norm and Post-Norm cross-attention gradients; the residual and th
   }
 }
 
+TEST_CASE("cross-attention of x over itself is self-attention, except Pre-Norm's keys and values skip the norm",
+          "[attention]") {
+  nn::AttentionMask mask;
+  mask.causal = true;
+  mask.key_padding_mask = Mask{{false, false, true}, {false, false, false}};
+  const Tensor x = randn({kB, kT, kC}, 160);
+  for (nn::Norm norm : {nn::Norm::none, nn::Norm::post, nn::Norm::pre}) {
+    INFO("norm " << norm_name(norm));
+    Generator gen(161);
+    nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions(kC, kH).dropout(0.f).norm(norm), gen);
+    randomize_norms(mha, 162);
+    NoGradGuard no_grad;
+    const Array self = mha.forward(x, mask).output.value();
+    const Array cross = mha.forward(x, x, x, mask).output.value();
+    if (norm == nn::Norm::pre) {
+      const Tensor n = mha.norm->forward(x);
+      CHECK(testing::rel_error(self, mha.forward(x, n, n, mask).output.value()) <= 1e-6);
+      CHECK(testing::rel_error(cross, self) > 1e-3);
+    } else {
+      CHECK(testing::rel_error(cross, self) <= 1e-6);
+    }
+  }
+}
+
 TEST_CASE("additive mask gradients with -inf entries and a query with every key blocked", "[attention][gradcheck]") {
   // (T, S): query 1 has no key; the others mix finite offsets and -inf
   const Array additive = {{0.5f, -kInf, 1.25f, -0.75f}, {-kInf, -kInf, -kInf, -kInf}, {-kInf, 2.f, 0.f, -kInf}};
