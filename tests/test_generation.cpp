@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include <xtensor/xview.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/ops.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/nn/transformer.hpp"
 
@@ -187,4 +189,29 @@ TEST_CASE("generate_with_attention keeps every query's weights", "[nn][generate]
       }
     }
   }
+}
+
+TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses another", "[nn][generate][cache][bad_input]") {
+  Generator gen(9);
+  nn::Attention attn(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f), gen);
+  const Tensor x(gen.normal({2, 5, 8}, 0.f, 1.f));
+  nn::AttentionMask causal;
+  causal.causal = true;
+  const nn::AttentionOutput whole = attn.forward(x, causal);
+  nn::KVCache cache;
+  const nn::AttentionOutput first = attn.forward(slice(x, 1, 0, 3), causal, &cache);
+  const nn::AttentionOutput rest = attn.forward(slice(x, 1, 3, 5), causal, &cache);
+  REQUIRE(cache.length() == 5);
+  CHECK(max_abs_diff(concat({first.output, rest.output}, 1).value(), whole.output.value()) < 1e-6f);
+  CHECK(max_abs_diff(rest.weights.value(), xt::view(whole.weights.value(), xt::all(), xt::all(), xt::range(3, 5), xt::all())) < 1e-6f);
+  REQUIRE_THROWS_WITH(attn.forward(Tensor(xt::zeros<float>({3, 1, 8})), causal, &cache),
+                      Contains("MultiHeadAttention") && Contains("KVCache") && Contains("(2, 5, 8)") && Contains("(3, 1, 8)"));
+  cache.clear();
+  REQUIRE(cache.length() == 0);
+  // self-attention needs keys and values of the query's width
+  nn::Attention cross(nn::MultiHeadAttentionOptions(8, 2).kdim(6).vdim(5), gen);
+  REQUIRE_THROWS_WITH(cross.forward(x), Contains("self-attention needs kdim and vdim equal to d_model 8 (kdim 6, vdim 5)"));
+  // a count whose token vector cannot exist
+  auto lm = testing::eval_lm(variants()[0], 1);
+  REQUIRE_THROWS_WITH(lm->generate({1}, std::numeric_limits<std::size_t>::max()), Contains("generate") && Contains("too large"));
 }
