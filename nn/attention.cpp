@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include <xtensor/xbroadcast.hpp>
 
@@ -93,24 +94,30 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
     fail("MultiHeadAttention: self-attention needs kdim and vdim equal to d_model ", options_.d_model(), " (kdim ",
          key_width(options_), ", vdim ", value_width(options_), "); call forward(query, key, value)");
   }
+  if (cache && cache->k.defined()) {
+    const Shape& ks = cache->k.shape();
+    if (ks.size() != 3 || ks[0] != x.shape()[0] || ks[2] != options_.d_model() || !cache->v.defined() || cache->v.shape() != ks) {
+      fail("MultiHeadAttention: the KVCache holds keys ", shape_str(ks), " and values ",
+           cache->v.defined() ? shape_str(cache->v.shape()) : std::string("(none)"),
+           ", which do not continue an input of shape ", shape_str(x.shape()));
+    }
+  }
   const Tensor q = hook("q", w_q->forward(x));
   Tensor k = w_k->forward(x), v = w_v->forward(x);
-  std::size_t offset = 0;
+  const std::size_t offset = cache ? cache->length() : 0;
+  if (offset > 0) {
+    k = concat({cache->k, k}, 1);
+    v = concat({cache->v, v}, 1);
+  }
+  const Tensor hooked_k = hook("k", k);  // k before v: hook points fire in forward order
+  AttentionOutput out = attend_heads(q, hooked_k, hook("v", v), mask, offset);
   if (cache) {
-    if (cache->length() > 0) {
-      if (cache->k.shape()[0] != x.shape()[0] || !cache->v.defined() || cache->v.shape() != cache->k.shape()) {
-        fail("MultiHeadAttention: the KVCache holds keys ", shape_str(cache->k.shape()), " and values ",
-             shape_str(cache->v.shape()), ", which do not continue an input of shape ", shape_str(x.shape()));
-      }
-      offset = cache->length();
-      k = concat({cache->k, k}, 1);
-      v = concat({cache->v, v}, 1);
-    }
-    // Stored before the hooks, so a hook sees every position at each step, as without a cache.
+    // Stored as they were before the hooks (a hook sees every position at each step, as without
+    // a cache), and only once the step has succeeded.
     cache->k = k;
     cache->v = v;
   }
-  return attend_heads(q, hook("k", k), hook("v", v), mask, offset);
+  return out;
 }
 
 AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const Tensor& value, const AttentionMask& mask) const {

@@ -62,6 +62,8 @@ struct AttentionMask {
 
 // The keys and values an Attention has projected so far, for generating one position at a time:
 // forward(x, mask, &cache) projects only x's positions, appends them, and attends over all.
+// The stored tensors keep their autograd history while gradients are recorded: run cached steps
+// under NoGradGuard (generate does) unless a backward through every step is wanted.
 struct KVCache {
   Tensor k, v;  // (B, P, C): the P positions seen so far; undefined while empty
   std::size_t length() const { return k.defined() ? k.shape()[1] : 0; }

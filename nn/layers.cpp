@@ -71,10 +71,19 @@ SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(std::size_t max_len, 
 
 namespace {
 
+void check_position_ids(const char* who, const IndexArray& positions, std::size_t max_len) {
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    const std::int64_t p = positions.data()[i];
+    if (p < 0 || p >= static_cast<std::int64_t>(max_len)) {
+      fail(who, ": position ", p, " at flat position ", i, " is outside [0, max_len ", max_len, ")");
+    }
+  }
+}
+
 void check_positions(const char* who, std::size_t length, std::size_t first, std::size_t max_len) {
   if (first > max_len || length > max_len - first) {
     if (first == 0) fail(who, ": length ", length, " exceeds max_len ", max_len);
-    fail(who, ": positions ", first, " .. ", first + length - 1, " exceed max_len ", max_len);
+    fail(who, ": ", length, " positions from ", first, " exceed max_len ", max_len);
   }
 }
 
@@ -85,7 +94,10 @@ Tensor SinusoidalPositionalEncoding::forward(std::size_t length, std::size_t fir
   return slice(table_, 0, first, first + length);
 }
 
-Tensor SinusoidalPositionalEncoding::at(const IndexArray& positions) const { return embedding(table_, positions); }
+Tensor SinusoidalPositionalEncoding::at(const IndexArray& positions) const {
+  check_position_ids("SinusoidalPositionalEncoding", positions, table_.shape()[0]);
+  return embedding(table_, positions);
+}
 
 LearnedPositionalEncoding::LearnedPositionalEncoding(std::size_t max_len, std::size_t dim, Generator& gen)
     : max_len_(max_len) {
@@ -98,6 +110,9 @@ Tensor LearnedPositionalEncoding::forward(std::size_t length, std::size_t first)
   return slice(weight, 0, first, first + length);
 }
 
-Tensor LearnedPositionalEncoding::at(const IndexArray& positions) const { return embedding(weight, positions); }
+Tensor LearnedPositionalEncoding::at(const IndexArray& positions) const {
+  check_position_ids("LearnedPositionalEncoding", positions, max_len_);
+  return embedding(weight, positions);
+}
 
 }  // namespace xgrad::nn

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <numeric>
 #include <string>
 
@@ -163,11 +164,23 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, Languag
   if (cache.blocks.size() != blocks.size()) {
     fail("LanguageModel::forward_cached: the cache holds ", cache.blocks.size(), " blocks, the model has ", blocks.size());
   }
+  for (std::size_t i = 1; i < cache.blocks.size(); ++i) {
+    if (cache.blocks[i].length() != first) {
+      fail("LanguageModel::forward_cached: the cache's blocks hold ", first, " and ", cache.blocks[i].length(), " positions");
+    }
+  }
   const std::size_t T = ids.shape()[1];
   const Tensor pos = pos_emb ? pos_emb->forward(T, first) : pos_table->forward(T, first);
   AttentionMask mask;
   mask.causal = true;
-  return run_blocks(hook("embed", tok_emb->forward(ids) + pos), mask, &cache);
+  // A failed step leaves the cache as it was (each block would otherwise hold what it reached).
+  const std::vector<KVCache> before = cache.blocks;
+  try {
+    return run_blocks(hook("embed", tok_emb->forward(ids) + pos), mask, &cache);
+  } catch (...) {
+    cache.blocks = before;
+    throw;
+  }
 }
 
 Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets) const {
@@ -197,7 +210,12 @@ Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets, con
 namespace {
 
 // The next token from the next-token logits `last` (V values).
-std::int64_t pick_token(const float* last, std::size_t V, const GenerateOptions& opt, Generator& gen) {
+std::int64_t pick_token(const float* last, std::size_t V, const GenerateOptions& opt, Generator& gen, std::size_t step) {
+  for (std::size_t i = 0; i < V; ++i) {
+    if (std::isnan(last[i]) || last[i] == std::numeric_limits<float>::infinity()) {
+      fail("LanguageModel::generate: the logit of token ", i, " is ", last[i], " at step ", step);
+    }
+  }
   if (opt.temperature == 0.f) return std::max_element(last, last + V) - last;  // the first of equal maxima
   std::vector<std::size_t> order(V);
   std::iota(order.begin(), order.end(), 0);
@@ -206,7 +224,11 @@ std::int64_t pick_token(const float* last, std::size_t V, const GenerateOptions&
   // p_i = exp((l_i - l_max) / temperature) over the k most likely tokens
   std::vector<double> p(k);
   double total = 0;
-  for (std::size_t i = 0; i < k; ++i) total += p[i] = std::exp((last[order[i]] - last[order[0]]) / opt.temperature);
+  for (std::size_t i = 0; i < k; ++i) {
+    const float l = last[order[i]];
+    total += p[i] = std::isinf(l) ? 0.0 : std::exp((l - last[order[0]]) / opt.temperature);  // -inf: never picked
+  }
+  if (!(total > 0)) fail("LanguageModel::generate: every logit is -inf at step ", step);
   double u = static_cast<double>(gen.uniform()) * total;
   for (std::size_t i = 0; i < k; ++i) {
     if (u < p[i]) return static_cast<std::int64_t>(order[i]);
@@ -248,18 +270,30 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
   }
   // Positions that run as queries: every token but the last.
   const std::size_t queries = prompt.size() + count - 1;
-  if (opt.past_max_len == PastMaxLen::error && queries > max_len) {
+  if (opt.past_max_len == PastMaxLen::error && count > 0 && queries > max_len) {
     fail("LanguageModel::generate: ", prompt.size(), " prompt tokens and ", count, " new ones need ", queries,
          " positions, more than max_len ", max_len, " (past_max_len is error)");
   }
   check_ids(row_of(prompt, prompt.size() - std::min(prompt.size(), max_len), prompt.size()), 0);
-  const std::size_t keep = opt.window_keep ? opt.window_keep : std::max<std::size_t>(1, max_len / 2);
+  const std::size_t keep = opt.window_keep ? opt.window_keep : max_len / 2;
+  // Hook points other than k and v see only the new positions of a cached step, so a model with
+  // hooks runs every context whole, as its hooks expect.
+  const bool use_cache = opt.use_cache && num_hooks() == 0;
 
   Generation out;
   out.tokens = std::move(prompt);
   std::vector<std::int64_t>& tokens = out.tokens;
   if (keep_attention && count > 0) {
-    for (std::size_t l = 0; l < blocks.size(); ++l) out.attention.push_back(xt::zeros<float>({options_.num_heads(), queries, queries}));
+    const std::size_t H = options_.num_heads(), L = blocks.size();
+    if (queries > std::numeric_limits<std::size_t>::max() / sizeof(float) / queries / H / L) {
+      fail("LanguageModel::generate_with_attention: ", L, " x (", H, ", ", queries, ", ", queries, ") weights cannot be held");
+    }
+    try {
+      for (std::size_t l = 0; l < L; ++l) out.attention.push_back(xt::zeros<float>({H, queries, queries}));
+    } catch (const std::bad_alloc&) {
+      fail("LanguageModel::generate_with_attention: no memory for ", L, " x (", H, ", ", queries, ", ", queries,
+           ") weights (", static_cast<double>(L * H * queries) * static_cast<double>(queries) * 4.0 / (1 << 30), " GiB)");
+    }
   }
   std::size_t recorded = 0;  // positions whose attention rows are kept
   // Keeps the rows of the positions that have not run before: weights (1, H, n, S) of the queries
@@ -291,11 +325,11 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
         begin = tokens.size() - 1 - keep;  // the context's last `keep` tokens and the new one
         cache.clear();
       }
-      LanguageModelOutput run = opt.use_cache ? forward_cached(row_of(tokens, begin + cache.length(), tokens.size()), cache)
+      LanguageModelOutput run = use_cache ? forward_cached(row_of(tokens, begin + cache.length(), tokens.size()), cache)
                                               : forward(row_of(tokens, begin, tokens.size()));
       keep_rows(run.attentions, begin);
       const std::size_t n = run.logits.shape()[1];
-      tokens.push_back(pick_token(run.logits.value().data() + (n - 1) * V, V, opt, gen));
+      tokens.push_back(pick_token(run.logits.value().data() + (n - 1) * V, V, opt, gen, step));
     }
   } catch (...) {
     train(was_training);

@@ -97,7 +97,8 @@ struct LanguageModelOutput {
 // What generate does when the sequence outgrows max_len.
 enum class PastMaxLen {
   slide,  // the context drops its oldest tokens (see window_keep) and goes on
-  error,  // generate refuses, before any work, a prompt plus count longer than max_len
+  error,  // generate refuses, before any work, a prompt and count that need more than max_len
+          // positions (every token but the last runs: prompt + count - 1 positions)
 };
 
 struct GenerateOptions {
@@ -105,12 +106,13 @@ struct GenerateOptions {
   std::size_t top_k = 0;    // sample among the k most likely tokens; 0 means all
   // With the cache the prompt runs once and then each new token runs alone, attending to the
   // cached keys and values of the context; without it the whole context runs for every token.
-  // Both give the same tokens (up to float rounding).
+  // Both give the same tokens (up to float rounding). A model with hooks attached runs without
+  // the cache: its hook points then see whole contexts, as without one.
   bool use_cache = true;
   PastMaxLen past_max_len = PastMaxLen::slide;
   // The context is the tokens the model sees, at most max_len. When it is full and a new token
   // must be fed, the context becomes its last window_keep tokens and the new one (window_keep 0:
-  // max_len / 2, at least 1; must be less than max_len), and the cache is rebuilt from them.
+  // max_len / 2; must be less than max_len), and the cache is rebuilt from them.
   // window_keep = max_len - 1 slides the context by one token, which recomputes all of it for
   // every token past max_len (no faster than without the cache).
   std::size_t window_keep = 0;
@@ -125,9 +127,10 @@ struct LanguageModelCache {
 
 struct Generation {
   std::vector<std::int64_t> tokens;  // the prompt, then the generated tokens
-  // attention[l] (H, Q, Q): block l's weights for the Q = tokens.size() - 1 positions that ran as
-  // queries (every token but the last). Row p holds query p's weights over the absolute key
-  // positions it saw (zero outside its context), as forward on the context gave them.
+  // attention[l] (H, Q, Q), Q = tokens.size() - 1: block l's weights for every token but the last.
+  // Row p holds query p's weights over the absolute key positions it saw (zero outside its
+  // context), from the first context it ran in; rows of prompt tokens that never ran (a prompt
+  // longer than max_len) are zero. Empty when count is 0.
   std::vector<Array> attention;
 };
 
@@ -145,8 +148,9 @@ class LanguageModel : public Module {
   // right. A padding token's own logits mean nothing; give its target kIgnoreIndex.
   LanguageModelOutput forward(const IndexArray& ids, const Mask& key_padding_mask) const;
   // ids (B, n): the next n positions after the cache.length() positions whose keys and values
-  // `cache` holds (empty: positions 0 .. n-1); appends theirs. logits (B, n, V); attentions
-  // (B, H, n, cache.length()) per block, over every cached position.
+  // `cache` holds (empty: positions 0 .. n-1); appends theirs (a failed call appends nothing).
+  // logits (B, n, V); attentions (B, H, n, cache.length()) per block, over every cached
+  // position. Hook points see the n new positions only, except k and v (every position).
   LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache) const;
   // Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;

@@ -215,3 +215,85 @@ TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses
   auto lm = testing::eval_lm(variants()[0], 1);
   REQUIRE_THROWS_WITH(lm->generate({1}, std::numeric_limits<std::size_t>::max()), Contains("generate") && Contains("too large"));
 }
+
+TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, hooks, non-finite logits, huge counts",
+          "[nn][generate][cache][bad_input]") {
+  nn::GenerateOptions greedy;
+  greedy.temperature = 0.f;
+  SECTION("max_len 1: every context is the newest token") {
+    auto lm = testing::eval_lm(nn::LanguageModelOptions(7, 8, 2, 1).max_len(1).dropout(0.f), 1);
+    const Tokens a = lm->generate({3}, 5, greedy);
+    greedy.use_cache = false;
+    REQUIRE(a == lm->generate({3}, 5, greedy));
+    for (std::size_t n = 1; n < a.size(); ++n) CHECK(a[n] == argmax_last(lm->forward(ids_of(a, n - 1, n)).logits.value()));
+  }
+  SECTION("a failed step leaves the caches as they were") {
+    Generator gen(9);
+    nn::Attention attn(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f), gen);
+    const Tensor x(gen.normal({2, 5, 8}, 0.f, 1.f));
+    nn::AttentionMask causal, bad;
+    causal.causal = bad.causal = true;
+    bad.key_padding_mask = Mask(xt::zeros<bool>({2, 2}));  // (B, T), not (B, S)
+    nn::KVCache cache;
+    attn.forward(slice(x, 1, 0, 3), causal, &cache);
+    REQUIRE_THROWS_WITH(attn.forward(slice(x, 1, 3, 5), bad, &cache), Contains("key_padding_mask"));
+    REQUIRE(cache.length() == 3);
+
+    auto lm = testing::eval_lm(testing::small_lm(), 4);
+    const IndexArray ids = {{1, 2, 3, 4}};
+    nn::LanguageModelCache lc;
+    lm->forward_cached(xt::view(ids, xt::all(), xt::range(0, 3)), lc);
+    bool fail_once = true;
+    {
+      auto h = lm->add_forward_hook("blocks.1.stream_in", [&](const Tensor& t) {
+        if (fail_once) {
+          fail_once = false;
+          fail("hook: refused once");
+        }
+        return t;
+      });
+      REQUIRE_THROWS_WITH(lm->forward_cached(xt::view(ids, xt::all(), xt::range(3, 4)), lc), Contains("refused once"));
+      REQUIRE(lc.blocks[0].length() == 3);
+      REQUIRE(lc.blocks[1].length() == 3);
+    }
+    const Array retry = lm->forward_cached(xt::view(ids, xt::all(), xt::range(3, 4)), lc).logits.value();
+    CHECK(max_abs_diff(retry, xt::view(lm->forward(ids).logits.value(), xt::all(), xt::range(3, 4), xt::all())) < 1e-5f);
+  }
+  SECTION("a model with hooks generates as without the cache, its hooks seeing whole contexts") {
+    auto lm = testing::eval_lm(variants()[0], 2);
+    std::size_t widths = 0;
+    auto h = lm->add_forward_hook("embed", [&](const Tensor& e) {  // zero position 0
+      Array v = e.value();
+      xt::view(v, xt::all(), 0, xt::all()) = 0.f;
+      widths += e.shape()[1];
+      return Tensor(v);
+    });
+    const Tokens a = lm->generate({1, 2, 5}, 6, greedy);
+    const std::size_t cached_widths = widths;
+    greedy.use_cache = false;
+    REQUIRE(a == lm->generate({1, 2, 5}, 6, greedy));
+    REQUIRE(cached_widths == widths / 2);  // 3 + 4 + .. + 8 positions each time
+    REQUIRE(cached_widths == 33);
+  }
+  SECTION("non-finite logits stop generation, naming the step and the token") {
+    auto lm = testing::eval_lm(variants()[0], 2);
+    lm->head->bias.mutable_value()(4) = std::numeric_limits<float>::quiet_NaN();
+    REQUIRE_THROWS_WITH(lm->generate({1}, 3, greedy), Contains("generate") && Contains("logit of token 4 is nan at step 0"));
+    nn::GenerateOptions sample;
+    REQUIRE_THROWS_WITH(lm->generate({1}, 3, sample), Contains("logit of token 4 is nan"));
+    // -inf is a token that is never picked, whatever the temperature
+    lm->head->bias.mutable_value()(4) = -std::numeric_limits<float>::infinity();
+    sample.temperature = std::numeric_limits<float>::infinity();
+    Generator g(1);
+    for (std::int64_t t : lm->generate({1}, 40, sample, g)) CHECK(t != 4);
+    lm->head->bias.mutable_value()(4) = std::numeric_limits<float>::infinity();
+    REQUIRE_THROWS_WITH(lm->generate({1}, 1, greedy), Contains("logit of token 4 is inf"));
+  }
+  SECTION("weights that cannot be held are an error, not a crash") {
+    auto lm = testing::eval_lm(variants()[0], 2);
+    REQUIRE_THROWS_WITH(lm->generate_with_attention({1}, std::size_t(1) << 32, greedy),
+                        Contains("generate_with_attention") && Contains("cannot be held"));
+    REQUIRE(lm->generate_with_attention({1, 2}, 0, greedy).attention.empty());
+    REQUIRE_THROWS_WITH(lm->pos_emb->at(IndexArray{{0, 10}}), Contains("LearnedPositionalEncoding: position 10") && Contains("max_len 10"));
+  }
+}
