@@ -18,7 +18,9 @@ for engine in openblas onednn; do
 done
 
 echo "xgrad: a build without oneDNN (OpenBLAS only): the library and the engine tests"
-cmake -S . -B build-openblas-only -DXGRAD_WITH_ONEDNN=OFF -DXGRAD_BUILD_EXAMPLES=OFF > /dev/null
+# -O1: this build checks the engine choice, not speed, and compiles in two thirds of the time.
+cmake -S . -B build-openblas-only -DXGRAD_WITH_ONEDNN=OFF -DXGRAD_BUILD_EXAMPLES=OFF \
+      -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1" > /dev/null
 cmake --build build-openblas-only -j "$(nproc)" --target test_gemm_engines test_ops_values
 (cd build-openblas-only && ctest --output-on-failure -j "$(nproc)" -R "^test_(gemm_engines|ops_values):|^gemm_engines_")
 
