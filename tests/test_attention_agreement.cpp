@@ -16,6 +16,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "agreement.hpp"
+#include "module_gradcheck.hpp"
 #include "fixture.hpp"
 #include "small_models.hpp"
 #include "xgrad/core/error.hpp"
@@ -34,7 +36,8 @@ using nlohmann::json;
 
 namespace {
 
-constexpr double kTol = 1e-5;  // max |got - want| / max |want|, per tensor, as test_nn_agreement.cpp
+using namespace testing;
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------------------------------------
@@ -46,22 +49,6 @@ const json& cases() {
 }
 
 bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
-bool ends_with(const std::string& s, const std::string& x) {
-  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
-}
-
-bool verbose() {
-  const char* v = std::getenv("XGRAD_PRINT_REL_ERRORS");
-  return v && *v && std::string(v) != "0";
-}
-
-// {"shape", "data": [0/1 ...]} -> boolean mask (true = blocked).
-Mask to_mask(const json& j) {
-  const IndexArray a = testing::to_index_array(j);
-  Mask m = Mask::from_shape(a.shape());
-  for (std::size_t i = 0; i < a.size(); ++i) m.data()[i] = a.data()[i] != 0;
-  return m;
-}
 
 // An additive mask: numbers, and the string "-inf" for blocked entries.
 Array to_additive(const json& j) {
@@ -92,85 +79,8 @@ nn::Norm norm_of(const json& c) {
 // ---------------------------------------------------------------------------------------------
 // Comparing
 
-struct Worst {
-  double err = 0;
-  std::string what = "-";
-  void add(double e, const std::string& w) {
-    if (e >= err) {
-      err = e;
-      what = w;
-    }
-  }
-};
-
-void compare(const std::string& name, const std::string& what, const Array& got, const Array& want, Worst& worst) {
-  const double err = testing::rel_error(got, want);
-  INFO("case " << name << ", " << what << ": got shape " << testing::shape_string(got.shape()) << ", want shape "
-               << testing::shape_string(want.shape()));
-  CAPTURE(err);
-  CHECK(err <= kTol);
-  worst.add(err, what);
-}
-
-void report(const std::string& name, const Worst& worst) {
-  if (verbose()) {
-    std::cout << std::left << std::setw(24) << name << " max rel_error " << std::scientific << std::setprecision(3)
-              << worst.err << "  (" << worst.what << ")\n";
-  }
-}
-
-double max_abs(const Array& a) {
-  double m = 0;
-  for (float v : a) m = std::max(m, static_cast<double>(std::abs(v)));
-  return m;
-}
-
 bool all_finite(const Array& a) {
   return std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); });
-}
-
-// The fixture's parameters are exactly the module's named_parameters(); loads them.
-void load_params(const std::string& name, nn::Module& module, const json& c) {
-  std::set<std::string> mine, params, grads;
-  for (const auto& [n, p] : module.named_parameters()) mine.insert(n);
-  for (const auto& [n, v] : c.at("params").items()) params.insert(n);
-  for (const auto& [n, v] : c.at("grads").items()) grads.insert(n);
-  INFO("case " << name << ": the fixture's parameter names differ from named_parameters()");
-  REQUIRE(params == mine);
-  REQUIRE(grads == mine);
-  NamedArrays state;
-  for (const auto& [n, v] : c.at("params").items()) state.emplace_back(n, testing::to_array(v));
-  nn::load_state_dict(module, state);
-  module.eval();
-  for (const auto& [n, p] : module.named_parameters()) {
-    INFO("case " << name << ": parameter '" << n << "' was not loaded");
-    REQUIRE(testing::rel_error(p.value(), testing::to_array(c.at("params").at(n))) == 0.0);
-  }
-}
-
-// Every parameter's gradient. w_k.bias's is zero in exact arithmetic (q . b_k shifts a whole row of
-// scores): both sides hold float32 noise, measured against the scale of w_k.weight's gradient.
-void check_param_grads(const std::string& name, const nn::Module& module, const json& c, Worst& worst) {
-  for (const auto& [n, p] : module.named_parameters()) {
-    {
-      INFO("case " << name << ": parameter '" << n << "' received no gradient");
-      REQUIRE(p.has_grad());
-    }
-    const Array want = testing::to_array(c.at("grads").at(n));
-    if (ends_with(n, "w_k.bias")) {
-      const std::string weight = n.substr(0, n.size() - 4) + "weight";
-      const double scale = max_abs(testing::to_array(c.at("grads").at(weight)));
-      const double err = p.grad().shape() == want.shape() ? max_abs(p.grad() - want) / std::max(scale, 1e-30)
-                                                          : std::numeric_limits<double>::infinity();
-      INFO("case " << name << ", grad of '" << n << "' (zero in exact arithmetic) against the scale " << scale
-                   << " of the grad of '" << weight << "'");
-      CAPTURE(err);
-      CHECK(err <= kTol);
-      worst.add(err, "grad of '" + n + "' (vs dW_k scale)");
-    } else {
-      compare(name, "grad of '" + n + "'", p.grad(), want, worst);
-    }
-  }
 }
 
 // Queries (b, h, t) whose every key is blocked by the mask (key padding or -inf) of a layer case.
@@ -291,35 +201,6 @@ void run_family(const std::string& prefix, Run run) {
 // Gradient checks
 
 using Ins = std::vector<Tensor>;
-
-// Checks d<forward(inputs), r>/d t for every input and every named parameter of `module`
-// (test_nn_gradcheck.cpp's helper).
-GradcheckResult check_module_grads(nn::Module& module, const GradcheckFn& forward, const Ins& inputs,
-                                   const GradcheckOptions& opt = {}) {
-  return gradcheck(forward, inputs, module.named_parameters(), opt);
-}
-
-#define REQUIRE_GRADS_OK(res)             \
-  do {                                    \
-    const GradcheckResult& res_ = (res);  \
-    INFO(res_.report);                    \
-    REQUIRE(res_.ok);                     \
-  } while (0)
-
-Tensor randn(const Shape& shape, std::uint64_t seed, float scale = 1.f) {
-  Generator g(seed);
-  return Tensor(g.normal(shape, 0.f, scale), true);
-}
-
-// LayerNorm parameters away from 1 and 0, where some wrong gradients look right.
-void randomize_norms(nn::Module& m, std::uint64_t seed) {
-  Generator g(seed);
-  for (auto& [name, p] : m.named_parameters()) {
-    if (name.find("norm") == std::string::npos) continue;
-    Tensor t = p;
-    t.mutable_value() = ends_with(name, "weight") ? g.uniform(t.shape(), 0.5f, 1.5f) : g.normal(t.shape(), 0.f, 0.2f);
-  }
-}
 
 const char* norm_name(nn::Norm n) { return n == nn::Norm::pre ? "pre" : n == nn::Norm::post ? "post" : "none"; }
 

@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "agreement.hpp"
 #include "fixture.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/tape.hpp"
@@ -28,7 +29,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr double kTol = 1e-5;  // max |got - want| / max |want|, per tensor
+using namespace testing;
 
 const json& fixture() {
   static const json j = testing::load_fixture("nn_modules.json");
@@ -39,40 +40,6 @@ const json& cases() { return fixture().at("cases"); }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
-bool verbose() {
-  const char* v = std::getenv("XGRAD_PRINT_REL_ERRORS");
-  return v && *v && std::string(v) != "0";
-}
-
-// The largest relative error seen in one case, and the tensor it came from.
-struct Worst {
-  double err = 0;
-  std::string what = "-";
-  void add(double e, const std::string& w) {
-    if (e > err || what == "-") {
-      err = std::max(err, e);
-      what = w;
-    }
-  }
-};
-
-// Compares one tensor; the message names the case and the tensor.
-void compare(const std::string& case_name, const std::string& what, const Array& got, const Array& want, Worst& worst) {
-  const double err = testing::rel_error(got, want);
-  INFO("case " << case_name << ", " << what << ": got shape " << testing::shape_string(got.shape()) << ", want shape "
-               << testing::shape_string(want.shape()));
-  CAPTURE(err);
-  CHECK(err <= kTol);
-  worst.add(err, what);
-}
-
-void report(const std::string& name, const Worst& worst) {
-  if (verbose()) {
-    std::cout << std::left << std::setw(24) << name << " max rel_error " << std::scientific << std::setprecision(3)
-              << worst.err << "  (" << worst.what << ")\n";
-  }
-}
-
 nn::Norm norm_of(const json& c) {
   const std::string s = c.at("norm").get<std::string>();
   if (s == "pre") return nn::Norm::pre;
@@ -80,92 +47,6 @@ nn::Norm norm_of(const json& c) {
   if (s == "none") return nn::Norm::none;
   FAIL("unknown norm '" << s << "'");
   return nn::Norm::none;
-}
-
-// {"shape", "data": [0/1 ...]} -> boolean mask (true = blocked).
-Mask to_mask(const json& j) {
-  const IndexArray a = testing::to_index_array(j);
-  Mask m = Mask::from_shape(a.shape());
-  for (std::size_t i = 0; i < a.size(); ++i) m.data()[i] = a.data()[i] != 0;
-  return m;
-}
-
-std::set<std::string> keys(const json& obj) {
-  std::set<std::string> out;
-  for (const auto& [k, v] : obj.items()) out.insert(k);
-  return out;
-}
-
-std::string join(const std::set<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
-// The fixture's parameter names (and gradient names) must be exactly the module's
-// named_parameters(), so a renamed or added parameter shows up here first.
-void check_names(const std::string& case_name, const nn::Module& module, const json& c) {
-  std::set<std::string> mine;
-  for (const auto& [n, p] : module.named_parameters()) mine.insert(n);
-  const std::set<std::string> params = keys(c.at("params")), grads = keys(c.at("grads"));
-  INFO("case " << case_name << "\n  module:  " << join(mine) << "\n  fixture: " << join(params));
-  REQUIRE(params == mine);
-  REQUIRE(grads == mine);
-}
-
-// Builds the module's state from the fixture and loads it (all or nothing).
-void load_params(const std::string& case_name, nn::Module& module, const json& c) {
-  check_names(case_name, module, c);
-  NamedArrays state;
-  for (const auto& [name, v] : c.at("params").items()) state.emplace_back(name, testing::to_array(v));
-  nn::load_state_dict(module, state);
-  module.eval();  // dropout off (it is 0 as well)
-  for (const auto& [name, p] : module.named_parameters()) {
-    INFO("case " << case_name << ": parameter '" << name << "' was not loaded");
-    REQUIRE(testing::rel_error(p.value(), testing::to_array(c.at("params").at(name))) == 0.0);
-  }
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-double max_abs(const Array& a) {
-  double m = 0;
-  for (float v : a) m = std::max(m, static_cast<double>(std::abs(v)));
-  return m;
-}
-
-// The key projection's bias adds q . b_k to every score of a query row, which softmax ignores:
-// its gradient is exactly zero in exact arithmetic, and both frameworks store float32 rounding
-// noise (about 1e-8 here) whose relative error against itself means nothing. It is measured
-// against the scale of the key weight's gradient instead: max |got - want| / max |dW_k|.
-void compare_zero_grad(const std::string& case_name, const std::string& name, const Array& got, const json& c,
-                       Worst& worst) {
-  const std::string weight = name.substr(0, name.size() - std::string("bias").size()) + "weight";
-  const Array want = testing::to_array(c.at("grads").at(name));
-  const double scale = max_abs(testing::to_array(c.at("grads").at(weight)));
-  const double err = got.shape() == want.shape() ? max_abs(got - want) / std::max(scale, 1e-30)
-                                                 : std::numeric_limits<double>::infinity();
-  INFO("case " << case_name << ", grad of '" << name << "' (zero in exact arithmetic) against the scale of the grad of '"
-               << weight << "' " << scale << ": max |got| " << max_abs(got) << ", max |want| " << max_abs(want));
-  CAPTURE(err);
-  CHECK(err <= kTol);
-  worst.add(err, "grad of '" + name + "' (vs dW_k scale)");
-}
-
-void check_param_grads(const std::string& case_name, const nn::Module& module, const json& c, Worst& worst) {
-  for (const auto& [name, p] : module.named_parameters()) {
-    {
-      INFO("case " << case_name << ": parameter '" << name << "' received no gradient");
-      REQUIRE(p.has_grad());
-    }
-    if (ends_with(name, "w_k.bias")) {
-      compare_zero_grad(case_name, name, p.grad(), c, worst);
-    } else {
-      compare(case_name, "grad of '" + name + "'", p.grad(), testing::to_array(c.at("grads").at(name)), worst);
-    }
-  }
 }
 
 nn::AttentionMask mask_of(const json& c) {
