@@ -17,6 +17,7 @@
 #include "fixture.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/module.hpp"
+#include "xgrad/nn/transformer.hpp"
 
 namespace xgrad::testing {
 
@@ -33,6 +34,26 @@ inline Mask to_mask(const nlohmann::json& j) {
   Mask m = Mask::from_shape(a.shape());
   for (std::size_t i = 0; i < a.size(); ++i) m.data()[i] = a.data()[i] != 0;
   return m;
+}
+
+// A case's "norm": "pre", "post" or "none".
+inline nn::Norm norm_of(const nlohmann::json& c) {
+  const std::string s = c.at("norm").get<std::string>();
+  if (s == "pre") return nn::Norm::pre;
+  if (s == "post") return nn::Norm::post;
+  REQUIRE(s == "none");
+  return nn::Norm::none;
+}
+
+// The options of a language-model case (learned positions, no dropout).
+inline nn::LanguageModelOptions lm_options_of(const nlohmann::json& c) {
+  return nn::LanguageModelOptions(c.at("vocab_size").get<std::size_t>(), c.at("d_model").get<std::size_t>(),
+                                  c.at("num_heads").get<std::size_t>(), c.at("num_layers").get<std::size_t>())
+      .d_ff(c.at("d_ff").get<std::size_t>())
+      .max_len(c.at("max_len").get<std::size_t>())
+      .dropout(0.f)
+      .norm(norm_of(c))
+      .positional(nn::Positional::learned);
 }
 
 inline double max_abs(const Array& a) {
@@ -117,6 +138,20 @@ inline void check_param_grads(const std::string& case_name, const nn::Module& mo
       compare(case_name, "grad of '" + n + "'", p.grad(), want, worst);
     }
   }
+}
+
+// Runs every case of `cases` whose name starts with prefix (at least one must exist), each in its
+// own section.
+template <class Run>
+void run_family(const nlohmann::json& cases, const std::string& prefix, Run run) {
+  int found = 0;
+  for (const auto& [name, c] : cases.items()) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    ++found;
+    DYNAMIC_SECTION(name) { run(name, c); }
+  }
+  INFO("no fixture case starts with '" << prefix << "'");
+  CHECK(found > 0);
 }
 
 }  // namespace xgrad::testing

@@ -40,15 +40,6 @@ const json& cases() { return fixture().at("cases"); }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
-nn::Norm norm_of(const json& c) {
-  const std::string s = c.at("norm").get<std::string>();
-  if (s == "pre") return nn::Norm::pre;
-  if (s == "post") return nn::Norm::post;
-  if (s == "none") return nn::Norm::none;
-  FAIL("unknown norm '" << s << "'");
-  return nn::Norm::none;
-}
-
 nn::AttentionMask mask_of(const json& c) {
   nn::AttentionMask mask;
   mask.causal = c.at("causal").get<bool>();
@@ -103,13 +94,7 @@ void run_block_case(const std::string& name, const json& c) {
 }
 
 void run_lm_case(const std::string& name, const json& c) {
-  nn::LanguageModel m(nn::LanguageModelOptions(c.at("vocab_size").get<std::size_t>(), c.at("d_model").get<std::size_t>(),
-                                               c.at("num_heads").get<std::size_t>(), c.at("num_layers").get<std::size_t>())
-                          .d_ff(c.at("d_ff").get<std::size_t>())
-                          .max_len(c.at("max_len").get<std::size_t>())
-                          .dropout(0.f)
-                          .norm(norm_of(c))
-                          .positional(nn::Positional::learned));
+  nn::LanguageModel m(lm_options_of(c));
   load_params(name, m, c);
   Worst worst;
   const IndexArray ids = testing::to_index_array(c.at("ids"));
@@ -130,20 +115,6 @@ void run_lm_case(const std::string& name, const json& c) {
   loss.backward();
   check_param_grads(name, m, c, worst);
   report(name, worst);
-}
-
-// Runs every case whose name starts with prefix (at least one must exist), each in its own
-// section.
-template <class Run>
-void run_family(const std::string& prefix, Run run) {
-  int found = 0;
-  for (const auto& [name, c] : cases().items()) {
-    if (!starts_with(name, prefix)) continue;
-    ++found;
-    DYNAMIC_SECTION(name) { run(name, c); }
-  }
-  INFO("no fixture case starts with '" << prefix << "'");
-  CHECK(found > 0);
 }
 
 }  // namespace
@@ -169,13 +140,13 @@ TEST_CASE("nn agreement: the fixture loads and every case has a test", "[torch][
 }
 
 TEST_CASE("nn agreement: MultiHeadAttention (Pre-Norm, Post-Norm, none, masks)", "[torch][nn][attention]") {
-  run_family("mha_", run_mha_case);
+  run_family(cases(), "mha_", run_mha_case);
 }
 
 TEST_CASE("nn agreement: TransformerBlock (Pre-Norm and Post-Norm, causal)", "[torch][nn][transformer]") {
-  run_family("block_", run_block_case);
+  run_family(cases(), "block_", run_block_case);
 }
 
 TEST_CASE("nn agreement: LanguageModel loss and gradients (Pre-Norm and Post-Norm)", "[torch][nn][transformer]") {
-  run_family("lm_", run_lm_case);
+  run_family(cases(), "lm_", run_lm_case);
 }
