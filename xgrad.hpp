@@ -12,6 +12,7 @@
 #include "xgrad/core/safetensors.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/core/tensor.hpp"
+#include "xgrad/core/utf8.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/attention_viewer.hpp"
 #include "xgrad/inspect/head_patterns.hpp"
