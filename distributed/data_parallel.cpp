@@ -68,13 +68,18 @@ struct DataParallel::State {
   Clock::time_point first_launch;
   bool launched_any = false;
 
+  double timeout = 0;
+
   void launch(ProcessGroup& group, std::size_t b) {
     Bucket& bucket = buckets[b];
     if (!launched_any) {
       first_launch = Clock::now();
       launched_any = true;
     }
-    bucket.request = group.iallreduce_sum(bucket.data.data(), bucket.data.size());
+    bucket.request = group.iallreduce_sum(bucket.data.data(), bucket.data.size(),
+                                          "DataParallel: the reduction of bucket " + std::to_string(b) + " of " +
+                                              std::to_string(buckets.size()) + " (" + std::to_string(bucket.data.size()) + " floats)",
+                                          timeout);
   }
 
   // Starts, in order, every bucket whose gradients have all arrived, then lets MPI progress.
@@ -91,6 +96,9 @@ struct DataParallel::State {
 DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, const DataParallelOptions& options)
     : module_(module), group_(group), state_(std::make_unique<State>()) {
   if (options.bucket_bytes() < 4) fail("DataParallel: bucket_bytes ", options.bucket_bytes(), " is less than one float");
+  if (!(options.timeout() >= 0)) fail("DataParallel: timeout ", options.timeout(), " is not a number of seconds >= 0");
+  state_->timeout = options.timeout();
+  group.agree(Call::data_parallel);
   NamedTensors params = module.named_parameters();
   const std::vector<std::string> mine = signatures(params);
 

@@ -18,6 +18,9 @@ namespace xgrad::distributed {
 
 struct DataParallelOptions {
   XGRAD_ARG(std::size_t, bucket_bytes, std::size_t{4} << 20);  // gradient bytes per reduction
+  // Seconds a bucket's reduction may wait for the other ranks before the job is ended, naming
+  // the rank, the bucket and the wait (0: the group's timeout, ProcessGroup::timeout()).
+  XGRAD_ARG(double, timeout, 0.0);
 };
 
 // What the last backward pass communicated.
@@ -31,9 +34,12 @@ struct ReductionStats {
 
 class DataParallel {
  public:
-  // Checks that every rank holds the same parameter names and shapes (a mismatch is an Error on
-  // every rank, naming the first differing parameter), then copies rank 0's values to every rank
-  // and hooks the parameters' gradients. One DataParallel per module at a time.
+  // Checks that every rank is constructing a DataParallel (a rank in another collective, or
+  // leaving the program, is an Error naming both ranks and what each is doing) and holds the same
+  // parameter names and shapes (a mismatch is an Error on every rank, naming the first differing
+  // parameter), then copies rank 0's values to every rank and hooks the parameters' gradients.
+  // One DataParallel per module at a time. Every rank must run the same number of backward
+  // passes: a rank whose next collective is another one ends the job, naming both.
   DataParallel(nn::Module& module, ProcessGroup& group, const DataParallelOptions& options = {});
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
