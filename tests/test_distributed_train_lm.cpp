@@ -204,6 +204,39 @@ TEST_CASE("ranks that disagree fail at start-up with one clear message", "[distr
   REQUIRE_THAT(odd.err, Catch::Contains("--batch 5 does not divide among 2 processes"));
 }
 
+TEST_CASE("an option that picks another path on one rank only is refused on every rank, naming it", "[distributed][bad_input]") {
+  TempDir dir("xgrad_ddp_paths");
+  const std::vector<std::string> base = small({"--steps", "5", "--warmup", "1"});
+  // Open MPI's MPMD form: rank 0 and rank 1 get different command lines.
+  const auto two_lines = [&](const std::vector<std::string>& rank0, const std::vector<std::string>& rank1) {
+    std::vector<std::string> a = {"--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "1", kTrainLm};
+    a = concat(concat(a, rank0), {":", "-np", "1", kTrainLm});
+    return run_program(dir, XGRAD_MPIEXEC, concat(a, rank1), mpi_limits(60));
+  };
+  const std::string ck = dir.file("ck.safetensors");
+  // Rank 0 would sample and leave; rank 1 would train and wait for it in every step.
+  const Outcome sample = two_lines(concat(base, {"--checkpoint", ck, "--sample", "50"}), concat(base, {"--checkpoint", ck}));
+  INFO(sample);
+  REQUIRE_FALSE(sample.timed_out);
+  REQUIRE(sample.code != 0);
+  REQUIRE(sample.seconds < 30);
+  REQUIRE_THAT(sample.err, Catch::Contains("train_lm (rank 1): error: rank 1 was started with other settings than rank 0: --sample 50 on rank 0, not given here"));
+
+  // Per-process options may differ; --help on one rank ends the job instead of leaving it waiting.
+  const Outcome help = two_lines(concat(base, {"--threads", "2"}), concat(base, {"--help"}));
+  INFO(help);
+  REQUIRE_FALSE(help.timed_out);
+  REQUIRE(help.code != 0);
+  REQUIRE(help.seconds < 30);
+  REQUIRE_THAT(help.err, Catch::Contains("rank 1 is leaving the program while rank 0 is in broadcast (string)"));
+  const Outcome usage = two_lines(base, concat(base, {"--layers", "-1"}));
+  INFO(usage);
+  REQUIRE_FALSE(usage.timed_out);
+  REQUIRE(usage.code != 0);
+  REQUIRE(usage.seconds < 30);
+  REQUIRE_THAT(usage.err, Catch::Contains("--layers: '-1' is not a whole number"));
+}
+
 TEST_CASE("a rank that dies or throws ends the job naming it, and the checkpoint loads and resumes bit-exactly",
           "[distributed][bad_input]") {
   TempDir dir("xgrad_ddp_fault");

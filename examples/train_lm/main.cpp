@@ -119,9 +119,6 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "folder for the log and the loss curve")->capture_default_str();
   app.add_flag("--detect-anomaly", detect_anomaly, "check every op for NaN and Inf, to name the op behind a non-finite loss (slow)");
   app.add_flag("--quiet", quiet, "no progress line");
-  if (const auto code = cli::parse(app, argc, argv)) return *code;
-  c.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
-
   // Under mpirun every rank runs this program; rank 0 alone prints and writes files.
   std::shared_ptr<Sharing> sharing = std::make_shared<Sharing>();
   std::function<void(int)> end_job;
@@ -135,12 +132,19 @@ int main(int argc, char** argv) {
     if (group.distributed()) end_job = [&group](int code) { group.abort(code); };
   }
 #endif
+  // After MPI is up: a rank that stops here (a usage error, --help) ends the whole job.
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
+  c.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
   const int rank = sharing->rank();
   const bool lead = rank == 0;
   quiet = quiet || !lead;
   const std::string program = sharing->size() > 1 ? "train_lm (rank " + std::to_string(rank) + ")" : "train_lm";
 
   return cli::run(program, [&] {
+#ifdef XGRAD_HAS_DISTRIBUTED
+    // Every rank must take the same path (train, sample, import) with the same settings.
+    if (mpi) mpi->check_command_line(app, {"--threads", "--quiet", "--detect-anomaly"});
+#endif
     xgrad::set_num_threads(threads);
     if (!import_layout.empty()) {
       if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");

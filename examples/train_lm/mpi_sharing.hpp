@@ -3,7 +3,10 @@
 #pragma once
 
 #include <memory>
+#include <set>
+#include <string>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "trainer.hpp"
@@ -22,6 +25,11 @@ class MpiSharing : public Sharing {
   // Throws on every rank when a rank's settings differ from rank 0's: the rank that differs names
   // each differing key with both values, the others say which rank differs.
   void check_agreement(const nlohmann::json& settings);
+  // The same for the whole command line, before anything else runs: every option as given (or
+  // its default), but those in `per_process`, which change only this process's own work. An
+  // option that picks another path (--sample on one rank) would otherwise leave the other ranks
+  // waiting in collectives this one never makes.
+  void check_command_line(const CLI::App& app, const std::set<std::string>& per_process);
 
   const xgrad::distributed::DataParallel* data_parallel() const { return parallel_.get(); }
 
