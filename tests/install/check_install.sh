@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs xgrad from a build tree into a scratch prefix, then builds and runs the README's API
 # tour as an outside project with find_package(xgrad); then the same against the build tree
-# itself (xgrad_DIR=BUILD_DIR).
+# itself (xgrad_DIR=BUILD_DIR). Where MPI is installed, both also ask for the distributed
+# component (find_package(xgrad REQUIRED COMPONENTS distributed)) and run its program alone and
+# on two ranks: a component that does not configure, build or run fails the check. Only without
+# MPI is it skipped.
 # Usage: check_install.sh BUILD_DIR SOURCE_DIR WORK_DIR
 set -euo pipefail
 build=$1 src=$2 work=$3
@@ -17,19 +20,40 @@ if [ ! -s "$work/consumer/tour.cpp" ]; then
   exit 1
 fi
 cp "$src/tests/install/CMakeLists.txt" "$src/tests/install/data_parallel.cpp" "$work/consumer/"
-cmake -S "$work/consumer" -B "$work/consumer/build" -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_PREFIX_PATH="$work/prefix" > /dev/null
-cmake --build "$work/consumer/build" > /dev/null
-"$work/consumer/build/tour" | tee "$work/tour.out"
-grep -q "tensors agree" "$work/tour.out"
-# The distributed component, when xgrad was built with it: alone, and on two ranks.
-if [ -x "$work/consumer/build/data_parallel" ]; then
-  "$work/consumer/build/data_parallel"
-  mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$work/consumer/build/data_parallel"
+
+# MPI is installed when the build found its library, or when its compiler wrapper or launcher is
+# on PATH.
+distributed=OFF
+if grep -q '^MPI_mpi_LIBRARY:FILEPATH=/' "$build/CMakeCache.txt" 2>/dev/null || command -v mpicxx > /dev/null ||
+   command -v mpirun > /dev/null; then
+  distributed=ON
+else
+  echo "check_install: no MPI here (no mpicxx or mpirun): the distributed component is not checked"
 fi
+mpirun_cmd=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
+
+# consumer BUILD_FOLDER CMAKE_ARGS...: configures and builds the consumer, runs the tour and,
+# with the component, the data-parallel program alone and on two ranks.
+consumer() {
+  local out=$1
+  shift
+  if ! cmake -S "$work/consumer" -B "$out" -DCMAKE_BUILD_TYPE=Release -DWITH_DISTRIBUTED=$distributed "$@" > "$out.configure.log" 2>&1; then
+    cat "$out.configure.log" >&2
+    echo "check_install: the consumer in $out does not configure" >&2
+    exit 1
+  fi
+  cmake --build "$out" > "$out.build.log" 2>&1 || { cat "$out.build.log" >&2; echo "check_install: the consumer in $out does not build" >&2; exit 1; }
+  "$out/tour" > "$out.tour.out"
+  grep -q "tensors agree" "$out.tour.out"
+  if [ "$distributed" = ON ]; then
+    "$out/data_parallel" | tee "$out.dp1.out"
+    grep -q "data-parallel gradient agrees on 1 process(es)" "$out.dp1.out"
+    "${mpirun_cmd[@]}" "$out/data_parallel" | tee "$out.dp2.out"
+    grep -q "data-parallel gradient agrees on 2 process(es)" "$out.dp2.out"
+  fi
+}
+consumer "$work/consumer/build" -DCMAKE_PREFIX_PATH="$work/prefix"
+cat "$work/consumer/build.tour.out"
 # The build tree as the package, without installing.
-cmake -S "$work/consumer" -B "$work/from_build" -DCMAKE_BUILD_TYPE=Release -Dxgrad_DIR="$build" > /dev/null
-cmake --build "$work/from_build" > /dev/null
-"$work/from_build/tour" > "$work/tour_from_build.out"
-grep -q "tensors agree" "$work/tour_from_build.out"
-echo "install check: passed"
+consumer "$work/from_build" -Dxgrad_DIR="$build"
+echo "install check: passed (distributed component: $distributed)"
