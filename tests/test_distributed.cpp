@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -98,6 +99,60 @@ TEST_CASE("collectives refuse lengths that differ between ranks, on every rank",
   Array ok = {1.f};
   group().allreduce_sum(ok);
   REQUIRE(ok(0) == static_cast<float>(group().size()));
+}
+
+TEST_CASE("ranks in different collectives fail on every rank naming both calls, and the group still works", "[distributed][bad_input]") {
+  if (group().size() < 2) return;
+  const int r = group().rank();
+  if (r == 0) {
+    REQUIRE_THROWS_WITH(group().barrier(), Catch::Contains("barrier: rank 0 is in barrier while rank 1 is in allreduce_sum (double)"));
+  } else {
+    REQUIRE_THROWS_WITH(group().allreduce_sum(1.0),
+                        Catch::Contains("allreduce_sum: rank " + std::to_string(r) + " is in allreduce_sum (double) while rank 0 is in barrier") &&
+                            Catch::Contains("every rank must make the same collective calls, in the same order"));
+  }
+  // agree() alone: the same call with different lengths names the lengths.
+  REQUIRE_THROWS_WITH(group().agree(distributed::Call::broadcast, 10 + static_cast<std::uint64_t>(r)),
+                      Catch::Contains("broadcast: rank " + std::to_string(r) + " passed " + std::to_string(10 + r) +
+                                      " elements, but the ranks' lengths range from 10 to"));
+  group().agree(distributed::Call::broadcast, 10);
+  Array ok = {1.f};
+  group().allreduce_sum(ok);
+  REQUIRE(ok(0) == static_cast<float>(group().size()));
+}
+
+TEST_CASE("the timeout is seconds > 0, from XGRAD_DIST_TIMEOUT or set_timeout", "[distributed][bad_input]") {
+  const double before = group().timeout();
+  if (!std::getenv("XGRAD_DIST_TIMEOUT")) REQUIRE(before == 300.0);
+  REQUIRE_THROWS_WITH(group().set_timeout(0), Catch::Contains("ProcessGroup::set_timeout: 0 is not a number of seconds > 0"));
+  REQUIRE_THROWS_WITH(group().set_timeout(-2), Catch::Contains("-2 is not a number of seconds > 0"));
+  REQUIRE_THROWS_WITH(group().set_timeout(std::nan("")), Catch::Contains("nan is not a number of seconds > 0"));
+  REQUIRE(group().timeout() == before);
+  group().set_timeout(2.5);
+  REQUIRE(group().timeout() == 2.5);
+  group().set_timeout(before);
+  Generator g(1);
+  nn::Linear layer(3, 2, true, g);
+  REQUIRE_THROWS_WITH(DataParallel(layer, group(), DataParallelOptions().timeout(-1)),
+                      Catch::Contains("DataParallel: timeout -1 is not a number of seconds >= 0"));
+}
+
+TEST_CASE("iallreduce_sum's request finishes by wait, by test, or when it is destroyed", "[distributed]") {
+  const float n = static_cast<float>(group().size());
+  std::vector<float> a(5, 1.f), b(3, 2.f), c(2, 3.f);
+  distributed::Request ra = group().iallreduce_sum(a.data(), a.size(), "first");
+  distributed::Request rb = group().iallreduce_sum(b.data(), b.size(), "second", 30);
+  distributed::Request moved = std::move(ra);
+  REQUIRE_FALSE(ra.pending());
+  moved.wait();
+  REQUIRE_FALSE(moved.pending());
+  while (!rb.test()) {
+  }
+  REQUIRE_FALSE(rb.pending());
+  { distributed::Request rc = group().iallreduce_sum(c.data(), c.size()); }  // waits as it goes
+  REQUIRE(a[4] == n);
+  REQUIRE(b[0] == 2.f * n);
+  REQUIRE(c[1] == 3.f * n);
 }
 
 TEST_CASE("DataParallel starts every rank from rank 0's weights", "[distributed]") {

@@ -3,6 +3,7 @@
 // it waited for (a bucket, a call, the other rank's call). XGRAD_DIST_TIMEOUT is 2 s where the
 // timeout is what ends the job, and 60 s where a check must end it first.
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -96,7 +97,7 @@ TEST_CASE("a rank that throws out of main while another is in a reduction ends t
   REQUIRE_THAT(o.err, Catch::Contains("rank 1 throws out of main at step 1"));
 }
 
-TEST_CASE("a stopped rank ends the job by the timeout, naming the rank, the bucket and the wait; the other sleeps meanwhile",
+TEST_CASE("a stopped rank ends the job by the timeout, naming the rank, the bucket and the wait, and the other sleeps meanwhile",
           "[distributed][bad_input]") {
   TempDir dir("xgrad_job_stop");
   Outcome o;
@@ -123,7 +124,8 @@ TEST_CASE("a stopped rank ends the job by the timeout, naming the rank, the buck
   std::printf("CPU seconds of rank 0 in 1 s of waiting for the stopped rank 1: %.3f\n", cpu);
   REQUIRE(cpu < 0.1);
   REQUIRE_THAT(o.err, Catch::Contains("DataParallel: the reduction of bucket ") && Catch::Contains(" of 4 (") &&
-                          Catch::Contains(" floats): rank 0 waited 2.0 s (the timeout is 2 s; XGRAD_DIST_TIMEOUT sets it)"));
+                          Catch::Contains(" floats): rank 0 waited 2.") &&
+                          Catch::Contains(" s (the timeout is 2 s; XGRAD_DIST_TIMEOUT sets it) for the other ranks"));
 }
 
 TEST_CASE("ranks that run different numbers of backward passes per step end the job naming both calls", "[distributed][bad_input]") {
@@ -150,4 +152,30 @@ TEST_CASE("a DataParallel built on one rank only ends the job naming what each r
   REQUIRE_THAT(o.err, Catch::Contains("DataParallel: rank 0 is constructing a DataParallel while rank 1 is in allreduce_sum (double)"));
   REQUIRE_THAT(o.err, Catch::Contains("allreduce_sum: rank 1 is in allreduce_sum (double) while rank 0 is constructing a DataParallel") ||
                           Catch::Contains("ProcessGroup: rank 0 is leaving the program with status 1"));
+}
+
+TEST_CASE("an XGRAD_DIST_TIMEOUT that is not a number of seconds > 0 is refused naming it", "[distributed][bad_input]") {
+  TempDir dir("xgrad_job_env");
+  const Outcome o = job(dir, "ok", "abc");
+  INFO(o);
+  require_failed_within(o, 20);
+  REQUIRE_THAT(o.err, Catch::Contains("ProcessGroup: XGRAD_DIST_TIMEOUT 'abc' is not a number of seconds > 0"));
+  // The same check without mpirun (the variable is read before MPI is looked for).
+  Limits limits;
+  limits.seconds = 20;
+  for (const std::string bad : {"0", "-5", "2s", "nan", ""}) {
+    ::setenv("XGRAD_DIST_TIMEOUT", bad.c_str(), 1);
+    const Outcome one = run_program(dir, XGRAD_DISTRIBUTED_JOB, {"ok"}, limits);
+    ::unsetenv("XGRAD_DIST_TIMEOUT");
+    INFO(one);
+    REQUIRE(one.exited);
+    REQUIRE(one.code == 1);
+    REQUIRE_THAT(one.err, Catch::Contains("ProcessGroup: XGRAD_DIST_TIMEOUT '" + bad + "' is not a number of seconds > 0"));
+  }
+  ::setenv("XGRAD_DIST_TIMEOUT", "7.5", 1);
+  const Outcome fine = run_program(dir, XGRAD_DISTRIBUTED_JOB, {"ok"}, limits);
+  ::unsetenv("XGRAD_DIST_TIMEOUT");
+  INFO(fine);
+  REQUIRE(fine.code == 0);
+  REQUIRE_THAT(fine.out, Catch::Contains("test_distributed_job ok: done"));
 }

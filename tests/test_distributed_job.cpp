@@ -51,9 +51,10 @@ double cpu_seconds() {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ok", folder = argc > 2 ? argv[2] : ".";
-  ProcessGroup& group = ProcessGroup::world();
-  const int rank = group.rank();
+  int rank = 0;
   try {
+    ProcessGroup& group = ProcessGroup::world();  // an Error for a bad XGRAD_DIST_TIMEOUT
+    rank = group.rank();
     Generator g(1);
     Chain model(g);
     std::unique_ptr<DataParallel> ddp;
