@@ -206,6 +206,8 @@ void ProcessGroup::leave(int status, void* self) {
       end_job(g.comm_, e.what());
     }
   }
+  MPI_Comm comm = comm_of(g.comm_);
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   MPI_Finalize();
 }
 
