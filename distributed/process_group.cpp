@@ -95,6 +95,24 @@ const char* doing(Call call) {
   return "in an unknown call";
 }
 
+// What a timeout names: the call and its size.
+std::string describe(Call call, std::uint64_t n) {
+  const std::string count = std::to_string(n);
+  switch (call) {
+    case Call::allreduce_sum: return "allreduce_sum of " + count + " floats";
+    case Call::allreduce_sum_double: return "allreduce_sum of a double";
+    case Call::allreduce_max: return "allreduce_max of an integer";
+    case Call::allreduce_min: return "allreduce_min of an integer";
+    case Call::iallreduce_sum: return "iallreduce_sum of " + count + " floats";
+    case Call::broadcast: return "broadcast of " + count + " floats";
+    case Call::broadcast_string: return "broadcast of a string";
+    case Call::barrier: return "barrier";
+    case Call::data_parallel: return "DataParallel (the check that every rank is constructing one)";
+    case Call::exit: return "exit (the check that every rank is leaving the program)";
+  }
+  return "an unknown call";
+}
+
 // The agreement before each collective: one MAX-allreduce of four integers gives the largest
 // and the smallest (call, rank) and length. In an allreduce of max(call << 32 | rank) and of
 // max(~(call << 32 | rank)), the first names the highest call (and its highest rank), the second
@@ -231,7 +249,7 @@ void ProcessGroup::agree_and_check(Call call, std::uint64_t n, bool check_length
         return flag != 0;
       },
       timeout_, waited);
-  if (!done) end_job(comm_, timeout_line(name, rank_, waited, timeout_));
+  if (!done) end_job(comm_, timeout_line(describe(call, n), rank_, waited, timeout_));
   const std::string difference = a.difference(call, rank_, n, check_lengths);
   if (!difference.empty()) fail(name, ": ", difference);
 }
@@ -241,16 +259,16 @@ void ProcessGroup::agree(Call call, std::uint64_t n) { agree_and_check(call, n, 
 namespace {
 
 // Runs one started collective to its end, or ends the job at the timeout.
-void finish(MPI_Request& request, const char* call, int rank, std::uintptr_t comm, double timeout) {
+void finish(MPI_Request& request, Call call, std::uint64_t n, int rank, std::uintptr_t comm, double timeout) {
   double waited = 0;
   const bool done = poll(
       [&] {
         int flag = 0;
-        check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), call, rank);
+        check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), call_name(call), rank);
         return flag != 0;
       },
       timeout, waited);
-  if (!done) end_job(comm, timeout_line(call, rank, waited, timeout));
+  if (!done) end_job(comm, timeout_line(describe(call, n), rank, waited, timeout));
 }
 
 }  // namespace
@@ -262,7 +280,7 @@ void ProcessGroup::allreduce_sum(float* data, std::size_t n) {
     const int count = static_cast<int>(std::min(kChunk, n - at));
     MPI_Request r = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, data + at, count, MPI_FLOAT, MPI_SUM, comm_of(comm_), &r), "allreduce_sum", rank_);
-    finish(r, "allreduce_sum", rank_, comm_, timeout_);
+    finish(r, Call::allreduce_sum, n, rank_, comm_, timeout_);
   }
 }
 
@@ -280,7 +298,7 @@ double ProcessGroup::allreduce_sum(double v) {
   double out = 0;
   MPI_Request r = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm_of(comm_), &r), "allreduce_sum", rank_);
-  finish(r, "allreduce_sum", rank_, comm_, timeout_);
+  finish(r, Call::allreduce_sum_double, 1, rank_, comm_, timeout_);
   return out;
 }
 
@@ -290,7 +308,7 @@ std::uint64_t ProcessGroup::allreduce_max(std::uint64_t v) {
   unsigned long long in = v, out = 0;
   MPI_Request r = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(&in, &out, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm_of(comm_), &r), "allreduce_max", rank_);
-  finish(r, "allreduce_max", rank_, comm_, timeout_);
+  finish(r, Call::allreduce_max, 1, rank_, comm_, timeout_);
   return out;
 }
 
@@ -300,7 +318,7 @@ std::uint64_t ProcessGroup::allreduce_min(std::uint64_t v) {
   unsigned long long in = v, out = 0;
   MPI_Request r = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(&in, &out, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm_of(comm_), &r), "allreduce_min", rank_);
-  finish(r, "allreduce_min", rank_, comm_, timeout_);
+  finish(r, Call::allreduce_min, 1, rank_, comm_, timeout_);
   return out;
 }
 
@@ -388,7 +406,7 @@ void ProcessGroup::broadcast(float* data, std::size_t n, int root) {
     const int count = static_cast<int>(std::min(kChunk, n - at));
     MPI_Request r = MPI_REQUEST_NULL;
     check(MPI_Ibcast(data + at, count, MPI_FLOAT, root, comm_of(comm_), &r), "broadcast", rank_);
-    finish(r, "broadcast", rank_, comm_, timeout_);
+    finish(r, Call::broadcast, n, rank_, comm_, timeout_);
   }
 }
 
@@ -399,12 +417,12 @@ void ProcessGroup::broadcast(std::string& s, int root) {
   unsigned long long n = s.size();
   MPI_Request r = MPI_REQUEST_NULL;
   check(MPI_Ibcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm_of(comm_), &r), "broadcast", rank_);
-  finish(r, "broadcast", rank_, comm_, timeout_);
+  finish(r, Call::broadcast_string, 0, rank_, comm_, timeout_);
   s.resize(n);
   for (std::size_t at = 0; at < n; at += kChunk) {
     const int count = static_cast<int>(std::min<std::size_t>(kChunk, n - at));
     check(MPI_Ibcast(s.data() + at, count, MPI_CHAR, root, comm_of(comm_), &r), "broadcast", rank_);
-    finish(r, "broadcast", rank_, comm_, timeout_);
+    finish(r, Call::broadcast_string, 0, rank_, comm_, timeout_);
   }
 }
 

@@ -128,6 +128,15 @@ TEST_CASE("a stopped rank ends the job by the timeout, naming the rank, the buck
                           Catch::Contains(" s (the timeout is 2 s; XGRAD_DIST_TIMEOUT sets it) for the other ranks"));
 }
 
+TEST_CASE("a rank late past the timeout for a blocking collective ends the job naming the call and the wait", "[distributed][bad_input]") {
+  TempDir dir("xgrad_job_late");
+  const Outcome o = job(dir, "late", "2");
+  require_failed_within(o, 15);
+  REQUIRE(o.seconds > 2);
+  REQUIRE_THAT(o.err, Catch::Contains("allreduce_sum of a double: rank 0 waited 2.") &&
+                          Catch::Contains(" s (the timeout is 2 s; XGRAD_DIST_TIMEOUT sets it) for the other ranks: one is stopped, hung, gone"));
+}
+
 TEST_CASE("ranks that run different numbers of backward passes per step end the job naming both calls", "[distributed][bad_input]") {
   TempDir dir("xgrad_job_passes");
   const Outcome o = job(dir, "uneven-passes", "60");

@@ -8,6 +8,7 @@
 //   uneven-passes  rank 0 runs two backward passes per step, rank 1 one; a loss mean per step
 //   uneven-exit    rank 0 trains 4 steps, rank 1 3, and returns 0
 //   ddp-one-rank   only rank 0 builds a DataParallel; a loss mean per step
+//   late           a loss mean per step; rank 1 sleeps 4 s before the one of step 1
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<DataParallel> ddp;
     if (mode != "ddp-one-rank" || rank == 0) ddp = std::make_unique<DataParallel>(model, group, DataParallelOptions().bucket_bytes(16));
     if (mode == "stop") std::ofstream(folder + "/rank" + std::to_string(rank) + ".pid") << ::getpid() << '\n';
-    const bool loss_mean = mode == "uneven-passes" || mode == "ddp-one-rank";
+    const bool loss_mean = mode == "uneven-passes" || mode == "ddp-one-rank" || mode == "late";
     const int passes = mode == "uneven-passes" && rank == 0 ? 2 : 1;
     const long steps = mode == "stop" ? 100000000 : mode == "uneven-exit" && rank == 0 ? 4 : 3;
     const Tensor x(Array{{1.f, -2.f, 3.f}});
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
         loss += static_cast<double>(l.item());
         l.backward();
       }
+      if (mode == "late" && rank == 1 && step == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
       if (loss_mean) loss = group.allreduce_sum(loss) / group.size();
       if (mode == "ok" && rank == 0 && step == 0) {
         std::printf("rank 0: first step: %.3f s wall, %.3f s CPU\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count(),
