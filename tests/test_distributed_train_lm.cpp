@@ -235,6 +235,13 @@ TEST_CASE("an option that picks another path on one rank only is refused on ever
   REQUIRE(usage.code != 0);
   REQUIRE(usage.seconds < 30);
   REQUIRE_THAT(usage.err, Catch::Contains("--layers: '-1' is not a whole number"));
+
+  const Outcome timeout = mpirun(dir, 2, base, {"-x", "XGRAD_DIST_TIMEOUT=soon"});
+  INFO(timeout);
+  REQUIRE_FALSE(timeout.timed_out);
+  REQUIRE(timeout.exited);
+  REQUIRE(timeout.code == 1);
+  REQUIRE_THAT(timeout.err, Catch::Contains("train_lm: error: ProcessGroup: XGRAD_DIST_TIMEOUT 'soon' is not a number of seconds > 0"));
 }
 
 TEST_CASE("a rank that dies or throws ends the job naming it, and the checkpoint loads and resumes bit-exactly",

@@ -125,7 +125,9 @@ int main(int argc, char** argv) {
 #ifdef XGRAD_HAS_DISTRIBUTED
   std::shared_ptr<MpiSharing> mpi;
   if (xgrad::distributed::launched_by_mpi()) {
-    auto& group = xgrad::distributed::ProcessGroup::world();
+    xgrad::distributed::ProcessGroup* world = nullptr;  // an Error for a bad XGRAD_DIST_TIMEOUT
+    if (const int code = cli::run("train_lm", [&] { world = &xgrad::distributed::ProcessGroup::world(); })) return code;
+    auto& group = *world;
     mpi = std::make_shared<MpiSharing>(group);
     sharing = mpi;
     // Another rank may be waiting in a collective: one rank's failure ends them all.
