@@ -6,11 +6,12 @@
 // No call waits forever. Every collective first agrees on what it is (one allreduce of four
 // integers: the call and its length), so ranks in different calls fail at once, naming both; and
 // every wait polls with a deadline, sleeping between polls (a waiting rank uses next to no CPU).
-// A collective that has not completed within the timeout (default 300 s, as long as a stopped,
-// hung or very slow rank may take; XGRAD_DIST_TIMEOUT=seconds or set_timeout changes it) prints
-// one line naming the rank, the call and the wait, and ends the whole job (MPI_Abort), as
-// NCCL's watchdog does. A program that leaves main with a non-zero status ends the whole job
-// too; one that leaves with 0 first checks that every rank is leaving (within the timeout).
+// A collective that has not completed within the timeout (a rank is stopped, hung, gone or that
+// slow) prints one line naming the rank, the call and the wait, and ends the whole job
+// (MPI_Abort), as NCCL's watchdog does. The timeout is 300 s unless XGRAD_DIST_TIMEOUT (seconds)
+// or set_timeout says otherwise. A program that leaves main with a non-zero status ends the whole
+// job too (glibc hands the status over), rather than waiting in MPI_Finalize for ranks that wait
+// for it; one that leaves with 0 first checks that every rank is leaving (within the timeout).
 #pragma once
 
 #include <cstddef>
