@@ -197,7 +197,8 @@ ProcessGroup::ProcessGroup() {
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   std::memcpy(&comm_, &comm, sizeof comm);
   // The status main returned (or exit was given) decides how the job ends: glibc passes it here.
-  // Elsewhere leaving is taken as a success, and an error exit ends the job by the timeout.
+  // Elsewhere leaving is taken as a success: the check at exit still ends the job at once when
+  // another rank is in a collective, and by the timeout when it is busy elsewhere.
 #if defined(__GLIBC__)
   on_exit(&ProcessGroup::leave, this);
 #else
