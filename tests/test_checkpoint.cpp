@@ -248,13 +248,13 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
   REQUIRE(!opt_state.empty());
   nn::save_checkpoint(path, a, opt_state, {{"step", "2"}, {"run", "test"}});
 
-  // The file holds the parameters by name and the optimizer state under "optimizer.".
+  // The file holds the parameters by name and the optimizer state under "optimizer:".
   {
     SafetensorsContents raw = load_safetensors(path);
     std::set<std::string> names;
     for (const auto& [name, v] : raw.tensors) names.insert(name);
     for (const auto& [name, p] : a.named_parameters()) CHECK(names.count(name) == 1);
-    for (const auto& [name, v] : opt_state) CHECK(names.count("optimizer." + name) == 1);
+    for (const auto& [name, v] : opt_state) CHECK(names.count("optimizer:" + name) == 1);
     CHECK(raw.tensors.size() == a.named_parameters().size() + opt_state.size());
   }
 
@@ -271,7 +271,7 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
   REQUIRE(ck.optimizer_state.size() == opt_state.size());
   std::map<std::string, const Array*> by_name;
   for (const auto& [name, v] : ck.optimizer_state) {
-    CHECK(name.rfind("optimizer.", 0) == std::string::npos);
+    CHECK(name.rfind("optimizer:", 0) == std::string::npos);
     by_name[name] = &v;
   }
   for (const auto& [name, v] : opt_state) {
@@ -766,6 +766,11 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     nn::LanguageModel bigger(nn::LanguageModelOptions(11, 8, 2, 3).d_ff(16).max_len(8).dropout(0.f), g);
     const std::string path = dir.file("bigger.safetensors");
     nn::save_checkpoint(path, bigger);
+    // The stored options name the difference; a file without them, the first extra tensor.
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") && Contains("bigger.safetensors") &&
+                                                               Contains("num_layers 3 in the file, 2 in the model"));
+    require_params_equal(target, before);
+    save_safetensors(path, nn::state_dict(bigger));
     REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("unexpected entry 'blocks.2."));
     require_params_equal(target, before);
   }
