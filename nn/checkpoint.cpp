@@ -136,7 +136,7 @@ void check_model_options(const LanguageModelOptions& stored, const LanguageModel
   const std::vector<OptionsDifference> diff = architecture_differences(stored, given);
   if (diff.empty()) return;
   std::string list;
-  for (const auto& d : diff) list += (list.empty() ? "" : ", ") + d.field + " " + d.stored + " in the file, " + d.given + " " + given_where;
+  for (const auto& d : diff) list += (list.empty() ? "" : "; ") + d.field + " " + d.stored + " in the file, " + d.given + " " + given_where;
   fail(who, ": the stored model options contradict the ones ", std::string(given_where) == "asked" ? "asked for" : "of the model",
        ": ", list);
 }

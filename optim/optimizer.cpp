@@ -101,7 +101,7 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
     if (colon == std::string::npos) continue;
     const std::string type = key.substr(0, colon), name = key.substr(colon + 1);
     if (type != who_) {
-      if (foreign.empty()) foreign = type + "' (entry '" + key + "')";
+      if (foreign.empty()) foreign = "'" + type + "' (entry '" + key + "')";
       continue;
     }
     if (!known.count(name)) fail(who_, ": unexpected hyperparameter '", key, "' (", who_, " has no ", name, ")");
@@ -111,7 +111,7 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
     if (!hyper.emplace(name, value.data()[0]).second) fail(who_, ": state entry '", key, "' appears twice");
   }
   if (!foreign.empty()) {
-    fail(who_, ": the state was saved by another optimizer, '", foreign, "'; a ", who_, " cannot load it");
+    fail(who_, ": the state was saved by another optimizer type, ", foreign, ", not ", who_);
   }
   if (!hyper.empty() && hyper.size() != known.size()) {
     for (const auto& name : known) {

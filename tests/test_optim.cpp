@@ -4,9 +4,13 @@
 // PyTorch's numbers lives in the fixture tests.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -127,6 +131,42 @@ std::vector<Kind> kinds() {
       {"Adam", [](const NamedTensors& p) { return std::make_unique<Adam>(p, AdamOptions(0.02f).weight_decay(0.05f)); }},
       {"AdamW", [](const NamedTensors& p) { return std::make_unique<AdamW>(p, AdamW::defaults(0.02f).weight_decay(0.1f)); }},
   };
+}
+
+// What `f` writes to stderr (through a temporary file put in place of descriptor 2).
+std::string stderr_of(const std::function<void()>& f) {
+  std::fflush(stderr);
+  char path[] = "/tmp/xgrad_optim_stderr_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(2);
+  ::dup2(fd, 2);
+  try {
+    f();
+  } catch (...) {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    ::close(fd);
+    ::unlink(path);
+    throw;
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(fd);
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::unlink(path);
+  return text;
+}
+
+float entry(const NamedArrays& state, const std::string& key) {
+  for (const auto& [name, a] : state) {
+    if (name == key) return a.data()[0];
+  }
+  FAIL("no state entry " << key);
+  return 0.f;
 }
 
 }  // namespace
@@ -877,4 +917,140 @@ TEST_CASE("check_finite names the step, the parameter and the position of the fi
   REQUIRE_THROWS_WITH(optim::check_finite(9, 0.5f, params), "step 9: the gradient of 'b' is inf at flat position 1");
   a.mutable_grad()(2) = std::nanf("");
   REQUIRE_THROWS_WITH(optim::check_finite(9, 0.5f, params), "step 9: the gradient of 'a' is NaN at flat position 2");
+}
+
+// ----------------------------------------------------------------------------------------------
+// Hyperparameters in the state (torch.optim's param_groups)
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE("state_dict stores every hyperparameter and load_state_dict restores them", "[optim]") {
+  SECTION("SGD") {
+    NamedTensors p1 = make_params();
+    SGD saved(p1, SGDOptions(0.05f).momentum(0.8f).weight_decay(0.01f).nesterov(true));
+    train_step(p1, saved);
+    saved.set_lr(0.0125f);  // as a schedule would: the state holds the rate in use
+    const NamedArrays state = saved.state_dict();
+    CHECK(entry(state, "SGD:lr") == 0.0125f);
+    CHECK(entry(state, "SGD:momentum") == 0.8f);
+    CHECK(entry(state, "SGD:dampening") == 0.f);
+    CHECK(entry(state, "SGD:weight_decay") == 0.01f);
+    CHECK(entry(state, "SGD:nesterov") == 1.f);
+
+    NamedTensors p2 = clone(p1);
+    SGD resumed(p2, SGDOptions(0.9f));  // other values everywhere
+    resumed.load_state_dict(state);
+    CHECK(resumed.lr() == 0.0125f);
+    CHECK(resumed.options().lr() == 0.0125f);
+    CHECK(resumed.options().momentum() == 0.8f);
+    CHECK(resumed.options().weight_decay() == 0.01f);
+    CHECK(resumed.options().nesterov());
+    for (int i = 0; i < 3; ++i) {
+      train_step(p1, saved);
+      train_step(p2, resumed);
+      REQUIRE(params_equal(p1, p2));
+    }
+  }
+  SECTION("Adam and AdamW") {
+    for (const bool decoupled : {false, true}) {
+      INFO((decoupled ? "AdamW" : "Adam"));
+      const std::string type = decoupled ? "AdamW" : "Adam";
+      const AdamOptions o = AdamOptions(0.03f).beta1(0.8f).beta2(0.95f).eps(1e-6f).weight_decay(0.2f);
+      NamedTensors p1 = make_params();
+      std::unique_ptr<Adam> saved, resumed;
+      if (decoupled) {
+        saved = std::make_unique<AdamW>(p1, o);
+      } else {
+        saved = std::make_unique<Adam>(p1, o);
+      }
+      train_step(p1, *saved);
+      NamedTensors p2 = clone(p1);
+      if (decoupled) {
+        resumed = std::make_unique<AdamW>(p2);  // the defaults
+      } else {
+        resumed = std::make_unique<Adam>(p2, AdamOptions());
+      }
+      const NamedArrays state = saved->state_dict();
+      CHECK(entry(state, type + ":lr") == 0.03f);
+      CHECK(entry(state, type + ":beta1") == 0.8f);
+      CHECK(entry(state, type + ":beta2") == 0.95f);
+      CHECK(entry(state, type + ":eps") == 1e-6f);
+      CHECK(entry(state, type + ":weight_decay") == 0.2f);
+      REQUIRE(resumed->lr() != 0.03f);
+      resumed->load_state_dict(state);
+      CHECK(resumed->lr() == 0.03f);
+      CHECK(resumed->options().beta1() == 0.8f);
+      CHECK(resumed->options().beta2() == 0.95f);
+      CHECK(resumed->options().eps() == 1e-6f);
+      CHECK(resumed->options().weight_decay() == 0.2f);
+      for (int i = 0; i < 3; ++i) {
+        train_step(p1, *saved);
+        train_step(p2, *resumed);
+        REQUIRE(params_equal(p1, p2));
+      }
+    }
+  }
+}
+
+TEST_CASE("a state of another optimizer type, or with bad hyperparameters, is refused and changes nothing", "[optim]") {
+  BadStateFixture f;
+  auto& opt = f.opt;
+  auto with = [&](const std::string& k, const Array& v) { return f.with(k, v); };
+
+  SECTION("another type, named with this one") {
+    NamedTensors ps = make_params();
+    SGD sgd(ps, SGDOptions(0.1f).momentum(0.9f));
+    train_step(ps, sgd);
+    REQUIRE_THROWS_WITH(opt.load_state_dict(sgd.state_dict()),
+                        Contains("Adam: the state was saved by another optimizer type, 'SGD' (entry 'SGD:") && Contains(", not Adam"));
+    NamedTensors pw = make_params();
+    AdamW adamw(pw);
+    train_step(pw, adamw);
+    REQUIRE_THROWS_WITH(opt.load_state_dict(adamw.state_dict()), Contains("another optimizer type, 'AdamW'") && Contains("not Adam"));
+  }
+  SECTION("invalid values") {
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:beta1", Array(1.5f))),
+                        Contains("Adam: the state's hyperparameters are invalid") && Contains("beta1 1.5"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(-1.f))), Contains("hyperparameters are invalid") && Contains("lr -1"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:eps", Array(0.f))), Contains("eps 0 must be finite and > 0"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(kNaN))), Contains("hyperparameter 'Adam:lr' is not one finite value"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array{0.1f, 0.2f})), Contains("'Adam:lr' is not one finite value (shape (2))"));
+  }
+  SECTION("unknown, missing or repeated hyperparameters") {
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:momentum", Array(0.9f))),
+                        Contains("Adam: unexpected hyperparameter 'Adam:momentum' (Adam has no momentum)"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(f.without("Adam:beta2")),
+                        Contains("Adam: the state's hyperparameters are incomplete: no 'Adam:beta2'"));
+    NamedArrays twice = f.good;
+    twice.emplace_back("Adam:lr", Array(0.5f));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(twice), Contains("'Adam:lr' appears twice"));
+  }
+  f.require_untouched();
+  CHECK(opt.lr() == 0.05f);
+  CHECK(opt.options().weight_decay() == 0.01f);
+}
+
+TEST_CASE("a state saved without hyperparameters keeps the constructor's and says so once", "[optim]") {
+  NamedTensors p1 = make_params();
+  Adam saved(p1, AdamOptions(0.05f));
+  train_step(p1, saved);
+  const NamedArrays old_state = per_parameter(saved.state_dict());  // as states were written before
+  NamedTensors p2 = clone(p1);
+  Adam resumed(p2, AdamOptions(0.02f).beta1(0.7f));
+  const std::string said = stderr_of([&] { resumed.load_state_dict(old_state); });
+  CHECK(said ==
+        "xgrad: Adam::load_state_dict: the state holds no hyperparameters (saved before xgrad stored them); keeping this "
+        "optimizer's lr 0.020000, beta1 0.700000, beta2 0.999000, eps 0.000000, weight_decay 0.000000\n");
+  CHECK(resumed.lr() == 0.02f);
+  CHECK(resumed.options().beta1() == 0.7f);
+  CHECK(states_equal(per_parameter(resumed.state_dict()), old_state));
+  // An empty state resets silently.
+  CHECK(stderr_of([&] { resumed.load_state_dict({}); }).empty());
+}
+
+TEST_CASE("optimizer parameter names may not hold ':' and must be UTF-8", "[optim]") {
+  NamedTensors params = {{"a:b", param(Array{1.f})}};
+  REQUIRE_THROWS_WITH(Adam(params, AdamOptions()),
+                      Contains("Adam: parameter name 'a:b' holds ':', which state_dict keeps for the hyperparameters (\"Adam:lr\")"));
+  NamedTensors bad = {{std::string("w") + '\xfe', param(Array{1.f})}};
+  REQUIRE_THROWS_WITH(SGD(bad, SGDOptions(0.1f)), Contains("SGD: parameter name \"w\\xFE\" is not valid UTF-8 (byte 0xFE at offset 1)"));
 }
