@@ -131,14 +131,16 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
 
 namespace {
 
+// `asked`: the given options are a caller's ("4 asked"), otherwise a model's ("4 in the model").
 void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given, const std::string& who,
-                         const char* given_where) {
+                         bool asked) {
   const std::vector<OptionsDifference> diff = architecture_differences(stored, given);
   if (diff.empty()) return;
   std::string list;
-  for (const auto& d : diff) list += (list.empty() ? "" : "; ") + d.field + " " + d.stored + " in the file, " + d.given + " " + given_where;
-  fail(who, ": the stored model options contradict the ones ", std::string(given_where) == "asked" ? "asked for" : "of the model",
-       ": ", list);
+  for (const auto& d : diff) {
+    list += (list.empty() ? "" : "; ") + d.field + " " + d.stored + " in the file, " + d.given + (asked ? " asked" : " in the model");
+  }
+  fail(who, ": the stored model options contradict the ones ", asked ? "asked for" : "of the model", ": ", list);
 }
 
 // A file split into the module's entries and the rest.
@@ -179,7 +181,7 @@ Split split(const std::string& path, SafetensorsContents& file, const char* who)
 // Loads split entries into `module`: renames old names, checks a LanguageModel's options, loads.
 Checkpoint load_split(const std::string& path, Split& s, Module& module, const LoadOptions& options, const char* who) {
   if (const auto* lm = dynamic_cast<const LanguageModel*>(&module); lm && s.rest.model_options) {
-    check_model_options(*s.rest.model_options, lm->options(), std::string(who) + ": '" + path + "'", "in the model");
+    check_model_options(*s.rest.model_options, lm->options(), std::string(who) + ": '" + path + "'", false);
   }
   // Optimizer entries are "<parameter>.<slot>".
   std::set<std::string> params;
@@ -216,7 +218,7 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
   Split s = split(path, file, who);
   LanguageModelOptions o(1, 1, 1, 1);
   if (s.rest.model_options) {
-    if (expected) check_model_options(*s.rest.model_options, *expected, where, "asked");
+    if (expected) check_model_options(*s.rest.model_options, *expected, where, true);
     o = *s.rest.model_options;
     if (expected) o.dropout(expected->dropout());
   } else if (expected) {
@@ -241,14 +243,13 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
   LoadedLanguageModel out;
   out.model = std::make_unique<LanguageModel>(o, init);
   out.checkpoint = load_split(path, s, *out.model, load_options, who);
-  out.checkpoint.model_options = o;
   return out;
 }
 
 }  // namespace
 
 void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given, const std::string& who) {
-  check_model_options(stored, given, who, "asked");
+  check_model_options(stored, given, who, true);
 }
 
 SafetensorsContents checkpoint_contents(const Module& module, const NamedArrays& optimizer_state, const Metadata& metadata) {

@@ -174,7 +174,11 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
     }
   } else if (!state.empty()) {
     std::string kept;
-    for (const auto& [name, v] : hyperparameters()) kept += (kept.empty() ? "" : ", ") + name + " " + std::to_string(v);
+    for (const auto& [name, v] : hyperparameters()) {
+      char value[32];
+      std::snprintf(value, sizeof value, "%g", static_cast<double>(v));
+      kept += (kept.empty() ? "" : ", ") + name + " " + value;
+    }
     std::fprintf(stderr,
                  "xgrad: %s::load_state_dict: the state holds no hyperparameters (saved before xgrad stored them); "
                  "keeping this optimizer's %s\n",
