@@ -3,10 +3,14 @@
 #include <cmath>
 #include <functional>
 #include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/utf8.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 namespace xgrad::nn {
@@ -57,10 +61,14 @@ E as_enum(const json& v, std::initializer_list<std::pair<const char*, E>> names)
   throw std::invalid_argument("is not one of " + known);
 }
 
-#define XGRAD_COUNT_FIELD(f) \
-  Field { #f, true, [](const LanguageModelOptions& o) { return json(o.f()); }, [](LanguageModelOptions& o, const json& v) { o.f(as_count(v)); } }
-#define XGRAD_FLOAT_FIELD(f, arch) \
-  Field { #f, arch, [](const LanguageModelOptions& o) { return json(o.f()); }, [](LanguageModelOptions& o, const json& v) { o.f(as_float(v)); } }
+// A field written as its own value and read with `read` (as_count or as_float).
+#define XGRAD_FIELD(f, arch, read)                                   \
+  Field {                                                            \
+    #f, arch, [](const LanguageModelOptions& o) { return json(o.f()); }, \
+        [](LanguageModelOptions& o, const json& v) { o.f(read(v)); }     \
+  }
+#define XGRAD_COUNT_FIELD(f) XGRAD_FIELD(f, true, as_count)
+#define XGRAD_FLOAT_FIELD(f, arch) XGRAD_FIELD(f, arch, as_float)
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> all = {
@@ -89,6 +97,7 @@ const std::vector<Field>& fields() {
 
 #undef XGRAD_COUNT_FIELD
 #undef XGRAD_FLOAT_FIELD
+#undef XGRAD_FIELD
 
 }  // namespace
 
@@ -103,9 +112,9 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
   try {
     j = json::parse(text);
   } catch (const json::exception&) {
-    fail(who, ": the model options are not valid JSON: ", text.substr(0, 80));
+    fail(who, ": the model options are not valid JSON: ", escape_bytes(text.substr(0, 80)));
   }
-  if (!j.is_object()) fail(who, ": the model options are not a JSON object: ", text.substr(0, 80));
+  if (!j.is_object()) fail(who, ": the model options are not a JSON object: ", escape_bytes(text.substr(0, 80)));
   std::set<std::string> known;
   LanguageModelOptions o(1, 1, 1, 1);
   for (const Field& f : fields()) {
