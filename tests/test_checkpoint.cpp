@@ -1,6 +1,7 @@
 // Checkpoints: the safetensors format (layout, round trip, every kind of corrupt input as a clear
 // xgrad::Error), atomic saving, and nn::save_checkpoint / load_checkpoint with a model and an
-// optimizer (exact resume; all-or-nothing loading). Agreement with PyTorch lives elsewhere.
+// optimizer (exact resume; all-or-nothing loading; formats 1 and 2; buffers; strict(false);
+// stored LanguageModel options and load_language_model). Agreement with PyTorch lives elsewhere.
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
