@@ -1,5 +1,5 @@
-// Module semantics (dotted parameter names, buffers, train/eval, registration errors, initialization and
-// its reproducibility) and the contracts of MultiHeadAttention, TransformerBlock and
+// Module semantics (dotted parameter names, buffers, train/eval, registration errors,
+// initialization and its reproducibility) and the contracts of MultiHeadAttention, TransformerBlock and
 // LanguageModel (errors, masks, the Pre-Norm / Post-Norm formulas, dropout, generate()).
 // Gradients of the same modules are checked in test_nn_gradcheck.cpp.
 //

@@ -1,8 +1,7 @@
 // Optimizers' semantics: convergence on a convex loss, closed forms of the first steps, skipped
 // parameters, state save/restore (exact resume, hyperparameters restored, rejected states leave
-// the state untouched),
-// hyper-parameter validation, gradient clipping and learning-rate schedules. Agreement with
-// PyTorch's numbers lives in the fixture tests.
+// the state untouched), hyper-parameter validation, gradient clipping and learning-rate
+// schedules. Agreement with PyTorch's numbers lives in the fixture tests.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
