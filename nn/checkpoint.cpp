@@ -8,11 +8,15 @@
 #include <set>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
+#include "xgrad/core/utf8.hpp"
 
 namespace xgrad::nn {
 
 namespace {
-const std::string kOptimizerPrefix = "optimizer.";
+const std::string kFormatKey = "xgrad.checkpoint", kFormat = "2", kModelOptionsKey = "xgrad.model_options";
+const std::string kReserved = "xgrad.";
+const std::string kOptimizerPrefix = "optimizer:", kOldOptimizerPrefix = "optimizer.";  // format 2, format 1
 
 // Names from before a TransformerBlock's feed-forward sublayer owned its norm:
 // "blocks.<i>.ffn_norm.<p>" is now "blocks.<i>.ffn.norm.<p>". Returns the current name, or the
@@ -42,7 +46,7 @@ std::size_t rename_old_entries(NamedArrays& state, IsExpected is_expected) {
 
 std::size_t rename_old_parameters(const Module& module, NamedArrays& state) {
   std::set<std::string> params;
-  for (const auto& [name, p] : module.named_parameters()) params.insert(name);
+  for (const auto& [name, p] : module.named_state()) params.insert(name);
   return rename_old_entries(state, [&](const std::string& n) { return params.count(n) != 0; });
 }
 
@@ -57,12 +61,14 @@ void say_renamed(const std::string& who, std::size_t renamed) {
 
 NamedArrays state_dict(const Module& module) {
   NamedArrays out;
-  for (const auto& [name, p] : module.named_parameters()) out.emplace_back(name, p.value());
+  for (const auto& [name, t] : module.named_state()) out.emplace_back(name, t.value());
   return out;
 }
 
-void load_state_dict(Module& module, const NamedArrays& state_in, const LoadOptions& options) {
-  NamedTensors params = module.named_parameters();
+LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const LoadOptions& options) {
+  NamedTensors targets = module.named_state();
+  std::set<std::string> params;
+  for (const auto& [name, p] : module.named_parameters()) params.insert(name);
   // Only a state with old names is copied (to rename it); others are read in place.
   NamedArrays renamed;
   const bool old_names = std::any_of(state_in.begin(), state_in.end(), [](const auto& e) { return current_name(e.first) != e.first; });
@@ -70,73 +76,223 @@ void load_state_dict(Module& module, const NamedArrays& state_in, const LoadOpti
     renamed = state_in;
     say_renamed("load_state_dict", rename_old_parameters(module, renamed));
   }
+  const NamedArrays& state = old_names ? renamed : state_in;
   std::map<std::string, const Array*> given;
-  for (const auto& [name, a] : old_names ? renamed : state_in) {
+  for (const auto& [name, a] : state) {
     if (!given.emplace(name, &a).second) fail("load_state_dict: '", name, "' appears twice");
   }
-  for (const auto& [name, p] : params) {
+  LoadResult result;
+  struct Copy {
+    const std::string* name;
+    Tensor* target;
+    const Array* value;
+    bool parameter;
+  };
+  std::vector<Copy> plan;
+  for (auto& [name, t] : targets) {
+    const bool parameter = params.count(name) != 0;
+    const char* kind = parameter ? "parameter" : "buffer";
     auto it = given.find(name);
-    if (it == given.end()) fail("load_state_dict: missing parameter '", name, "'");
-    if (it->second->shape() != p.shape()) {
-      fail("load_state_dict: parameter '", name, "' has shape ", shape_str(it->second->shape()), " in the state but ",
-           shape_str(p.shape()), " in the module");
+    if (it == given.end()) {
+      if (options.strict()) fail("load_state_dict: missing ", kind, " '", name, "'");
+      result.missing_keys.push_back(name);
+      continue;
     }
+    if (it->second->shape() != t.shape()) {
+      fail("load_state_dict: ", kind, " '", name, "' has shape ", shape_str(it->second->shape()), " in the state but ",
+           shape_str(t.shape()), " in the module");
+    }
+    plan.push_back({&name, &t, it->second, parameter});
   }
-  if (given.size() != params.size()) {
-    for (const auto& [name, a] : given) {
-      bool known = false;
-      for (const auto& [pn, p] : params) known = known || pn == name;
-      if (!known) fail("load_state_dict: unexpected entry '", name, "' (the module has no such parameter)");
+  if (plan.size() != given.size()) {
+    std::set<std::string> known;
+    for (const auto& [name, t] : targets) known.insert(name);
+    for (const auto& [name, a] : state) {
+      if (known.count(name)) continue;
+      if (options.strict()) fail("load_state_dict: unexpected entry '", name, "' (the module has no such parameter or buffer)");
+      result.unexpected_keys.push_back(name);
     }
   }
   if (!options.allow_non_finite()) {
-    for (const auto& [name, p] : params) {
-      const Array& a = *given.at(name);
-      const float* v = a.data();
-      for (std::size_t i = 0; i < a.size(); ++i) {
+    for (const Copy& c : plan) {
+      if (!c.parameter) continue;  // buffers may hold any value
+      const float* v = c.value->data();
+      for (std::size_t i = 0; i < c.value->size(); ++i) {
         if (!std::isfinite(v[i])) {
-          fail("load_state_dict: parameter '", name, "' holds ", v[i], " at flat position ", i, " of ", a.size(),
+          fail("load_state_dict: parameter '", *c.name, "' holds ", v[i], " at flat position ", i, " of ", c.value->size(),
                "; refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
         }
       }
     }
   }
-  for (auto& [name, p] : params) p.mutable_value() = *given.at(name);
+  for (const Copy& c : plan) c.target->mutable_value() = *c.value;
+  return result;
 }
 
-void save_checkpoint(const std::string& path, const Module& module, const NamedArrays& optimizer_state,
-                     const Metadata& metadata) {
-  NamedArrays all = state_dict(module);
-  for (const auto& [name, a] : optimizer_state) all.emplace_back(kOptimizerPrefix + name, a);
-  save_safetensors(path, all, metadata);
+namespace {
+
+// `asked`: the given options are a caller's ("4 asked"), otherwise a model's ("4 in the model").
+void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given, const std::string& who,
+                         bool asked) {
+  const std::vector<OptionsDifference> diff = architecture_differences(stored, given);
+  if (diff.empty()) return;
+  std::string list;
+  for (const auto& d : diff) {
+    list += (list.empty() ? "" : "; ") + d.field + " " + d.stored + " in the file, " + d.given + (asked ? " asked" : " in the model");
+  }
+  fail(who, ": the stored model options contradict the ones ", asked ? "asked for" : "of the model", ": ", list);
 }
 
-Checkpoint load_checkpoint(const std::string& path, Module& module, const LoadOptions& options) {
-  SafetensorsContents file = load_safetensors(path);
+// A file split into the module's entries and the rest.
+struct Split {
   NamedArrays model;
-  Checkpoint out;
+  Checkpoint rest;
+};
+
+Split split(const std::string& path, SafetensorsContents& file, const char* who) {
+  Split out;
+  const auto format = file.metadata.find(kFormatKey);
+  const bool old_format = format == file.metadata.end();
+  if (!old_format && format->second != kFormat) {
+    fail(who, ": '", path, "' has checkpoint format \"", escape_bytes(format->second.substr(0, 40)), "\"; this xgrad reads formats 1 and ",
+         kFormat);
+  }
+  const std::string& prefix = old_format ? kOldOptimizerPrefix : kOptimizerPrefix;
   for (auto& [name, a] : file.tensors) {
-    if (name.compare(0, kOptimizerPrefix.size(), kOptimizerPrefix) == 0) {
-      out.optimizer_state.emplace_back(name.substr(kOptimizerPrefix.size()), std::move(a));
+    if (name.compare(0, prefix.size(), prefix) == 0) {
+      out.rest.optimizer_state.emplace_back(name.substr(prefix.size()), std::move(a));
     } else {
-      model.emplace_back(name, std::move(a));
+      out.model.emplace_back(name, std::move(a));
     }
+  }
+  for (auto& [key, value] : file.metadata) {
+    // Format 1 reserved nothing: its metadata comes back whole.
+    if (old_format || key.compare(0, kReserved.size(), kReserved) != 0) out.rest.metadata.emplace(key, std::move(value));
+  }
+  if (!old_format) {
+    const auto options = file.metadata.find(kModelOptionsKey);
+    if (options != file.metadata.end()) {
+      out.rest.model_options = language_model_options_from_json(options->second, std::string(who) + ": '" + path + "'");
+    }
+  }
+  return out;
+}
+
+// Loads split entries into `module`: renames old names, checks a LanguageModel's options, loads.
+Checkpoint load_split(const std::string& path, Split& s, Module& module, const LoadOptions& options, const char* who) {
+  if (const auto* lm = dynamic_cast<const LanguageModel*>(&module); lm && s.rest.model_options) {
+    check_model_options(*s.rest.model_options, lm->options(), std::string(who) + ": '" + path + "'", false);
   }
   // Optimizer entries are "<parameter>.<slot>".
   std::set<std::string> params;
   for (const auto& [name, p] : module.named_parameters()) params.insert(name);
-  say_renamed("load_checkpoint: '" + path + "'",
-              rename_old_parameters(module, model) + rename_old_entries(out.optimizer_state, [&](const std::string& key) {
+  say_renamed(std::string(who) + ": '" + path + "'",
+              rename_old_parameters(module, s.model) + rename_old_entries(s.rest.optimizer_state, [&](const std::string& key) {
                 const std::size_t dot = key.rfind('.');
                 return dot != std::string::npos && params.count(key.substr(0, dot)) != 0;
               }));
   try {
-    load_state_dict(module, model, options);
+    LoadResult r = load_state_dict(module, s.model, options);
+    s.rest.missing_keys = std::move(r.missing_keys);
+    s.rest.unexpected_keys = std::move(r.unexpected_keys);
   } catch (const Error& e) {
-    fail("load_checkpoint: '", path, "': ", e.what());
+    fail(who, ": '", path, "': ", e.what());
   }
-  out.metadata = std::move(file.metadata);
+  return std::move(s.rest);
+}
+
+// Roughly the number of values a model of these options holds (embeddings, positions, the
+// blocks' projections), to refuse a file whose options describe a model far larger than its
+// tensors before building it.
+double model_values(const LanguageModelOptions& o) {
+  const double V = static_cast<double>(o.vocab_size()), C = static_cast<double>(o.d_model()),
+               F = static_cast<double>(o.d_ff()), L = static_cast<double>(o.num_layers());
+  return 2 * V * C + static_cast<double>(o.max_len()) * C + L * (4 * C * C + 2 * C * F);
+}
+
+LoadedLanguageModel build_and_load(const std::string& path, const std::optional<LanguageModelOptions>& expected,
+                                   const LoadOptions& load_options) {
+  const char* who = "load_language_model";
+  const std::string where = std::string(who) + ": '" + path + "'";
+  SafetensorsContents file = load_safetensors(path);
+  Split s = split(path, file, who);
+  LanguageModelOptions o(1, 1, 1, 1);
+  if (s.rest.model_options) {
+    if (expected) check_model_options(*s.rest.model_options, *expected, where, true);
+    o = *s.rest.model_options;
+    if (expected) o.dropout(expected->dropout());
+  } else if (expected) {
+    o = *expected;
+  } else {
+    fail(where, ": the file stores no model options (\"", kModelOptionsKey,
+         "\"); give them for a file saved without them: load_language_model(path, options)");
+  }
+  double file_values = 0;
+  for (const auto& [name, a] : s.model) file_values += static_cast<double>(a.size());
+  const double wanted = model_values(o);
+  if (wanted > 4 * file_values + (1 << 20)) {
+    fail(where, ": its model options (", to_json(o), ") describe a model of about ", wanted, " values, but the file holds ",
+         file_values);
+  }
+  try {
+    LanguageModel::check(o);
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
+  Generator init(0);  // every value is overwritten by the load
+  LoadedLanguageModel out;
+  out.model = std::make_unique<LanguageModel>(o, init);
+  out.checkpoint = load_split(path, s, *out.model, load_options, who);
   return out;
+}
+
+}  // namespace
+
+void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given, const std::string& who) {
+  check_model_options(stored, given, who, true);
+}
+
+SafetensorsContents checkpoint_contents(const Module& module, const NamedArrays& optimizer_state, const Metadata& metadata) {
+  const char* who = "save_checkpoint";
+  SafetensorsContents out;
+  out.tensors = state_dict(module);
+  for (const auto& [name, a] : out.tensors) check_utf8(name, who, "tensor name");
+  for (const auto& [name, a] : optimizer_state) {
+    check_utf8(name, who, "optimizer state name");
+    out.tensors.emplace_back(kOptimizerPrefix + name, a);
+  }
+  for (const auto& [key, value] : metadata) {
+    check_utf8(key, who, "metadata key");
+    check_utf8(value, who, ("metadata value of '" + escape_bytes(key) + "'").c_str());
+    if (key.compare(0, kReserved.size(), kReserved) == 0) {
+      fail(who, ": metadata key '", key, "' is reserved (keys starting with \"", kReserved, "\" are xgrad's own)");
+    }
+  }
+  out.metadata = metadata;
+  out.metadata[kFormatKey] = kFormat;
+  if (const auto* lm = dynamic_cast<const LanguageModel*>(&module)) out.metadata[kModelOptionsKey] = to_json(lm->options());
+  return out;
+}
+
+void save_checkpoint(const std::string& path, const Module& module, const NamedArrays& optimizer_state,
+                     const Metadata& metadata) {
+  const SafetensorsContents c = checkpoint_contents(module, optimizer_state, metadata);
+  save_safetensors(path, c.tensors, c.metadata);
+}
+
+Checkpoint load_checkpoint(const std::string& path, Module& module, const LoadOptions& options) {
+  SafetensorsContents file = load_safetensors(path);
+  Split s = split(path, file, "load_checkpoint");
+  return load_split(path, s, module, options, "load_checkpoint");
+}
+
+LoadedLanguageModel load_language_model(const std::string& path, const LoadOptions& options) {
+  return build_and_load(path, std::nullopt, options);
+}
+
+LoadedLanguageModel load_language_model(const std::string& path, const LanguageModelOptions& expected,
+                                        const LoadOptions& options) {
+  return build_and_load(path, expected, options);
 }
 
 }  // namespace xgrad::nn

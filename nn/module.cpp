@@ -1,4 +1,5 @@
-// Module bookkeeping: registration, dotted names, train/eval, hook points, the printed summary.
+// Module bookkeeping: registration, dotted names, buffers, train/eval, hook points, the printed
+// summary.
 #include "xgrad/nn/module.hpp"
 
 #include <algorithm>
@@ -8,48 +9,77 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/tape.hpp"
+#include "xgrad/core/utf8.hpp"
 
 namespace xgrad::nn {
 
-namespace {
-void check_name(const std::string& name, const char* who) {
-  if (name.empty() || name.find('.') != std::string::npos) {
-    fail(who, ": name '", name, "' must be non-empty and contain no '.'");
+void Module::check_new_name(const std::string& name, const char* who) const {
+  check_utf8(name, who, "name");
+  if (name.empty() || name.find_first_of(".:") != std::string::npos) {
+    fail(who, ": name '", name, "' must be non-empty and contain no '.' or ':'");
   }
+  const auto taken = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& e) { return e.first == name; });
+  };
+  if (taken(params_)) fail(who, ": '", name, "' is already registered as a parameter");
+  if (taken(buffers_)) fail(who, ": '", name, "' is already registered as a buffer");
+  if (taken(children_)) fail(who, ": '", name, "' is already registered as a module");
 }
-}  // namespace
 
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
-  check_name(name, "Module::register_parameter");
+  check_new_name(name, "Module::register_parameter");
   if (!t.defined()) fail("Module::register_parameter: parameter '", name, "' is undefined");
   if (!t.is_leaf()) fail("Module::register_parameter: parameter '", name, "' must be a leaf tensor");
-  for (const auto& [n, p] : params_) {
-    if (n == name) fail("Module::register_parameter: '", name, "' is already registered");
-  }
   t.set_requires_grad(true);
   if (t.name().empty()) t.set_name(name);
   params_.emplace_back(name, t);
   return t;
 }
 
-void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
-  check_name(name, "Module::register_module");
-  if (!m) fail("Module::register_module: module '", name, "' is null");
-  for (const auto& [n, c] : children_) {
-    if (n == name) fail("Module::register_module: '", name, "' is already registered");
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  check_new_name(name, "Module::register_buffer");
+  if (!t.defined()) fail("Module::register_buffer: buffer '", name, "' is undefined");
+  if (!t.is_leaf() || t.requires_grad()) {
+    fail("Module::register_buffer: buffer '", name,
+         "' must be a leaf that does not require grad (a trained tensor is a parameter: register_parameter)");
   }
+  if (t.name().empty()) t.set_name(name);
+  buffers_.emplace_back(name, t);
+  return t;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+  check_new_name(name, "Module::register_module");
+  if (!m) fail("Module::register_module: module '", name, "' is null");
   m->train(training_);
   children_.emplace_back(name, std::move(m));
 }
 
-void Module::collect(const std::string& prefix, NamedTensors& out) const {
-  for (const auto& [n, p] : params_) out.emplace_back(prefix + n, p);
-  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", out);
+void Module::collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out) const {
+  if (params) {
+    for (const auto& [n, p] : params_) out.emplace_back(prefix + n, p);
+  }
+  if (buffers) {
+    for (const auto& [n, b] : buffers_) out.emplace_back(prefix + n, b);
+  }
+  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", params, buffers, out);
 }
 
 NamedTensors Module::named_parameters() const {
   NamedTensors out;
-  collect("", out);
+  collect("", true, false, out);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  collect("", false, true, out);
+  return out;
+}
+
+NamedTensors Module::named_state() const {
+  NamedTensors out;
+  collect("", true, true, out);
   return out;
 }
 

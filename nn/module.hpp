@@ -1,5 +1,5 @@
-// Module: the base of every layer. Named parameters with dotted paths in a stable order,
-// child modules, the train/eval flag, and hook points (hook.hpp).
+// Module: the base of every layer. Named parameters and buffers with dotted paths in a stable
+// order, child modules, the train/eval flag, and hook points (hook.hpp).
 #pragma once
 
 #include <initializer_list>
@@ -28,6 +28,13 @@ class Module {
   Tensor parameter(const std::string& path) const;
   std::size_t num_parameters() const;  // total number of scalar values
   void zero_grad();
+
+  // Every buffer (state that is saved with the module but not trained: no gradient, not in
+  // parameters()), named and ordered as named_parameters() names and orders parameters.
+  NamedTensors named_buffers() const;
+  // Parameters and buffers together, as state_dict saves them: module by module, depth first,
+  // each module's parameters, then its buffers, then its children.
+  NamedTensors named_state() const;
 
   // Recursively sets the training flag (read by Dropout and attention dropout). It never
   // changes requires_grad.
@@ -61,6 +68,9 @@ class Module {
   // gradient the backward hooks see; `value` itself when no hook is attached anywhere here.
   Tensor hook(const char* point, const Tensor& value) const;
 
+  // Names of parameters, buffers and children: UTF-8, non-empty, without '.' (the path
+  // separator) or ':' (checkpoints keep their own entries under "<namespace>:<name>", which no
+  // module path can spell), and unique among the module's parameters, buffers and children.
   // Registers a parameter (a leaf that requires grad) under `name` and returns it.
   Tensor register_parameter(const std::string& name, Tensor t);
   template <class M>
@@ -68,15 +78,21 @@ class Module {
     add_child(name, m);
     return m;
   }
+  // Registers a buffer under `name` and returns it: a leaf that does not require grad (a copy
+  // of `value` for an Array), saved and loaded with the parameters.
+  Tensor register_buffer(const std::string& name, Tensor t);
+  Tensor register_buffer(const std::string& name, const Array& value) { return register_buffer(name, Tensor(value)); }
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
-  void collect(const std::string& prefix, NamedTensors& out) const;
+  void check_new_name(const std::string& name, const char* who) const;
+  void collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out) const;
   void collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out);
   template <class F>
   void visit(const std::string& path, F f) const;
   HookHandle attach(const std::string& point, const char* who, ForwardHook* forward, BackwardHook* backward);
   NamedTensors params_;
+  NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
   std::shared_ptr<detail::HookTable> hooks_ = std::make_shared<detail::HookTable>();

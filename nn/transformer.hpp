@@ -16,6 +16,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "xgrad/nn/attention.hpp"
@@ -88,6 +89,22 @@ struct LanguageModelOptions {
   XGRAD_ARG(Positional, positional, Positional::learned);
   XGRAD_ARG(float, layer_norm_eps, 1e-5f);
 };
+
+// The options as one JSON object with every field under its own name (enums by name: "pre",
+// "gelu_tanh", "sinusoidal"); what save_checkpoint stores for a LanguageModel under
+// "xgrad.model_options". Defined in language_model_options.cpp.
+std::string to_json(const LanguageModelOptions& options);
+// Reads to_json's text back. A field that is missing, unknown, of the wrong type or out of range
+// is an Error naming `who`, the field and the value.
+LanguageModelOptions language_model_options_from_json(const std::string& text, const std::string& who);
+// One field in which two options differ, with both values as to_json writes them.
+struct OptionsDifference {
+  std::string field, stored, given;
+};
+// The architecture fields in which `given` differs from `stored`, in declaration order: every
+// field but dropout (a training setting that does not change what the weights compute in eval
+// mode, so a caller may pick another).
+std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored, const LanguageModelOptions& given);
 
 struct LanguageModelOutput {
   Tensor logits;                   // (B, T, V)

@@ -14,20 +14,37 @@ Adam::Adam(const std::vector<Tensor>& params, const AdamOptions& o) : Adam(param
 
 Adam::Adam(NamedTensors params, const AdamOptions& o, bool decoupled, const char* who)
     : Optimizer(std::move(params), o.lr(), {"exp_avg", "exp_avg_sq"}, who), options_(o), decoupled_(decoupled) {
-  validate();
+  validate(options_);
 }
 
 Adam::Adam(const std::vector<Tensor>& params, const AdamOptions& o, bool decoupled, const char* who)
     : Optimizer(params, o.lr(), {"exp_avg", "exp_avg_sq"}, who), options_(o), decoupled_(decoupled) {
-  validate();
+  validate(options_);
 }
 
-void Adam::validate() {
-  check_range(who_, "beta1", options_.beta1(), 0.0, 1.0, true);
-  check_range(who_, "beta2", options_.beta2(), 0.0, 1.0, true);
+void Adam::validate(const AdamOptions& o) const {
+  check_range(who_, "beta1", o.beta1(), 0.0, 1.0, true);
+  check_range(who_, "beta2", o.beta2(), 0.0, 1.0, true);
   // eps = 0 would divide 0 by 0 wherever a gradient and its history are zero.
-  if (!(std::isfinite(options_.eps()) && options_.eps() > 0.f)) fail(who_, ": eps ", options_.eps(), " must be finite and > 0");
-  check_range(who_, "weight_decay", options_.weight_decay(), 0.0, 1e30);
+  if (!(std::isfinite(o.eps()) && o.eps() > 0.f)) fail(who_, ": eps ", o.eps(), " must be finite and > 0");
+  check_range(who_, "weight_decay", o.weight_decay(), 0.0, 1e30);
+}
+
+std::vector<std::pair<std::string, float>> Adam::hyperparameters() const {
+  return {{"lr", lr()},
+          {"beta1", options_.beta1()},
+          {"beta2", options_.beta2()},
+          {"eps", options_.eps()},
+          {"weight_decay", options_.weight_decay()}};
+}
+
+void Adam::set_hyperparameters(const std::map<std::string, float>& h) {
+  const AdamOptions o =
+      AdamOptions(h.at("lr")).beta1(h.at("beta1")).beta2(h.at("beta2")).eps(h.at("eps")).weight_decay(h.at("weight_decay"));
+  check_range(who_, "lr", o.lr(), 0.0, 1e30);
+  validate(o);
+  options_ = o;
+  set_lr(o.lr());
 }
 
 void Adam::update(Array& param, const Array& grad, ParamState& state) {

@@ -23,15 +23,19 @@ class Adam : public Optimizer {
  public:
   Adam(NamedTensors params, const AdamOptions& options);
   Adam(const std::vector<Tensor>& params, const AdamOptions& options);
+  // The options in use (lr as lr() gives it).
+  AdamOptions options() const { return AdamOptions(options_).lr(lr()); }
 
  protected:
   Adam(NamedTensors params, const AdamOptions& options, bool decoupled, const char* who);
   Adam(const std::vector<Tensor>& params, const AdamOptions& options, bool decoupled, const char* who);
 
  private:
-  void validate();
+  void validate(const AdamOptions& o) const;
   void update(Array& param, const Array& grad, ParamState& state) override;
   void check_slot(const std::string& key, std::size_t k, const Array& value) const override;
+  std::vector<std::pair<std::string, float>> hyperparameters() const override;
+  void set_hyperparameters(const std::map<std::string, float>& values) override;
   AdamOptions options_;
   bool decoupled_;
 };

@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <set>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/utf8.hpp"
 
 namespace xgrad::optim {
 
@@ -27,6 +30,10 @@ Optimizer::Optimizer(NamedTensors params, float lr, std::vector<std::string> slo
   if (params_.empty()) fail(who, ": no parameters to optimize");
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& [name, p] = params_[i];
+    check_utf8(name, who, "parameter name");
+    if (name.find(':') != std::string::npos) {
+      fail(who, ": parameter name '", name, "' holds ':', which state_dict keeps for the hyperparameters (\"", who, ":lr\")");
+    }
     if (!p.defined()) fail(who, ": parameter '", name, "' is undefined");
     if (!p.is_leaf() || !p.requires_grad()) fail(who, ": parameter '", name, "' must be a leaf that requires grad");
     for (std::size_t j = 0; j < i; ++j) {
@@ -69,8 +76,11 @@ void Optimizer::zero_grad() {
   for (auto& [name, p] : params_) p.zero_grad();
 }
 
+void Optimizer::set_hyperparameters(const std::map<std::string, float>& values) { set_lr(values.at("lr")); }
+
 NamedArrays Optimizer::state_dict() const {
   NamedArrays out;
+  for (const auto& [name, v] : hyperparameters()) out.emplace_back(std::string(who_) + ":" + name, Array(v));
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamState& s = state_[i];
     if (s.step == 0) continue;
@@ -81,6 +91,33 @@ NamedArrays Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const NamedArrays& state) {
+  // Hyperparameters first: "<type>:<name>", which no parameter name can spell.
+  std::map<std::string, float> hyper;
+  std::set<std::string> known;
+  for (const auto& [name, v] : hyperparameters()) known.insert(name);
+  std::string foreign;
+  for (const auto& [key, value] : state) {
+    const std::size_t colon = key.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string type = key.substr(0, colon), name = key.substr(colon + 1);
+    if (type != who_) {
+      if (foreign.empty()) foreign = "'" + type + "' (entry '" + key + "')";
+      continue;
+    }
+    if (!known.count(name)) fail(who_, ": unexpected hyperparameter '", key, "' (", who_, " has no ", name, ")");
+    if (value.size() != 1 || !std::isfinite(value.data()[0])) {
+      fail(who_, ": hyperparameter '", key, "' is not one finite value (shape ", shape_str(value.shape()), ")");
+    }
+    if (!hyper.emplace(name, value.data()[0]).second) fail(who_, ": state entry '", key, "' appears twice");
+  }
+  if (!foreign.empty()) {
+    fail(who_, ": the state was saved by another optimizer type, ", foreign, ", not ", who_);
+  }
+  if (!hyper.empty() && hyper.size() != known.size()) {
+    for (const auto& name : known) {
+      if (!hyper.count(name)) fail(who_, ": the state's hyperparameters are incomplete: no '", who_, ":", name, "'");
+    }
+  }
   std::vector<ParamState> fresh(params_.size());
   // seen[i][k] for slot k, seen[i][slots] for the step: each entry exactly once.
   std::vector<std::vector<bool>> seen(params_.size(), std::vector<bool>(slot_names_.size() + 1, false));
@@ -89,6 +126,7 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
     seen[i][k] = true;
   };
   for (const auto& [key, value] : state) {
+    if (key.find(':') != std::string::npos) continue;  // a hyperparameter, read above
     bool matched = false;
     for (std::size_t i = 0; i < params_.size() && !matched; ++i) {
       const std::string& pname = params_[i].first;
@@ -127,6 +165,24 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
       fail(who_, ": incomplete state for parameter '", params_[i].first, "' (", present, " of ", seen[i].size(),
            " entries)");
     }
+  }
+  if (!hyper.empty()) {
+    try {
+      set_hyperparameters(hyper);  // the last check: it throws before changing anything
+    } catch (const Error& e) {
+      fail(who_, ": the state's hyperparameters are invalid (", e.what(), ")");
+    }
+  } else if (!state.empty()) {
+    std::string kept;
+    for (const auto& [name, v] : hyperparameters()) {
+      char value[32];
+      std::snprintf(value, sizeof value, "%g", static_cast<double>(v));
+      kept += (kept.empty() ? "" : ", ") + name + " " + value;
+    }
+    std::fprintf(stderr,
+                 "xgrad: %s::load_state_dict: the state holds no hyperparameters (saved before xgrad stored them); "
+                 "keeping this optimizer's %s\n",
+                 who_, kept.c_str());
   }
   state_ = std::move(fresh);
 }

@@ -2,7 +2,9 @@
 // its save/restore. Optimizers see only parameters and their gradients.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xgrad/core/tensor.hpp"
@@ -19,10 +21,16 @@ class Optimizer {
   float lr() const { return lr_; }
   void set_lr(float lr);  // finite and >= 0
 
-  // Everything needed to resume exactly: "<param>.<slot>" arrays (e.g. "head.weight.exp_avg")
-  // and "<param>.step", for parameters that have been updated at least once.
+  // Everything needed to resume exactly: the hyperparameters as 0-d arrays "<type>:<name>"
+  // (e.g. "AdamW:lr", "AdamW:beta1"; what torch.optim keeps in param_groups), then
+  // "<param>.<slot>" arrays (e.g. "head.weight.exp_avg") and "<param>.step", for parameters that
+  // have been updated at least once. Parameter names cannot hold ':', so the two never collide.
   NamedArrays state_dict() const;
-  // Restores a state_dict; unknown names or wrong shapes are errors and leave the state as it was.
+  // Restores a state_dict, hyperparameters included (the learning rate and the rest replace the
+  // constructor's). A state of another optimizer type ("SGD:lr" given to AdamW), unknown names,
+  // wrong shapes, an incomplete or invalid set of hyperparameters are errors and leave
+  // everything as it was. A state saved before hyperparameters were stored keeps the
+  // constructor's, and says so in one line on stderr.
   void load_state_dict(const NamedArrays& state);
 
   const NamedTensors& params() const { return params_; }
@@ -41,6 +49,11 @@ class Optimizer {
   // Checks a state buffer being loaded (slot k, saved under `key`); throws naming the key.
   // The base requires finite values.
   virtual void check_slot(const std::string& key, std::size_t k, const Array& value) const;
+  // The hyperparameters state_dict stores, by name, lr first; the base has lr alone.
+  virtual std::vector<std::pair<std::string, float>> hyperparameters() const { return {{"lr", lr_}}; }
+  // Adopts a complete set (every name hyperparameters() lists) once all of it is valid; throws
+  // naming the value otherwise, changing nothing.
+  virtual void set_hyperparameters(const std::map<std::string, float>& values);
 
   const char* who_;
 

@@ -24,10 +24,14 @@ class SGD : public Optimizer {
  public:
   SGD(NamedTensors params, const SGDOptions& options);
   SGD(const std::vector<Tensor>& params, const SGDOptions& options);
+  // The options in use (lr as lr() gives it).
+  SGDOptions options() const { return SGDOptions(options_).lr(lr()); }
 
  private:
-  void validate();
+  void validate(const SGDOptions& o) const;
   void update(Array& param, const Array& grad, ParamState& state) override;
+  std::vector<std::pair<std::string, float>> hyperparameters() const override;
+  void set_hyperparameters(const std::map<std::string, float>& values) override;
   SGDOptions options_;
 };
 

@@ -1,15 +1,18 @@
 // Checkpoints: the safetensors format (layout, round trip, every kind of corrupt input as a clear
 // xgrad::Error), atomic saving, and nn::save_checkpoint / load_checkpoint with a model and an
-// optimizer (exact resume; all-or-nothing loading). Agreement with PyTorch lives elsewhere.
+// optimizer (exact resume; all-or-nothing loading; formats 1 and 2; buffers; strict(false);
+// stored LanguageModel options and load_language_model). Agreement with PyTorch lives elsewhere.
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -23,10 +26,13 @@
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 
+#include "fixture.hpp"
 #include "safetensors_bytes.hpp"
 #include "small_models.hpp"
 #include "test_files.hpp"
@@ -87,6 +93,41 @@ bool any_param_differs(const nn::Module& model, const NamedArrays& snapshot) {
     if (!bit_equal(params[i].second.value(), snapshot[i].second)) return true;
   }
   return false;
+}
+
+// A module with a child named "optimizer" (parameters "optimizer.weight", "optimizer.bias": the
+// names a format-1 file gave optimizer state) and a buffer.
+struct WithOptimizerChild : nn::Module {
+  explicit WithOptimizerChild(Generator& gen) {
+    optimizer = register_module("optimizer", std::make_shared<nn::Linear>(3, 2, true, gen));
+    scale = register_parameter("scale", Tensor(gen.uniform({2}, 0.5f, 1.5f)));
+    updates = register_buffer("updates", Array(0.f));
+  }
+  Tensor loss() const {
+    const Tensor y = optimizer->forward(Tensor(Array{{1.f, -2.f, 0.5f}, {0.3f, 0.1f, -1.f}})) * scale;  // (2, 2)
+    return sum(y * y);
+  }
+  std::shared_ptr<nn::Linear> optimizer;
+  Tensor scale, updates;
+};
+
+void train_step(WithOptimizerChild& m, optim::Optimizer& opt) {
+  opt.zero_grad();
+  m.loss().backward();
+  opt.step();
+  m.updates.mutable_value() += 1.f;
+}
+
+std::vector<std::string> names_of(const NamedArrays& state) {
+  std::vector<std::string> out;
+  for (const auto& [name, a] : state) out.push_back(name);
+  return out;
+}
+
+// A copy of `state` without the named entries.
+NamedArrays without(NamedArrays state, const std::set<std::string>& names) {
+  state.erase(std::remove_if(state.begin(), state.end(), [&](const auto& e) { return names.count(e.first) != 0; }), state.end());
+  return state;
 }
 
 // parse_safetensors on bytes must fail with an xgrad::Error (a different exception type
@@ -248,13 +289,13 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
   REQUIRE(!opt_state.empty());
   nn::save_checkpoint(path, a, opt_state, {{"step", "2"}, {"run", "test"}});
 
-  // The file holds the parameters by name and the optimizer state under "optimizer.".
+  // The file holds the parameters by name and the optimizer state under "optimizer:".
   {
     SafetensorsContents raw = load_safetensors(path);
     std::set<std::string> names;
     for (const auto& [name, v] : raw.tensors) names.insert(name);
     for (const auto& [name, p] : a.named_parameters()) CHECK(names.count(name) == 1);
-    for (const auto& [name, v] : opt_state) CHECK(names.count("optimizer." + name) == 1);
+    for (const auto& [name, v] : opt_state) CHECK(names.count("optimizer:" + name) == 1);
     CHECK(raw.tensors.size() == a.named_parameters().size() + opt_state.size());
   }
 
@@ -271,7 +312,7 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
   REQUIRE(ck.optimizer_state.size() == opt_state.size());
   std::map<std::string, const Array*> by_name;
   for (const auto& [name, v] : ck.optimizer_state) {
-    CHECK(name.rfind("optimizer.", 0) == std::string::npos);
+    CHECK(name.rfind("optimizer:", 0) == std::string::npos);
     by_name[name] = &v;
   }
   for (const auto& [name, v] : opt_state) {
@@ -766,6 +807,11 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     nn::LanguageModel bigger(nn::LanguageModelOptions(11, 8, 2, 3).d_ff(16).max_len(8).dropout(0.f), g);
     const std::string path = dir.file("bigger.safetensors");
     nn::save_checkpoint(path, bigger);
+    // The stored options name the difference; a file without them, the first extra tensor.
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") && Contains("bigger.safetensors") &&
+                                                               Contains("num_layers 3 in the file, 2 in the model"));
+    require_params_equal(target, before);
+    save_safetensors(path, nn::state_dict(bigger));
     REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("unexpected entry 'blocks.2."));
     require_params_equal(target, before);
   }
@@ -820,4 +866,319 @@ TEST_CASE("nn::load_state_dict copies values and does not alias the state", "[ch
   const NamedArrays copy = state;
   state[0].second.data()[0] += 1.f;  // editing the state afterwards does not reach the module
   require_params_equal(m, copy);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Namespaces, formats, buffers, strict(false), stored model options
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE("a module with a child named optimizer round-trips with its optimizer's state and buffers", "[checkpoint]") {
+  TempDir dir("xgrad_ckpt");
+  const std::string path = dir.file("child.safetensors");
+  Generator gen_a(21), gen_b(22);
+  WithOptimizerChild a(gen_a), b(gen_b);
+  optim::AdamW opt_a(a.named_parameters(), optim::AdamW::defaults(1e-2f).weight_decay(0.05f));
+  for (int i = 0; i < 2; ++i) train_step(a, opt_a);
+  opt_a.set_lr(0.0042f);  // as a schedule would
+  CHECK(names_of(nn::state_dict(a)) == std::vector<std::string>{"scale", "updates", "optimizer.weight", "optimizer.bias"});
+  nn::save_checkpoint(path, a, opt_a.state_dict(), {{"step", "2"}});
+
+  {
+    const SafetensorsContents raw = load_safetensors(path);
+    std::set<std::string> names;
+    for (const auto& [name, v] : raw.tensors) names.insert(name);
+    for (const char* n : {"optimizer.weight", "optimizer.bias", "scale", "updates", "optimizer:AdamW:lr",
+                          "optimizer:optimizer.weight.exp_avg", "optimizer:scale.step"}) {
+      INFO(n);
+      CHECK(names.count(n) == 1);
+    }
+    CHECK(raw.metadata == Metadata{{"step", "2"}, {"xgrad.checkpoint", "2"}});  // no model options: not a LanguageModel
+  }
+
+  REQUIRE(b.updates.value()() == 0.f);
+  const nn::Checkpoint ck = nn::load_checkpoint(path, b);
+  const NamedArrays saved = nn::state_dict(a);
+  const NamedArrays got = nn::state_dict(b);
+  REQUIRE(names_of(got) == names_of(saved));
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(bit_equal(got[i].second, saved[i].second));
+  CHECK(b.updates.value()() == 2.f);  // the buffer came back
+  CHECK(!b.updates.requires_grad());
+  CHECK(ck.metadata == Metadata{{"step", "2"}});
+  CHECK(!ck.model_options);
+  CHECK(names_of(ck.optimizer_state) == names_of(opt_a.state_dict()));
+
+  // The resumed optimizer takes the saved hyperparameters, not its constructor's.
+  optim::AdamW opt_b(b.named_parameters(), optim::AdamW::defaults(0.5f));
+  opt_b.load_state_dict(ck.optimizer_state);
+  CHECK(opt_b.lr() == 0.0042f);
+  CHECK(opt_b.options().weight_decay() == 0.05f);
+  for (int i = 0; i < 2; ++i) {
+    train_step(a, opt_a);
+    train_step(b, opt_b);
+    require_params_equal(b, [&] {
+      NamedArrays p;
+      for (const auto& [name, t] : a.named_parameters()) p.emplace_back(name, t.value());
+      return p;
+    }());
+  }
+}
+
+TEST_CASE("a format-1 checkpoint (optimizer.<name>, no marker, no options) still loads", "[checkpoint]") {
+  // Written by an earlier xgrad and kept as it was: Pre-Norm, learned positions, GELU, one AdamW step.
+  const std::string path = testing::fixture_path("xgrad_lm_format1.safetensors");
+  const nn::LanguageModelOptions o = nn::LanguageModelOptions(11, 8, 2, 2).max_len(8).dropout(0.f);
+  {
+    const SafetensorsContents raw = load_safetensors(path);
+    REQUIRE(raw.metadata == Metadata{{"written_by", "tests/test_torch_export.cpp"}});
+    REQUIRE(raw.tensors.back().first.rfind("optimizer.", 0) == 0);
+  }
+  nn::LanguageModel model(o);
+  const nn::Checkpoint ck = nn::load_checkpoint(path, model);
+  CHECK(!ck.model_options);
+  CHECK(ck.metadata == Metadata{{"written_by", "tests/test_torch_export.cpp"}});
+  std::set<std::string> params;
+  for (const auto& [name, p] : model.named_parameters()) params.insert(name);
+  REQUIRE(ck.optimizer_state.size() == 3 * params.size());
+  for (const auto& [name, a] : ck.optimizer_state) {
+    INFO(name);
+    CHECK(params.count(name.substr(0, name.rfind('.'))) == 1);
+  }
+  // Its optimizer state has no hyperparameters: the constructor's stay.
+  optim::AdamW opt(model.named_parameters(), optim::AdamW::defaults(0.123f));
+  opt.load_state_dict(ck.optimizer_state);
+  CHECK(opt.lr() == 0.123f);
+  CHECK(opt.options().weight_decay() == 0.01f);
+
+  // load_language_model needs the options for it, and then builds the same model.
+  REQUIRE_THROWS_WITH(nn::load_language_model(path), Contains("load_language_model: '" + path + "'") &&
+                                                         Contains("the file stores no model options"));
+  const nn::LoadedLanguageModel loaded = nn::load_language_model(path, o);
+  CHECK(loaded.checkpoint.optimizer_state.size() == ck.optimizer_state.size());
+  const NamedArrays want = nn::state_dict(model);
+  require_params_equal(*loaded.model, want);
+}
+
+TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every field", "[checkpoint]") {
+  TempDir dir("xgrad_ckpt");
+  const nn::LanguageModelOptions o = nn::LanguageModelOptions(13, 12, 3, 2)
+                                         .d_ff(20)
+                                         .max_len(9)
+                                         .dropout(0.25f)
+                                         .norm(nn::Norm::post)
+                                         .activation(nn::Activation::gelu_tanh)
+                                         .positional(nn::Positional::sinusoidal)
+                                         .layer_norm_eps(1e-3f);
+  const std::string text = nn::to_json(o);
+  for (const char* part : {"\"vocab_size\":13", "\"d_model\":12", "\"num_heads\":3", "\"num_layers\":2", "\"d_ff\":20",
+                           "\"max_len\":9", "\"norm\":\"post\"", "\"activation\":\"gelu_tanh\"", "\"positional\":\"sinusoidal\"",
+                           "\"dropout\":0.25", "\"layer_norm_eps\":"}) {
+    INFO(text << " holds " << part);
+    CHECK(text.find(part) != std::string::npos);
+  }
+  auto same = [](const nn::LanguageModelOptions& x, const nn::LanguageModelOptions& y) {
+    return x.vocab_size() == y.vocab_size() && x.d_model() == y.d_model() && x.num_heads() == y.num_heads() &&
+           x.num_layers() == y.num_layers() && x.d_ff() == y.d_ff() && x.max_len() == y.max_len() &&
+           x.dropout() == y.dropout() && x.norm() == y.norm() && x.activation() == y.activation() &&
+           x.positional() == y.positional() && x.layer_norm_eps() == y.layer_norm_eps();
+  };
+  CHECK(same(nn::language_model_options_from_json(text, "test"), o));
+  CHECK(nn::architecture_differences(o, o).empty());
+
+  Generator gen(5);
+  nn::LanguageModel model(o, gen);
+  const std::string path = dir.file("lm.safetensors");
+  nn::save_checkpoint(path, model);
+  CHECK(load_safetensors(path).metadata.at("xgrad.model_options") == text);
+
+  nn::LoadedLanguageModel loaded = nn::load_language_model(path);
+  CHECK(same(loaded.model->options(), o));
+  REQUIRE(loaded.checkpoint.model_options);
+  CHECK(same(*loaded.checkpoint.model_options, o));
+  CHECK(loaded.checkpoint.metadata.empty());
+  model.eval();
+  loaded.model->eval();
+  const IndexArray ids{{1, 4, 12, 0}};
+  NoGradGuard no_grad;
+  CHECK(bit_equal(loaded.model->forward(ids).logits.value(), model.forward(ids).logits.value()));
+
+  // The caller's dropout is a training setting, not a contradiction; the rest come from the file.
+  const nn::LoadedLanguageModel no_dropout = nn::load_language_model(path, nn::LanguageModelOptions(o).dropout(0.f));
+  CHECK(no_dropout.model->options().dropout() == 0.f);
+  CHECK(no_dropout.model->options().positional() == nn::Positional::sinusoidal);
+}
+
+TEST_CASE("stored options that contradict the caller's are named field by field", "[checkpoint]") {
+  TempDir dir("xgrad_ckpt");
+  const std::string path = dir.file("lm.safetensors");
+  Generator gen(6);
+  nn::LanguageModel saved(small_lm(), gen);
+  nn::save_checkpoint(path, saved);
+
+  const auto wrong = small_lm().num_heads(4).layer_norm_eps(1e-3f).dropout(0.3f);
+  REQUIRE_THROWS_WITH(nn::load_language_model(path, wrong),
+                      Contains("load_language_model: '" + path + "': the stored model options contradict the ones asked for: ") &&
+                          Contains("num_heads 2 in the file, 4 asked; layer_norm_eps ") && !Contains("dropout"));
+  Generator gen_b(7);
+  nn::LanguageModel four_heads(small_lm().num_heads(4), gen_b);
+  const NamedArrays before = nn::state_dict(four_heads);
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, four_heads),
+                      Contains("load_checkpoint: '" + path + "'") && Contains("num_heads 2 in the file, 4 in the model"));
+  require_params_equal(four_heads, before);
+  REQUIRE_THROWS_WITH(nn::check_model_options(small_lm(), small_lm().norm(nn::Norm::post).activation(nn::Activation::relu), "caller"),
+                      Contains("caller: the stored model options contradict the ones asked for: norm \"pre\" in the file, "
+                               "\"post\" asked; activation \"gelu\" in the file, \"relu\" asked"));
+  REQUIRE_NOTHROW(nn::check_model_options(small_lm(), small_lm().dropout(0.5f), "caller"));
+}
+
+TEST_CASE("model options and checkpoint formats that cannot be read are refused naming the field", "[checkpoint]") {
+  const std::string good = nn::to_json(small_lm());
+  auto edited = [&](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    if (value.is_discarded()) {
+      j.erase(key);
+    } else {
+      j[key] = value;
+    }
+    return j.dump();
+  };
+  const nlohmann::json gone = nlohmann::json(nlohmann::json::value_t::discarded);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {edited("num_heads", gone), "who: the model options have no field \"num_heads\""},
+      {edited("heads", 2), "who: unknown model option \"heads\""},
+      {edited("num_heads", -2), "who: model option num_heads = -2 is not a whole number up to 2^32"},
+      {edited("d_model", 2.5), "model option d_model = 2.5 is not a whole number"},
+      {edited("num_layers", 1e30), "model option num_layers = 1e+30 is not a whole number"},
+      {edited("norm", "sideways"), "model option norm = \"sideways\" is not one of pre, post"},
+      {edited("activation", 3), "model option activation = 3 is not one of gelu, gelu_tanh, relu"},
+      {edited("dropout", "0.1"), "model option dropout = \"0.1\" is not a number"},
+      {edited("layer_norm_eps", 1e300), "model option layer_norm_eps = 1e+300 is not a finite float"},
+      {"[1, 2]", "who: the model options are not a JSON object"},
+      {"{\"vocab_size\": ", "who: the model options are not valid JSON"},
+  };
+  for (const auto& [text, message] : cases) {
+    INFO(text);
+    REQUIRE_THROWS_WITH(nn::language_model_options_from_json(text, "who"), Contains(message));
+  }
+
+  TempDir dir("xgrad_ckpt");
+  const std::string path = dir.file("lm.safetensors");
+  Generator gen(8);
+  nn::LanguageModel model(small_lm(), gen);
+  nn::save_checkpoint(path, model);
+  SafetensorsContents c = load_safetensors(path);
+  const std::string tampered = dir.file("tampered.safetensors");
+
+  // Options describing a model far larger than the file: refused before anything is built.
+  c.metadata["xgrad.model_options"] = edited("num_layers", 100000);
+  save_safetensors(tampered, c.tensors, c.metadata);
+  REQUIRE_THROWS_WITH(nn::load_language_model(tampered), Contains("load_language_model: '" + tampered + "'") &&
+                                                             Contains("describe a model of about") && Contains("but the file holds"));
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model), Contains("num_layers 100000 in the file, 2 in the model"));
+  // Options the library refuses.
+  c.metadata["xgrad.model_options"] = edited("num_heads", 3);
+  save_safetensors(tampered, c.tensors, c.metadata);
+  REQUIRE_THROWS_WITH(nn::load_language_model(tampered), Contains("load_language_model: '" + tampered + "'") && Contains("num_heads 3"));
+  c.metadata["xgrad.model_options"] = "{";
+  save_safetensors(tampered, c.tensors, c.metadata);
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model),
+                      Contains("load_checkpoint: '" + tampered + "': the model options are not valid JSON"));
+  // A format this xgrad does not know.
+  c.metadata["xgrad.model_options"] = good;
+  c.metadata["xgrad.checkpoint"] = "3";
+  save_safetensors(tampered, c.tensors, c.metadata);
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model),
+                      Contains("load_checkpoint: '" + tampered + "' has checkpoint format \"3\"; this xgrad reads formats 1 and 2"));
+}
+
+TEST_CASE("strict(false) loads the names both have and lists the others, as PyTorch does", "[checkpoint]") {
+  Generator g1(31), g2(32);
+  nn::LanguageModel m(small_lm(), g1), other(small_lm(), g2);
+  const NamedArrays before = nn::state_dict(m);
+  NamedArrays state = without(nn::state_dict(other), {"head.bias", "final_norm.weight"});
+  state.emplace_back("ghost", Array(1.f));
+  state.emplace_back("extra.w", Array{1.f, 2.f});
+
+  REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict: missing parameter 'final_norm.weight'"));
+  require_params_equal(m, before);
+
+  const nn::LoadResult r = nn::load_state_dict(m, state, nn::LoadOptions().strict(false));
+  CHECK(r.missing_keys == std::vector<std::string>{"final_norm.weight", "head.bias"});  // the module's order
+  CHECK(r.unexpected_keys == std::vector<std::string>{"ghost", "extra.w"});           // the state's order
+  const NamedArrays now = nn::state_dict(m), theirs = nn::state_dict(other);
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    INFO(now[i].first);
+    const bool kept = now[i].first == "head.bias" || now[i].first == "final_norm.weight";
+    CHECK(bit_equal(now[i].second, kept ? before[i].second : theirs[i].second));
+  }
+  // A strict load of a full state reports nothing.
+  const nn::LoadResult full = nn::load_state_dict(m, nn::state_dict(other));
+  CHECK(full.missing_keys.empty());
+  CHECK(full.unexpected_keys.empty());
+
+  // Shapes and non-finite weights are refused either way, before anything is written.
+  Generator g3(33);
+  nn::LanguageModel target(small_lm(), g3);
+  const NamedArrays target_before = nn::state_dict(target);
+  NamedArrays misshapen = state;
+  for (auto& [name, a] : misshapen) {
+    if (name == "head.weight") a = filled({8, 11}, 1.f);
+  }
+  REQUIRE_THROWS_WITH(nn::load_state_dict(target, misshapen, nn::LoadOptions().strict(false)),
+                      Contains("parameter 'head.weight' has shape (8, 11) in the state but (11, 8) in the module"));
+  NamedArrays nan_state = state;
+  nan_state.back().second = Array{1.f, 2.f};
+  nan_state.front().second.data()[1] = std::nanf("");
+  REQUIRE_THROWS_WITH(nn::load_state_dict(target, nan_state, nn::LoadOptions().strict(false)),
+                      Contains("parameter '" + nan_state.front().first + "' holds nan at flat position 1"));
+  require_params_equal(target, target_before);
+
+  // Through a file.
+  TempDir dir("xgrad_ckpt");
+  const std::string path = dir.file("partial.safetensors");
+  save_safetensors(path, without(nn::state_dict(other), {"tok_emb.weight"}));
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("missing parameter 'tok_emb.weight'"));
+  const nn::Checkpoint ck = nn::load_checkpoint(path, target, nn::LoadOptions().strict(false));
+  CHECK(ck.missing_keys == std::vector<std::string>{"tok_emb.weight"});
+  CHECK(ck.unexpected_keys.empty());
+  CHECK(bit_equal(target.head->weight.value(), other.head->weight.value()));
+}
+
+TEST_CASE("buffers load back by name; a missing or misshapen buffer is named as a buffer", "[checkpoint]") {
+  Generator g1(41), g2(42);
+  WithOptimizerChild a(g1), b(g2);
+  a.updates.mutable_value() = Array(-INFINITY);  // buffers may hold any value
+  nn::load_state_dict(b, nn::state_dict(a));
+  CHECK(b.updates.value()() == -INFINITY);
+  REQUIRE_THROWS_WITH(nn::load_state_dict(b, without(nn::state_dict(a), {"updates"})),
+                      Contains("load_state_dict: missing buffer 'updates'"));
+  NamedArrays misshapen = nn::state_dict(a);
+  misshapen[1].second = Array{1.f, 2.f};
+  REQUIRE_THROWS_WITH(nn::load_state_dict(b, misshapen),
+                      Contains("load_state_dict: buffer 'updates' has shape (2) in the state but () in the module"));
+  const nn::LoadResult r = nn::load_state_dict(b, without(nn::state_dict(a), {"updates"}), nn::LoadOptions().strict(false));
+  CHECK(r.missing_keys == std::vector<std::string>{"updates"});
+}
+
+TEST_CASE("save_checkpoint refuses names and metadata that are not UTF-8, naming itself and the bytes", "[checkpoint]") {
+  TempDir dir("xgrad_ckpt");
+  const std::string path = dir.file("m.safetensors");
+  Generator gen(51);
+  WithOptimizerChild m(gen);
+  nn::save_checkpoint(path, m, {}, {{"k", "v"}});
+  const std::string good = read_bytes(path);
+  const std::vector<std::pair<std::function<void()>, std::string>> cases = {
+      {[&] { nn::save_checkpoint(path, m, {{std::string("w") + '\xff', Array(1.f)}}); },
+       "save_checkpoint: optimizer state name \"w\\xFF\" is not valid UTF-8 (byte 0xFF at offset 1)"},
+      {[&] { nn::save_checkpoint(path, m, {}, {{std::string("k") + '\xc0', "v"}}); },
+       "save_checkpoint: metadata key \"k\\xC0\" is not valid UTF-8 (byte 0xC0 at offset 1)"},
+      {[&] { nn::save_checkpoint(path, m, {}, {{"note", "\xe2\x82"}}); },
+       "save_checkpoint: metadata value of 'note' \"\\xE2\\x82\" is not valid UTF-8 (byte 0xE2 at offset 0)"},
+      {[&] { nn::save_checkpoint(path, m, {}, {{"xgrad.model_options", "{}"}}); },
+       "save_checkpoint: metadata key 'xgrad.model_options' is reserved"},
+  };
+  for (const auto& [save, message] : cases) {
+    INFO(message);
+    REQUIRE_THROWS_WITH(save(), Contains(message));
+    REQUIRE(read_bytes(path) == good);  // the earlier file is intact
+  }
 }

@@ -76,12 +76,10 @@ struct Snapshot {
   Metadata metadata;
 };
 
-// What nn::save_checkpoint writes for a snapshot: the parameters, then the optimizer state under
-// "optimizer.<name>" (checked against save_checkpoint's own file below).
-NamedArrays checkpoint_contents(const Snapshot& s) {
-  NamedArrays all = s.params;
-  for (const auto& [name, a] : s.optimizer_state) all.emplace_back("optimizer." + name, a);
-  return all;
+// What nn::save_checkpoint writes for a snapshot's model (checked against save_checkpoint's own
+// file below).
+SafetensorsContents checkpoint_contents(const nn::Module& model, const Snapshot& s) {
+  return nn::checkpoint_contents(model, s.optimizer_state, s.metadata);
 }
 
 // The child: saves checkpoint B to `path` again and again, writing 'S' to the pipe just before
@@ -198,10 +196,10 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
 
   // The reference bytes of each file, and how long one save takes here. The child's way of
   // saving B writes exactly what nn::save_checkpoint writes.
-  const NamedArrays contents_b = checkpoint_contents(b);
+  const SafetensorsContents contents_b = checkpoint_contents(model_b, b);
   nn::save_checkpoint(dir.file("b_reference"), model_b, b.optimizer_state, b.metadata);
   const std::string bytes_b = read_bytes(dir.file("b_reference"));
-  save_safetensors(dir.file("b_direct"), contents_b, b.metadata);
+  save_safetensors(dir.file("b_direct"), contents_b.tensors, contents_b.metadata);
   REQUIRE(read_bytes(dir.file("b_direct")) == bytes_b);
   fs::remove(dir.file("b_reference"));
   fs::remove(dir.file("b_direct"));
@@ -249,7 +247,7 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
     REQUIRE(child.pid >= 0);
     if (child.pid == 0) {
       rd.close();
-      child_saves(wr.fd, path, contents_b, b.metadata);
+      child_saves(wr.fd, path, contents_b.tensors, contents_b.metadata);
     }
     wr.close();  // so the parent sees EOF once the child is gone
     const pid_t pid = child.pid;

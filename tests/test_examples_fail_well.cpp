@@ -365,3 +365,48 @@ TEST_CASE("train_lm --import: bad usage and unusable files are refused in one li
   one_line(sample(dir.file("short.safetensors"), {"--import", "gpt2", "--heads", "2"}), 1,
            {"from_gpt2: missing tensor 'h.1.mlp.c_fc.bias'"});
 }
+
+TEST_CASE("train_lm stores the model options in every checkpoint and refuses flags that contradict them", "[examples][bad_input]") {
+  TempDir dir("xgrad_fail_options");
+  const std::string ck = trained_checkpoint(dir, "3");
+  const std::string good = read_bytes(ck);
+  const xgrad::Metadata meta = xgrad::load_safetensors(ck).metadata;
+  REQUIRE(meta.at("xgrad.checkpoint") == "2");
+  const xgrad::nn::LanguageModelOptions o = xgrad::nn::language_model_options_from_json(meta.at("xgrad.model_options"), "test");
+  CHECK(o.vocab_size() == 256);
+  CHECK(o.num_layers() == 1);
+  CHECK(o.d_model() == 16);
+  CHECK(o.num_heads() == 2);
+  CHECK(o.d_ff() == 64);
+  CHECK(o.max_len() == 16);
+
+  // --sample: a wrong --heads is refused naming the field; several wrong flags are all named.
+  require_fails(run(dir, "train_lm", {"--checkpoint", ck, "--sample", "5", "--heads", "4"}), 2,
+                {"train_lm: error: --sample: '" + ck + "': the stored model options contradict the ones asked for: num_heads 2 in the file, 4 asked"});
+  const Outcome several = run(dir, "train_lm", {"--checkpoint", ck, "--sample", "5", "--layers", "3", "--norm", "post", "--d-ff", "32"});
+  require_fails(several, 2, {"num_layers 1 in the file, 3 asked; d_ff 64 in the file, 32 asked; norm \"pre\" in the file, \"post\" asked"});
+  // Flags that agree, and no flags, sample the same bytes.
+  const Outcome agree = run(dir, "train_lm", {"--checkpoint", ck, "--sample", "20", "--heads", "2", "--d-model", "16", "--temperature", "0"});
+  const Outcome plain = run(dir, "train_lm", {"--checkpoint", ck, "--sample", "20", "--temperature", "0"});
+  INFO(agree);
+  REQUIRE(agree.code == 0);
+  REQUIRE(plain.code == 0);
+  CHECK(agree.out == plain.out);
+  CHECK(agree.out.size() == std::string("The ").size() + 20 + 1);
+
+  // --resume with a wrong --heads: refused before anything is loaded.
+  std::vector<std::string> resume = tiny({"--steps", "6", "--warmup", "1", "--checkpoint", ck, "--resume"});
+  *(std::find(resume.begin(), resume.end(), std::string("--heads")) + 1) = "4";
+  require_fails(run(dir, "train_lm", resume), 2, {"--heads 2 in the checkpoint, 4 now"});
+
+  // Stored options that contradict the file's own config (an edited file): exit 1 naming the field.
+  xgrad::SafetensorsContents c = xgrad::load_safetensors(ck);
+  nlohmann::json j = nlohmann::json::parse(c.metadata.at("xgrad.model_options"));
+  j["num_heads"] = 4;
+  c.metadata["xgrad.model_options"] = j.dump();
+  const std::string edited = dir.file("edited.safetensors");
+  xgrad::save_safetensors(edited, c.tensors, c.metadata);
+  require_fails(run(dir, "train_lm", {"--checkpoint", edited, "--sample", "5"}), 1,
+                {"load_language_model: '" + edited + "'", "num_heads 4 in the file, 2 asked"});
+  REQUIRE(read_bytes(ck) == good);
+}

@@ -1,5 +1,5 @@
-// Module semantics (dotted parameter names, train/eval, registration errors, initialization and
-// its reproducibility) and the contracts of MultiHeadAttention, TransformerBlock and
+// Module semantics (dotted parameter names, buffers, train/eval, registration errors,
+// initialization and its reproducibility) and the contracts of MultiHeadAttention, TransformerBlock and
 // LanguageModel (errors, masks, the Pre-Norm / Post-Norm formulas, dropout, generate()).
 // Gradients of the same modules are checked in test_nn_gradcheck.cpp.
 //
@@ -73,6 +73,7 @@ void randomize_norms(nn::Module& m, std::uint64_t seed) {
 
 // Exposes Module's protected registration for the error tests.
 struct Probe : nn::Module {
+  using nn::Module::register_buffer;
   using nn::Module::register_module;
   using nn::Module::register_parameter;
 };
@@ -360,6 +361,67 @@ TEST_CASE("register errors: duplicate names, dotted or empty names, undefined or
                Contains("register_module") && Contains("'null'"));
   // the failed registrations left nothing behind
   REQUIRE(names_of(m.named_parameters()) == std::vector<std::string>{"w", "sub.weight", "sub.bias"});
+}
+
+TEST_CASE("names that are not UTF-8 or hold ':' are refused where they are registered, naming the bytes",
+          "[nn][module][errors]") {
+  Probe m;
+  const std::string bad = std::string("w") + '\xff';
+  REQUIRE_THAT(error_of([&] { m.register_parameter(bad, Tensor(Array{1.f})); }),
+               Contains("Module::register_parameter: name \"w\\xFF\" is not valid UTF-8 (byte 0xFF at offset 1)"));
+  REQUIRE_THAT(error_of([&] { m.register_module("sub\xc3", std::make_shared<nn::Linear>(2, 3)); }),
+               Contains("Module::register_module: name \"sub\\xC3\" is not valid UTF-8 (byte 0xC3 at offset 3)"));
+  REQUIRE_THAT(error_of([&] { m.register_buffer("\xed\xa0\x80", Array{1.f}); }),  // a surrogate
+               Contains("Module::register_buffer: name \"\\xED\\xA0\\x80\" is not valid UTF-8 (byte 0xED at offset 0)"));
+  // ':' is the checkpoints' namespace separator ("optimizer:..."), so no module path holds one.
+  REQUIRE_THAT(error_of([&] { m.register_parameter("a:b", Tensor(Array{1.f})); }),
+               Contains("Module::register_parameter: name 'a:b' must be non-empty and contain no '.' or ':'"));
+  REQUIRE_THAT(error_of([&] { m.register_module("optimizer:x", std::make_shared<nn::Linear>(2, 3)); }),
+               Contains("Module::register_module") && Contains("'optimizer:x'"));
+  REQUIRE_THAT(error_of([&] { m.register_buffer("", Array{1.f}); }), Contains("Module::register_buffer") && Contains("non-empty"));
+  // UTF-8 beyond ASCII is a fine name.
+  m.register_parameter("poids_\xc3\xa9", Tensor(Array{1.f}));
+  m.register_module("optimizer", std::make_shared<nn::Linear>(2, 3));
+  REQUIRE(names_of(m.named_parameters()) ==
+          std::vector<std::string>{"poids_\xc3\xa9", "optimizer.weight", "optimizer.bias"});
+}
+
+TEST_CASE("buffers are saved state that is not trained: not parameters, no gradient, dotted paths", "[nn][module]") {
+  Probe root;
+  auto child = std::make_shared<Probe>();
+  Tensor w = root.register_parameter("w", Tensor(Array{1.f, 2.f}));
+  Tensor count = root.register_buffer("count", Array(3.f));
+  child->register_parameter("v", Tensor(Array{4.f}));
+  Tensor mask = child->register_buffer("mask", Tensor(Array{0.f, -INFINITY}));
+  root.register_module("child", child);
+
+  CHECK(names_of(root.named_parameters()) == std::vector<std::string>{"w", "child.v"});
+  CHECK(names_of(root.named_buffers()) == std::vector<std::string>{"count", "child.mask"});
+  // Module by module: parameters, then buffers, then children.
+  CHECK(names_of(root.named_state()) == std::vector<std::string>{"w", "count", "child.v", "child.mask"});
+  CHECK(root.parameters().size() == 2);
+  CHECK(root.num_parameters() == 3);
+  CHECK(!count.requires_grad());
+  CHECK(root.named_buffers()[1].second.is_same(mask));
+
+  // A loss through a buffer gives the parameter a gradient and the buffer none.
+  sum(w * count).backward();
+  CHECK(w.grad()(0) == 3.f);
+  CHECK(!count.has_grad());
+
+  // A buffer does not require grad and is a leaf; names are shared with parameters and children.
+  REQUIRE_THAT(error_of([&] { root.register_buffer("g", Tensor(Array{1.f}, true)); }),
+               Contains("Module::register_buffer: buffer 'g' must be a leaf that does not require grad"));
+  REQUIRE_THAT(error_of([&] { root.register_buffer("u", Tensor()); }), Contains("register_buffer") && Contains("undefined"));
+  REQUIRE_THAT(error_of([&] { root.register_buffer("w", Array{1.f}); }),
+               Contains("Module::register_buffer: 'w' is already registered as a parameter"));
+  REQUIRE_THAT(error_of([&] { root.register_parameter("count", Tensor(Array{1.f})); }),
+               Contains("Module::register_parameter: 'count' is already registered as a buffer"));
+  REQUIRE_THAT(error_of([&] { root.register_buffer("child", Array{1.f}); }),
+               Contains("Module::register_buffer: 'child' is already registered as a module"));
+  REQUIRE_THAT(error_of([&] { root.register_module("w", std::make_shared<nn::Linear>(2, 3)); }),
+               Contains("Module::register_module: 'w' is already registered as a parameter"));
+  CHECK(names_of(root.named_state()) == std::vector<std::string>{"w", "count", "child.v", "child.mask"});
 }
 
 // =============================================================================================

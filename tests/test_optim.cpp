@@ -1,12 +1,16 @@
 // Optimizers' semantics: convergence on a convex loss, closed forms of the first steps, skipped
-// parameters, state save/restore (exact resume, rejected states leave the state untouched),
-// hyper-parameter validation, gradient clipping and learning-rate schedules. Agreement with
-// PyTorch's numbers lives in the fixture tests.
+// parameters, state save/restore (exact resume, hyperparameters restored, rejected states leave
+// the state untouched), hyper-parameter validation, gradient clipping and learning-rate
+// schedules. Agreement with PyTorch's numbers lives in the fixture tests.
 #include <catch2/catch.hpp>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -47,6 +51,21 @@ bool states_equal(const NamedArrays& a, const NamedArrays& b) {
     if (a[i].first != b[i].first || !bit_equal(a[i].second, b[i].second)) return false;
   }
   return true;
+}
+
+// The per-parameter entries of a state_dict, without the "<type>:<name>" hyperparameters.
+NamedArrays per_parameter(const NamedArrays& state) {
+  NamedArrays out;
+  for (const auto& e : state) {
+    if (e.first.find(':') == std::string::npos) out.push_back(e);
+  }
+  return out;
+}
+
+std::set<std::string> names_of(const NamedArrays& state) {
+  std::set<std::string> out;
+  for (const auto& e : state) out.insert(e.first);
+  return out;
 }
 
 // sum((p - target)^2): convex, minimum 0 at p = target.
@@ -112,6 +131,42 @@ std::vector<Kind> kinds() {
       {"Adam", [](const NamedTensors& p) { return std::make_unique<Adam>(p, AdamOptions(0.02f).weight_decay(0.05f)); }},
       {"AdamW", [](const NamedTensors& p) { return std::make_unique<AdamW>(p, AdamW::defaults(0.02f).weight_decay(0.1f)); }},
   };
+}
+
+// What `f` writes to stderr (through a temporary file put in place of descriptor 2).
+std::string stderr_of(const std::function<void()>& f) {
+  std::fflush(stderr);
+  char path[] = "/tmp/xgrad_optim_stderr_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(2);
+  ::dup2(fd, 2);
+  try {
+    f();
+  } catch (...) {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    ::close(fd);
+    ::unlink(path);
+    throw;
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(fd);
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::unlink(path);
+  return text;
+}
+
+float entry(const NamedArrays& state, const std::string& key) {
+  for (const auto& [name, a] : state) {
+    if (name == key) return a.data()[0];
+  }
+  FAIL("no state entry " << key);
+  return 0.f;
 }
 
 }  // namespace
@@ -311,14 +366,15 @@ TEST_CASE("Adam state entries are named after the parameters", "[optim]") {
     Generator gen(1);
     nn::Linear lin(3, 2, true, gen);
     Adam opt(lin.named_parameters(), AdamOptions(0.01f));
-    CHECK(opt.state_dict().empty());  // no update yet
+    // No update yet: the hyperparameters alone.
+    CHECK(names_of(opt.state_dict()) == std::set<std::string>{"Adam:lr", "Adam:beta1", "Adam:beta2", "Adam:eps", "Adam:weight_decay"});
     for (int i = 0; i < 3; ++i) {
       opt.zero_grad();
       sum(lin.forward(Tensor(Array{{1.f, 2.f, 3.f}})) * 0.5f).backward();
       opt.step();
     }
     std::map<std::string, Array> state;
-    for (const auto& [name, a] : opt.state_dict()) state[name] = a;
+    for (const auto& [name, a] : per_parameter(opt.state_dict())) state[name] = a;
     const std::set<std::string> expect = {"weight.step", "weight.exp_avg", "weight.exp_avg_sq",
                                           "bias.step",   "bias.exp_avg",   "bias.exp_avg_sq"};
     std::set<std::string> got;
@@ -338,7 +394,7 @@ TEST_CASE("Adam state entries are named after the parameters", "[optim]") {
     AdamW opt(params);
     train_step(params, opt);
     std::set<std::string> got;
-    for (const auto& [name, a] : opt.state_dict()) got.insert(name);
+    for (const auto& [name, a] : per_parameter(opt.state_dict())) got.insert(name);
     CHECK(got == std::set<std::string>{"enc.w.step", "enc.w.exp_avg", "enc.w.exp_avg_sq", "enc.b.step", "enc.b.exp_avg",
                                        "enc.b.exp_avg_sq"});
 
@@ -348,7 +404,7 @@ TEST_CASE("Adam state entries are named after the parameters", "[optim]") {
     set_grad(b, Array{1.f});
     unnamed.step();
     got.clear();
-    for (const auto& [name, x] : unnamed.state_dict()) got.insert(name);
+    for (const auto& [name, x] : per_parameter(unnamed.state_dict())) got.insert(name);
     CHECK(got == std::set<std::string>{"0.step", "0.exp_avg", "0.exp_avg_sq", "1.step", "1.exp_avg", "1.exp_avg_sq"});
   }
   SECTION("SGD has a momentum_buffer") {
@@ -357,7 +413,7 @@ TEST_CASE("Adam state entries are named after the parameters", "[optim]") {
     train_step(params, opt);
     train_step(params, opt);
     std::map<std::string, Array> state;
-    for (const auto& [name, a] : opt.state_dict()) state[name] = a;
+    for (const auto& [name, a] : per_parameter(opt.state_dict())) state[name] = a;
     std::set<std::string> got;
     for (const auto& [name, a] : state) got.insert(name);
     CHECK(got == std::set<std::string>{"enc.w.step", "enc.w.momentum_buffer", "enc.b.step", "enc.b.momentum_buffer"});
@@ -402,7 +458,7 @@ TEST_CASE("loading a partial state (some parameters never updated) resumes exact
     sum(tanh(p1[0].second)).backward();
     opt1.step();
   }
-  REQUIRE(opt1.state_dict().size() == 3);
+  REQUIRE(per_parameter(opt1.state_dict()).size() == 3);
   NamedTensors p2 = clone(p1);
   Adam opt2(p2, AdamOptions(0.05f));
   opt2.load_state_dict(opt1.state_dict());
@@ -423,9 +479,9 @@ TEST_CASE("loading an empty state resets the optimizer", "[optim]") {
   NamedTensors p1 = make_params();
   Adam opt1(p1, AdamOptions(0.05f));
   train_step(p1, opt1);
-  REQUIRE(!opt1.state_dict().empty());
+  REQUIRE(!per_parameter(opt1.state_dict()).empty());
   opt1.load_state_dict({});
-  CHECK(opt1.state_dict().empty());
+  CHECK(per_parameter(opt1.state_dict()).empty());
   // It now behaves like a fresh optimizer.
   NamedTensors p2 = clone(p1);
   Adam fresh(p2, AdamOptions(0.05f));
@@ -488,7 +544,7 @@ struct BadStateFixture {
 
 TEST_CASE("load_state_dict rejects bad states and leaves the previous state untouched", "[optim]") {
   BadStateFixture f;
-  REQUIRE(f.good.size() == 6);
+  REQUIRE(per_parameter(f.good).size() == 6);
   auto& opt = f.opt;
   auto with = [&](const std::string& k, const Array& v) { return f.with(k, v); };
   auto without = [&](const std::string& k) { return f.without(k); };
@@ -861,4 +917,140 @@ TEST_CASE("check_finite names the step, the parameter and the position of the fi
   REQUIRE_THROWS_WITH(optim::check_finite(9, 0.5f, params), "step 9: the gradient of 'b' is inf at flat position 1");
   a.mutable_grad()(2) = std::nanf("");
   REQUIRE_THROWS_WITH(optim::check_finite(9, 0.5f, params), "step 9: the gradient of 'a' is NaN at flat position 2");
+}
+
+// ----------------------------------------------------------------------------------------------
+// Hyperparameters in the state (torch.optim's param_groups)
+// ----------------------------------------------------------------------------------------------
+
+TEST_CASE("state_dict stores every hyperparameter and load_state_dict restores them", "[optim]") {
+  SECTION("SGD") {
+    NamedTensors p1 = make_params();
+    SGD saved(p1, SGDOptions(0.05f).momentum(0.8f).weight_decay(0.01f).nesterov(true));
+    train_step(p1, saved);
+    saved.set_lr(0.0125f);  // as a schedule would: the state holds the rate in use
+    const NamedArrays state = saved.state_dict();
+    CHECK(entry(state, "SGD:lr") == 0.0125f);
+    CHECK(entry(state, "SGD:momentum") == 0.8f);
+    CHECK(entry(state, "SGD:dampening") == 0.f);
+    CHECK(entry(state, "SGD:weight_decay") == 0.01f);
+    CHECK(entry(state, "SGD:nesterov") == 1.f);
+
+    NamedTensors p2 = clone(p1);
+    SGD resumed(p2, SGDOptions(0.9f));  // other values everywhere
+    resumed.load_state_dict(state);
+    CHECK(resumed.lr() == 0.0125f);
+    CHECK(resumed.options().lr() == 0.0125f);
+    CHECK(resumed.options().momentum() == 0.8f);
+    CHECK(resumed.options().weight_decay() == 0.01f);
+    CHECK(resumed.options().nesterov());
+    for (int i = 0; i < 3; ++i) {
+      train_step(p1, saved);
+      train_step(p2, resumed);
+      REQUIRE(params_equal(p1, p2));
+    }
+  }
+  SECTION("Adam and AdamW") {
+    for (const bool decoupled : {false, true}) {
+      INFO((decoupled ? "AdamW" : "Adam"));
+      const std::string type = decoupled ? "AdamW" : "Adam";
+      const AdamOptions o = AdamOptions(0.03f).beta1(0.8f).beta2(0.95f).eps(1e-6f).weight_decay(0.2f);
+      NamedTensors p1 = make_params();
+      std::unique_ptr<Adam> saved, resumed;
+      if (decoupled) {
+        saved = std::make_unique<AdamW>(p1, o);
+      } else {
+        saved = std::make_unique<Adam>(p1, o);
+      }
+      train_step(p1, *saved);
+      NamedTensors p2 = clone(p1);
+      if (decoupled) {
+        resumed = std::make_unique<AdamW>(p2);  // the defaults
+      } else {
+        resumed = std::make_unique<Adam>(p2, AdamOptions());
+      }
+      const NamedArrays state = saved->state_dict();
+      CHECK(entry(state, type + ":lr") == 0.03f);
+      CHECK(entry(state, type + ":beta1") == 0.8f);
+      CHECK(entry(state, type + ":beta2") == 0.95f);
+      CHECK(entry(state, type + ":eps") == 1e-6f);
+      CHECK(entry(state, type + ":weight_decay") == 0.2f);
+      REQUIRE(resumed->lr() != 0.03f);
+      resumed->load_state_dict(state);
+      CHECK(resumed->lr() == 0.03f);
+      CHECK(resumed->options().beta1() == 0.8f);
+      CHECK(resumed->options().beta2() == 0.95f);
+      CHECK(resumed->options().eps() == 1e-6f);
+      CHECK(resumed->options().weight_decay() == 0.2f);
+      for (int i = 0; i < 3; ++i) {
+        train_step(p1, *saved);
+        train_step(p2, *resumed);
+        REQUIRE(params_equal(p1, p2));
+      }
+    }
+  }
+}
+
+TEST_CASE("a state of another optimizer type, or with bad hyperparameters, is refused and changes nothing", "[optim]") {
+  BadStateFixture f;
+  auto& opt = f.opt;
+  auto with = [&](const std::string& k, const Array& v) { return f.with(k, v); };
+
+  SECTION("another type, named with this one") {
+    NamedTensors ps = make_params();
+    SGD sgd(ps, SGDOptions(0.1f).momentum(0.9f));
+    train_step(ps, sgd);
+    REQUIRE_THROWS_WITH(opt.load_state_dict(sgd.state_dict()),
+                        Contains("Adam: the state was saved by another optimizer type, 'SGD' (entry 'SGD:") && Contains(", not Adam"));
+    NamedTensors pw = make_params();
+    AdamW adamw(pw);
+    train_step(pw, adamw);
+    REQUIRE_THROWS_WITH(opt.load_state_dict(adamw.state_dict()), Contains("another optimizer type, 'AdamW'") && Contains("not Adam"));
+  }
+  SECTION("invalid values") {
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:beta1", Array(1.5f))),
+                        Contains("Adam: the state's hyperparameters are invalid") && Contains("beta1 1.5"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(-1.f))), Contains("hyperparameters are invalid") && Contains("lr -1"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:eps", Array(0.f))), Contains("eps 0 must be finite and > 0"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(kNaN))), Contains("hyperparameter 'Adam:lr' is not one finite value"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array{0.1f, 0.2f})), Contains("'Adam:lr' is not one finite value (shape (2))"));
+  }
+  SECTION("unknown, missing or repeated hyperparameters") {
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:momentum", Array(0.9f))),
+                        Contains("Adam: unexpected hyperparameter 'Adam:momentum' (Adam has no momentum)"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(f.without("Adam:beta2")),
+                        Contains("Adam: the state's hyperparameters are incomplete: no 'Adam:beta2'"));
+    NamedArrays twice = f.good;
+    twice.emplace_back("Adam:lr", Array(0.5f));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(twice), Contains("'Adam:lr' appears twice"));
+  }
+  f.require_untouched();
+  CHECK(opt.lr() == 0.05f);
+  CHECK(opt.options().weight_decay() == 0.01f);
+}
+
+TEST_CASE("a state saved without hyperparameters keeps the constructor's and says so once", "[optim]") {
+  NamedTensors p1 = make_params();
+  Adam saved(p1, AdamOptions(0.05f));
+  train_step(p1, saved);
+  const NamedArrays old_state = per_parameter(saved.state_dict());  // as states were written before
+  NamedTensors p2 = clone(p1);
+  Adam resumed(p2, AdamOptions(0.02f).beta1(0.7f));
+  const std::string said = stderr_of([&] { resumed.load_state_dict(old_state); });
+  CHECK(said ==
+        "xgrad: Adam::load_state_dict: the state holds no hyperparameters (saved before xgrad stored them); keeping this "
+        "optimizer's lr 0.02, beta1 0.7, beta2 0.999, eps 1e-08, weight_decay 0\n");
+  CHECK(resumed.lr() == 0.02f);
+  CHECK(resumed.options().beta1() == 0.7f);
+  CHECK(states_equal(per_parameter(resumed.state_dict()), old_state));
+  // An empty state resets silently.
+  CHECK(stderr_of([&] { resumed.load_state_dict({}); }).empty());
+}
+
+TEST_CASE("optimizer parameter names may not hold ':' and must be UTF-8", "[optim]") {
+  NamedTensors params = {{"a:b", param(Array{1.f})}};
+  REQUIRE_THROWS_WITH(Adam(params, AdamOptions()),
+                      Contains("Adam: parameter name 'a:b' holds ':', which state_dict keeps for the hyperparameters (\"Adam:lr\")"));
+  NamedTensors bad = {{std::string("w") + '\xfe', param(Array{1.f})}};
+  REQUIRE_THROWS_WITH(SGD(bad, SGDOptions(0.1f)), Contains("SGD: parameter name \"w\\xFE\" is not valid UTF-8 (byte 0xFE at offset 1)"));
 }

@@ -1,9 +1,10 @@
 // Agreement of tools/xgrad_to_torch.py with xgrad: LanguageModel checkpoints that xgrad wrote
-// (tests/fixtures/xgrad_lm_pre.safetensors, xgrad_lm_post.safetensors) and the logits PyTorch
-// computed from them through the tool (tests/fixtures/torch_export.json, written by
-// make_export_fixtures.py). No Python here. To regenerate: run this test with
-// XGRAD_WRITE_FIXTURES=1 (it rewrites the checkpoints, deterministically), then
-// /usr/bin/python3 tests/fixtures/make_export_fixtures.py.
+// (tests/fixtures/xgrad_lm_pre.safetensors, xgrad_lm_post.safetensors, format 2 with the model
+// options stored; xgrad_lm_format1.safetensors, written before checkpoints stored options or
+// marked their format, kept as it was) and the logits PyTorch computed from them through the
+// tool (tests/fixtures/torch_export.json, written by make_export_fixtures.py). No Python here.
+// To regenerate: run this test with XGRAD_WRITE_FIXTURES=1 (it rewrites the format-2
+// checkpoints, deterministically), then /usr/bin/python3 tests/fixtures/make_export_fixtures.py.
 // Shapes: B batch, T length, V vocabulary.
 #include <algorithm>
 #include <cmath>
@@ -34,17 +35,21 @@ struct Case {
   nn::Activation activation;
   const char* activation_name;  // as the tool spells it
   float eps;
-  bool writes;  // false: the same weights as an earlier case, run with other options
+  bool writes;  // false: not written by this test (the format-1 file, or weights of an earlier case)
+  bool stored_options;  // format 2: the tool reads the options from the file, given no arguments
 };
 
-// The third case runs the Pre-Norm weights with the other GELU and a larger eps, so that the
-// tool's activation and eps arguments are checked too.
+// The format-1 file holds the Pre-Norm weights of an earlier xgrad; its second case runs them
+// with the other GELU and a larger eps, so that the tool's activation and eps arguments are
+// checked too. The format-2 Post-Norm file has eps 1e-3, which the tool must read from it.
 const Case kCases[] = {
-    {"pre", "xgrad_lm_pre.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu, "gelu", 1e-5f, true},
-    {"post", "xgrad_lm_post.safetensors", nn::Norm::post, nn::Positional::sinusoidal, nn::Activation::relu, "relu", 1e-5f,
-     true},
-    {"pre_gelu_tanh", "xgrad_lm_pre.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu_tanh,
-     "gelu_tanh", 1e-3f, false},
+    {"pre", "xgrad_lm_pre.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu, "gelu", 1e-5f, true, true},
+    {"post", "xgrad_lm_post.safetensors", nn::Norm::post, nn::Positional::sinusoidal, nn::Activation::relu, "relu", 1e-3f,
+     true, true},
+    {"format1", "xgrad_lm_format1.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu, "gelu", 1e-5f,
+     false, false},
+    {"format1_gelu_tanh", "xgrad_lm_format1.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu_tanh,
+     "gelu_tanh", 1e-3f, false, false},
 };
 constexpr std::size_t kVocab = 11, kDModel = 8, kHeads = 2, kLayers = 2, kMaxLen = 8;
 
@@ -64,7 +69,7 @@ bool ends_with(const std::string& s, const std::string& end) {
 }
 
 // Seeded weights, LayerNorms moved away from 1 and 0; the Pre-Norm model also takes one AdamW
-// step, so its file carries "optimizer.*" tensors that the tool must skip.
+// step, so its file carries "optimizer:*" tensors that the tool must skip.
 void write_checkpoint(const Case& c, std::uint64_t seed) {
   Generator gen(seed);
   nn::LanguageModel model(options(c), gen);
@@ -116,13 +121,17 @@ TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools
       REQUIRE(fixture().at("cases").contains(c.name));
       const json& f = fixture().at("cases").at(c.name);
       CHECK(f.at("checkpoint").get<std::string>() == c.file);
+      CHECK(f.at("stored_options").get<bool>() == c.stored_options);
       CHECK(f.at("num_heads").get<std::size_t>() == kHeads);
       CHECK(f.at("activation").get<std::string>() == c.activation_name);
       CHECK(f.at("layer_norm_eps").get<double>() == Approx(c.eps));
+      // The tool got no arguments for a format-2 file, and all three for a format-1 file.
+      CHECK(f.at("tool_arguments").size() == (c.stored_options ? 0u : 3u));
 
       nn::LanguageModel model(options(c));
       const nn::Checkpoint ckpt = nn::load_checkpoint(testing::fixture_path(c.file), model);
       CHECK(ckpt.optimizer_state.empty() == (c.norm == nn::Norm::post));
+      CHECK(ckpt.model_options.has_value() == c.stored_options);
       for (const auto& [name, p] : model.named_parameters()) {
         if (!is_norm(name)) continue;
         const float init = ends_with(name, ".weight") ? 1.f : 0.f;
@@ -138,6 +147,13 @@ TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools
       const double err = testing::rel_error(logits_of(model, f), want);
       INFO(c.name << ": max relative error " << err);
       CHECK(err <= kTol);
+      if (c.stored_options) {
+        // The model the file describes, built from the file alone, gives the same logits.
+        nn::LoadedLanguageModel loaded = nn::load_language_model(testing::fixture_path(c.file));
+        CHECK(nn::architecture_differences(loaded.model->options(), options(c)).empty());
+        loaded.model->eval();
+        CHECK(testing::rel_error(logits_of(*loaded.model, f), want) <= kTol);
+      }
     }
   }
 }
@@ -145,33 +161,48 @@ TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools
 TEST_CASE("torch export: the comparison fails for the wrong options", "[torch][export]") {
   const Case& pre = kCases[0];
   const Case& post = kCases[1];
+  const Case& format1 = kCases[2];
   const json& f = fixture().at("cases").at(pre.name);
   const Array want = testing::to_array(f.at("logits"));
+  const json& f1 = fixture().at("cases").at(format1.name);
+  const Array want1 = testing::to_array(f1.at("logits"));
 
-  SECTION("the wrong placement is an error: final_norm is unexpected, or missing") {
+  SECTION("a file with stored options refuses a model of other options, naming each field") {
     nn::LanguageModel as_post(options(pre).norm(nn::Norm::post));
-    CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(pre.file), as_post), Catch::Contains("final_norm"));
-    nn::LanguageModel as_pre(options(post).norm(nn::Norm::pre));
-    CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(post.file), as_pre), Catch::Contains("final_norm"));
+    CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(pre.file), as_post),
+                      Catch::Contains("xgrad_lm_pre.safetensors") && Catch::Contains("norm \"pre\" in the file, \"post\" in the model"));
+    nn::LanguageModel four_heads(options(pre, 4).activation(nn::Activation::relu));
+    CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(pre.file), four_heads),
+                      Catch::Contains("num_heads 2 in the file, 4 in the model") &&
+                          Catch::Contains("activation \"gelu\" in the file, \"relu\" in the model"));
+    CHECK_THROWS_WITH(nn::load_language_model(testing::fixture_path(post.file), options(post, 4).layer_norm_eps(1e-5f)),
+                      Catch::Contains("load_language_model") && Catch::Contains("num_heads 2 in the file, 4 asked") &&
+                          Catch::Contains("layer_norm_eps"));
+  }
+  SECTION("the wrong placement is an error for a format-1 file too: final_norm is unexpected") {
+    nn::LanguageModel as_post(options(format1).norm(nn::Norm::post));
+    CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(format1.file), as_post), Catch::Contains("final_norm"));
   }
   SECTION("the wrong placement disagrees once final_norm is dropped") {
     nn::LanguageModel as_post(options(pre).norm(nn::Norm::post));
     NamedArrays state;
     for (auto& [name, a] : load_safetensors(testing::fixture_path(pre.file)).tensors) {
-      if (name.rfind("final_norm.", 0) != 0 && name.rfind("optimizer.", 0) != 0) state.emplace_back(name, a);
+      if (name.rfind("final_norm.", 0) != 0 && name.rfind("optimizer:", 0) != 0) state.emplace_back(name, a);
     }
     nn::load_state_dict(as_post, state);
     as_post.eval();
     CHECK(testing::rel_error(logits_of(as_post, f), want) > 1e-2);
   }
-  SECTION("other head counts and activations load but disagree") {
-    nn::LanguageModel four_heads(options(pre, 4));
-    nn::load_checkpoint(testing::fixture_path(pre.file), four_heads);
+  SECTION("a format-1 file cannot tell: other head counts and activations load but disagree") {
+    nn::LanguageModel four_heads(options(format1, 4));
+    nn::load_checkpoint(testing::fixture_path(format1.file), four_heads);
     four_heads.eval();
-    CHECK(testing::rel_error(logits_of(four_heads, f), want) > 1e-3);
-    nn::LanguageModel relu(options(pre).activation(nn::Activation::relu));
-    nn::load_checkpoint(testing::fixture_path(pre.file), relu);
+    CHECK(testing::rel_error(logits_of(four_heads, f1), want1) > 1e-3);
+    nn::LanguageModel relu(options(format1).activation(nn::Activation::relu));
+    nn::load_checkpoint(testing::fixture_path(format1.file), relu);
     relu.eval();
-    CHECK(testing::rel_error(logits_of(relu, f), want) > 1e-3);
+    CHECK(testing::rel_error(logits_of(relu, f1), want1) > 1e-3);
+    CHECK_THROWS_WITH(nn::load_language_model(testing::fixture_path(format1.file)),
+                      Catch::Contains("stores no model options"));
   }
 }

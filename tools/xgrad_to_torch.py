@@ -2,18 +2,21 @@
 """Runs an xgrad LanguageModel checkpoint in PyTorch.
 
 Reads the safetensors file that nn::save_checkpoint writes (with numpy and json only; the
-"optimizer.*" tensors and the metadata are skipped), builds the equivalent torch.nn.Module and
-loads the weights into it. The architecture comes from the tensors: vocabulary, d_model, layers
-and FFN width from their shapes; learned positions iff "pos_emb.weight" exists (otherwise the
-sinusoidal table, which has no tensors); Pre-Norm iff "final_norm.*" exists (otherwise
-Post-Norm). What the shapes cannot tell is an argument: num_heads (required), the FFN
-activation ("gelu", "gelu_tanh" or "relu"; xgrad's default "gelu") and layer_norm_eps (1e-5).
+optimizer's tensors are skipped), builds the equivalent torch.nn.Module and loads the weights
+into it. Checkpoints of format 2 (metadata "xgrad.checkpoint" = "2") store the model options as
+JSON under "xgrad.model_options": the architecture comes from them, and the arguments num_heads,
+activation and layer_norm_eps are optional checks (one that contradicts the file is an error
+naming the field). Older files (format 1) store no options: the architecture then comes from the
+tensors (vocabulary, d_model, layers and FFN width from their shapes; learned positions iff
+"pos_emb.weight" exists, otherwise the sinusoidal table; Pre-Norm iff "final_norm.*" exists) and
+the arguments: num_heads (required), the FFN activation ("gelu", "gelu_tanh" or "relu"; default
+"gelu") and layer_norm_eps (1e-5).
 
     from xgrad_to_torch import load_xgrad_lm
-    model = load_xgrad_lm("model.safetensors", num_heads=4)
+    model = load_xgrad_lm("model.safetensors")          # format 2; num_heads=4 for format 1
     logits = model(torch.tensor([[1, 2, 3]]))          # (B, T, V)
 
-    /usr/bin/python3 tools/xgrad_to_torch.py model.safetensors --heads 4 --ids 1,2,3 [--argmax]
+    /usr/bin/python3 tools/xgrad_to_torch.py model.safetensors [--heads 4] --ids 1,2,3 [--argmax]
 
 tests/fixtures/make_export_fixtures.py and tests/test_torch_export.cpp check it against xgrad.
 Shapes: B batch, T length, C d_model, H heads, D = C / H, V vocabulary, F FFN width.
@@ -34,23 +37,29 @@ ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tan
 
 
 def read_safetensors(path):
-    """{name: float32 array} of a safetensors file, without "optimizer.*" and "__metadata__"."""
+    """({name: float32 array} of the model's tensors, model options or None) of an xgrad checkpoint."""
     with open(path, "rb") as f:
         raw = f.read()
     n = int.from_bytes(raw[:8], "little")
     if len(raw) < 8 or n > len(raw) - 8:
         raise ValueError("%s is not a safetensors file (header length %d, file size %d)" % (path, n, len(raw)))
     header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    meta = header.get("__metadata__", {})
+    fmt = meta.get("xgrad.checkpoint")
+    if fmt not in (None, "2"):
+        raise ValueError("%s has checkpoint format %r; this tool reads formats 1 and 2" % (path, fmt))
+    optimizer = "optimizer." if fmt is None else "optimizer:"  # format 1 / format 2
+    options = json.loads(meta["xgrad.model_options"]) if fmt == "2" and "xgrad.model_options" in meta else None
     out = {}
     for name, info in header.items():
-        if name == "__metadata__" or name.startswith("optimizer."):
+        if name == "__metadata__" or name.startswith(optimizer):
             continue
         if info["dtype"] != "F32":
             raise ValueError("%s: tensor %s has dtype %s, expected F32" % (path, name, info["dtype"]))
         begin, end = info["data_offsets"]
         name = re.sub(r"^(blocks\.\d+\.)ffn_norm\.", r"\1ffn.norm.", name)  # checkpoints before the rename
         out[name] = np.frombuffer(data[begin:end], dtype="<f4").reshape(info["shape"]).copy()
-    return out
+    return out, options
 
 
 class Attention(nn.Module):
@@ -95,12 +104,13 @@ class Block(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    def __init__(self, vocab, c, heads, layers, f, max_len, activation, pre, eps):
+    def __init__(self, vocab, c, heads, layers, f, max_len, learned, activation, pre, eps):
         super().__init__()
         if c % heads:
             raise ValueError("d_model %d is not divisible by num_heads %d" % (c, heads))
+        self.max_len = max_len  # None: unknown (a format-1 file with sinusoidal positions)
         self.tok_emb = nn.Embedding(vocab, c)
-        if max_len is not None:
+        if learned:
             self.pos_emb = nn.Embedding(max_len, c)  # the same parameter name, "pos_emb.weight"
         self.blocks = nn.ModuleList(Block(c, heads, f, activation, pre, eps) for _ in range(layers))
         self.final_norm = nn.LayerNorm(c, eps=eps) if pre else None
@@ -116,8 +126,8 @@ class LanguageModel(nn.Module):
 
     def forward(self, ids):
         """ids (B, T) int64 -> logits (B, T, V)."""
-        if hasattr(self, "pos_emb") and ids.shape[1] > self.pos_emb.num_embeddings:
-            raise ValueError("sequence length %d exceeds max_len %d" % (ids.shape[1], self.pos_emb.num_embeddings))
+        if self.max_len is not None and ids.shape[1] > self.max_len:
+            raise ValueError("sequence length %d exceeds max_len %d" % (ids.shape[1], self.max_len))
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.tok_emb.num_embeddings:
             raise ValueError("token ids must lie in [0, %d)" % self.tok_emb.num_embeddings)
         h = self.tok_emb(ids) + self.positions(ids.shape[1], self.tok_emb.embedding_dim)
@@ -128,18 +138,39 @@ class LanguageModel(nn.Module):
         return self.head(h)
 
 
-def load_xgrad_lm(path, num_heads, activation="gelu", layer_norm_eps=1e-5):
+def check_asked(options, num_heads, activation, layer_norm_eps):
+    """Raises naming every argument that contradicts the stored options (eps compared as float32)."""
+    asked = [("num_heads", num_heads, num_heads is not None and num_heads != options["num_heads"]),
+             ("activation", activation, activation is not None and activation != options["activation"]),
+             ("layer_norm_eps", layer_norm_eps,
+              layer_norm_eps is not None and np.float32(layer_norm_eps) != np.float32(options["layer_norm_eps"]))]
+    wrong = ["%s %s in the file, %s asked" % (name, options[name], value) for name, value, differs in asked if differs]
+    if wrong:
+        raise ValueError("the stored model options contradict the ones asked for: " + "; ".join(wrong))
+
+
+def load_xgrad_lm(path, num_heads=None, activation=None, layer_norm_eps=None):
     """The xgrad LanguageModel saved at path as a torch.nn.Module in eval mode."""
-    if activation not in ACTIVATIONS:
+    if activation is not None and activation not in ACTIVATIONS:
         raise ValueError("activation %r is not one of %s" % (activation, ", ".join(ACTIVATIONS)))
-    w = read_safetensors(path)
-    layers = len({int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, w) if m})
-    if "tok_emb.weight" not in w or layers == 0:
-        raise ValueError("%s is not an xgrad LanguageModel checkpoint (no tok_emb.weight or blocks.N.*)" % path)
-    vocab, c = w["tok_emb.weight"].shape
-    f = w["blocks.0.ffn.linear1.weight"].shape[0]
-    max_len = w["pos_emb.weight"].shape[0] if "pos_emb.weight" in w else None
-    model = LanguageModel(vocab, c, num_heads, layers, f, max_len, activation, "final_norm.weight" in w, layer_norm_eps)
+    w, options = read_safetensors(path)
+    if options is not None:
+        check_asked(options, num_heads, activation, layer_norm_eps)
+        o = options
+        model = LanguageModel(o["vocab_size"], o["d_model"], o["num_heads"], o["num_layers"], o["d_ff"], o["max_len"],
+                              o["positional"] == "learned", o["activation"], o["norm"] == "pre", o["layer_norm_eps"])
+    else:
+        if num_heads is None:
+            raise ValueError("%s stores no model options (a checkpoint from before format 2): give num_heads" % path)
+        layers = len({int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, w) if m})
+        if "tok_emb.weight" not in w or layers == 0:
+            raise ValueError("%s is not an xgrad LanguageModel checkpoint (no tok_emb.weight or blocks.N.*)" % path)
+        vocab, c = w["tok_emb.weight"].shape
+        f = w["blocks.0.ffn.linear1.weight"].shape[0]
+        learned = "pos_emb.weight" in w
+        max_len = w["pos_emb.weight"].shape[0] if learned else None
+        model = LanguageModel(vocab, c, num_heads, layers, f, max_len, learned, activation or "gelu",
+                              "final_norm.weight" in w, 1e-5 if layer_norm_eps is None else layer_norm_eps)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in w.items()})  # strict: names and shapes must match
     return model.eval()
 
@@ -151,9 +182,9 @@ def token_ids(text):
 def main():
     p = argparse.ArgumentParser(description="Run an xgrad LanguageModel checkpoint in PyTorch.")
     p.add_argument("checkpoint")
-    p.add_argument("--heads", type=int, required=True, help="num_heads (not recorded in the tensors)")
-    p.add_argument("--activation", default="gelu", choices=sorted(ACTIVATIONS))
-    p.add_argument("--eps", type=float, default=1e-5, help="LayerNorm eps")
+    p.add_argument("--heads", type=int, help="num_heads: required for a file without stored options, else checked")
+    p.add_argument("--activation", choices=sorted(ACTIVATIONS), help="default: the file's, or gelu")
+    p.add_argument("--eps", type=float, help="LayerNorm eps; default: the file's, or 1e-5")
     p.add_argument("--ids", required=True, type=token_ids, help="comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--argmax", action="store_true", help="print the most likely next token per position")
     a = p.parse_args()

@@ -87,10 +87,10 @@ int main(int argc, char** argv) {
   const auto size = cli::count(1, std::size_t{1} << 30), any = cli::count(0, std::size_t{1} << 30),
              steps = cli::count(1, cli::kMaxSteps), interval = cli::count(0, cli::kMaxSteps);
   app.add_option("text", text_path, "a text file to train on (default: text from a built-in grammar)");
-  app.add_option("--layers", c.layers, "transformer blocks")->transform(size)->capture_default_str();
-  app.add_option("--d-model", c.d_model, "model width")->transform(size)->capture_default_str();
+  CLI::Option* layers = app.add_option("--layers", c.layers, "transformer blocks")->transform(size)->capture_default_str();
+  CLI::Option* d_model = app.add_option("--d-model", c.d_model, "model width")->transform(size)->capture_default_str();
   CLI::Option* heads = app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
-  app.add_option("--d-ff", c.d_ff, "feed-forward width (0: 4 x d-model)")->transform(any)->capture_default_str();
+  CLI::Option* d_ff = app.add_option("--d-ff", c.d_ff, "feed-forward width (0: 4 x d-model)")->transform(any)->capture_default_str();
   app.add_option("--seq-len", c.seq_len, "context length in bytes")->transform(size)->capture_default_str();
   app.add_option("--batch", c.batch, "sequences per step")->transform(size)->capture_default_str();
   app.add_option("--steps", c.steps, "training steps (with --resume: may extend the run)")->transform(steps)->capture_default_str();
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->check(cli::real(0, 1e6))->capture_default_str();
   app.add_option("--clip", c.clip, "clip the global gradient norm (0: off)")->check(cli::real(0, 1e30))->capture_default_str();
   app.add_option("--dropout", c.dropout, "dropout")->check(cli::real(0, 0.999))->capture_default_str();
-  app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
+  CLI::Option* norm_flag = app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
   app.add_option("--seed", c.seed, "seed")->transform(cli::seed())->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")->check(cli::real(0, 1, true))->capture_default_str();
@@ -171,10 +171,17 @@ int main(int argc, char** argv) {
     if (sample > 0) {
       if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
       const TrainConfig saved = checkpoint_config(checkpoint);
-      xgrad::Generator init(0);
-      xgrad::nn::LanguageModel model(model_options(saved), init);
-      xgrad::nn::load_checkpoint(checkpoint, model);
-      if (lead) print_line(sample_text(model, prompt, sample, temperature, top_k, c.seed));
+      // The model the file's options describe (older files: its config's); the architecture
+      // flags given with --sample must agree with it.
+      const auto loaded = xgrad::nn::load_language_model(checkpoint, model_options(saved));
+      TrainConfig asked = saved;
+      if (layers->count()) asked.layers = c.layers;
+      if (d_model->count()) asked.d_model = c.d_model;
+      if (heads->count()) asked.heads = c.heads;
+      asked.d_ff = d_ff->count() ? c.d_ff : model_options(saved).d_ff();  // not 4 x an asked --d-model
+      if (norm_flag->count()) asked.norm = c.norm;
+      cli::as_usage([&] { xgrad::nn::check_model_options(loaded.model->options(), model_options(asked), "--sample: '" + checkpoint + "'"); });
+      if (lead) print_line(sample_text(*loaded.model, prompt, sample, temperature, top_k, c.seed));
       return;
     }
     std::string text;
