@@ -186,7 +186,7 @@ class Pool {
     for (const auto& [name, which] : {std::pair<const char*, int>{"RLIMIT_NPROC", RLIMIT_NPROC}, {"RLIMIT_AS", RLIMIT_AS}}) {
       rlimit rl{};
       if (::getrlimit(which, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-        out += std::string(out.empty() ? " (" : ", ") + name + " is " + std::to_string(rl.rlim_cur);
+        out += std::string(out.empty() ? " (" : ", ") + name + " is " + std::to_string(rl.rlim_cur) + (which == RLIMIT_AS ? " bytes" : "");
       }
     }
     return out.empty() ? out : out + ")";
