@@ -1,6 +1,6 @@
 // Memory, depth and ambiguity limits of the safetensors reader, UTF-8 checks of the writer, and
 // SafetensorsReader (a file read tensor by tensor). The header's memory is measured in a child
-// process (fork), whose peak resident size starts from the test's own.
+// process (fork), from a peak reset to its resident size before the call.
 #include <catch2/catch.hpp>
 
 #include <sys/resource.h>
@@ -16,6 +16,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/safetensors.hpp"
+#include "peak_memory.hpp"
 #include "safetensors_bytes.hpp"
 #include "test_files.hpp"
 
@@ -65,8 +66,8 @@ ChildResult parse_in_child(const std::string& header) {
       const rlim_t limit = static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + (rlim_t{1} << 30);
       const rlimit rl{limit, limit};
       ::setrlimit(RLIMIT_AS, &rl);
-      rusage before{}, after{};
-      ::getrusage(RUSAGE_SELF, &before);
+      const bool reset = reset_peak_rss();
+      const long baseline = status_kib("VmRSS");
       try {
         parse_safetensors(bytes, "buf");
         out = "(accepted)";
@@ -75,8 +76,7 @@ ChildResult parse_in_child(const std::string& header) {
       } catch (const std::exception& e) {
         out = std::string("not an xgrad::Error: ") + e.what();
       }
-      ::getrusage(RUSAGE_SELF, &after);
-      out = std::to_string(after.ru_maxrss - before.ru_maxrss) + "\n" + out.substr(0, 500);
+      out = std::to_string(reset ? peak_rise_kib(baseline) : -1) + "\n" + out.substr(0, 500);
     }
     const ssize_t written = ::write(fds[1], out.data(), out.size());
     ::_exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
