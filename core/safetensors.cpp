@@ -15,6 +15,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/file_io.hpp"
+#include "xgrad/core/memory.hpp"
 #include "xgrad/core/utf8.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors stores little-endian data; this host is not");
@@ -303,6 +304,15 @@ Header parse_header(const char* text, std::uint64_t n, std::uint64_t data_size, 
   return out;
 }
 
+// The float32 arrays of `header` must fit before any is allocated (F16 and BF16 double in size).
+void check_arrays_fit(const Header& header, const std::string& what) {
+  double values = 0;
+  for (const Entry& e : header.entries) values += static_cast<double>((e.end - e.begin) / element_bytes(e.dtype));
+  check_available_memory(values * sizeof(float), "load_safetensors",
+                         "reading " + what + " (" + std::to_string(static_cast<std::uint64_t>(values)) + " float32 values in " +
+                             std::to_string(header.entries.size()) + (header.entries.size() == 1 ? " tensor)" : " tensors)"));
+}
+
 }  // namespace
 
 const char* dtype_name(Dtype dtype) {
@@ -383,6 +393,7 @@ SafetensorsContents parse_safetensors(const std::string& bytes, const std::strin
   const std::uint64_t n = header_length(bytes.data(), bytes.size(), bad);
   const std::uint64_t data_size = bytes.size() - 8 - n;
   Header header = parse_header(bytes.data() + 8, n, data_size, bad);
+  check_arrays_fit(header, what);
   const char* data = bytes.data() + 8 + n;
   SafetensorsContents out;
   out.metadata = std::move(header.metadata);
@@ -407,6 +418,7 @@ SafetensorsContents load_safetensors(const std::string& path) {
   std::string text(static_cast<std::size_t>(n), '\0');
   file.read_exact(text.data(), text.size());
   Header header = parse_header(text.data(), n, total - 8 - n, bad);
+  check_arrays_fit(header, what);
 
   // The arrays are read in place, in file order (the entries cover the data without gaps).
   SafetensorsContents out;

@@ -47,7 +47,8 @@ void save_safetensors(const std::string& path, const NamedArrays& tensors, const
 // fifo is refused before reading, and a header that promises more than the file holds before the
 // data is read. Also removes stale temporaries of `path`, as save_safetensors does. F16 and BF16
 // values become float32 exactly (subnormals, infinities and NaNs included); any other dtype is an
-// Error naming the tensor and the dtype.
+// Error naming the tensor and the dtype. The float32 arrays are checked against the memory this
+// process can still allocate (core/memory.hpp) before the first is allocated.
 SafetensorsContents load_safetensors(const std::string& path);
 
 // The same checks on bytes already in memory; `what` names them in errors.

@@ -10,11 +10,14 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/memory.hpp"
 #include "xgrad/core/safetensors.hpp"
 #include "peak_memory.hpp"
 #include "safetensors_bytes.hpp"
@@ -49,9 +52,18 @@ struct ChildResult {
   long peak_increase_kib = -1;  // the parse's rise of the peak resident size
 };
 
-// Builds `header` in a fork, parses it under an address-space limit of 1 GiB more than the child
-// uses, and reports the message and how far the parse raised the peak resident size.
+// Parses `header` in a fork with 1 GiB of address space to spare.
+ChildResult in_child(const std::function<void()>& call, rlim_t extra_address_space);
+
 ChildResult parse_in_child(const std::string& header) {
+  const std::string bytes = st_bytes(header, f32_le({1.f}));  // before the fork: not the call's memory
+  return in_child([&] { parse_safetensors(bytes, "buf"); }, rlim_t{1} << 30);
+}
+
+// Runs `call` in a fork under an address-space limit of extra_address_space more than the child
+// uses, and reports its Error's message ("(accepted)" when it returns) and how far it raised the
+// peak resident size.
+ChildResult in_child(const std::function<void()>& call, rlim_t extra_address_space) {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
   const pid_t pid = ::fork();
@@ -59,17 +71,16 @@ ChildResult parse_in_child(const std::string& header) {
     ::close(fds[0]);
     std::string out;
     {
-      const std::string bytes = st_bytes(header, f32_le({1.f}));
       std::ifstream statm("/proc/self/statm");
       double pages = 0;
       statm >> pages;
-      const rlim_t limit = static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + (rlim_t{1} << 30);
+      const rlim_t limit = static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + extra_address_space;
       const rlimit rl{limit, limit};
       ::setrlimit(RLIMIT_AS, &rl);
       const bool reset = reset_peak_rss();
       const long baseline = status_kib("VmRSS");
       try {
-        parse_safetensors(bytes, "buf");
+        call();
         out = "(accepted)";
       } catch (const Error& e) {
         out = e.what();
@@ -233,4 +244,32 @@ TEST_CASE("SafetensorsReader reads ranges of F32, F16 and BF16 tensors as load_s
     std::vector<float> rest(big.size());
     REQUIRE_THROWS_WITH(reader.read(1, 0, big.size(), rest.data()), Contains("'" + path + "' ended at byte") && Contains("changed while being read"));
   }
+}
+
+TEST_CASE("check_available_memory refuses sizes past what this process can allocate, naming who, what and both sizes",
+          "[file_limits][bad_input]") {
+  const MemoryAvailable m = available_memory();
+  REQUIRE(m.bytes > 0);
+  REQUIRE_FALSE(m.limit.empty());
+  REQUIRE_NOTHROW(check_available_memory(1024, "f", "a KiB"));
+  REQUIRE_THROWS_WITH(check_available_memory(1e30, "f", "holding x"),
+                      Contains("f: holding x needs 827180.6 YiB, more than the ") && Contains(" this process can still allocate (" + m.limit));
+  REQUIRE_THROWS_WITH(check_available_memory(std::numeric_limits<double>::quiet_NaN(), "f", "x"), Contains("f: x needs an unbounded size"));
+  REQUIRE(bytes_str(312) == "312 bytes");
+  REQUIRE(bytes_str(1536) == "1.5 KiB");
+  REQUIRE(bytes_str(3.5 * (1 << 30)) == "3.5 GiB");
+}
+
+TEST_CASE("load_safetensors refuses arrays that cannot be held before allocating them", "[file_limits][bad_input]") {
+  TempDir dir("xgrad_file_limits");
+  const std::string path = dir.file("big.safetensors");
+  const std::size_t n = std::size_t{1} << 25;  // F16: 64 MiB in the file, 128 MiB as float32
+  write_bytes(path, st_bytes(R"({"w":{"dtype":"F16","shape":[)" + std::to_string(n) + R"(],"data_offsets":[0,)" +
+                                 std::to_string(2 * n) + "]}}",
+                             std::string(2 * n, '\0')));
+  const ChildResult r = in_child([&] { load_safetensors(path); }, rlim_t{64} << 20);
+  REQUIRE_THAT(r.message, Contains("load_safetensors: reading '" + path + "' (33554432 float32 values in 1 tensor) needs 128.0 MiB, more than the ") &&
+                              Contains("this process can still allocate (RLIMIT_AS of "));
+  REQUIRE(r.peak_increase_kib < 8 * 1024);
+  REQUIRE(in_child([&] { load_safetensors(path); }, rlim_t{512} << 20).message == "(accepted)");
 }
