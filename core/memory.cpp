@@ -68,6 +68,7 @@ MemoryAvailable available_memory() {
 }
 
 void check_available_memory(double bytes, const std::string& who, const std::string& what) {
+  if (bytes <= kUncheckedBytes) return;
   const MemoryAvailable m = available_memory();
   if (!(bytes <= m.bytes)) {
     fail(who, ": ", what, " needs ", bytes_str(bytes), ", more than the ", bytes_str(m.bytes), " this process can still allocate (",

@@ -19,6 +19,8 @@ MemoryAvailable available_memory();
 
 // Throws an Error "<who>: <what> needs <size>, more than the <size> this process can still
 // allocate (<limit>)" when `bytes` exceeds available_memory(); a NaN or infinite size is refused too.
+// Sizes up to kUncheckedBytes pass without reading the limits (which costs tens of microseconds).
+inline constexpr double kUncheckedBytes = 1 << 20;
 void check_available_memory(double bytes, const std::string& who, const std::string& what);
 
 // "1.5 GiB", "312 bytes": a size for a message.

@@ -15,6 +15,7 @@
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -363,6 +364,27 @@ TEST_CASE("parallel_for from two user threads at once covers every index once an
 
 namespace {
 
+// Sets an environment variable for a scope (children inherit it), then restores it.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
 std::size_t threads_of_this_process() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -427,11 +449,13 @@ TEST_CASE("set_num_threads names the count, the threads running, the OS reason a
   if (::geteuid() == 0) modes.push_back("nproc");  // needs the switch to user nobody
   for (const std::string& mode : modes) {
     INFO("limit " << mode);
-    ::setenv("XGRAD_THREAD_LIMIT", mode.c_str(), 1);
+    const ScopedEnv limit("XGRAD_THREAD_LIMIT", mode);
+    // Under a tight RLIMIT_AS, OpenBLAS's own threads retry a failing mmap forever at exit; the
+    // child runs without them.
+    const ScopedEnv one_blas_thread("OPENBLAS_NUM_THREADS", "1");
     testing::Limits limits;
     limits.seconds = 60;
     const testing::Outcome o = testing::run_program(dir, self, {"[.thread_limit_child]"}, limits);
-    ::unsetenv("XGRAD_THREAD_LIMIT");
     INFO(o);
     REQUIRE(o.exited);
     REQUIRE(o.code == 0);

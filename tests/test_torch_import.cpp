@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -350,6 +351,27 @@ NamedArrays gpt2_state(std::size_t V, std::size_t C, std::size_t P, std::size_t 
   return s;
 }
 
+// Sets an environment variable for a scope (children inherit it), then restores it.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
 std::string self_exe() {
   char self[4096] = {};
   REQUIRE(::readlink("/proc/self/exe", self, sizeof self - 1) > 0);
@@ -463,13 +485,15 @@ TEST_CASE("load_gpt2 peaks near the model's own size and refuses a model that ca
   // V 2048, C 256, P 256, L 4, F 1024: 4.3 M parameters, 17 MB as float32; the file is F16.
   save_safetensors(path, gpt2_state(2048, 256, 256, 4, 1024, 5), {}, Dtype::f16);
   auto run = [&](const std::string& mode, const char* as_mib) {
-    ::setenv("XGRAD_GPT2_FILE", path.c_str(), 1);
-    ::setenv("XGRAD_GPT2_MODE", mode.c_str(), 1);
-    if (as_mib) ::setenv("XGRAD_GPT2_AS_MIB", as_mib, 1);
+    const ScopedEnv file("XGRAD_GPT2_FILE", path), how("XGRAD_GPT2_MODE", mode);
+    std::optional<ScopedEnv> limit, one_blas_thread;
+    if (as_mib) {
+      limit.emplace("XGRAD_GPT2_AS_MIB", as_mib);
+      // Under a tight RLIMIT_AS, OpenBLAS's own threads retry a failing mmap forever at exit; the
+      // child runs without them.
+      one_blas_thread.emplace("OPENBLAS_NUM_THREADS", "1");
+    }
     const testing::Outcome o = testing::run_program(dir, self_exe(), {"[.gpt2_child]"});
-    ::unsetenv("XGRAD_GPT2_FILE");
-    ::unsetenv("XGRAD_GPT2_MODE");
-    ::unsetenv("XGRAD_GPT2_AS_MIB");
     INFO(o);
     REQUIRE(o.exited);
     REQUIRE(o.code == 0);
