@@ -6,6 +6,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/file_io.hpp"
 #include "xgrad/core/gradcheck.hpp"
+#include "xgrad/core/memory.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/parallel.hpp"
 #include "xgrad/core/random.hpp"

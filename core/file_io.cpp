@@ -133,6 +133,20 @@ bool ReadableFile::at_end() {
   return read_some(&c, 1) == 0;
 }
 
+void ReadableFile::read_exact_at(std::uint64_t offset, char* dst, std::size_t n) {
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd_, dst + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(who_, ": error reading '", path_, "' at byte ", offset + got, ": ", std::strerror(errno));
+    if (r == 0) {
+      fail(who_, ": '", path_, "' ended at byte ", offset + got, " although it held ", size_,
+           " bytes when opened (it changed while being read)");
+    }
+    got += static_cast<std::size_t>(r);
+  }
+}
+
 std::string read_file(const std::string& path, const std::string& who, std::uint64_t max_bytes) {
   ReadableFile file(path, who);
   auto too_large = [&](std::uint64_t n) {

@@ -58,6 +58,9 @@ class ReadableFile {
   void read_exact(char* dst, std::size_t n);
   // True when nothing follows the current position (reads one byte to find out).
   bool at_end();
+  // Reads exactly n bytes starting at byte `offset`, leaving the current position alone; fails as
+  // read_exact does when the file ends early.
+  void read_exact_at(std::uint64_t offset, char* dst, std::size_t n);
 
  private:
   std::string path_, who_;

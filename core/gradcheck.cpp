@@ -1,7 +1,9 @@
 // Central finite differences with Richardson extrapolation, against one backward pass.
 #include "xgrad/core/gradcheck.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
@@ -43,7 +45,11 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
 
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const NamedTensors& params,
                           const GradcheckOptions& opt) {
-  if (!(opt.eps > 0)) fail("gradcheck: eps must be positive, got ", opt.eps);
+  if (!(opt.eps > 0) || !std::isfinite(opt.eps)) fail("gradcheck: GradcheckOptions::eps must be finite and > 0, got ", opt.eps);
+  const std::pair<const char*, double> at_least_zero[] = {{"atol", opt.atol}, {"rtol", opt.rtol}, {"kink_threshold", opt.kink_threshold}};
+  for (const auto& [name, v] : at_least_zero) {
+    if (!(v >= 0) || !std::isfinite(v)) fail("gradcheck: GradcheckOptions::", name, " must be finite and >= 0, got ", v);
+  }
   std::vector<Tensor> leaves;
   for (const Tensor& t : inputs) {
     leaves.push_back(t.defined() ? Tensor(t.value(), t.requires_grad()) : Tensor());
@@ -135,17 +141,24 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
         v.data()[i] = x0;
         return y;
       };
-      const double fp = at(h), fm = at(-h), fp2 = at(h / 2), fm2 = at(-h / 2);
-      // The float32 step actually taken can differ from h; divide by the real one.
+      // The float32 steps actually taken can differ from h; divide by the real ones.
       const double hr = static_cast<double>(static_cast<float>(x0 + h)) - x0;
       const double hr2 = static_cast<double>(static_cast<float>(x0 + h / 2)) - x0;
+      if (!(hr2 > 0) || !std::isfinite(hr)) {
+        fail("gradcheck: eps ", h, " is no float32 step at ", tg.name, " element ", index_str(v.shape(), i), " (value ", x0,
+             "): x + eps/2 is ", static_cast<float>(x0 + h / 2), " and x + eps is ", static_cast<float>(x0 + h));
+      }
+      const double fp = at(h), fm = at(-h), fp2 = at(h / 2), fm2 = at(-h / 2);
       const double d1 = (fp - fm) / (2 * hr);
       const double d2 = (fp2 - fm2) / (2 * hr2);
       const double numeric = (4 * d2 - d1) / 3;
       if (opt.skip_kinks) {
+        // jump(s) = forward slope - backward slope = (f(x+s) - 2 f(x) + f(x-s)) / s: curvature gives
+        // f'' s, so 2 jump(h/2) - jump(h) is O(h^3) where f is smooth, and the slopes' jump at a kink.
         const double f0 = at(0);
-        const double fwd = (fp - f0) / hr, bwd = (f0 - fm) / hr;
-        if (std::abs(fwd - bwd) > opt.kink_threshold * (1 + std::abs(numeric))) {
+        const double jump = std::abs(2 * (fp2 - 2 * f0 + fm2) / hr2 - (fp - 2 * f0 + fm) / hr);
+        const double slope = std::max(std::abs(fp - f0), std::abs(f0 - fm)) / hr;
+        if (jump > opt.kink_threshold * slope && jump > opt.atol) {
           ++res.skipped;
           continue;
         }

@@ -13,12 +13,16 @@ namespace xgrad {
 struct GradcheckOptions {
   // Step of the central difference. The derivative is Richardson-extrapolated from steps eps
   // and eps/2, so truncation error is O(eps^4) and eps can stay large against float32 noise.
+  // Finite and > 0; an element where x + eps/2 rounds back to x in float32 is an Error.
   double eps = 1e-2;
-  // An element passes when |analytic - numeric| <= atol + rtol * |numeric|.
+  // An element passes when |analytic - numeric| <= atol + rtol * |numeric|. Finite and >= 0.
   double atol = 2e-4;
   double rtol = 2e-3;
-  // Skip elements that sit within eps of a kink (ReLU at 0, ties of max): there the one-sided
-  // differences disagree by more than kink_threshold and no derivative exists to compare.
+  // Skip elements that sit within eps of a kink (ReLU, abs and clamp at their corners, ties of
+  // max), where no derivative exists to compare. A kink is a jump between the one-sided slopes
+  // that does not shrink as the step halves (curvature's does): skipped when that jump exceeds
+  // kink_threshold times the larger one-sided slope, and atol (a smaller jump cannot fail the
+  // comparison). kink_threshold: finite and >= 0.
   bool skip_kinks = false;
   double kink_threshold = 0.1;
   std::uint64_t seed = 0;  // draws the fixed projection of the output

@@ -6,11 +6,15 @@
 // than that, workers sleep on a condition variable and take no core.
 #include "xgrad/core/parallel.hpp"
 
+#include <sys/resource.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -71,7 +75,7 @@ struct Job {
 
 class Pool {
  public:
-  ~Pool() { stop_workers(); }
+  ~Pool() { stop_workers(1); }
 
   // Reads without the run lock once started, so a body may ask (its caller holds that lock).
   int threads() {
@@ -81,11 +85,24 @@ class Pool {
     return threads_;
   }
 
+  // Grows or shrinks the pool; when a thread cannot be started, the pool keeps its previous size and
+  // the Error names the count asked for, how many started and the OS's reason.
   void resize(int threads) {
     std::lock_guard<std::mutex> lock(run_mutex_);
-    stop_workers();
     blas::set_num_threads(1);
-    start_workers(threads);
+    const int before = static_cast<int>(workers_.size()) + 1;
+    if (threads <= before) {
+      stop_workers(threads);
+      threads_ = threads;
+      return;
+    }
+    const std::string why = start_workers(threads);
+    if (why.empty()) return;
+    const int running = static_cast<int>(workers_.size()) + 1;
+    stop_workers(before);
+    threads_ = before;
+    fail("set_num_threads(", threads, "): could not start thread ", running + 1, " of ", threads, " (", running,
+         " running, the calling thread included): ", why, limits(), "; the pool keeps its ", before, before == 1 ? " thread" : " threads");
   }
 
   void run(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& body) {
@@ -123,40 +140,69 @@ class Pool {
   }
 
  private:
-  // First use: take over OpenBLAS's default thread count, and leave OpenBLAS itself one thread.
+  // First use: take over OpenBLAS's default thread count, and leave OpenBLAS itself one thread. The
+  // default is a guess, not a request: when the system refuses threads, those that started stay.
   void ensure_started() {
     if (threads_ == 0) {
       const int threads = std::max(1, blas::num_threads());
       blas::set_num_threads(1);
       start_workers(threads);
+      threads_ = static_cast<int>(workers_.size()) + 1;
     }
   }
 
-  void start_workers(int threads) {
+  // Starts workers until the pool has `threads` threads (the calling thread is one); returns the
+  // OS's reason when one cannot be started (the pool then has the threads that did start), else "".
+  std::string start_workers(int threads) {
+    while (static_cast<int>(workers_.size()) + 1 < threads) {
+      const int index = static_cast<int>(workers_.size());
+      active_ = index + 1;
+      try {
+        workers_.emplace_back([this, index] { worker_loop(index); });
+      } catch (const std::system_error& e) {
+        active_ = index;
+        return e.code().message();
+      }
+    }
     threads_ = threads;
-    stop_ = false;
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    return "";
   }
 
-  void stop_workers() {
+  // Stops the workers past the first threads - 1, so that `threads` remain.
+  void stop_workers(int threads) {
+    const std::size_t keep = static_cast<std::size_t>(std::max(threads, 1) - 1);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+      active_ = static_cast<int>(std::min(keep, workers_.size()));
     }
     wake_.notify_all();
-    for (std::thread& w : workers_) w.join();
-    workers_.clear();
+    for (std::size_t i = keep; i < workers_.size(); ++i) workers_[i].join();
+    if (workers_.size() > keep) workers_.resize(keep);
   }
 
-  void worker_loop() {
+  // The limits that decide how many threads a process may start, for an error message.
+  static std::string limits() {
+    std::string out;
+    for (const auto& [name, which] : {std::pair<const char*, int>{"RLIMIT_NPROC", RLIMIT_NPROC}, {"RLIMIT_AS", RLIMIT_AS}}) {
+      rlimit rl{};
+      if (::getrlimit(which, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        out += std::string(out.empty() ? " (" : ", ") + name + " is " + std::to_string(rl.rlim_cur) + (which == RLIMIT_AS ? " bytes" : "");
+      }
+    }
+    return out.empty() ? out : out + ")";
+  }
+
+  // Worker `index` runs jobs until index >= active_.
+  void worker_loop(int index) {
     std::uint64_t seen = 0;
+    auto stopped = [&] { return index >= active_.load(); };
     for (;;) {
       Job* job = nullptr;
-      spin_until([&] { return stop_.load() || generation_.load() != seen; });
+      spin_until([&] { return stopped() || generation_.load() != seen; });
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
-        if (stop_) return;
+        wake_.wait(lock, [&] { return stopped() || generation_.load() != seen; });
+        if (stopped()) return;
         seen = generation_;
         job = job_;
         if (!job) continue;
@@ -175,11 +221,11 @@ class Pool {
   std::atomic<int> threads_{0};   // 0 until first use; written under run_mutex_
   std::vector<std::thread> workers_;
 
-  std::mutex mutex_;  // guards job_ and the changes of generation_, stop_ and Job::workers_inside
+  std::mutex mutex_;  // guards job_ and the changes of generation_, active_ (when lowered) and Job::workers_inside
   std::condition_variable wake_, finished_;
   Job* job_ = nullptr;
   std::atomic<std::uint64_t> generation_{0};
-  std::atomic<bool> stop_{false};
+  std::atomic<int> active_{0};  // workers 0 .. active_ - 1 run; the others return
 };
 
 Pool& pool() {

@@ -13,7 +13,10 @@
 namespace xgrad {
 
 // Threads used by the kernels and GEMMs (n >= 1). Until it is called: OpenBLAS's default
-// (OPENBLAS_NUM_THREADS, else every core).
+// (OPENBLAS_NUM_THREADS, else every core), or as many of those as the system lets start. When the
+// system refuses a thread (RLIMIT_NPROC, address space for its stack), set_num_threads throws an
+// Error naming n, how many threads were running, the OS's reason and the limits that are set, and
+// the pool keeps its previous size.
 void set_num_threads(int n);
 int num_threads();
 

@@ -6,13 +6,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/file_io.hpp"
+#include "xgrad/core/memory.hpp"
+#include "xgrad/core/utf8.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors stores little-endian data; this host is not");
 
@@ -27,15 +31,6 @@ std::uint64_t read_u64_le(const char* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
   return v;
-}
-
-// A JSON value for an error message: scalars as they are, containers by kind and size (dumping
-// a hostile, deeply nested value would recurse once per level).
-std::string brief(const nlohmann::json& j) {
-  if (j.is_array()) return "an array of " + std::to_string(j.size());
-  if (j.is_object()) return "an object of " + std::to_string(j.size());
-  const std::string text = j.dump();
-  return text.size() > 40 ? text.substr(0, 40) + "..." : text;
 }
 
 struct Span {
@@ -61,12 +56,7 @@ std::uint64_t header_length(const char* first8, std::uint64_t total, const Bad& 
   return n;
 }
 
-struct Entry {
-  std::string name;
-  Shape shape;
-  Dtype dtype;
-  std::uint64_t begin, end;
-};
+using Entry = TensorInfo;
 
 std::optional<Dtype> dtype_named(const std::string& s) {
   if (s == "F32") return Dtype::f32;
@@ -101,77 +91,226 @@ struct Header {
   Metadata metadata;
 };
 
+// A name in an error message: a hostile header may hold a name of megabytes.
+std::string named(const std::string& name) {
+  return "'" + (name.size() > 200 ? name.substr(0, 200) + "..." : name) + "'";
+}
+
+// The header, read through nlohmann::json's SAX interface straight into entries and metadata: no
+// JSON tree is built (a tree of a 100 MB header of brackets took 3.8 GB), so the memory stays a
+// small multiple of the header's size. Values nest at most kMaxDepth levels (a valid header needs
+// three), and every key appears at most once in its object.
+class HeaderReader {
+ public:
+  using json = nlohmann::json;
+  explicit HeaderReader(std::uint64_t data_size) : data_size_(data_size) {}
+
+  std::string problem;  // what is wrong with the content; empty when only the JSON is bad
+  std::string syntax;   // the JSON reader's message
+  Header header;
+
+  bool null() { return value({Kind::scalar, json(nullptr)}); }
+  bool boolean(bool v) { return value({Kind::scalar, json(v)}); }
+  bool number_integer(std::int64_t v) { return value({Kind::scalar, json(v)}); }
+  bool number_unsigned(std::uint64_t v) { return value({Kind::scalar, json(v)}); }
+  bool number_float(double v, const std::string&) { return value({Kind::scalar, json(v)}); }
+  bool string(std::string& v) { return value({Kind::scalar, json(), &v}); }
+  bool binary(json::binary_t&) { return stop("the header holds a binary value"); }
+  bool start_object(std::size_t) { return value({Kind::object, json()}); }
+  bool start_array(std::size_t) { return value({Kind::array, json()}); }
+  bool key(std::string& k) {
+    if (frames_.back() == In::entry) {
+      bool* seen = k == "dtype" ? &has_dtype_ : k == "shape" ? &has_shape_ : k == "data_offsets" ? &has_offsets_ : nullptr;
+      if (seen && *seen) return stop("tensor ", named(name_), " has '", k, "' twice");
+      if (seen) *seen = true;
+    }
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    syntax = e.what();
+    return false;
+  }
+
+ private:
+  enum class Kind { scalar, object, array };
+  enum class In { top, metadata, entry, shape, offsets, skipped };
+  struct Value {
+    Kind kind;
+    json scalar;                  // a scalar other than a string
+    std::string* text = nullptr;  // a string
+    bool is_unsigned() const { return kind == Kind::scalar && scalar.is_number_unsigned(); }
+  };
+
+  template <class... Parts>
+  bool stop(const Parts&... parts) {
+    std::ostringstream os;
+    (os << ... << parts);
+    problem = os.str();
+    return false;
+  }
+
+  // A value for an error message: scalars as they are, containers by kind.
+  static std::string brief(const Value& v) {
+    if (v.kind != Kind::scalar) return v.kind == Kind::array ? "an array" : "an object";
+    // A cut may split a character: replaced, not thrown.
+    const std::string text = v.text ? json(v.text->substr(0, 41)).dump(-1, ' ', false, json::error_handler_t::replace) : v.scalar.dump();
+    return text.size() > 40 ? text.substr(0, 40) + "..." : text;
+  }
+
+  bool open(In in) {
+    if (frames_.size() >= kMaxDepth) return stop("the header nests values deeper than ", kMaxDepth, " levels");
+    frames_.push_back(in);
+    return true;
+  }
+
+  // A scalar, or the start of an object or array, inside the innermost open value.
+  bool value(const Value& v) {
+    const bool container = v.kind != Kind::scalar;
+    if (frames_.empty()) return v.kind == Kind::object ? open(In::top) : stop("the header is not a JSON object");
+    switch (frames_.back()) {
+      case In::top:
+        if (key_ == "__metadata__") {
+          if (v.kind != Kind::object) return stop("__metadata__ is not an object");
+          if (has_metadata_) return stop("__metadata__ appears twice");
+          has_metadata_ = true;
+          return open(In::metadata);
+        }
+        if (v.kind != Kind::object) return stop("entry ", named(key_), " needs dtype, shape and data_offsets");
+        name_ = std::move(key_);
+        has_dtype_ = has_shape_ = has_offsets_ = false;
+        shape_.clear();
+        offsets_.clear();
+        return open(In::entry);
+      case In::metadata:
+        if (!v.text) return stop("metadata value of ", named(key_), " is not a string");
+        if (!header.metadata.emplace(key_, std::move(*v.text)).second) return stop("__metadata__ has the key ", named(key_), " twice");
+        return true;
+      case In::entry:
+        if (key_ == "dtype") {
+          const std::optional<Dtype> d = v.text ? dtype_named(*v.text) : std::nullopt;
+          if (!d) return stop("tensor ", named(name_), " has dtype ", brief(v), "; xgrad reads F32, F16 and BF16");
+          dtype_ = *d;
+          return true;
+        }
+        if (key_ == "shape") {
+          return v.kind == Kind::array ? open(In::shape) : stop("tensor ", named(name_), " has a shape that is not an array");
+        }
+        if (key_ == "data_offsets") {
+          return v.kind == Kind::array ? open(In::offsets)
+                                       : stop("tensor ", named(name_), " has data_offsets ", brief(v),
+                                              " that are not two non-negative integers");
+        }
+        return container ? open(In::skipped) : true;  // other keys are ignored, as the reference reader does
+      case In::shape:
+        if (!v.is_unsigned()) {
+          return stop("tensor ", named(name_), " has a shape entry ", brief(v), " that is not a non-negative integer");
+        }
+        if (shape_.size() == kMaxRank) return stop("tensor ", named(name_), " has more than ", kMaxRank, " dimensions");
+        shape_.push_back(v.scalar.get<std::uint64_t>());
+        return true;
+      case In::offsets:
+        if (!v.is_unsigned() || offsets_.size() == 2) {
+          return stop("tensor ", named(name_), " has data_offsets that are not two non-negative integers (",
+                      offsets_.size() == 2 ? "a third entry " : "an entry ", brief(v), ")");
+        }
+        offsets_.push_back(v.scalar.get<std::uint64_t>());
+        return true;
+      case In::skipped:
+        return container ? open(In::skipped) : true;
+    }
+    return true;
+  }
+
+  bool close() {
+    const In in = frames_.back();
+    frames_.pop_back();
+    if (in == In::offsets && offsets_.size() != 2) {
+      return stop("tensor ", named(name_), " has data_offsets of ", offsets_.size(), " entries, not two non-negative integers");
+    }
+    return in == In::entry ? finish_entry() : true;
+  }
+
+  bool finish_entry() {
+    if (!has_dtype_ || !has_shape_ || !has_offsets_) return stop("entry ", named(name_), " needs dtype, shape and data_offsets");
+    const std::uint64_t size = element_bytes(dtype_);
+    std::uint64_t count = 1, extent = 1;
+    for (const std::uint64_t v : shape_) {
+      if (v != 0 && count > data_size_ / v) return stop("tensor ", named(name_), " has a shape larger than the file");
+      // Even with a zero elsewhere, the strides (products of trailing sizes) must stay representable.
+      if (v > 1 && extent > kMaxExtent / v) return stop("tensor ", named(name_), " has a shape whose sizes multiply past 2^60");
+      extent *= std::max<std::uint64_t>(v, 1);
+      count *= v;
+    }
+    const Shape shape(shape_.begin(), shape_.end());
+    const std::uint64_t b = offsets_[0], end = offsets_[1];
+    if (b > end) return stop("tensor ", named(name_), " has reversed data_offsets [", b, ", ", end, "]");
+    if (end > data_size_) {
+      return stop("tensor ", named(name_), " has data_offsets [", b, ", ", end, "] outside the ", data_size_, "-byte data");
+    }
+    if (end - b != count * size) {
+      return stop("tensor ", named(name_), " of shape ", shape_str(shape), " and dtype ", dtype_name(dtype_), " needs ",
+                  count * size, " bytes, its offsets span ", end - b);
+    }
+    header.entries.push_back({std::move(name_), shape, dtype_, b, end});
+    return true;
+  }
+
+  static constexpr std::size_t kMaxDepth = 64;
+  static constexpr std::size_t kMaxRank = 64;  // numpy's limit
+  std::uint64_t data_size_;
+  std::vector<In> frames_;
+  std::string key_, name_;  // the last key read; the tensor whose entry is open
+  bool has_metadata_ = false, has_dtype_ = false, has_shape_ = false, has_offsets_ = false;
+  Dtype dtype_ = Dtype::f32;
+  std::vector<std::uint64_t> shape_, offsets_;
+};
+
 // Parses and checks the JSON header against a data section of data_size bytes, before any of
 // the data is read.
 Header parse_header(const char* text, std::uint64_t n, std::uint64_t data_size, const Bad& bad) {
   // The JSON reader stops at a NUL byte; a header must not hide bytes behind one.
   if (std::memchr(text, '\0', n) != nullptr) bad("the header is not valid JSON: it contains a NUL byte");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text, text + n);
-  } catch (const nlohmann::json::exception& e) {
-    bad("the header is not valid JSON (", e.what(), ")");
+  HeaderReader reader(data_size);
+  if (!nlohmann::json::sax_parse(text, text + n, &reader)) {
+    if (!reader.problem.empty()) bad(reader.problem);
+    bad("the header is not valid JSON (", reader.syntax, ")");
   }
-  if (!header.is_object()) bad("the header is not a JSON object");
-
-  Header out;
-  std::vector<Entry> entries;
-  std::vector<Span> spans;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const nlohmann::json& e = it.value();
-    if (name == "__metadata__") {
-      if (!e.is_object()) bad("__metadata__ is not an object");
-      for (auto m = e.begin(); m != e.end(); ++m) {
-        if (!m.value().is_string()) bad("metadata value of '", m.key(), "' is not a string");
-        out.metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets")) {
-      bad("entry '", name, "' needs dtype, shape and data_offsets");
-    }
-    const std::optional<Dtype> dtype = e["dtype"].is_string() ? dtype_named(e["dtype"].get<std::string>()) : std::nullopt;
-    if (!dtype) bad("tensor '", name, "' has dtype ", brief(e["dtype"]), "; xgrad reads F32, F16 and BF16");
-    const std::uint64_t size = element_bytes(*dtype);
-    const nlohmann::json& js = e["shape"];
-    const nlohmann::json& jo = e["data_offsets"];
-    if (!js.is_array()) bad("tensor '", name, "' has a shape that is not an array");
-    Shape shape;
-    std::uint64_t count = 1, extent = 1;
-    for (const auto& d : js) {
-      if (!d.is_number_unsigned()) bad("tensor '", name, "' has a shape entry ", brief(d), " that is not a non-negative integer");
-      const std::uint64_t v = d.get<std::uint64_t>();
-      if (v != 0 && count > data_size / v) bad("tensor '", name, "' has a shape larger than the file");
-      // Even with a zero elsewhere, the strides (products of trailing sizes) must stay representable.
-      if (v > 1 && extent > kMaxExtent / v) bad("tensor '", name, "' has a shape whose sizes multiply past 2^60");
-      extent *= std::max<std::uint64_t>(v, 1);
-      count *= v;
-      shape.push_back(static_cast<std::size_t>(v));
-    }
-    if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned()) {
-      bad("tensor '", name, "' has data_offsets ", brief(jo), " that are not two non-negative integers");
-    }
-    const std::uint64_t b = jo[0].get<std::uint64_t>(), end = jo[1].get<std::uint64_t>();
-    if (b > end) bad("tensor '", name, "' has reversed data_offsets [", b, ", ", end, "]");
-    if (end > data_size) bad("tensor '", name, "' has data_offsets [", b, ", ", end, "] outside the ", data_size, "-byte data");
-    if (end - b != count * size) {
-      bad("tensor '", name, "' of shape ", shape_str(shape), " and dtype ", dtype_name(*dtype), " needs ", count * size,
-          " bytes, its offsets span ", end - b);
-    }
-    spans.push_back({b, end, entries.size()});
-    entries.push_back({name, std::move(shape), *dtype, b, end});
+  std::vector<Entry>& entries = reader.header.entries;
+  // A name twice is ambiguous (JSON readers keep either value): refused, as save_safetensors refuses it.
+  std::vector<std::size_t> by_name(entries.size());
+  std::iota(by_name.begin(), by_name.end(), 0);
+  std::sort(by_name.begin(), by_name.end(), [&](std::size_t x, std::size_t y) { return entries[x].name < entries[y].name; });
+  for (std::size_t i = 1; i < by_name.size(); ++i) {
+    if (entries[by_name[i]].name == entries[by_name[i - 1]].name) bad("tensor ", named(entries[by_name[i]].name), " appears twice");
   }
   // The data must be covered exactly: no holes, no overlaps.
+  std::vector<Span> spans;
+  spans.reserve(entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) spans.push_back({entries[i].begin, entries[i].end, i});
   std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) { return x.begin < y.begin || (x.begin == y.begin && x.end < y.end); });
   std::uint64_t at = 0;
   for (const Span& s : spans) {
-    if (s.begin != at) bad("tensor '", entries[s.index].name, "' starts at byte ", s.begin, ", expected ", at, " (a hole or an overlap)");
+    if (s.begin != at) bad("tensor ", named(entries[s.index].name), " starts at byte ", s.begin, ", expected ", at, " (a hole or an overlap)");
     at = s.end;
   }
   if (at != data_size) bad("the data has ", data_size, " bytes but the tensors cover ", at);
+  Header out;
+  out.metadata = std::move(reader.header.metadata);
+  out.entries.reserve(entries.size());
   for (const Span& s : spans) out.entries.push_back(std::move(entries[s.index]));
   return out;
+}
+
+// The float32 arrays of `header` must fit before any is allocated (F16 and BF16 double in size).
+void check_arrays_fit(const Header& header, const std::string& what) {
+  double values = 0;
+  for (const Entry& e : header.entries) values += static_cast<double>((e.end - e.begin) / element_bytes(e.dtype));
+  check_available_memory(values * sizeof(float), "load_safetensors",
+                         "reading " + what + " (" + std::to_string(static_cast<std::uint64_t>(values)) + " float32 values in " +
+                             std::to_string(header.entries.size()) + (header.entries.size() == 1 ? " tensor)" : " tensors)"));
 }
 
 }  // namespace
@@ -254,6 +393,7 @@ SafetensorsContents parse_safetensors(const std::string& bytes, const std::strin
   const std::uint64_t n = header_length(bytes.data(), bytes.size(), bad);
   const std::uint64_t data_size = bytes.size() - 8 - n;
   Header header = parse_header(bytes.data() + 8, n, data_size, bad);
+  check_arrays_fit(header, what);
   const char* data = bytes.data() + 8 + n;
   SafetensorsContents out;
   out.metadata = std::move(header.metadata);
@@ -278,6 +418,7 @@ SafetensorsContents load_safetensors(const std::string& path) {
   std::string text(static_cast<std::size_t>(n), '\0');
   file.read_exact(text.data(), text.size());
   Header header = parse_header(text.data(), n, total - 8 - n, bad);
+  check_arrays_fit(header, what);
 
   // The arrays are read in place, in file order (the entries cover the data without gaps).
   SafetensorsContents out;
@@ -299,7 +440,57 @@ SafetensorsContents load_safetensors(const std::string& path) {
   return out;
 }
 
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), file_(path, "load_safetensors") {
+  remove_stale_temporaries(path);
+  const std::string what = "'" + path + "'";
+  const Bad bad{what};
+  const std::uint64_t total = file_.size();
+  char first8[8] = {};
+  file_.read_exact(first8, static_cast<std::size_t>(std::min<std::uint64_t>(total, 8)));
+  const std::uint64_t n = header_length(first8, total, bad);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  file_.read_exact(text.data(), text.size());
+  Header header = parse_header(text.data(), n, total - 8 - n, bad);
+  tensors_ = std::move(header.entries);
+  metadata_ = std::move(header.metadata);
+  data_start_ = 8 + n;
+}
+
+std::size_t SafetensorsReader::find(const std::string& name) const {
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    if (tensors_[i].name == name) return i;
+  }
+  return tensors_.size();
+}
+
+void SafetensorsReader::read(std::size_t index, std::size_t first, std::size_t count, float* dst) {
+  if (index >= tensors_.size()) fail("SafetensorsReader::read: '", path_, "' has ", tensors_.size(), " tensors, no tensor ", index);
+  const TensorInfo& t = tensors_[index];
+  const std::uint64_t size = element_bytes(t.dtype), elements = (t.end - t.begin) / size;
+  if (first > elements || count > elements - first) {
+    fail("SafetensorsReader::read: elements [", first, ", ", static_cast<std::uint64_t>(first) + count, ") of tensor '", t.name,
+         "' in '", path_, "', which has ", elements);
+  }
+  const std::uint64_t at = data_start_ + t.begin + first * size;
+  if (t.dtype == Dtype::f32) return file_.read_exact_at(at, reinterpret_cast<char*>(dst), count * 4);
+  // F16 and BF16 through a small buffer, so a large tensor is never held twice.
+  constexpr std::size_t kChunk = 1 << 16;
+  char narrow[2 * kChunk];
+  for (std::size_t done = 0; done < count;) {
+    const std::size_t k = std::min(kChunk, count - done);
+    file_.read_exact_at(at + 2 * done, narrow, 2 * k);
+    decode(t.dtype, narrow, k, dst + done);
+    done += k;
+  }
+}
+
 void save_safetensors(const std::string& path, const NamedArrays& tensors, const Metadata& metadata, Dtype dtype) {
+  // JSON holds UTF-8 only; checked here, before the header is built, so nothing is written.
+  for (const auto& [name, a] : tensors) check_utf8(name, "save_safetensors", "tensor name");
+  for (const auto& [key, value] : metadata) {
+    check_utf8(key, "save_safetensors", "metadata key");
+    check_utf8(value, "save_safetensors", ("metadata value of '" + escape_bytes(key) + "'").c_str());
+  }
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> names;
   std::uint64_t offset = 0;

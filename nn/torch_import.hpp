@@ -7,6 +7,7 @@
 // V vocabulary, P max_len (positions), L layers.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "xgrad/core/tensor.hpp"
@@ -59,5 +60,17 @@ struct ImportedLanguageModel {
 //   lm_head.weight (V, C), optional          -> head.weight instead of wte
 // V, C, P, L (h.0 .. h.L-1) and F come from the shapes; num_heads must divide C.
 ImportedLanguageModel from_gpt2(const NamedArrays& state, std::size_t num_heads);
+
+// The options of the LanguageModel in a GPT-2 safetensors file, from its header alone (checked as
+// from_gpt2 checks a state; none of the data is read).
+LanguageModelOptions gpt2_options(const std::string& path, std::size_t num_heads);
+
+// A GPT-2 safetensors file (F32, F16 or BF16) read straight into a new LanguageModel, with the
+// layout from_gpt2 gives: the header is checked first, then the model's memory against what this
+// process can still allocate (an Error naming the call, the file and both sizes), then each tensor
+// is read once into the parameters that take it (Conv1D weights transposed a block of rows at a
+// time, through a 1 MiB buffer). The peak memory is the model's own, not the file held two or
+// three times over. A non-finite weight is an Error naming the tensor.
+std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t num_heads);
 
 }  // namespace xgrad::nn

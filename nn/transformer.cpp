@@ -9,6 +9,7 @@
 #include <string>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/memory.hpp"
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/tape.hpp"
 
@@ -265,35 +266,52 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
   if (opt.window_keep >= max_len) {
     fail("LanguageModel::generate: window_keep ", opt.window_keep, " must be less than max_len ", max_len);
   }
-  if (count > std::numeric_limits<std::size_t>::max() / 2 - prompt.size()) {
-    fail("LanguageModel::generate: count ", count, " is too large");
+  // Every id of the prompt, whatever max_len is: a bad id past the context would otherwise stay unnoticed.
+  for (std::size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= static_cast<std::int64_t>(V)) {
+      fail("LanguageModel::generate: prompt token id ", prompt[i], " at position ", i, " of ", prompt.size(),
+           " is outside the vocabulary [0, ", V, ")");
+    }
   }
+  // The ids (and the weights generate_with_attention keeps) are refused before the first step when they
+  // cannot be held; in double, so no size wraps around.
+  const double total = static_cast<double>(prompt.size()) + static_cast<double>(count);
+  const char* who = keep_attention ? "LanguageModel::generate_with_attention" : "LanguageModel::generate";
+  const std::string sizes = std::to_string(prompt.size()) + (prompt.size() == 1 ? " prompt token and " : " prompt tokens and ") +
+                            std::to_string(count) + (count == 1 ? " new one" : " new ones");
+  check_available_memory(total * sizeof(std::int64_t), who, "holding the token ids of " + sizes);
   // Positions that run as queries: every token but the last.
   const std::size_t queries = prompt.size() + count - 1;
   if (opt.past_max_len == PastMaxLen::error && count > 0 && queries > max_len) {
     fail("LanguageModel::generate: ", prompt.size(), " prompt tokens and ", count, " new ones need ", queries,
          " positions, more than max_len ", max_len, " (past_max_len is error)");
   }
-  check_ids(row_of(prompt, prompt.size() - std::min(prompt.size(), max_len), prompt.size()), 0);
   const std::size_t keep = opt.window_keep ? opt.window_keep : max_len / 2;
   // Hook points other than k and v see only the new positions of a cached step, so a model with
   // hooks runs every context whole, as its hooks expect.
   const bool use_cache = opt.use_cache && num_hooks() == 0;
 
+  const std::size_t prompt_size = prompt.size();
   Generation out;
   out.tokens = std::move(prompt);
   std::vector<std::int64_t>& tokens = out.tokens;
   if (keep_attention && count > 0) {
     const std::size_t H = options_.num_heads(), L = blocks.size();
-    if (queries > std::numeric_limits<std::size_t>::max() / sizeof(float) / queries / H / L) {
-      fail("LanguageModel::generate_with_attention: ", L, " x (", H, ", ", queries, ", ", queries, ") weights cannot be held");
-    }
+    const std::string shape = std::to_string(L) + " x (" + std::to_string(H) + ", " + std::to_string(queries) + ", " +
+                              std::to_string(queries) + ") attention weights";
+    check_available_memory(static_cast<double>(L) * H * static_cast<double>(queries) * static_cast<double>(queries) * sizeof(float) +
+                               total * sizeof(std::int64_t),
+                           who, "keeping " + shape + " for " + sizes);
     try {
       for (std::size_t l = 0; l < L; ++l) out.attention.push_back(xt::zeros<float>({H, queries, queries}));
     } catch (const std::bad_alloc&) {
-      fail("LanguageModel::generate_with_attention: no memory for ", L, " x (", H, ", ", queries, ", ", queries,
-           ") weights (", static_cast<double>(L * H * queries) * static_cast<double>(queries) * 4.0 / (1 << 30), " GiB)");
+      fail("LanguageModel::generate_with_attention: no memory for ", shape);
     }
+  }
+  try {
+    tokens.reserve(prompt_size + count);
+  } catch (const std::bad_alloc&) {
+    fail(who, ": no memory for the token ids of ", sizes);
   }
   std::size_t recorded = 0;  // positions whose attention rows are kept
   // Keeps the rows of the positions that have not run before: weights (1, H, n, S) of the queries

@@ -173,10 +173,13 @@ class LanguageModel : public Module {
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
   Tensor loss(const IndexArray& ids, const IndexArray& targets, const Mask& key_padding_mask) const;
   // Appends `count` tokens to `prompt` (see GenerateOptions for the context past max_len); runs in
-  // eval mode without recording and restores the previous mode.
+  // eval mode without recording and restores the previous mode. Every prompt id is checked against
+  // the vocabulary, whatever max_len is, and ids (prompt + count of them) that cannot be held are
+  // refused before the first step, naming the sizes and the memory left.
   std::vector<std::int64_t> generate(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
-  // The same tokens, with the attention weights of every position that ran as a query.
+  // The same tokens, with the attention weights of every position that ran as a query (refused up
+  // front, as the ids are, when they cannot be held).
   Generation generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
   const LanguageModelOptions& options() const { return options_; }

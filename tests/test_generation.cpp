@@ -213,7 +213,10 @@ TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses
   REQUIRE_THROWS_WITH(cross.forward(x), Contains("self-attention needs kdim and vdim equal to d_model 8 (kdim 6, vdim 5)"));
   // a count whose token vector cannot exist
   auto lm = testing::eval_lm(variants()[0], 1);
-  REQUIRE_THROWS_WITH(lm->generate({1}, std::numeric_limits<std::size_t>::max()), Contains("generate") && Contains("too large"));
+  REQUIRE_THROWS_WITH(lm->generate({1}, std::numeric_limits<std::size_t>::max()),
+                      Contains("LanguageModel::generate: holding the token ids of 1 prompt token and 18446744073709551615 new ones "
+                               "needs 128.0 EiB, more than the") &&
+                          Contains("this process can still allocate"));
 }
 
 TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, hooks, non-finite logits, huge counts",
@@ -289,10 +292,37 @@ TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, ho
     lm->head->bias.mutable_value()(4) = std::numeric_limits<float>::infinity();
     REQUIRE_THROWS_WITH(lm->generate({1}, 1, greedy), Contains("logit of token 4 is inf"));
   }
+  SECTION("every prompt id is checked, also those before the last max_len") {
+    auto lm = testing::eval_lm(variants()[0], 2);
+    const std::int64_t V = static_cast<std::int64_t>(lm->options().vocab_size());
+    const std::size_t max_len = lm->options().max_len();
+    for (const std::size_t at : {std::size_t{0}, max_len, 3 * max_len - 1}) {
+      for (const std::int64_t bad : {V, std::int64_t{-1}}) {
+        Tokens prompt(3 * max_len, 1);
+        prompt[at] = bad;
+        INFO("id " << bad << " at " << at);
+        for (const bool cache : {true, false}) {
+          nn::GenerateOptions o = greedy;
+          o.use_cache = cache;
+          REQUIRE_THROWS_WITH(lm->generate(prompt, 2, o), Contains("LanguageModel::generate: prompt token id " + std::to_string(bad) +
+                                                                    " at position " + std::to_string(at) + " of " +
+                                                                    std::to_string(3 * max_len) + " is outside the vocabulary [0, " +
+                                                                    std::to_string(V) + ")"));
+          REQUIRE_THROWS_WITH(lm->generate_with_attention(prompt, 2, o), Contains("prompt token id " + std::to_string(bad)));
+        }
+      }
+    }
+    // A prompt longer than max_len with every id in range still generates.
+    REQUIRE(lm->generate(Tokens(3 * max_len, 1), 2, greedy).size() == 3 * max_len + 2);
+  }
   SECTION("weights that cannot be held are an error, not a crash") {
     auto lm = testing::eval_lm(variants()[0], 2);
-    REQUIRE_THROWS_WITH(lm->generate_with_attention({1}, std::size_t(1) << 32, greedy),
-                        Contains("generate_with_attention") && Contains("cannot be held"));
+    // 2^20 ids fit; L x (H, 2^20, 2^20) floats (4 TiB a head) do not, anywhere: refused before any step.
+    const std::size_t L = lm->blocks.size(), H = lm->options().num_heads();
+    REQUIRE_THROWS_WITH(lm->generate_with_attention({1}, std::size_t(1) << 20, greedy),
+                        Contains("LanguageModel::generate_with_attention: keeping " + std::to_string(L) + " x (" + std::to_string(H) +
+                                 ", 1048576, 1048576) attention weights for 1 prompt token and 1048576 new ones needs ") &&
+                            Contains("TiB, more than the") && Contains("this process can still allocate"));
     REQUIRE(lm->generate_with_attention({1, 2}, 0, greedy).attention.empty());
     REQUIRE_THROWS_WITH(lm->pos_emb->at(IndexArray{{0, 10}}), Contains("LearnedPositionalEncoding: position 10") && Contains("max_len 10"));
   }

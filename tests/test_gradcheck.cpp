@@ -3,11 +3,15 @@
 // The per-op gradchecks live in test_ops_gradcheck.cpp.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <limits>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
@@ -260,6 +264,134 @@ TEST_CASE("gradcheck skip_kinks skips relu at exactly 0 and counts it", "[gradch
   REQUIRE(smooth.ok);
   REQUIRE(smooth.skipped == 0);
   REQUIRE(smooth.checked == shape[0]);
+}
+
+// The kink test works on the slopes' own scale: relu at 0 is skipped however small or large the
+// projection and the function's scale make its slopes (it once needed |slope jump| > 0.1 (1 + |numeric|),
+// so relu(x) * 0.01 at 0, or a projection entry of 0.05, failed instead of being skipped).
+TEST_CASE("gradcheck skip_kinks skips relu, abs, clamp and max ties at their kinks on any scale", "[gradcheck][checker]") {
+  const Shape shape{32};
+  const Array r = observed_projection(shape);
+  double smallest = 1;
+  for (float v : r) smallest = std::min(smallest, std::abs(static_cast<double>(v)));
+  REQUIRE(smallest > 1e-3);  // every slope jump of the functions below exceeds atol (2e-4) at scale 1
+  const Tensor zeros(Array(xt::zeros<float>(shape)), true);
+  GradcheckOptions skip;
+  skip.skip_kinks = true;
+  auto abs_of = [](const Tensor& x) { return add(relu(x), relu(neg(x))); };
+  // clamp(x, -1, 2) = -1 + relu(x + 1) - relu(x - 2)
+  auto clamp_of = [](const Tensor& x) { return sub(add(relu(add(x, 1.f)), -1.f), relu(sub(x, 2.f))); };
+  for (const float scale : {1.f, 0.5f, 100.f}) {
+    INFO("scale " << scale);
+    const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> kinked = {
+        {"relu", [&](const Tensor& x) { return mul(relu(x), scale); }},
+        {"abs", [&](const Tensor& x) { return mul(abs_of(x), scale); }},
+    };
+    for (const auto& [name, op] : kinked) {
+      INFO(name);
+      const GradcheckResult res = gradcheck([&](const Ins& in) { return op(in[0]); }, {zeros}, skip);
+      INFO(res.report);
+      REQUIRE(res.ok);
+      REQUIRE(res.skipped == shape[0]);
+      REQUIRE(res.checked == 0);
+      // Without skipping, the central difference (the mean of the slopes) disagrees with the gradient at 0.
+      if (name == "relu") REQUIRE_FALSE(gradcheck([&](const Ins& in) { return op(in[0]); }, {zeros}).ok);
+    }
+  }
+  // clamp at both corners, and a tie of max along an axis (x, x): kinks; the elements between are checked.
+  Tensor corners(Array(xt::zeros<float>(shape)), true);
+  for (std::size_t i = 0; i < shape[0]; ++i) corners.mutable_value()(i) = i % 4 == 0 ? -1.f : i % 4 == 1 ? 2.f : 0.5f;
+  const GradcheckResult clamp_res = gradcheck([&](const Ins& in) { return clamp_of(in[0]); }, {corners}, skip);
+  INFO(clamp_res.report);
+  REQUIRE(clamp_res.ok);
+  REQUIRE(clamp_res.skipped == shape[0] / 2);
+  REQUIRE(clamp_res.checked == shape[0] / 2);
+  Tensor ties(Array(xt::zeros<float>({16, 2})), true);
+  for (std::size_t i = 0; i < 16; ++i) ties.mutable_value()(i, 0) = ties.mutable_value()(i, 1) = 0.1f * static_cast<float>(i);
+  const GradcheckResult max_res = gradcheck([](const Ins& in) { return max(in[0], 1); }, {ties}, skip);
+  INFO(max_res.report);
+  REQUIRE(max_res.ok);
+  REQUIRE(max_res.skipped == 32);
+}
+
+TEST_CASE("gradcheck skip_kinks leaves smooth points alone and still catches a wrong gradient", "[gradcheck][checker]") {
+  const Shape shape{32};
+  GradcheckOptions skip;
+  skip.skip_kinks = true;
+  // x * x at 0: slope 0 on both sides at the point, one-sided slopes of opposite sign: curvature, not a kink.
+  const Tensor zeros(Array(xt::zeros<float>(shape)), true);
+  const GradcheckResult square = gradcheck([](const Ins& in) { return mul(in[0], in[0]); }, {zeros}, skip);
+  INFO(square.report);
+  REQUIRE(square.ok);
+  REQUIRE(square.skipped == 0);
+  REQUIRE(square.checked == shape[0]);
+  const Tensor x = randn(shape, 7);
+  const GradcheckResult smooth = gradcheck([](const Ins& in) { return mul(tanh(in[0]), exp(in[0])); }, {x}, skip);
+  REQUIRE(smooth.ok);
+  REQUIRE(smooth.skipped == 0);
+
+  // relu with kinks at some elements and a gradient 10% off at element 5 (away from 0): the kinks are
+  // skipped, the wrong element is reported.
+  Tensor mixed(x.value(), true);
+  for (float& v : mixed.mutable_value()) v = v < 0 ? v - 0.2f : v + 0.2f;
+  mixed.mutable_value()(5) = 0.7f;
+  for (std::size_t k : {0, 9, 20}) mixed.mutable_value()(k) = 0.f;
+  auto wrong = [](const Ins& in) {
+    Tensor y = relu(in[0]);
+    if (y.requires_grad()) y.register_hook([](Array& g) { g(5) *= 1.1f; });
+    return y;
+  };
+  const GradcheckResult caught = gradcheck(wrong, {mixed}, skip);
+  REQUIRE_FALSE(caught.ok);
+  REQUIRE_THAT(caught.report, Contains("input 0 element (5)"));
+  REQUIRE(caught.skipped == 3);
+  // x * x at 0 with a gradient of 1 instead of 0 (a hook on the input): a smooth point, so not
+  // skipped, so caught.
+  auto wrong_at_zero = [](const Ins& in) {
+    Tensor y = mul(in[0], in[0]);
+    if (y.requires_grad()) Tensor(in[0]).register_hook([](Array& g) { g(3) += 1.f; });
+    return y;
+  };
+  const GradcheckResult caught_at_zero = gradcheck(wrong_at_zero, {zeros}, skip);
+  REQUIRE_FALSE(caught_at_zero.ok);
+  REQUIRE(caught_at_zero.skipped == 0);
+  REQUIRE_THAT(caught_at_zero.report, Contains("input 0 element (3)"));
+}
+
+TEST_CASE("gradcheck refuses tolerances, steps and thresholds that are negative, NaN or infinite, naming the option",
+          "[gradcheck][checker]") {
+  auto fn = [](const Ins& in) { return mul(in[0], in[0]); };
+  const Tensor x = randn({3}, 53);
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const double bad : {-1.0, -1e-12, nan, inf, -inf}) {
+    INFO(bad);
+    for (const char* name : {"atol", "rtol", "kink_threshold"}) {
+      GradcheckOptions o;
+      (std::string(name) == "atol" ? o.atol : std::string(name) == "rtol" ? o.rtol : o.kink_threshold) = bad;
+      std::ostringstream value;
+      value << bad;
+      REQUIRE_THROWS_WITH(gradcheck(fn, {x}, o), Contains(std::string("gradcheck: GradcheckOptions::") + name +
+                                                          " must be finite and >= 0, got " + value.str()));
+    }
+    GradcheckOptions o;
+    o.eps = bad;
+    REQUIRE_THROWS_WITH(gradcheck(fn, {x}, o), Contains("gradcheck: GradcheckOptions::eps must be finite and > 0"));
+  }
+  GradcheckOptions zero_eps;
+  zero_eps.eps = 0;
+  REQUIRE_THROWS_WITH(gradcheck(fn, {x}, zero_eps), Contains("GradcheckOptions::eps must be finite and > 0, got 0"));
+  // A step below float32's resolution at the value, or past its range: refused naming the element.
+  Tensor one(Array{1.f, 2.f}, true);
+  GradcheckOptions tiny;
+  tiny.eps = 1e-9;
+  REQUIRE_THROWS_WITH(gradcheck(fn, {one}, tiny), Contains("gradcheck: eps 1e-09 is no float32 step at input 0 element (0) (value 1)"));
+  GradcheckOptions huge;
+  huge.eps = 1e300;
+  REQUIRE_THROWS_WITH(gradcheck(fn, {one}, huge), Contains("eps 1e+300 is no float32 step at input 0 element (0)"));
+  // Zero tolerances and threshold are allowed (an exact comparison).
+  GradcheckOptions exact;
+  exact.atol = exact.rtol = exact.kink_threshold = 0;
+  REQUIRE_NOTHROW(gradcheck(fn, {x}, exact));
 }
 
 // ---------------------------------------------------------------------------------------------

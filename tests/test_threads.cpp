@@ -4,11 +4,18 @@
 // Shapes: B batch, T length, C d_model, H heads, F FFN width.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -23,6 +30,7 @@
 #include "xgrad/core/tape.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "run_program.hpp"
 
 using namespace xgrad;
 
@@ -348,4 +356,113 @@ TEST_CASE("parallel_for from two user threads at once covers every index once an
     }
   });
   for (int t = 0; t < 2; ++t) REQUIRE(hits[t] == std::vector<int>(n, 200));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads the system refuses. The child below runs in its own process (the test binary again, run
+// by the test after it), where a limit can be lowered without touching the test's own threads.
+
+namespace {
+
+// Sets an environment variable for a scope (children inherit it), then restores it.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::size_t threads_of_this_process() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, 8, "Threads:") == 0) return std::stoul(line.substr(8));
+  }
+  return 0;
+}
+
+}  // namespace
+
+// XGRAD_THREAD_LIMIT=nproc: as user nobody with RLIMIT_NPROC = its threads + 1 (root is exempt from
+// RLIMIT_NPROC); XGRAD_THREAD_LIMIT=as: RLIMIT_AS 40 MiB past the address space in use (each thread
+// reserves an 8 MiB stack). Then asks for 64 threads, expects an Error, and checks the pool.
+TEST_CASE("child: set_num_threads under a thread limit", "[.thread_limit_child]") {
+  const char* mode = std::getenv("XGRAD_THREAD_LIMIT");
+  REQUIRE(mode != nullptr);
+  set_num_threads(2);
+  REQUIRE(num_threads() == 2);
+  if (std::string(mode) == "nproc") {
+    const rlim_t n = threads_of_this_process() + 1;
+    const rlimit rl{n, n};
+    REQUIRE(::setrlimit(RLIMIT_NPROC, &rl) == 0);
+    REQUIRE(::setgid(65534) == 0);
+    REQUIRE(::setuid(65534) == 0);
+  } else {
+    std::ifstream statm("/proc/self/statm");
+    double pages = 0;
+    statm >> pages;
+    const rlim_t n = static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + (rlim_t{40} << 20);
+    const rlimit rl{n, n};
+    REQUIRE(::setrlimit(RLIMIT_AS, &rl) == 0);
+  }
+  std::string message;
+  try {
+    set_num_threads(64);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  std::printf("message: %s\n", message.c_str());
+  REQUIRE_FALSE(message.empty());
+  // The pool keeps its 2 threads and works.
+  REQUIRE(num_threads() == 2);
+  std::vector<int> hits(1 << 20, 0);
+  parallel_for(hits.size(), 1024, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) ++hits[i];
+  });
+  REQUIRE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+  set_num_threads(1);
+  REQUIRE(num_threads() == 1);
+  set_num_threads(2);  // the threads stopped above make room again
+  REQUIRE(num_threads() == 2);
+  std::printf("ok\n");
+}
+
+TEST_CASE("set_num_threads names the count, the threads running, the OS reason and the limit when threads cannot start",
+          "[threads][bad_input]") {
+  char self[4096] = {};
+  REQUIRE(::readlink("/proc/self/exe", self, sizeof self - 1) > 0);
+  testing::TempDir dir("xgrad_thread_limit");
+  std::vector<std::string> modes = {"as"};
+  if (::geteuid() == 0) modes.push_back("nproc");  // needs the switch to user nobody
+  for (const std::string& mode : modes) {
+    INFO("limit " << mode);
+    const ScopedEnv limit("XGRAD_THREAD_LIMIT", mode);
+    // Under a tight RLIMIT_AS, OpenBLAS's own threads retry a failing mmap forever at exit; the
+    // child runs without them.
+    const ScopedEnv one_blas_thread("OPENBLAS_NUM_THREADS", "1");
+    testing::Limits limits;
+    limits.seconds = 60;
+    const testing::Outcome o = testing::run_program(dir, self, {"[.thread_limit_child]"}, limits);
+    INFO(o);
+    REQUIRE(o.exited);
+    REQUIRE(o.code == 0);
+    using Catch::Matchers::Contains;
+    REQUIRE_THAT(o.out, Contains("message: set_num_threads(64): could not start thread ") && Contains(" of 64 (") &&
+                            Contains(" running, the calling thread included): Resource temporarily unavailable (") &&
+                            Contains("; the pool keeps its 2 threads") && Contains("\nok\n"));
+    REQUIRE_THAT(o.out, Contains(mode == "nproc" ? "RLIMIT_NPROC is " : "RLIMIT_AS is "));
+  }
 }

@@ -2,17 +2,29 @@
 // and nn/torch_import's layouts against PyTorch's outputs on tests/fixtures/import_*.safetensors
 // (make_import_fixtures.py writes them). No Python here.
 // Shapes: B batch, T length, S key length, C d_model, H heads, V vocabulary.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include <catch2/catch.hpp>
 
 #include "fixture.hpp"
+#include "peak_memory.hpp"
+#include "run_program.hpp"
 #include "safetensors_bytes.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/core/safetensors.hpp"
 #include "xgrad/core/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
@@ -303,4 +315,210 @@ TEST_CASE("GPT-2: missing, extra and misshapen tensors are errors naming them; t
   REQUIRE_THROWS_AS(nn::load_state_dict(model, import(with(state, "wpe.weight", &wide)).state), Error);
   const NamedArrays after = nn::state_dict(model);
   for (std::size_t i = 0; i < before.size(); ++i) REQUIRE(testing::rel_error(after[i].second, before[i].second) == 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// load_gpt2: a GPT-2 file read straight into a LanguageModel, tensor by tensor.
+
+namespace {
+
+// A GPT-2 state dict (Hugging Face's names) with random weights: V vocabulary, C d_model, P
+// positions, L layers, F FFN width; with the causal-mask buffers of older transformers versions.
+NamedArrays gpt2_state(std::size_t V, std::size_t C, std::size_t P, std::size_t L, std::size_t F, std::uint64_t seed) {
+  Generator g(seed);
+  NamedArrays s;
+  auto add = [&](const std::string& name, const Shape& shape) { s.emplace_back(name, g.normal(shape, 0.f, 0.02f)); };
+  add("wte.weight", {V, C});
+  add("wpe.weight", {P, C});
+  for (std::size_t n = 0; n < L; ++n) {
+    const std::string h = "h." + std::to_string(n) + ".";
+    for (const char* ln : {"ln_1", "ln_2"}) {
+      add(h + ln + ".weight", {C});
+      add(h + ln + ".bias", {C});
+    }
+    add(h + "attn.c_attn.weight", {C, 3 * C});
+    add(h + "attn.c_attn.bias", {3 * C});
+    add(h + "attn.c_proj.weight", {C, C});
+    add(h + "attn.c_proj.bias", {C});
+    add(h + "mlp.c_fc.weight", {C, F});
+    add(h + "mlp.c_fc.bias", {F});
+    add(h + "mlp.c_proj.weight", {F, C});
+    add(h + "mlp.c_proj.bias", {C});
+    s.emplace_back(h + "attn.bias", Array(xt::ones<float>({std::size_t{1}, std::size_t{1}, P, P})));
+  }
+  add("ln_f.weight", {C});
+  add("ln_f.bias", {C});
+  return s;
+}
+
+// Sets an environment variable for a scope (children inherit it), then restores it.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::string self_exe() {
+  char self[4096] = {};
+  REQUIRE(::readlink("/proc/self/exe", self, sizeof self - 1) > 0);
+  return self;
+}
+
+long long field(const std::string& out, const std::string& name) {
+  const std::size_t at = out.find(name + ": ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(out.substr(at + name.size() + 2));
+}
+
+}  // namespace
+
+TEST_CASE("load_gpt2 reads a GPT-2 file into the model from_gpt2 and load_state_dict build, bit for bit", "[import][load_gpt2]") {
+  const Array& ids_f = output("gpt2.ids");
+  IndexArray ids = IndexArray::from_shape(ids_f.shape());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>(ids_f.data()[i]);
+  for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"}) {
+    INFO(file);
+    const std::string path = testing::fixture_path(file);
+    const nn::ImportedLanguageModel imported = nn::from_gpt2(fixture(file), 2);
+    nn::LanguageModel want(imported.options);
+    nn::load_state_dict(want, imported.state);
+    const std::shared_ptr<nn::LanguageModel> got = nn::load_gpt2(path, 2);
+    const nn::LanguageModelOptions& o = got->options();
+    REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 && o.max_len() == 16 &&
+             o.d_ff() == 32 && o.activation() == nn::Activation::gelu_tanh && o.dropout() == 0.f));
+    const nn::LanguageModelOptions header_only = nn::gpt2_options(path, 2);
+    REQUIRE((header_only.vocab_size() == 256 && header_only.num_layers() == 2 && header_only.d_ff() == 32));
+    const NamedTensors a = got->named_parameters(), b = want.named_parameters();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO(a[i].first);
+      REQUIRE(a[i].first == b[i].first);
+      REQUIRE(a[i].second.shape() == b[i].second.shape());
+      REQUIRE(std::memcmp(a[i].second.value().data(), b[i].second.value().data(), b[i].second.size() * 4) == 0);
+    }
+    got->eval();
+    NoGradGuard no_grad;
+    const bool f16 = file.find("f16") != std::string::npos;
+    require_close(got->forward(ids).logits.value(), output(f16 ? "gpt2_f16.logits" : "gpt2.logits"), file);
+  }
+}
+
+TEST_CASE("load_gpt2 refuses what from_gpt2 refuses, and non-finite weights, naming the tensor", "[import][load_gpt2][bad_input]") {
+  testing::TempDir dir("xgrad_load_gpt2");
+  const NamedArrays& state = fixture("import_gpt2.safetensors");
+  const std::string short_path = dir.file("short.safetensors");
+  save_safetensors(short_path, with(state, "h.1.mlp.c_fc.bias", nullptr));
+  REQUIRE_THROWS_WITH(nn::load_gpt2(short_path, 2), "load_gpt2: missing tensor 'h.1.mlp.c_fc.bias' (32)");
+  REQUIRE_THROWS_WITH(nn::gpt2_options(short_path, 2), "gpt2_options: missing tensor 'h.1.mlp.c_fc.bias' (32)");
+  const std::string path = testing::fixture_path("import_gpt2.safetensors");
+  REQUIRE_THROWS_WITH(nn::load_gpt2(path, 3), Contains("load_gpt2: num_heads 3 does not divide d_model 8"));
+  Array wide = Array::from_shape({16, 9});
+  wide.fill(0.f);
+  const std::string wide_path = dir.file("wide.safetensors");
+  save_safetensors(wide_path, with(state, "wpe.weight", &wide));
+  REQUIRE_THROWS_WITH(nn::load_gpt2(wide_path, 2), "load_gpt2: tensor 'wpe.weight' has shape (16, 9), expected (16, 8)");
+  Array bad = get(state, "h.0.attn.c_attn.weight");
+  bad(3, 17) = std::numeric_limits<float>::quiet_NaN();  // column 17 of (8, 24): w_v row 1, input 3
+  const std::string nan_path = dir.file("nan.safetensors");
+  save_safetensors(nan_path, with(state, "h.0.attn.c_attn.weight", &bad));
+  REQUIRE_THROWS_WITH(nn::load_gpt2(nan_path, 2), "load_gpt2: tensor 'h.0.attn.c_attn.weight' in '" + nan_path +
+                                                      "' holds nan (in blocks.0.attn.w_v.weight at flat position 11); refusing "
+                                                      "non-finite weights");
+  REQUIRE_THROWS_WITH(nn::load_gpt2(dir.file("none.safetensors"), 2), Contains("load_safetensors: cannot open"));
+}
+
+// Run by the test below in a process of its own: loads XGRAD_GPT2_FILE with load_gpt2 (mode
+// stream) or as train_lm did before load_gpt2 (mode whole: load_safetensors, from_gpt2,
+// LanguageModel, load_state_dict), under RLIMIT_AS of XGRAD_GPT2_AS_MIB more than in use when set,
+// and prints how far the peak resident size rose.
+TEST_CASE("child: import a GPT-2 file and report the peak memory", "[.gpt2_child]") {
+  const char* file = std::getenv("XGRAD_GPT2_FILE");
+  const char* mode = std::getenv("XGRAD_GPT2_MODE");
+  REQUIRE(file != nullptr);
+  REQUIRE(mode != nullptr);
+  if (const char* extra = std::getenv("XGRAD_GPT2_AS_MIB")) {
+    std::ifstream statm("/proc/self/statm");
+    double pages = 0;
+    statm >> pages;
+    const rlim_t n = static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + (std::stoull(extra) << 20);
+    const rlimit rl{n, n};
+    REQUIRE(::setrlimit(RLIMIT_AS, &rl) == 0);
+  }
+  REQUIRE(testing::reset_peak_rss());
+  const long baseline = testing::status_kib("VmRSS");
+  std::size_t params = 0;
+  try {
+    if (std::string(mode) == "stream") {
+      params = nn::load_gpt2(file, 2)->num_parameters();
+    } else {
+      const NamedArrays tensors = load_safetensors(file).tensors;
+      const nn::ImportedLanguageModel imported = nn::from_gpt2(tensors, 2);
+      nn::LanguageModel model(imported.options);
+      nn::load_state_dict(model, imported.state);
+      params = model.num_parameters();
+    }
+  } catch (const Error& e) {
+    std::printf("error: %s\n", e.what());
+  }
+  std::printf("params: %zu\npeak_kib_increase: %ld\nfile_bytes: %lld\n", params, testing::peak_rise_kib(baseline),
+              static_cast<long long>(std::filesystem::file_size(file)));
+}
+
+TEST_CASE("load_gpt2 peaks near the model's own size and refuses a model that cannot fit before building it",
+          "[import][load_gpt2][bad_input]") {
+  testing::TempDir dir("xgrad_load_gpt2");
+  const std::string path = dir.file("gpt2.safetensors");
+  // V 2048, C 256, P 256, L 4, F 1024: 4.3 M parameters, 17 MB as float32; the file is F16.
+  save_safetensors(path, gpt2_state(2048, 256, 256, 4, 1024, 5), {}, Dtype::f16);
+  auto run = [&](const std::string& mode, const char* as_mib) {
+    const ScopedEnv file("XGRAD_GPT2_FILE", path), how("XGRAD_GPT2_MODE", mode);
+    std::optional<ScopedEnv> limit, one_blas_thread;
+    if (as_mib) {
+      limit.emplace("XGRAD_GPT2_AS_MIB", as_mib);
+      // Under a tight RLIMIT_AS, OpenBLAS's own threads retry a failing mmap forever at exit; the
+      // child runs without them.
+      one_blas_thread.emplace("OPENBLAS_NUM_THREADS", "1");
+    }
+    const testing::Outcome o = testing::run_program(dir, self_exe(), {"[.gpt2_child]"});
+    INFO(o);
+    REQUIRE(o.exited);
+    REQUIRE(o.code == 0);
+    return o.out;
+  };
+  const std::string stream = run("stream", nullptr);
+  INFO(stream);
+  const long long params = field(stream, "params");
+  const long long V = 2048, C = 256, P = 256, L = 4, F = 1024;
+  const long long per_layer = 2 * C + 3 * (C * C + C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
+  REQUIRE(params == V * C + P * C + L * per_layer + 2 * C + V * C + V);  // tok_emb, pos_emb, blocks, final_norm, head
+  const long long model_kib = params * 4 / 1024;
+  // The model, plus at most a quarter of it and 8 MiB (the file's header, the reading buffer, allocator slack).
+  REQUIRE(field(stream, "peak_kib_increase") > 0);
+  REQUIRE(field(stream, "peak_kib_increase") <= model_kib + model_kib / 4 + 8 * 1024);
+  // As train_lm read it before: the file, from_gpt2's copies, the model and load_state_dict's copy.
+  const std::string whole = run("whole", nullptr);
+  INFO(whole);
+  REQUIRE(field(whole, "params") == params);
+  REQUIRE(field(whole, "peak_kib_increase") > 2 * model_kib);
+
+  // 8 MiB more address space than in use: refused up front, naming the call, the file and both sizes.
+  const std::string refused = run("stream", "8");
+  REQUIRE_THAT(refused, Contains("error: load_gpt2: the model in '" + path + "' (" + std::to_string(params) +
+                                 " float32 parameters) needs ") &&
+                            Contains("MiB, more than the ") && Contains(" this process can still allocate (RLIMIT_AS of "));
+  REQUIRE(field(refused, "params") == 0);
 }

@@ -1,0 +1,33 @@
+// The peak resident size of this process from a chosen point on, for tests that measure in a child
+// process what one call allocates: reset_peak_rss() lowers the peak (VmHWM) to the current resident
+// size through /proc/self/clear_refs, so neither the parent's peak (inherited across fork and exec)
+// nor earlier work hides the call's.
+#pragma once
+
+#include <fstream>
+#include <string>
+
+namespace xgrad::testing {
+
+// A "Vm...:" field of /proc/self/status in KiB, or -1.
+inline long status_kib(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, field.size() + 1, field + ":") == 0) return std::stol(line.substr(field.size() + 1));
+  }
+  return -1;
+}
+
+// False when the kernel cannot reset the peak (then a measurement would mean nothing).
+inline bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.close();
+  return static_cast<bool>(out) && status_kib("VmHWM") <= status_kib("VmRSS") + 64;
+}
+
+// How far the peak resident size rose above `baseline_kib` (a VmRSS read right after the reset).
+inline long peak_rise_kib(long baseline_kib) { return status_kib("VmHWM") - baseline_kib; }
+
+}  // namespace xgrad::testing
