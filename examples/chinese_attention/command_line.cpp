@@ -2,6 +2,7 @@
 #include "command_line.hpp"
 
 #include "common/cli.hpp"
+#include "common/memory.hpp"
 #include "xgrad/core/file_io.hpp"
 
 namespace zh {
@@ -19,6 +20,11 @@ void add_options(CLI::App& app, CommandLine& c) {
 void check_before_run(const CommandLine& c) {
   cli::as_usage([&] {
     validate(c.train);
+    const CorpusSplit corpus = builtin_corpus();
+    std::vector<Sentence> every = corpus.train;
+    every.insert(every.end(), corpus.held_out.begin(), corpus.held_out.end());
+    cli::check_memory(training_bytes(c.train, Vocabulary(every).size()),
+                      "a training step of --batch " + std::to_string(c.train.batch) + " sentences");
     xgrad::prepare_output_dir(c.out, "chinese_attention: --out");
   });
 }

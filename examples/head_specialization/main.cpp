@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "common/files.hpp"
 #include "common/memory.hpp"
 #include "common/terminal.hpp"
 #include "report.hpp"
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   c.single_head = !no_single;
 
   return cli::run("head_specialization", [&] {
+    if (!sweep.empty() && no_single) cli::usage_error("--no-single-head is for one run; --sweep-heads trains no one-head contrast");
     cli::as_usage([&] {
       validate(c);
       cli::check_warmup(c.train.warmup, c.train.steps);
@@ -96,7 +98,17 @@ int main(int argc, char** argv) {
         if (c.d_model % h != 0) xgrad::fail("--sweep-heads: d-model ", c.d_model, " is not divisible by ", h);
         most_heads = std::max(most_heads, h);
       }
-      cli::check_memory(training_bytes(c, most_heads), "a training step of this model");
+      // The held-out batches are kept for the measurements: ids and K targets per position.
+      const double held_out = static_cast<double>(c.eval_batches) * static_cast<double>(c.train.batch) *
+                              static_cast<double>(c.task.seq_len) * static_cast<double>(1 + c.task.offsets.size()) * 8;
+      cli::check_memory(training_bytes(c, most_heads) + held_out, "a training step of this model with --eval-batches " +
+                                                                      std::to_string(c.eval_batches) + " held-out batches");
+      if (!report_path.empty()) {
+        std::vector<cli::RunFile> images;
+        for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});
+        images.push_back({"--report", report_path});
+        cli::check_distinct_files({}, images);
+      }
       xgrad::prepare_output_dir(out, "head_specialization: --out");
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "head_specialization: --report");
     });

@@ -8,7 +8,9 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "common/files.hpp"
 #include "common/memory.hpp"
+#include "run_log.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "common/terminal.hpp"
 #include "trainer.hpp"
@@ -53,14 +55,10 @@ void check_heads(const xgrad::NamedArrays& tensors, std::size_t heads) {
   }
 }
 
-void write_log(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
-  std::ostringstream csv;
-  csv << "step,train_loss,valid_loss,lr,seconds\n";
+void write_plot(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
   xgrad::inspect::LinePlot plot{"byte-level language model", "step", "loss (nats per byte)", {}, false, false};
   xgrad::inspect::Series train{"train", {}, {}}, valid{"validation", {}, {}}, uni{"unigram entropy", {}, {}};
   for (const LogEntry& e : log) {
-    csv << e.step << ',' << e.train_loss << ',' << (e.valid_loss ? std::to_string(*e.valid_loss) : "") << ',' << e.lr << ','
-        << e.seconds << '\n';
     train.x.push_back(static_cast<double>(e.step));
     train.y.push_back(e.train_loss);
     if (e.valid_loss) {
@@ -70,8 +68,25 @@ void write_log(const std::string& folder, const std::vector<LogEntry>& log, doub
   }
   if (!log.empty()) uni = {"unigram entropy", {1.0, static_cast<double>(log.back().step)}, {unigram, unigram}};
   plot.series = {train, valid, uni};
-  xgrad::write_file_atomically(folder + "/log.csv", csv.str(), "train_lm: the log");
   xgrad::inspect::write_text_file(folder + "/loss.svg", xgrad::inspect::line_plot_svg(plot));
+}
+
+// Every file the run reads and writes, checked before any work: no output may destroy an input
+// or another output.
+void check_files(const std::string& text_path, const std::string& checkpoint, bool sampling, const std::string& out) {
+  std::vector<cli::RunFile> inputs, outputs;
+  if (!text_path.empty() && !sampling) inputs.push_back({"the training text", text_path});
+  if (sampling) {
+    inputs.push_back({"--checkpoint", checkpoint});
+    return;  // sampling writes nothing but stdout
+  }
+  if (!checkpoint.empty()) {
+    outputs.push_back({"--checkpoint", checkpoint});
+    outputs.push_back({"--checkpoint's lock file", cli::FileLock::lock_path_of(checkpoint)});
+  }
+  outputs.push_back({"--out's log.csv", out + "/log.csv"});
+  outputs.push_back({"--out's loss.svg", out + "/loss.svg"});
+  cli::check_distinct_files(inputs, outputs);
 }
 
 }  // namespace
@@ -108,10 +123,11 @@ int main(int argc, char** argv) {
   app.add_option("--eval-batches", c.eval_batches, "validation batches")->transform(size)->capture_default_str();
   app.add_option("--text-bytes", text_bytes, "size of the built-in text")->transform(size)->capture_default_str();
   app.add_option("--checkpoint", checkpoint, "checkpoint file (.safetensors) to write, resume or sample from");
-  app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")->transform(interval);
+  CLI::Option* interval_flag =
+      app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")->transform(interval);
   app.add_flag("--resume", resume, "continue training from --checkpoint");
-  app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
-      ->transform(cli::count(0, 1 << 20));
+  CLI::Option* sample_flag = app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
+                                ->transform(cli::count(1, 1 << 20));
   app.add_option("--import", import_layout, "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads)");
   app.add_option("--prompt", prompt, "prompt for sampling")->capture_default_str();
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")->check(cli::real(0, 1e6))->capture_default_str();
@@ -142,6 +158,12 @@ int main(int argc, char** argv) {
 
   return cli::run(program, [&] {
     xgrad::set_num_threads(threads);
+    // A mode flag never falls back to another mode that writes files.
+    if (sample_flag->count() > 0 && resume) cli::usage_error("--sample reads --checkpoint and trains nothing: it cannot --resume");
+    if (interval_flag->count() > 0 && sample_flag->count() > 0) cli::usage_error("--checkpoint-interval is for training; --sample writes no checkpoint");
+    if (interval_flag->count() > 0 && checkpoint.empty()) cli::usage_error("--checkpoint-interval needs --checkpoint: there is no file to write");
+    if (sample > 0 && checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
+    check_files(text_path, checkpoint, sample > 0, out);
     if (!import_layout.empty()) {
       if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");
       if (sample == 0) cli::usage_error("--import is for --sample: it reads a checkpoint to sample from");
@@ -186,6 +208,9 @@ int main(int argc, char** argv) {
         text = read_text(text_path, static_cast<std::uint64_t>(max_text));
       }
     });
+    // One writer per checkpoint: a second run on the same file is refused while this one lives.
+    std::optional<cli::FileLock> lock;
+    if (lead && !checkpoint.empty()) lock.emplace(checkpoint, "train_lm: --checkpoint");
     const double unigram = unigram_entropy(text);
     const DataSource source = identify(text_path.empty() ? "built-in grammar" : text_path, text);
     std::unique_ptr<Trainer> trainer;
@@ -204,6 +229,7 @@ int main(int argc, char** argv) {
     cli::as_usage([&] {
       trainer = std::make_unique<Trainer>(c, split(text, c.valid_fraction, c.seq_len), source, sharing);
       if (resume) trainer->resume(checkpoint);
+      trainer->check_saveable();
     });
     std::optional<xgrad::AnomalyGuard> anomaly;
     if (detect_anomaly) anomaly.emplace();
@@ -219,6 +245,7 @@ int main(int argc, char** argv) {
                 c.d_model, c.heads, trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
                 resume ? (", resuming at step " + std::to_string(trainer->step())).c_str() : "");
 
+    RunLog run_log(out, resume ? std::optional<std::size_t>(trainer->step()) : std::nullopt);
     viz::ProgressLine line(quiet, c.eval_interval ? c.eval_interval : std::max<std::size_t>(c.steps / 10, 1));
     float last_valid = -1;
     const std::size_t first = trainer->step();
@@ -231,12 +258,17 @@ int main(int argc, char** argv) {
                     static_cast<double>(e.train_loss), last_valid < 0 ? "  -  " : std::to_string(last_valid).substr(0, 5).c_str(),
                     done * static_cast<double>(c.batch * c.seq_len) / std::max(e.seconds, 1e-9), viz::duration(left).c_str());
       line.update(e.step, c.steps, text_line);
+      run_log.append(e);
     };
     try {
       trainer->run(c.steps, on_step, checkpoint, checkpoint_interval);
     } catch (const xgrad::Error&) {
       line.finish();
-      write_log(out, trainer->log(), unigram);  // the steps before the failure, to look at
+      try {
+        write_plot(out, run_log.entries(), unigram);  // the steps before the failure, to look at
+      } catch (const xgrad::Error&) {
+        // The failure itself is the message worth reading (often the same full disk).
+      }
       throw;
     }
     line.finish();
@@ -245,7 +277,7 @@ int main(int argc, char** argv) {
 
     const float valid = trainer->validation_loss();
     std::printf("validation loss %.3f nats/byte (unigram entropy %.3f)\n", static_cast<double>(valid), unigram);
-    write_log(out, trainer->log(), unigram);
+    write_plot(out, run_log.entries(), unigram);
     std::printf("log: %s/log.csv, curve: %s/loss.svg%s%s\n", out.c_str(), out.c_str(), checkpoint.empty() ? "" : ", checkpoint: ",
                 checkpoint.c_str());
     std::printf("sample: %s\n", sample_text(trainer->model(), prompt, 120, temperature, top_k, c.seed).c_str());
