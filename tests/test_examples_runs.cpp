@@ -147,7 +147,12 @@ TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "
                                    {"gradient_flow", {"--train"}, "--lr"}, {"article_claims", {"configs"}, "--dropout"},
                                    {"article_claims", {"heads"}, "--weight-decay"}, {"spirals", {}, "--momentum"}};
   for (const Case& c : cases) {
-    for (const std::string& value : {"0x1p-1", " 0.5", "0.5 ", "+0.5", "nan", "1e", ".", "0.5f"}) {
+    for (const std::string& value : {"nan", "-inf", "Infinity"}) {
+      std::vector<std::string> args = c.before;
+      args.insert(args.end(), {c.flag, value});
+      require_fails(run(dir, c.program, args), c.program, 2, {c.flag, "'" + value + "' is not a finite number"});
+    }
+    for (const std::string& value : {"0x1p-1", " 0.5", "0.5 ", "+0.5", "1e", ".", "0.5f", "1,5"}) {
       INFO(c.program << " " << c.flag << " '" << value << "'");
       std::vector<std::string> args = c.before;
       args.insert(args.end(), {c.flag, value});

@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <cerrno>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -69,7 +70,12 @@ CLI::Validator real(double lo, double hi, bool open_low, bool allow_inf) {
   return CLI::Validator(
       [=](std::string& s) -> std::string {
         const std::optional<double> v = parse_real(s, allow_inf && std::isinf(hi));
-        if (!v) return "'" + s + "' is not a number (write it in decimal, as 0.001 or 1e-3)";
+        if (!v) {
+          std::string lower;
+          for (char ch : s) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+          if (lower.find("inf") != std::string::npos || lower.find("nan") != std::string::npos) return "'" + s + "' is not a finite number";
+          return "'" + s + "' is not a number (write it in decimal, as 0.001 or 1e-3)";
+        }
         if (std::isinf(*v) && !(allow_inf && *v > 0 && std::isinf(hi))) return "'" + s + "' is not a finite number";
         if (*v < lo || *v > hi || (open_low && *v == lo)) return s + " is outside " + range;
         // Every real lands in a float32 somewhere: one that would round to 0, to a subnormal or
