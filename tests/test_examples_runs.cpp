@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <sstream>
@@ -212,12 +213,22 @@ TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file 
   TempDir dir("xgrad_runs_lock");
   const std::string ck = dir.file("ck.safetensors");
   const pid_t first = start(dir, "train_lm", tiny({"--steps", "100000000", "--checkpoint", ck}), "first");
-  const bool locked = wait_for([&] { return read_bytes(ck + ".lock") == std::to_string(first) + "\n"; });
+  const std::string log = dir.file("train_lm_out/log.csv");
+  const bool locked = wait_for([&] {
+    const std::string rows = read_bytes(log);
+    return read_bytes(ck + ".lock") == std::to_string(first) + "\n" && std::count(rows.begin(), rows.end(), '\n') > 3;
+  });
   if (!locked) ::kill(first, SIGKILL);
   REQUIRE(locked);
   const Outcome second = run(dir, "train_lm", tiny({"--steps", "5", "--checkpoint", ck}));
-  ::kill(first, SIGKILL);  // a killed holder leaves its lock file behind
-  ::waitpid(first, nullptr, 0);
+  ::kill(first, SIGTERM);  // a killed holder leaves its lock file behind
+  int status = 0;
+  ::waitpid(first, &status, 0);
+  REQUIRE(WIFSIGNALED(status));
+  // The log of the steps it trained is on disk.
+  const std::vector<std::size_t> trained = logged_steps(log);
+  REQUIRE(trained.size() >= 3);
+  REQUIRE(trained == one_to(trained.size()));
   require_fails(second, "train_lm", 1,
                 {"--checkpoint '" + ck + "' is being written by another run (pid " + std::to_string(first) + ", holding '" + ck + ".lock')"});
   REQUIRE_FALSE(std::filesystem::exists(ck));  // the second run wrote nothing
@@ -336,4 +347,10 @@ TEST_CASE("train_lm: after a NaN stop the message says which step the checkpoint
   const Outcome resumed = run(dir, "train_lm", again);
   require_fails(resumed, "train_lm", 1, {"step " + std::to_string(failed) + ":", "holds step " + std::to_string(held)});
   REQUIRE(checkpoint_step(ck) == held);
+
+  // Without an interval the run writes its checkpoint at the end only: the message says none is there.
+  const std::string none = dir.file("none.safetensors");
+  const Outcome never = run(dir, "train_lm", tiny({"--lr", "100", "--clip", "0", "--steps", "60", "--checkpoint", none, "--dropout", "0"}));
+  require_fails(never, "train_lm", 1, {"step " + std::to_string(failed) + ": the loss is", "('" + none + "' was not written by this run)"});
+  REQUIRE_FALSE(std::filesystem::exists(none));
 }
