@@ -20,6 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cli.hpp"
+#include "common/files.hpp"
 #include "run_log.hpp"
 #include "run_program.hpp"
 #include "test_files.hpp"
@@ -353,4 +355,87 @@ TEST_CASE("train_lm: after a NaN stop the message says which step the checkpoint
   const Outcome never = run(dir, "train_lm", tiny({"--lr", "100", "--clip", "0", "--steps", "60", "--checkpoint", none, "--dropout", "0"}));
   require_fails(never, "train_lm", 1, {"step " + std::to_string(failed) + ": the loss is", "('" + none + "' was not written by this run)"});
   REQUIRE_FALSE(std::filesystem::exists(none));
+}
+
+// In process: the pieces behind the runs above.
+
+TEST_CASE("RunLog: a resume keeps whole rows up to its step, drops a cut last line and refuses a log that is not one", "[examples][bad_input]") {
+  TempDir dir("xgrad_runs_runlog");
+  auto entry = [](std::size_t step, double seconds) {
+    lm::LogEntry e;
+    e.step = step;
+    e.train_loss = 2.5f;
+    e.lr = 1e-3f;
+    e.seconds = seconds;
+    if (step % 2 == 0) e.valid_loss = 2.25f;
+    return e;
+  };
+  {
+    lm::RunLog log(dir.path, std::nullopt);
+    for (std::size_t s = 1; s <= 5; ++s) log.append(entry(s, static_cast<double>(s)));
+    // Every row is on disk before the next one is made.
+    REQUIRE(read_bytes(dir.file("log.csv")) == lm::RunLog::kHeader + "\n" + lm::log_row(entry(1, 1)) + lm::log_row(entry(2, 2)) +
+                                                   lm::log_row(entry(3, 3)) + lm::log_row(entry(4, 4)) + lm::log_row(entry(5, 5)));
+  }
+  write_bytes(dir.file("log.csv"), read_bytes(dir.file("log.csv")) + "6,2.4,,0.0");  // killed mid-row
+  {
+    lm::RunLog log(dir.path, 3);
+    REQUIRE(log.entries().size() == 3);
+    REQUIRE(log.entries().back().step == 3);
+    REQUIRE(log.entries()[1].valid_loss == std::optional<float>(2.25f));
+    log.append(entry(4, 0.5));  // the resumed run's clock starts at 0
+    REQUIRE(log.entries().back().seconds == 3.5);
+  }
+  REQUIRE(logged_steps(dir.file("log.csv")) == one_to(4));
+  // A resume with no log starts one; a new run replaces any log.
+  {
+    lm::RunLog log(dir.path, std::nullopt);
+    REQUIRE(log.entries().empty());
+  }
+  REQUIRE(read_bytes(dir.file("log.csv")) == lm::RunLog::kHeader + "\n");
+
+  for (const std::string& bad : {std::string("step,loss\n1,2\n"), lm::RunLog::kHeader + "\n1,2,,3,4\n1,2,,3,4\n",
+                                 lm::RunLog::kHeader + "\n1,2,,3\n", lm::RunLog::kHeader + "\n1,0x2,,3,4\n"}) {
+    INFO(bad);
+    write_bytes(dir.file("log.csv"), bad);
+    REQUIRE_THROWS_WITH(lm::RunLog(dir.path, 5), Catch::Contains("log.csv'") && Catch::Contains("is not"));
+    REQUIRE(read_bytes(dir.file("log.csv")) == bad);
+  }
+}
+
+TEST_CASE("FileLock: one holder at a time, even in one process; the pid is in the file; the file goes at the end", "[examples][bad_input]") {
+  TempDir dir("xgrad_runs_filelock");
+  const std::string ck = dir.file("ck");
+  {
+    cli::FileLock lock(ck, "test: --checkpoint");
+    REQUIRE(lock.lock_path() == ck + ".lock");
+    REQUIRE(read_bytes(ck + ".lock") == std::to_string(::getpid()) + "\n");
+    REQUIRE_THROWS_WITH(cli::FileLock(ck, "test: --checkpoint"),
+                        "test: --checkpoint '" + ck + "' is being written by another run (pid " + std::to_string(::getpid()) +
+                            ", holding '" + ck + ".lock'); wait for it to end or choose another path");
+  }
+  REQUIRE_FALSE(std::filesystem::exists(ck + ".lock"));
+  write_bytes(ck + ".lock", "999999999\n");  // left by a killed run: no flock on it
+  { cli::FileLock lock(ck, "test"); }
+  REQUIRE_THROWS_WITH(cli::FileLock(dir.file("missing/ck"), "test"), Catch::Contains("cannot create the lock file") &&
+                                                                         Catch::Contains("No such file or directory"));
+}
+
+TEST_CASE("file identities: links, dots and files not there yet", "[examples][bad_input]") {
+  TempDir dir("xgrad_runs_identity");
+  write_bytes(dir.file("a"), "x");
+  std::filesystem::create_symlink("a", dir.file("sym"));
+  std::filesystem::create_symlink("b", dir.file("dangling"));  // a write through it creates b
+  std::filesystem::create_directory(dir.file("d"));
+  REQUIRE(cli::file_identity(dir.file("a")) == cli::file_identity(dir.file("sym")));
+  REQUIRE(cli::file_identity(dir.file("a")) == cli::file_identity(dir.file("d/../a")));
+  REQUIRE(cli::file_identity(dir.file("a")) != cli::file_identity(dir.file("d")));
+  REQUIRE(cli::file_identity(dir.file("dangling")) == cli::file_identity(dir.file("b")));
+  REQUIRE(cli::file_identity(dir.file("new/x/../y")) == cli::file_identity(dir.file("./new/y")));
+  REQUIRE(cli::file_identity(dir.file("new/y")) != cli::file_identity(dir.file("new/z")));
+  REQUIRE_NOTHROW(cli::check_distinct_files({{"in", dir.file("a")}}, {{"out", dir.file("b.txt")}, {"other", dir.file("c.txt")}}));
+  REQUIRE_THROWS_AS(cli::check_distinct_files({}, {{"first", dir.file("dangling")}, {"second", dir.file("b")}}), cli::UsageError);
+  REQUIRE_THROWS_WITH(cli::check_distinct_files({{"the text", dir.file("sym")}}, {{"--out", dir.file("a")}}),
+                      "--out '" + dir.file("a") + "' is the same file as the text '" + dir.file("sym") +
+                          "': writing it would destroy what the run reads; choose another path");
 }
