@@ -256,6 +256,9 @@ TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of a
                 {"--checkpoint-interval is for training"});
   require_fails(run(dir, "train_lm", tiny({"--checkpoint-interval", "2"})), "train_lm", 2, {"--checkpoint-interval needs --checkpoint"});
   require_fails(run(dir, "train_lm", tiny({"--sample", "5"})), "train_lm", 2, {"--sample needs --checkpoint"});
+  write_bytes(dir.file("t.txt"), std::string(30000, 'a'));
+  require_fails(run(dir, "train_lm", {"t.txt", "--checkpoint", ck, "--sample", "5"}), "train_lm", 2,
+                {"--sample reads no training text: 't.txt' would be unused"});
   REQUIRE(read_bytes(ck) == saved);
 
   for (const std::string& flag : {"--steps", "--warmup", "--lr"}) {
@@ -263,6 +266,8 @@ TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of a
   }
   require_fails(run(dir, "head_specialization", {"--sweep-heads", "1,2", "--no-single-head"}), "head_specialization", 2,
                 {"--no-single-head", "--sweep-heads"});
+  require_fails(run(dir, "head_specialization", {"--sweep-heads", "1,2", "--heads", "4"}), "head_specialization", 2,
+                {"--heads is for one run; --sweep-heads gives the head counts"});
   require_fails(run(dir, "article_claims", {"configs", "--no-time", "--steps", "3"}), "article_claims", 2, {"--steps", "--no-time"});
 }
 

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   bool quiet = false, no_single = false;
   std::vector<std::size_t> sweep;
   const auto size = cli::count(1, 1 << 16);
-  app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
+  CLI::Option* heads_flag = app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
   app.add_option("--d-model", c.d_model, "model width (divisible by heads)")->transform(size)->capture_default_str();
   app.add_option("--layers", c.layers, "attention layers")->transform(cli::count(1, 1024))->capture_default_str();
   app.add_option("--offsets", c.task.offsets, "offsets to copy, e.g. 1,2,3,4")->delimiter(',')->transform(size)->capture_default_str();
@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   c.single_head = !no_single;
 
   return cli::run("head_specialization", [&] {
+    if (!sweep.empty() && heads_flag->count() > 0) cli::usage_error("--heads is for one run; --sweep-heads gives the head counts");
     if (!sweep.empty() && no_single) cli::usage_error("--no-single-head is for one run; --sweep-heads trains no one-head contrast");
     cli::as_usage([&] {
       validate(c);

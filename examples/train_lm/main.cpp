@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
     if (interval_flag->count() > 0 && sample_flag->count() > 0) cli::usage_error("--checkpoint-interval is for training; --sample writes no checkpoint");
     if (interval_flag->count() > 0 && checkpoint.empty()) cli::usage_error("--checkpoint-interval needs --checkpoint: there is no file to write");
     if (sample > 0 && checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
+    if (sample > 0 && !text_path.empty()) cli::usage_error("--sample reads no training text: '", text_path, "' would be unused");
     check_files(text_path, checkpoint, sample > 0, out);
     if (!import_layout.empty()) {
       if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");
