@@ -422,6 +422,13 @@ TEST_CASE("FileLock: one holder at a time, even in one process; the pid is in th
   REQUIRE_FALSE(std::filesystem::exists(ck + ".lock"));
   write_bytes(ck + ".lock", "999999999\n");  // left by a killed run: no flock on it
   { cli::FileLock lock(ck, "test"); }
+  // Through a symlink: the lock is beside the file it names.
+  std::filesystem::create_symlink("ck", dir.file("link"));
+  {
+    cli::FileLock lock(dir.file("link"), "test");
+    REQUIRE(lock.lock_path() == dir.file("ck.lock"));
+    REQUIRE_THROWS_WITH(cli::FileLock(ck, "test"), Catch::Contains("is being written by another run"));
+  }
   REQUIRE_THROWS_WITH(cli::FileLock(dir.file("missing/ck"), "test"), Catch::Contains("cannot create the lock file") &&
                                                                          Catch::Contains("No such file or directory"));
 }

@@ -20,9 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A path not there yet: its nearest existing folder resolved (symlinks followed), the rest
-// appended lexically. A dangling symlink is followed to where a write would create the file.
-std::string resolved_missing(fs::path p) {
+// The path with its last component's symlinks followed (up to 40), the file a write would reach.
+fs::path follow_links(fs::path p) {
   for (int hops = 0; hops < 40; ++hops) {
     std::error_code ec;
     const fs::file_status link = fs::symlink_status(p, ec);
@@ -31,6 +30,13 @@ std::string resolved_missing(fs::path p) {
     if (ec) break;
     p = target.is_absolute() ? target : p.parent_path() / target;
   }
+  return p;
+}
+
+// A path not there yet: its nearest existing folder resolved (symlinks followed), the rest
+// appended lexically. A dangling symlink is followed to where a write would create the file.
+std::string resolved_missing(fs::path p) {
+  p = follow_links(p);
   std::error_code ec;
   const fs::path resolved = fs::weakly_canonical(fs::absolute(p, ec), ec);
   return (ec ? fs::absolute(p).lexically_normal() : resolved).string();
@@ -63,6 +69,8 @@ void check_distinct_files(const std::vector<RunFile>& inputs, const std::vector<
     }
   }
 }
+
+std::string FileLock::lock_path_of(const std::string& path) { return follow_links(path).string() + ".lock"; }
 
 FileLock::FileLock(const std::string& path, const std::string& what) : lock_path_(lock_path_of(path)) {
   for (int attempt = 0; attempt < 100; ++attempt) {

@@ -36,7 +36,9 @@ class FileLock {
   FileLock& operator=(const FileLock&) = delete;
 
   const std::string& lock_path() const { return lock_path_; }
-  static std::string lock_path_of(const std::string& path) { return path + ".lock"; }
+  // path + ".lock", beside the file path names: when path is a symlink, beside its target, so
+  // runs that name one checkpoint through different links share one lock.
+  static std::string lock_path_of(const std::string& path);
 
  private:
   std::string lock_path_;
