@@ -194,6 +194,12 @@ TEST_CASE("an output that is an input or another output is refused before the wo
   REQUIRE(read_bytes(dir.file("o/log.csv")) == text);
   require_fails(run(dir, "train_lm", tiny({"--checkpoint", "new/./loss.svg", "--out", "new"})), "train_lm", 2,
                 {"--out's loss.svg 'new/loss.svg' is the same file as --checkpoint 'new/./loss.svg'"});
+  // The --out folder itself; a checkpoint inside an --out not there yet is fine.
+  require_fails(run(dir, "train_lm", tiny({"--checkpoint", "run1", "--out", "./run1"})), "train_lm", 2,
+                {"--out (a folder) './run1' is the same file as --checkpoint 'run1'"});
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("run1")));
+  require_ok(run(dir, "train_lm", tiny({"--steps", "2", "--checkpoint", "run2/ck", "--out", "run2"})));
+  REQUIRE(checkpoint_step(dir.file("run2/ck")) == 2);
   // The checkpoint's lock file beside it.
   write_bytes(dir.file("ck.lock"), text);
   require_fails(run(dir, "train_lm", tiny({"ck.lock", "--checkpoint", "ck"})), "train_lm", 2,

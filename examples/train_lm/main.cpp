@@ -84,6 +84,7 @@ void check_files(const std::string& text_path, const std::string& checkpoint, bo
     outputs.push_back({"--checkpoint", checkpoint});
     outputs.push_back({"--checkpoint's lock file", cli::FileLock::lock_path_of(checkpoint)});
   }
+  outputs.push_back({"--out (a folder)", out});
   outputs.push_back({"--out's log.csv", out + "/log.csv"});
   outputs.push_back({"--out's loss.svg", out + "/loss.svg"});
   cli::check_distinct_files(inputs, outputs);
@@ -199,8 +200,8 @@ int main(int argc, char** argv) {
       if (resume && checkpoint.empty()) xgrad::fail("--resume needs --checkpoint");
       validate(c);
       // Every output is checked before training, so a long run is never lost to a typo.
+      if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");  // first: the checkpoint may go in it
       if (lead && !checkpoint.empty()) xgrad::check_writable_file(checkpoint, "train_lm: --checkpoint");
-      if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");
       const double max_text = cli::memory_limit_bytes() / 8;  // the text is held about four times
       if (text_path.empty()) {
         cli::check_memory(8.0 * static_cast<double>(text_bytes), "the built-in text of --text-bytes " + std::to_string(text_bytes));
