@@ -287,6 +287,8 @@ TEST_CASE("every size flag is refused before it is allocated when it cannot fit"
   REQUIRE_FALSE(std::filesystem::exists(dir.file("chinese_attention_out")));
   require_fails(run(dir, "head_specialization", {"--eval-batches", "65536", "--batch", "4096"}, quick), "head_specialization", 2,
                 {"--eval-batches 65536", "memory"});
+  require_fails(run(dir, "gradient_flow", {"--batches", "65536", "--batch", "65536"}, quick), "gradient_flow", 2,
+                {"--batches 65536 batches needs about", "memory"});
 }
 
 TEST_CASE("train_lm: a text file whose name is not UTF-8 trains and saves, the name escaped", "[examples][bad_input]") {

@@ -109,7 +109,10 @@ int main(int argc, char** argv) {
       if (train) cli::check_warmup(warmup, steps);
       std::size_t deepest = c.layers;
       for (std::size_t d : depths) deepest = std::max(deepest, d);
-      cli::check_memory(training_bytes(c, deepest), "a training step of the deepest model");
+      // The --batches measured at initialization are made up front: ids and targets, int64.
+      const double batches = static_cast<double>(c.batches) * static_cast<double>(c.batch) * static_cast<double>(c.seq_len) * 16;
+      cli::check_memory(training_bytes(c, deepest) + batches, "a training step of the deepest model with its --batches " +
+                                                                  std::to_string(c.batches) + " batches");
       if (!report_path.empty()) {
         std::vector<cli::RunFile> outputs;
         for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {
