@@ -229,7 +229,7 @@ TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file 
   if (!locked) ::kill(first, SIGKILL);
   REQUIRE(locked);
   const Outcome second = run(dir, "train_lm", tiny({"--steps", "5", "--checkpoint", ck}));
-  ::kill(first, SIGTERM);  // a killed holder leaves its lock file behind
+  ::kill(first, SIGKILL);  // a killed holder leaves its lock file behind
   int status = 0;
   ::waitpid(first, &status, 0);
   REQUIRE(WIFSIGNALED(status));
@@ -249,6 +249,45 @@ TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file 
   // --resume writes too; --sample only reads, and takes no lock.
   require_ok(run(dir, "train_lm", tiny({"--steps", "8", "--checkpoint", ck, "--resume"})));
   REQUIRE(checkpoint_step(ck) == 8);
+}
+
+TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its checkpoint, log and plot", "[examples][bad_input]") {
+  TempDir dir("xgrad_runs_sigterm");
+  const std::string ck = dir.file("ck.safetensors"), log = dir.file("train_lm_out/log.csv");
+  for (const int sig : {SIGTERM, SIGINT}) {
+    INFO("signal " << sig);
+    const std::string before = read_bytes(log);
+    const auto rows_before = std::count(before.begin(), before.end(), '\n');
+    const std::vector<std::string> args = tiny({"--steps", "100000000", "--checkpoint", ck, "--checkpoint-interval", "1000000"});
+    std::vector<std::string> resume_args = args;
+    resume_args.push_back("--resume");
+    const pid_t pid = start(dir, "train_lm", sig == SIGTERM ? args : resume_args, "stopped");
+    const bool started = wait_for([&] {
+      const std::string rows = read_bytes(log);
+      return std::count(rows.begin(), rows.end(), '\n') > rows_before + 3;
+    });
+    ::kill(pid, sig);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    REQUIRE(started);
+    // It ends as the signal would, after writing everything.
+    REQUIRE(WIFSIGNALED(status));
+    REQUIRE(WTERMSIG(status) == sig);
+    const std::vector<std::size_t> steps = logged_steps(log);
+    REQUIRE_FALSE(steps.empty());
+    const std::size_t at = checkpoint_step(ck);
+    REQUIRE(steps.back() == at);
+    REQUIRE_THAT(read_bytes(dir.file("stopped.err")),
+                 Catch::Contains(std::string("train_lm: stopped by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + " after step " +
+                                 std::to_string(at) + " of 100000000; log: train_lm_out/log.csv; '" + ck + "' holds step " +
+                                 std::to_string(at) + ": --resume continues"));
+    REQUIRE(std::filesystem::exists(dir.file("train_lm_out/loss.svg")));
+    REQUIRE_FALSE(std::filesystem::exists(ck + ".lock"));
+    if (sig == SIGINT) {
+      // The second stop was a resume of the first: one log, steps 1 .. at once each.
+      REQUIRE(steps == one_to(at));
+    }
+  }
 }
 
 TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of another mode", "[examples][bad_input]") {

@@ -1,7 +1,10 @@
 // Train a byte-level transformer language model on any text file (or on text from a built-in
 // grammar), with validation, checkpoints, --resume, and sampling from a checkpoint (its own, or
 // a GPT-2-layout one with --import gpt2).
+#include <signal.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <sstream>
 
@@ -27,6 +30,22 @@
 using namespace lm;
 
 namespace {
+
+// The signal that asked the run to stop (SIGINT or SIGTERM), or 0.
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void request_stop(int sig) { stop_signal = sig; }
+
+// After the first SIGINT or SIGTERM the run ends at the end of its step, saving; a second one
+// kills it at once (the handler resets itself), and the atomic save keeps the earlier file.
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = request_stop;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 std::string sample_text(xgrad::nn::LanguageModel& model, const std::string& prompt, std::size_t count, float temperature,
                         std::size_t top_k, std::uint64_t seed) {
@@ -157,7 +176,8 @@ int main(int argc, char** argv) {
   quiet = quiet || !lead;
   const std::string program = sharing->size() > 1 ? "train_lm (rank " + std::to_string(rank) + ")" : "train_lm";
 
-  return cli::run(program, [&] {
+  int stopped_by = 0;  // the signal that ended the run before its last step
+  const int code = cli::run(program, [&] {
     xgrad::set_num_threads(threads);
     // A mode flag never falls back to another mode that writes files.
     if (sample_flag->count() > 0 && resume) cli::usage_error("--sample reads --checkpoint and trains nothing: it cannot --resume");
@@ -262,6 +282,12 @@ int main(int argc, char** argv) {
       line.update(e.step, c.steps, text_line);
       run_log.append(e);
     };
+    // One process: a stop request ends the run cleanly at a step's end. Ranks of a data-parallel
+    // run would stop at different steps, so under mpirun a signal ends the job as before.
+    if (sharing->size() == 1) {
+      install_stop_handlers();
+      trainer->set_stop_request([] { return stop_signal != 0; });
+    }
     try {
       trainer->run(c.steps, on_step, checkpoint, checkpoint_interval);
     } catch (const xgrad::Error&) {
@@ -275,6 +301,14 @@ int main(int argc, char** argv) {
     }
     line.finish();
     anomaly.reset();
+    if (stop_signal != 0 && trainer->step() < c.steps) {
+      stopped_by = stop_signal;
+      write_plot(out, run_log.entries(), unigram);
+      std::fprintf(stderr, "train_lm: stopped by %s after step %zu of %zu; log: %s/log.csv%s\n",
+                   stop_signal == SIGINT ? "SIGINT" : "SIGTERM", trainer->step(), c.steps, out.c_str(),
+                   checkpoint.empty() ? "" : ("; '" + checkpoint + "' holds step " + std::to_string(trainer->step()) + ": --resume continues").c_str());
+      return;
+    }
     if (!checkpoint.empty()) trainer->save(checkpoint);
 
     const float valid = trainer->validation_loss();
@@ -284,4 +318,11 @@ int main(int argc, char** argv) {
                 checkpoint.c_str());
     std::printf("sample: %s\n", sample_text(trainer->model(), prompt, 120, temperature, top_k, c.seed).c_str());
   }, end_job);
+  // Stopped by a signal: with the files written and the lock let go, end as that signal would.
+  if (stopped_by != 0) {
+    std::fflush(stdout);
+    std::signal(stopped_by, SIG_DFL);
+    std::raise(stopped_by);
+  }
+  return code;
 }

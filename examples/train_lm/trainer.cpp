@@ -251,6 +251,10 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
         pending = true;
       }
     }
+    if (stop_request_ && stop_request_()) {
+      pending = !checkpoint.empty() && saved_step_ != step_;
+      break;
+    }
   }
   if (pending) {
     const float valid = validation_loss();

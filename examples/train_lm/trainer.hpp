@@ -87,6 +87,9 @@ class Trainer {
   // wrote none).
   void run(std::size_t step, const std::function<void(const LogEntry&)>& on_step = {},
            const std::string& checkpoint = "", std::size_t checkpoint_interval = 0);
+  // Asked after every step: true ends run() there (a checkpoint given is then written, checked
+  // by a validation pass like any other). For a graceful stop on SIGINT or SIGTERM.
+  void set_stop_request(std::function<bool()> stop) { stop_request_ = std::move(stop); }
   float validation_loss();
   // Writes a checkpoint (on rank 0 only; the other ranks' state is the same).
   void save(const std::string& path);
@@ -116,6 +119,7 @@ class Trainer {
   xgrad::optim::LrSchedule schedule_;
   std::size_t step_ = 0;
   std::vector<LogEntry> log_;
+  std::function<bool()> stop_request_;
   std::optional<std::size_t> saved_step_;  // the step in the checkpoint written (or resumed from) by this run
 };
 
