@@ -285,9 +285,8 @@ void Trainer::check_saveable() const {
 void Trainer::save(const std::string& path) { save(path, data_.state()); }
 
 void Trainer::save(const std::string& path, const std::string& data_state) {
-  if (sharing_->rank() != 0) return;
-  nn::save_checkpoint(path, *model_, optimizer_->state_dict(), metadata(data_state));
-  saved_step_ = step_;
+  if (sharing_->rank() == 0) nn::save_checkpoint(path, *model_, optimizer_->state_dict(), metadata(data_state));
+  saved_step_ = step_;  // on every rank, so each one's messages say what rank 0's file holds
 }
 
 TrainConfig checkpoint_config(const std::string& checkpoint) {
