@@ -150,12 +150,12 @@ TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "
                                    {"gradient_flow", {"--train"}, "--lr"}, {"article_claims", {"configs"}, "--dropout"},
                                    {"article_claims", {"heads"}, "--weight-decay"}, {"spirals", {}, "--momentum"}};
   for (const Case& c : cases) {
-    for (const std::string& value : {"nan", "-inf", "Infinity"}) {
+    for (const std::string value : {"nan", "-inf", "Infinity"}) {
       std::vector<std::string> args = c.before;
       args.insert(args.end(), {c.flag, value});
       require_fails(run(dir, c.program, args), c.program, 2, {c.flag, "'" + value + "' is not a finite number"});
     }
-    for (const std::string& value : {"0x1p-1", " 0.5", "0.5 ", "+0.5", "1e", ".", "0.5f", "1,5"}) {
+    for (const std::string value : {"0x1p-1", " 0.5", "0.5 ", "+0.5", "1e", ".", "0.5f", "1,5"}) {
       INFO(c.program << " " << c.flag << " '" << value << "'");
       std::vector<std::string> args = c.before;
       args.insert(args.end(), {c.flag, value});
@@ -220,7 +220,7 @@ TEST_CASE("an output that is an input or another output is refused before the wo
 TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file and the holder's pid", "[examples][bad_input]") {
   TempDir dir("xgrad_runs_lock");
   const std::string ck = dir.file("ck.safetensors");
-  const pid_t first = start(dir, "train_lm", tiny({"--steps", "100000000", "--checkpoint", ck}), "first");
+  const pid_t first = start(dir, "train_lm", tiny({"--steps", "10000000", "--checkpoint", ck}), "first");
   const std::string log = dir.file("train_lm_out/log.csv");
   const bool locked = wait_for([&] {
     const std::string rows = read_bytes(log);
@@ -258,7 +258,7 @@ TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its che
     INFO("signal " << sig);
     const std::string before = read_bytes(log);
     const auto rows_before = std::count(before.begin(), before.end(), '\n');
-    const std::vector<std::string> args = tiny({"--steps", "100000000", "--checkpoint", ck, "--checkpoint-interval", "1000000"});
+    const std::vector<std::string> args = tiny({"--steps", "10000000", "--checkpoint", ck, "--checkpoint-interval", "1000000"});
     std::vector<std::string> resume_args = args;
     resume_args.push_back("--resume");
     const pid_t pid = start(dir, "train_lm", sig == SIGTERM ? args : resume_args, "stopped");
@@ -279,7 +279,7 @@ TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its che
     REQUIRE(steps.back() == at);
     REQUIRE_THAT(read_bytes(dir.file("stopped.err")),
                  Catch::Contains(std::string("train_lm: stopped by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + " after step " +
-                                 std::to_string(at) + " of 100000000; log: train_lm_out/log.csv; '" + ck + "' holds step " +
+                                 std::to_string(at) + " of 10000000; log: train_lm_out/log.csv; '" + ck + "' holds step " +
                                  std::to_string(at) + ": --resume continues"));
     REQUIRE(std::filesystem::exists(dir.file("train_lm_out/loss.svg")));
     REQUIRE_FALSE(std::filesystem::exists(ck + ".lock"));
@@ -306,7 +306,7 @@ TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of a
                 {"--sample reads no training text: 't.txt' would be unused"});
   REQUIRE(read_bytes(ck) == saved);
 
-  for (const std::string& flag : {"--steps", "--warmup", "--lr"}) {
+  for (const std::string flag : {"--steps", "--warmup", "--lr"}) {
     require_fails(run(dir, "gradient_flow", {flag, "1"}), "gradient_flow", 2, {flag + " is a setting of --train"});
   }
   require_fails(run(dir, "head_specialization", {"--sweep-heads", "1,2", "--no-single-head"}), "head_specialization", 2,
@@ -328,6 +328,13 @@ TEST_CASE("every size flag is refused before it is allocated when it cannot fit"
                 {"--eval-batches 65536", "memory"});
   require_fails(run(dir, "gradient_flow", {"--batches", "65536", "--batch", "65536"}, quick), "gradient_flow", 2,
                 {"--batches 65536 batches needs about", "memory"});
+  // What each step keeps, over --steps.
+  require_fails(run(dir, "train_lm", {"--steps", "100000000"}, quick), "train_lm", 2,
+                {"a training step of this model with the log of --steps 100000000 needs about", "memory"});
+  require_fails(run(dir, "gradient_flow", {"--train", "--steps", "100000000"}, quick), "gradient_flow", 2,
+                {"the curves of --steps 100000000 needs about"});
+  require_fails(run(dir, "head_specialization", {"--steps", "100000000"}, quick), "head_specialization", 2,
+                {"the losses of --steps 100000000 needs about"});
 }
 
 TEST_CASE("train_lm: a text file whose name is not UTF-8 trains and saves, the name escaped", "[examples][bad_input]") {
@@ -352,7 +359,7 @@ TEST_CASE("train_lm: log.csv is written as the steps go, and --resume appends af
   // A run killed in the middle keeps the log of the steps it trained, in whole rows.
   Limits kill_soon;
   kill_soon.seconds = 3;
-  const Outcome killed = run(dir, "train_lm", tiny({"--steps", "100000000", "--checkpoint", ck, "--checkpoint-interval", "10"}), kill_soon);
+  const Outcome killed = run(dir, "train_lm", tiny({"--steps", "10000000", "--checkpoint", ck, "--checkpoint-interval", "10"}), kill_soon);
   REQUIRE(killed.timed_out);
   const std::vector<std::size_t> before = logged_steps(log);
   REQUIRE(before.size() >= 10);

@@ -23,8 +23,9 @@ void check_before_run(const CommandLine& c) {
     const CorpusSplit corpus = builtin_corpus();
     std::vector<Sentence> every = corpus.train;
     every.insert(every.end(), corpus.held_out.begin(), corpus.held_out.end());
-    cli::check_memory(training_bytes(c.train, Vocabulary(every).size()),
-                      "a training step of --batch " + std::to_string(c.train.batch) + " sentences");
+    cli::check_memory(training_bytes(c.train, Vocabulary(every).size()) + cli::per_step_bytes(static_cast<double>(c.train.steps), 4),
+                      "a training step of --batch " + std::to_string(c.train.batch) + " sentences with the losses of --steps " +
+                          std::to_string(c.train.steps));
     xgrad::prepare_output_dir(c.out, "chinese_attention: --out");
   });
 }

@@ -111,8 +111,11 @@ int main(int argc, char** argv) {
       for (std::size_t d : depths) deepest = std::max(deepest, d);
       // The --batches measured at initialization are made up front: ids and targets, int64.
       const double batches = static_cast<double>(c.batches) * static_cast<double>(c.batch) * static_cast<double>(c.seq_len) * 16;
-      cli::check_memory(training_bytes(c, deepest) + batches, "a training step of the deepest model with its --batches " +
-                                                                  std::to_string(c.batches) + " batches");
+      // --train keeps four loss curves of --steps, drawn and written into the report.
+      const double curves = train ? cli::per_step_bytes(static_cast<double>(steps), 4 * 96) : 0;
+      cli::check_memory(training_bytes(c, deepest) + batches + curves,
+                        "a training step of the deepest model with its --batches " + std::to_string(c.batches) + " batches" +
+                            (train ? " and the curves of --steps " + std::to_string(steps) : std::string()));
       if (!report_path.empty()) {
         std::vector<cli::RunFile> outputs;
         for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {

@@ -102,8 +102,11 @@ int main(int argc, char** argv) {
       // The held-out batches are kept for the measurements: ids and K targets per position.
       const double held_out = static_cast<double>(c.eval_batches) * static_cast<double>(c.train.batch) *
                               static_cast<double>(c.task.seq_len) * static_cast<double>(1 + c.task.offsets.size()) * 8;
-      cli::check_memory(training_bytes(c, most_heads) + held_out, "a training step of this model with --eval-batches " +
-                                                                      std::to_string(c.eval_batches) + " held-out batches");
+      // Each step keeps a loss per run (two, with the one-head contrast) and its point of loss.svg.
+      const double losses = cli::per_step_bytes(static_cast<double>(c.train.steps), 2 * 64);
+      cli::check_memory(training_bytes(c, most_heads) + held_out + losses,
+                        "a training step of this model with --eval-batches " + std::to_string(c.eval_batches) +
+                            " held-out batches and the losses of --steps " + std::to_string(c.train.steps));
       if (!report_path.empty()) {
         std::vector<cli::RunFile> images;
         for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});

@@ -123,7 +123,9 @@ void validate(const TrainConfig& c) {
   if (!(c.valid_fraction > 0 && c.valid_fraction < 1)) fail("--valid-fraction ", c.valid_fraction, " is outside (0, 1)");
   if (c.eval_batches == 0) fail("--eval-batches must be at least 1");
   nn::LanguageModel::check(model_options(c));  // --layers, --d-model with --heads, --dropout
-  cli::check_memory(training_bytes(c), "a training step of this model");
+  // Each step keeps a log row twice (the trainer's and the log file's) and a point of loss.svg.
+  cli::check_memory(training_bytes(c) + cli::per_step_bytes(static_cast<double>(c.steps), 192),
+                    "a training step of this model with the log of --steps " + std::to_string(c.steps));
 }
 
 double training_bytes(const TrainConfig& c) {
