@@ -215,6 +215,21 @@ TEST_CASE("an output that is an input or another output is refused before the wo
                 {"--report './gf/../gf/training.svg' is the same file as --out's training.svg"});
   REQUIRE_FALSE(std::filesystem::exists(dir.file("hs")));
   REQUIRE_FALSE(std::filesystem::exists(dir.file("gf")));
+
+  // An output path taken by a folder is refused before the work, not when the file is written.
+  std::filesystem::create_directories(dir.file("busy/loss.svg"));
+  std::filesystem::create_directories(dir.file("busy/head_l1_h0.svg"));
+  std::filesystem::create_directories(dir.file("busy/training.svg"));
+  std::filesystem::create_directories(dir.file("busy/attention.html"));
+  std::filesystem::create_directories(dir.file("busy/head0.svg"));
+  require_fails(run(dir, "train_lm", tiny({"--out", "busy"})), "train_lm", 2,
+                {"--out's loss.svg 'busy/loss.svg' is a folder: the run could not write it at its end"});
+  require_fails(run(dir, "head_specialization", {"--out", "busy", "--layers", "2"}), "head_specialization", 2,
+                {"--out's head_l1_h0.svg 'busy/head_l1_h0.svg' is a folder"});
+  require_fails(run(dir, "gradient_flow", {"--out", "busy"}), "gradient_flow", 2, {"--out's training.svg 'busy/training.svg' is a folder"});
+  require_fails(run(dir, "chinese_attention", {"--out", "busy"}), "chinese_attention", 2,
+                {"--out's attention.html 'busy/attention.html' is a folder"});
+  require_fails(run(dir, "seed_walkthrough", {"--out", "busy"}), "seed_walkthrough", 2, {"--out's head0.svg 'busy/head0.svg' is a folder"});
 }
 
 TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file and the holder's pid", "[examples][bad_input]") {

@@ -2,6 +2,7 @@
 #include "command_line.hpp"
 
 #include "common/cli.hpp"
+#include "common/files.hpp"
 #include "common/memory.hpp"
 #include "xgrad/core/file_io.hpp"
 
@@ -27,6 +28,14 @@ void check_before_run(const CommandLine& c) {
                       "a training step of --batch " + std::to_string(c.train.batch) + " sentences with the losses of --steps " +
                           std::to_string(c.train.steps));
     xgrad::prepare_output_dir(c.out, "chinese_attention: --out");
+    std::vector<cli::RunFile> outputs = {{"--out's heads.svg", c.out + "/heads.svg"}, {"--out's attention.html", c.out + "/attention.html"}};
+    for (std::size_t l = 0; l < c.train.layers; ++l) {
+      for (std::size_t h = 0; h < c.train.heads; ++h) {
+        const std::string name = "head_l" + std::to_string(l) + "_h" + std::to_string(h) + ".svg";
+        outputs.push_back({"--out's " + name, c.out + "/" + name});
+      }
+    }
+    cli::check_output_files(outputs);
   });
 }
 

@@ -72,6 +72,15 @@ void check_distinct_files(const std::vector<RunFile>& inputs, const std::vector<
 
 std::string FileLock::lock_path_of(const std::string& path) { return follow_links(path).string() + ".lock"; }
 
+void check_output_files(const std::vector<RunFile>& outputs) {
+  for (const RunFile& f : outputs) {
+    struct stat st {};
+    if (::stat(f.path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) continue;
+    usage_error(f.role, " '", f.path, "' is ", S_ISDIR(st.st_mode) ? "a folder" : "not a regular file",
+                ": the run could not write it at its end; move it or choose another path");
+  }
+}
+
 FileLock::FileLock(const std::string& path, const std::string& what) : lock_path_(lock_path_of(path)) {
   for (int attempt = 0; attempt < 100; ++attempt) {
     const int fd = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

@@ -19,6 +19,11 @@ struct RunFile {
 // of its name. A checkpoint that is read and written again (--resume) is listed once, as an output.
 void check_distinct_files(const std::vector<RunFile>& inputs, const std::vector<RunFile>& outputs);
 
+// Before the work: throws cli::UsageError when an output file's path is taken by something a
+// write cannot replace (a folder, a device, a fifo, a socket), naming the role and the path. The
+// folder's write permission is prepare_output_dir's or check_writable_file's to prove.
+void check_output_files(const std::vector<RunFile>& outputs);
+
 // The identity check_distinct_files compares: "inode <dev>:<ino>" or "path <resolved path>".
 std::string file_identity(const std::string& path);
 

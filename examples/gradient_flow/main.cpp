@@ -116,15 +116,14 @@ int main(int argc, char** argv) {
       cli::check_memory(training_bytes(c, deepest) + batches + curves,
                         "a training step of the deepest model with its --batches " + std::to_string(c.batches) + " batches" +
                             (train ? " and the curves of --steps " + std::to_string(steps) : std::string()));
-      if (!report_path.empty()) {
-        std::vector<cli::RunFile> outputs;
-        for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {
-          outputs.push_back({std::string("--out's ") + name, out + "/" + name});
-        }
-        outputs.push_back({"--report", report_path});
-        cli::check_distinct_files({}, outputs);
+      std::vector<cli::RunFile> outputs;
+      for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {
+        outputs.push_back({std::string("--out's ") + name, out + "/" + name});
       }
+      if (!report_path.empty()) outputs.push_back({"--report", report_path});
+      cli::check_distinct_files({}, outputs);
       xgrad::prepare_output_dir(out, "gradient_flow: --out");
+      cli::check_output_files(outputs);
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "gradient_flow: --report");
     });
     xgrad::set_num_threads(threads);

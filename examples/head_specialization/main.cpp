@@ -107,13 +107,12 @@ int main(int argc, char** argv) {
       cli::check_memory(training_bytes(c, most_heads) + held_out + losses,
                         "a training step of this model with --eval-batches " + std::to_string(c.eval_batches) +
                             " held-out batches and the losses of --steps " + std::to_string(c.train.steps));
-      if (!report_path.empty()) {
-        std::vector<cli::RunFile> images;
-        for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});
-        images.push_back({"--report", report_path});
-        cli::check_distinct_files({}, images);
-      }
+      std::vector<cli::RunFile> images;
+      for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});
+      if (!report_path.empty()) images.push_back({"--report", report_path});
+      cli::check_distinct_files({}, images);
       xgrad::prepare_output_dir(out, "head_specialization: --out");
+      cli::check_output_files(images);
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "head_specialization: --report");
     });
     xgrad::set_num_threads(threads);

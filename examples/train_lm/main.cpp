@@ -221,6 +221,7 @@ int main(int argc, char** argv) {
       validate(c);
       // Every output is checked before training, so a long run is never lost to a typo.
       if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");  // first: the checkpoint may go in it
+      cli::check_output_files({{"--out's log.csv", out + "/log.csv"}, {"--out's loss.svg", out + "/loss.svg"}});
       if (lead && !checkpoint.empty()) xgrad::check_writable_file(checkpoint, "train_lm: --checkpoint");
       const double max_text = cli::memory_limit_bytes() / 8;  // the text is held about four times
       if (text_path.empty()) {
