@@ -120,10 +120,11 @@ int main(int argc, char** argv) {
       for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {
         outputs.push_back({std::string("--out's ") + name, out + "/" + name});
       }
-      if (!report_path.empty()) outputs.push_back({"--report", report_path});
-      cli::check_distinct_files({}, outputs);
+      std::vector<cli::RunFile> files = outputs;
+      if (!report_path.empty()) files.push_back({"--report", report_path});
+      cli::check_distinct_files({}, files);
       xgrad::prepare_output_dir(out, "gradient_flow: --out");
-      cli::check_output_files(outputs);
+      cli::check_output_files(outputs);  // the report's own check is check_writable_file's, below
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "gradient_flow: --report");
     });
     xgrad::set_num_threads(threads);

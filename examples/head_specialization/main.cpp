@@ -109,10 +109,11 @@ int main(int argc, char** argv) {
                             " held-out batches and the losses of --steps " + std::to_string(c.train.steps));
       std::vector<cli::RunFile> images;
       for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});
-      if (!report_path.empty()) images.push_back({"--report", report_path});
-      cli::check_distinct_files({}, images);
+      std::vector<cli::RunFile> files = images;
+      if (!report_path.empty()) files.push_back({"--report", report_path});
+      cli::check_distinct_files({}, files);
       xgrad::prepare_output_dir(out, "head_specialization: --out");
-      cli::check_output_files(images);
+      cli::check_output_files(images);  // the report's own check is check_writable_file's, below
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "head_specialization: --report");
     });
     xgrad::set_num_threads(threads);
