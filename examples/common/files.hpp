@@ -27,12 +27,11 @@ void check_output_files(const std::vector<RunFile>& outputs);
 // The identity check_distinct_files compares: "inode <dev>:<ino>" or "path <resolved path>".
 std::string file_identity(const std::string& path);
 
-// An exclusive flock on `path` + ".lock" for the life of this object, with this process's pid
+// An exclusive flock on lock_path_of(path) for the life of this object, with this process's pid
 // written in the file. A second holder (another process, or another open of the file) is refused
 // with an xgrad::Error (exit 1: the command line is right, the file is busy) naming `what`, the
-// lock file and the holder's pid. A lock
-// file left by a killed run does not block: flock ends with the process. The destructor removes
-// the file and then lets go.
+// lock file and the holder's pid. A lock file left by a killed run does not block: flock ends
+// with the process. The destructor removes the file and then lets go.
 class FileLock {
  public:
   FileLock(const std::string& path, const std::string& what);
