@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "common/files.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "xgrad/xgrad.hpp"
 
@@ -29,6 +30,7 @@ double stddev(const Array& a) {  // unbiased, as torch.std
 
 void walkthrough(std::uint64_t seed, const std::string& out) {
   cli::as_usage([&] { prepare_output_dir(out, "seed_walkthrough: --out"); });
+  cli::check_output_files({{"--out's head0.svg", out + "/head0.svg"}});
 
   const std::size_t B = 2, T = 6, C = 512, H = 8;
   Generator gen(seed);

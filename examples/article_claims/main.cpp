@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   CLI::App* configs = app.add_subcommand("configs", "parameters, FLOP and memory shares, step times of the article's four sizes");
   configs->add_option("--batch", co.step.batch, "sequences per timed step")->transform(cli::count(1, 4096))->capture_default_str();
   configs->add_option("--seq-len", co.step.seq_len, "length of the timed step")->transform(size)->capture_default_str();
-  configs->add_option("--steps", co.step.steps, "timed steps (the median is printed), after one warm-up")
+  CLI::Option* timed_steps = configs->add_option("--steps", co.step.steps, "timed steps (the median is printed), after one warm-up")
       ->transform(cli::count(1, 1000))->capture_default_str();
   configs->add_option("--share-lengths", co.share_lengths, "T of the FLOP and memory shares, e.g. 128,1024")
       ->delimiter(',')->transform(size)->capture_default_str();
@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
     if (!configs->parsed() && !heads->parsed()) cli::usage_error("a subcommand is required: configs or heads");
     if (configs->parsed()) {
       co.measure_time = !no_time;
+      if (no_time && timed_steps->count() > 0) cli::usage_error("--steps counts timed steps; with --no-time nothing is timed");
       cli::as_usage([&] {
         if (co.share_lengths.empty()) xgrad::fail("--share-lengths: no lengths given");
         if (co.step.dropout >= 1) xgrad::fail("--dropout ", co.step.dropout, " must be less than 1");

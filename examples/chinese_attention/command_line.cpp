@@ -2,6 +2,8 @@
 #include "command_line.hpp"
 
 #include "common/cli.hpp"
+#include "common/files.hpp"
+#include "common/memory.hpp"
 #include "xgrad/core/file_io.hpp"
 
 namespace zh {
@@ -19,7 +21,21 @@ void add_options(CLI::App& app, CommandLine& c) {
 void check_before_run(const CommandLine& c) {
   cli::as_usage([&] {
     validate(c.train);
+    const CorpusSplit corpus = builtin_corpus();
+    std::vector<Sentence> every = corpus.train;
+    every.insert(every.end(), corpus.held_out.begin(), corpus.held_out.end());
+    cli::check_memory(training_bytes(c.train, Vocabulary(every).size()) + cli::per_step_bytes(static_cast<double>(c.train.steps), 4),
+                      "a training step of --batch " + std::to_string(c.train.batch) + " sentences with the losses of --steps " +
+                          std::to_string(c.train.steps));
     xgrad::prepare_output_dir(c.out, "chinese_attention: --out");
+    std::vector<cli::RunFile> outputs = {{"--out's heads.svg", c.out + "/heads.svg"}, {"--out's attention.html", c.out + "/attention.html"}};
+    for (std::size_t l = 0; l < c.train.layers; ++l) {
+      for (std::size_t h = 0; h < c.train.heads; ++h) {
+        const std::string name = "head_l" + std::to_string(l) + "_h" + std::to_string(h) + ".svg";
+        outputs.push_back({"--out's " + name, c.out + "/" + name});
+      }
+    }
+    cli::check_output_files(outputs);
   });
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/memory.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/core/tape.hpp"
@@ -29,6 +30,19 @@ nn::LanguageModelOptions model_options(const TrainOptions& o, std::size_t vocab_
       .dropout(0.f)
       .norm(nn::Norm::pre)
       .positional(nn::Positional::learned);
+}
+
+double training_bytes(const TrainOptions& o, std::size_t vocab_size) {
+  const nn::LanguageModelOptions m = model_options(o, vocab_size);
+  cli::TransformerSize s;
+  s.layers = static_cast<double>(o.layers);
+  s.d_model = static_cast<double>(o.d_model);
+  s.heads = static_cast<double>(o.heads);
+  s.d_ff = static_cast<double>(4 * o.d_model);
+  s.vocab = static_cast<double>(vocab_size);
+  s.batch = static_cast<double>(o.batch);
+  s.seq_len = static_cast<double>(m.max_len());
+  return cli::transformer_training_bytes(s);
 }
 
 double sentence_loss(const nn::LanguageModel& model, const Vocabulary& vocab, const std::vector<Sentence>& sentences) {

@@ -25,6 +25,9 @@ void validate(const TrainOptions& options);
 
 xgrad::nn::LanguageModelOptions model_options(const TrainOptions& options, std::size_t vocab_size);
 
+// The estimated bytes of a training step (parameters, AdamW state, activations and gradients).
+double training_bytes(const TrainOptions& options, std::size_t vocab_size);
+
 // Losses in nats per predicted token (every word and the final </s>), token-weighted.
 struct Losses {
   double unigram = 0;           // held-out loss of training-set word frequencies (add-one smoothed)

@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <cerrno>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -40,18 +41,50 @@ void add_threads(CLI::App& app, int& threads) {
       ->capture_default_str();
 }
 
+std::optional<double> parse_real(const std::string& s, bool allow_inf) {
+  if (allow_inf && s == "inf") return std::numeric_limits<double>::infinity();
+  // [-] digits [. digits] [e [+-] digits], or [-] . digits [...]: no blank, hex, nan or inf.
+  std::size_t i = 0, digits = 0;
+  if (i < s.size() && s[i] == '-') ++i;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i, ++digits;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i, ++digits;
+  }
+  if (digits == 0) return std::nullopt;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    std::size_t exponent = 0;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i, ++exponent;
+    if (exponent == 0) return std::nullopt;
+  }
+  if (i != s.size()) return std::nullopt;
+  return std::strtod(s.c_str(), nullptr);  // 1e999 gives inf: refused by the caller as not finite
+}
+
 CLI::Validator real(double lo, double hi, bool open_low, bool allow_inf) {
   std::ostringstream os;
   os << (open_low ? "(" : "[") << lo << ", " << hi << "]";
   const std::string range = os.str();
   return CLI::Validator(
       [=](std::string& s) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size() || std::isnan(v)) return "'" + s + "' is not a number";
-        if (std::isinf(v) && !(allow_inf && v > 0 && std::isinf(hi))) return "'" + s + "' is not a finite number";
-        if (v < lo || v > hi || (open_low && v == lo)) return s + " is outside " + range;
+        const std::optional<double> v = parse_real(s, allow_inf && std::isinf(hi));
+        if (!v) {
+          std::string lower;
+          for (char ch : s) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+          if (lower.find("inf") != std::string::npos || lower.find("nan") != std::string::npos) return "'" + s + "' is not a finite number";
+          return "'" + s + "' is not a number (write it in decimal, as 0.001 or 1e-3)";
+        }
+        if (std::isinf(*v) && !(allow_inf && *v > 0 && std::isinf(hi))) return "'" + s + "' is not a finite number";
+        if (*v < lo || *v > hi || (open_low && *v == lo)) return s + " is outside " + range;
+        // Every real lands in a float32 somewhere: one that would round to 0, to a subnormal or
+        // to inf there is not the value the user asked for.
+        const float f = static_cast<float>(*v);
+        if (!std::isinf(*v) && *v != 0 && !std::isnormal(f)) {
+          return s + (std::fabs(*v) < 1 ? " is too small" : " is too large") +
+                 " for a 32-bit float (normal floats lie between 1.17549e-38 and 3.40282e+38)";
+        }
         return {};
       },
       "REAL in " + range);

@@ -39,8 +39,13 @@ std::optional<std::uint64_t> parse_decimal(const std::string& s);
 CLI::Validator count(std::uint64_t lo, std::uint64_t hi);
 // Any seed: a plain decimal integer in [0, 2^64-1].
 CLI::Validator seed();
-// A finite real in [lo, hi] (or (lo, hi] with open_low); "nan" and "inf" are refused unless
-// allow_inf and hi is infinite.
+// The value of a real in plain decimal or decimal-exponent notation ("0.5", "-2", ".5", "1e-3",
+// "3E+2"), or nullopt: no blank, sign "+", hex float, "nan" or "inf" ("inf" only with allow_inf).
+std::optional<double> parse_real(const std::string& s, bool allow_inf = false);
+
+// A finite real in [lo, hi] (or (lo, hi] with open_low), read by parse_real; "inf" is refused
+// unless allow_inf and hi is infinite. A nonzero value that would become 0, a subnormal or inf
+// as a float32 is refused too: every example computes in float32.
 CLI::Validator real(double lo, double hi, bool open_low = false, bool allow_inf = false);
 
 // Every program's --threads (default 1, up to 256): xgrad's kernel threads, which split the matrix

@@ -27,6 +27,10 @@ double memory_limit_bytes();
 // Throws cli::UsageError when `bytes` exceeds memory_limit_bytes(), naming `what` and both sizes.
 void check_memory(double bytes, const std::string& what);
 
+// What a run keeps for every step it takes (losses, log rows, plot points and their SVG text):
+// `steps` x `bytes_per_step`, for the memory check of --steps.
+inline double per_step_bytes(double steps, double bytes_per_step) { return steps * bytes_per_step; }
+
 // "1.5 GiB", "300.0 MiB".
 std::string bytes_str(double bytes);
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.hpp"
+#include "common/files.hpp"
 #include "common/memory.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "common/terminal.hpp"
@@ -89,9 +90,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "seed for weights and data")->transform(cli::seed())->capture_default_str();
   app.add_option("--depths", depths, "also measure these depths, e.g. 6,8,10,12")->delimiter(',')->transform(layers);
   app.add_flag("--train", train, "also train both placements with and without warm-up");
-  app.add_option("--steps", steps, "training steps (--train)")->transform(cli::count(1, cli::kMaxSteps))->capture_default_str();
-  app.add_option("--lr", lr, "AdamW learning rate (--train)")->check(cli::real(0, 1e6, true))->capture_default_str();
-  app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs, fewer than --steps (--train)")
+  CLI::Option* steps_flag = app.add_option("--steps", steps, "training steps (--train)")->transform(cli::count(1, cli::kMaxSteps))->capture_default_str();
+  CLI::Option* lr_flag = app.add_option("--lr", lr, "AdamW learning rate (--train)")->check(cli::real(0, 1e6, true))->capture_default_str();
+  CLI::Option* warmup_flag = app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs, fewer than --steps (--train)")
       ->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the plots")->capture_default_str();
@@ -100,13 +101,30 @@ int main(int argc, char** argv) {
   if (const auto code = cli::parse(app, argc, argv)) return *code;
 
   return cli::run("gradient_flow", [&] {
+    for (const CLI::Option* o : {steps_flag, lr_flag, warmup_flag}) {
+      if (o->count() > 0 && !train) cli::usage_error(o->get_name(), " is a setting of --train; without --train nothing is trained");
+    }
     cli::as_usage([&] {
       validate(c);
       if (train) cli::check_warmup(warmup, steps);
       std::size_t deepest = c.layers;
       for (std::size_t d : depths) deepest = std::max(deepest, d);
-      cli::check_memory(training_bytes(c, deepest), "a training step of the deepest model");
+      // The --batches measured at initialization are made up front: ids and targets, int64.
+      const double batches = static_cast<double>(c.batches) * static_cast<double>(c.batch) * static_cast<double>(c.seq_len) * 16;
+      // --train keeps four loss curves of --steps, drawn and written into the report.
+      const double curves = train ? cli::per_step_bytes(static_cast<double>(steps), 4 * 96) : 0;
+      cli::check_memory(training_bytes(c, deepest) + batches + curves,
+                        "a training step of the deepest model with its --batches " + std::to_string(c.batches) + " batches" +
+                            (train ? " and the curves of --steps " + std::to_string(steps) : std::string()));
+      std::vector<cli::RunFile> outputs;
+      for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {
+        outputs.push_back({std::string("--out's ") + name, out + "/" + name});
+      }
+      std::vector<cli::RunFile> files = outputs;
+      if (!report_path.empty()) files.push_back({"--report", report_path});
+      cli::check_distinct_files({}, files);
       xgrad::prepare_output_dir(out, "gradient_flow: --out");
+      cli::check_output_files(outputs);  // the report's own check is check_writable_file's, below
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "gradient_flow: --report");
     });
     xgrad::set_num_threads(threads);

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "common/files.hpp"
 #include "common/memory.hpp"
 #include "common/terminal.hpp"
 #include "report.hpp"
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   bool quiet = false, no_single = false;
   std::vector<std::size_t> sweep;
   const auto size = cli::count(1, 1 << 16);
-  app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
+  CLI::Option* heads_flag = app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
   app.add_option("--d-model", c.d_model, "model width (divisible by heads)")->transform(size)->capture_default_str();
   app.add_option("--layers", c.layers, "attention layers")->transform(cli::count(1, 1024))->capture_default_str();
   app.add_option("--offsets", c.task.offsets, "offsets to copy, e.g. 1,2,3,4")->delimiter(',')->transform(size)->capture_default_str();
@@ -88,6 +89,8 @@ int main(int argc, char** argv) {
   c.single_head = !no_single;
 
   return cli::run("head_specialization", [&] {
+    if (!sweep.empty() && heads_flag->count() > 0) cli::usage_error("--heads is for one run; --sweep-heads gives the head counts");
+    if (!sweep.empty() && no_single) cli::usage_error("--no-single-head is for one run; --sweep-heads trains no one-head contrast");
     cli::as_usage([&] {
       validate(c);
       cli::check_warmup(c.train.warmup, c.train.steps);
@@ -96,8 +99,21 @@ int main(int argc, char** argv) {
         if (c.d_model % h != 0) xgrad::fail("--sweep-heads: d-model ", c.d_model, " is not divisible by ", h);
         most_heads = std::max(most_heads, h);
       }
-      cli::check_memory(training_bytes(c, most_heads), "a training step of this model");
+      // The held-out batches are kept for the measurements: ids and K targets per position.
+      const double held_out = static_cast<double>(c.eval_batches) * static_cast<double>(c.train.batch) *
+                              static_cast<double>(c.task.seq_len) * static_cast<double>(1 + c.task.offsets.size()) * 8;
+      // Each step keeps a loss per run (two, with the one-head contrast) and its point of loss.svg.
+      const double losses = cli::per_step_bytes(static_cast<double>(c.train.steps), 2 * 64);
+      cli::check_memory(training_bytes(c, most_heads) + held_out + losses,
+                        "a training step of this model with --eval-batches " + std::to_string(c.eval_batches) +
+                            " held-out batches and the losses of --steps " + std::to_string(c.train.steps));
+      std::vector<cli::RunFile> images;
+      for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});
+      std::vector<cli::RunFile> files = images;
+      if (!report_path.empty()) files.push_back({"--report", report_path});
+      cli::check_distinct_files({}, files);
       xgrad::prepare_output_dir(out, "head_specialization: --out");
+      cli::check_output_files(images);  // the report's own check is check_writable_file's, below
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "head_specialization: --report");
     });
     xgrad::set_num_threads(threads);

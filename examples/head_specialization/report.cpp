@@ -131,6 +131,16 @@ std::vector<double> steps_axis(std::size_t n) {
 
 }  // namespace
 
+std::vector<std::string> image_names(const ExperimentConfig& c, bool sweep) {
+  if (sweep) return {"sweep_heads.svg"};
+  std::vector<std::string> names;
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    for (std::size_t h = 0; h < c.heads; ++h) names.push_back("head_l" + std::to_string(l) + "_h" + std::to_string(h) + ".svg");
+  }
+  for (const char* name : {"heads.svg", "attention.html", "patching.svg", "loss.svg"}) names.push_back(name);
+  return names;
+}
+
 std::vector<std::string> write_images(const std::string& folder, const ExperimentConfig& c, const ExperimentResult& r) {
   std::vector<std::string> written;
   std::vector<xgrad::inspect::Heatmap> maps;

@@ -38,6 +38,9 @@ std::string sweep_table(const std::vector<SweepRow>& rows);
 // Writes the heatmaps (one per head, an overview and the patching table) and the loss curve
 // into `folder`;
 // returns the paths written.
+// The names of the files write_images (or, for a sweep, write_sweep_plot) writes into its folder.
+std::vector<std::string> image_names(const ExperimentConfig& c, bool sweep);
+
 std::vector<std::string> write_images(const std::string& folder, const ExperimentConfig& config,
                                       const ExperimentResult& result);
 std::string write_sweep_plot(const std::string& folder, const std::vector<SweepRow>& rows);

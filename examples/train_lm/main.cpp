@@ -1,14 +1,19 @@
 // Train a byte-level transformer language model on any text file (or on text from a built-in
 // grammar), with validation, checkpoints, --resume, and sampling from a checkpoint (its own, or
 // a GPT-2-layout one with --import gpt2).
+#include <signal.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "common/files.hpp"
 #include "common/memory.hpp"
+#include "run_log.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "common/terminal.hpp"
 #include "trainer.hpp"
@@ -25,6 +30,22 @@
 using namespace lm;
 
 namespace {
+
+// The signal that asked the run to stop (SIGINT or SIGTERM), or 0.
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void request_stop(int sig) { stop_signal = sig; }
+
+// After the first SIGINT or SIGTERM the run ends at the end of its step, saving; a second one
+// kills it at once (the handler resets itself), and the atomic save keeps the earlier file.
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = request_stop;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 std::string sample_text(xgrad::nn::LanguageModel& model, const std::string& prompt, std::size_t count, float temperature,
                         std::size_t top_k, std::uint64_t seed) {
@@ -43,24 +64,20 @@ void print_line(const std::string& text) {
   std::fputc('\n', stdout);
 }
 
-// --heads must divide the width of the imported model (wte.weight (V, C)).
-void check_heads(const xgrad::NamedArrays& tensors, std::size_t heads) {
-  for (const auto& [name, a] : tensors) {
-    if ((name == "wte.weight" || name == "transformer.wte.weight") && a.dimension() == 2 && a.shape()[1] % heads != 0) {
-      cli::usage_error("--heads ", heads, " does not divide the imported model's d_model ", a.shape()[1], " (", name, " is ",
-                       xgrad::shape_str(a.shape()), ")");
+// --heads must divide the width of the imported model (wte.weight (V, C)), read from the header.
+void check_heads(const xgrad::SafetensorsReader& file, std::size_t heads) {
+  for (const xgrad::TensorInfo& t : file.tensors()) {
+    if ((t.name == "wte.weight" || t.name == "transformer.wte.weight") && t.shape.size() == 2 && t.shape[1] % heads != 0) {
+      cli::usage_error("--heads ", heads, " does not divide the imported model's d_model ", t.shape[1], " (", t.name, " is ",
+                       xgrad::shape_str(t.shape), ")");
     }
   }
 }
 
-void write_log(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
-  std::ostringstream csv;
-  csv << "step,train_loss,valid_loss,lr,seconds\n";
+void write_plot(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
   xgrad::inspect::LinePlot plot{"byte-level language model", "step", "loss (nats per byte)", {}, false, false};
   xgrad::inspect::Series train{"train", {}, {}}, valid{"validation", {}, {}}, uni{"unigram entropy", {}, {}};
   for (const LogEntry& e : log) {
-    csv << e.step << ',' << e.train_loss << ',' << (e.valid_loss ? std::to_string(*e.valid_loss) : "") << ',' << e.lr << ','
-        << e.seconds << '\n';
     train.x.push_back(static_cast<double>(e.step));
     train.y.push_back(e.train_loss);
     if (e.valid_loss) {
@@ -70,8 +87,26 @@ void write_log(const std::string& folder, const std::vector<LogEntry>& log, doub
   }
   if (!log.empty()) uni = {"unigram entropy", {1.0, static_cast<double>(log.back().step)}, {unigram, unigram}};
   plot.series = {train, valid, uni};
-  xgrad::write_file_atomically(folder + "/log.csv", csv.str(), "train_lm: the log");
   xgrad::inspect::write_text_file(folder + "/loss.svg", xgrad::inspect::line_plot_svg(plot));
+}
+
+// Every file the run reads and writes, checked before any work: no output may destroy an input
+// or another output.
+void check_files(const std::string& text_path, const std::string& checkpoint, bool sampling, const std::string& out) {
+  std::vector<cli::RunFile> inputs, outputs;
+  if (!text_path.empty() && !sampling) inputs.push_back({"the training text", text_path});
+  if (sampling) {
+    inputs.push_back({"--checkpoint", checkpoint});
+    return;  // sampling writes nothing but stdout
+  }
+  if (!checkpoint.empty()) {
+    outputs.push_back({"--checkpoint", checkpoint});
+    outputs.push_back({"--checkpoint's lock file", cli::FileLock::lock_path_of(checkpoint)});
+  }
+  outputs.push_back({"--out (a folder)", out});
+  outputs.push_back({"--out's log.csv", out + "/log.csv"});
+  outputs.push_back({"--out's loss.svg", out + "/loss.svg"});
+  cli::check_distinct_files(inputs, outputs);
 }
 
 }  // namespace
@@ -108,10 +143,11 @@ int main(int argc, char** argv) {
   app.add_option("--eval-batches", c.eval_batches, "validation batches")->transform(size)->capture_default_str();
   app.add_option("--text-bytes", text_bytes, "size of the built-in text")->transform(size)->capture_default_str();
   app.add_option("--checkpoint", checkpoint, "checkpoint file (.safetensors) to write, resume or sample from");
-  app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")->transform(interval);
+  CLI::Option* interval_flag =
+      app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")->transform(interval);
   app.add_flag("--resume", resume, "continue training from --checkpoint");
-  app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
-      ->transform(cli::count(0, 1 << 20));
+  CLI::Option* sample_flag = app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
+                                ->transform(cli::count(1, 1 << 20));
   app.add_option("--import", import_layout, "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads)");
   app.add_option("--prompt", prompt, "prompt for sampling")->capture_default_str();
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")->check(cli::real(0, 1e6))->capture_default_str();
@@ -142,12 +178,20 @@ int main(int argc, char** argv) {
   quiet = quiet || !lead;
   const std::string program = sharing->size() > 1 ? "train_lm (rank " + std::to_string(rank) + ")" : "train_lm";
 
-  return cli::run(program, [&] {
+  int stopped_by = 0;  // the signal that ended the run before its last step
+  const int code = cli::run(program, [&] {
 #ifdef XGRAD_HAS_DISTRIBUTED
     // Every rank must take the same path (train, sample, import) with the same settings.
     if (mpi) mpi->check_command_line(app, {"--threads", "--quiet", "--detect-anomaly"});
 #endif
     xgrad::set_num_threads(threads);
+    // A mode flag never falls back to another mode that writes files.
+    if (sample_flag->count() > 0 && resume) cli::usage_error("--sample reads --checkpoint and trains nothing: it cannot --resume");
+    if (interval_flag->count() > 0 && sample_flag->count() > 0) cli::usage_error("--checkpoint-interval is for training; --sample writes no checkpoint");
+    if (interval_flag->count() > 0 && checkpoint.empty()) cli::usage_error("--checkpoint-interval needs --checkpoint: there is no file to write");
+    if (sample > 0 && checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
+    if (sample > 0 && !text_path.empty()) cli::usage_error("--sample reads no training text: '", text_path, "' would be unused");
+    check_files(text_path, checkpoint, sample > 0, out);
     if (!import_layout.empty()) {
       if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");
       if (sample == 0) cli::usage_error("--import is for --sample: it reads a checkpoint to sample from");
@@ -155,17 +199,14 @@ int main(int argc, char** argv) {
     }
     if (sample > 0 && !import_layout.empty()) {
       if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
-      const xgrad::NamedArrays tensors = xgrad::load_safetensors(checkpoint).tensors;
-      check_heads(tensors, c.heads);
-      const xgrad::nn::ImportedLanguageModel imported = xgrad::nn::from_gpt2(tensors, c.heads);
-      if (imported.options.vocab_size() != 256) {
-        cli::usage_error("--import gpt2: '", checkpoint, "' has a vocabulary of ", imported.options.vocab_size(),
+      check_heads(xgrad::SafetensorsReader(checkpoint), c.heads);
+      // Read tensor by tensor into the model: the peak is the model's size, not the file's twice.
+      if (const auto options = xgrad::nn::gpt2_options(checkpoint, c.heads); options.vocab_size() != 256) {
+        cli::usage_error("--import gpt2: '", checkpoint, "' has a vocabulary of ", options.vocab_size(),
                          " tokens; train_lm reads and writes bytes, so it needs 256");
       }
-      xgrad::Generator init(0);
-      xgrad::nn::LanguageModel model(imported.options, init);
-      xgrad::nn::load_state_dict(model, imported.state);
-      if (lead) print_line(sample_text(model, prompt, sample, temperature, top_k, c.seed));
+      const std::shared_ptr<xgrad::nn::LanguageModel> model = xgrad::nn::load_gpt2(checkpoint, c.heads);
+      if (lead) print_line(sample_text(*model, prompt, sample, temperature, top_k, c.seed));
       return;
     }
     if (sample > 0) {
@@ -189,8 +230,9 @@ int main(int argc, char** argv) {
       if (resume && checkpoint.empty()) xgrad::fail("--resume needs --checkpoint");
       validate(c);
       // Every output is checked before training, so a long run is never lost to a typo.
+      if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");  // first: the checkpoint may go in it
+      cli::check_output_files({{"--out's log.csv", out + "/log.csv"}, {"--out's loss.svg", out + "/loss.svg"}});
       if (lead && !checkpoint.empty()) xgrad::check_writable_file(checkpoint, "train_lm: --checkpoint");
-      if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");
       const double max_text = cli::memory_limit_bytes() / 8;  // the text is held about four times
       if (text_path.empty()) {
         cli::check_memory(8.0 * static_cast<double>(text_bytes), "the built-in text of --text-bytes " + std::to_string(text_bytes));
@@ -199,6 +241,9 @@ int main(int argc, char** argv) {
         text = read_text(text_path, static_cast<std::uint64_t>(max_text));
       }
     });
+    // One writer per checkpoint: a second run on the same file is refused while this one lives.
+    std::optional<cli::FileLock> lock;
+    if (lead && !checkpoint.empty()) lock.emplace(checkpoint, "train_lm: --checkpoint");
     const double unigram = unigram_entropy(text);
     const DataSource source = identify(text_path.empty() ? "built-in grammar" : text_path, text);
     std::unique_ptr<Trainer> trainer;
@@ -217,6 +262,7 @@ int main(int argc, char** argv) {
     cli::as_usage([&] {
       trainer = std::make_unique<Trainer>(c, split(text, c.valid_fraction, c.seq_len), source, sharing);
       if (resume) trainer->resume(checkpoint);
+      trainer->check_saveable();
     });
     std::optional<xgrad::AnomalyGuard> anomaly;
     if (detect_anomaly) anomaly.emplace();
@@ -232,6 +278,7 @@ int main(int argc, char** argv) {
                 c.d_model, c.heads, trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
                 resume ? (", resuming at step " + std::to_string(trainer->step())).c_str() : "");
 
+    RunLog run_log(out, resume ? std::optional<std::size_t>(trainer->step()) : std::nullopt);
     viz::ProgressLine line(quiet, c.eval_interval ? c.eval_interval : std::max<std::size_t>(c.steps / 10, 1));
     float last_valid = -1;
     const std::size_t first = trainer->step();
@@ -244,23 +291,49 @@ int main(int argc, char** argv) {
                     static_cast<double>(e.train_loss), last_valid < 0 ? "  -  " : std::to_string(last_valid).substr(0, 5).c_str(),
                     done * static_cast<double>(c.batch * c.seq_len) / std::max(e.seconds, 1e-9), viz::duration(left).c_str());
       line.update(e.step, c.steps, text_line);
+      run_log.append(e);
     };
+    // One process: a stop request ends the run cleanly at a step's end. Ranks of a data-parallel
+    // run would stop at different steps, so under mpirun a signal ends the job as before.
+    if (sharing->size() == 1) {
+      install_stop_handlers();
+      trainer->set_stop_request([] { return stop_signal != 0; });
+    }
     try {
       trainer->run(c.steps, on_step, checkpoint, checkpoint_interval);
     } catch (const xgrad::Error&) {
       line.finish();
-      write_log(out, trainer->log(), unigram);  // the steps before the failure, to look at
+      try {
+        write_plot(out, run_log.entries(), unigram);  // the steps before the failure, to look at
+      } catch (const xgrad::Error&) {
+        // The failure itself is the message worth reading (often the same full disk).
+      }
       throw;
     }
     line.finish();
     anomaly.reset();
+    if (stop_signal != 0 && trainer->step() < c.steps) {
+      stopped_by = stop_signal;
+      write_plot(out, run_log.entries(), unigram);
+      std::fprintf(stderr, "train_lm: stopped by %s after step %zu of %zu; log: %s/log.csv%s\n",
+                   stop_signal == SIGINT ? "SIGINT" : "SIGTERM", trainer->step(), c.steps, out.c_str(),
+                   checkpoint.empty() ? "" : ("; '" + checkpoint + "' holds step " + std::to_string(trainer->step()) + ": --resume continues").c_str());
+      return;
+    }
     if (!checkpoint.empty()) trainer->save(checkpoint);
 
     const float valid = trainer->validation_loss();
     std::printf("validation loss %.3f nats/byte (unigram entropy %.3f)\n", static_cast<double>(valid), unigram);
-    write_log(out, trainer->log(), unigram);
+    write_plot(out, run_log.entries(), unigram);
     std::printf("log: %s/log.csv, curve: %s/loss.svg%s%s\n", out.c_str(), out.c_str(), checkpoint.empty() ? "" : ", checkpoint: ",
                 checkpoint.c_str());
     std::printf("sample: %s\n", sample_text(trainer->model(), prompt, 120, temperature, top_k, c.seed).c_str());
   }, end_job);
+  // Stopped by a signal: with the files written and the lock let go, end as that signal would.
+  if (stopped_by != 0) {
+    std::fflush(stdout);
+    std::signal(stopped_by, SIG_DFL);
+    std::raise(stopped_by);
+  }
+  return code;
 }

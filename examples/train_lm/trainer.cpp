@@ -11,6 +11,7 @@
 #include "xgrad/core/ops.hpp"
 #include "xgrad/core/safetensors.hpp"
 #include "xgrad/core/tape.hpp"
+#include "xgrad/core/utf8.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/optim/clip.hpp"
@@ -48,7 +49,9 @@ std::size_t parse_step(const std::string& text, const std::string& path) {
 DataSource identify(const std::string& name, const std::string& text) {
   std::uint64_t h = 14695981039346656037ull;
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
-  return {name, text.size(), h};
+  // The name is only shown (a resume compares size and hash): a file name that is not UTF-8 is
+  // kept with its odd bytes escaped, since the checkpoint's metadata is JSON.
+  return {first_invalid_utf8(name) ? escape_bytes(name) : name, text.size(), h};
 }
 
 nlohmann::json DataSource::to_json() const {
@@ -120,7 +123,9 @@ void validate(const TrainConfig& c) {
   if (!(c.valid_fraction > 0 && c.valid_fraction < 1)) fail("--valid-fraction ", c.valid_fraction, " is outside (0, 1)");
   if (c.eval_batches == 0) fail("--eval-batches must be at least 1");
   nn::LanguageModel::check(model_options(c));  // --layers, --d-model with --heads, --dropout
-  cli::check_memory(training_bytes(c), "a training step of this model");
+  // Each step keeps a log row twice (the trainer's and the log file's) and a point of loss.svg.
+  cli::check_memory(training_bytes(c) + cli::per_step_bytes(static_cast<double>(c.steps), 192),
+                    "a training step of this model with the log of --steps " + std::to_string(c.steps));
 }
 
 double training_bytes(const TrainConfig& c) {
@@ -183,12 +188,24 @@ float Trainer::validation_loss() {
   return static_cast<float>(sharing_->mean(total / static_cast<double>(valid_.size())));
 }
 
+std::string Trainer::checkpoint_note(const std::string& checkpoint) const {
+  if (checkpoint.empty()) return "";
+  if (!saved_step_) return " ('" + checkpoint + "' was not written by this run)";
+  return " ('" + checkpoint + "' holds step " + std::to_string(*saved_step_) +
+         ", the last state whose next forward pass gave a finite loss: --sample reads it; --resume with the same settings"
+         " takes the same steps again and stops the same way)";
+}
+
 void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>& on_step, const std::string& checkpoint,
                   std::size_t checkpoint_interval) {
   if (until > config_.steps) fail("train_lm: cannot train to step ", until, " of a ", config_.steps, "-step schedule");
   model_->train();
   const auto start = std::chrono::steady_clock::now();
+  // A checkpoint due after step K is written once the weights of step K have given a finite loss
+  // (step K + 1's training loss, or step K's validation loss): never weights that already diverged.
+  bool pending = false;
   while (step_ < until) {
+    const std::string data_state = pending ? data_.state() : std::string();
     const Batch b = share(sample_batch(corpus_.train, config_.batch, config_.seq_len, data_));
     // Dropout masks: the model's streams seeded from (seed, rank, step), so ranks draw different
     // masks and a resumed run draws the same ones as an uninterrupted one.
@@ -203,9 +220,12 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
     } catch (const Error& e) {
       const std::string what = e.what();  // check_finite's message names the step already; anomaly's does not
       fail("train_lm: ", what.rfind("step ", 0) == 0 ? "" : "step " + std::to_string(step_ + 1) + ": ", what,
-           "; training stopped before this step's update",
-           checkpoint.empty() ? "" : " (the checkpoint on disk holds the last good state)",
+           "; training stopped before this step's update", checkpoint_note(checkpoint),
            anomaly_enabled() ? "" : "; --detect-anomaly names the op that made it");
+    }
+    if (pending) {
+      save(checkpoint, data_state);  // the weights and optimizer state are still step_'s
+      pending = false;
     }
     if (config_.clip > 0.f) optim::clip_grad_norm(optimizer_->params(), config_.clip);
     const float lr = schedule_.lr(step_);
@@ -218,24 +238,57 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
     e.lr = lr;
     if ((config_.eval_interval && step_ % config_.eval_interval == 0) || step_ == config_.steps) {
       e.valid_loss = validation_loss();
-      if (!std::isfinite(*e.valid_loss)) fail("train_lm: step ", step_, ": the validation loss is not finite (", *e.valid_loss, "); training stopped");
+      if (!std::isfinite(*e.valid_loss)) {
+        fail("train_lm: step ", step_, ": the validation loss is not finite (", *e.valid_loss, "); training stopped",
+             checkpoint_note(checkpoint));
+      }
     }
     e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     log_.push_back(e);
     if (on_step) on_step(e);
-    if (!checkpoint.empty() && checkpoint_interval && step_ % checkpoint_interval == 0) save(checkpoint);
+    if (!checkpoint.empty() && checkpoint_interval && step_ % checkpoint_interval == 0) {
+      if (e.valid_loss) {
+        save(checkpoint);
+      } else {
+        pending = true;
+      }
+    }
+    if (stop_request_ && stop_request_()) {
+      pending = !checkpoint.empty() && saved_step_ != step_;
+      break;
+    }
+  }
+  if (pending) {
+    const float valid = validation_loss();
+    if (!std::isfinite(valid)) {
+      fail("train_lm: step ", step_, ": the validation loss is not finite (", valid, "); training stopped", checkpoint_note(checkpoint));
+    }
+    save(checkpoint);
   }
 }
 
-void Trainer::save(const std::string& path) {
-  if (sharing_->rank() != 0) return;
-  const Metadata meta = {{"format", kFormat},
-                         {"step", std::to_string(step_)},
-                         {"schedule_steps", std::to_string(schedule_steps_)},
-                         {"data", source_.to_json().dump()},
-                         {"config", config_.to_json().dump()},
-                         {"data_rng", data_.state()}};
-  nn::save_checkpoint(path, *model_, optimizer_->state_dict(), meta);
+Metadata Trainer::metadata(const std::string& data_state) const {
+  return {{"format", kFormat},
+          {"step", std::to_string(step_)},
+          {"schedule_steps", std::to_string(schedule_steps_)},
+          {"data", source_.to_json().dump()},
+          {"config", config_.to_json().dump()},
+          {"data_rng", data_state}};
+}
+
+void Trainer::check_saveable() const {
+  try {
+    for (const auto& [key, value] : metadata(data_.state())) check_utf8(value, "train_lm: the checkpoint's metadata", key.c_str());
+  } catch (const nlohmann::json::exception& e) {
+    fail("train_lm: the checkpoint's metadata cannot be written (", e.what(), ")");
+  }
+}
+
+void Trainer::save(const std::string& path) { save(path, data_.state()); }
+
+void Trainer::save(const std::string& path, const std::string& data_state) {
+  if (sharing_->rank() == 0) nn::save_checkpoint(path, *model_, optimizer_->state_dict(), metadata(data_state));
+  saved_step_ = step_;  // on every rank, so each one's messages say what rank 0's file holds
 }
 
 TrainConfig checkpoint_config(const std::string& checkpoint) {
@@ -303,6 +356,7 @@ void Trainer::resume(const std::string& checkpoint) {
   optimizer_->load_state_dict(ck.optimizer_state);
   data_ = data;
   step_ = step;
+  saved_step_ = step;
   schedule_steps_ = schedule_steps;
   schedule_ = optim::LrSchedule(optim::ScheduleOptions(config_.lr)
                                     .warmup_steps(config_.warmup)

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "corpus.hpp"
+#include "xgrad/core/safetensors.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/schedule.hpp"
@@ -79,13 +80,22 @@ class Trainer {
   void resume(const std::string& checkpoint);
   // Trains until `step` steps have been taken in all (including resumed ones). `on_step` sees
   // every log entry; a checkpoint is written every `checkpoint_interval` steps when both are set.
+  // A checkpoint due after step K is written only once step K's weights have given a finite loss
+  // (step K + 1's forward pass, or step K's validation), so the file never holds diverged weights.
   // A NaN or infinite loss or gradient stops the run with an Error naming the step, before the
-  // optimizer touches the weights (earlier checkpoints stay as they were).
+  // optimizer touches the weights, and saying which step `checkpoint` holds (or that this run
+  // wrote none).
   void run(std::size_t step, const std::function<void(const LogEntry&)>& on_step = {},
            const std::string& checkpoint = "", std::size_t checkpoint_interval = 0);
+  // Asked after every step: true ends run() there (a checkpoint given is then written, checked
+  // by a validation pass like any other). For a graceful stop on SIGINT or SIGTERM.
+  void set_stop_request(std::function<bool()> stop) { stop_request_ = std::move(stop); }
   float validation_loss();
   // Writes a checkpoint (on rank 0 only; the other ranks' state is the same).
   void save(const std::string& path);
+  // Before the first step: throws the Error a save would meet on its metadata (a name that is not
+  // UTF-8), so a long run is never lost at its end.
+  void check_saveable() const;
 
   std::size_t step() const { return step_; }
   const std::vector<LogEntry>& log() const { return log_; }
@@ -94,6 +104,9 @@ class Trainer {
 
  private:
   Batch share(const Batch& global) const;  // this rank's rows
+  xgrad::Metadata metadata(const std::string& data_state) const;
+  void save(const std::string& path, const std::string& data_state);
+  std::string checkpoint_note(const std::string& checkpoint) const;  // what the file holds, for a stop
   TrainConfig config_;
   std::shared_ptr<Sharing> sharing_;
   std::size_t schedule_steps_;  // the schedule's length: the first run's steps, kept on resume
@@ -106,6 +119,8 @@ class Trainer {
   xgrad::optim::LrSchedule schedule_;
   std::size_t step_ = 0;
   std::vector<LogEntry> log_;
+  std::function<bool()> stop_request_;
+  std::optional<std::size_t> saved_step_;  // the step in the checkpoint written (or resumed from) by this run
 };
 
 xgrad::nn::LanguageModelOptions model_options(const TrainConfig& config);
