@@ -185,17 +185,19 @@ int main(int argc, char** argv) {
   cli::add_threads(app, threads);
   app.add_option("--steps", steps, "timed steps")->transform(cli::count(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->transform(cli::count(0, 1000000))->capture_default_str();
-  if (const auto code = cli::parse(app, argc, argv)) return *code;
   Share share;
   std::function<void(int)> end_job;
 #ifdef XGRAD_HAS_DISTRIBUTED
   if (distributed::launched_by_mpi()) {
-    share.group = &distributed::ProcessGroup::world();
+    // MPI starts before the command line is read: a rank that stops at --help or a usage error
+    // then ends the job instead of leaving the others waiting.
+    if (const int code = cli::run("bench_train_step", [&] { share.group = &distributed::ProcessGroup::world(); })) return code;
     share.rank = share.group->rank();
     share.ranks = share.group->size();
     if (share.ranks > 1) end_job = [&share](int code) { share.group->abort(code); };
   }
 #endif
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_train_step", [&] {
     set_num_threads(threads);
     for (const BenchConfig& c : kConfigs) {

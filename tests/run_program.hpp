@@ -13,6 +13,8 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -95,5 +97,26 @@ inline Outcome run_program(const TempDir& dir, const std::string& exe, const std
   o.err = read_bytes(err_path);
   return o;
 }
+
+// Sets an environment variable for a scope (children inherit it), then restores it.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 }  // namespace xgrad::testing

@@ -33,6 +33,7 @@
 #include "run_program.hpp"
 
 using namespace xgrad;
+using xgrad::testing::ScopedEnv;
 
 namespace {
 
@@ -363,27 +364,6 @@ TEST_CASE("parallel_for from two user threads at once covers every index once an
 // by the test after it), where a limit can be lowered without touching the test's own threads.
 
 namespace {
-
-// Sets an environment variable for a scope (children inherit it), then restores it.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 std::size_t threads_of_this_process() {
   std::ifstream in("/proc/self/status");

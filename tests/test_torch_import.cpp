@@ -31,6 +31,7 @@
 #include "xgrad/nn/torch_import.hpp"
 
 using namespace xgrad;
+using xgrad::testing::ScopedEnv;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -350,27 +351,6 @@ NamedArrays gpt2_state(std::size_t V, std::size_t C, std::size_t P, std::size_t 
   add("ln_f.bias", {C});
   return s;
 }
-
-// Sets an environment variable for a scope (children inherit it), then restores it.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 std::string self_exe() {
   char self[4096] = {};
