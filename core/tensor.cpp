@@ -21,8 +21,7 @@ Node& checked(const std::shared_ptr<Node>& node, const char* who) {
 }  // namespace
 
 Tensor::Tensor(Array value, bool requires_grad) : node_(std::make_shared<Node>()) {
-  node_->storage = std::make_shared<Storage>();
-  node_->storage->array = std::move(value);
+  node_->storage = std::make_shared<Storage>(std::move(value));
   node_->requires_grad = requires_grad;
 }
 

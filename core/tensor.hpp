@@ -42,6 +42,7 @@ struct TapeEntry;
 // in-place writes to it (one per Tensor::mutable_value() call): an op records the versions of
 // the values it may read in backward, and backward refuses to run on a value written since.
 struct Storage {
+  explicit Storage(Array a) : array(std::move(a)) {}
   Array array;
   std::uint64_t version = 0;
 };
