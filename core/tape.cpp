@@ -167,11 +167,9 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
   auto entry = std::make_shared<TapeEntry>();
   entry->op = op;
   entry->inputs.reserve(inputs.size());
-  entry->input_versions.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     if (!t.defined()) {
-      entry->inputs.push_back(nullptr);
-      entry->input_versions.push_back(0);
+      entry->inputs.push_back({nullptr, 0});
       continue;
     }
     const Node& in = *t.node();
@@ -181,8 +179,7 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
            " was computed by an op recorded on another thread, and the gradient cannot flow back to that "
            "thread's graph; pass it as t.detach() (a new leaf) or record the whole graph on one thread");
     }
-    entry->inputs.push_back(t.node());
-    entry->input_versions.push_back(in.storage->version);
+    entry->inputs.push_back({t.node(), in.storage->version});
   }
   entry->output = out.node();
   entry->output_version = out.node()->storage->version;
@@ -199,8 +196,8 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
 }
 
 void GradContext::changed(long input) const {
-  const Node& n = input < 0 ? output_ : *entry_.inputs[static_cast<std::size_t>(input)];
-  const std::uint64_t was = input < 0 ? entry_.output_version : entry_.input_versions[static_cast<std::size_t>(input)];
+  const Node& n = input < 0 ? output_ : *entry_.inputs[static_cast<std::size_t>(input)].node;
+  const std::uint64_t was = input < 0 ? entry_.output_version : entry_.inputs[static_cast<std::size_t>(input)].version;
   const std::string which = input < 0 ? std::string("output") : "input " + std::to_string(input);
   const std::string what = n.name.empty() ? std::string() : "'" + n.name + "', ";
   fail("backward: ", entry_.op, "'s ", which, " (", what, "shape ", shape_str(n.value().shape()),
@@ -210,7 +207,7 @@ void GradContext::changed(long input) const {
 }
 
 Node& GradContext::prepare(std::size_t i) {
-  const auto& in = entry_.inputs.at(i);
+  const auto& in = entry_.inputs.at(i).node;
   if (!in || !in->requires_grad) fail("backward of ", entry_.op, ": input ", i, " does not take a gradient");
   if (in->has_creator && in->creator.expired()) fail(kReleased);
   return *in;
@@ -226,7 +223,7 @@ void GradContext::accumulate(std::size_t i, Array&& g) {
     add_into(*pending, g);
     return;
   }
-  start_pending(entry_.inputs[i], std::move(g));
+  start_pending(entry_.inputs[i].node, std::move(g));
 }
 
 Array& GradContext::grad_buffer(std::size_t i) {
@@ -235,17 +232,17 @@ Array& GradContext::grad_buffer(std::size_t i) {
   Array zeros = Array::from_shape(n.value().shape());
   float* d = zeros.data();
   parallel_for(zeros.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) { std::fill(d + lo, d + hi, 0.f); });
-  return start_pending(entry_.inputs[i], std::move(zeros));
+  return start_pending(entry_.inputs[i].node, std::move(zeros));
 }
 
 GradContext::GradTarget GradContext::grad_target(std::size_t i) {
   Node& n = prepare(i);
   if (Array* pending = pending_of(n)) return {pending->data(), 1.f};
-  return {start_pending(entry_.inputs[i], Array::from_shape(n.value().shape())).data(), 0.f};
+  return {start_pending(entry_.inputs[i].node, Array::from_shape(n.value().shape())).data(), 0.f};
 }
 
 void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
-  if (g.shape() == entry_.inputs.at(i)->value().shape()) {
+  if (g.shape() == entry_.inputs.at(i).node->value().shape()) {
     Array copy = Array::from_shape(g.shape());
     const float* s = g.data();
     float* d = copy.data();
@@ -319,7 +316,7 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
     {
       std::unordered_map<Node*, std::size_t> first_reader;
       for (std::size_t j = 0; j <= root_index; ++j) {
-        for (const auto& in : entries[j]->inputs) {
+        for (const auto& [in, version] : entries[j]->inputs) {
           if (in && !in->has_creator && !in->hooks.empty()) first_reader.emplace(in.get(), j);
         }
       }
@@ -346,7 +343,7 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
       e.backward(ctx);
       if (anomaly_mode) {
         for (std::size_t i = 0; i < e.inputs.size(); ++i) {
-          const auto& in = e.inputs[i];
+          const auto& in = e.inputs[i].node;
           const Array* pending = in ? pending_of(*in) : nullptr;
           if (!pending) continue;
           const std::size_t bad = first_non_finite(*pending);

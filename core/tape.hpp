@@ -30,13 +30,19 @@ namespace xgrad {
 class GradContext;
 using BackwardFn = std::function<void(GradContext&)>;
 
-// One recorded op: its inputs (kept alive), its output (not kept alive: an entry whose output
-// died can never receive a gradient and is pruned) and the closure that differentiates it,
-// with the storage versions of the inputs and the output when the op ran.
+// An op's input as the op saw it: the node (kept alive; null for an undefined input such as
+// "no bias") and its storage's version then.
+struct SavedInput {
+  std::shared_ptr<Node> node;
+  std::uint64_t version = 0;
+};
+
+// One recorded op: its inputs, its output (not kept alive: an entry whose output died can never
+// receive a gradient and is pruned) with its version when the op ran, and the closure that
+// differentiates it.
 struct TapeEntry {
   const char* op = "";
-  std::vector<std::shared_ptr<Node>> inputs;
-  std::vector<std::uint64_t> input_versions;  // 0 for an undefined input
+  std::vector<SavedInput> inputs;
   std::weak_ptr<Node> output;
   std::uint64_t output_version = 0;
   BackwardFn backward;
@@ -62,14 +68,14 @@ class GradContext {
     return output_.value();
   }
   const Array& input(std::size_t i) const {
-    const Node& n = *entry_.inputs[i];
-    if (n.storage->version != entry_.input_versions[i]) changed(static_cast<long>(i));
-    return n.value();
+    const SavedInput& in = entry_.inputs[i];
+    if (in.node->storage->version != in.version) changed(static_cast<long>(i));
+    return in.node->value();
   }
   // Input i's shape, for closures that need only that (reading it is not a use of the value).
-  const Shape& input_shape(std::size_t i) const { return entry_.inputs[i]->value().shape(); }
+  const Shape& input_shape(std::size_t i) const { return entry_.inputs[i].node->value().shape(); }
   std::size_t num_inputs() const { return entry_.inputs.size(); }
-  bool needs(std::size_t i) const { return entry_.inputs[i] && entry_.inputs[i]->requires_grad; }
+  bool needs(std::size_t i) const { return entry_.inputs[i].node && entry_.inputs[i].node->requires_grad; }
 
   // Adds g (input i's shape) to input i's gradient.
   void accumulate(std::size_t i, Array&& g);
