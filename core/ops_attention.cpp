@@ -146,8 +146,8 @@ Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, flo
   for_each_head_block(d, d.T * d.S * d.D, [&](const HeadBlock& k) { block_scores(d, k, scale, Q, K, W); });
   return record("attention_scores", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
     const float* G = ctx.grad_out().data();
-    const float* Q = ctx.input(0).data();
-    const float* K = ctx.input(1).data();
+    const float* Q = ctx.needs(1) ? ctx.input(0).data() : nullptr;  // dk reads q, dq reads k
+    const float* K = ctx.needs(0) ? ctx.input(1).data() : nullptr;
     const ScoresGradTargets t = scores_grad_targets(ctx);
     for_each_head_block(d, 2 * d.T * d.S * d.D, [&](const HeadBlock& k) {
       block_scores_backward(d, k, scale, G, Q, K, t.dQ, t.dq_beta, t.dK);
@@ -179,8 +179,8 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
     // backward from dZ
     const float* P = ctx.output().data();
     const float* G = ctx.grad_out().data();
-    const float* Q = ctx.input(0).data();
-    const float* K = ctx.input(1).data();
+    const float* Q = ctx.needs(1) ? ctx.input(0).data() : nullptr;  // dk reads q, dq reads k
+    const float* K = ctx.needs(0) ? ctx.input(1).data() : nullptr;
     const ScoresGradTargets t = scores_grad_targets(ctx);
     Array dz_all = Array::from_shape(ctx.output().shape());
     float* DZ = dz_all.data();
@@ -220,8 +220,8 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
   return record("attend", std::move(out), {weights, v}, [d](GradContext& ctx) {
     // dP = dout_h v_h^T,  dv_h = P^T dout_h
     const float* G = ctx.grad_out().data();
-    const float* W = ctx.input(0).data();
-    const float* V = ctx.input(1).data();
+    const float* W = ctx.needs(1) ? ctx.input(0).data() : nullptr;  // dv reads the weights, dP reads v
+    const float* V = ctx.needs(0) ? ctx.input(1).data() : nullptr;
     // Each head writes its own blocks of dW and dV once: new buffers need no zeros. (The weights
     // (B, H, T, S) and v (B, S, C) cannot be one tensor.)
     const auto none = GradContext::GradTarget{nullptr, 0.f};

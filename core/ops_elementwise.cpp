@@ -14,9 +14,13 @@ namespace xgrad {
 
 namespace {
 
+// What a unary op's backward reads besides the gradient (x, y, both or neither): it reads only
+// those, so only they count as saved (GradContext checks them for in-place writes).
+enum Saves : unsigned { kSavesNothing = 0, kSavesX = 1, kSavesY = 2 };
+
 // y = f(x) elementwise; backward dx = df(x, y, g). Both run as plain loops, split across the
 // kernel threads in ranges of at least `grain` elements.
-template <class Fwd, class Bwd>
+template <unsigned saves, class Fwd, class Bwd>
 Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd, std::size_t grain = kGrainCheap) {
   check_defined(a, op);
   const Array& x = a.value();
@@ -27,10 +31,11 @@ Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd, std::size_t grai
     for (std::size_t i = lo; i < hi; ++i) ys[i] = fwd(xs[i]);
   });
   return record(op, std::move(y), {a}, [bwd, grain](GradContext& ctx) {
-    const float* xs = ctx.input(0).data();
-    const float* ys = ctx.output().data();
     const float* gs = ctx.grad_out().data();
-    Array dx = Array::from_shape(ctx.input(0).shape());
+    // an argument that is not saved points at g, and bwd ignores it
+    const float* xs = (saves & kSavesX) ? ctx.input(0).data() : gs;
+    const float* ys = (saves & kSavesY) ? ctx.output().data() : gs;
+    Array dx = Array::from_shape(ctx.grad_out().shape());
     float* d = dx.data();
     parallel_for(dx.size(), grain, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t i = lo; i < hi; ++i) d[i] = bwd(xs[i], ys[i], gs[i]);
@@ -105,62 +110,65 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, float s) {
-  return unary("add_scalar", a, [s](float x) { return x + s; }, [](float, float, float g) { return g; });
+  return unary<kSavesNothing>("add_scalar", a, [s](float x) { return x + s; }, [](float, float, float g) { return g; });
 }
 
 Tensor sub(const Tensor& a, float s) { return add(a, -s); }
 
 Tensor rsub(float s, const Tensor& a) {
-  return unary("rsub_scalar", a, [s](float x) { return s - x; }, [](float, float, float g) { return -g; });
+  return unary<kSavesNothing>("rsub_scalar", a, [s](float x) { return s - x; }, [](float, float, float g) { return -g; });
 }
 
 Tensor mul(const Tensor& a, float s) {
-  return unary("mul_scalar", a, [s](float x) { return x * s; }, [s](float, float, float g) { return g * s; });
+  return unary<kSavesNothing>("mul_scalar", a, [s](float x) { return x * s; }, [s](float, float, float g) { return g * s; });
 }
 
 Tensor div(const Tensor& a, float s) {
   if (s == 0.f) fail("div: division of a tensor of shape ", shape_str(a.shape()), " by the scalar 0");
-  return unary("div_scalar", a, [s](float x) { return x / s; }, [s](float, float, float g) { return g / s; });
+  return unary<kSavesNothing>("div_scalar", a, [s](float x) { return x / s; }, [s](float, float, float g) { return g / s; });
 }
 
 Tensor rdiv(float s, const Tensor& a) {
   // y = s / x; dx = -s / x^2 = -y / x
-  return unary("rdiv_scalar", a, [s](float x) { return s / x; }, [](float x, float y, float g) { return -g * y / x; });
+  return unary<kSavesX | kSavesY>("rdiv_scalar", a, [s](float x) { return s / x; },
+                                   [](float x, float y, float g) { return -g * y / x; });
 }
 
 Tensor neg(const Tensor& a) {
-  return unary("neg", a, [](float x) { return -x; }, [](float, float, float g) { return -g; });
+  return unary<kSavesNothing>("neg", a, [](float x) { return -x; }, [](float, float, float g) { return -g; });
 }
 
 Tensor exp(const Tensor& a) {
   // y = e^x; dx = g * y
-  return unary("exp", a, [](float x) { return std::exp(x); }, [](float, float y, float g) { return g * y; });
+  return unary<kSavesY>("exp", a, [](float x) { return std::exp(x); }, [](float, float y, float g) { return g * y; });
 }
 
 Tensor log(const Tensor& a) {
   // y = ln x; dx = g / x
-  return unary("log", a, [](float x) { return std::log(x); }, [](float x, float, float g) { return g / x; });
+  return unary<kSavesX>("log", a, [](float x) { return std::log(x); }, [](float x, float, float g) { return g / x; });
 }
 
 Tensor sqrt(const Tensor& a) {
   // y = sqrt(x); dx = g / (2 y)
-  return unary("sqrt", a, [](float x) { return std::sqrt(x); }, [](float, float y, float g) { return g * 0.5f / y; });
+  return unary<kSavesY>("sqrt", a, [](float x) { return std::sqrt(x); },
+                        [](float, float y, float g) { return g * 0.5f / y; });
 }
 
 Tensor pow(const Tensor& a, float p) {
   // y = x^p; dx = g * p * x^(p-1)
-  return unary("pow", a, [p](float x) { return std::pow(x, p); },
+  return unary<kSavesX>("pow", a, [p](float x) { return std::pow(x, p); },
                [p](float x, float, float g) { return p == 0.f ? 0.f : g * p * std::pow(x, p - 1.f); });
 }
 
 Tensor tanh(const Tensor& a) {
   // y = tanh x; dx = g * (1 - y^2)
-  return unary("tanh", a, [](float x) { return std::tanh(x); }, [](float, float y, float g) { return g * (1.f - y * y); });
+  return unary<kSavesY>("tanh", a, [](float x) { return std::tanh(x); },
+                        [](float, float y, float g) { return g * (1.f - y * y); });
 }
 
 Tensor sigmoid(const Tensor& a) {
   // y = 1 / (1 + e^-x), written to avoid overflow of e^-x for very negative x; dx = g y (1 - y)
-  return unary(
+  return unary<kSavesY>(
       "sigmoid", a,
       [](float x) {
         if (x >= 0) return 1.f / (1.f + std::exp(-x));
@@ -172,7 +180,8 @@ Tensor sigmoid(const Tensor& a) {
 
 Tensor relu(const Tensor& a) {
   // y = max(x, 0); dx = g where x > 0 (0 at the kink, as PyTorch)
-  return unary("relu", a, [](float x) { return x > 0.f ? x : 0.f; }, [](float x, float, float g) { return x > 0.f ? g : 0.f; });
+  return unary<kSavesX>("relu", a, [](float x) { return x > 0.f ? x : 0.f; },
+                        [](float x, float, float g) { return x > 0.f ? g : 0.f; });
 }
 
 Tensor gelu(const Tensor& a, GeluApprox approx) {
@@ -198,7 +207,7 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
   }
   // y = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3);
   // dy/dx = (1 + tanh u) / 2 + x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2
-  return unary(
+  return unary<kSavesX>(
       "gelu_tanh", a,
       [=](float x) { return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x))); },
       [=](float x, float, float g) {

@@ -133,9 +133,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   }
   return record("matmul", std::move(c), {a, b}, [p, nb](GradContext& ctx) {
     // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC
+    // dA reads only B and dB only A: a value is read (and checked) only where it is used
     const float* G = ctx.grad_out().data();
-    const float* A = ctx.input(0).data();
-    const float* B = ctx.input(1).data();
+    const float* A = ctx.needs(1) ? ctx.input(0).data() : nullptr;
+    const float* B = ctx.needs(0) ? ctx.input(1).data() : nullptr;
     const std::size_t mn = p.m * p.n;
     if (ctx.needs(0)) {
       float* dA = ctx.grad_buffer(0).data();

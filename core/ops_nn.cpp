@@ -324,7 +324,7 @@ Tensor dropout_training(const char* op, const Tensor& a, float p, Generator& gen
   return record(op, std::move(y), {a}, [keep = std::move(keep), scale = key.scale, grain, with_gelu](GradContext& ctx) {
     // dx = g * keep / (1 - p), times (Phi(x) + x phi(x)) with GELU
     Array dx = Array::from_shape(ctx.grad_out().shape());
-    const float* x = ctx.input(0).data();
+    const float* x = with_gelu ? ctx.input(0).data() : nullptr;  // plain dropout saves no value
     const float* g = ctx.grad_out().data();
     float* d = dx.data();
     const std::uint8_t* kp = keep.data();

@@ -57,7 +57,7 @@ Tensor sum_impl(const char* op, const Tensor& a, const std::vector<int>& axes, b
   const Shape kept = r.kept;
   return record(op, std::move(y), {a}, [kept, scale](GradContext& ctx) {
     // every input element of a slice gets that slice's output gradient (times 1/count for mean)
-    Array g = expand_to(ctx.grad_out(), kept, ctx.input(0).shape());
+    Array g = expand_to(ctx.grad_out(), kept, ctx.input_shape(0));
     if (scale != 1.f) g *= scale;
     ctx.accumulate(0, std::move(g));
   });

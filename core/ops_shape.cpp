@@ -75,7 +75,7 @@ Tensor reshape(const Tensor& a, const std::vector<std::int64_t>& shape) {
   y.reshape(target);
   return record("reshape", std::move(y), {a}, [](GradContext& ctx) {
     Array g = ctx.grad_out();
-    g.reshape(ctx.input(0).shape());
+    g.reshape(ctx.input_shape(0));
     ctx.accumulate(0, std::move(g));
   });
 }

@@ -104,9 +104,9 @@ void add_into(Array& dst, const Array& src) {
 void deliver(Node& node, Array& grad, bool consume) {
   for (auto& [id, hook] : node.hooks) {
     hook(grad);
-    if (grad.shape() != node.value->shape()) {
+    if (grad.shape() != node.value().shape()) {
       fail("backward: a hook on tensor '", node.name, "' changed its gradient's shape from ",
-           shape_str(node.value->shape()), " to ", shape_str(grad.shape()));
+           shape_str(node.value().shape()), " to ", shape_str(grad.shape()));
     }
   }
   if (anomaly_mode) {
@@ -169,7 +169,7 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
   entry->inputs.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     if (!t.defined()) {
-      entry->inputs.push_back(nullptr);
+      entry->inputs.push_back({nullptr, 0});
       continue;
     }
     const Node& in = *t.node();
@@ -179,9 +179,10 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
            " was computed by an op recorded on another thread, and the gradient cannot flow back to that "
            "thread's graph; pass it as t.detach() (a new leaf) or record the whole graph on one thread");
     }
-    entry->inputs.push_back(t.node());
+    entry->inputs.push_back({t.node(), in.storage->version});
   }
   entry->output = out.node();
+  entry->output_version = out.node()->storage->version;
   entry->backward = std::move(fn);
   entry->seq = tape.next_seq++;
   Node& n = *out.node();
@@ -194,8 +195,19 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
   return out;
 }
 
+void GradContext::changed(long input) const {
+  const Node& n = input < 0 ? output_ : *entry_.inputs[static_cast<std::size_t>(input)].node;
+  const std::uint64_t was = input < 0 ? entry_.output_version : entry_.inputs[static_cast<std::size_t>(input)].version;
+  const std::string which = input < 0 ? std::string("output") : "input " + std::to_string(input);
+  const std::string what = n.name.empty() ? std::string() : "'" + n.name + "', ";
+  fail("backward: ", entry_.op, "'s ", which, " (", what, "shape ", shape_str(n.value().shape()),
+       ") was changed in place after the op saved it for backward (version ", was, " -> ", n.storage->version,
+       "), so backward would compute with the new values; change it after backward, or run the forward again "
+       "after changing it");
+}
+
 Node& GradContext::prepare(std::size_t i) {
-  const auto& in = entry_.inputs.at(i);
+  const auto& in = entry_.inputs.at(i).node;
   if (!in || !in->requires_grad) fail("backward of ", entry_.op, ": input ", i, " does not take a gradient");
   if (in->has_creator && in->creator.expired()) fail(kReleased);
   return *in;
@@ -203,34 +215,34 @@ Node& GradContext::prepare(std::size_t i) {
 
 void GradContext::accumulate(std::size_t i, Array&& g) {
   Node& n = prepare(i);
-  if (g.shape() != n.value->shape()) {
+  if (g.shape() != n.value().shape()) {
     fail("backward of ", entry_.op, ": gradient for input ", i, " has shape ", shape_str(g.shape()),
-         " but the input has shape ", shape_str(n.value->shape()));
+         " but the input has shape ", shape_str(n.value().shape()));
   }
   if (Array* pending = pending_of(n)) {
     add_into(*pending, g);
     return;
   }
-  start_pending(entry_.inputs[i], std::move(g));
+  start_pending(entry_.inputs[i].node, std::move(g));
 }
 
 Array& GradContext::grad_buffer(std::size_t i) {
   Node& n = prepare(i);
   if (Array* pending = pending_of(n)) return *pending;
-  Array zeros = Array::from_shape(n.value->shape());
+  Array zeros = Array::from_shape(n.value().shape());
   float* d = zeros.data();
   parallel_for(zeros.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) { std::fill(d + lo, d + hi, 0.f); });
-  return start_pending(entry_.inputs[i], std::move(zeros));
+  return start_pending(entry_.inputs[i].node, std::move(zeros));
 }
 
 GradContext::GradTarget GradContext::grad_target(std::size_t i) {
   Node& n = prepare(i);
   if (Array* pending = pending_of(n)) return {pending->data(), 1.f};
-  return {start_pending(entry_.inputs[i], Array::from_shape(n.value->shape())).data(), 0.f};
+  return {start_pending(entry_.inputs[i].node, Array::from_shape(n.value().shape())).data(), 0.f};
 }
 
 void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
-  if (g.shape() == entry_.inputs.at(i)->value->shape()) {
+  if (g.shape() == entry_.inputs.at(i).node->value().shape()) {
     Array copy = Array::from_shape(g.shape());
     const float* s = g.data();
     float* d = copy.data();
@@ -256,17 +268,17 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
   }
   Array g;
   if (seed) {
-    if (seed->shape() != r->value->shape()) {
+    if (seed->shape() != r->value().shape()) {
       fail("backward: seed gradient of shape ", shape_str(seed->shape()), " does not match the tensor's shape ",
-           shape_str(r->value->shape()));
+           shape_str(r->value().shape()));
     }
     g = *seed;
   } else {
-    if (r->value->size() != 1) {
-      fail("backward: called without a seed gradient on a tensor of shape ", shape_str(r->value->shape()),
+    if (r->value().size() != 1) {
+      fail("backward: called without a seed gradient on a tensor of shape ", shape_str(r->value().shape()),
            "; only a single-element tensor gets the implicit seed 1");
     }
-    g = xt::ones<float>(r->value->shape());
+    g = xt::ones<float>(r->value().shape());
   }
 
   Pass pass;
@@ -304,7 +316,7 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
     {
       std::unordered_map<Node*, std::size_t> first_reader;
       for (std::size_t j = 0; j <= root_index; ++j) {
-        for (const auto& in : entries[j]->inputs) {
+        for (const auto& [in, version] : entries[j]->inputs) {
           if (in && !in->has_creator && !in->hooks.empty()) first_reader.emplace(in.get(), j);
         }
       }
@@ -327,11 +339,11 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
       Array grad = std::move(out->pending);
       out->has_pending = false;
       deliver(*out, grad, false);  // its backward still reads grad
-      GradContext ctx(e, grad, *out->value);
+      GradContext ctx(e, grad, *out);
       e.backward(ctx);
       if (anomaly_mode) {
         for (std::size_t i = 0; i < e.inputs.size(); ++i) {
-          const auto& in = e.inputs[i];
+          const auto& in = e.inputs[i].node;
           const Array* pending = in ? pending_of(*in) : nullptr;
           if (!pending) continue;
           const std::size_t bad = first_non_finite(*pending);

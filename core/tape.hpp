@@ -30,28 +30,52 @@ namespace xgrad {
 class GradContext;
 using BackwardFn = std::function<void(GradContext&)>;
 
-// One recorded op: its inputs (kept alive), its output (not kept alive: an entry whose output
-// died can never receive a gradient and is pruned) and the closure that differentiates it.
+// An op's input as the op saw it: the node (kept alive; null for an undefined input such as
+// "no bias") and its storage's version then.
+struct SavedInput {
+  std::shared_ptr<Node> node;
+  std::uint64_t version = 0;
+};
+
+// One recorded op: its inputs, its output (not kept alive: an entry whose output died can never
+// receive a gradient and is pruned) with its version when the op ran, and the closure that
+// differentiates it.
 struct TapeEntry {
   const char* op = "";
-  std::vector<std::shared_ptr<Node>> inputs;
+  std::vector<SavedInput> inputs;
   std::weak_ptr<Node> output;
+  std::uint64_t output_version = 0;
   BackwardFn backward;
   std::uint64_t seq = 0;  // recording order, which is a topological order
 };
 
 // What a backward closure sees: the gradient arriving at the op's output, the output and
 // input values, and where to add each input's gradient.
+//
+// A closure reads saved values only through output() and input(i) (never through a reference
+// captured in forward), and only those it needs: each checks that the value was not written in
+// place since the op recorded it (Tensor::mutable_value, also through a detach()ed handle) and
+// raises an Error naming the op and the tensor if it was, as PyTorch's version counters do. So
+// writing to an input that the op's backward does not read (add's) is fine.
 class GradContext {
  public:
-  GradContext(const TapeEntry& entry, const Array& grad_out, const Array& output)
+  GradContext(const TapeEntry& entry, const Array& grad_out, const Node& output)
       : entry_(entry), grad_out_(grad_out), output_(output) {}
 
   const Array& grad_out() const { return grad_out_; }
-  const Array& output() const { return output_; }
-  const Array& input(std::size_t i) const { return *entry_.inputs[i]->value; }
+  const Array& output() const {
+    if (output_.storage->version != entry_.output_version) changed(-1);
+    return output_.value();
+  }
+  const Array& input(std::size_t i) const {
+    const SavedInput& in = entry_.inputs[i];
+    if (in.node->storage->version != in.version) changed(static_cast<long>(i));
+    return in.node->value();
+  }
+  // Input i's shape, for closures that need only that (reading it is not a use of the value).
+  const Shape& input_shape(std::size_t i) const { return entry_.inputs[i].node->value().shape(); }
   std::size_t num_inputs() const { return entry_.inputs.size(); }
-  bool needs(std::size_t i) const { return entry_.inputs[i] && entry_.inputs[i]->requires_grad; }
+  bool needs(std::size_t i) const { return entry_.inputs[i].node && entry_.inputs[i].node->requires_grad; }
 
   // Adds g (input i's shape) to input i's gradient.
   void accumulate(std::size_t i, Array&& g);
@@ -71,9 +95,10 @@ class GradContext {
 
  private:
   Node& prepare(std::size_t i);
+  [[noreturn]] void changed(long input) const;  // input -1: the output
   const TapeEntry& entry_;
   const Array& grad_out_;
-  const Array& output_;
+  const Node& output_;
 };
 
 // Grad mode is per thread.

@@ -21,7 +21,7 @@ Node& checked(const std::shared_ptr<Node>& node, const char* who) {
 }  // namespace
 
 Tensor::Tensor(Array value, bool requires_grad) : node_(std::make_shared<Node>()) {
-  node_->value = std::make_shared<Array>(std::move(value));
+  node_->storage = std::make_shared<Storage>(std::move(value));
   node_->requires_grad = requires_grad;
 }
 
@@ -34,8 +34,15 @@ Tensor Tensor::full(const Shape& shape, float fill, bool requires_grad) {
 }
 Tensor Tensor::scalar(float v, bool requires_grad) { return Tensor(Array(v), requires_grad); }
 
-const Array& Tensor::value() const { return *checked(node_, "Tensor::value").value; }
-Array& Tensor::mutable_value() { return *checked(node_, "Tensor::mutable_value").value; }
+const Array& Tensor::value() const { return checked(node_, "Tensor::value").value(); }
+
+Array& Tensor::mutable_value() {
+  Storage& s = *checked(node_, "Tensor::mutable_value").storage;
+  ++s.version;
+  return s.array;
+}
+
+std::uint64_t Tensor::version() const { return checked(node_, "Tensor::version").storage->version; }
 
 std::size_t Tensor::dim(int axis) const { return shape()[normalize_axis(axis, ndim(), "Tensor::dim")]; }
 
@@ -73,8 +80,8 @@ void Tensor::set_grad(Array grad) {
   Node& n = checked(node_, "Tensor::set_grad");
   if (!n.requires_grad) fail("Tensor::set_grad: the tensor does not require grad");
   if (n.has_creator && !n.retains_grad) fail("Tensor::set_grad: only a leaf or a retain_grad() tensor keeps a gradient");
-  if (grad.shape() != n.value->shape()) {
-    fail("Tensor::set_grad: gradient of shape ", shape_str(grad.shape()), " for a tensor of shape ", shape_str(n.value->shape()));
+  if (grad.shape() != n.value().shape()) {
+    fail("Tensor::set_grad: gradient of shape ", shape_str(grad.shape()), " for a tensor of shape ", shape_str(n.value().shape()));
   }
   n.grad = std::move(grad);
   n.has_grad = true;
@@ -121,7 +128,7 @@ Tensor& Tensor::set_name(std::string name) {
 
 Tensor Tensor::detach() const {
   auto n = std::make_shared<Node>();
-  n->value = checked(node_, "Tensor::detach").value;
+  n->storage = checked(node_, "Tensor::detach").storage;
   return Tensor(std::move(n));
 }
 

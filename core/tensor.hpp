@@ -38,12 +38,21 @@ using GradHook = std::function<void(Array& grad)>;
 
 struct TapeEntry;
 
+// A value's storage, shared by a tensor and its detach()ed handles. `version` counts the
+// in-place writes to it (one per Tensor::mutable_value() call): an op records the versions of
+// the values it may read in backward, and backward refuses to run on a value written since.
+struct Storage {
+  explicit Storage(Array a) : array(std::move(a)) {}
+  Array array;
+  std::uint64_t version = 0;
+};
+
 // One vertex of the graph. Tensor handles share it; tape entries keep their inputs alive.
 // A non-leaf belongs to the thread that recorded it. A leaf (a parameter) may be shared by
 // passes on several threads: they keep its gradient apart until the end of the pass and then
 // run its hooks and add to `grad` under `grad_mutex`.
 struct Node {
-  std::shared_ptr<Array> value;  // shared between a tensor and its detach()ed handles
+  std::shared_ptr<Storage> storage;  // shared between a tensor and its detach()ed handles
   Array grad;                    // accumulated gradient of a leaf or a retain_grad() tensor
   bool has_grad = false;
   Array pending;                 // a non-leaf's gradient gathered during the running pass only
@@ -57,6 +66,8 @@ struct Node {
   std::string name;
   std::vector<std::pair<int, GradHook>> hooks;
   int next_hook_id = 0;
+
+  const Array& value() const { return storage->array; }
 };
 
 class Tensor {
@@ -71,8 +82,13 @@ class Tensor {
 
   bool defined() const { return node_ != nullptr; }
   const Array& value() const;
-  // Writes to a leaf's storage without recording (optimizer steps, initialization).
+  // Writes to a leaf's storage without recording (optimizer steps, initialization). Each call
+  // counts as one in-place write (it bumps the storage's version), so take the reference for
+  // the write and let it go: a graph recorded before the call cannot backpropagate through
+  // an op that saved this value (see version()).
   Array& mutable_value();
+  // How many times the storage (shared with detach()ed handles) was written in place.
+  std::uint64_t version() const;
   const Shape& shape() const { return value().shape(); }
   std::size_t ndim() const { return value().dimension(); }
   std::size_t size() const { return value().size(); }
