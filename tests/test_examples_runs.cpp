@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -414,9 +415,15 @@ TEST_CASE("train_lm: after a NaN stop the message says which step the checkpoint
   REQUIRE(held >= 1);
   REQUIRE(held < failed);
   REQUIRE(checkpoint_step(ck) == held);
-  // The state held gave a finite loss at its next forward pass: sampling it works.
+  // The state held has finite weights and gave a finite loss at its next forward pass. Weights
+  // that far along a divergence may still overflow on the sampling prompt: then --sample says so
+  // in one line, as the message warns.
+  for (const auto& [name, a] : xgrad::load_safetensors(ck).tensors) {
+    INFO(name);
+    REQUIRE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }));
+  }
   const Outcome sampled = run(dir, "train_lm", {"--checkpoint", ck, "--sample", "20"});
-  require_ok(sampled);
+  if (sampled.code != 0) require_fails(sampled, "train_lm", 1, {"LanguageModel::generate: the logit of token "});
   // Resuming with the same settings takes the same steps again and stops the same way.
   std::vector<std::string> again = exploding;
   again.push_back("--resume");

@@ -192,8 +192,9 @@ std::string Trainer::checkpoint_note(const std::string& checkpoint) const {
   if (checkpoint.empty()) return "";
   if (!saved_step_) return " ('" + checkpoint + "' was not written by this run)";
   return " ('" + checkpoint + "' holds step " + std::to_string(*saved_step_) +
-         ", the last state whose next forward pass gave a finite loss: --sample reads it; --resume with the same settings"
-         " takes the same steps again and stops the same way)";
+         ", the last state whose next forward pass gave a finite loss: its weights are finite, though weights this"
+         " large may still give non-finite logits on other text, which --sample then names; --resume with the same"
+         " settings takes the same steps again and stops the same way)";
 }
 
 void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>& on_step, const std::string& checkpoint,
