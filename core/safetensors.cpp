@@ -236,9 +236,11 @@ class HeaderReader {
   bool finish_entry() {
     if (!has_dtype_ || !has_shape_ || !has_offsets_) return stop("entry ", named(name_), " needs dtype, shape and data_offsets");
     const std::uint64_t size = element_bytes(dtype_);
-    std::uint64_t count = 1, extent = 1;
+    // A zero anywhere holds no elements, whatever the other sizes ((3, 0) as well as (0, 3)).
+    const bool empty = std::find(shape_.begin(), shape_.end(), 0) != shape_.end();
+    std::uint64_t count = empty ? 0 : 1, extent = 1;
     for (const std::uint64_t v : shape_) {
-      if (v != 0 && count > data_size_ / v) return stop("tensor ", named(name_), " has a shape larger than the file");
+      if (!empty && count > data_size_ / v) return stop("tensor ", named(name_), " has a shape larger than the file");
       // Even with a zero elsewhere, the strides (products of trailing sizes) must stay representable.
       if (v > 1 && extent > kMaxExtent / v) return stop("tensor ", named(name_), " has a shape whose sizes multiply past 2^60");
       extent *= std::max<std::uint64_t>(v, 1);

@@ -273,3 +273,31 @@ TEST_CASE("load_safetensors refuses arrays that cannot be held before allocating
   REQUIRE(r.peak_increase_kib < 8 * 1024);
   REQUIRE(in_child([&] { load_safetensors(path); }, rlim_t{512} << 20).message == "(accepted)");
 }
+
+TEST_CASE("a shape with a zero after other sizes holds no elements and round-trips", "[file_limits][bad_input][bug]") {
+  // (3, 0) in a file with no data was "a shape larger than the file": the 3 was compared with the
+  // 0 bytes before the 0 was seen.
+  for (const char* shape : {"[3,0]", "[5,7,0]", "[0,3]", "[1000000,0,1000000]"}) {
+    INFO(shape);
+    const SafetensorsContents c =
+        parse_safetensors(st_bytes(std::string(R"({"w":{"dtype":"F32","shape":)") + shape + R"(,"data_offsets":[0,0]}})", ""));
+    REQUIRE(c.tensors.size() == 1);
+    REQUIRE(c.tensors[0].second.size() == 0);
+  }
+  REQUIRE(parse_safetensors(st_bytes(R"({"w":{"dtype":"F32","shape":[3,0],"data_offsets":[0,0]}})", "")).tensors[0].second.shape() ==
+          Shape{3, 0});
+  TempDir dir("xgrad_file_limits");
+  NamedArrays t;
+  t.emplace_back("empty", Array::from_shape({3, 0}));
+  t.emplace_back("w", Array{1.f, 2.f});
+  save_safetensors(dir.file("e.safetensors"), t);
+  const SafetensorsContents back = load_safetensors(dir.file("e.safetensors"));
+  REQUIRE(back.tensors.size() == 2);
+  REQUIRE(back.tensors[0].second.shape() == Shape{3, 0});
+  REQUIRE(back.tensors[1].second == Array{1.f, 2.f});
+  // A real size past the file is still refused, and so is a product past 2^60 beside a zero.
+  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[3,1],"data_offsets":[0,0]}})", "")) ==
+          "load_safetensors: buf: tensor 'w' has a shape larger than the file");
+  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[0,1099511627776,1099511627776],"data_offsets":[0,0]}})", "")) ==
+          "load_safetensors: buf: tensor 'w' has a shape whose sizes multiply past 2^60");
+}
