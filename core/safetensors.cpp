@@ -130,7 +130,11 @@ class HeaderReader {
   bool end_object() { return close(); }
   bool end_array() { return close(); }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    syntax = e.what();
+    // The reader's own words without its "[json.exception.parse_error.101] " tag, and cut: it
+    // quotes the token, which may be a number of 10,000 digits.
+    std::string what = e.what();
+    if (what.compare(0, 1, "[") == 0 && what.find("] ") != std::string::npos) what.erase(0, what.find("] ") + 2);
+    syntax = what.size() > 160 ? what.substr(0, 160) + "..." : what;
     return false;
   }
 

@@ -301,3 +301,23 @@ TEST_CASE("a shape with a zero after other sizes holds no elements and round-tri
   REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[0,1099511627776,1099511627776],"data_offsets":[0,0]}})", "")) ==
           "load_safetensors: buf: tensor 'w' has a shape whose sizes multiply past 2^60");
 }
+
+TEST_CASE("a header number past any integer or double is refused in one short line without the tag of the JSON reader",
+          "[file_limits][bad_input][bug]") {
+  const std::string digits(10000, '7');
+  for (const std::string& header :
+       {R"({"w":{"dtype":"F32","shape":[)" + digits + R"(],"data_offsets":[0,0]}})", with_extra(digits), with_extra("1e99999"),
+        with_extra("-" + digits)}) {
+    const std::string m = message_of(st_bytes(header, f32_le({1.f})));
+    INFO(m.substr(0, 300));
+    REQUIRE_THAT(m, Contains("load_safetensors: buf: the header is not valid JSON (number overflow parsing '"));
+    REQUIRE(m.find("json.exception") == std::string::npos);
+    REQUIRE(m.size() < 300);
+  }
+  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}} x)", "")) ==
+          "load_safetensors: buf: the header is not valid JSON (parse error at line 1, column 56: syntax error while parsing value - "
+          "invalid literal; last read: '0]}} x'; expected end of input)");
+  // 20 digits past 2^64 in a shape is a number, but no non-negative integer.
+  REQUIRE_THAT(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,0]}})", "")),
+               Contains("tensor 'w' has a shape entry 1.8446744073709552e+19 that is not a non-negative integer"));
+}
