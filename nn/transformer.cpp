@@ -71,6 +71,9 @@ void LanguageModel::check(const LanguageModelOptions& o) {
          " must be positive");
   }
   if (o.norm() == Norm::none) fail("LanguageModel: norm must be Norm::pre or Norm::post");
+  if (!(std::isfinite(o.layer_norm_eps()) && o.layer_norm_eps() > 0.f)) {
+    fail("LanguageModel: layer_norm_eps ", o.layer_norm_eps(), " must be finite and > 0");
+  }
   Attention::check(MultiHeadAttentionOptions(o.d_model(), o.num_heads()).dropout(o.dropout()));
 }
 
