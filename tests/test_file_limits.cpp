@@ -26,6 +26,7 @@
 using namespace xgrad;
 using namespace xgrad::testing;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 
 namespace {
 
@@ -320,4 +321,20 @@ TEST_CASE("a header number past any integer or double is refused in one short li
   // 20 digits past 2^64 in a shape is a number, but no non-negative integer.
   REQUIRE_THAT(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,0]}})", "")),
                Contains("tensor 'w' has a shape entry 1.8446744073709552e+19 that is not a non-negative integer"));
+}
+
+TEST_CASE("a header of half a million empty tensors counts what each costs beside its values", "[file_limits][bad_input][bug]") {
+  // 500000 entries of no data: 28 MB of header, ~250 MB as named arrays. The check counted values
+  // alone (none), so the arrays were allocated until the process ran out.
+  std::string header = "{";
+  for (int i = 0; i < 500000; ++i) header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  header += "}";
+  const std::string bytes = st_bytes(header, "");
+  const ChildResult tight = in_child([&] { parse_safetensors(bytes, "buf"); }, rlim_t{160} << 20);
+  INFO(tight.message);
+  REQUIRE_THAT(tight.message, StartsWith("load_safetensors: ") && !Contains("not an xgrad::Error"));
+  REQUIRE_THAT(tight.message, Contains("reading buf (0 float32 values in 500000 tensors) needs 244.1 MiB, more than the ") ||
+                                  Contains("no memory to read the " + std::to_string(header.size()) + "-byte header ("));
+  const ChildResult roomy = in_child([&] { REQUIRE(parse_safetensors(bytes, "buf").tensors.size() == 500000); }, rlim_t{1} << 30);
+  REQUIRE(roomy.message == "(accepted)");
 }
