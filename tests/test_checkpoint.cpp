@@ -1247,3 +1247,44 @@ TEST_CASE("load_language_model sizes the model from the options exactly: a long 
                         Contains("load_language_model: '" + tampered + "': LanguageModel: layer_norm_eps ") && Contains(" must be finite and > 0"));
   }
 }
+
+TEST_CASE("stored model options with a field twice or values that describe no model are refused by every reader",
+          "[checkpoint][bad_input][bug]") {
+  const std::string good = nn::to_json(small_lm());
+  auto edited = [&](const std::string& key, const std::string& value) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    j.erase(key);
+    std::string text = j.dump();
+    return text.substr(0, text.size() - 1) + ",\"" + key + "\":" + value + "}";
+  };
+  // A field twice: the JSON reader kept the last ("num_heads" 2, then 4, read as 4).
+  const std::string twice = good.substr(0, good.size() - 1) + ",\"num_heads\":4}";
+  REQUIRE_THROWS_WITH(nn::language_model_options_from_json(twice, "who"), "who: the model options hold the field \"num_heads\" twice");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {edited("dropout", "5"), "who: MultiHeadAttention: dropout 5 is outside [0, 1)"},
+      {edited("dropout", "-0.5"), "who: MultiHeadAttention: dropout -0.5 is outside [0, 1)"},
+      {edited("layer_norm_eps", "-1"), "who: LanguageModel: layer_norm_eps -1 must be finite and > 0"},
+      {edited("layer_norm_eps", "0"), "who: LanguageModel: layer_norm_eps 0 must be finite and > 0"},
+      {edited("vocab_size", "0"), "who: LanguageModel: vocab_size 0, num_layers 2 and max_len 8 must be positive"},
+      {edited("d_model", "8.0"), "who: model option d_model = 8.0 is not a whole number up to 2^32"},
+      {edited("dropout", "true"), "who: model option dropout = true is not a number"},
+      {edited("norm", "null"), "who: model option norm = null is not one of pre, post"},
+      {edited("max_len", "1e30"), "who: model option max_len = 1e+30 is not a whole number up to 2^32"},
+  };
+  for (const auto& [text, message] : cases) {
+    INFO(text);
+    REQUIRE_THROWS_WITH(nn::language_model_options_from_json(text, "who"), message);
+  }
+  // load_checkpoint, which builds nothing, refuses them too (a stored dropout of 5 came back as options).
+  TempDir dir("xgrad_ckpt");
+  Generator gen(2);
+  nn::Linear plain(2, 2, true, gen);
+  SafetensorsContents c = nn::checkpoint_contents(plain);
+  c.metadata["xgrad.model_options"] = edited("dropout", "5");
+  const std::string path = dir.file("dropout.safetensors");
+  save_safetensors(path, c.tensors, c.metadata);
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, plain), "load_checkpoint: '" + path + "': MultiHeadAttention: dropout 5 is outside [0, 1)");
+  c.metadata["xgrad.model_options"] = twice;
+  save_safetensors(path, c.tensors, c.metadata);
+  REQUIRE_THROWS_WITH(nn::load_language_model(path), "load_language_model: '" + path + "': the model options hold the field \"num_heads\" twice");
+}
