@@ -57,6 +57,14 @@ std::uint64_t header_length(const char* first8, std::uint64_t total, const Bad& 
   return n;
 }
 
+// The text of an n-byte header read from a file, once it is known to fit.
+std::string header_text(ReadableFile& file, std::uint64_t n, const std::string& what) {
+  check_available_memory(static_cast<double>(n), "load_safetensors", "reading the " + std::to_string(n) + "-byte header of " + what);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  file.read_exact(text.data(), text.size());
+  return text;
+}
+
 using Entry = TensorInfo;
 
 std::optional<Dtype> dtype_named(const std::string& s) {
@@ -433,8 +441,7 @@ SafetensorsContents load_safetensors(const std::string& path) {
   char first8[8] = {};
   file.read_exact(first8, static_cast<std::size_t>(std::min<std::uint64_t>(total, 8)));
   const std::uint64_t n = header_length(first8, total, bad);
-  std::string text(static_cast<std::size_t>(n), '\0');
-  file.read_exact(text.data(), text.size());
+  const std::string text = header_text(file, n, what);
   Header header = parse_header(text.data(), n, total - 8 - n, bad);
   check_arrays_fit(header, what);
 
@@ -466,8 +473,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), fil
   char first8[8] = {};
   file_.read_exact(first8, static_cast<std::size_t>(std::min<std::uint64_t>(total, 8)));
   const std::uint64_t n = header_length(first8, total, bad);
-  std::string text(static_cast<std::size_t>(n), '\0');
-  file_.read_exact(text.data(), text.size());
+  const std::string text = header_text(file_, n, what);
   Header header = parse_header(text.data(), n, total - 8 - n, bad);
   tensors_ = std::move(header.entries);
   metadata_ = std::move(header.metadata);

@@ -338,3 +338,28 @@ TEST_CASE("a header of half a million empty tensors counts what each costs besid
   const ChildResult roomy = in_child([&] { REQUIRE(parse_safetensors(bytes, "buf").tensors.size() == 500000); }, rlim_t{1} << 30);
   REQUIRE(roomy.message == "(accepted)");
 }
+
+TEST_CASE("a header that cannot be held in the memory left is refused before it is read", "[file_limits][bad_input][bug]") {
+  // 48 MB of header ("{}" and spaces, valid) under 24 MiB of address space to spare: the header's
+  // own buffer was allocated first and threw std::bad_alloc.
+  TempDir dir("xgrad_file_limits");
+  const std::string path = dir.file("wide.safetensors");
+  const std::size_t n = std::size_t{48} << 20;
+  write_bytes(path, st_bytes("{}" + std::string(n - 2, ' '), ""));
+  for (const bool reader : {false, true}) {
+    INFO((reader ? "SafetensorsReader" : "load_safetensors"));
+    const ChildResult r = in_child(
+        [&] {
+          if (reader) {
+            SafetensorsReader file(path);
+          } else {
+            load_safetensors(path);
+          }
+        },
+        rlim_t{24} << 20);
+    REQUIRE_THAT(r.message, StartsWith("load_safetensors: reading the " + std::to_string(n) + "-byte header of '" + path +
+                                       "' needs 48.0 MiB, more than the ") &&
+                                Contains("this process can still allocate (RLIMIT_AS of "));
+    REQUIRE(in_child([&] { load_safetensors(path); }, rlim_t{256} << 20).message == "(accepted)");
+  }
+}
