@@ -22,7 +22,10 @@ struct GradcheckOptions {
   // max), where no derivative exists to compare. A kink is a jump between the one-sided slopes
   // that does not shrink as the step halves (curvature's does): skipped when that jump exceeds
   // kink_threshold times the larger one-sided slope, and atol (a smaller jump cannot fail the
-  // comparison). kink_threshold: finite and >= 0.
+  // comparison); also when the central differences of steps eps, eps/2 and eps/4 depart from a
+  // smooth function's (d(s) = f' + c s^2) by more than 3 times the tolerance, as they do for a
+  // kink near x but not at it (this costs two more calls of fn per element). kink_threshold:
+  // finite and >= 0.
   bool skip_kinks = false;
   double kink_threshold = 0.1;
   std::uint64_t seed = 0;  // draws the fixed projection of the output

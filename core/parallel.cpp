@@ -237,6 +237,12 @@ Pool& pool() {
 
 void set_num_threads(int n) {
   if (n < 1) fail("set_num_threads: thread count must be at least 1, got ", n);
+  // Past this the pool would start threads until the system runs out of them (a root process has
+  // no RLIMIT_NPROC: set_num_threads(INT_MAX) would take every thread of the machine first).
+  if (n > kMaxThreads) {
+    fail("set_num_threads(", n, "): more than the ", kMaxThreads, " threads the pool takes (this machine has ",
+         std::thread::hardware_concurrency(), " hardware threads)");
+  }
   if (inside_body) fail("set_num_threads: called from inside a parallel_for body");
   pool().resize(n);
 }

@@ -17,6 +17,8 @@ namespace xgrad {
 // system refuses a thread (RLIMIT_NPROC, address space for its stack), set_num_threads throws an
 // Error naming n, how many threads were running, the OS's reason and the limits that are set, and
 // the pool keeps its previous size.
+// n above kMaxThreads is an Error naming it, before any thread starts.
+inline constexpr int kMaxThreads = 1024;
 void set_num_threads(int n);
 int num_threads();
 

@@ -349,10 +349,11 @@ Request::~Request() {
 }
 
 Request ProcessGroup::iallreduce_sum(float* data, std::size_t n, std::string what, double timeout) {
+  // Checked on one process too, so a bad value does not wait for a run under mpirun; NaN was taken as 0.
+  if (!(timeout >= 0)) fail("iallreduce_sum: timeout ", timeout, " is not a number of seconds >= 0 (0: the group's)");
   Request r;
   if (size_ == 1) return r;
   if (n > kChunk) fail("iallreduce_sum: rank ", rank_, ": ", n, " elements is more than one call takes (", kChunk, ")");
-  if (timeout < 0) fail("iallreduce_sum: timeout ", timeout, " is negative");
   auto s = std::make_unique<Request::State>();
   s->n = n;
   s->what = std::move(what);

@@ -109,11 +109,20 @@ std::string to_json(const LanguageModelOptions& o) {
 
 LanguageModelOptions language_model_options_from_json(const std::string& text, const std::string& who) {
   json j;
+  std::set<std::string> seen;  // the top-level keys: a field twice is ambiguous (the parser keeps the last)
+  std::string twice;
+  const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && !seen.insert(parsed.get<std::string>()).second && twice.empty()) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    j = json::parse(text);
+    j = json::parse(text, note_keys);
   } catch (const json::exception&) {
     fail(who, ": the model options are not valid JSON: ", escape_bytes(text.substr(0, 80)));
   }
+  if (!twice.empty()) fail(who, ": the model options hold the field \"", escape_bytes(twice.substr(0, 80)), "\" twice");
   if (!j.is_object()) fail(who, ": the model options are not a JSON object: ", escape_bytes(text.substr(0, 80)));
   std::set<std::string> known;
   LanguageModelOptions o(1, 1, 1, 1);
@@ -129,6 +138,13 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
   }
   for (const auto& [key, value] : j.items()) {
     if (!known.count(key)) fail(who, ": unknown model option \"", key, "\" (this xgrad cannot build that architecture)");
+  }
+  // Values each of the right kind may still describe no model (num_heads 3 for d_model 8, dropout 5,
+  // layer_norm_eps -1): refused here, for every reader, not only by the constructor.
+  try {
+    LanguageModel::check(o);
+  } catch (const Error& e) {
+    fail(who, ": ", e.what());
   }
   return o;
 }

@@ -51,6 +51,10 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   check_new_name(name, "Module::register_module");
   if (!m) fail("Module::register_module: module '", name, "' is null");
+  // A module inside its own tree would make every path endless ("me.me.me...", until memory ran out).
+  bool cycle = false;
+  m->visit("", [&](const std::string&, const Module& inside) { cycle = cycle || &inside == this; });
+  if (cycle) fail("Module::register_module: module '", name, "' is this module or holds it: a module cannot be its own descendant");
   m->train(training_);
   children_.emplace_back(name, std::move(m));
 }

@@ -71,6 +71,9 @@ void LanguageModel::check(const LanguageModelOptions& o) {
          " must be positive");
   }
   if (o.norm() == Norm::none) fail("LanguageModel: norm must be Norm::pre or Norm::post");
+  if (!(std::isfinite(o.layer_norm_eps()) && o.layer_norm_eps() > 0.f)) {
+    fail("LanguageModel: layer_norm_eps ", o.layer_norm_eps(), " must be finite and > 0");
+  }
   Attention::check(MultiHeadAttentionOptions(o.d_model(), o.num_heads()).dropout(o.dropout()));
 }
 
@@ -259,31 +262,30 @@ Generation LanguageModel::generate_with_attention(std::vector<std::int64_t> prom
 Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& opt,
                                         Generator& gen, bool keep_attention) {
   const std::size_t max_len = options_.max_len(), V = options_.vocab_size();
-  if (prompt.empty()) fail("LanguageModel::generate: the prompt is empty");
+  const char* who = keep_attention ? "LanguageModel::generate_with_attention" : "LanguageModel::generate";
+  if (prompt.empty()) fail(who, ": the prompt is empty");
   if (!(opt.temperature >= 0.f)) {  // +inf is allowed: uniform over the top-k tokens
-    fail("LanguageModel::generate: temperature ", opt.temperature, " must be a number >= 0");
+    fail(who, ": temperature ", opt.temperature, " must be a number >= 0");
   }
   if (opt.window_keep >= max_len) {
-    fail("LanguageModel::generate: window_keep ", opt.window_keep, " must be less than max_len ", max_len);
+    fail(who, ": window_keep ", opt.window_keep, " must be less than max_len ", max_len);
   }
   // Every id of the prompt, whatever max_len is: a bad id past the context would otherwise stay unnoticed.
   for (std::size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= static_cast<std::int64_t>(V)) {
-      fail("LanguageModel::generate: prompt token id ", prompt[i], " at position ", i, " of ", prompt.size(),
-           " is outside the vocabulary [0, ", V, ")");
+      fail(who, ": prompt token id ", prompt[i], " at position ", i, " of ", prompt.size(), " is outside the vocabulary [0, ", V, ")");
     }
   }
   // The ids (and the weights generate_with_attention keeps) are refused before the first step when they
   // cannot be held; in double, so no size wraps around.
   const double total = static_cast<double>(prompt.size()) + static_cast<double>(count);
-  const char* who = keep_attention ? "LanguageModel::generate_with_attention" : "LanguageModel::generate";
   const std::string sizes = std::to_string(prompt.size()) + (prompt.size() == 1 ? " prompt token and " : " prompt tokens and ") +
                             std::to_string(count) + (count == 1 ? " new one" : " new ones");
   check_available_memory(total * sizeof(std::int64_t), who, "holding the token ids of " + sizes);
   // Positions that run as queries: every token but the last.
   const std::size_t queries = prompt.size() + count - 1;
   if (opt.past_max_len == PastMaxLen::error && count > 0 && queries > max_len) {
-    fail("LanguageModel::generate: ", prompt.size(), " prompt tokens and ", count, " new ones need ", queries,
+    fail(who, ": ", prompt.size(), " prompt tokens and ", count, " new ones need ", queries,
          " positions, more than max_len ", max_len, " (past_max_len is error)");
   }
   const std::size_t keep = opt.window_keep ? opt.window_keep : max_len / 2;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include "xgrad/core/error.hpp"
@@ -18,6 +19,9 @@ void check_range(const char* who, const char* what, double value, double low, do
 }
 
 namespace {
+// "<type>:parameters": how many parameters the state's optimizer had (not a hyperparameter).
+constexpr const char* kParameterCount = "parameters";
+
 NamedTensors number(const std::vector<Tensor>& params) {
   NamedTensors named;
   for (std::size_t i = 0; i < params.size(); ++i) named.emplace_back(std::to_string(i), params[i]);
@@ -81,6 +85,7 @@ void Optimizer::set_hyperparameters(const std::map<std::string, float>& values) 
 NamedArrays Optimizer::state_dict() const {
   NamedArrays out;
   for (const auto& [name, v] : hyperparameters()) out.emplace_back(std::string(who_) + ":" + name, Array(v));
+  out.emplace_back(std::string(who_) + ":" + kParameterCount, Array(static_cast<float>(params_.size())));
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamState& s = state_[i];
     if (s.step == 0) continue;
@@ -96,12 +101,19 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
   std::set<std::string> known;
   for (const auto& [name, v] : hyperparameters()) known.insert(name);
   std::string foreign;
+  std::optional<float> saved_count;
   for (const auto& [key, value] : state) {
     const std::size_t colon = key.find(':');
     if (colon == std::string::npos) continue;
     const std::string type = key.substr(0, colon), name = key.substr(colon + 1);
     if (type != who_) {
       if (foreign.empty()) foreign = "'" + type + "' (entry '" + key + "')";
+      continue;
+    }
+    if (name == kParameterCount) {
+      if (saved_count) fail(who_, ": state entry '", key, "' appears twice");
+      if (value.size() != 1) fail(who_, ": state entry '", key, "' is not one count (shape ", shape_str(value.shape()), ")");
+      saved_count = value.data()[0];
       continue;
     }
     if (!known.count(name)) fail(who_, ": unexpected hyperparameter '", key, "' (", who_, " has no ", name, ")");
@@ -112,6 +124,12 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
   }
   if (!foreign.empty()) {
     fail(who_, ": the state was saved by another optimizer type, ", foreign, ", not ", who_);
+  }
+  // A state of fewer parameters would otherwise load as if the rest had never been updated (the
+  // entries of a parameter appear after its first update only), as torch.optim refuses it too.
+  if (saved_count && *saved_count != static_cast<float>(params_.size())) {
+    fail(who_, ": the state was saved by an optimizer of ", *saved_count, " parameters ('", who_, ":", kParameterCount,
+         "'); this one has ", params_.size());
   }
   if (!hyper.empty() && hyper.size() != known.size()) {
     for (const auto& name : known) {

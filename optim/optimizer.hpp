@@ -22,15 +22,16 @@ class Optimizer {
   void set_lr(float lr);  // finite and >= 0
 
   // Everything needed to resume exactly: the hyperparameters as 0-d arrays "<type>:<name>"
-  // (e.g. "AdamW:lr", "AdamW:beta1"; what torch.optim keeps in param_groups), then
+  // (e.g. "AdamW:lr", "AdamW:beta1"; what torch.optim keeps in param_groups), the number of
+  // parameters as "<type>:parameters", then
   // "<param>.<slot>" arrays (e.g. "head.weight.exp_avg") and "<param>.step", for parameters that
   // have been updated at least once. Parameter names cannot hold ':', so the two never collide.
   NamedArrays state_dict() const;
   // Restores a state_dict, hyperparameters included (the learning rate and the rest replace the
-  // constructor's). A state of another optimizer type ("SGD:lr" given to AdamW), unknown names,
-  // wrong shapes, an incomplete or invalid set of hyperparameters are errors and leave
-  // everything as it was. A state saved before hyperparameters were stored keeps the
-  // constructor's, and says so in one line on stderr.
+  // constructor's). A state of another optimizer type ("SGD:lr" given to AdamW) or of another
+  // number of parameters, unknown names, wrong shapes, an incomplete or invalid set of
+  // hyperparameters are errors and leave everything as it was. A state saved before
+  // hyperparameters were stored keeps the constructor's, and says so in one line on stderr.
   void load_state_dict(const NamedArrays& state);
 
   const NamedTensors& params() const { return params_; }

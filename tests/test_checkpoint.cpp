@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -1072,7 +1073,7 @@ TEST_CASE("model options and checkpoint formats that cannot be read are refused 
   c.metadata["xgrad.model_options"] = edited("num_layers", 100000);
   save_safetensors(tampered, c.tensors, c.metadata);
   REQUIRE_THROWS_WITH(nn::load_language_model(tampered), Contains("load_language_model: '" + tampered + "'") &&
-                                                             Contains("describe a model of about") && Contains("but the file holds"));
+                                                             Contains("describe a model of ") && Contains("but the file holds"));
   REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model), Contains("num_layers 100000 in the file, 2 in the model"));
   // Options the library refuses.
   c.metadata["xgrad.model_options"] = edited("num_heads", 3);
@@ -1181,4 +1182,109 @@ TEST_CASE("save_checkpoint refuses names and metadata that are not UTF-8, naming
     REQUIRE_THROWS_WITH(save(), Contains(message));
     REQUIRE(read_bytes(path) == good);  // the earlier file is intact
   }
+}
+
+TEST_CASE("load_language_model sizes the model from the options exactly: a long sinusoidal table loads and a tampered count is refused before building",
+          "[checkpoint][bad_input][bug]") {
+  TempDir dir("xgrad_ckpt");
+  // The size the check computes is the state the model saves, for every placement and positional kind.
+  for (const nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
+    for (const nn::Positional pos : {nn::Positional::learned, nn::Positional::sinusoidal}) {
+      Generator gen(3);
+      nn::LanguageModel m(nn::LanguageModelOptions(7, 6, 2, 3).d_ff(5).max_len(4).norm(norm).positional(pos), gen);
+      const std::string path = dir.file("m.safetensors");
+      nn::save_checkpoint(path, m);
+      REQUIRE(nn::load_language_model(path).model->num_parameters() == m.num_parameters());
+    }
+  }
+  // A sinusoidal table (max_len x d_model) is built, not saved: 65536 positions of a 131k-value
+  // model were refused as "a model of about 4.3e6 values, but the file holds 1.3e5".
+  {
+    Generator gen(4);
+    const nn::LanguageModelOptions o =
+        nn::LanguageModelOptions(256, 64, 4, 2).positional(nn::Positional::sinusoidal).max_len(65536).dropout(0.f);
+    nn::LanguageModel m(o, gen);
+    const std::string path = dir.file("long.safetensors");
+    nn::save_checkpoint(path, m);
+    const nn::LoadedLanguageModel back = nn::load_language_model(path);
+    REQUIRE(back.model->options().max_len() == 65536);
+    m.eval();
+    back.model->eval();
+    NoGradGuard no_grad;
+    const IndexArray ids{{3, 200, 17}};
+    REQUIRE(bit_equal(back.model->forward(ids).logits.value(), m.forward(ids).logits.value()));
+  }
+  // 150000 blocks of d_model 1 hold few values (6 each) but 16 tensors and ~34 KiB each: they took
+  // 56 s and 5 GB before "missing parameter"; now refused by the tensor count, before building.
+  Generator gen(5);
+  nn::LanguageModel tiny(nn::LanguageModelOptions(2, 1, 1, 1).d_ff(1).max_len(1), gen);
+  SafetensorsContents c = nn::checkpoint_contents(tiny);
+  nlohmann::json j = nlohmann::json::parse(c.metadata.at("xgrad.model_options"));
+  j["num_layers"] = 150000;
+  c.metadata["xgrad.model_options"] = j.dump();
+  const std::string tampered = dir.file("layers.safetensors");
+  save_safetensors(tampered, c.tensors, c.metadata);
+  // What 150000 blocks hold, from real models of one and two blocks.
+  Generator gen2(5);
+  nn::LanguageModel two(nn::LanguageModelOptions(2, 1, 1, 2).d_ff(1).max_len(1), gen2);
+  const std::size_t per_block = two.num_parameters() - tiny.num_parameters();
+  const std::size_t tensors_per_block = two.named_parameters().size() - tiny.named_parameters().size();
+  const std::string want = std::to_string(tiny.num_parameters() + 149999 * per_block) + " values in " +
+                           std::to_string(tiny.named_parameters().size() + 149999 * tensors_per_block) + " tensors, but the file holds " +
+                           std::to_string(tiny.num_parameters()) + " values in " + std::to_string(tiny.named_parameters().size()) + " tensors";
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
+                      Contains("load_language_model: '" + tampered + "': its model options (") &&
+                          Contains(") describe a model of " + want));
+  REQUIRE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+  // A non-positive layer_norm_eps is named with the file (it was LayerNorm's message alone).
+  j["num_layers"] = 1;
+  for (const double eps : {-1.0, 0.0}) {
+    j["layer_norm_eps"] = eps;
+    c.metadata["xgrad.model_options"] = j.dump();
+    save_safetensors(tampered, c.tensors, c.metadata);
+    REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
+                        Contains("load_language_model: '" + tampered + "': LanguageModel: layer_norm_eps ") && Contains(" must be finite and > 0"));
+  }
+}
+
+TEST_CASE("stored model options with a field twice or values that describe no model are refused by every reader",
+          "[checkpoint][bad_input][bug]") {
+  const std::string good = nn::to_json(small_lm());
+  auto edited = [&](const std::string& key, const std::string& value) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    j.erase(key);
+    std::string text = j.dump();
+    return text.substr(0, text.size() - 1) + ",\"" + key + "\":" + value + "}";
+  };
+  // A field twice: the JSON reader kept the last ("num_heads" 2, then 4, read as 4).
+  const std::string twice = good.substr(0, good.size() - 1) + ",\"num_heads\":4}";
+  REQUIRE_THROWS_WITH(nn::language_model_options_from_json(twice, "who"), "who: the model options hold the field \"num_heads\" twice");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {edited("dropout", "5"), "who: MultiHeadAttention: dropout 5 is outside [0, 1)"},
+      {edited("dropout", "-0.5"), "who: MultiHeadAttention: dropout -0.5 is outside [0, 1)"},
+      {edited("layer_norm_eps", "-1"), "who: LanguageModel: layer_norm_eps -1 must be finite and > 0"},
+      {edited("layer_norm_eps", "0"), "who: LanguageModel: layer_norm_eps 0 must be finite and > 0"},
+      {edited("vocab_size", "0"), "who: LanguageModel: vocab_size 0, num_layers 2 and max_len 8 must be positive"},
+      {edited("d_model", "8.0"), "who: model option d_model = 8.0 is not a whole number up to 2^32"},
+      {edited("dropout", "true"), "who: model option dropout = true is not a number"},
+      {edited("norm", "null"), "who: model option norm = null is not one of pre, post"},
+      {edited("max_len", "1e30"), "who: model option max_len = 1e+30 is not a whole number up to 2^32"},
+  };
+  for (const auto& [text, message] : cases) {
+    INFO(text);
+    REQUIRE_THROWS_WITH(nn::language_model_options_from_json(text, "who"), message);
+  }
+  // load_checkpoint, which builds nothing, refuses them too (a stored dropout of 5 came back as options).
+  TempDir dir("xgrad_ckpt");
+  Generator gen(2);
+  nn::Linear plain(2, 2, true, gen);
+  SafetensorsContents c = nn::checkpoint_contents(plain);
+  c.metadata["xgrad.model_options"] = edited("dropout", "5");
+  const std::string path = dir.file("dropout.safetensors");
+  save_safetensors(path, c.tensors, c.metadata);
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, plain), "load_checkpoint: '" + path + "': MultiHeadAttention: dropout 5 is outside [0, 1)");
+  c.metadata["xgrad.model_options"] = twice;
+  save_safetensors(path, c.tensors, c.metadata);
+  REQUIRE_THROWS_WITH(nn::load_language_model(path), "load_language_model: '" + path + "': the model options hold the field \"num_heads\" twice");
 }

@@ -135,6 +135,13 @@ TEST_CASE("the timeout is seconds > 0, from XGRAD_DIST_TIMEOUT or set_timeout", 
   nn::Linear layer(3, 2, true, g);
   REQUIRE_THROWS_WITH(DataParallel(layer, group(), DataParallelOptions().timeout(-1)),
                       Catch::Contains("DataParallel: timeout -1 is not a number of seconds >= 0"));
+  // A request's own timeout, on every rank and on one process too (NaN was taken as 0, the group's).
+  float x = 1.f;
+  for (const double bad : {-1.0, std::nan("")}) {
+    REQUIRE_THROWS_WITH(group().iallreduce_sum(&x, 1, "x", bad),
+                        Catch::Contains("iallreduce_sum: timeout ") && Catch::Contains(" is not a number of seconds >= 0 (0: the group's)"));
+  }
+  REQUIRE(x == 1.f);
 }
 
 TEST_CASE("iallreduce_sum's request finishes by wait, by test, or when it is destroyed", "[distributed]") {

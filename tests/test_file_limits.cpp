@@ -26,6 +26,7 @@
 using namespace xgrad;
 using namespace xgrad::testing;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 
 namespace {
 
@@ -272,4 +273,93 @@ TEST_CASE("load_safetensors refuses arrays that cannot be held before allocating
                               Contains("this process can still allocate (RLIMIT_AS of "));
   REQUIRE(r.peak_increase_kib < 8 * 1024);
   REQUIRE(in_child([&] { load_safetensors(path); }, rlim_t{512} << 20).message == "(accepted)");
+}
+
+TEST_CASE("a shape with a zero after other sizes holds no elements and round-trips", "[file_limits][bad_input][bug]") {
+  // (3, 0) in a file with no data was "a shape larger than the file": the 3 was compared with the
+  // 0 bytes before the 0 was seen.
+  for (const char* shape : {"[3,0]", "[5,7,0]", "[0,3]", "[1000000,0,1000000]"}) {
+    INFO(shape);
+    const SafetensorsContents c =
+        parse_safetensors(st_bytes(std::string(R"({"w":{"dtype":"F32","shape":)") + shape + R"(,"data_offsets":[0,0]}})", ""));
+    REQUIRE(c.tensors.size() == 1);
+    REQUIRE(c.tensors[0].second.size() == 0);
+  }
+  REQUIRE(parse_safetensors(st_bytes(R"({"w":{"dtype":"F32","shape":[3,0],"data_offsets":[0,0]}})", "")).tensors[0].second.shape() ==
+          Shape{3, 0});
+  TempDir dir("xgrad_file_limits");
+  NamedArrays t;
+  t.emplace_back("empty", Array::from_shape({3, 0}));
+  t.emplace_back("w", Array{1.f, 2.f});
+  save_safetensors(dir.file("e.safetensors"), t);
+  const SafetensorsContents back = load_safetensors(dir.file("e.safetensors"));
+  REQUIRE(back.tensors.size() == 2);
+  REQUIRE(back.tensors[0].second.shape() == Shape{3, 0});
+  REQUIRE(back.tensors[1].second == Array{1.f, 2.f});
+  // A real size past the file is still refused, and so is a product past 2^60 beside a zero.
+  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[3,1],"data_offsets":[0,0]}})", "")) ==
+          "load_safetensors: buf: tensor 'w' has a shape larger than the file");
+  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[0,1099511627776,1099511627776],"data_offsets":[0,0]}})", "")) ==
+          "load_safetensors: buf: tensor 'w' has a shape whose sizes multiply past 2^60");
+}
+
+TEST_CASE("a header number past any integer or double is refused in one short line without the tag of the JSON reader",
+          "[file_limits][bad_input][bug]") {
+  const std::string digits(10000, '7');
+  for (const std::string& header :
+       {R"({"w":{"dtype":"F32","shape":[)" + digits + R"(],"data_offsets":[0,0]}})", with_extra(digits), with_extra("1e99999"),
+        with_extra("-" + digits)}) {
+    const std::string m = message_of(st_bytes(header, f32_le({1.f})));
+    INFO(m.substr(0, 300));
+    REQUIRE_THAT(m, Contains("load_safetensors: buf: the header is not valid JSON (number overflow parsing '"));
+    REQUIRE(m.find("json.exception") == std::string::npos);
+    REQUIRE(m.size() < 300);
+  }
+  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}} x)", "")) ==
+          "load_safetensors: buf: the header is not valid JSON (parse error at line 1, column 56: syntax error while parsing value - "
+          "invalid literal; last read: '0]}} x'; expected end of input)");
+  // 20 digits past 2^64 in a shape is a number, but no non-negative integer.
+  REQUIRE_THAT(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,0]}})", "")),
+               Contains("tensor 'w' has a shape entry 1.8446744073709552e+19 that is not a non-negative integer"));
+}
+
+TEST_CASE("a header of half a million empty tensors counts what each costs beside its values", "[file_limits][bad_input][bug]") {
+  // 500000 entries of no data: 28 MB of header, ~250 MB as named arrays. The check counted values
+  // alone (none), so the arrays were allocated until the process ran out.
+  std::string header = "{";
+  for (int i = 0; i < 500000; ++i) header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  header += "}";
+  const std::string bytes = st_bytes(header, "");
+  const ChildResult tight = in_child([&] { parse_safetensors(bytes, "buf"); }, rlim_t{160} << 20);
+  INFO(tight.message);
+  REQUIRE_THAT(tight.message, StartsWith("load_safetensors: ") && !Contains("not an xgrad::Error"));
+  REQUIRE_THAT(tight.message, Contains("reading buf (0 float32 values in 500000 tensors) needs 244.1 MiB, more than the ") ||
+                                  Contains("no memory to read the " + std::to_string(header.size()) + "-byte header ("));
+  const ChildResult roomy = in_child([&] { REQUIRE(parse_safetensors(bytes, "buf").tensors.size() == 500000); }, rlim_t{1} << 30);
+  REQUIRE(roomy.message == "(accepted)");
+}
+
+TEST_CASE("a header that cannot be held in the memory left is refused before it is read", "[file_limits][bad_input][bug]") {
+  // 48 MB of header ("{}" and spaces, valid) under 24 MiB of address space to spare: the header's
+  // own buffer was allocated first and threw std::bad_alloc.
+  TempDir dir("xgrad_file_limits");
+  const std::string path = dir.file("wide.safetensors");
+  const std::size_t n = std::size_t{48} << 20;
+  write_bytes(path, st_bytes("{}" + std::string(n - 2, ' '), ""));
+  for (const bool reader : {false, true}) {
+    INFO((reader ? "SafetensorsReader" : "load_safetensors"));
+    const ChildResult r = in_child(
+        [&] {
+          if (reader) {
+            SafetensorsReader file(path);
+          } else {
+            load_safetensors(path);
+          }
+        },
+        rlim_t{24} << 20);
+    REQUIRE_THAT(r.message, StartsWith("load_safetensors: reading the " + std::to_string(n) + "-byte header of '" + path +
+                                       "' needs 48.0 MiB, more than the ") &&
+                                Contains("this process can still allocate (RLIMIT_AS of "));
+    REQUIRE(in_child([&] { load_safetensors(path); }, rlim_t{256} << 20).message == "(accepted)");
+  }
 }

@@ -308,7 +308,13 @@ TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, ho
                                                                     " at position " + std::to_string(at) + " of " +
                                                                     std::to_string(3 * max_len) + " is outside the vocabulary [0, " +
                                                                     std::to_string(V) + ")"));
-          REQUIRE_THROWS_WITH(lm->generate_with_attention(prompt, 2, o), Contains("prompt token id " + std::to_string(bad)));
+          // Named as the call that was made (it said LanguageModel::generate), and with a count of 0 too.
+          for (const std::size_t count : {std::size_t{2}, std::size_t{0}}) {
+            REQUIRE_THROWS_WITH(lm->generate_with_attention(prompt, count, o),
+                                Contains("LanguageModel::generate_with_attention: prompt token id " + std::to_string(bad) + " at position " +
+                                         std::to_string(at)));
+            REQUIRE_THROWS_WITH(lm->generate(prompt, count, o), Contains("LanguageModel::generate: prompt token id " + std::to_string(bad)));
+          }
         }
       }
     }

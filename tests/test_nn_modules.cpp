@@ -1061,3 +1061,19 @@ TEST_CASE("layer_norm_eps reaches every LayerNorm of a block and a language mode
     REQUIRE(block.ffn->norm->eps() == 0.5f);
   }
 }
+
+TEST_CASE("a module cannot be registered inside its own tree", "[modules][bad_input][bug]") {
+  // Itself, its parent or its grandparent as a child: every path would be endless (named_parameters
+  // built "me.me.me..." until std::bad_alloc).
+  auto top = std::make_shared<Probe>(), mid = std::make_shared<Probe>(), leaf = std::make_shared<Probe>();
+  top->register_module("mid", mid);
+  mid->register_module("leaf", leaf);
+  REQUIRE_THROWS_WITH(top->register_module("me", top), "Module::register_module: module 'me' is this module or holds it: a module cannot be its own descendant");
+  REQUIRE_THROWS_WITH(leaf->register_module("up", mid), Catch::Matchers::Contains("module 'up' is this module or holds it"));
+  REQUIRE_THROWS_WITH(leaf->register_module("top", top), Catch::Matchers::Contains("module 'top' is this module or holds it"));
+  // Nothing was registered; the tree is as it was, and a module shared by two parents is allowed.
+  REQUIRE(top->named_modules().size() == 3);
+  auto other = std::make_shared<Probe>();
+  other->register_module("leaf", leaf);
+  REQUIRE(other->named_modules().size() == 2);
+}

@@ -367,7 +367,8 @@ TEST_CASE("Adam state entries are named after the parameters", "[optim]") {
     nn::Linear lin(3, 2, true, gen);
     Adam opt(lin.named_parameters(), AdamOptions(0.01f));
     // No update yet: the hyperparameters alone.
-    CHECK(names_of(opt.state_dict()) == std::set<std::string>{"Adam:lr", "Adam:beta1", "Adam:beta2", "Adam:eps", "Adam:weight_decay"});
+    CHECK(names_of(opt.state_dict()) ==
+          std::set<std::string>{"Adam:lr", "Adam:beta1", "Adam:beta2", "Adam:eps", "Adam:weight_decay", "Adam:parameters"});
     for (int i = 0; i < 3; ++i) {
       opt.zero_grad();
       sum(lin.forward(Tensor(Array{{1.f, 2.f, 3.f}})) * 0.5f).backward();
@@ -1015,6 +1016,24 @@ TEST_CASE("a state of another optimizer type, or with bad hyperparameters, is re
     REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(kNaN))), Contains("hyperparameter 'Adam:lr' is not one finite value"));
     REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array{0.1f, 0.2f})), Contains("'Adam:lr' is not one finite value (shape (2))"));
   }
+  SECTION("another number of parameters") {
+    // A state of one parameter (an optimizer over a part of the model) given to one of two: it
+    // loaded as if the other had never been updated.
+    NamedTensors one = {make_params()[0]};
+    Adam small(one, AdamOptions(0.05f));
+    train_step(one, small);
+    REQUIRE_THROWS_WITH(opt.load_state_dict(small.state_dict()),
+                        Contains("Adam: the state was saved by an optimizer of 1 parameters ('Adam:parameters'); this one has 2"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:parameters", Array(3.f))), Contains("optimizer of 3 parameters"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:parameters", Array(kNaN))), Contains("optimizer of nan parameters"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:parameters", Array{2.f, 2.f})),
+                        Contains("Adam: state entry 'Adam:parameters' is not one count (shape (2))"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:beta2", Array(-0.5f))), Contains("beta2 -0.5 is outside [0, 1)"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:weight_decay", Array(-1.f))), Contains("weight_decay -1 is outside [0, 1e+30]"));
+    NamedArrays twice = f.good;
+    twice.emplace_back("Adam:parameters", Array(2.f));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(twice), Contains("'Adam:parameters' appears twice"));
+  }
   SECTION("unknown, missing or repeated hyperparameters") {
     REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:momentum", Array(0.9f))),
                         Contains("Adam: unexpected hyperparameter 'Adam:momentum' (Adam has no momentum)"));
@@ -1053,4 +1072,23 @@ TEST_CASE("optimizer parameter names may not hold ':' and must be UTF-8", "[opti
                       Contains("Adam: parameter name 'a:b' holds ':', which state_dict keeps for the hyperparameters (\"Adam:lr\")"));
   NamedTensors bad = {{std::string("w") + '\xfe', param(Array{1.f})}};
   REQUIRE_THROWS_WITH(SGD(bad, SGDOptions(0.1f)), Contains("SGD: parameter name \"w\\xFE\" is not valid UTF-8 (byte 0xFE at offset 1)"));
+}
+
+TEST_CASE("SGD's dampening and weight decay (without Nesterov) round-trip through state_dict", "[optim]") {
+  NamedTensors p1 = make_params();
+  SGD saved(p1, SGDOptions(0.07f).momentum(0.6f).dampening(0.3f).weight_decay(0.02f));
+  train_step(p1, saved);
+  NamedTensors p2 = clone(p1);
+  SGD resumed(p2, SGDOptions(0.5f).momentum(0.9f).nesterov(true));
+  resumed.load_state_dict(saved.state_dict());
+  CHECK(resumed.options().lr() == 0.07f);
+  CHECK(resumed.options().momentum() == 0.6f);
+  CHECK(resumed.options().dampening() == 0.3f);
+  CHECK(resumed.options().weight_decay() == 0.02f);
+  CHECK(!resumed.options().nesterov());
+  for (int i = 0; i < 3; ++i) {
+    train_step(p1, saved);
+    train_step(p2, resumed);
+    REQUIRE(params_equal(p1, p2));
+  }
 }

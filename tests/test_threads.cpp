@@ -9,12 +9,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -444,5 +446,18 @@ TEST_CASE("set_num_threads names the count, the threads running, the OS reason a
                             Contains(" running, the calling thread included): Resource temporarily unavailable (") &&
                             Contains("; the pool keeps its 2 threads") && Contains("\nok\n"));
     REQUIRE_THAT(o.out, Contains(mode == "nproc" ? "RLIMIT_NPROC is " : "RLIMIT_AS is "));
+  }
+}
+
+TEST_CASE("set_num_threads refuses a count past kMaxThreads at once and keeps the pool", "[threads][bad_input][bug]") {
+  // A root process has no RLIMIT_NPROC: INT_MAX would have started threads until the machine had
+  // none left (and 8 MiB of stack address space each) before failing.
+  const int before = num_threads();
+  for (const int n : {std::numeric_limits<int>::max(), 1 << 20, kMaxThreads + 1}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE_THROWS_WITH(set_num_threads(n), Catch::Matchers::StartsWith("set_num_threads(" + std::to_string(n) + "): more than the 1024 "
+                                                                        "threads the pool takes (this machine has "));
+    REQUIRE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.1);
+    REQUIRE(num_threads() == before);
   }
 }

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -498,7 +500,40 @@ TEST_CASE("load_gpt2 peaks near the model's own size and refuses a model that ca
   // 8 MiB more address space than in use: refused up front, naming the call, the file and both sizes.
   const std::string refused = run("stream", "8");
   REQUIRE_THAT(refused, Contains("error: load_gpt2: the model in '" + path + "' (" + std::to_string(params) +
-                                 " float32 parameters) needs ") &&
+                                 " float32 parameters in 4 blocks) needs ") &&
                             Contains("MiB, more than the ") && Contains(" this process can still allocate (RLIMIT_AS of "));
   REQUIRE(field(refused, "params") == 0);
+}
+
+TEST_CASE("load_gpt2 of a file of many tiny layers is quick and counts each block's bookkeeping in its memory check",
+          "[import][bad_input][bug]") {
+  // Each tensor was matched against every piece of the model (16 L x 12 L string comparisons):
+  // 6000 layers of d_model 2 took 10 s; a 100 MB header (120000 layers) would take hours.
+  testing::TempDir dir("xgrad_import");
+  const std::string path = dir.file("deep.safetensors");
+  const std::size_t L = 6000;
+  save_safetensors(path, gpt2_state(2, 2, 1, L, 1, 7));  // num_heads 2, as the child reads it
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::shared_ptr<nn::LanguageModel> m = nn::load_gpt2(path, 2);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(m->options().num_layers() == L);
+  const nn::ImportedLanguageModel ref = nn::from_gpt2(load_safetensors(path).tensors, 2);
+  std::map<std::string, const Array*> want;
+  for (const auto& [name, a] : ref.state) want[name] = &a;
+  const NamedArrays got = nn::state_dict(*m);
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, a] : got) REQUIRE(a == *want.at(name));
+  INFO(seconds << " s");
+  REQUIRE(seconds < 2.0);
+
+  // 6000 blocks hold 96k values but ~200 MB of modules: with 64 MiB of address space to spare the
+  // model is refused before it is built (its values alone would fit).
+  const ScopedEnv file("XGRAD_GPT2_FILE", path), how("XGRAD_GPT2_MODE", "stream"), limit("XGRAD_GPT2_AS_MIB", "64"),
+      one_blas_thread("OPENBLAS_NUM_THREADS", "1");
+  const testing::Outcome o = testing::run_program(dir, self_exe(), {"[.gpt2_child]"});
+  INFO(o);
+  REQUIRE(o.exited);
+  REQUIRE(o.code == 0);
+  REQUIRE_THAT(o.out, Contains("error: load_gpt2: the model in '" + path + "' (") && Contains(" float32 parameters in 6000 blocks) needs ") &&
+                          Contains(" this process can still allocate (RLIMIT_AS of "));
 }
