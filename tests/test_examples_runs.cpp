@@ -358,6 +358,37 @@ TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of a
   require_fails(run(dir, "article_claims", {"configs", "--no-time", "--steps", "3"}), "article_claims", 2, {"--steps", "--no-time"});
 }
 
+TEST_CASE("an empty value of a file name, layout or prompt flag is refused instead of meaning its default", "[examples][bad_input]") {
+  TempDir dir("xgrad_runs_empty_values");
+  const std::string ck = dir.file("ck.safetensors");
+  require_ok(run(dir, "train_lm", tiny({"--steps", "2", "--checkpoint", ck, "--out", "first"})));
+  const std::string saved = read_bytes(ck);
+  const std::string empty = ": the value is empty: give one, or leave the flag out";
+  struct Case {
+    std::string program;
+    std::vector<std::string> args;
+    std::string flag;
+  };
+  const std::vector<Case> cases = {
+      {"train_lm", tiny({"", "--steps", "2"}), "text"},  // was: trained on the built-in text
+      {"train_lm", tiny({"--checkpoint", "", "--steps", "2"}), "--checkpoint"},  // was: trained, saved nothing
+      {"train_lm", tiny({"--prompt", "", "--steps", "2"}), "--prompt"},  // was: trained, then exit 1 at the last line
+      {"train_lm", {"--sample", "5", "--checkpoint", ck, "--import", ""}, "--import"},  // was: read as train_lm's own file
+      {"head_specialization", {"--report", "", "--steps", "1", "--quiet"}, "--report"},  // was: no report, exit 0
+      {"gradient_flow", {"--report", "", "--quiet", "--layers", "1", "--batches", "1"}, "--report"},
+      {"article_claims", {"configs", "--report", "", "--no-time"}, "--report"},
+      {"article_claims", {"heads", "--report", "", "--steps", "1", "--heads", "1", "--quiet"}, "--report"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.program << " " << c.flag);
+    require_fails(run(dir, c.program, c.args, {20}), c.program, 2, {c.flag + empty});
+  }
+  for (const char* folder : {"train_lm_out", "head_specialization_out", "gradient_flow_out"}) {
+    REQUIRE_FALSE(std::filesystem::exists(dir.file(folder)));
+  }
+  REQUIRE(read_bytes(ck) == saved);
+}
+
 TEST_CASE("every size flag is refused before it is allocated when it cannot fit", "[examples][bad_input]") {
   TempDir dir("xgrad_runs_memory");
   Limits quick;

@@ -48,6 +48,10 @@ std::optional<double> parse_real(const std::string& s, bool allow_inf = false);
 // as a float32 is refused too: every example computes in float32.
 CLI::Validator real(double lo, double hi, bool open_low = false, bool allow_inf = false);
 
+// A text value that names something (a file, a layout, a prompt): an empty one, as from an unset
+// shell variable, is refused instead of meaning the flag's default or nothing at all.
+CLI::Validator not_empty();
+
 // Every program's --threads (default 1, up to 256): xgrad's kernel threads, which split the matrix
 // products and the other kernels; the program passes it to xgrad::set_num_threads.
 void add_threads(CLI::App& app, int& threads);

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
       ->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the plots")->capture_default_str();
-  app.add_option("--report", report_path, "write the JSON report here");
+  app.add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
   app.add_flag("--quiet", quiet, "print only the tables");
   if (const auto code = cli::parse(app, argc, argv)) return *code;
 

@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-batches", c.eval_batches, "held-out batches for the measurements")->transform(cli::count(1, 1 << 16))->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the images")->capture_default_str();
-  app.add_option("--report", report_path, "write the JSON report here");
+  app.add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
   app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")->delimiter(',')->transform(size);
   app.add_flag("--no-single-head", no_single, "skip the one-head contrast");
   app.add_flag("--quiet", quiet, "print only the results");

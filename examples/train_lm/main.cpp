@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   int threads = 1;
   const auto size = cli::count(1, std::size_t{1} << 30), any = cli::count(0, std::size_t{1} << 30),
              steps = cli::count(1, cli::kMaxSteps), interval = cli::count(0, cli::kMaxSteps);
-  app.add_option("text", text_path, "a text file to train on (default: text from a built-in grammar)");
+  app.add_option("text", text_path, "a text file to train on (default: text from a built-in grammar)")->check(cli::not_empty());
   CLI::Option* layers = app.add_option("--layers", c.layers, "transformer blocks")->transform(size)->capture_default_str();
   CLI::Option* d_model = app.add_option("--d-model", c.d_model, "model width")->transform(size)->capture_default_str();
   CLI::Option* heads = app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
@@ -149,14 +149,15 @@ int main(int argc, char** argv) {
   app.add_option("--eval-interval", c.eval_interval, "steps between validations (0: at the end only)")->transform(interval)->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "validation batches")->transform(size)->capture_default_str();
   app.add_option("--text-bytes", text_bytes, "size of the built-in text")->transform(size)->capture_default_str();
-  app.add_option("--checkpoint", checkpoint, "checkpoint file (.safetensors) to write, resume or sample from");
+  app.add_option("--checkpoint", checkpoint, "checkpoint file (.safetensors) to write, resume or sample from")->check(cli::not_empty());
   CLI::Option* interval_flag =
       app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")->transform(interval);
   app.add_flag("--resume", resume, "continue training from --checkpoint");
   CLI::Option* sample_flag = app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
                                 ->transform(cli::count(1, 1 << 20));
-  app.add_option("--import", import_layout, "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads)");
-  app.add_option("--prompt", prompt, "prompt for sampling")->capture_default_str();
+  app.add_option("--import", import_layout, "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads)")
+      ->check(cli::not_empty());
+  app.add_option("--prompt", prompt, "prompt for sampling (and for the sample after training)")->check(cli::not_empty())->capture_default_str();
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")->check(cli::real(0, 1e6))->capture_default_str();
   app.add_option("--top-k", top_k, "sample among the k most likely bytes (0: all)")->transform(cli::count(0, 256));
   app.add_option("--out", out, "folder for the log and the loss curve")->capture_default_str();
