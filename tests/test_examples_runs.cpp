@@ -244,6 +244,7 @@ TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file 
   if (!locked) ::kill(first, SIGKILL);
   REQUIRE(locked);
   const Outcome second = run(dir, "train_lm", tiny({"--steps", "5", "--checkpoint", ck}));
+  const Outcome late = run(dir, "train_lm", tiny({"missing.txt", "--steps", "5", "--checkpoint", ck}));
   ::kill(first, SIGKILL);  // a killed holder leaves its lock file behind
   int status = 0;
   ::waitpid(first, &status, 0);
@@ -255,6 +256,8 @@ TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file 
   require_fails(second, "train_lm", 1,
                 {"--checkpoint '" + ck + "' is being written by another run (pid " + std::to_string(first) + ", holding '" + ck + ".lock')"});
   REQUIRE_FALSE(std::filesystem::exists(ck));  // the second run wrote nothing
+  // It is refused before it reads its text: a text that is not there is not even opened.
+  require_fails(late, "train_lm", 1, {"is being written by another run (pid " + std::to_string(first) + ","});
 
   // The stale lock file does not block; a run that ends removes its lock.
   REQUIRE(std::filesystem::exists(ck + ".lock"));

@@ -241,6 +241,12 @@ int main(int argc, char** argv) {
       if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");  // first: the checkpoint may go in it
       cli::check_output_files({{"--out's log.csv", out + "/log.csv"}, {"--out's loss.svg", out + "/loss.svg"}});
       if (lead && !checkpoint.empty()) xgrad::check_writable_file(checkpoint, "train_lm: --checkpoint");
+    });
+    // One writer per checkpoint: a second run on the same file is refused while this one lives,
+    // before it reads its text.
+    std::optional<cli::FileLock> lock;
+    if (lead && !checkpoint.empty()) lock.emplace(checkpoint, "train_lm: --checkpoint");
+    cli::as_usage([&] {
       const double max_text = cli::memory_limit_bytes() / 8;  // the text is held about four times
       if (text_path.empty()) {
         cli::check_memory(8.0 * static_cast<double>(text_bytes), "the built-in text of --text-bytes " + std::to_string(text_bytes));
@@ -249,9 +255,6 @@ int main(int argc, char** argv) {
         text = read_text(text_path, static_cast<std::uint64_t>(max_text));
       }
     });
-    // One writer per checkpoint: a second run on the same file is refused while this one lives.
-    std::optional<cli::FileLock> lock;
-    if (lead && !checkpoint.empty()) lock.emplace(checkpoint, "train_lm: --checkpoint");
     const double unigram = unigram_entropy(text);
     const DataSource source = identify(text_path.empty() ? "built-in grammar" : text_path, text);
     std::unique_ptr<Trainer> trainer;
