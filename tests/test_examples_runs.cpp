@@ -213,6 +213,11 @@ TEST_CASE("an output that is an input or another output is refused before the wo
                 {"--out's head_l0_h3.svg"});
   require_fails(run(dir, "gradient_flow", {"--report", "./gf/../gf/training.svg", "--out", "gf"}), "gradient_flow", 2,
                 {"--report './gf/../gf/training.svg' is the same file as --out's training.svg"});
+  // The report named as the folder itself: refused before the folder is made.
+  require_fails(run(dir, "head_specialization", {"--report", "hs", "--out", "hs"}), "head_specialization", 2,
+                {"--report 'hs' is the same file as --out (a folder) 'hs': one would overwrite the other"});
+  require_fails(run(dir, "gradient_flow", {"--report", "gf", "--out", "./gf"}), "gradient_flow", 2,
+                {"--report 'gf' is the same file as --out (a folder) './gf'"});
   REQUIRE_FALSE(std::filesystem::exists(dir.file("hs")));
   REQUIRE_FALSE(std::filesystem::exists(dir.file("gf")));
 

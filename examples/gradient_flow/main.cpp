@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
       for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {
         outputs.push_back({std::string("--out's ") + name, out + "/" + name});
       }
-      std::vector<cli::RunFile> files = outputs;
+      std::vector<cli::RunFile> files = {{"--out (a folder)", out}};
+      files.insert(files.end(), outputs.begin(), outputs.end());
       if (!report_path.empty()) files.push_back({"--report", report_path});
       cli::check_distinct_files({}, files);
       xgrad::prepare_output_dir(out, "gradient_flow: --out");

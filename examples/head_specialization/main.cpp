@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
                             " held-out batches and the losses of --steps " + std::to_string(c.train.steps));
       std::vector<cli::RunFile> images;
       for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});
-      std::vector<cli::RunFile> files = images;
+      std::vector<cli::RunFile> files = {{"--out (a folder)", out}};
+      files.insert(files.end(), images.begin(), images.end());
       if (!report_path.empty()) files.push_back({"--report", report_path});
       cli::check_distinct_files({}, files);
       xgrad::prepare_output_dir(out, "head_specialization: --out");
