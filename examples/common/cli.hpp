@@ -1,11 +1,13 @@
-// What every example's command line shares: strict validators for counts and reals (so "-1" is an
-// error, never 2^64-1), the one rule for warm-up, and the one way main() ends (usage errors exit 2, runtime failures 1, always with one clear line).
+// What every example's command line shares: strict validators for counts and reals (so "-1" is
+// an error, never 2^64-1), the one rule for warm-up, and the one way main() ends (usage errors
+// exit 2, runtime failures 1, always with one clear line).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>

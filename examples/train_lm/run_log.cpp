@@ -95,9 +95,8 @@ void RunLog::append(LogEntry e) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : ENOSPC;
-      if (before >= 0 && ::ftruncate(fd_, before) != 0) {
-        // The file keeps a cut row; a resume drops it.
-      }
+      // Back to whole rows; should that fail too, the cut row is the last line, which a resume drops.
+      if (before >= 0 && ::ftruncate(fd_, before) != 0) {}
       xgrad::fail("train_lm: the log: cannot write '", path_, "': ", std::strerror(err));
     }
     done += static_cast<std::size_t>(n);
