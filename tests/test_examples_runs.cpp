@@ -548,6 +548,21 @@ TEST_CASE("RunLog: a resume keeps whole rows up to its step, drops a cut last li
   }
 }
 
+TEST_CASE("log_row: the validation loss keeps 6 significant digits like the training loss", "[examples][bad_input]") {
+  lm::LogEntry e;
+  e.step = 7;
+  e.train_loss = 2.5f;
+  e.lr = 0.001f;
+  e.seconds = 1.25;
+  REQUIRE(lm::log_row(e) == "7,2.5,,0.001,1.25\n");
+  e.valid_loss = 1.5e-7f;
+  REQUIRE(lm::log_row(e) == "7,2.5,1.5e-07,0.001,1.25\n");  // was 0.000000
+  e.valid_loss = 9.52565e12f;
+  REQUIRE(lm::log_row(e) == "7,2.5,9.52565e+12,0.001,1.25\n");  // was 9525649735680.000000
+  e.valid_loss = 2.25f;
+  REQUIRE(lm::log_row(e) == "7,2.5,2.25,0.001,1.25\n");
+}
+
 TEST_CASE("FileLock: one holder at a time, even in one process; the pid is in the file; the file goes at the end", "[examples][bad_input]") {
   TempDir dir("xgrad_runs_filelock");
   const std::string ck = dir.file("ck");

@@ -297,9 +297,10 @@ int main(int argc, char** argv) {
       if (e.valid_loss) last_valid = *e.valid_loss;
       const double done = static_cast<double>(e.step - first);
       const double left = e.seconds / std::max(done, 1.0) * static_cast<double>(c.steps - e.step);
-      char text_line[200];
+      char text_line[200], valid_text[32] = "  -  ";
+      if (last_valid >= 0) std::snprintf(valid_text, sizeof valid_text, "%.3g", static_cast<double>(last_valid));
       std::snprintf(text_line, sizeof text_line, "step %5zu/%zu  train %.3f  valid %s  %6.0f tokens/s  %s left", e.step, c.steps,
-                    static_cast<double>(e.train_loss), last_valid < 0 ? "  -  " : std::to_string(last_valid).substr(0, 5).c_str(),
+                    static_cast<double>(e.train_loss), valid_text,
                     done * static_cast<double>(c.batch * c.seq_len) / std::max(e.seconds, 1e-9), viz::duration(left).c_str());
       line.update(e.step, c.steps, text_line);
       run_log.append(e);

@@ -43,9 +43,12 @@ std::optional<LogEntry> parse_row(const std::string& line) {
 }  // namespace
 
 std::string log_row(const LogEntry& e) {
+  // Every real with 6 significant digits, the validation loss as the training loss (std::to_string
+  // wrote 1.5e-07 as 0.000000 and 9.5e12 with 19 digits).
   std::ostringstream row;
-  row << e.step << ',' << e.train_loss << ',' << (e.valid_loss ? std::to_string(*e.valid_loss) : "") << ',' << e.lr << ','
-      << e.seconds << '\n';
+  row << e.step << ',' << e.train_loss << ',';
+  if (e.valid_loss) row << *e.valid_loss;
+  row << ',' << e.lr << ',' << e.seconds << '\n';
   return row.str();
 }
 
