@@ -563,7 +563,7 @@ TEST_CASE("log_row: the validation loss keeps 6 significant digits like the trai
   REQUIRE(lm::log_row(e) == "7,2.5,2.25,0.001,1.25\n");
 }
 
-TEST_CASE("FileLock: one holder at a time, even in one process; the pid is in the file; the file goes at the end", "[examples][bad_input]") {
+TEST_CASE("FileLock: one holder at a time even in one process, the pid in the file, the file gone at the end", "[examples][bad_input]") {
   TempDir dir("xgrad_runs_filelock");
   const std::string ck = dir.file("ck");
   {
