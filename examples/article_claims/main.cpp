@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   configs->add_option("--seed", co.step.seed, "seed of weights and input")->transform(cli::seed())->capture_default_str();
   configs->add_flag("--no-time", no_time, "skip the timed steps (counts and shares only)");
   cli::add_threads(*configs, threads);
-  configs->add_option("--report", report_path, "write the JSON report here");
+  configs->add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
 
   HeadsConfig hc;
   std::size_t offsets = hc.task.offsets.size();
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   heads->add_option("--weight-decay", hc.weight_decay, "AdamW weight decay")->check(cli::real(0, 1e6))->capture_default_str();
   heads->add_option("--seeds", hc.seeds, "one run per seed and head count, e.g. 0,1")->delimiter(',')->transform(cli::seed())->capture_default_str();
   cli::add_threads(*heads, threads);
-  heads->add_option("--report", report_path, "write the JSON report here");
+  heads->add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
   heads->add_flag("--quiet", quiet, "print only the table");
   if (const auto code = cli::parse(app, argc, argv)) return *code;
 

@@ -35,6 +35,11 @@ CLI::Validator count(std::uint64_t lo, std::uint64_t hi) {
 
 CLI::Validator seed() { return count(0, std::numeric_limits<std::uint64_t>::max()); }
 
+CLI::Validator not_empty() {
+  return CLI::Validator(
+      [](const std::string& s) -> std::string { return s.empty() ? "the value is empty: give one, or leave the flag out" : ""; }, "");
+}
+
 void add_threads(CLI::App& app, int& threads) {
   app.add_option("--threads", threads, "xgrad's kernel threads: they split the matrix products and the other kernels")
       ->transform(count(1, 256))

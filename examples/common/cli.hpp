@@ -1,11 +1,13 @@
-// What every example's command line shares: strict validators for counts and reals (so "-1" is an
-// error, never 2^64-1), the one rule for warm-up, and the one way main() ends (usage errors exit 2, runtime failures 1, always with one clear line).
+// What every example's command line shares: strict validators for counts and reals (so "-1" is
+// an error, never 2^64-1), the one rule for warm-up, and the one way main() ends (usage errors
+// exit 2, runtime failures 1, always with one clear line).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -47,6 +49,10 @@ std::optional<double> parse_real(const std::string& s, bool allow_inf = false);
 // unless allow_inf and hi is infinite. A nonzero value that would become 0, a subnormal or inf
 // as a float32 is refused too: every example computes in float32.
 CLI::Validator real(double lo, double hi, bool open_low = false, bool allow_inf = false);
+
+// A text value that names something (a file, a layout, a prompt): an empty one, as from an unset
+// shell variable, is refused instead of meaning the flag's default or nothing at all.
+CLI::Validator not_empty();
 
 // Every program's --threads (default 1, up to 256): xgrad's kernel threads, which split the matrix
 // products and the other kernels; the program passes it to xgrad::set_num_threads.

@@ -70,8 +70,6 @@ void check_distinct_files(const std::vector<RunFile>& inputs, const std::vector<
   }
 }
 
-std::string FileLock::lock_path_of(const std::string& path) { return follow_links(path).string() + ".lock"; }
-
 void check_output_files(const std::vector<RunFile>& outputs) {
   for (const RunFile& f : outputs) {
     struct stat st {};
@@ -80,6 +78,8 @@ void check_output_files(const std::vector<RunFile>& outputs) {
                 ": the run could not write it at its end; move it or choose another path");
   }
 }
+
+std::string FileLock::lock_path_of(const std::string& path) { return follow_links(path).string() + ".lock"; }
 
 FileLock::FileLock(const std::string& path, const std::string& what) : lock_path_(lock_path_of(path)) {
   for (int attempt = 0; attempt < 100; ++attempt) {

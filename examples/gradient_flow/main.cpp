@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
       ->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the plots")->capture_default_str();
-  app.add_option("--report", report_path, "write the JSON report here");
+  app.add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
   app.add_flag("--quiet", quiet, "print only the tables");
   if (const auto code = cli::parse(app, argc, argv)) return *code;
 
@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
       for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {
         outputs.push_back({std::string("--out's ") + name, out + "/" + name});
       }
-      std::vector<cli::RunFile> files = outputs;
+      std::vector<cli::RunFile> files = {{"--out (a folder)", out}};
+      files.insert(files.end(), outputs.begin(), outputs.end());
       if (!report_path.empty()) files.push_back({"--report", report_path});
       cli::check_distinct_files({}, files);
       xgrad::prepare_output_dir(out, "gradient_flow: --out");

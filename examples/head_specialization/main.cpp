@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-batches", c.eval_batches, "held-out batches for the measurements")->transform(cli::count(1, 1 << 16))->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the images")->capture_default_str();
-  app.add_option("--report", report_path, "write the JSON report here");
+  app.add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
   app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")->delimiter(',')->transform(size);
   app.add_flag("--no-single-head", no_single, "skip the one-head contrast");
   app.add_flag("--quiet", quiet, "print only the results");
@@ -99,9 +99,13 @@ int main(int argc, char** argv) {
         if (c.d_model % h != 0) xgrad::fail("--sweep-heads: d-model ", c.d_model, " is not divisible by ", h);
         most_heads = std::max(most_heads, h);
       }
-      // The held-out batches are kept for the measurements: ids and K targets per position.
-      const double held_out = static_cast<double>(c.eval_batches) * static_cast<double>(c.train.batch) *
-                              static_cast<double>(c.task.seq_len) * static_cast<double>(1 + c.task.offsets.size()) * 8;
+      // The held-out batches are kept for the measurements: ids and K targets per position, and
+      // the measurements keep about two attention patterns (B, H, T, T) per batch and layer
+      // (measured: 508 KiB a batch at the defaults, where this gives 565 KiB).
+      const double B = static_cast<double>(c.train.batch), T = static_cast<double>(c.task.seq_len);
+      const double per_batch = B * T * static_cast<double>(1 + c.task.offsets.size()) * 8 +
+                               2 * B * static_cast<double>(c.layers * most_heads) * T * T * 4;
+      const double held_out = static_cast<double>(c.eval_batches) * per_batch;
       // Each step keeps a loss per run (two, with the one-head contrast) and its point of loss.svg.
       const double losses = cli::per_step_bytes(static_cast<double>(c.train.steps), 2 * 64);
       cli::check_memory(training_bytes(c, most_heads) + held_out + losses,
@@ -109,7 +113,8 @@ int main(int argc, char** argv) {
                             " held-out batches and the losses of --steps " + std::to_string(c.train.steps));
       std::vector<cli::RunFile> images;
       for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});
-      std::vector<cli::RunFile> files = images;
+      std::vector<cli::RunFile> files = {{"--out (a folder)", out}};
+      files.insert(files.end(), images.begin(), images.end());
       if (!report_path.empty()) files.push_back({"--report", report_path});
       cli::check_distinct_files({}, files);
       xgrad::prepare_output_dir(out, "head_specialization: --out");

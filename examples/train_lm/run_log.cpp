@@ -43,9 +43,12 @@ std::optional<LogEntry> parse_row(const std::string& line) {
 }  // namespace
 
 std::string log_row(const LogEntry& e) {
+  // Every real with 6 significant digits, the validation loss as the training loss (std::to_string
+  // wrote 1.5e-07 as 0.000000 and 9.5e12 with 19 digits).
   std::ostringstream row;
-  row << e.step << ',' << e.train_loss << ',' << (e.valid_loss ? std::to_string(*e.valid_loss) : "") << ',' << e.lr << ','
-      << e.seconds << '\n';
+  row << e.step << ',' << e.train_loss << ',';
+  if (e.valid_loss) row << *e.valid_loss;
+  row << ',' << e.lr << ',' << e.seconds << '\n';
   return row.str();
 }
 
@@ -95,9 +98,8 @@ void RunLog::append(LogEntry e) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : ENOSPC;
-      if (before >= 0 && ::ftruncate(fd_, before) != 0) {
-        // The file keeps a cut row; a resume drops it.
-      }
+      // Back to whole rows; should that fail too, the cut row is the last line, which a resume drops.
+      if (before >= 0 && ::ftruncate(fd_, before) != 0) {}
       xgrad::fail("train_lm: the log: cannot write '", path_, "': ", std::strerror(err));
     }
     done += static_cast<std::size_t>(n);
