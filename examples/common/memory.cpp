@@ -4,8 +4,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <cmath>
-#include <cstdio>
 
 #include "cli.hpp"
 
@@ -31,19 +29,6 @@ void check_memory(double bytes, const std::string& what) {
     usage_error(what, " needs about ", bytes_str(bytes), " of memory, more than the ", bytes_str(limit),
                 " this process may use; choose smaller sizes");
   }
-}
-
-std::string bytes_str(double bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 6) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[64];
-  if (!std::isfinite(bytes) || bytes >= 1e6) return "more than an exbibyte";
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
-  return buf;
 }
 
 }  // namespace cli

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "xgrad/core/memory.hpp"
+
 namespace cli {
 
 // The sizes that decide a transformer training step's memory. Shapes: B batch, T length,
@@ -31,7 +33,7 @@ void check_memory(double bytes, const std::string& what);
 // `steps` x `bytes_per_step`, for the memory check of --steps.
 inline double per_step_bytes(double steps, double bytes_per_step) { return steps * bytes_per_step; }
 
-// "1.5 GiB", "300.0 MiB".
-std::string bytes_str(double bytes);
+// "1.5 GiB", "300.0 MiB": the library's.
+using xgrad::bytes_str;
 
 }  // namespace cli
