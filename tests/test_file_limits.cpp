@@ -20,6 +20,7 @@
 #include "xgrad/core/memory.hpp"
 #include "xgrad/core/safetensors.hpp"
 #include "peak_memory.hpp"
+#include "run_program.hpp"
 #include "safetensors_bytes.hpp"
 #include "test_files.hpp"
 
@@ -326,6 +327,9 @@ TEST_CASE("a header number past any integer or double is refused in one short li
 TEST_CASE("a header of half a million empty tensors counts what each costs beside its values", "[file_limits][bad_input][bug]") {
   // 500000 entries of no data: 28 MB of header, ~250 MB as named arrays. The check counted values
   // alone (none), so the arrays were allocated until the process ran out.
+  // AddressSanitizer's allocator keeps red zones and a quarantine beside every allocation and ends
+  // the process when a limit stops it: what this case measures holds only for the real allocator.
+  if (xgrad::testing::kAddressSanitizer) return;
   std::string header = "{";
   for (int i = 0; i < 500000; ++i) header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
   header += "}";

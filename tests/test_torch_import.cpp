@@ -524,10 +524,14 @@ TEST_CASE("load_gpt2 of a file of many tiny layers is quick and counts each bloc
   REQUIRE(got.size() == want.size());
   for (const auto& [name, a] : got) REQUIRE(a == *want.at(name));
   INFO(seconds << " s");
-  REQUIRE(seconds < 2.0);
+  // Well under the quadratic match's 10 s, with room for a loaded machine and AddressSanitizer's
+  // slower build (3 s there).
+  REQUIRE(seconds < (testing::kAddressSanitizer ? 20.0 : 5.0));
 
   // 6000 blocks hold 96k values but ~200 MB of modules: with 64 MiB of address space to spare the
-  // model is refused before it is built (its values alone would fit).
+  // model is refused before it is built (its values alone would fit). AddressSanitizer's allocator
+  // ends the process instead of failing an allocation under such a limit: the real allocator only.
+  if (testing::kAddressSanitizer) return;
   const ScopedEnv file("XGRAD_GPT2_FILE", path), how("XGRAD_GPT2_MODE", "stream"), limit("XGRAD_GPT2_AS_MIB", "64"),
       one_blas_thread("OPENBLAS_NUM_THREADS", "1");
   const testing::Outcome o = testing::run_program(dir, self_exe(), {"[.gpt2_child]"});
