@@ -18,10 +18,10 @@ using namespace xgrad;
 
 int main(int argc, char** argv) {
   std::size_t reps = 21, threads = 1;
-  CLI::App app{"LanguageModel::forward keeping the attention weights against dropping them"};
+  CLI::App app{"LanguageModel::forward keeping the attention weights against dropping them", "bench_attention_weights"};
   app.add_option("--reps", reps, "runs of each")->transform(cli::count(1, 10000))->capture_default_str();
   app.add_option("--threads", threads, "kernel threads")->transform(cli::count(1, 256))->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_attention_weights", [&] {
     set_num_threads(threads);
     std::printf("%-24s %10s %10s %8s\n", "B x T (d_model 128, 4 heads, 2 layers)", "keep ms", "drop ms", "ratio");

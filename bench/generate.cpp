@@ -27,13 +27,13 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::size_t tokens = 200, prompt_len = 32, reps = 7, threads = 1, keep = 0;
-  CLI::App app{"tokens per second of generate, with and without the key/value cache"};
+  CLI::App app{"tokens per second of generate, with and without the key/value cache", "bench_generate"};
   app.add_option("--tokens", tokens, "new tokens per run")->transform(cli::count(1, 100000))->capture_default_str();
   app.add_option("--prompt", prompt_len, "prompt tokens")->transform(cli::count(1, 100000))->capture_default_str();
   app.add_option("--reps", reps, "runs of each")->transform(cli::count(1, 1000))->capture_default_str();
   app.add_option("--window-keep", keep, "GenerateOptions::window_keep (0: max_len / 2)")->transform(cli::count(0, 100000))->capture_default_str();
   app.add_option("--threads", threads, "kernel threads")->transform(cli::count(1, 256))->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_generate", [&] {
     set_num_threads(threads);
     const nn::LanguageModelOptions options = lm::model_options(lm::TrainConfig{});

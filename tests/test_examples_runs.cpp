@@ -137,6 +137,17 @@ TEST_CASE("every program: a usage error exits 2 with a first line naming the pro
     require_fails(run(dir, program, bad), program, 2, {"--threads", "'two'"});
   }
   require_fails(run(dir, "article_claims", {"heads", "--no-such-flag"}), "article_claims", 2, {"--no-such-flag"});
+#ifdef XGRAD_BENCH_DIR
+  for (const std::string bench : {"bench_train_step", "bench_gemm", "bench_attention_weights", "bench_generate"}) {
+    INFO(bench);
+    const std::string path = std::string(XGRAD_BENCH_DIR) + "/" + bench;
+    const Outcome o = xgrad::testing::run_program(dir, path, {"--no-such-flag"});
+    INFO(o);
+    REQUIRE(o.exited);
+    REQUIRE(o.code == 2);
+    REQUIRE_THAT(o.err, Catch::StartsWith(bench + ": error: ") && Catch::Contains("--no-such-flag"));
+  }
+#endif
 }
 
 TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "[examples][bad_input]") {
