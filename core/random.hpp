@@ -8,7 +8,7 @@
 #include <random>
 #include <string>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 namespace xgrad {
 

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 
 namespace xgrad::distributed {
 

@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 namespace xgrad::distributed {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/module.hpp"
 
 namespace xgrad::inspect {

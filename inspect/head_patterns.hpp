@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 namespace xgrad::inspect {
 

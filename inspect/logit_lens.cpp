@@ -6,8 +6,8 @@
 #include <numeric>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 
 namespace xgrad::inspect {

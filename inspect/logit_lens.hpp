@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 namespace xgrad::inspect {

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/nn/attention.hpp"
 
 namespace xgrad::inspect {

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/file_io.hpp"
+#include "xgrad/core/io/file_io.hpp"
 
 namespace xgrad::inspect {
 

@@ -8,7 +8,7 @@
 #include <xtensor/xbroadcast.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 
 namespace xgrad::nn {
 

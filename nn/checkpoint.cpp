@@ -8,9 +8,9 @@
 #include <set>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/memory.hpp"
+#include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/utf8.hpp"
+#include "xgrad/core/io/utf8.hpp"
 
 namespace xgrad::nn {
 

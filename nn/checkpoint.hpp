@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "xgrad/core/arg.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/transformer.hpp"
 

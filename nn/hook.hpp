@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 namespace xgrad::nn {
 

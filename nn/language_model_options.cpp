@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/utf8.hpp"
+#include "xgrad/core/io/utf8.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 namespace xgrad::nn {

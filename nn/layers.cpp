@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 
 namespace xgrad::nn {
 

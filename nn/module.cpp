@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tape.hpp"
-#include "xgrad/core/utf8.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/io/utf8.hpp"
 
 namespace xgrad::nn {
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/hook.hpp"
 
 namespace xgrad::nn {

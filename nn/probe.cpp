@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 
 namespace xgrad::nn {
 

@@ -17,7 +17,7 @@
 #include <memory>
 #include <utility>
 
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/options.hpp"
 

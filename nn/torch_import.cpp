@@ -11,9 +11,9 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/memory.hpp"
+#include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 
 namespace xgrad::nn {
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/transformer.hpp"
 

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/memory.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/io/memory.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 
 namespace xgrad::nn {
 

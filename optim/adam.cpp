@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/parallel.hpp"
-#include "xgrad/optim/adam_kernel.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
+#include "xgrad/optim/detail/adam_kernel.hpp"
 
 namespace xgrad::optim {
 

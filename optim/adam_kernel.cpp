@@ -1,6 +1,6 @@
 // See adam_kernel.hpp. AdamW reads and writes 28 bytes per parameter, so the loop is bound by
 // memory bandwidth once the parameters leave the cache.
-#include "xgrad/optim/adam_kernel.hpp"
+#include "xgrad/optim/detail/adam_kernel.hpp"
 
 #include <cmath>
 

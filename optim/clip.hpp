@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 namespace xgrad::optim {
 

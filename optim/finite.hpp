@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 namespace xgrad::optim {
 

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/utf8.hpp"
+#include "xgrad/core/io/utf8.hpp"
 
 namespace xgrad::optim {
 

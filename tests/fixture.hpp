@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 #ifndef XGRAD_FIXTURE_DIR
 #error "XGRAD_FIXTURE_DIR must name the tests/fixtures directory (tests/CMakeLists.txt defines it)"

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "xgrad/core/vector_kernels.hpp"
-#include "xgrad/optim/adam_kernel.hpp"
+#include "xgrad/core/kernels/detail/vector_kernels.hpp"
+#include "xgrad/optim/detail/adam_kernel.hpp"
 
 namespace xgrad::testing {
 

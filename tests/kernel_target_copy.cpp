@@ -1,7 +1,7 @@
-// One copy of core/vector_kernels.cpp and optim/adam_kernel.cpp for a single target, in its own
+// One copy of core/kernels/vector_kernels.cpp and optim/adam_kernel.cpp for a single target, in its own
 // namespace; CMake defines XGRAD_KERNELS_NS, XGRAD_KERNELS_ONLY_<target> and XGRAD_KERNEL_TABLE
 // for each copy.
-#include "core/vector_kernels.cpp"
+#include "core/kernels/vector_kernels.cpp"
 #include "optim/adam_kernel.cpp"
 #include "kernel_table.hpp"
 

@@ -10,7 +10,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "xgrad/core/gradcheck.hpp"
+#include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/module.hpp"
 

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 
 using namespace xgrad;
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/file_io.hpp"
+#include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/inspect/attention_viewer.hpp"
 #include "xgrad/nn/transformer.hpp"

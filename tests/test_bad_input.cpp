@@ -27,10 +27,10 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/head_importance.hpp"

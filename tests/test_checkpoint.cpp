@@ -24,10 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/safetensors.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"

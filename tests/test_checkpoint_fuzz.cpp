@@ -44,7 +44,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 

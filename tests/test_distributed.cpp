@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/distributed/data_parallel.hpp"
 #include "xgrad/nn/checkpoint.hpp"

@@ -21,7 +21,7 @@
 #include <thread>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/distributed/data_parallel.hpp"
 #include "xgrad/nn/layers.hpp"

@@ -19,7 +19,7 @@
 
 #include "run_program.hpp"
 #include "test_files.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 
 using xgrad::testing::Limits;
 using xgrad::testing::Outcome;

@@ -18,7 +18,7 @@
 #include "fixture.hpp"
 #include "run_program.hpp"
 #include "test_files.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/torch_import.hpp"
 

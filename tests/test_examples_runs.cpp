@@ -26,7 +26,7 @@
 #include "run_log.hpp"
 #include "run_program.hpp"
 #include "test_files.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 
 using xgrad::testing::Limits;
 using xgrad::testing::Outcome;

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/file_io.hpp"
+#include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 

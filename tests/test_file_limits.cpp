@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/memory.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/memory.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 #include "peak_memory.hpp"
 #include "run_program.hpp"
 #include "safetensors_bytes.hpp"

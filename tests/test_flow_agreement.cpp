@@ -18,7 +18,7 @@
 
 #include "fixture.hpp"
 #include "flow.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/probe.hpp"
 #include "xgrad/nn/transformer.hpp"

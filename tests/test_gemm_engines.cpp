@@ -1,4 +1,4 @@
-// The two GEMM engines behind blas::sgemm (core/blas.hpp): both compute the same products to
+// The two GEMM engines behind blas::sgemm (core/kernels/blas.hpp): both compute the same products to
 // rounding on every shape, transpose, stride, alpha and beta; each repeats bit for bit; `auto`
 // follows its size rule; XGRAD_GEMM and set_engine choose; oneDNN leaves no threads behind.
 // The whole suite also runs once per engine in CI (scripts/run_tests.sh).
@@ -19,10 +19,10 @@
 
 #include <xtensor/xmath.hpp>
 
-#include "xgrad/core/blas.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/gemm_engines.hpp"
-#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/kernels/detail/gemm_engines.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
 #include "train_steps.hpp"
 
@@ -269,7 +269,7 @@ TEST_CASE("oneDNN products start no threads of their own", "[gemm][engines][thre
   REQUIRE(after == before);
 }
 
-// Kernel threads watch for the next job for 0.2 ms before they sleep (core/parallel.cpp); neither
+// Kernel threads watch for the next job for 0.2 ms before they sleep (core/kernels/parallel.cpp); neither
 // they, nor OpenBLAS's threads, nor oneDNN's may keep spinning after the work ends.
 TEST_CASE("idle threads use no CPU after products on both engines and two kernel threads", "[gemm][engines][threads]") {
   set_num_threads(2);

@@ -10,8 +10,8 @@
 #include <xtensor/xview.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 #include "small_models.hpp"

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/gradcheck.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/gradcheck.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;

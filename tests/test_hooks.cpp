@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/transformer.hpp"

@@ -13,9 +13,9 @@
 #include <xtensor/xview.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/logit_lens.hpp"

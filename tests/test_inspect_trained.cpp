@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/logit_lens.hpp"

@@ -1,4 +1,4 @@
-// The vector kernels give the same bits whichever copy the CPU runs: core/vector_kernels.cpp is
+// The vector kernels give the same bits whichever copy the CPU runs: core/kernels/vector_kernels.cpp is
 // compiled here once for AVX-512, once for AVX2 and once for the baseline (kernel_target_copy.cpp),
 // and every kernel's output is compared bit for bit on inputs with awkward lengths (tails of 1 to
 // 15 elements), masks, and values from -8 to 8.

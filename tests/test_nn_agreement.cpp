@@ -17,9 +17,9 @@
 
 #include "agreement.hpp"
 #include "fixture.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tape.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"

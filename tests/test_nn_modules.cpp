@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"

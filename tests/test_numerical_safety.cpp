@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/layers.hpp"
@@ -547,8 +547,8 @@ TEST_CASE("exp at -100 is tiny and finite, at +100 it overflows to +inf, never N
 }
 
 // ops.hpp says nothing about exp's range; the task accepts the overflow to inf only if documented.
-TEST_CASE("exp's overflow to +inf for x above about 88.7 is documented in core/ops.hpp", "[numerical][exp][bug]") {
-  std::ifstream in(std::string(XGRAD_SOURCE_DIR) + "/core/ops.hpp");
+TEST_CASE("exp's overflow to +inf for x above about 88.7 is documented in core/autograd/ops.hpp", "[numerical][exp][bug]") {
+  std::ifstream in(std::string(XGRAD_SOURCE_DIR) + "/core/autograd/ops.hpp");
   REQUIRE(in.good());
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
@@ -562,7 +562,7 @@ TEST_CASE("exp's overflow to +inf for x above about 88.7 is documented in core/o
   REQUIRE(!doc.empty());
   std::string lower = doc;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  INFO("documentation of exp in core/ops.hpp:\n" << doc);
+  INFO("documentation of exp in core/autograd/ops.hpp:\n" << doc);
   CHECK((lower.find("overflow") != std::string::npos || lower.find("inf") != std::string::npos));
 }
 

@@ -1,4 +1,4 @@
-// xgrad::gradcheck (central differences vs backward) run on every op in core/ops.hpp, with
+// xgrad::gradcheck (central differences vs backward) run on every op in core/autograd/ops.hpp, with
 // broadcasting, negative axes, keepdims, batched/transposed matmul and a tiny attention block.
 // Forward values are tested in test_ops_values.cpp; the checker itself in test_gradcheck.cpp.
 #include <catch2/catch.hpp>
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/gradcheck.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/gradcheck.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 
 using namespace xgrad;
 

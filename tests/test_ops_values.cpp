@@ -20,7 +20,7 @@
 #include <xtensor/xstrided_view.hpp>
 #include <xtensor/xview.hpp>
 
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
 
 using namespace xgrad;

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/optim/adam.hpp"

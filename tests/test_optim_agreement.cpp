@@ -15,8 +15,8 @@
 #include <catch2/catch.hpp>
 
 #include "fixture.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/schedule.hpp"

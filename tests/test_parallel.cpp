@@ -1,4 +1,4 @@
-// The kernel threads (core/parallel.hpp): parallel_for covers every index exactly once, passes
+// The kernel threads (core/kernels/parallel.hpp): parallel_for covers every index exactly once, passes
 // exceptions on and runs nested calls serially; the kernels other than split GEMMs give the same
 // bits on any thread count; training repeats bit for bit on a given thread count and agrees to
 // rounding across thread counts.
@@ -16,8 +16,8 @@
 #include <xtensor/xmath.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tape.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 using namespace xgrad;
 

@@ -26,10 +26,10 @@
 #include <xtensor/xmath.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "run_program.hpp"

@@ -13,8 +13,8 @@
 #include <catch2/catch.hpp>
 
 #include "fixture.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 using namespace xgrad;
 using nlohmann::json;

@@ -14,8 +14,8 @@
 #include <catch2/catch.hpp>
 
 #include "fixture.hpp"
-#include "xgrad/core/safetensors.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"

@@ -27,8 +27,8 @@
 #include "test_files.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/safetensors.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/torch_import.hpp"
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "trainer.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 
 using namespace lm;
 

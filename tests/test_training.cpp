@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/schedule.hpp"

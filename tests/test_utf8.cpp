@@ -1,8 +1,8 @@
-// UTF-8 validation (core/utf8.hpp): what every name written into a file must pass.
+// UTF-8 validation (core/io/utf8.hpp): what every name written into a file must pass.
 #include <catch2/catch.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/utf8.hpp"
+#include "xgrad/core/io/utf8.hpp"
 
 using xgrad::first_invalid_utf8;
 

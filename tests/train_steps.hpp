@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"

@@ -6,8 +6,8 @@
 #include "common/argmax.hpp"
 #include "shift_model.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/finite.hpp"
 

@@ -8,8 +8,8 @@
 #include "common/cli.hpp"
 #include "common/memory.hpp"
 #include "report.hpp"
-#include "xgrad/core/file_io.hpp"
-#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/io/file_io.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 
 using namespace claims;
 

@@ -1,7 +1,7 @@
 // ShiftModel construction and forward.
 #include "shift_model.hpp"
 
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 
 namespace claims {
 

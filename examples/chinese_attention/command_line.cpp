@@ -4,7 +4,7 @@
 #include "common/cli.hpp"
 #include "common/files.hpp"
 #include "common/memory.hpp"
-#include "xgrad/core/file_io.hpp"
+#include "xgrad/core/io/file_io.hpp"
 
 namespace zh {
 

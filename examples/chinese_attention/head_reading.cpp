@@ -5,7 +5,7 @@
 
 #include <xtensor/xview.hpp>
 
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 
 namespace zh {
 

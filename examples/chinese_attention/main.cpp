@@ -10,7 +10,7 @@
 #include "head_reading.hpp"
 #include "lens.hpp"
 #include "report.hpp"
-#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 
 using namespace zh;
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <sstream>
 
-#include "xgrad/core/file_io.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/io/file_io.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/inspect/attention_viewer.hpp"
 #include "xgrad/inspect/svg.hpp"
 

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 
 namespace zh {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "corpus.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 namespace zh {
 

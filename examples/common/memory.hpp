@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "xgrad/core/memory.hpp"
+#include "xgrad/core/io/memory.hpp"
 
 namespace cli {
 

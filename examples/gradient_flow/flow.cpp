@@ -5,7 +5,7 @@
 
 #include "common/shift_task.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/nn/init.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/finite.hpp"

@@ -14,8 +14,8 @@
 #include "common/terminal.hpp"
 #include "flow.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/file_io.hpp"
-#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/io/file_io.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 
 using namespace gradflow;
 using xgrad::nn::Norm;

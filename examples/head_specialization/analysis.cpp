@@ -7,7 +7,7 @@
 #include <xtensor/xbuilder.hpp>
 
 #include "common/argmax.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/head_importance.hpp"
 
 namespace headspec {

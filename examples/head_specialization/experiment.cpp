@@ -4,7 +4,7 @@
 #include <xtensor/xview.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 
 namespace headspec {
 

@@ -12,8 +12,8 @@
 #include "common/terminal.hpp"
 #include "report.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/file_io.hpp"
-#include "xgrad/core/parallel.hpp"
+#include "xgrad/core/io/file_io.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 
 using namespace headspec;
 

@@ -1,7 +1,7 @@
 // OffsetModel construction and forward.
 #include "offset_model.hpp"
 
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 
 namespace headspec {
 

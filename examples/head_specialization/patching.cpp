@@ -5,7 +5,7 @@
 
 #include "common/argmax.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/inspect/patching.hpp"
 
 namespace headspec {

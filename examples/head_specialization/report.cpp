@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "xgrad/core/file_io.hpp"
+#include "xgrad/core/io/file_io.hpp"
 #include "xgrad/inspect/attention_viewer.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "../common/terminal.hpp"

@@ -5,7 +5,7 @@
 
 #include "common/argmax.hpp"
 
-#include "xgrad/core/ops.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/finite.hpp"

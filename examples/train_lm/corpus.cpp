@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/file_io.hpp"
+#include "xgrad/core/io/file_io.hpp"
 
 namespace lm {
 

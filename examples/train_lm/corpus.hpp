@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/tensor.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
 
 namespace lm {
 

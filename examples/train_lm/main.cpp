@@ -21,9 +21,9 @@
 #include "mpi_sharing.hpp"
 #endif
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/file_io.hpp"
-#include "xgrad/core/parallel.hpp"
-#include "xgrad/core/tape.hpp"
+#include "xgrad/core/io/file_io.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/torch_import.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "common/cli.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/file_io.hpp"
+#include "xgrad/core/io/file_io.hpp"
 
 namespace lm {
 

@@ -8,10 +8,10 @@
 #include <limits>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/ops.hpp"
-#include "xgrad/core/safetensors.hpp"
-#include "xgrad/core/tape.hpp"
-#include "xgrad/core/utf8.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/io/utf8.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/optim/clip.hpp"

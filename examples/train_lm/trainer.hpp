@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "corpus.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/schedule.hpp"

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/safetensors.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);

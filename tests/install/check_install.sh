@@ -11,6 +11,13 @@ build=$1 src=$2 work=$3
 rm -rf "$work"
 mkdir -p "$work/consumer"
 cmake --install "$build" --prefix "$work/prefix" > /dev/null
+# Only the public headers are installed: nothing from a detail/ folder (the library's internals).
+internal=$(find "$work/prefix/include/xgrad" -path '*/detail/*' -o -name detail)
+if [ -n "$internal" ]; then
+  echo "check_install: internal headers were installed: $internal" >&2
+  exit 1
+fi
+[ -f "$work/prefix/include/xgrad/core/autograd/tensor.hpp" ] || { echo "check_install: core/autograd/tensor.hpp is not installed" >&2; exit 1; }
 
 # The tour is the ```cpp block between the README's "tour: begin" and "tour: end" markers.
 awk '/<!-- tour: begin -->/{on=1; next} /<!-- tour: end -->/{on=0} on && /^```cpp/{code=1; next}

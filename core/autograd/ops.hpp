@@ -1,0 +1,129 @@
+// Every differentiable op. Each is a free function that computes its value and records one
+// backward closure next to it (see the ops_*.cpp files). Axes may be negative (from the end).
+// Shape legend: N rows, C classes or channels; matmul multiplies (M, K) by (K, P).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "xgrad/core/random.hpp"
+#include "xgrad/core/autograd/tensor.hpp"
+
+namespace xgrad {
+
+// ---- elementwise, numpy broadcasting (ops_elementwise.cpp) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, float s);
+Tensor sub(const Tensor& a, float s);
+Tensor rsub(float s, const Tensor& a);  // s - a
+Tensor mul(const Tensor& a, float s);
+Tensor div(const Tensor& a, float s);
+Tensor rdiv(float s, const Tensor& a);  // s / a
+Tensor neg(const Tensor& a);
+
+Tensor exp(const Tensor& a);  // overflows to +inf above about 88.7 (float's range), never NaN
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor pow(const Tensor& a, float exponent);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+// GELU: `exact` is x * Phi(x) with the erf form of Phi (PyTorch's default);
+// `tanh` is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+enum class GeluApprox { exact, tanh };
+Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::exact);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, float s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, float s) { return sub(a, s); }
+inline Tensor operator*(const Tensor& a, float s) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, float s) { return div(a, s); }
+inline Tensor operator+(float s, const Tensor& a) { return add(a, s); }
+inline Tensor operator-(float s, const Tensor& a) { return rsub(s, a); }
+inline Tensor operator*(float s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator/(float s, const Tensor& a) { return rdiv(s, a); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+// ---- reductions (ops_reduce.cpp) ----
+Tensor sum(const Tensor& a);  // all elements, shape ()
+Tensor sum(const Tensor& a, const std::vector<int>& axes, bool keepdims = false);
+Tensor mean(const Tensor& a);
+Tensor mean(const Tensor& a, const std::vector<int>& axes, bool keepdims = false);
+// Maximum along one axis; the gradient goes to the first maximal element of each slice.
+Tensor max(const Tensor& a, int axis, bool keepdims = false);
+
+// ---- shape (ops_shape.cpp) ----
+// A copy of `a` that is a node of its own, so the gradient reaching it can be read apart from
+// a's other uses (probes use it to split a residual's skip and branch paths).
+Tensor identity(const Tensor& a);
+// One entry of `shape` may be -1 and is inferred.
+Tensor reshape(const Tensor& a, const std::vector<std::int64_t>& shape);
+Tensor transpose(const Tensor& a, int axis0, int axis1);
+Tensor permute(const Tensor& a, const std::vector<int>& axes);
+// Elements [start, stop) along `axis`.
+Tensor slice(const Tensor& a, int axis, std::size_t start, std::size_t stop);
+Tensor concat(const std::vector<Tensor>& parts, int axis);
+// Pieces of the given sizes along `axis` (the sizes must add up to the axis length).
+std::vector<Tensor> split(const Tensor& a, const std::vector<std::size_t>& sizes, int axis);
+
+// ---- matmul (ops_matmul.cpp), through cblas_sgemm ----
+// (..., M, K) @ (..., K, P) -> (..., M, P), batch axes broadcast as in numpy; a 2-D right
+// operand is shared by the whole batch. transpose_a / transpose_b use op(x) = x^T on the last
+// two axes without copying, e.g. matmul(q, k, false, true) is q @ k^T.
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+// y = x weight^T + bias for x (..., in), weight (out, in), bias (out,) or undefined: the affine
+// map of nn::Linear as one GEMM (the bias is its starting value), with no separate add.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- multi-head attention (ops_attention.cpp), heads side by side in the channels ----
+// The attention weights of `heads` heads of width D = C / heads: q (B, T, C), k (B, S, C) ->
+// P (B, H, T, S), P[b, h] = softmax over s of scale * q_h k_h^T, where q_h = q[b, :, hD:(h+1)D].
+// Keys with s > t (causal) or where `mask` (broadcastable to (B, H, T, S)) is true get weight 0;
+// a query with no key left gets all zeros. The same values, up to the products' rounding, as
+// masked_softmax(matmul(q_heads, k_heads, false, true) * scale, mask) on the heads split out
+// with reshape and permute, without those copies.
+Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal = false,
+                         const Mask* mask = nullptr);
+// The scores alone, before any mask or softmax: scale q_h k_h^T, (B, H, T, S). With
+// masked_softmax along the last axis it gives attention_weights' bits (one kernel per formula).
+Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, float scale);
+// The weighted sum of values with heads side by side: P (B, H, T, S), v (B, S, C) -> (B, T, C),
+// out[b, :, hD:(h+1)D] = P[b, h] v_h.
+Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);
+
+// ---- neural-network functions (ops_nn.cpp) ----
+// Numerically stable softmax / log-softmax along `axis`.
+Tensor softmax(const Tensor& a, int axis = -1);
+Tensor log_softmax(const Tensor& a, int axis = -1);
+// Softmax along `axis` over the elements whose mask (broadcastable to a's shape) is false;
+// masked elements get weight 0, and a slice with every element masked is all zeros (never NaN),
+// with zero gradient.
+Tensor masked_softmax(const Tensor& a, const Mask& mask, int axis = -1);
+// Where mask (broadcastable to a's shape) is true the result is `value`; there a gets no gradient.
+Tensor masked_fill(const Tensor& a, const Mask& mask, float value);
+// The same with one value per element: values has a's shape (activation patching copies another
+// run's values into a region this way).
+Tensor masked_fill(const Tensor& a, const Mask& mask, const Array& values);
+// Mean cross-entropy of logits (..., C) against integer targets (...), skipping targets equal
+// to ignore_index; fused with log-softmax. With every target ignored the loss is 0.
+constexpr std::int64_t kIgnoreIndex = -100;  // the target that cross_entropy skips by default, as in PyTorch
+Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index = kIgnoreIndex);
+// Rows of weight (V, C) picked by ids (...) -> (..., C); backward scatter-adds into weight.
+Tensor embedding(const Tensor& weight, const IndexArray& ids);
+// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).
+// Identity when !training or p == 0.
+Tensor dropout(const Tensor& a, float p, bool training = true, Generator& gen = default_generator());
+// dropout(gelu(a), p, training, gen) (exact GELU) in one pass: the same draw from gen and the same
+// bits, forward and backward, with one activation fewer kept for backward.
+Tensor gelu_dropout(const Tensor& a, float p, bool training = true, Generator& gen = default_generator());
+// Normalizes over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta, with the biased
+// variance; gamma and beta (shape (C,)) may be undefined tensors for no affine part.
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+
+}  // namespace xgrad

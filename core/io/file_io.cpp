@@ -1,0 +1,289 @@
+// File reading and atomic writing on POSIX calls, so that every failure can name the OS error
+// (errno) and a fifo or device is refused without ever blocking or reading forever.
+#include "xgrad/core/io/file_io.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "xgrad/core/error.hpp"
+
+namespace xgrad {
+
+namespace {
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a fifo";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISREG(mode)) return "a regular file";
+  return "a special file";
+}
+
+// The folder holding `path` ("." for a bare name) and the name within it.
+std::pair<std::string, std::string> split_path(const std::string& path) {
+  const std::string::size_type slash = path.rfind('/');
+  if (slash == std::string::npos) return {".", path};
+  return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
+}
+
+// Decimal digits without a leading zero naming a pid > 0 (kill(0) and kill(-1) signal groups).
+bool parse_pid(std::string_view s, pid_t& pid) {
+  if (s.empty() || s.size() > 10 || s[0] == '0') return false;
+  long long v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  if (v > INT_MAX) return false;
+  pid = static_cast<pid_t>(v);
+  return true;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  // Closes now and returns close's result (0, or -1 with errno set).
+  int close() {
+    const int r = ::close(fd_);
+    fd_ = -1;
+    return r;
+  }
+
+ private:
+  int fd_;
+};
+
+// Creates and removes a file in a folder; returns 0 or the errno of the failure. O_EXCL never
+// opens someone else's file; an existing name of ours (`name` holds our pid) already proves that
+// files can be created there.
+int probe_folder(const std::string& dir, const std::string& name) {
+  const std::string probe = (dir == "/" ? "" : dir) + "/" + name;
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return errno == EEXIST ? 0 : errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return 0;
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// Reading
+
+ReadableFile::ReadableFile(const std::string& path, const std::string& who) : path_(path), who_(who) {
+  // O_NONBLOCK: opening a fifo for reading would otherwise wait for a writer.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd_ < 0) fail(who_, ": cannot open '", path_, "': ", std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fail(who_, ": cannot read '", path_, "': ", std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fail(who_, ": cannot read '", path_, "': it is ", kind_of(st.st_mode), ", not a regular file");
+  }
+  size_ = static_cast<std::uint64_t>(st.st_size);
+}
+
+ReadableFile::~ReadableFile() { ::close(fd_); }
+
+std::size_t ReadableFile::read_some(char* dst, std::size_t n) {
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd_, dst + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(who_, ": error reading '", path_, "' at byte ", position_ + got, ": ", std::strerror(errno));
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  position_ += got;
+  return got;
+}
+
+void ReadableFile::read_exact(char* dst, std::size_t n) {
+  const std::size_t got = read_some(dst, n);
+  if (got < n) {
+    fail(who_, ": '", path_, "' ended at byte ", position_, " although it held ", size_,
+         " bytes when opened (it changed while being read)");
+  }
+}
+
+bool ReadableFile::at_end() {
+  char c;
+  return read_some(&c, 1) == 0;
+}
+
+void ReadableFile::read_exact_at(std::uint64_t offset, char* dst, std::size_t n) {
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd_, dst + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(who_, ": error reading '", path_, "' at byte ", offset + got, ": ", std::strerror(errno));
+    if (r == 0) {
+      fail(who_, ": '", path_, "' ended at byte ", offset + got, " although it held ", size_,
+           " bytes when opened (it changed while being read)");
+    }
+    got += static_cast<std::size_t>(r);
+  }
+}
+
+std::string read_file(const std::string& path, const std::string& who, std::uint64_t max_bytes) {
+  ReadableFile file(path, who);
+  auto too_large = [&](std::uint64_t n) {
+    fail(who, ": cannot read '", path, "': it holds ", n, " bytes, more than the limit of ", max_bytes);
+  };
+  if (file.size() > max_bytes) too_large(file.size());
+  std::string bytes(static_cast<std::size_t>(file.size()), '\0');
+  bytes.resize(file.read_some(bytes.data(), bytes.size()));
+  // A file that grew after fstat: read on to its end, within the limit.
+  char buf[65536];
+  while (std::size_t got = file.read_some(buf, sizeof buf)) {
+    if (bytes.size() + got > max_bytes) too_large(bytes.size() + got);
+    bytes.append(buf, got);
+  }
+  return bytes;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Writing
+
+std::string temporary_path(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
+
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks, const std::string& who) {
+  const std::string tmp = temporary_path(path);
+  auto failed = [&](const auto&... detail) {
+    fail(who, ": cannot write '", path, "': ", detail..., " (anything already at that path is unchanged)");
+  };
+  if (path.empty()) fail(who, ": cannot write a file: the path is empty");
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) failed(std::strerror(EISDIR));
+    if (!S_ISREG(st.st_mode)) failed("it is ", kind_of(st.st_mode), ", not a regular file");
+  }
+
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (fd.get() < 0) failed("creating the temporary file '", tmp, "' failed: ", std::strerror(errno));
+  // From here on every failure removes the temporary file first.
+  auto failed_after_create = [&](const char* step, int err, const auto&... detail) {
+    if (fd.get() >= 0) fd.close();
+    ::unlink(tmp.c_str());
+    failed(step, " the temporary file '", tmp, "' failed", detail..., ": ", std::strerror(err));
+  };
+
+  std::uint64_t total = 0, written = 0;
+  for (std::string_view c : chunks) total += c.size();
+  for (std::string_view c : chunks) {
+    const char* p = c.data();
+    std::size_t left = c.size();
+    while (left > 0) {
+      const ssize_t w = ::write(fd.get(), p, left);
+      if (w < 0 && errno == EINTR) continue;
+      // write returns 0 only if nothing could be written (on a regular file: no space).
+      if (w <= 0) failed_after_create("writing", w < 0 ? errno : ENOSPC, " after ", written, " of ", total, " bytes");
+      p += w;
+      left -= static_cast<std::size_t>(w);
+      written += static_cast<std::uint64_t>(w);
+    }
+  }
+  if (::fsync(fd.get()) != 0) failed_after_create("syncing", errno);
+  if (fd.close() != 0) failed_after_create("closing", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) failed_after_create("renaming", errno, " over it");
+
+  // Make the rename itself durable. A folder that cannot be opened for reading cannot be synced:
+  // the file is written, as before this step existed. EINVAL: the file system cannot sync folders.
+  const std::string dir = split_path(path).first;
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() >= 0 && ::fsync(dfd.get()) != 0 && errno != EINVAL) {
+    fail(who, ": '", path, "' was written, but syncing its folder '", dir, "' failed: ", std::strerror(errno),
+         "; after a crash the folder may still show the earlier file");
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& who) {
+  write_file_atomically(path, std::vector<std::string_view>{bytes}, who);
+}
+
+void check_writable_file(const std::string& path, const std::string& who) {
+  if (path.empty()) fail(who, ": cannot write a file: the path is empty");
+  const auto [dir, name] = split_path(path);
+  if (name.empty()) fail(who, ": cannot write '", path, "': the path names a folder, not a file");
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) fail(who, ": cannot write '", path, "': folder '", dir, "': ", std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) fail(who, ": cannot write '", path, "': folder '", dir, "': ", std::strerror(ENOTDIR));
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) fail(who, ": cannot write '", path, "': ", std::strerror(EISDIR));
+    if (!S_ISREG(st.st_mode)) fail(who, ": cannot write '", path, "': it is ", kind_of(st.st_mode), ", not a regular file");
+  } else if (errno != ENOENT) {
+    fail(who, ": cannot write '", path, "': ", std::strerror(errno));
+  }
+  // The probe has the name a killed writer's temporary would have, so remove_stale_temporaries
+  // also cleans up after a run killed right here.
+  if (const int err = probe_folder(dir, split_path(temporary_path(path)).second)) {
+    fail(who, ": cannot write '", path, "': creating a file in '", dir, "' failed: ", std::strerror(err));
+  }
+}
+
+void prepare_output_dir(const std::string& dir, const std::string& who) {
+  if (dir.empty()) fail(who, ": the output folder name is empty");
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) fail(who, ": cannot use '", dir, "' as a folder: it is ", kind_of(st.st_mode), " (", std::strerror(ENOTDIR), ")");
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    // A concurrent creator may win the race; what matters is that the folder exists now.
+    if (ec && !(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
+      fail(who, ": cannot create the folder '", dir, "': ", ec.message());
+    }
+  }
+  if (const int err = probe_folder(dir, ".xgrad_probe.tmp." + std::to_string(::getpid()))) {
+    fail(who, ": cannot create files in the folder '", dir, "': ", std::strerror(err));
+  }
+}
+
+std::size_t remove_stale_temporaries(const std::string& path) {
+  const auto [dir, name] = split_path(path);
+  if (name.empty()) return 0;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return 0;
+  const std::string prefix = name + ".tmp.";
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view entry(e->d_name);
+    pid_t pid = 0;
+    if (entry.size() <= prefix.size() || entry.compare(0, prefix.size(), prefix) != 0) continue;
+    if (!parse_pid(entry.substr(prefix.size()), pid) || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    stale.emplace_back(entry);
+  }
+  std::size_t removed = 0;
+  for (const std::string& f : stale) {
+    struct stat st;
+    if (::fstatat(::dirfd(d), f.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    removed += ::unlinkat(::dirfd(d), f.c_str(), 0) == 0;
+  }
+  ::closedir(d);
+  return removed;
+}
+
+}  // namespace xgrad

@@ -1,0 +1,274 @@
+// blas::sgemm: picks the engine for each product and splits large products across xgrad's kernel
+// threads. The engines themselves live in gemm_openblas.cpp and gemm_onednn.cpp.
+#include "xgrad/core/kernels/blas.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/detail/gemm_engines.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
+
+namespace xgrad::blas {
+
+namespace {
+
+#ifdef XGRAD_HAS_ONEDNN
+constexpr bool kHaveOnednn = true;
+#else
+constexpr bool kHaveOnednn = false;
+#endif
+
+// Products of fewer multiply-adds than this go to OpenBLAS under `automatic`. Measured on one
+// core with bench_gemm (bench/gemm.cpp), every shape of the benchmarks' steps: oneDNN is 1.6x to
+// 2.1x OpenBLAS's rate from 32 x 32 x 32 up, equal around 32 x 32 x 16 (16K multiply-adds) and
+// about half of it at 16 x 16 x 16, where its per-call overhead dominates.
+constexpr std::size_t kOnednnMinWork = std::size_t{1} << 14;
+
+constexpr int kUnset = -1;
+std::atomic<int> chosen{kUnset};
+
+void check_built(Engine e, const char* who) {
+  if (e == Engine::onednn && !kHaveOnednn)
+    fail(who, ": this xgrad was built without oneDNN (install libdnnl-dev and reconfigure); use openblas or auto");
+}
+
+Engine from_environment() {
+  const char* text = std::getenv("XGRAD_GEMM");
+  if (!text || !*text) return Engine::automatic;
+  Engine e;
+  try {
+    e = parse_engine(text);
+  } catch (const Error&) {
+    fail("XGRAD_GEMM: '", text, "' is not an engine (openblas, onednn or auto)");
+  }
+  check_built(e, "XGRAD_GEMM=onednn");
+  return e;
+}
+
+void run_engine(Engine e, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // C = beta C, as BLAS defines it (beta 0 sets C to 0 whatever it held); oneDNN refuses K = 0.
+    for (std::size_t i = 0; i < m; ++i) {
+      float* row = c + i * ldc;
+      for (std::size_t j = 0; j < n; ++j) row[j] = beta == 0.f ? 0.f : beta * row[j];
+    }
+    return;
+  }
+#ifdef XGRAD_HAS_ONEDNN
+  if (e == Engine::onednn) return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  (void)e;
+#endif
+  detail::openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
+void set_engine(Engine engine) {
+  check_built(engine, "blas::set_engine(onednn)");
+  chosen.store(static_cast<int>(engine));
+}
+
+Engine engine() {
+  int e = chosen.load();
+  if (e == kUnset) {
+    // The environment is read on first use; a concurrent set_engine wins.
+    int expected = kUnset;
+    chosen.compare_exchange_strong(expected, static_cast<int>(from_environment()));
+    e = chosen.load();
+  }
+  return static_cast<Engine>(e);
+}
+
+bool has_engine(Engine engine) { return engine != Engine::onednn || kHaveOnednn; }
+
+Engine engine_for(std::size_t m, std::size_t n, std::size_t k) {
+  const Engine e = engine();
+  if (e != Engine::automatic) return e;
+  if (!kHaveOnednn) return Engine::openblas;
+  return m * n * std::max<std::size_t>(k, 1) >= kOnednnMinWork ? Engine::onednn : Engine::openblas;
+}
+
+std::string engine_name(Engine engine) {
+  switch (engine) {
+    case Engine::automatic: return "auto";
+    case Engine::openblas: return "openblas";
+    case Engine::onednn: return "onednn";
+  }
+  return "?";
+}
+
+Engine parse_engine(const std::string& name) {
+  if (name == "auto") return Engine::automatic;
+  if (name == "openblas") return Engine::openblas;
+  if (name == "onednn") return Engine::onednn;
+  fail("blas::parse_engine: '", name, "' is not an engine (openblas, onednn or auto)");
+}
+
+namespace {
+
+// Rows lo..hi of Y = X W^T + bias on the calling thread.
+void linear_rows(Engine e, std::size_t lo, std::size_t hi, std::size_t out, std::size_t in, const float* x,
+                 const float* w, const float* bias, float* y) {
+  const std::size_t rows = hi - lo;
+  x += lo * in;
+  y += lo * out;
+  // The product first, then the bias added while the rows are in cache (copying the bias rows
+  // first, one memmove per row, measured the same).
+  run_engine(e, false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* row = y + r * out;
+    for (std::size_t j = 0; j < out; ++j) row[j] += bias[j];
+  }
+}
+
+}  // namespace
+
+void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
+            float* y) {
+  if (!bias) return sgemm(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  const Engine e = engine_for(rows, out, in);
+  const std::size_t work = rows * out * std::max<std::size_t>(in, 1);
+  if (work < 2 * kGrainGemm) return linear_rows(e, 0, rows, out, in, x, w, bias, y);
+  parallel_for(rows, grain_for(kGrainGemm, work / rows), [=](std::size_t lo, std::size_t hi) {
+    linear_rows(e, lo, hi, out, in, x, w, bias, y);
+  });
+}
+
+namespace {
+
+// oneDNN's A^T B runs at about 160 GFLOP/s when C is at least twice as tall as wide and about 195
+// on the transposed product B^T A. Measured on one core, direct against transposed including the
+// transpose: 1024 x 256 x 2048 158 -> 190, 2048 x 512 x 1024 161 -> 188, 256 x 64 x 2048
+// 165 -> 203, but 2048 x 1024 x 2048 lost 2%, so C is swapped only up to 2^20 elements
+// (bench_gemm's TN rows show the result). These are the weight gradients of layers that widen
+// their input (the FFN's first Linear: dW = dY^T X).
+constexpr std::size_t kSwapMaxElements = std::size_t{1} << 20;
+
+bool swap_tall_tn(Engine e, bool trans_a, bool trans_b, std::size_t m, std::size_t n) {
+  return e == Engine::onednn && trans_a && !trans_b && m >= 2 * n && m * n <= kSwapMaxElements;
+}
+
+// C (m x n, row stride ldc) = beta C + T^T, T (n x m) contiguous, in 16 x 16 tiles.
+void add_transposed(std::size_t m, std::size_t n, const float* t, float beta, float* c, std::size_t ldc) {
+  constexpr std::size_t kTile = 16;
+  parallel_for((m + kTile - 1) / kTile, grain_for(kGrainCheap, kTile * n), [=](std::size_t lo, std::size_t hi) {
+    for (std::size_t i0 = lo * kTile; i0 < std::min(m, hi * kTile); i0 += kTile) {
+      const std::size_t i1 = std::min(m, i0 + kTile);
+      for (std::size_t j0 = 0; j0 < n; j0 += kTile) {
+        const std::size_t j1 = std::min(n, j0 + kTile);
+        for (std::size_t i = i0; i < i1; ++i) {
+          float* row = c + i * ldc;
+          // beta 0 ignores what C held, NaN included, as BLAS does
+          if (beta == 0.f) {
+            for (std::size_t j = j0; j < j1; ++j) row[j] = t[j * m + i];
+          } else {
+            for (std::size_t j = j0; j < j1; ++j) row[j] = beta * row[j] + t[j * m + i];
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+           const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+           std::size_t ldc) {
+  if (k > 0 && swap_tall_tn(engine_for(m, n, k), trans_a, trans_b, m, n)) {
+    // C^T = alpha B^T A, computed (n x m, now wide: no second swap) and added transposed
+    const std::unique_ptr<float[]> t(new float[m * n]);  // beta 0 below: no need to zero it
+    sgemm(true, false, n, m, k, alpha, b, ldb, a, lda, 0.f, t.get(), m);
+    return add_transposed(m, n, t.get(), beta, c, ldc);
+  }
+  // Large products are split here across the kernel threads, by rows of C when it is tall and by
+  // columns when it is wide; each piece runs over the full K, with the engine chosen for the
+  // whole product. Below 2 * kGrainGemm multiply-adds waking a second thread costs more than it
+  // saves. An engine may round some elements of a piece differently from the whole product (by an
+  // ulp), so results agree across thread counts to rounding, not to the bit.
+  const std::size_t work = m * n * std::max<std::size_t>(k, 1);
+  const Engine e = engine_for(m, n, k);
+  if (work < 2 * kGrainGemm) return run_engine(e, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (m >= n) {
+    const std::size_t grain = grain_for(kGrainGemm, work / m);
+    parallel_for(m, grain, [=](std::size_t lo, std::size_t hi) {
+      // rows lo..hi of op(A): A is m x k stored (trans: k x m)
+      const float* a_part = trans_a ? a + lo : a + lo * lda;
+      run_engine(e, trans_a, trans_b, hi - lo, n, k, alpha, a_part, lda, b, ldb, beta, c + lo * ldc, ldc);
+    });
+  } else {
+    const std::size_t grain = grain_for(kGrainGemm, work / n);
+    parallel_for(n, grain, [=](std::size_t lo, std::size_t hi) {
+      // columns lo..hi of op(B): B is k x n stored (trans: n x k)
+      const float* b_part = trans_b ? b + lo * ldb : b + lo;
+      run_engine(e, trans_a, trans_b, m, hi - lo, k, alpha, a, lda, b_part, ldb, beta, c + lo, ldc);
+    });
+  }
+}
+
+namespace {
+
+// Batched products go to oneDNN's matmul primitive, one call per range of b, when each product
+// is 2^12 to 2^21 multiply-adds. The rule reads the product alone, not how many there are, so
+// how a caller splits its batch (by thread count) never changes which engine computes a product.
+// bench_gemm's second table (one core, attention's products of each benchmark configuration, one
+// call against the loop of sgemm it replaced): 1.7x to 2.7x on tiny's 32 x 32 x 16 heads, 1.1x
+// to 1.6x on small's and standard's. Measured apart: long's 1024 x 1024 x 64 heads ran at 175
+// GFLOP/s in one call against 196 in the loop; 64 x 4 products of 16^3 at 74 against 23, and of
+// 8^3 at 15 against 6, but 2 of 8^3 at 0.2 against 3.3 (a call costs a few microseconds).
+constexpr std::size_t kBatchedMinWork = std::size_t{1} << 12;
+
+std::atomic<std::size_t> primitive_calls{0};
+constexpr std::size_t kBatchedMaxWork = std::size_t{1} << 21;
+
+template <class T>
+Strided<T> from_batch(Strided<T> s, std::size_t b) {
+  s.data += b * s.batch_stride;
+  return s;
+}
+
+}  // namespace
+
+void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
+                   std::size_t k, float alpha, Strided<const float> a, Strided<const float> b, float beta,
+                   Strided<float> c) {
+  if (batches == 0 || heads == 0 || m == 0 || n == 0) return;
+  const std::size_t per_product = m * n * std::max<std::size_t>(k, 1), work = per_product * heads * batches;
+  const bool primitive = kHaveOnednn && engine() != Engine::openblas && k > 0 && per_product >= kBatchedMinWork &&
+                         per_product <= kBatchedMaxWork;
+  auto range = [=](std::size_t lo, std::size_t hi) {
+#ifdef XGRAD_HAS_ONEDNN
+    if (primitive && detail::onednn_sgemm_batched(trans_a, trans_b, hi - lo, heads, m, n, k, alpha, from_batch(a, lo),
+                                                  from_batch(b, lo), beta, from_batch(c, lo))) {
+      primitive_calls.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+#else
+    (void)primitive;
+#endif
+    // sgemm, not the engine directly: it applies the tall A^T B swap (inside this range it runs
+    // on the calling thread)
+    for (std::size_t i = lo; i < hi; ++i) {
+      for (std::size_t h = 0; h < heads; ++h) {
+        sgemm(trans_a, trans_b, m, n, k, alpha, a.data + i * a.batch_stride + h * a.head_stride, a.ld,
+              b.data + i * b.batch_stride + h * b.head_stride, b.ld, beta, c.data + i * c.batch_stride + h * c.head_stride,
+              c.ld);
+      }
+    }
+  };
+  if (work < 2 * kGrainGemm) return range(0, batches);
+  parallel_for(batches, grain_for(kGrainGemm, per_product * heads), range);
+}
+
+namespace detail {
+std::size_t onednn_batched_calls() { return primitive_calls.load(); }
+}  // namespace detail
+
+}  // namespace xgrad::blas

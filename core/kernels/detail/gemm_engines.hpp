@@ -1,0 +1,42 @@
+// The engines behind blas::sgemm, one translation unit each (their headers clash with
+// xtensor-blas's and with each other's enums). Each computes one row-major product serially, on
+// the calling thread; blas.cpp chooses the engine and splits large products across threads.
+#pragma once
+
+#include <cstddef>
+
+#include "xgrad/core/kernels/blas.hpp"
+
+namespace xgrad::blas::detail {
+
+void openblas_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                    const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                    std::size_t ldc);
+
+// Defined only when xgrad is built with oneDNN (XGRAD_HAS_ONEDNN).
+void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                  const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                  std::size_t ldc);
+// blas::sgemm_batched over all `batches` in one call of oneDNN's matmul primitive (k > 0). Returns
+// false, computing nothing, when oneDNN has no primitive for these strides.
+bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
+                          std::size_t n, std::size_t k, float alpha, Strided<const float> a, Strided<const float> b,
+                          float beta, Strided<float> c);
+
+// How many calls of oneDNN's matmul primitive blas::sgemm_batched has made so far (0 without
+// oneDNN); tests check that the path runs.
+std::size_t onednn_batched_calls();
+
+// While alive, holds the calling thread's OpenMP thread count at 1 (see gemm_onednn.cpp).
+class OnednnOnThisThread {
+ public:
+  OnednnOnThisThread();
+  ~OnednnOnThisThread();
+  OnednnOnThisThread(const OnednnOnThisThread&) = delete;
+  OnednnOnThisThread& operator=(const OnednnOnThisThread&) = delete;
+
+ private:
+  int outer_;
+};
+
+}  // namespace xgrad::blas::detail

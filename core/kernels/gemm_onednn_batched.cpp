@@ -1,0 +1,143 @@
+// blas::sgemm_batched on oneDNN's matmul primitive: one call computes a whole batch of products
+// whose operands sit at regular strides (attention's heads), so oneDNN's per-call cost is paid
+// once per batch instead of once per head. A primitive is built (and JIT-compiled, about 1.5 ms)
+// once per shape (batch count included: a model's calls have a handful), strides, alpha and beta,
+// and kept. Built only with oneDNN.
+//
+// Threads: each primitive runs with a scratchpad the caller provides (scratchpad_mode::user), one
+// per thread. oneDNN's own scratchpad belongs to the thread that created the primitive, so a
+// cached primitive run by two threads at once would have them write over each other's
+// (tests/test_gemm_engines.cpp fails that way).
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include <dnnl.hpp>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/detail/gemm_engines.hpp"
+
+namespace xgrad::blas::detail {
+
+namespace {
+
+struct Built {
+  bool ok = false;  // oneDNN refused these descriptors: the caller loops over sgemm instead
+  dnnl::matmul matmul;
+  dnnl::memory::desc src, weights, dst, scratch;
+};
+
+using Key = std::array<std::int64_t, 18>;
+
+// Shapes seen by one program are few (a model has a handful); the cache is emptied if a program
+// cycles through more than this many, so it cannot grow without bound.
+constexpr std::size_t kMaxBuilt = 512;
+
+dnnl::engine& cpu() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+std::int64_t bits_of(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// Dims (B, H, rows, cols) of an operand stored row-major with row stride ld, or transposed.
+dnnl::memory::desc operand(std::int64_t B, std::int64_t H, std::int64_t rows, std::int64_t cols, bool trans,
+                           const Strided<const float>& s) {
+  const auto ld = static_cast<std::int64_t>(s.ld), bs = static_cast<std::int64_t>(s.batch_stride),
+             hs = static_cast<std::int64_t>(s.head_stride);
+  return dnnl::memory::desc({B, H, rows, cols}, dnnl::memory::data_type::f32,
+                            trans ? dnnl::memory::dims{bs, hs, 1, ld} : dnnl::memory::dims{bs, hs, ld, 1});
+}
+
+Built build(bool ta, bool tb, std::int64_t B, std::int64_t H, std::int64_t m, std::int64_t n, std::int64_t k,
+            float alpha, const Strided<const float>& a, const Strided<const float>& b, float beta,
+            const Strided<float>& c) {
+  Built built;
+  try {
+    built.src = operand(B, H, m, k, ta, a);
+    built.weights = operand(B, H, k, n, tb, b);
+    built.dst = operand(B, H, m, n, false, {c.data, c.ld, c.batch_stride, c.head_stride});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.f) {
+      dnnl::post_ops sum;
+      sum.append_sum(beta);
+      attr.set_post_ops(sum);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.src, built.weights, built.dst), attr, cpu());
+    built.matmul = dnnl::matmul(pd);
+    built.scratch = pd.scratchpad_desc();
+    built.ok = true;
+  } catch (const dnnl::error&) {
+    built.ok = false;  // descriptors or a primitive oneDNN does not support: the caller loops
+  }
+  return built;
+}
+
+// A copy (dnnl objects are reference-counted handles), taken under the lock: another thread may
+// empty the cache as soon as it is released.
+Built built_for(const Key& key, bool ta, bool tb, std::int64_t B, std::int64_t H, std::int64_t m, std::int64_t n,
+                std::int64_t k, float alpha, const Strided<const float>& a, const Strided<const float>& b, float beta,
+                const Strided<float>& c) {
+  static std::mutex mutex;
+  static std::map<Key, Built> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= kMaxBuilt) cache.clear();
+  return cache.emplace(key, build(ta, tb, B, H, m, n, k, alpha, a, b, beta, c)).first->second;
+}
+
+}  // namespace
+
+bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
+                          std::size_t n, std::size_t k, float alpha, Strided<const float> a, Strided<const float> b,
+                          float beta, Strided<float> c) {
+  const OnednnOnThisThread serial;
+  const auto B = static_cast<std::int64_t>(batches), H = static_cast<std::int64_t>(heads);
+  const auto M = static_cast<std::int64_t>(m), N = static_cast<std::int64_t>(n), K = static_cast<std::int64_t>(k);
+  const Key key = {trans_a,
+                   trans_b,
+                   B,
+                   H,
+                   M,
+                   N,
+                   K,
+                   static_cast<std::int64_t>(a.ld),
+                   static_cast<std::int64_t>(a.batch_stride),
+                   static_cast<std::int64_t>(a.head_stride),
+                   static_cast<std::int64_t>(b.ld),
+                   static_cast<std::int64_t>(b.batch_stride),
+                   static_cast<std::int64_t>(b.head_stride),
+                   static_cast<std::int64_t>(c.ld),
+                   static_cast<std::int64_t>(c.batch_stride),
+                   static_cast<std::int64_t>(c.head_stride),
+                   bits_of(alpha),
+                   bits_of(beta)};
+  try {
+    const Built use = built_for(key, trans_a, trans_b, B, H, M, N, K, alpha, a, b, beta, c);
+    if (!use.ok) return false;
+    thread_local dnnl::stream stream(cpu());
+    thread_local std::vector<std::uint8_t> scratch;
+    if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
+    dnnl::memory src(use.src, cpu(), const_cast<float*>(a.data)), weights(use.weights, cpu(), const_cast<float*>(b.data)),
+        dst(use.dst, cpu(), c.data), pad(use.scratch, cpu(), scratch.data());
+    use.matmul.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst},
+                                {DNNL_ARG_SCRATCHPAD, pad}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    fail("blas::sgemm_batched: oneDNN's matmul failed (", e.what(), ") on ", batches, " x ", heads, " products of ", m,
+         " x ", n, " x ", k);
+  }
+  return true;
+}
+
+}  // namespace xgrad::blas::detail
