@@ -1,8 +1,4 @@
-// Adam and AdamW, following torch.optim.Adam / AdamW (t counts this parameter's updates):
-//   Adam:  g = grad + weight_decay * p                (L2 penalty folded into the gradient)
-//   AdamW: p = p * (1 - lr * weight_decay); g = grad  (decoupled weight decay)
-//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
-//   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// Adam and AdamW, following torch.optim.Adam / AdamW.
 #pragma once
 
 #include "xgrad/core/arg.hpp"
@@ -10,24 +6,45 @@
 
 namespace xgrad::optim {
 
+/// The options of Adam and AdamW, set as in AdamOptions(3e-4f).beta2(0.95f).
 struct AdamOptions {
+  /// The learning rate `lr`, and torch.optim.Adam's defaults for the rest.
   explicit AdamOptions(float lr = 1e-3f) : lr_(lr) {}
+  /// The learning rate: finite and >= 0.
   XGRAD_REQUIRED_ARG(float, lr);
+  /// The decay of the first moment: in [0, 1).
   XGRAD_ARG(float, beta1, 0.9f);
+  /// The decay of the second moment: in [0, 1).
   XGRAD_ARG(float, beta2, 0.999f);
+  /// Added to the denominator: finite and > 0.
   XGRAD_ARG(float, eps, 1e-8f);
-  XGRAD_ARG(float, weight_decay, 0.f);  // AdamW's default is 0.01: see AdamW
+  /// The weight decay: in [0, 1e30]. AdamW's default is 0.01: see AdamW.
+  XGRAD_ARG(float, weight_decay, 0.f);
 };
 
+/// Adam, following torch.optim.Adam. The update of Adam and AdamW, where t counts this
+/// parameter's updates:
+///
+///     Adam:  g = grad + weight_decay * p                (L2 penalty folded into the gradient)
+///     AdamW: p = p * (1 - lr * weight_decay); g = grad  (decoupled weight decay)
+///     m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+///     p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+///
+/// Its state_dict slots are "exp_avg" (m) and "exp_avg_sq" (v).
 class Adam : public Optimizer {
  public:
+  /// Adam over named parameters. Throws naming an option outside its range (see AdamOptions),
+  /// and for the parameters the Optimizer base refuses.
   Adam(NamedTensors params, const AdamOptions& options);
+  /// The same, with the parameters named by their index: "0", "1", ...
   Adam(const std::vector<Tensor>& params, const AdamOptions& options);
-  // The options in use (lr as lr() gives it).
+  /// The options in use (lr as lr() gives it).
   AdamOptions options() const { return AdamOptions(options_).lr(lr()); }
 
  protected:
+  /// Adam (`decoupled` false) or AdamW (true), its type named `who` in messages and state_dict.
   Adam(NamedTensors params, const AdamOptions& options, bool decoupled, const char* who);
+  /// The same, with the parameters named by their index.
   Adam(const std::vector<Tensor>& params, const AdamOptions& options, bool decoupled, const char* who);
 
  private:
@@ -40,11 +57,15 @@ class Adam : public Optimizer {
   bool decoupled_;
 };
 
-// Adam with decoupled weight decay. Options default to weight_decay 0.01 as in PyTorch.
+/// Adam with decoupled weight decay (the update is Adam's). Options default to weight_decay 0.01
+/// as in PyTorch when none are given (defaults()); AdamOptions(lr) alone has weight_decay 0.
 class AdamW : public Adam {
  public:
+  /// AdamOptions(lr) with weight_decay 0.01, as torch.optim.AdamW has.
   static AdamOptions defaults(float lr = 1e-3f) { return AdamOptions(lr).weight_decay(0.01f); }
+  /// AdamW over named parameters; throws as Adam's constructor does.
   AdamW(NamedTensors params, const AdamOptions& options = defaults());
+  /// The same, with the parameters named by their index: "0", "1", ...
   AdamW(const std::vector<Tensor>& params, const AdamOptions& options = defaults());
 };
 
