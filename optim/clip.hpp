@@ -12,7 +12,7 @@ namespace xgrad::optim {
 /// clipping. A non-finite norm is returned as is and the gradients are left unchanged. Throws
 /// for a max_norm outside [0, 1e30].
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm);
-/// The same for named parameters (a module's parameters()).
+/// The same for named parameters (a module's named_parameters()).
 float clip_grad_norm(const NamedTensors& params, float max_norm);
 
 }  // namespace xgrad::optim
