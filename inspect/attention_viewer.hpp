@@ -11,10 +11,10 @@
 
 namespace xgrad::inspect {
 
-// The page for sequence `batch` of every "*.pattern" point in the cache (one layer each, in the
-// cache's order), with tokens (T labels, any UTF-8) on both axes. Throws, naming the point,
-// when the cache has no pattern, a pattern is not (B, H, T, T) with T = tokens.size(), or
-// batch >= B.
+/// The page for sequence `batch` of every "*.pattern" point in the cache (one layer each, in the
+/// cache's order), with tokens (T labels, any UTF-8) on both axes. Throws, naming the point,
+/// when the cache has no pattern, a pattern is not (B, H, T, T) with T = tokens.size() or holds
+/// a weight that is not finite, or batch >= B.
 std::string attention_viewer_html(const ActivationCache& cache, const std::vector<std::string>& tokens,
                                   std::size_t batch = 0, const std::string& title = "attention");
 

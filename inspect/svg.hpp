@@ -7,38 +7,58 @@
 
 namespace xgrad::inspect {
 
+/// One heatmap: values by row and column, with labels (see heatmap_svg).
 struct Heatmap {
+  /// Drawn above the map.
   std::string title;
-  std::vector<std::vector<double>> values;  // rows x columns
-  std::vector<std::string> row_labels, col_labels;
-  std::string row_axis = "query", col_axis = "key";
+  std::vector<std::vector<double>> values;  ///< rows x columns, every row as long as the first
+  /// The label of each row, in order; a row without one is unlabelled, and named by its index
+  /// when a cell is hovered.
+  std::vector<std::string> row_labels, col_labels;  ///< The label of each column, as row_labels.
+  /// The name of the row axis.
+  std::string row_axis = "query", col_axis = "key";  ///< The name of the column axis.
 };
 
-// One heatmap with labels and a colour bar from 0 to vmax (a vmax that is not a positive finite
-// number is taken as 1; NaN cells are grey, infinite ones take the end colours).
+//// One heatmap with labels and a colour bar from 0 to vmax (a vmax that is not a positive finite
+/// number is taken as 1; NaN cells are grey, infinite ones take the end colours).
 std::string heatmap_svg(const Heatmap& map, double vmax = 1.0);
-// Several heatmaps side by side, `columns` per row, sharing one colour bar.
+/// Several heatmaps side by side, `columns` per row (clamped to [1, maps.size()]), sharing one
+/// colour bar with vmax as heatmap_svg takes it.
 std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, double vmax = 1.0);
 
+/// One line of a LinePlot: the points (x[i], y[i]); those with a non-finite y are left out.
 struct Series {
+  /// The name in the legend.
   std::string name;
-  std::vector<double> x, y;
+  /// The x coordinates (as many as y; the longer of the two is cut).
+  std::vector<double> x, y;  ///< The y coordinates.
 };
 
+/// A line plot of one or more series (see line_plot_svg).
 struct LinePlot {
+  /// Drawn above the plot.
   std::string title, x_label, y_label;
+  /// @var x_label
+  /// The name of the x axis.
+  /// @var y_label
+  /// The name of the y axis.
+
+  /// The lines, drawn in 6 colours that repeat.
   std::vector<Series> series;
+  /// A logarithmic y axis (values below 1e-12 are drawn at 1e-12).
   bool log_y = false;
+  /// A dot at every point.
   bool markers = false;
 };
 
+/// The plot with axes spanning the points drawn, and a legend of the series' names.
 std::string line_plot_svg(const LinePlot& plot);
 
-// s with & < > " as entities: safe as XML or HTML text and inside double-quoted attributes.
+/// s with & < > " as entities: safe as XML or HTML text and inside double-quoted attributes.
 std::string xml_escape(const std::string& s);
 
-// Writes text to path atomically (an earlier file survives a failure); throws xgrad::Error
-// naming the path.
+/// Writes text to path atomically (an earlier file survives a failure); throws xgrad::Error
+/// naming the path.
 void write_text_file(const std::string& path, const std::string& text);
 
 }  // namespace xgrad::inspect
