@@ -19,7 +19,7 @@ struct Heatmap {
   std::string row_axis = "query", col_axis = "key";  ///< The name of the column axis.
 };
 
-//// One heatmap with labels and a colour bar from 0 to vmax (a vmax that is not a positive finite
+/// One heatmap with labels and a colour bar from 0 to vmax (a vmax that is not a positive finite
 /// number is taken as 1; NaN cells are grey, infinite ones take the end colours).
 std::string heatmap_svg(const Heatmap& map, double vmax = 1.0);
 /// Several heatmaps side by side, `columns` per row (clamped to [1, maps.size()]), sharing one
