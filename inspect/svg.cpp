@@ -91,11 +91,20 @@ std::string open_svg(double w, double h) {
   return os.str();
 }
 
-}  // namespace
+// Every row is drawn as long as the first: a ragged map would be read past a row's end.
+void check_rows(const std::vector<Heatmap>& maps, const char* who) {
+  for (std::size_t i = 0; i < maps.size(); ++i) {
+    const auto& v = maps[i].values;
+    for (std::size_t r = 1; r < v.size(); ++r) {
+      if (v[r].size() != v[0].size()) {
+        fail(who, ": map ", i, " ('", maps[i].title, "') has rows of different lengths: row 0 has ", v[0].size(),
+             " values and row ", r, " has ", v[r].size());
+      }
+    }
+  }
+}
 
-std::string heatmap_svg(const Heatmap& m, double vmax) { return heatmap_grid_svg({m}, 1, vmax); }
-
-std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, double vmax) {
+std::string grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, double vmax) {
   if (maps.empty()) return open_svg(10, 10) + "</svg>\n";
   if (!(vmax > 0) || !std::isfinite(vmax)) vmax = 1.0;
   columns = std::max<std::size_t>(1, std::min(columns, maps.size()));
@@ -112,6 +121,18 @@ std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t colum
   draw_colour_bar(os, cell_w * columns + 6, kTitle, std::min(cell_h - kTitle - kLabel, 200.0), vmax);
   os << "</svg>\n";
   return os.str();
+}
+
+}  // namespace
+
+std::string heatmap_svg(const Heatmap& m, double vmax) {
+  check_rows({m}, "heatmap_svg");
+  return grid_svg({m}, 1, vmax);
+}
+
+std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, double vmax) {
+  check_rows(maps, "heatmap_grid_svg");
+  return grid_svg(maps, columns, vmax);
 }
 
 namespace {

@@ -11,7 +11,7 @@ namespace xgrad::inspect {
 struct Heatmap {
   /// Drawn above the map.
   std::string title;
-  std::vector<std::vector<double>> values;  ///< rows x columns, every row as long as the first
+  std::vector<std::vector<double>> values;  ///< rows x columns; every row as long as the first (an Error otherwise)
   /// The label of each row, in order; a row without one is unlabelled, and named by its index
   /// when a cell is hovered.
   std::vector<std::string> row_labels, col_labels;  ///< The label of each column, as row_labels.
@@ -20,10 +20,11 @@ struct Heatmap {
 };
 
 /// One heatmap with labels and a colour bar from 0 to vmax (a vmax that is not a positive finite
-/// number is taken as 1; NaN cells are grey, infinite ones take the end colours).
+/// number is taken as 1; NaN cells are grey, infinite ones take the end colours). Throws Error,
+/// naming the map and row, when the rows differ in length.
 std::string heatmap_svg(const Heatmap& map, double vmax = 1.0);
 /// Several heatmaps side by side, `columns` per row (clamped to [1, maps.size()]), sharing one
-/// colour bar with vmax as heatmap_svg takes it.
+/// colour bar with vmax as heatmap_svg takes it, and the same check of each map's rows.
 std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, double vmax = 1.0);
 
 /// One line of a LinePlot: the points (x[i], y[i]); those with a non-finite y are left out.

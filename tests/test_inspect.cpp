@@ -20,6 +20,7 @@
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/logit_lens.hpp"
 #include "xgrad/inspect/patching.hpp"
+#include "xgrad/inspect/svg.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 #include "small_models.hpp"
@@ -365,4 +366,22 @@ TEST_CASE("patching a root attention module: its points have no dotted path, and
       for (std::size_t c = 4; c < 8; ++c) REQUIRE(context(0, t, c) == source.at("context")(0, t, c));
   }
   REQUIRE_THROWS_WITH(PatchSet(attention, source, {{"out", 0, {}}}), Contains("point 'out' has no heads"));
+}
+
+TEST_CASE("heatmap SVGs: NaN cells are grey, a vmax that is no positive number is 1, ragged rows are refused") {
+  Heatmap m;
+  m.title = "t";
+  m.values = {{0.0, std::nan("")}, {1.0, 0.5}};
+  for (const double vmax : {0.0, -1.0, std::nan(""), HUGE_VAL}) {
+    const std::string svg = heatmap_svg(m, vmax);
+    CHECK(svg.find("#999999'><title>query 0, key 1: nan") != std::string::npos);
+    // Value 1 at the top of a 0..1 scale: the last viridis stop; 0.5 the middle one.
+    CHECK(svg.find("fill='#fde725'><title>query 1, key 0: 1<") != std::string::npos);
+    CHECK(svg.find("fill='#21918c'><title>query 1, key 1: 0.5<") != std::string::npos);
+  }
+  m.values = {{0.0, 1.0}, {1.0}};
+  CHECK_THROWS_WITH(heatmap_svg(m), Contains("heatmap_svg: map 0 ('t') has rows of different lengths: row 0 has 2 values and row 1 has 1"));
+  Heatmap ok;
+  ok.values = {{1.0}};
+  CHECK_THROWS_WITH(heatmap_grid_svg({ok, m}, 2), Contains("heatmap_grid_svg: map 1 ('t') has rows of different lengths"));
 }
