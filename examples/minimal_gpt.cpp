@@ -68,12 +68,6 @@ Batch random_batch(const std::string& text, Generator& gen) {
   return windows(text, starts);
 }
 
-// The mean loss on held-out windows, without recording anything for backward.
-float validation_loss(const nn::LanguageModel& model, const Batch& valid) {
-  NoGradGuard no_grad;
-  return model.loss(valid.ids, valid.targets).item();
-}
-
 // Trains on all but the last n_valid bytes of the text, then samples from the model.
 int run(const std::string& text, std::size_t n_valid, std::size_t steps) {
   const std::string train = text.substr(0, text.size() - n_valid), held_out = text.substr(text.size() - n_valid);
@@ -94,7 +88,8 @@ int run(const std::string& text, std::size_t n_valid, std::size_t steps) {
   std::printf("text: %zu bytes (%zu to train on, %zu held out)  model: %zu parameters  steps: %zu of %zu x %zu bytes\n",
               text.size(), train.size(), held_out.size(), model.num_parameters(), steps, kBatch, kContext);
 
-  // The loop: forward, backward, update; a line every tenth of the run.
+  // The loop: forward, backward, update. A line at step 1 and every tenth of the run: the step's
+  // batch loss (before its update) and the held-out loss (after it).
   const std::size_t every = std::max<std::size_t>(1, steps / 10);
   for (std::size_t step = 1; step <= steps; ++step) {
     const Batch b = random_batch(train, gen);
@@ -107,7 +102,9 @@ int run(const std::string& text, std::size_t n_valid, std::size_t steps) {
     optimizer.set_lr(schedule.lr(step - 1));
     optimizer.step();
     if (step == 1 || step % every == 0 || step == steps) {
-      std::printf("step %5zu  train loss %.4f  valid loss %.4f\n", step, train_loss, validation_loss(model, valid));
+      NoGradGuard no_grad;  // the held-out loss records nothing for backward
+      const float valid_loss = model.loss(valid.ids, valid.targets).item();
+      std::printf("step %5zu  train loss %.4f  valid loss %.4f\n", step, train_loss, valid_loss);
       flush();
     }
   }
@@ -136,6 +133,8 @@ int main(int argc, char** argv) {
     text = read_file(argv[1], "the text file", std::uint64_t{1} << 30);
   } catch (const Error& e) {
     quit(2, e.what());  // missing, a folder, a device, unreadable, over 1 GiB
+  } catch (const std::exception& e) {
+    quit(1, e.what());  // no memory for it
   }
   const std::size_t n_valid = std::max(text.size() / 10, kContext + 1);
   if (text.size() < n_valid + kContext + 1) {
