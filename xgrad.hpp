@@ -1,4 +1,7 @@
-// Everything xgrad offers, in one include.
+/// @file
+/// Everything the xgrad library offers, in one include: `#include "xgrad/xgrad.hpp"` is the
+/// one umbrella header, for core/, nn/, optim/ and inspect/. Data-parallel training on MPI is the
+/// separate library xgrad::distributed, with its own headers under xgrad/distributed/.
 #pragma once
 
 #include "xgrad/core/arg.hpp"
@@ -39,3 +42,9 @@
 #include "xgrad/optim/optimizer.hpp"
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
+
+/// @namespace xgrad
+/// All of xgrad's API. Directly in it: tensors and the tape, the differentiable ops, gradient
+/// checking, random numbers, threads, errors and file I/O (the headers under core/; matrix
+/// products are in xgrad::blas). Modules are in xgrad::nn, optimizers in xgrad::optim, tools that
+/// look inside a model in xgrad::inspect, and data-parallel training in xgrad::distributed.

@@ -1,4 +1,5 @@
-// The one exception type xgrad throws, and helpers that format shapes into its messages.
+/// @file
+/// The one exception type xgrad throws, and helpers that format shapes into its messages.
 #pragma once
 
 #include <sstream>
@@ -7,14 +8,14 @@
 
 namespace xgrad {
 
-// Every error xgrad raises derives from Error; the message names the function and the
-// shapes or values that were wrong, e.g. "matmul: inner dimensions differ: (2, 3) @ (4, 5)".
+/// Every error xgrad raises derives from Error; the message names the function and the
+/// shapes or values that were wrong, e.g.\ "matmul: inner dimensions differ: (2, 3) @ (4, 5)".
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-// "(2, 3, 4)" for any container of integers.
+/// "(2, 3, 4)" for any container of integers ("()" for an empty one).
 template <class Shape>
 std::string shape_str(const Shape& shape) {
   std::ostringstream os;
@@ -29,7 +30,7 @@ std::string shape_str(const Shape& shape) {
   return os.str();
 }
 
-// Builds a message from any streamable pieces: fail("matmul: ", a, " vs ", b).
+/// Builds a message from any streamable pieces and throws it as an Error: fail("matmul: ", a, " vs ", b).
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
   std::ostringstream os;

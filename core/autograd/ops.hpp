@@ -1,6 +1,8 @@
-// Every differentiable op. Each is a free function that computes its value and records one
-// backward closure next to it (see the ops_*.cpp files). Axes may be negative (from the end).
-// Shape legend: N rows, C classes or channels; matmul multiplies (M, K) by (K, P).
+/// @file
+/// Every differentiable op. Each is a free function that computes its value and records one
+/// backward closure next to it (see the ops_*.cpp files). Axes may be negative (from the end).
+/// Shape legend: N rows, C classes or channels; matmul multiplies (M, K) by (K, P).
+/// An undefined input, a shape that does not fit or an axis out of range is an Error naming the op.
 #pragma once
 
 #include <cstdint>
@@ -12,118 +14,127 @@
 namespace xgrad {
 
 // ---- elementwise, numpy broadcasting (ops_elementwise.cpp) ----
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, const Tensor& b);
-Tensor add(const Tensor& a, float s);
-Tensor sub(const Tensor& a, float s);
-Tensor rsub(float s, const Tensor& a);  // s - a
-Tensor mul(const Tensor& a, float s);
-Tensor div(const Tensor& a, float s);
-Tensor rdiv(float s, const Tensor& a);  // s / a
-Tensor neg(const Tensor& a);
+Tensor add(const Tensor& a, const Tensor& b);  ///< a + b, broadcast as in numpy
+Tensor sub(const Tensor& a, const Tensor& b);  ///< a - b, broadcast as in numpy
+Tensor mul(const Tensor& a, const Tensor& b);  ///< a * b, broadcast as in numpy
+Tensor div(const Tensor& a, const Tensor& b);  ///< a / b, broadcast as in numpy
+Tensor add(const Tensor& a, float s);  ///< a + s
+Tensor sub(const Tensor& a, float s);  ///< a - s
+Tensor rsub(float s, const Tensor& a);  ///< s - a
+Tensor mul(const Tensor& a, float s);  ///< a * s
+Tensor div(const Tensor& a, float s);  ///< a / s
+Tensor rdiv(float s, const Tensor& a);  ///< s / a
+Tensor neg(const Tensor& a);  ///< -a
 
-Tensor exp(const Tensor& a);  // overflows to +inf above about 88.7 (float's range), never NaN
-Tensor log(const Tensor& a);
-Tensor sqrt(const Tensor& a);
-Tensor pow(const Tensor& a, float exponent);
-Tensor tanh(const Tensor& a);
-Tensor sigmoid(const Tensor& a);
-Tensor relu(const Tensor& a);
-// GELU: `exact` is x * Phi(x) with the erf form of Phi (PyTorch's default);
-// `tanh` is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Tensor exp(const Tensor& a);  ///< e^a; overflows to +inf above about 88.7 (float's range), never NaN
+Tensor log(const Tensor& a);  ///< natural logarithm
+Tensor sqrt(const Tensor& a);  ///< square root
+Tensor pow(const Tensor& a, float exponent);  ///< a^exponent
+Tensor tanh(const Tensor& a);  ///< hyperbolic tangent
+Tensor sigmoid(const Tensor& a);  ///< 1 / (1 + e^-a), without overflow for very negative a
+Tensor relu(const Tensor& a);  ///< max(a, 0); the gradient at 0 is 0 (as in PyTorch)
+/// GELU: `exact` is x * Phi(x) with the erf form of Phi (PyTorch's default);
+/// `tanh` is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 enum class GeluApprox { exact, tanh };
+/// GELU of every element, in the form `approx` names.
 Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::exact);
 
-inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-inline Tensor operator+(const Tensor& a, float s) { return add(a, s); }
-inline Tensor operator-(const Tensor& a, float s) { return sub(a, s); }
-inline Tensor operator*(const Tensor& a, float s) { return mul(a, s); }
-inline Tensor operator/(const Tensor& a, float s) { return div(a, s); }
-inline Tensor operator+(float s, const Tensor& a) { return add(a, s); }
-inline Tensor operator-(float s, const Tensor& a) { return rsub(s, a); }
-inline Tensor operator*(float s, const Tensor& a) { return mul(a, s); }
-inline Tensor operator/(float s, const Tensor& a) { return rdiv(s, a); }
-inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }  ///< add(a, b)
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }  ///< sub(a, b)
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }  ///< mul(a, b)
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }  ///< div(a, b)
+inline Tensor operator+(const Tensor& a, float s) { return add(a, s); }  ///< add(a, s)
+inline Tensor operator-(const Tensor& a, float s) { return sub(a, s); }  ///< sub(a, s)
+inline Tensor operator*(const Tensor& a, float s) { return mul(a, s); }  ///< mul(a, s)
+inline Tensor operator/(const Tensor& a, float s) { return div(a, s); }  ///< div(a, s)
+inline Tensor operator+(float s, const Tensor& a) { return add(a, s); }  ///< add(a, s)
+inline Tensor operator-(float s, const Tensor& a) { return rsub(s, a); }  ///< rsub(s, a)
+inline Tensor operator*(float s, const Tensor& a) { return mul(a, s); }  ///< mul(a, s)
+inline Tensor operator/(float s, const Tensor& a) { return rdiv(s, a); }  ///< rdiv(s, a)
+inline Tensor operator-(const Tensor& a) { return neg(a); }  ///< neg(a)
 
 // ---- reductions (ops_reduce.cpp) ----
-Tensor sum(const Tensor& a);  // all elements, shape ()
+Tensor sum(const Tensor& a);  ///< the sum of all elements, shape ()
+/// The sum over `axes` (each listed once); keepdims keeps them as axes of length 1.
 Tensor sum(const Tensor& a, const std::vector<int>& axes, bool keepdims = false);
+/// The mean of all elements, shape ().
 Tensor mean(const Tensor& a);
+/// The mean over `axes` (each listed once, none empty); keepdims keeps them as axes of length 1.
 Tensor mean(const Tensor& a, const std::vector<int>& axes, bool keepdims = false);
-// Maximum along one axis; the gradient goes to the first maximal element of each slice.
+/// Maximum along one axis; the gradient goes to the first maximal element of each slice.
 Tensor max(const Tensor& a, int axis, bool keepdims = false);
 
 // ---- shape (ops_shape.cpp) ----
-// A copy of `a` that is a node of its own, so the gradient reaching it can be read apart from
-// a's other uses (probes use it to split a residual's skip and branch paths).
+/// A copy of `a` that is a node of its own, so the gradient reaching it can be read apart from
+/// a's other uses (probes use it to split a residual's skip and branch paths).
 Tensor identity(const Tensor& a);
-// One entry of `shape` may be -1 and is inferred.
+/// The elements of `a` in row-major order, in `shape`. One entry of `shape` may be -1 and is inferred.
 Tensor reshape(const Tensor& a, const std::vector<std::int64_t>& shape);
+/// `a` with axes axis0 and axis1 swapped.
 Tensor transpose(const Tensor& a, int axis0, int axis1);
+/// `a` with its axes reordered: axis k of the result is axis axes[k] of a (as numpy.transpose).
 Tensor permute(const Tensor& a, const std::vector<int>& axes);
-// Elements [start, stop) along `axis`.
+/// Elements [start, stop) along `axis`.
 Tensor slice(const Tensor& a, int axis, std::size_t start, std::size_t stop);
+/// The parts joined along `axis`; their shapes must agree on every other axis.
 Tensor concat(const std::vector<Tensor>& parts, int axis);
-// Pieces of the given sizes along `axis` (the sizes must add up to the axis length).
+/// Pieces of the given sizes along `axis` (the sizes must add up to the axis length).
 std::vector<Tensor> split(const Tensor& a, const std::vector<std::size_t>& sizes, int axis);
 
-// ---- matmul (ops_matmul.cpp), through cblas_sgemm ----
-// (..., M, K) @ (..., K, P) -> (..., M, P), batch axes broadcast as in numpy; a 2-D right
-// operand is shared by the whole batch. transpose_a / transpose_b use op(x) = x^T on the last
-// two axes without copying, e.g. matmul(q, k, false, true) is q @ k^T.
+// ---- matmul (ops_matmul.cpp), through blas::sgemm ----
+/// (..., M, K) @ (..., K, P) -> (..., M, P), batch axes broadcast as in numpy; a 2-D right
+/// operand is shared by the whole batch. transpose_a / transpose_b use op(x) = x^T on the last
+/// two axes without copying, e.g. matmul(q, k, false, true) is q @ k^T.
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
-// y = x weight^T + bias for x (..., in), weight (out, in), bias (out,) or undefined: the affine
-// map of nn::Linear as one GEMM (the bias is its starting value), with no separate add.
+/// y = x weight^T + bias for x (..., in), weight (out, in), bias (out,) or undefined: the affine
+/// map of nn::Linear as one call of blas::linear (one GEMM, then the bias added to its rows).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- multi-head attention (ops_attention.cpp), heads side by side in the channels ----
-// The attention weights of `heads` heads of width D = C / heads: q (B, T, C), k (B, S, C) ->
-// P (B, H, T, S), P[b, h] = softmax over s of scale * q_h k_h^T, where q_h = q[b, :, hD:(h+1)D].
-// Keys with s > t (causal) or where `mask` (broadcastable to (B, H, T, S)) is true get weight 0;
-// a query with no key left gets all zeros. The same values, up to the products' rounding, as
-// masked_softmax(matmul(q_heads, k_heads, false, true) * scale, mask) on the heads split out
-// with reshape and permute, without those copies.
+/// The attention weights of `heads` heads of width D = C / heads: q (B, T, C), k (B, S, C) ->
+/// P (B, H, T, S), P[b, h] = softmax over s of scale * q_h k_h^T, where q_h = q[b, :, hD:(h+1)D].
+/// Keys with s > t (causal) or where `mask` (broadcastable to (B, H, T, S)) is true get weight 0;
+/// a query with no key left gets all zeros. The same values, up to the products' rounding, as
+/// masked_softmax(matmul(q_heads, k_heads, false, true) * scale, mask) on the heads split out
+/// with reshape and permute, without those copies.
 Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal = false,
                          const Mask* mask = nullptr);
-// The scores alone, before any mask or softmax: scale q_h k_h^T, (B, H, T, S). With
-// masked_softmax along the last axis it gives attention_weights' bits (one kernel per formula).
+/// The scores alone, before any mask or softmax: scale q_h k_h^T, (B, H, T, S). With
+/// masked_softmax along the last axis it gives attention_weights' bits (one kernel per formula).
 Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, float scale);
-// The weighted sum of values with heads side by side: P (B, H, T, S), v (B, S, C) -> (B, T, C),
-// out[b, :, hD:(h+1)D] = P[b, h] v_h.
+/// The weighted sum of values with heads side by side: P (B, H, T, S), v (B, S, C) -> (B, T, C),
+/// out[b, :, hD:(h+1)D] = P[b, h] v_h.
 Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);
 
 // ---- neural-network functions (ops_nn.cpp) ----
-// Numerically stable softmax / log-softmax along `axis`.
+/// Numerically stable softmax along `axis`.
 Tensor softmax(const Tensor& a, int axis = -1);
+/// Numerically stable log-softmax along `axis`.
 Tensor log_softmax(const Tensor& a, int axis = -1);
-// Softmax along `axis` over the elements whose mask (broadcastable to a's shape) is false;
-// masked elements get weight 0, and a slice with every element masked is all zeros (never NaN),
-// with zero gradient.
+/// Softmax along `axis` over the elements whose mask (broadcastable to a's shape) is false;
+/// masked elements get weight 0, and a slice with every element masked is all zeros (never NaN),
+/// with zero gradient.
 Tensor masked_softmax(const Tensor& a, const Mask& mask, int axis = -1);
-// Where mask (broadcastable to a's shape) is true the result is `value`; there a gets no gradient.
+/// Where mask (broadcastable to a's shape) is true the result is `value`; there a gets no gradient.
 Tensor masked_fill(const Tensor& a, const Mask& mask, float value);
-// The same with one value per element: values has a's shape (activation patching copies another
-// run's values into a region this way).
+/// The same with one value per element: values has a's shape (activation patching copies another
+/// run's values into a region this way).
 Tensor masked_fill(const Tensor& a, const Mask& mask, const Array& values);
-// Mean cross-entropy of logits (..., C) against integer targets (...), skipping targets equal
-// to ignore_index; fused with log-softmax. With every target ignored the loss is 0.
-constexpr std::int64_t kIgnoreIndex = -100;  // the target that cross_entropy skips by default, as in PyTorch
+constexpr std::int64_t kIgnoreIndex = -100;  ///< the target that cross_entropy skips by default, as in PyTorch
+/// Mean cross-entropy of logits (..., C) against integer targets (...), skipping targets equal
+/// to ignore_index; fused with log-softmax. With every target ignored the loss is 0. A target
+/// outside [0, C) that is not ignore_index is an Error.
 Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index = kIgnoreIndex);
-// Rows of weight (V, C) picked by ids (...) -> (..., C); backward scatter-adds into weight.
+/// Rows of weight (V, C) picked by ids (...) -> (..., C); backward scatter-adds into weight.
 Tensor embedding(const Tensor& weight, const IndexArray& ids);
-// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).
-// Identity when !training or p == 0.
+/// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).
+/// Identity when !training or p == 0. p outside [0, 1) is an Error.
 Tensor dropout(const Tensor& a, float p, bool training = true, Generator& gen = default_generator());
-// dropout(gelu(a), p, training, gen) (exact GELU) in one pass: the same draw from gen and the same
-// bits, forward and backward, with one activation fewer kept for backward.
+/// dropout(gelu(a), p, training, gen) (exact GELU) in one pass: the same draw from gen and the same
+/// bits, forward and backward, with one activation fewer kept for backward.
 Tensor gelu_dropout(const Tensor& a, float p, bool training = true, Generator& gen = default_generator());
-// Normalizes over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta, with the biased
-// variance; gamma and beta (shape (C,)) may be undefined tensors for no affine part.
+/// Normalizes over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta, with the biased
+/// variance; gamma and beta (shape (C,)) may be undefined tensors for no affine part.
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
 
 }  // namespace xgrad

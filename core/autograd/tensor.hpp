@@ -1,5 +1,6 @@
-// The tensor handle users hold, and the graph node behind it (value, gradient, hooks).
-// Ops live in ops.hpp; recording and backward live in tape.hpp.
+/// @file
+/// The tensor handle users hold, and the graph node behind it (value, gradient, hooks).
+/// Ops live in ops.hpp; recording and backward live in tape.hpp.
 #pragma once
 
 #include <cstdint>
@@ -16,116 +17,147 @@
 
 namespace xgrad {
 
-using Array = xt::xarray<float>;           // row-major float32 values and gradients
-using Shape = Array::shape_type;
-using IndexArray = xt::xarray<std::int64_t>;  // token ids, class targets
-using Mask = xt::xarray<bool>;             // true marks an element to mask out
+using Array = xt::xarray<float>;           ///< row-major float32 values and gradients
+using Shape = Array::shape_type;           ///< the sizes of an Array's axes
+using IndexArray = xt::xarray<std::int64_t>;  ///< token ids, class targets
+using Mask = xt::xarray<bool>;             ///< true marks an element to mask out
 
 class Tensor;
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;  // e.g. a module's parameters
-using NamedArrays = std::vector<std::pair<std::string, Array>>;    // e.g. a checkpoint's contents
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;  ///< e.g.\ a module's parameters
+using NamedArrays = std::vector<std::pair<std::string, Array>>;    ///< e.g.\ a checkpoint's contents
 
-// The sum of every element's square, accumulated in double: gradient norms and clipping.
+/// The sum of every element's square, accumulated in double: gradient norms and clipping.
 inline double sum_of_squares(const Array& a) {
   double s = 0;
   for (float v : a) s += static_cast<double>(v) * v;
   return s;
 }
 
-// A gradient hook sees the gradient arriving at a tensor during backward and may change it
-// in place (scale it, zero it, replace it); the changed gradient is what flows on.
+/// A gradient hook sees the gradient arriving at a tensor during backward and may change it
+/// in place (scale it, zero it, replace it); the changed gradient is what flows on. It must keep
+/// the gradient's shape (backward throws otherwise).
 using GradHook = std::function<void(Array& grad)>;
 
 struct TapeEntry;
 
-// A value's storage, shared by a tensor and its detach()ed handles. `version` counts the
-// in-place writes to it (one per Tensor::mutable_value() call): an op records the versions of
-// the values it may read in backward, and backward refuses to run on a value written since.
+/// A value's storage, shared by a tensor and its detach()ed handles. `version` counts the
+/// in-place writes to it (one per Tensor::mutable_value() call): an op records the versions of
+/// the values it may read in backward, and backward refuses to run on a value written since.
 struct Storage {
+  /// Storage holding `a`, at version 0.
   explicit Storage(Array a) : array(std::move(a)) {}
-  Array array;
-  std::uint64_t version = 0;
+  Array array;                ///< the value
+  std::uint64_t version = 0;  ///< in-place writes so far
 };
 
-// One vertex of the graph. Tensor handles share it; tape entries keep their inputs alive.
-// A non-leaf belongs to the thread that recorded it. A leaf (a parameter) may be shared by
-// passes on several threads: they keep its gradient apart until the end of the pass and then
-// run its hooks and add to `grad` under `grad_mutex`.
+/// One vertex of the graph. Tensor handles share it; tape entries keep their inputs alive.
+/// A non-leaf belongs to the thread that recorded it. A leaf (a parameter) may be shared by
+/// passes on several threads: they keep its gradient apart until the end of the pass and then
+/// run its hooks and add to `grad` under `grad_mutex`.
 struct Node {
-  std::shared_ptr<Storage> storage;  // shared between a tensor and its detach()ed handles
-  Array grad;                    // accumulated gradient of a leaf or a retain_grad() tensor
-  bool has_grad = false;
-  Array pending;                 // a non-leaf's gradient gathered during the running pass only
-  bool has_pending = false;
-  bool requires_grad = false;
-  bool retains_grad = false;
-  bool has_creator = false;      // produced by a recorded op, i.e. not a leaf
-  std::weak_ptr<TapeEntry> creator;  // expires when backward releases the entry
-  std::uint64_t tape_id = 0;     // the tape (thread) that recorded the creator; 0 for a leaf
-  std::mutex grad_mutex;         // held while a pass delivers a leaf's gradient
-  std::string name;
-  std::vector<std::pair<int, GradHook>> hooks;
-  int next_hook_id = 0;
+  std::shared_ptr<Storage> storage;  ///< shared between a tensor and its detach()ed handles
+  Array grad;                    ///< accumulated gradient of a leaf or a retain_grad() tensor
+  bool has_grad = false;         ///< whether `grad` holds a gradient
+  Array pending;                 ///< a non-leaf's gradient gathered during the running pass only
+  bool has_pending = false;      ///< whether `pending` holds a gradient
+  bool requires_grad = false;    ///< whether backward computes a gradient for this tensor
+  bool retains_grad = false;     ///< retain_grad() was called: a non-leaf keeps its `grad` too
+  bool has_creator = false;      ///< produced by a recorded op, i.e.\ not a leaf
+  std::weak_ptr<TapeEntry> creator;  ///< expires when backward releases the entry
+  std::uint64_t tape_id = 0;     ///< the tape (thread) that recorded the creator; 0 for a leaf
+  std::mutex grad_mutex;         ///< held while a pass delivers a leaf's gradient
+  std::string name;              ///< set_name()'s name, in messages; empty when unnamed
+  std::vector<std::pair<int, GradHook>> hooks;  ///< (id, hook) pairs, run in this order
+  int next_hook_id = 0;          ///< the id register_hook() gives next
 
+  /// The value in `storage`.
   const Array& value() const { return storage->array; }
 };
 
+/// The handle users hold: shared ownership of a Node (value, gradient, name, hooks). Copying a
+/// handle never copies data. On an undefined handle every member but defined() and is_same()
+/// throws an Error.
 class Tensor {
  public:
-  Tensor() = default;  // an undefined handle (e.g. "no bias"); using it throws
+  Tensor() = default;  ///< an undefined handle (e.g.\ "no bias"); using it throws
+  /// A leaf holding `value`.
   explicit Tensor(Array value, bool requires_grad = false);
 
+  /// A leaf of `shape` filled with 0.
   static Tensor zeros(const Shape& shape, bool requires_grad = false);
+  /// A leaf of `shape` filled with 1.
   static Tensor ones(const Shape& shape, bool requires_grad = false);
+  /// A leaf of `shape` filled with `fill`.
   static Tensor full(const Shape& shape, float fill, bool requires_grad = false);
+  /// A leaf of shape () holding `v`.
   static Tensor scalar(float v, bool requires_grad = false);
 
+  /// Whether the handle holds a node (false for a default-constructed one).
   bool defined() const { return node_ != nullptr; }
+  /// The value (read-only; see mutable_value()).
   const Array& value() const;
-  // Writes to a leaf's storage without recording (optimizer steps, initialization). Each call
-  // counts as one in-place write (it bumps the storage's version), so take the reference for
-  // the write and let it go: a graph recorded before the call cannot backpropagate through
-  // an op that saved this value (see version()).
+  /// Writes to a leaf's storage without recording (optimizer steps, initialization). Each call
+  /// counts as one in-place write (it bumps the storage's version), so take the reference for
+  /// the write and let it go: a graph recorded before the call cannot backpropagate through
+  /// an op that saved this value (see version()).
   Array& mutable_value();
-  // How many times the storage (shared with detach()ed handles) was written in place.
+  /// How many times the storage (shared with detach()ed handles) was written in place.
   std::uint64_t version() const;
-  const Shape& shape() const { return value().shape(); }
-  std::size_t ndim() const { return value().dimension(); }
-  std::size_t size() const { return value().size(); }
-  std::size_t dim(int axis) const;  // negative axes count from the end
-  float item() const;               // the only element; throws unless size() == 1
+  const Shape& shape() const { return value().shape(); }  ///< the value's shape
+  std::size_t ndim() const { return value().dimension(); }  ///< the number of axes
+  std::size_t size() const { return value().size(); }  ///< the number of elements
+  std::size_t dim(int axis) const;  ///< the length of `axis`; negative axes count from the end
+  float item() const;               ///< the only element; throws unless size() == 1
 
+  /// Whether backward computes a gradient for this tensor (while grad mode is on, ops on it are
+  /// recorded; see tape.hpp).
   bool requires_grad() const;
-  Tensor& set_requires_grad(bool on);  // leaves only
+  Tensor& set_requires_grad(bool on);  ///< leaves only (an Error on an op's output); returns *this
+  /// Whether the tensor was not computed by a recorded op.
   bool is_leaf() const;
 
+  /// Whether a gradient is held (see grad()).
   bool has_grad() const;
-  const Array& grad() const;  // throws if no gradient has reached this tensor yet
-  Array& mutable_grad();      // for clipping and similar in-place edits
-  // Sets the gradient of a leaf or retain_grad tensor (same shape as the value), e.g. to hand a
-  // gradient computed elsewhere (another process) to an optimizer.
+  const Array& grad() const;  ///< throws if no gradient has reached this tensor yet
+  Array& mutable_grad();      ///< for clipping and similar in-place edits; throws as grad() does
+  /// Sets the gradient of a leaf or retain_grad tensor (same shape as the value), e.g.\ to hand a
+  /// gradient computed elsewhere (another process) to an optimizer. The tensor must require grad;
+  /// anything else is an Error.
   void set_grad(Array grad);
-  void zero_grad();           // forgets the gradient (the next backward starts from zero)
+  void zero_grad();           ///< forgets the gradient (the next backward starts from zero)
 
-  // Keep the gradient of an intermediate tensor after backward (leaves always keep theirs).
+  /// Keep the gradient of an intermediate tensor after backward (leaves always keep theirs).
+  /// The tensor must require grad.
   void retain_grad();
+  /// Whether backward keeps this tensor's gradient: after retain_grad(), and for every leaf that
+  /// requires grad.
   bool retains_grad() const;
-  int register_hook(GradHook hook);  // returns an id for remove_hook
+  /// Adds a hook that sees this tensor's gradient during backward (hooks run in the order they
+  /// were added); returns an id for remove_hook. The tensor must require grad.
+  int register_hook(GradHook hook);
+  /// Removes the hook register_hook returned `id` for; an unknown id is an Error.
   void remove_hook(int id);
 
+  /// The name given by set_name (empty by default); messages use it.
   const std::string& name() const;
+  /// Names the tensor, for messages and tools; returns *this.
   Tensor& set_name(std::string name);
 
-  // A new leaf sharing this tensor's storage, cut from the graph.
+  /// A new leaf sharing this tensor's storage, cut from the graph (it does not require grad,
+  /// and has no name, gradient or hooks).
   Tensor detach() const;
 
-  // Reverse-mode sweep from this tensor. Without a seed the tensor must hold one element.
-  // The graph is released afterwards unless retain_graph is true. Runs on the thread that
-  // recorded the graph (see tape.hpp for what threads may share).
+  /// Reverse-mode sweep from this tensor. Without a seed the tensor must hold one element (the
+  /// seed is then 1).
+  /// The graph is released afterwards unless retain_graph is true. Runs on the thread that
+  /// recorded the graph (see tape.hpp for what threads may share).
   void backward(bool retain_graph = false) const;
+  /// The same sweep seeded with `seed` (the gradient of this tensor, of its shape).
   void backward(const Array& seed, bool retain_graph = false) const;
 
+  /// The node behind the handle, for the tape and tools that read the graph.
   const std::shared_ptr<Node>& node() const;
+  /// Whether both handles hold the same node.
   bool is_same(const Tensor& other) const { return node_ == other.node_; }
 
  private:
@@ -133,13 +165,14 @@ class Tensor {
   std::shared_ptr<Node> node_;
 };
 
-// Prints the values, then shape, name and whether the tensor requires grad.
+/// Prints the values, then shape, name and whether the tensor requires grad.
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
-// Throws naming `op` when the handle is undefined.
+/// Throws naming `op` when the handle is undefined.
 void check_defined(const Tensor& t, const char* op);
 
-// Normalizes a possibly negative axis for a tensor of rank ndim; `who` names the caller.
+/// Normalizes a possibly negative axis for a tensor of rank ndim; `who` names the caller.
+/// An axis outside [-ndim, ndim) is an Error.
 std::size_t normalize_axis(int axis, std::size_t ndim, const char* who);
 
 }  // namespace xgrad

@@ -1,5 +1,6 @@
-// Whole-file reads that refuse folders, devices and fifos before reading, atomic writes that
-// leave an earlier file intact on any failure, and checks that an output path can be written.
+/// @file
+/// Whole-file reads that refuse folders, devices and fifos before reading, atomic writes that
+/// leave an earlier file intact on any failure, and checks that an output path can be written.
 #pragma once
 
 #include <cstddef>
@@ -10,56 +11,60 @@
 
 namespace xgrad {
 
-// Reads a whole regular file. A missing file, a folder, a device or a fifo is refused before reading,
-// as is a file over max_bytes; errors start with `who` and name the path and the OS error.
+/// Reads a whole regular file. A missing file, a folder, a device or a fifo is refused before reading,
+/// as is a file over max_bytes; errors start with `who` and name the path and the OS error.
 std::string read_file(const std::string& path, const std::string& who, std::uint64_t max_bytes = UINT64_MAX);
 
-// Writes the chunks to `path` atomically: a temporary `path.tmp.<pid>` in the same folder, written,
-// fsync'ed, renamed over path, then the folder fsync'ed. On any failure the temporary is removed, an
-// earlier file at path is unchanged, and the Error names who, the path and strerror(errno).
-// A path that is a folder, a device, a fifo or a socket is refused before anything is written (a
-// rename would replace it). One exception to "unchanged": if only the final folder fsync fails, the
-// new file is already in place, and the Error says so.
+/// Writes the chunks to `path` atomically: a temporary `path.tmp.PID` (PID: this process's id) in
+/// the same folder, written, fsync'ed, renamed over path, then the folder fsync'ed. On any failure
+/// the temporary is removed, an earlier file at path is unchanged, and the Error names who, the path
+/// and strerror(errno).
+/// A path that is a folder, a device, a fifo or a socket is refused before anything is written (a
+/// rename would replace it). One exception to "unchanged": if only the final folder fsync fails, the
+/// new file is already in place, and the Error says so.
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks, const std::string& who);
+/// The same with one buffer of bytes.
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& who);
 
-// Before a long run: checks that `path` can be written later. Its folder must exist and be a folder, path
-// must not be a folder, and a probe file created in the folder (then removed) proves write permission.
+/// Before a long run: checks that `path` can be written later. Its folder must exist and be a folder, path
+/// must not be a folder, and a probe file created in the folder (then removed) proves write permission.
 void check_writable_file(const std::string& path, const std::string& who);
 
-// Creates the folder (with parents) if missing and checks, by the same probe, that files can be created in it.
+/// Creates the folder (with parents) if missing and checks, by the same probe, that files can be created in it.
 void prepare_output_dir(const std::string& dir, const std::string& who);
 
-// Removes `path.tmp.<pid>` files left by writers that no longer run; returns how many.
-// Only regular files whose suffix is a pid for which kill(pid, 0) fails with ESRCH are removed: a
-// live writer's file (even another user's: EPERM), this process's own and any other name are kept.
-// Best effort: a folder that cannot be listed or a file that cannot be removed is skipped silently.
-// Pids are those of this pid namespace: a writer on another machine (a shared file system) or in
-// another container looks dead from here.
+/// Removes `path.tmp.PID` files left by writers (of process id PID) that no longer run; returns how many.
+/// Only regular files whose suffix is a pid for which kill(pid, 0) fails with ESRCH are removed: a
+/// live writer's file (even another user's: EPERM), this process's own and any other name are kept.
+/// Best effort: a folder that cannot be listed or a file that cannot be removed is skipped silently.
+/// Pids are those of this pid namespace: a writer on another machine (a shared file system) or in
+/// another container looks dead from here.
 std::size_t remove_stale_temporaries(const std::string& path);
 
-// The temporary name write_file_atomically uses in this process: path + ".tmp." + getpid().
+/// The temporary name write_file_atomically uses in this process: path + ".tmp." + getpid().
 std::string temporary_path(const std::string& path);
 
-// A regular file open for reading; anything else (missing, a folder, a device, a fifo, a socket) is
-// refused when opening, before any byte is read. Errors start with `who` and name the path.
+/// A regular file open for reading; anything else (missing, a folder, a device, a fifo, a socket) is
+/// refused when opening, before any byte is read. Errors start with `who` and name the path.
 class ReadableFile {
  public:
+  /// Opens `path`; refuses anything but a regular file (see above). `who` starts every Error.
   ReadableFile(const std::string& path, const std::string& who);
-  ~ReadableFile();
+  ~ReadableFile();  ///< closes the file
   ReadableFile(const ReadableFile&) = delete;
   ReadableFile& operator=(const ReadableFile&) = delete;
 
-  // The size fstat reported when the file was opened.
+  /// The size fstat reported when the file was opened.
   std::uint64_t size() const { return size_; }
-  // Reads up to n bytes into dst from the current position; fewer only at the end of the file.
+  /// Reads up to n bytes into dst from the current position; fewer only at the end of the file.
   std::size_t read_some(char* dst, std::size_t n);
-  // Reads exactly n bytes, or fails saying the file ended early (it changed while being read).
+  /// Reads exactly n bytes, or fails saying the file ended early (it changed while being read).
   void read_exact(char* dst, std::size_t n);
-  // True when nothing follows the current position (reads one byte to find out).
+  /// True when nothing follows the current position (reads one byte to find out, which moves the
+  /// position past it when there is one).
   bool at_end();
-  // Reads exactly n bytes starting at byte `offset`, leaving the current position alone; fails as
-  // read_exact does when the file ends early.
+  /// Reads exactly n bytes starting at byte `offset`, leaving the current position alone; fails as
+  /// read_exact does when the file ends early.
   void read_exact_at(std::uint64_t offset, char* dst, std::size_t n);
 
  private:

@@ -1,71 +1,85 @@
-// The one door to matrix products. Behind it are two engines: OpenBLAS (always) and oneDNN (when
-// xgrad was configured with it; CMake says which it found). Only the engine files include the
-// engines' headers (<cblas.h> clashes with xtensor-blas's), so everything else calls sgemm here.
+/// @file
+/// The one door to matrix products. Behind it are two engines: OpenBLAS (always) and oneDNN (when
+/// xgrad was configured with it; CMake says which it found). Only the engine files include the
+/// engines' headers (`<cblas.h>` clashes with xtensor-blas's), so everything else calls sgemm here.
 #pragma once
 
 #include <cstddef>
 #include <string>
 
+/// The one door to matrix products (OpenBLAS, and oneDNN when built with it): sgemm, its batched
+/// form, the Linear layer's product, and the choice of engine.
 namespace xgrad::blas {
 
-// Row-major C (m x n) = alpha * op(A) op(B) + beta * C, where op(A) is m x k and op(B) is k x n;
-// op(X) = X^T when the flag is set. lda/ldb/ldc are the row strides of the stored matrices.
-// Large products are split across xgrad's kernel threads (parallel.hpp); a call from inside a
-// parallel_for body runs on its own thread. Every engine call runs on the thread that makes it.
+/// Row-major C (m x n) = alpha * op(A) op(B) + beta * C, where op(A) is m x k and op(B) is k x n;
+/// op(X) = X^T when the flag is set. lda/ldb/ldc are the row strides of the stored matrices.
+/// Large products are split across xgrad's kernel threads (parallel.hpp); a call from inside a
+/// parallel_for body runs on its own thread. Every engine call runs on the thread that makes it.
 void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
            const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
            std::size_t ldc);
 
-// Y (rows x out) = X (rows x in) W^T + bias, the Linear layer's product: W is stored out x in
-// (PyTorch's layout), all row-major and contiguous; bias (out) may be null. sgemm writes the
-// product, then the bias is added. (oneDNN's matmul primitive with the bias fused ran 1.2x faster
-// than this at in 64 alone, but made no measurable difference to the benchmark's step, so the
-// simpler path stays.)
+/// Y (rows x out) = X (rows x in) W^T + bias, the Linear layer's product: W is stored out x in
+/// (PyTorch's layout), all row-major and contiguous; bias (out) may be null. sgemm writes the
+/// product, then the bias is added. (oneDNN's matmul primitive with the bias fused ran 1.2x faster
+/// than this at in 64 alone, but made no measurable difference to the benchmark's step, so the
+/// simpler path stays.)
 void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
             float* y);
 
-// One operand of a batch of products over (b, h): matrix (b, h) starts at
-// data + b * batch_stride + h * head_stride and has row stride ld. Attention's heads sit side by
-// side in the channels, so the heads of a (B, T, H D) tensor are {data, H D, T H D, D}.
+/// One operand of a batch of products over (b, h): matrix (b, h) starts at
+/// data + b * batch_stride + h * head_stride and has row stride ld. Attention's heads sit side by
+/// side in the channels, so the heads of a (B, T, H D) tensor are {data, H D, T H D, D}.
 template <class T>
 struct Strided {
-  T* data;
+  T* data;  ///< matrix (0, 0)
   std::size_t ld, batch_stride, head_stride;
+  /// @var ld
+  /// The row stride of every matrix.
+  /// @var batch_stride
+  /// The step from matrix (b, h) to matrix (b + 1, h).
+  /// @var head_stride
+  /// The step from matrix (b, h) to matrix (b, h + 1).
 };
 
-// C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h) for b < batches and h < heads, each as
-// in sgemm. Under oneDNN, products of 2^12 to 2^21 multiply-adds are one call of its matmul
-// primitive per range of b (attention's heads in the benchmarks ran 1.1x to 2.7x faster than a
-// loop of sgemm; see blas.cpp); others, and OpenBLAS, a loop of sgemm. Which engine computes a
-// product depends on its size only, so splitting a batch differently changes no bit. Ranges of b
-// are split across the kernel threads; a call from inside a parallel_for body runs on its own
-// thread.
+/// C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h) for b < batches and h < heads, each as
+/// in sgemm. Under oneDNN, products of 2^12 to 2^21 multiply-adds are one call of its matmul
+/// primitive per range of b (attention's heads in the benchmarks ran 1.1x to 2.7x faster than a
+/// loop of sgemm; see blas.cpp); others, and OpenBLAS, a loop of sgemm. Which engine computes a
+/// product depends on its size only, so splitting a batch differently changes no bit. Ranges of b
+/// are split across the kernel threads; a call from inside a parallel_for body runs on its own
+/// thread.
 void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
                    std::size_t k, float alpha, Strided<const float> a, Strided<const float> b, float beta,
                    Strided<float> c);
 
-// Which library computes the products. `automatic` picks per call by size (see engine_for); the
-// others force one engine for every call, for comparison and debugging. The environment variable
-// XGRAD_GEMM (openblas, onednn or auto) sets the initial choice; set_engine overrides it.
-// Engines differ in rounding only (a few ulps); one engine at one thread count gives the same
-// bits on every run.
+/// Which library computes the products. `automatic` picks per call by size (see engine_for); the
+/// others force one engine for every call, for comparison and debugging. The environment variable
+/// XGRAD_GEMM (openblas, onednn or auto) sets the initial choice; set_engine overrides it.
+/// Engines differ in rounding only (a few ulps); one engine at one thread count gives the same
+/// bits on every run.
 enum class Engine { automatic, openblas, onednn };
 
-// Throws when `engine` is not built in (onednn without oneDNN).
+/// Sets the choice for every later product. Throws when `engine` is not built in (onednn
+/// without oneDNN).
 void set_engine(Engine engine);
-// The current choice (automatic unless XGRAD_GEMM or set_engine said otherwise).
+/// The current choice (automatic unless XGRAD_GEMM or set_engine said otherwise). XGRAD_GEMM is
+/// read on the first call; a value that names no engine, or onednn without oneDNN, is an Error.
 Engine engine();
-// Whether this build has the engine (automatic and openblas: always).
+/// Whether this build has the engine (automatic and openblas: always).
 bool has_engine(Engine engine);
-// The engine that computes one product of this size under the current choice: openblas or onednn.
+/// The engine that computes one product of this size under the current choice: openblas or onednn.
 Engine engine_for(std::size_t m, std::size_t n, std::size_t k);
-// "auto", "openblas", "onednn"; and back (throws on anything else, naming the text).
+/// "auto", "openblas", "onednn": the engine's name, as XGRAD_GEMM spells it; parse_engine reads
+/// it back (and throws on anything else, naming the text).
 std::string engine_name(Engine engine);
+/// The Engine engine_name() names: "auto", "openblas" or "onednn"; anything else is an Error naming it.
 Engine parse_engine(const std::string& name);
 
-// Threads OpenBLAS itself may use (0 keeps its default), and how many it uses now. xgrad keeps
-// it at 1 and threads GEMMs itself: use xgrad::set_num_threads.
+/// Threads OpenBLAS itself may use (0 keeps its default), and how many it uses now. xgrad keeps
+/// it at 1 and threads GEMMs itself: use xgrad::set_num_threads.
 void set_num_threads(int n);
+/// How many threads OpenBLAS itself uses now (see set_num_threads).
 int num_threads();
 
 }  // namespace xgrad::blas
