@@ -1,4 +1,4 @@
-// Batched matrix multiply through cblas_sgemm. Transposed operands are passed to BLAS as
+// Batched matrix multiply through blas::sgemm (core/kernels/blas.hpp). Transposed operands are passed to BLAS as
 // flags, never copied; backward accumulates straight into the gradient buffers (beta = 1), which
 // also sums over broadcast batch axes.
 #include <algorithm>
