@@ -87,7 +87,10 @@ inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
 
 /// The attention sublayer alone: projections, heads, dropout on the weights, masks. Of the
 /// options it reads d_model, num_heads, dropout, bias, kdim and vdim; norm and layer_norm_eps
-/// belong to the residual connection around it (MultiHeadAttention).
+/// belong to the residual connection around it (MultiHeadAttention). Hook points, in forward
+/// order: q (B, T, C), k and v (B, S, C), scores (B, H, T, S; before masks and softmax, formed
+/// only while hooked), pattern (B, H, T, S; the weights before dropout), context (B, T, C; the
+/// heads' outputs side by side, before w_o) and out (B, T, C).
 class Attention : public Module, public RandomStream {
  public:
   /// Checks the options (check), then draws the four projections from `gen`, from which the
@@ -101,6 +104,7 @@ class Attention : public Module, public RandomStream {
   /// Throws unless kdim and vdim are d_model, and for a cache that does not continue x.
   AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr) const;
   /// Attention of query (B, T, d_model) over key (B, S, kdim) and value (B, S, vdim).
+  /// Throws naming the input whose shape does not fit, and for S = 0.
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value, const AttentionMask& mask = {}) const;
   /// Throws, naming MultiHeadAttention and the shape, unless query is (B, T, d_model).
   void check_input(const Tensor& query) const;

@@ -80,7 +80,8 @@ class Module {
   /// gradient the backward hooks see; `value` itself when no hook is attached anywhere here.
   Tensor hook(const char* point, const Tensor& value) const;
 
-  /// Registers a parameter (a leaf that requires grad) under `name` and returns it.
+  /// Registers a parameter (a leaf that requires grad) under `name` and returns it; an undefined
+  /// tensor or one that is not a leaf throws.
   /// Names of parameters, buffers and children: UTF-8, non-empty, without '.' (the path
   /// separator) or ':' (checkpoints keep their own entries under "<namespace>:<name>", which no
   /// module path can spell), and unique among the module's parameters, buffers and children.
@@ -94,7 +95,8 @@ class Module {
     return m;
   }
   /// Registers a buffer under `name` and returns it: a leaf that does not require grad (a copy
-  /// of `value` for an Array), saved and loaded with the parameters.
+  /// of `value` for an Array), saved and loaded with the parameters. An undefined tensor, or one
+  /// that is not such a leaf, throws.
   Tensor register_buffer(const std::string& name, Tensor t);
   /// register_buffer(name, Tensor(value)).
   Tensor register_buffer(const std::string& name, const Array& value) { return register_buffer(name, Tensor(value)); }

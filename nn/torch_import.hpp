@@ -19,11 +19,11 @@ namespace xgrad::nn {
 /// The state of a PyTorch nn.MultiheadAttention under an Attention's names.
 /// nn.MultiheadAttention(E, H, batch_first=True) -> Attention (or a MultiHeadAttention with
 /// Norm::none) built with `options`:
-/// @verbatim
+/// @code{.unparsed}
 ///   in_proj_weight (3E, E)          -> w_q.weight, w_k.weight, w_v.weight: rows 0..E, E..2E, 2E..3E
 ///   in_proj_bias (3E)               -> w_q.bias, w_k.bias, w_v.bias, the same thirds
 ///   out_proj.weight (E, E), .bias (E) -> w_o.weight, w_o.bias
-/// @endverbatim
+/// @endcode
 /// When options.kdim() or vdim() differs from E, PyTorch keeps the projections apart:
 /// q_proj_weight (E, E), k_proj_weight (E, kdim), v_proj_weight (E, vdim) instead of
 /// in_proj_weight (cross-attention: forward(query, key, value)). Without bias
@@ -34,13 +34,13 @@ NamedArrays from_torch_multihead_attention(const NamedArrays& state, const Multi
 /// The state of a PyTorch nn.TransformerEncoderLayer under a TransformerBlock's names.
 /// nn.TransformerEncoderLayer(C, H, F, batch_first=True) -> TransformerBlock built with `options`
 /// (norm pre for norm_first=True, post for False; activation relu or gelu as the layer's):
-/// @verbatim
+/// @code{.unparsed}
 ///   self_attn.* (as above, E = C)          -> attn.w_q .. attn.w_o
 ///   linear1.weight (F, C), .bias (F)        -> ffn.linear1.*
 ///   linear2.weight (C, F), .bias (C)        -> ffn.linear2.*
 ///   norm1.weight (C), .bias (C)             -> attn.norm.*
 ///   norm2.weight (C), .bias (C)             -> ffn.norm.*
-/// @endverbatim
+/// @endcode
 /// The placements agree: norm_first x = x + sa(norm1(x)); x = x + ff(norm2(x)), otherwise
 /// x = norm1(x + sa(x)); x = norm2(x + ff(x)).
 NamedArrays from_torch_encoder_layer(const NamedArrays& state, const TransformerBlockOptions& options);
@@ -55,7 +55,7 @@ struct ImportedLanguageModel {
 /// A GPT-2 (Hugging Face's GPT2Model / GPT2LMHeadModel names, optionally under "transformer.")
 /// -> LanguageModel: Pre-Norm, learned positions, Activation::gelu_tanh, layer_norm_eps 1e-5,
 /// dropout 0. Conv1D weights are (in, out), the transpose of a Linear's.
-/// @verbatim
+/// @code{.unparsed}
 ///   wte.weight (V, C)                        -> tok_emb.weight, and head.weight (tied; head.bias 0)
 ///   wpe.weight (P, C)                        -> pos_emb.weight
 ///   h.N.ln_1.weight/.bias (C)                -> blocks.N.attn.norm.*
@@ -67,7 +67,7 @@ struct ImportedLanguageModel {
 ///   h.N.mlp.c_proj.weight (F, C), .bias (C)  -> blocks.N.ffn.linear2 (transposed)
 ///   ln_f.weight/.bias (C)                    -> final_norm.*
 ///   lm_head.weight (V, C), optional          -> head.weight instead of wte
-/// @endverbatim
+/// @endcode
 /// V, C, P, L (h.0 .. h.L-1) and F come from the shapes; num_heads must divide C. GPT-2's
 /// causal-mask buffers (h.N.attn.bias, h.N.attn.masked_bias), which older versions of Hugging
 /// Face's library save, are skipped.

@@ -33,7 +33,8 @@ struct FeedForwardOptions {
   XGRAD_ARG(float, dropout, 0.1f);  ///< on the hidden activations, while training (its RandomStream)
 };
 
-/// y = linear2(dropout(act(linear1(x)))), x (..., C) -> (..., C)
+/// y = linear2(dropout(act(linear1(x)))), x (..., C) -> (..., C).
+/// Hook points: pre (linear1's output), hidden (after the activation and dropout), out.
 class FeedForward : public Module, public RandomStream {
  public:
   /// Draws linear1 (C -> F) and linear2 (F -> C), both with biases, from `gen`, from which the
@@ -112,7 +113,7 @@ struct LanguageModelOptions {
   XGRAD_ARG(float, layer_norm_eps, 1e-5f);  ///< the eps of every LayerNorm
 };
 
-//// The options as one JSON object with every field under its own name (enums by name: "pre",
+/// The options as one JSON object with every field under its own name (enums by name: "pre",
 /// "gelu_tanh", "sinusoidal"); what save_checkpoint stores for a LanguageModel under
 /// "xgrad.model_options". Defined in language_model_options.cpp.
 std::string to_json(const LanguageModelOptions& options);
@@ -206,7 +207,8 @@ class LanguageModel : public Module {
   /// ids (B, n): the next n positions after the cache.length() positions whose keys and values
   /// `cache` holds (empty: positions 0 .. n-1); appends theirs (a failed call appends nothing).
   /// logits (B, n, V); attentions (B, H, n, cache.length()) per block (the length after the
-  /// call), over every cached position. Hook points see the n new positions only, except k and v (every position).
+  /// call), over every cached position. Hook points see the n new positions only, except k and
+  /// v (every position).
   LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache) const;
   /// Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
   /// Targets of another shape than ids, or outside the vocabulary (and not kIgnoreIndex), throw.
