@@ -51,7 +51,7 @@ class Dropout : public Module {
   /// Keeps a reference to `gen`, which must outlive the module; p outside [0, 1) throws.
   explicit Dropout(float p = 0.5f, Generator& gen = default_generator());
   /// While training, zeroes each element with probability p and scales the rest by 1/(1-p);
-  /// x itself in eval mode.
+  /// x itself in eval mode (and for p 0).
   Tensor forward(const Tensor& x) const;
   /// The probability of zeroing an element.
   float p() const { return p_; }
@@ -66,7 +66,7 @@ class Embedding : public Module {
  public:
   /// Draws the table from `gen`; a size of 0 throws.
   Embedding(std::size_t num_embeddings, std::size_t dim, Generator& gen = default_generator());
-  /// ids (...) -> (..., dim): the row of each id.
+  /// ids (...) -> (..., dim): the row of each id; an id outside the table throws.
   Tensor forward(const IndexArray& ids) const;
   Tensor weight;  ///< (num_embeddings, dim)
 };
