@@ -10,39 +10,50 @@
 
 namespace xgrad::nn {
 
-// y = x W^T + b, x (..., in) -> (..., out); W (out, in) and b (out,) as in PyTorch.
-// Init: W, b ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's kaiming_uniform(a=sqrt(5)) and bias rule).
+/// y = x W^T + b, x (..., in) -> (..., out); W (out, in) and b (out,) as in PyTorch.
+/// Init: W, b ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's kaiming_uniform(a=sqrt(5)) and bias rule).
 class Linear : public Module {
  public:
+  /// Draws W (and b, unless `bias` is false) from `gen`; a size of 0 throws.
   Linear(std::size_t in_features, std::size_t out_features, bool bias = true,
          Generator& gen = default_generator());
+  /// x W^T + b; throws naming the shape when x does not end in in_features.
   Tensor forward(const Tensor& x) const;
-  Tensor weight, bias;  // bias is undefined when disabled
+  /// The weight, (out, in).
+  Tensor weight, bias;  ///< the bias, (out,); undefined when disabled
 
  private:
   std::size_t in_, out_;
 };
 
-// Normalizes over the last axis: (x - mean) / sqrt(var + eps) * weight + bias.
-// Init: weight 1, bias 0. Without `affine` it has no parameters.
+/// Normalizes over the last axis: (x - mean) / sqrt(var + eps) * weight + bias.
+/// Init: weight 1, bias 0. Without `affine` it has no parameters.
 class LayerNorm : public Module {
  public:
+  /// Throws for 0 features and for an eps that is not finite and positive.
   explicit LayerNorm(std::size_t features, float eps = 1e-5f, bool affine = true);
+  /// The normalized x; throws naming the shape when x does not end in `features`.
   Tensor forward(const Tensor& x) const;
+  /// The eps added to the variance.
   float eps() const { return eps_; }
-  Tensor weight, bias;
+  /// The scale, (features,); undefined without `affine`.
+  Tensor weight, bias;  ///< the shift, (features,); undefined without `affine`
 
  private:
   std::size_t features_;
   float eps_;
 };
 
-// Inverted dropout while training, identity in eval mode. Masks come from `gen`; threads
-// running forward at once share it safely (each mask's key is one atomic draw).
+/// Inverted dropout while training, identity in eval mode. Masks come from `gen`; threads
+/// running forward at once share it safely (each mask's key is one atomic draw).
 class Dropout : public Module {
  public:
+  /// Keeps a reference to `gen`, which must outlive the module; p outside [0, 1) throws.
   explicit Dropout(float p = 0.5f, Generator& gen = default_generator());
+  /// While training, zeroes each element with probability p and scales the rest by 1/(1-p);
+  /// x itself in eval mode (and for p 0).
   Tensor forward(const Tensor& x) const;
+  /// The probability of zeroing an element.
   float p() const { return p_; }
 
  private:
@@ -50,33 +61,41 @@ class Dropout : public Module {
   Generator* gen_;
 };
 
-// Rows of a (num_embeddings, dim) table looked up by integer ids. Init: N(0, 1).
+/// Rows of a (num_embeddings, dim) table looked up by integer ids. Init: N(0, 1).
 class Embedding : public Module {
  public:
+  /// Draws the table from `gen`; a size of 0 throws.
   Embedding(std::size_t num_embeddings, std::size_t dim, Generator& gen = default_generator());
+  /// ids (...) -> (..., dim): the row of each id; an id outside the table throws.
   Tensor forward(const IndexArray& ids) const;
-  Tensor weight;
+  Tensor weight;  ///< (num_embeddings, dim)
 };
 
-// The sinusoidal table of "Attention Is All You Need" (fixed, no parameters):
-// PE[t, 2i] = sin(t / 10000^(2i/C)), PE[t, 2i+1] = cos(t / 10000^(2i/C)).
+/// The sinusoidal table of "Attention Is All You Need" (fixed, no parameters):
+/// PE[t, 2i] = sin(t / 10000^(2i/C)), PE[t, 2i+1] = cos(t / 10000^(2i/C)).
 class SinusoidalPositionalEncoding : public Module {
  public:
+  /// The table of positions 0 .. max_len-1 (C = dim); a size of 0 throws.
   SinusoidalPositionalEncoding(std::size_t max_len, std::size_t dim);
-  Tensor forward(std::size_t length, std::size_t first = 0) const;  // (length, dim): positions first ..
-  Tensor at(const IndexArray& positions) const;                    // (..., dim): one row per position
+  /// Rows first .. first + length - 1; throws when they pass max_len.
+  Tensor forward(std::size_t length, std::size_t first = 0) const;  ///< (length, dim): positions first ..
+  /// The rows of `positions`; a position outside [0, max_len) throws.
+  Tensor at(const IndexArray& positions) const;                    ///< (..., dim): one row per position
 
  private:
   Tensor table_;
 };
 
-// Learned positions: an Embedding over 0 .. max_len-1. Init: N(0, 1).
+/// Learned positions: an Embedding over 0 .. max_len-1. Init: N(0, 1).
 class LearnedPositionalEncoding : public Module {
  public:
+  /// Draws the table from `gen`; a size of 0 throws.
   LearnedPositionalEncoding(std::size_t max_len, std::size_t dim, Generator& gen = default_generator());
-  Tensor forward(std::size_t length, std::size_t first = 0) const;  // (length, dim): positions first ..
-  Tensor at(const IndexArray& positions) const;                    // (..., dim): one row per position
-  Tensor weight;
+  /// Rows first .. first + length - 1; throws when they pass max_len.
+  Tensor forward(std::size_t length, std::size_t first = 0) const;  ///< (length, dim): positions first ..
+  /// The rows of `positions`; a position outside [0, max_len) throws.
+  Tensor at(const IndexArray& positions) const;                    ///< (..., dim): one row per position
+  Tensor weight;  ///< (max_len, dim)
 
  private:
   std::size_t max_len_;

@@ -5,11 +5,12 @@
 
 namespace xgrad::nn {
 
-// Where LayerNorm sits around a residual sublayer f:
-//   pre:  y = x + f(LN(x))      post: y = LN(x + f(x))      none: y = f(x) (no residual, no norm)
+/// Where LayerNorm sits around a residual sublayer f:
+///   pre:  y = x + f(LN(x))      post: y = LN(x + f(x))      none: y = f(x) (no residual, no norm)
 enum class Norm { pre, post, none };
 
-// gelu: the exact (erf) GELU; gelu_tanh: its tanh approximation (GPT-2's); relu.
+/// The activation of a feed-forward sublayer.
+/// gelu: the exact (erf) GELU; gelu_tanh: its tanh approximation (GPT-2's); relu.
 enum class Activation { gelu, gelu_tanh, relu };
 
 }  // namespace xgrad::nn

@@ -20,40 +20,48 @@
 
 namespace xgrad::nn {
 
-// Gradient norms at one residual connection y = x + f(x) (Pre-Norm) or y = LN(x + f(x))
-// (Post-Norm), after backward.
+/// Gradient norms at one residual connection y = x + f(LN(x)) (Pre-Norm) or y = LN(x + f(x))
+/// (Post-Norm), after backward. All norms are L2.
 struct ResidualFlow {
-  std::string name;    // e.g. "blocks.0.attn.residual"
-  double out = 0;      // |dL/dy|, arriving at the connection's output
-  double skip = 0;     // |part of dL/dx that came through the skip path|
-  double branch = 0;   // |part of dL/dx that came through the sublayer f|
-  double total = 0;    // |skip part + branch part| = |dL/dx| from this connection
+  std::string name;    ///< e.g. "blocks.0.attn.residual"
+  double out = 0;      ///< |dL/dy|, arriving at the connection's output
+  double skip = 0;     ///< |part of dL/dx that came through the skip path|
+  double branch = 0;   ///< |part of dL/dx that came through the sublayer f (and, Pre-Norm, LN)|
+  double total = 0;    ///< |skip part + branch part| = |dL/dx| from this connection
 };
 
+/// Records the activation, and after backward the gradient, at the hook points of a module tree
+/// while it lives. Not copyable.
 class ProbeSet {
  public:
-  // Attaches to every hook point of `root` that `which` accepts (by full name; all but
-  // "*.scores" by default: recording those makes attention form its scores separately, which
-  // costs time and memory and changes no value). While attached, each residual connection
-  // routes x through two identity copies (".residual.skip" and ".residual.branch"), so that the
-  // gradient arriving through each path can be read apart; no value changes, and a gradient can
-  // differ in its last bits where x has more than two consumers (Post-Norm attention), since its
-  // parts are added in another order. Other hooks may be attached at the same time.
+  /// Attaches to every hook point of `root` that `which` accepts (by full name; all but
+  /// "*.scores" by default: recording those makes attention form its scores separately, which
+  /// costs time and memory and changes no value). While attached, each residual connection
+  /// routes x through two identity copies (".residual.skip" and ".residual.branch"), so that the
+  /// gradient arriving through each path can be read apart; no value changes, and a gradient can
+  /// differ in its last bits where x has more than two consumers (Post-Norm attention), since its
+  /// parts are added in another order. Other hooks may be attached at the same time.
   explicit ProbeSet(Module& root, std::function<bool(const std::string&)> which = {});
   ProbeSet(const ProbeSet&) = delete;
   ProbeSet& operator=(const ProbeSet&) = delete;
 
-  // Forgets every recorded tensor (and the activations they hold).
+  /// Forgets every recorded tensor (and the activations they hold).
   void clear();
 
-  // Read after forward (and backward), not while one runs: a point holds the latest value.
-  std::vector<std::string> names() const;  // in first-recorded order
+  /// The recorded points' full names, in first-recorded order.
+  /// Read this and the functions below after forward (and backward), not while one runs: a
+  /// point holds the latest value.
+  std::vector<std::string> names() const;
+  /// Whether the point `name` was recorded.
   bool has(const std::string& name) const;
-  Tensor tensor(const std::string& name) const;  // throws naming the point if absent
+  Tensor tensor(const std::string& name) const;  ///< throws naming the point if absent
+  /// The recorded value at the point; throws naming the point if absent.
   Array activation(const std::string& name) const;
-  Array gradient(const std::string& name) const;  // after backward
-  // One entry per residual connection recorded in the last forward, in order (a connection
-  // whose input does not require grad has no gradient to split and is left out).
+  /// The gradient at the point, after backward; throws naming the point if it has none.
+  Array gradient(const std::string& name) const;
+  /// One entry per residual connection recorded in the last forward, in order (a connection
+  /// whose input does not require grad has no gradient to split and is left out, as is a
+  /// Norm::none connection, which has no skip path).
   std::vector<ResidualFlow> residual_flows() const;
 
  private:
@@ -68,9 +76,9 @@ class ProbeSet {
   std::vector<HookHandle> hooks_;
 };
 
-// The L2 norm of each parameter's gradient by dotted name (0 for a parameter without one).
+/// The L2 norm of each parameter's gradient by dotted name (0 for a parameter without one).
 std::vector<std::pair<std::string, double>> gradient_norms(const Module& module);
-// The same as a table: name, shape, gradient norm.
+/// The same as a table: name, shape, gradient norm.
 std::string gradient_norm_table(const Module& module);
 
 }  // namespace xgrad::nn

@@ -23,11 +23,18 @@
 
 namespace xgrad::nn {
 
+/// The main tensor of a sublayer's output, for Residual: the output itself when it is a Tensor.
 inline Tensor& residual_output(Tensor& out) { return out; }
 
+/// A sublayer f wrapped in a residual connection with its LayerNorm placed by `placement`
+/// (pre: y = x + f(norm(x)), post: y = norm(x + f(x)), none: y = f(x)). It is the sublayer
+/// itself, with one child more, "norm" (not for none), and the hook points residual.in,
+/// residual.skip (not for none), residual.branch and residual.out.
 template <class Sublayer>
 class Residual : public Sublayer {
  public:
+  /// Builds Sublayer(sublayer_args...) and, unless placement is Norm::none, a
+  /// LayerNorm(features, layer_norm_eps) registered as "norm".
   template <class... Args>
   Residual(Norm placement, std::size_t features, float layer_norm_eps, Args&&... sublayer_args)
       : Sublayer(std::forward<Args>(sublayer_args)...), placement_(placement) {
@@ -39,6 +46,8 @@ class Residual : public Sublayer {
     }
   }
 
+  /// The sublayer's output (Sublayer::forward(x, args...) with the norm placed around it) whose
+  /// main tensor is y; throws, through Sublayer::check_input, when x cannot be the input.
   template <class... Args>
   auto forward(const Tensor& x, Args&&... args) const {
     Sublayer::check_input(x);
@@ -56,10 +65,11 @@ class Residual : public Sublayer {
     return out;
   }
 
-  // The sublayer alone, f, without the connection and the norm.
+  /// The sublayer alone, f, without the connection and the norm.
   const Sublayer& sublayer() const { return *this; }
+  /// Where the norm sits.
   Norm placement() const { return placement_; }
-  std::shared_ptr<LayerNorm> norm;  // null for Norm::none
+  std::shared_ptr<LayerNorm> norm;  ///< null for Norm::none
 
  private:
   Norm placement_;

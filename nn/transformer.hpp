@@ -23,173 +23,219 @@
 
 namespace xgrad::nn {
 
+/// The options of FeedForward.
 struct FeedForwardOptions {
+  /// d_model C and d_ff F; the other options at their defaults.
   FeedForwardOptions(std::size_t d_model, std::size_t d_ff) : d_model_(d_model), d_ff_(d_ff) {}
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);
-  XGRAD_REQUIRED_ARG(std::size_t, d_ff);
-  XGRAD_ARG(Activation, activation, Activation::gelu);
-  XGRAD_ARG(float, dropout, 0.1f);  // on the hidden activations, while training (its RandomStream)
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);  ///< the input and output width C
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  ///< the hidden width F
+  XGRAD_ARG(Activation, activation, Activation::gelu);  ///< act, between the two projections
+  XGRAD_ARG(float, dropout, 0.1f);  ///< on the hidden activations, while training (its RandomStream)
 };
 
-// y = linear2(dropout(act(linear1(x)))), x (..., C) -> (..., C)
+/// y = linear2(dropout(act(linear1(x)))), x (..., C) -> (..., C).
+/// Hook points: pre (linear1's output), hidden (after the activation and dropout), out.
 class FeedForward : public Module, public RandomStream {
  public:
+  /// Draws linear1 (C -> F) and linear2 (F -> C), both with biases, from `gen`, from which the
+  /// module's RandomStream is also spawned; a dropout outside [0, 1) throws.
   explicit FeedForward(const FeedForwardOptions& options, Generator& gen = default_generator());
+  /// y; throws (check_input) when x does not end in d_model.
   Tensor forward(const Tensor& x) const;
-  void check_input(const Tensor& x) const;  // (..., d_model)
-  std::shared_ptr<Linear> linear1, linear2;
+  void check_input(const Tensor& x) const;  ///< throws, naming FeedForward and the shape, unless x is (..., d_model)
+  /// The first projection, C -> F.
+  std::shared_ptr<Linear> linear1, linear2;  ///< the second projection, F -> C
 
  private:
   FeedForwardOptions options_;
 };
 
+/// The options of TransformerBlock.
 struct TransformerBlockOptions {
+  /// d_model C and num_heads H (H must divide C); d_ff 4 C; the other options at their defaults.
   TransformerBlockOptions(std::size_t d_model, std::size_t num_heads)
       : d_model_(d_model), num_heads_(num_heads), d_ff_(4 * d_model) {}
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);
-  XGRAD_REQUIRED_ARG(std::size_t, num_heads);
-  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  // 4 * d_model unless set
-  XGRAD_ARG(float, dropout, 0.1f);     // attention weights and FFN hidden
-  XGRAD_ARG(Norm, norm, Norm::pre);    // pre or post
-  XGRAD_ARG(Activation, activation, Activation::gelu);
-  XGRAD_ARG(float, layer_norm_eps, 1e-5f);
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);  ///< the model width C
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);  ///< the number of attention heads H
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  ///< 4 * d_model unless set
+  XGRAD_ARG(float, dropout, 0.1f);     ///< attention weights and FFN hidden
+  XGRAD_ARG(Norm, norm, Norm::pre);    ///< pre or post
+  XGRAD_ARG(Activation, activation, Activation::gelu);  ///< the feed-forward's activation
+  XGRAD_ARG(float, layer_norm_eps, 1e-5f);  ///< the eps of both LayerNorms
 };
 
+/// What TransformerBlock::forward returns.
 struct BlockOutput {
-  Tensor output;     // (B, T, C)
-  Tensor attention;  // (B, H, T, T)
+  Tensor output;     ///< (B, T, C)
+  Tensor attention;  ///< (B, H, T, S), S = T (with a cache: S every cached position)
 };
 
+/// Attention then feed-forward, each in its own residual connection with its LayerNorm, both
+/// placed by options.norm():
+/// Pre-Norm x = x + attn(attn.norm(x)); y = x + ffn(ffn.norm(x)),
+/// Post-Norm x = attn.norm(x + attn(x)); y = ffn.norm(x + ffn(x)).
+/// Hook points stream_in, stream_mid, stream_out: the residual stream entering the block,
+/// between its sublayers, and leaving it.
 class TransformerBlock : public Module {
  public:
+  /// Builds attn and ffn from `options` and `gen`; norm none throws.
   explicit TransformerBlock(const TransformerBlockOptions& options, Generator& gen = default_generator());
-  // With a cache: x holds the next positions after those the cache holds (see Attention).
+  /// The block's output for x (B, T, C) and the attention weights. With a cache: x holds the
+  /// next positions after those the cache holds (see Attention).
   BlockOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr) const;
-  std::shared_ptr<MultiHeadAttention> attn;     // Residual<Attention>: attn.norm, attn.w_q, ...
-  std::shared_ptr<Residual<FeedForward>> ffn;  // ffn.norm, ffn.linear1, ffn.linear2
+  std::shared_ptr<MultiHeadAttention> attn;     ///< Residual<Attention>: attn.norm, attn.w_q, ...
+  std::shared_ptr<Residual<FeedForward>> ffn;  ///< ffn.norm, ffn.linear1, ffn.linear2
 
  private:
   TransformerBlockOptions options_;
 };
 
+/// The positions a LanguageModel adds to its token embeddings: a learned table
+/// (LearnedPositionalEncoding, parameters pos_emb.weight) or the fixed sinusoidal one.
 enum class Positional { learned, sinusoidal };
 
+/// The options of LanguageModel, e.g. LanguageModelOptions(50257, 768, 12, 12).max_len(1024).
 struct LanguageModelOptions {
+  /// vocab_size V, d_model C, num_heads H (H must divide C) and num_layers; d_ff 4 C; the other
+  /// options at their defaults.
   LanguageModelOptions(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads, std::size_t num_layers)
       : vocab_size_(vocab_size), d_model_(d_model), num_heads_(num_heads), num_layers_(num_layers), d_ff_(4 * d_model) {}
-  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);
-  XGRAD_REQUIRED_ARG(std::size_t, num_heads);
-  XGRAD_REQUIRED_ARG(std::size_t, num_layers);
-  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  // 4 * d_model unless set
-  XGRAD_ARG(std::size_t, max_len, 256);
-  XGRAD_ARG(float, dropout, 0.1f);
-  XGRAD_ARG(Norm, norm, Norm::pre);
-  XGRAD_ARG(Activation, activation, Activation::gelu);
-  XGRAD_ARG(Positional, positional, Positional::learned);
-  XGRAD_ARG(float, layer_norm_eps, 1e-5f);
+  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);  ///< the number of token ids V
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);  ///< the model width C
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);  ///< attention heads per block
+  XGRAD_REQUIRED_ARG(std::size_t, num_layers);  ///< the number of TransformerBlocks
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  ///< 4 * d_model unless set
+  XGRAD_ARG(std::size_t, max_len, 256);  ///< the most positions a forward takes
+  XGRAD_ARG(float, dropout, 0.1f);  ///< attention weights and FFN hidden, while training
+  XGRAD_ARG(Norm, norm, Norm::pre);  ///< pre or post (Pre-Norm adds final_norm)
+  XGRAD_ARG(Activation, activation, Activation::gelu);  ///< the feed-forwards' activation
+  XGRAD_ARG(Positional, positional, Positional::learned);  ///< learned or sinusoidal positions
+  XGRAD_ARG(float, layer_norm_eps, 1e-5f);  ///< the eps of every LayerNorm
 };
 
-// The options as one JSON object with every field under its own name (enums by name: "pre",
-// "gelu_tanh", "sinusoidal"); what save_checkpoint stores for a LanguageModel under
-// "xgrad.model_options". Defined in language_model_options.cpp.
+/// The options as one JSON object with every field under its own name (enums by name: "pre",
+/// "gelu_tanh", "sinusoidal"); what save_checkpoint stores for a LanguageModel under
+/// "xgrad.model_options". Defined in language_model_options.cpp.
 std::string to_json(const LanguageModelOptions& options);
-// Reads to_json's text back. A field that is missing, unknown, of the wrong type or out of range
-// is an Error naming `who`, the field and the value.
+/// Reads to_json's text back. A field that is missing, unknown, of the wrong type or out of range
+/// is an Error naming `who`, the field and the value (so are text that is not a JSON object, a
+/// field given twice, and options LanguageModel::check refuses).
 LanguageModelOptions language_model_options_from_json(const std::string& text, const std::string& who);
-// One field in which two options differ, with both values as to_json writes them.
+/// One field in which two options differ, with both values as to_json writes them.
 struct OptionsDifference {
-  std::string field, stored, given;
+  /// @var stored
+  /// The stored options' value.
+
+  /// The field's name, e.g. "num_heads".
+  std::string field, stored, given;  ///< the given options' value
 };
-// The architecture fields in which `given` differs from `stored`, in declaration order: every
-// field but dropout (a training setting that does not change what the weights compute in eval
-// mode, so a caller may pick another).
+/// The architecture fields in which `given` differs from `stored`, in declaration order: every
+/// field but dropout (a training setting that does not change what the weights compute in eval
+/// mode, so a caller may pick another).
 std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored, const LanguageModelOptions& given);
 
+/// What LanguageModel::forward returns.
 struct LanguageModelOutput {
-  Tensor logits;                   // (B, T, V)
-  std::vector<Tensor> attentions;  // one (B, H, T, T) per block
+  Tensor logits;                   ///< (B, T, V)
+  std::vector<Tensor> attentions;  ///< one (B, H, T, T) per block (forward_cached: (B, H, T, S))
 };
 
-// What generate does when the sequence outgrows max_len.
+/// What generate does when the sequence outgrows max_len.
 enum class PastMaxLen {
-  slide,  // the context drops its oldest tokens (see window_keep) and goes on
-  error,  // generate refuses, before any work, a prompt and count that need more than max_len
-          // positions (every token but the last runs: prompt + count - 1 positions)
+  slide,  ///< the context drops its oldest tokens (see window_keep) and goes on
+  /// Generate refuses, before any work, a prompt and count that need more than max_len
+  /// positions (every token but the last runs: prompt + count - 1 positions).
+  error,
 };
 
+/// How LanguageModel::generate picks tokens and treats its context.
 struct GenerateOptions {
-  float temperature = 1.f;  // 0 picks the most likely token (greedy)
-  std::size_t top_k = 0;    // sample among the k most likely tokens; 0 means all
-  // With the cache the prompt runs once and then each new token runs alone, attending to the
-  // cached keys and values of the context; without it the whole context runs for every token.
-  // Both give the same tokens (up to float rounding). A model with hooks attached runs without
-  // the cache: its hook points then see whole contexts, as without one.
+  float temperature = 1.f;  ///< 0 picks the most likely token (greedy); must be >= 0
+  std::size_t top_k = 0;    ///< sample among the k most likely tokens; 0 means all
+  /// With the cache the prompt runs once and then each new token runs alone, attending to the
+  /// cached keys and values of the context; without it the whole context runs for every token.
+  /// Both give the same tokens (up to float rounding). A model with hooks attached runs without
+  /// the cache: its hook points then see whole contexts, as without one.
   bool use_cache = true;
-  PastMaxLen past_max_len = PastMaxLen::slide;
-  // The context is the tokens the model sees, at most max_len. When it is full and a new token
-  // must be fed, the context becomes its last window_keep tokens and the new one (window_keep 0:
-  // max_len / 2; must be less than max_len), and the cache is rebuilt from them.
-  // window_keep = max_len - 1 slides the context by one token, which recomputes all of it for
-  // every token past max_len (no faster than without the cache).
+  PastMaxLen past_max_len = PastMaxLen::slide;  ///< what happens past max_len
+  /// The context is the tokens the model sees, at most max_len. When it is full and a new token
+  /// must be fed, the context becomes its last window_keep tokens and the new one (window_keep 0:
+  /// max_len / 2; must be less than max_len), and the cache is rebuilt from them.
+  /// window_keep = max_len - 1 slides the context by one token, which recomputes all of it for
+  /// every token past max_len (no faster than without the cache).
   std::size_t window_keep = 0;
 };
 
-// Keys and values of every block, for LanguageModel::forward_cached.
+/// Keys and values of every block, for LanguageModel::forward_cached.
 struct LanguageModelCache {
-  std::vector<KVCache> blocks;
+  std::vector<KVCache> blocks;  ///< one per block; empty until the first forward_cached
+  /// The number of positions held (0 while empty).
   std::size_t length() const { return blocks.empty() ? 0 : blocks.front().length(); }
+  /// Empties the cache.
   void clear() { blocks.clear(); }
 };
 
+/// What LanguageModel::generate_with_attention returns.
 struct Generation {
-  std::vector<std::int64_t> tokens;  // the prompt, then the generated tokens
-  // attention[l] (H, Q, Q), Q = tokens.size() - 1: block l's weights for every token but the last.
-  // Row p holds query p's weights over the absolute key positions it saw (zero outside its
-  // context), from the first context it ran in; rows of prompt tokens that never ran (a prompt
-  // longer than max_len) are zero. Empty when count is 0.
+  std::vector<std::int64_t> tokens;  ///< the prompt, then the generated tokens
+  /// attention[l] (H, Q, Q), Q = tokens.size() - 1: block l's weights for every token but the last.
+  /// Row p holds query p's weights over the absolute key positions it saw (zero outside its
+  /// context), from the first context it ran in; rows of prompt tokens that never ran (a prompt
+  /// longer than max_len) are zero. Empty when count is 0.
   std::vector<Array> attention;
 };
 
+/// A decoder-only language model: h = tok_emb(ids) + positions; h = blocks (causal attention);
+/// Pre-Norm adds final_norm; logits = head(h). Hook points embed (tokens plus positions) and
+/// logits, besides its blocks'.
 class LanguageModel : public Module {
  public:
+  /// Checks the options (check), then draws every parameter from `gen`.
   explicit LanguageModel(const LanguageModelOptions& options, Generator& gen = default_generator());
-  // Throws, naming the option, for options the constructor refuses (its own and its
-  // attention's), before anything is built.
+  /// Throws, naming the option, for options the constructor refuses (its own and its
+  /// attention's), before anything is built. A d_ff of 0 passes: the constructor refuses it
+  /// through its Linear.
   static void check(const LanguageModelOptions& options);
-  // ids (B, T) with T <= max_len; causal attention.
+  /// The logits for ids (B, T) with T <= max_len; causal attention. An id outside the
+  /// vocabulary throws.
   LanguageModelOutput forward(const IndexArray& ids) const;
-  // A batch of sequences of different lengths: key_padding_mask (B, T) marks padding tokens (true),
-  // anywhere in a row, which no query attends to. Positions count each row's tokens that are not
-  // padding, so a row gets the logits it gets alone whether it is padded on the left or the
-  // right. A padding token's own logits mean nothing; give its target kIgnoreIndex.
+  /// A batch of sequences of different lengths: key_padding_mask (B, T) marks padding tokens (true),
+  /// anywhere in a row, which no query attends to. Positions count each row's tokens that are not
+  /// padding, so a row gets the logits it gets alone whether it is padded on the left or the
+  /// right. A padding token's own logits mean nothing; give its target kIgnoreIndex.
   LanguageModelOutput forward(const IndexArray& ids, const Mask& key_padding_mask) const;
-  // ids (B, n): the next n positions after the cache.length() positions whose keys and values
-  // `cache` holds (empty: positions 0 .. n-1); appends theirs (a failed call appends nothing).
-  // logits (B, n, V); attentions (B, H, n, cache.length()) per block, over every cached
-  // position. Hook points see the n new positions only, except k and v (every position).
+  /// ids (B, n): the next n positions after the cache.length() positions whose keys and values
+  /// `cache` holds (empty: positions 0 .. n-1); appends theirs (a failed call appends nothing).
+  /// logits (B, n, V); attentions (B, H, n, cache.length()) per block (the length after the
+  /// call), over every cached position. Hook points see the n new positions only, except k and
+  /// v (every position).
   LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache) const;
-  // Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
+  /// Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
+  /// Targets of another shape than ids, or outside the vocabulary (and not kIgnoreIndex), throw.
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
+  /// The same for forward(ids, key_padding_mask); give padding tokens the target kIgnoreIndex.
   Tensor loss(const IndexArray& ids, const IndexArray& targets, const Mask& key_padding_mask) const;
-  // Appends `count` tokens to `prompt` (see GenerateOptions for the context past max_len); runs in
-  // eval mode without recording and restores the previous mode. Every prompt id is checked against
-  // the vocabulary, whatever max_len is, and ids (prompt + count of them) that cannot be held are
-  // refused before the first step, naming the sizes and the memory left.
+  /// Appends `count` tokens to `prompt` (see GenerateOptions for the context past max_len); runs in
+  /// eval mode without recording and restores the previous mode. Every prompt id is checked against
+  /// the vocabulary, whatever max_len is, and ids (prompt + count of them) that cannot be held are
+  /// refused before the first step, naming the sizes and the memory left. An empty prompt, a
+  /// negative or NaN temperature and a window_keep of max_len or more throw.
   std::vector<std::int64_t> generate(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
-  // The same tokens, with the attention weights of every position that ran as a query (refused up
-  // front, as the ids are, when they cannot be held).
+  /// The same tokens, with the attention weights of every position that ran as a query (refused up
+  /// front, as the ids are, when they cannot be held).
   Generation generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
+  /// The options it was built with.
   const LanguageModelOptions& options() const { return options_; }
 
-  std::shared_ptr<Embedding> tok_emb;
-  std::shared_ptr<LearnedPositionalEncoding> pos_emb;          // when positional is learned
-  std::shared_ptr<SinusoidalPositionalEncoding> pos_table;     // when positional is sinusoidal
-  std::vector<std::shared_ptr<TransformerBlock>> blocks;
-  std::shared_ptr<LayerNorm> final_norm;  // Pre-Norm only
-  std::shared_ptr<Linear> head;
+  std::shared_ptr<Embedding> tok_emb;  ///< the token embedding, (V, C)
+  std::shared_ptr<LearnedPositionalEncoding> pos_emb;          ///< when positional is learned
+  /// When positional is sinusoidal (not a registered module: the table is not saved).
+  std::shared_ptr<SinusoidalPositionalEncoding> pos_table;
+  std::vector<std::shared_ptr<TransformerBlock>> blocks;  ///< the blocks, registered as "blocks.0" ...
+  std::shared_ptr<LayerNorm> final_norm;  ///< Pre-Norm only
+  std::shared_ptr<Linear> head;  ///< C -> V, with a bias
 
  private:
   void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached
