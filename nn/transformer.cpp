@@ -17,6 +17,7 @@ namespace xgrad::nn {
 
 FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
   if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("FeedForward: dropout ", o.dropout(), " is outside [0, 1)");
+  if (o.d_model() == 0 || o.d_ff() == 0) fail("FeedForward: d_model ", o.d_model(), " and d_ff ", o.d_ff(), " must be positive");
   linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model(), o.d_ff(), true, gen));
   linear2 = register_module("linear2", std::make_shared<Linear>(o.d_ff(), o.d_model(), true, gen));
   declare_hook_points({"pre", "hidden", "out"});
@@ -74,6 +75,7 @@ void LanguageModel::check(const LanguageModelOptions& o) {
   if (!(std::isfinite(o.layer_norm_eps()) && o.layer_norm_eps() > 0.f)) {
     fail("LanguageModel: layer_norm_eps ", o.layer_norm_eps(), " must be finite and > 0");
   }
+  if (o.d_ff() == 0) fail("LanguageModel: d_ff 0 must be positive");
   Attention::check(MultiHeadAttentionOptions(o.d_model(), o.num_heads()).dropout(o.dropout()));
 }
 

@@ -193,8 +193,7 @@ class LanguageModel : public Module {
   /// Checks the options (check), then draws every parameter from `gen`.
   explicit LanguageModel(const LanguageModelOptions& options, Generator& gen = default_generator());
   /// Throws, naming the option, for options the constructor refuses (its own and its
-  /// attention's), before anything is built. A d_ff of 0 passes: the constructor refuses it
-  /// through its Linear.
+  /// attention's), before anything is built.
   static void check(const LanguageModelOptions& options);
   /// The logits for ids (B, T) with T <= max_len; causal attention. An id outside the
   /// vocabulary throws.
