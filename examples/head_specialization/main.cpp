@@ -1,6 +1,7 @@
 // The head-specialization example: a one-layer attention model learns to name the tokens 1, 2,
 // 3 and 4 positions back at once, and its heads divide the work, each attending at one offset;
-// a single head of the same width cannot. See the README for the task and how to read the output.
+// a single head of the same width cannot. docs/studies/head-specialization.md describes the task
+// and how to read the output.
 #include <cstdio>
 #include <map>
 
