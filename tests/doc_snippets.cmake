@@ -10,6 +10,15 @@ file(GLOB_RECURSE XGRAD_DOC_PAGES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*
 list(PREPEND XGRAD_DOC_PAGES ${PROJECT_SOURCE_DIR}/README.md)
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${XGRAD_DOC_PAGES})
 
+# One precompiled <xgrad/xgrad.hpp> for every snippet: parsing it is most of a snippet's build.
+file(WRITE ${XGRAD_SNIPPET_DIR}/pch.cpp.new "// The target that owns the snippets' precompiled header.\n")
+configure_file(${XGRAD_SNIPPET_DIR}/pch.cpp.new ${XGRAD_SNIPPET_DIR}/pch/pch.cpp COPYONLY)
+file(REMOVE ${XGRAD_SNIPPET_DIR}/pch.cpp.new)
+add_library(doc_snippet_pch OBJECT ${XGRAD_SNIPPET_DIR}/pch/pch.cpp)
+target_link_libraries(doc_snippet_pch PRIVATE xgrad::xgrad)
+target_compile_options(doc_snippet_pch PRIVATE -Wall -Wextra)
+target_precompile_headers(doc_snippet_pch PRIVATE <xgrad/xgrad.hpp>)
+
 set(fence "```")
 set(XGRAD_SNIPPET_SOURCES "")
 set(XGRAD_SNIPPET_TARGETS "")
@@ -57,6 +66,7 @@ foreach(page ${XGRAD_DOC_PAGES})
     add_executable(doc_${id} ${source})
     target_link_libraries(doc_${id} PRIVATE ${libraries})
     target_compile_options(doc_${id} PRIVATE -Wall -Wextra)
+    target_precompile_headers(doc_${id} REUSE_FROM doc_snippet_pch)
     list(APPEND XGRAD_SNIPPET_TARGETS doc_${id})
     file(MAKE_DIRECTORY ${XGRAD_SNIPPET_DIR}/run/${id})  # each runs in a folder of its own
     add_test(NAME "doc_snippet: ${page_name}:${line}" COMMAND doc_${id}
