@@ -1,7 +1,8 @@
 # The C++ snippets of README.md and docs/**/*.md as tests: every ```cpp block is a complete
 # program, extracted at configure time into doc_snippets/, built against xgrad and run by ctest
 # as "doc_snippet: PAGE:LINE" (the line of its opening fence). Editing a page re-configures.
-# A block that includes xgrad/distributed/ links xgrad::distributed and is left out without it.
+# A block that includes xgrad/distributed/ links xgrad::distributed, runs alone and on two ranks
+# (mpirun), and is left out without the distributed library.
 
 cmake_policy(SET CMP0110 NEW)  # test names with spaces and colons
 set(XGRAD_SNIPPET_DIR ${CMAKE_CURRENT_BINARY_DIR}/doc_snippets)
@@ -72,6 +73,12 @@ foreach(page ${XGRAD_DOC_PAGES})
     add_test(NAME "doc_snippet: ${page_name}:${line}" COMMAND doc_${id}
              WORKING_DIRECTORY ${XGRAD_SNIPPET_DIR}/run/${id})
     set_tests_properties("doc_snippet: ${page_name}:${line}" PROPERTIES TIMEOUT 60)
+    if(NOT distributed EQUAL -1)  # and on two ranks, as the page means it to run
+      add_test(NAME "doc_snippet: ${page_name}:${line} (2 ranks)" COMMAND ${XGRAD_MPIRUN} -np 2 $<TARGET_FILE:doc_${id}>
+               WORKING_DIRECTORY ${XGRAD_SNIPPET_DIR}/run/${id})
+      set_tests_properties("doc_snippet: ${page_name}:${line} (2 ranks)" PROPERTIES TIMEOUT 120 RUN_SERIAL TRUE
+                          ENVIRONMENT "${XGRAD_MPI_ASAN}")  # see the distributed tests
+    endif()
   endwhile()
 endforeach()
 
