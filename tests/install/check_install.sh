@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Installs xgrad from a build tree into a scratch prefix, then builds and runs the README's API
-# tour as an outside project with find_package(xgrad); then the same against the build tree
-# itself (xgrad_DIR=BUILD_DIR). Where MPI is installed, both also ask for the distributed
-# component (find_package(xgrad REQUIRED COMPONENTS distributed)) and run its program alone and
-# on two ranks: a component that does not configure, build or run fails the check. Only without
-# MPI is it skipped.
+# Installs xgrad from a build tree into a scratch prefix, then builds and runs the README's tour
+# (a first model, which must write back the phrase it learned) as an outside project with
+# find_package(xgrad); then the same against the build tree itself (xgrad_DIR=BUILD_DIR). Where
+# MPI is installed, both also ask for the distributed component (find_package(xgrad REQUIRED
+# COMPONENTS distributed)) and run its program alone and on two ranks: a component that does not
+# configure, build or run fails the check. Only without MPI is it skipped.
 # Usage: check_install.sh BUILD_DIR SOURCE_DIR WORK_DIR
 set -euo pipefail
 build=$1 src=$2 work=$3
@@ -50,7 +50,7 @@ consumer() {
   fi
   cmake --build "$out" > "$out.build.log" 2>&1 || { cat "$out.build.log" >&2; echo "check_install: the consumer in $out does not build" >&2; exit 1; }
   "$out/tour" > "$out.tour.out"
-  grep -q "tensors agree" "$out.tour.out"
+  grep -q "sample: hello world hello world" "$out.tour.out"
   if [ "$distributed" = ON ]; then
     "$out/data_parallel" | tee "$out.dp1.out"
     grep -q "data-parallel gradient agrees on 1 process(es)" "$out.dp1.out"
