@@ -18,6 +18,13 @@ if [ -n "$internal" ]; then
   exit 1
 fi
 [ -f "$work/prefix/include/xgrad/core/autograd/tensor.hpp" ] || { echo "check_install: core/autograd/tensor.hpp is not installed" >&2; exit 1; }
+# ... and every xgrad header an installed header includes is installed too.
+while read -r header included; do
+  if [ ! -f "$work/prefix/include/$included" ]; then
+    echo "check_install: the installed ${header#$work/prefix/include/} includes $included, which is not installed" >&2
+    exit 1
+  fi
+done < <(grep -rHo '^#include "xgrad/[^"]*"' "$work/prefix/include/xgrad" | sed 's/:#include "/ /; s/"$//')
 
 # The tour is the ```cpp block between the README's "tour: begin" and "tour: end" markers.
 awk '/<!-- tour: begin -->/{on=1; next} /<!-- tour: end -->/{on=0} on && /^```cpp/{code=1; next}
