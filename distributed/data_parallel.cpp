@@ -205,8 +205,8 @@ void DataParallel::State::gradient_ready(std::size_t k, Array& grad) {
 }
 
 void DataParallel::State::pass_ended() {
-  owner->finish_pass();
   in_pass = false;
+  owner->finish_pass();
 }
 
 // The launched reductions stay in flight; the next pass waits for them before reusing the buckets.

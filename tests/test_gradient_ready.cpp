@@ -179,7 +179,7 @@ TEST_CASE("a pass that fails midway: ready leaves keep their gradients, the list
   REQUIRE(w1.grad() == Array{1.f, 2.f});
 }
 
-TEST_CASE("a listener that throws fails the pass; the others hear pass_failed, the thrower once", "[gradient_ready]") {
+TEST_CASE("a listener that throws fails the pass: the others hear pass_failed, the thrower once", "[gradient_ready]") {
   Tensor w0(Array{1.f}, true), w1(Array{2.f}, true);
   Log log;
   Recorder a(log, {"w1"}), b(log, {"w0"});

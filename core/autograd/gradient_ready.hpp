@@ -10,22 +10,24 @@
 
 namespace xgrad {
 
-/// Receives the events of the backward passes that reach the leaves it watches (see watch_gradients).
+/// Receives the events of the backward passes that reach the leaves it watches (see
+/// watch_gradients).
 ///
 /// A pass that hands one of the watched leaves a gradient calls, on the pass's thread, in this
 /// order: gradient_ready once for each watched leaf that receives a gradient, as soon as that
 /// gradient is final (the sweep has run every op that reads the leaf; the rest of the sweep runs
 /// after it), then exactly one of pass_ended (the pass has delivered every gradient) or
 /// pass_failed (an exception stopped it). A pass that hands none of them a gradient does not call
-/// the listener at all. Several listeners hear of a pass in the order of their first
-/// gradient_ready. Passes on several threads may call one listener at the same time (each pass
+/// the listener at all. Several listeners hear pass_ended (or pass_failed) in the order of their
+/// first gradient_ready in the pass. Passes on several threads may call one listener at the same time (each pass
 /// from its own thread, one thread running one pass at a time): a listener shared by threads keeps
 /// its state per thread.
 class GradientReadyListener {
  public:
   virtual ~GradientReadyListener() = default;
 
-  /// The watched leaf `index` (its position in the list given to watch_gradients) has its final gradient for this pass.
+  /// The watched leaf `index` (its position in the list given to watch_gradients) has its final
+  /// gradient for this pass.
   ///
   /// `grad` is this pass's gradient of the leaf after the leaf's hooks ran (and, in anomaly mode,
   /// after the check that it is finite), before it is added to the leaf's grad(). The listener may
@@ -49,9 +51,9 @@ class GradientReadyListener {
 
 /// A listener's watch over a list of leaves, which lasts as long as this handle (or until reset()).
 ///
-/// Movable, not copyable. Destroying or resetting it is not concurrent with a pass on another
-/// thread that reads the leaves (as removing a hook is not); from within a pass on its own thread
-/// it is fine, and the listener hears nothing more of that pass.
+/// Movable, not copyable. Destroy or reset it only while no pass on another thread reads the
+/// leaves (as with removing a hook); from within a pass on its own thread it is fine, and the
+/// listener hears nothing more of that pass.
 class GradientWatch {
  public:
   /// A handle that watches nothing.
@@ -70,7 +72,7 @@ class GradientWatch {
   /// True while the handle keeps a watch.
   bool active() const { return state_ != nullptr; }
 
-  /// The engine's record of one watch (defined in tape.cpp).
+  /// The engine's record of one watch (opaque).
   struct State;
 
  private:

@@ -187,7 +187,7 @@ std::vector<ReadyLeaf> ready_schedule(const std::vector<std::shared_ptr<TapeEntr
   std::vector<ReadyLeaf> ready;
   std::unordered_set<const Node*> seen;
   auto consider = [&](Node& n, std::size_t reader) {
-    if (n.has_creator || !seen.insert(&n).second) return;
+    if (n.has_creator || (n.hooks.empty() && !lock.owns_lock()) || !seen.insert(&n).second) return;
     const std::vector<Watcher>* watchers = nullptr;
     if (lock.owns_lock()) {
       const auto it = watchers_of.find(&n);
@@ -333,6 +333,40 @@ void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
 
 namespace {
 
+// The gradient the sweep starts from at `root`: the seed, or 1 for a single element.
+Array seed_gradient(const Node& root, const Array* seed) {
+  if (seed) {
+    if (seed->shape() != root.value().shape()) {
+      fail("backward: seed gradient of shape ", shape_str(seed->shape()), " does not match the tensor's shape ",
+           shape_str(root.value().shape()));
+    }
+    return *seed;
+  }
+  if (root.value().size() != 1) {
+    fail("backward: called without a seed gradient on a tensor of shape ", shape_str(root.value().shape()),
+         "; only a single-element tensor gets the implicit seed 1");
+  }
+  return xt::ones<float>(root.value().shape());
+}
+
+// Makes `pass` the one running on this thread for its scope. Whatever happens, it leaves no
+// pending gradient behind and drops the entries that ran.
+struct RunningPass {
+  explicit RunningPass(Pass& p) : pass(p) { current_pass = &pass; }
+  ~RunningPass() {
+    for (auto& n : pass.touched) {
+      n->pending = Array();
+      n->has_pending = false;
+    }
+    auto& e = tape.entries;
+    e.erase(std::remove_if(e.begin(), e.end(), [](const auto& x) { return !x->backward; }), e.end());
+    current_pass = nullptr;
+  }
+  RunningPass(const RunningPass&) = delete;
+  RunningPass& operator=(const RunningPass&) = delete;
+  Pass& pass;
+};
+
 // Runs one tape entry of the sweep, if a gradient reached its output.
 void run_entry(TapeEntry& e, bool retain_graph) {
   std::shared_ptr<Node> out = e.output.lock();
@@ -401,37 +435,10 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
     root_entry = r->creator.lock();
     if (!root_entry) fail(kReleased);
   }
-  Array g;
-  if (seed) {
-    if (seed->shape() != r->value().shape()) {
-      fail("backward: seed gradient of shape ", shape_str(seed->shape()), " does not match the tensor's shape ",
-           shape_str(r->value().shape()));
-    }
-    g = *seed;
-  } else {
-    if (r->value().size() != 1) {
-      fail("backward: called without a seed gradient on a tensor of shape ", shape_str(r->value().shape()),
-           "; only a single-element tensor gets the implicit seed 1");
-    }
-    g = xt::ones<float>(r->value().shape());
-  }
+  Array g = seed_gradient(*r, seed);
 
   Pass pass;
-  current_pass = &pass;
-  // Whatever happens, leave no pending gradient behind and drop the entries that ran.
-  struct Cleanup {
-    Pass& pass;
-    ~Cleanup() {
-      for (auto& n : pass.touched) {
-        n->pending = Array();
-        n->has_pending = false;
-      }
-      auto& e = tape.entries;
-      e.erase(std::remove_if(e.begin(), e.end(), [](const auto& x) { return !x->backward; }), e.end());
-      current_pass = nullptr;
-    }
-  } cleanup{pass};
-
+  const RunningPass running(pass);
   start_pending(r, std::move(g));
   // The sweep runs entries [0, end) in reverse: the root's and every entry recorded before it.
   auto& entries = tape.entries;
