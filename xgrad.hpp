@@ -9,6 +9,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
+#include "xgrad/core/autograd/gradient_ready.hpp"
 #include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/kernels/parallel.hpp"

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <string>
 
+#include "xgrad/core/autograd/gradient_ready.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/autograd/tape.hpp"
 
 namespace xgrad::distributed {
 
@@ -48,11 +48,12 @@ std::vector<std::string> split_lines(const std::string& s) {
 
 double ReductionStats::overlap() const { return reduce_seconds > 0 ? std::clamp(1.0 - wait_seconds / reduce_seconds, 0.0, 1.0) : 0.0; }
 
-struct DataParallel::State {
+// Listens to the passes that reach the parameters: each gradient goes into its bucket as soon as
+// it is final, and the pass's end waits for the reductions.
+struct DataParallel::State : GradientReadyListener {
   struct Slot {
     Tensor param;
     std::size_t bucket = 0, offset = 0, flag = 0;  // gradient at offset, flag at index `flag`
-    int hook = -1;
   };
   struct Bucket {
     Array data;  // gradients, then one flag per parameter
@@ -64,11 +65,13 @@ struct DataParallel::State {
   std::vector<Bucket> buckets;
   std::vector<char> arrived;
   std::size_t next_launch = 0;
-  std::uint64_t pass = 0;  // the backward pass being reduced (0: none)
+  bool in_pass = false;  // a backward pass has handed over gradients and not ended yet
   Clock::time_point first_launch;
   bool launched_any = false;
 
   double timeout = 0;
+  DataParallel* owner = nullptr;
+  GradientWatch watch;  // over slots' parameters, in slot order
 
   void launch(ProcessGroup& group, std::size_t b) {
     Bucket& bucket = buckets[b];
@@ -81,6 +84,10 @@ struct DataParallel::State {
                                               std::to_string(buckets.size()) + " (" + std::to_string(bucket.data.size()) + " floats)",
                                           timeout);
   }
+
+  void gradient_ready(std::size_t k, Array& grad) override;
+  void pass_ended() override;
+  void pass_failed() noexcept override;
 
   // Starts, in order, every bucket whose gradients have all arrived, then lets MPI progress.
   void launch_ready(ProcessGroup& group) {
@@ -164,37 +171,46 @@ DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, const DataPa
   }
   s.arrived.assign(s.slots.size(), 0);
 
-  for (std::size_t k = 0; k < s.slots.size(); ++k) {
-    s.slots[k].hook = s.slots[k].param.register_hook([this, k](Array& grad) {
-      State& st = *state_;
-      if (st.pass != current_backward_pass()) {
-        // A new pass (an earlier one may have failed midway: finish its reductions first).
-        for (auto& b : st.buckets) b.request.wait();
-        st.pass = current_backward_pass();
-        st.next_launch = 0;
-        st.launched_any = false;
-        std::fill(st.arrived.begin(), st.arrived.end(), 0);
-        for (auto& b : st.buckets) {
-          b.arrived = 0;
-          std::fill(b.data.begin(), b.data.end(), 0.f);
-        }
-        queue_backward_callback([this] { finish_pass(); });
-      }
-      State::Slot& slot = st.slots[k];
-      State::Bucket& bucket = st.buckets[slot.bucket];
-      if (!st.arrived[k]) {
-        st.arrived[k] = 1;
-        ++bucket.arrived;
-      }
-      // The gradient goes into the bucket; the parameter itself receives zeros now and the
-      // mean over ranks when backward ends.
-      std::memcpy(bucket.data.data() + slot.offset, grad.data(), grad.size() * sizeof(float));
-      bucket.data.data()[slot.flag] = 1.f;
-      std::fill(grad.begin(), grad.end(), 0.f);
-      st.launch_ready(group_);
-    });
-  }
+  s.owner = this;
+  std::vector<Tensor> watched;
+  for (const State::Slot& slot : s.slots) watched.push_back(slot.param);
+  s.watch = watch_gradients(watched, s);
 }
+
+void DataParallel::State::gradient_ready(std::size_t k, Array& grad) {
+  if (!in_pass) {
+    // A new pass (an earlier one may have failed midway: finish its reductions first).
+    for (auto& b : buckets) b.request.wait();
+    in_pass = true;
+    next_launch = 0;
+    launched_any = false;
+    std::fill(arrived.begin(), arrived.end(), 0);
+    for (auto& b : buckets) {
+      b.arrived = 0;
+      std::fill(b.data.begin(), b.data.end(), 0.f);
+    }
+  }
+  Slot& slot = slots[k];
+  Bucket& bucket = buckets[slot.bucket];
+  if (!arrived[k]) {
+    arrived[k] = 1;
+    ++bucket.arrived;
+  }
+  // The gradient goes into the bucket; the parameter itself receives zeros now and the
+  // mean over ranks when backward ends.
+  std::memcpy(bucket.data.data() + slot.offset, grad.data(), grad.size() * sizeof(float));
+  bucket.data.data()[slot.flag] = 1.f;
+  std::fill(grad.begin(), grad.end(), 0.f);
+  launch_ready(owner->group_);
+}
+
+void DataParallel::State::pass_ended() {
+  in_pass = false;
+  owner->finish_pass();
+}
+
+// The launched reductions stay in flight; the next pass waits for them before reusing the buckets.
+void DataParallel::State::pass_failed() noexcept { in_pass = false; }
 
 void DataParallel::finish_pass() {
   State& s = *state_;
@@ -218,13 +234,10 @@ void DataParallel::finish_pass() {
   stats_.bytes = bytes;
   stats_.reduce_seconds = s.launched_any ? seconds_between(s.first_launch, end) : 0.0;
   stats_.wait_seconds = seconds_between(sweep_end, end);
-  s.pass = 0;
 }
 
 DataParallel::~DataParallel() {
-  for (State::Slot& slot : state_->slots) {
-    if (slot.hook >= 0) slot.param.remove_hook(slot.hook);
-  }
+  state_->watch.reset();
   for (auto& b : state_->buckets) {
     if (b.request.pending()) b.request.wait();
   }

@@ -1,4 +1,4 @@
-// The per-thread tape, grad mode, and the reverse sweep.
+// The per-thread tape, grad mode, the reverse sweep, and the gradient-ready listeners it tells.
 #include "xgrad/core/autograd/tape.hpp"
 
 #include <algorithm>
@@ -11,10 +11,17 @@
 #include <unordered_set>
 
 #include "xgrad/core/autograd/detail/broadcast.hpp"
+#include "xgrad/core/autograd/gradient_ready.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 
 namespace xgrad {
+
+struct GradientWatch::State {
+  GradientReadyListener* listener = nullptr;
+  std::vector<std::shared_ptr<Node>> leaves;  // kept alive: the registry is keyed by their nodes
+  std::atomic<bool> active{true};             // false once the handle ends the watch
+};
 
 namespace {
 
@@ -27,6 +34,20 @@ struct Tape {
   std::size_t prune_at = 4096;
 };
 
+// A listener's place in the registry: which watch, and the leaf's position in its list.
+struct Watcher {
+  std::shared_ptr<GradientWatch::State> watch;
+  std::size_t index = 0;
+};
+
+// A leaf that gets its gradient as soon as it is final (it has hooks or listeners), after the
+// sweep has run the earliest tape entry that reads it.
+struct ReadyLeaf {
+  std::size_t first_reader = 0;
+  Node* leaf = nullptr;
+  std::vector<Watcher> watchers;
+};
+
 // State of the backward pass running on this thread. A non-leaf's pending gradient lives on
 // its node (only this thread records or sweeps it); a leaf's lives here, since passes on
 // other threads may be gathering gradients for the same leaf at the same time.
@@ -36,6 +57,8 @@ struct Pass {
                                                                // keeps references stable
   std::unordered_map<const Node*, Array*> leaf_index;
   std::unordered_set<const Node*> delivered;  // leaves handed their gradient before the end
+  std::vector<std::shared_ptr<GradientWatch::State>> joined;  // listeners told of this pass
+  std::size_t told_end = 0;                   // joined[0, told_end) heard pass_ended
   std::vector<std::function<void()>> callbacks;  // queue_backward_callback, run at the end
 };
 
@@ -43,7 +66,6 @@ thread_local Tape tape;
 thread_local bool grad_mode = true;
 thread_local bool anomaly_mode = false;
 thread_local Pass* current_pass = nullptr;
-thread_local std::uint64_t pass_count = 0;
 
 constexpr std::size_t kMinPrune = 4096;
 
@@ -97,11 +119,8 @@ void add_into(Array& dst, const Array& src) {
   });
 }
 
-// The gradient has arrived in full at `node`: hooks see it, and a leaf or retain_grad tensor
-// keeps it (accumulating across backward calls, as PyTorch does). A leaf's caller holds its
-// grad_mutex.
-// `consume`: the caller no longer needs `grad`, so a first gradient is moved in, not copied.
-void deliver(Node& node, Array& grad, bool consume) {
+// The gradient has arrived in full at `node`: its hooks see it, and in anomaly mode it is checked.
+void arrive(Node& node, Array& grad) {
   for (auto& [id, hook] : node.hooks) {
     hook(grad);
     if (grad.shape() != node.value().shape()) {
@@ -116,6 +135,11 @@ void deliver(Node& node, Array& grad, bool consume) {
            node.hooks.empty() ? "" : " (after its hooks ran)");
     }
   }
+}
+
+// A leaf or retain_grad tensor keeps its gradient, accumulating across backward calls as PyTorch
+// does. `consume`: the caller no longer needs `grad`, so a first gradient is moved in, not copied.
+void keep(Node& node, Array& grad, bool consume) {
   const bool keeps = !node.has_creator || node.retains_grad;
   if (!keeps) return;
   if (node.has_grad) {
@@ -128,6 +152,60 @@ void deliver(Node& node, Array& grad, bool consume) {
     }
     node.has_grad = true;
   }
+}
+
+// Hands a leaf its gradient for the pass under its mutex: its hooks, then its listeners, then the
+// sum into its grad (the pass-local gradient ends here).
+void deliver_leaf(Node& leaf, Array& grad, const std::vector<Watcher>& watchers) {
+  std::lock_guard<std::mutex> lock(leaf.grad_mutex);
+  arrive(leaf, grad);
+  for (const Watcher& w : watchers) {
+    if (!w.watch->active) continue;
+    auto& joined = current_pass->joined;
+    if (std::find(joined.begin(), joined.end(), w.watch) == joined.end()) joined.push_back(w.watch);
+    w.watch->listener->gradient_ready(w.index, grad);
+    if (grad.shape() != leaf.value().shape()) {
+      fail("backward: a gradient-ready listener changed the gradient of ", describe(leaf), " (leaf ", w.index,
+           " of its watch) from shape ", shape_str(leaf.value().shape()), " to ", shape_str(grad.shape()));
+    }
+  }
+  keep(leaf, grad, true);
+}
+
+std::mutex watch_mutex;  // guards the registry below
+std::unordered_map<const Node*, std::vector<Watcher>> watchers_of;
+std::atomic<std::size_t> watch_count{0};
+
+// The leaves that get their gradient as soon as it is final, those with hooks or listeners, each
+// with the earliest of entries[0, end) that reads it and can still run, latest first (ties in
+// reading order): once the sweep has run that entry the leaf's gradient is final. A leaf root is
+// final from the start.
+std::vector<ReadyLeaf> ready_schedule(const std::vector<std::shared_ptr<TapeEntry>>& entries, std::size_t end,
+                                      Node& root) {
+  std::unique_lock<std::mutex> lock(watch_mutex, std::defer_lock);
+  if (watch_count > 0) lock.lock();
+  std::vector<ReadyLeaf> ready;
+  std::unordered_set<const Node*> seen;
+  auto consider = [&](Node& n, std::size_t reader) {
+    if (n.has_creator || (n.hooks.empty() && !lock.owns_lock()) || !seen.insert(&n).second) return;
+    const std::vector<Watcher>* watchers = nullptr;
+    if (lock.owns_lock()) {
+      const auto it = watchers_of.find(&n);
+      if (it != watchers_of.end()) watchers = &it->second;
+    }
+    if (n.hooks.empty() && !watchers) return;
+    ready.push_back({reader, &n, watchers ? *watchers : std::vector<Watcher>()});
+  };
+  consider(root, 0);
+  for (std::size_t j = 0; j < end; ++j) {
+    if (entries[j]->output.expired()) continue;  // it can never run
+    for (const auto& [in, version] : entries[j]->inputs) {
+      if (in && in->requires_grad) consider(*in, j);
+    }
+  }
+  std::stable_sort(ready.begin(), ready.end(),
+                   [](const ReadyLeaf& a, const ReadyLeaf& b) { return a.first_reader > b.first_reader; });
+  return ready;
 }
 
 const char* const kOtherThread =
@@ -253,6 +331,97 @@ void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
   }
 }
 
+namespace {
+
+// The gradient the sweep starts from at `root`: the seed, or 1 for a single element.
+Array seed_gradient(const Node& root, const Array* seed) {
+  if (seed) {
+    if (seed->shape() != root.value().shape()) {
+      fail("backward: seed gradient of shape ", shape_str(seed->shape()), " does not match the tensor's shape ",
+           shape_str(root.value().shape()));
+    }
+    return *seed;
+  }
+  if (root.value().size() != 1) {
+    fail("backward: called without a seed gradient on a tensor of shape ", shape_str(root.value().shape()),
+         "; only a single-element tensor gets the implicit seed 1");
+  }
+  return xt::ones<float>(root.value().shape());
+}
+
+// Makes `pass` the one running on this thread for its scope. Whatever happens, it leaves no
+// pending gradient behind and drops the entries that ran.
+struct RunningPass {
+  explicit RunningPass(Pass& p) : pass(p) { current_pass = &pass; }
+  ~RunningPass() {
+    for (auto& n : pass.touched) {
+      n->pending = Array();
+      n->has_pending = false;
+    }
+    auto& e = tape.entries;
+    e.erase(std::remove_if(e.begin(), e.end(), [](const auto& x) { return !x->backward; }), e.end());
+    current_pass = nullptr;
+  }
+  RunningPass(const RunningPass&) = delete;
+  RunningPass& operator=(const RunningPass&) = delete;
+  Pass& pass;
+};
+
+// Runs one tape entry of the sweep, if a gradient reached its output.
+void run_entry(TapeEntry& e, bool retain_graph) {
+  std::shared_ptr<Node> out = e.output.lock();
+  if (!out || !out->has_pending) return;
+  if (!e.backward) fail(kReleased);
+  Array grad = std::move(out->pending);
+  out->has_pending = false;
+  arrive(*out, grad);
+  keep(*out, grad, false);  // its backward still reads grad
+  GradContext ctx(e, grad, *out);
+  e.backward(ctx);
+  if (anomaly_mode) {
+    for (std::size_t i = 0; i < e.inputs.size(); ++i) {
+      const auto& in = e.inputs[i].node;
+      const Array* pending = in ? pending_of(*in) : nullptr;
+      if (!pending) continue;
+      const std::size_t bad = first_non_finite(*pending);
+      if (bad < pending->size()) {
+        fail("anomaly: backward of ", e.op, " produced ", pending->data()[bad], " in the gradient of its input ", i,
+             " (", describe(*in), ", shape ", shape_str(pending->shape()), ") at flat position ", bad,
+             "; the gradient arriving at its output was ", first_non_finite(grad) < grad.size() ? "not finite" : "finite");
+      }
+    }
+  }
+  if (!retain_graph) {
+    e.backward = nullptr;  // frees what the closure cached
+    e.inputs.clear();      // frees activations (the pass still holds the touched nodes)
+  }
+}
+
+// Hands a leaf of the ready schedule its gradient, if the pass produced one.
+void deliver_ready(ReadyLeaf& r) {
+  const auto found = current_pass->leaf_index.find(r.leaf);
+  if (found == current_pass->leaf_index.end()) return;
+  deliver_leaf(*r.leaf, *found->second, r.watchers);
+  current_pass->delivered.insert(r.leaf);
+}
+
+// Every gradient is delivered: the listeners hear that the pass ended, then the queued callbacks run.
+void end_pass(Pass& pass) {
+  while (pass.told_end < pass.joined.size()) {
+    const auto& watch = pass.joined[pass.told_end++];
+    if (watch->active) watch->listener->pass_ended();
+  }
+  for (std::size_t i = 0; i < pass.callbacks.size(); ++i) pass.callbacks[i]();
+}
+
+void fail_pass(Pass& pass) noexcept {
+  for (std::size_t k = pass.told_end; k < pass.joined.size(); ++k) {
+    if (pass.joined[k]->active) pass.joined[k]->listener->pass_failed();
+  }
+}
+
+}  // namespace
+
 void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
   const std::shared_ptr<Node>& r = root.node();
   if (!r->requires_grad) {
@@ -266,112 +435,105 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
     root_entry = r->creator.lock();
     if (!root_entry) fail(kReleased);
   }
-  Array g;
-  if (seed) {
-    if (seed->shape() != r->value().shape()) {
-      fail("backward: seed gradient of shape ", shape_str(seed->shape()), " does not match the tensor's shape ",
-           shape_str(r->value().shape()));
-    }
-    g = *seed;
-  } else {
-    if (r->value().size() != 1) {
-      fail("backward: called without a seed gradient on a tensor of shape ", shape_str(r->value().shape()),
-           "; only a single-element tensor gets the implicit seed 1");
-    }
-    g = xt::ones<float>(r->value().shape());
-  }
+  Array g = seed_gradient(*r, seed);
 
   Pass pass;
-  current_pass = &pass;
-  ++pass_count;
-  // Whatever happens, leave no pending gradient behind and drop the entries that ran.
-  struct Cleanup {
-    Pass& pass;
-    ~Cleanup() {
-      for (auto& n : pass.touched) {
-        n->pending = Array();
-        n->has_pending = false;
-      }
-      auto& e = tape.entries;
-      e.erase(std::remove_if(e.begin(), e.end(), [](const auto& x) { return !x->backward; }), e.end());
-      current_pass = nullptr;
-    }
-  } cleanup{pass};
-
+  const RunningPass running(pass);
   start_pending(r, std::move(g));
-
-  auto deliver_leaf = [](Node& leaf, Array& grad) {
-    std::lock_guard<std::mutex> lock(leaf.grad_mutex);
-    deliver(leaf, grad, true);  // a leaf's pass-local gradient ends here
-  };
+  // The sweep runs entries [0, end) in reverse: the root's and every entry recorded before it.
+  auto& entries = tape.entries;
+  std::size_t end = 0;
   if (root_entry) {
-    auto& entries = tape.entries;
-    auto it = std::lower_bound(entries.begin(), entries.end(), root_entry->seq,
-                               [](const auto& e, std::uint64_t s) { return e->seq < s; });
-    const std::size_t root_index = static_cast<std::size_t>(it - entries.begin());
-    // A leaf with hooks gets its gradient as soon as it is final, once the sweep has passed the
-    // earliest entry that reads it, so a hook that starts work (DataParallel's reductions)
-    // overlaps the rest of backward. Other leaves get theirs at the end.
-    std::vector<std::pair<std::size_t, Node*>> early;  // (earliest reader, leaf), latest first
-    {
-      std::unordered_map<Node*, std::size_t> first_reader;
-      for (std::size_t j = 0; j <= root_index; ++j) {
-        for (const auto& [in, version] : entries[j]->inputs) {
-          if (in && !in->has_creator && !in->hooks.empty()) first_reader.emplace(in.get(), j);
-        }
-      }
-      for (const auto& [leaf, j] : first_reader) early.emplace_back(j, leaf);
-      std::sort(early.begin(), early.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    }
-    std::size_t next_early = 0;
-    for (std::size_t i = root_index + 1; i-- > 0;) {
-      for (; next_early < early.size() && early[next_early].first > i; ++next_early) {
-        Node* leaf = early[next_early].second;
-        const auto found = pass.leaf_index.find(leaf);
-        if (found == pass.leaf_index.end()) continue;
-        deliver_leaf(*leaf, *found->second);
-        pass.delivered.insert(leaf);
-      }
-      TapeEntry& e = *entries[i];
-      std::shared_ptr<Node> out = e.output.lock();
-      if (!out || !out->has_pending) continue;
-      if (!e.backward) fail(kReleased);
-      Array grad = std::move(out->pending);
-      out->has_pending = false;
-      deliver(*out, grad, false);  // its backward still reads grad
-      GradContext ctx(e, grad, *out);
-      e.backward(ctx);
-      if (anomaly_mode) {
-        for (std::size_t i = 0; i < e.inputs.size(); ++i) {
-          const auto& in = e.inputs[i].node;
-          const Array* pending = in ? pending_of(*in) : nullptr;
-          if (!pending) continue;
-          const std::size_t bad = first_non_finite(*pending);
-          if (bad < pending->size()) {
-            fail("anomaly: backward of ", e.op, " produced ", pending->data()[bad], " in the gradient of its input ", i,
-                 " (", describe(*in), ", shape ", shape_str(pending->shape()), ") at flat position ", bad,
-                 "; the gradient arriving at its output was ", first_non_finite(grad) < grad.size() ? "not finite" : "finite");
-          }
-        }
-      }
-      if (!retain_graph) {
-        e.backward = nullptr;  // frees what the closure cached
-        e.inputs.clear();      // frees activations (the pass still holds the touched nodes)
-      }
-    }
+    const auto it = std::lower_bound(entries.begin(), entries.end(), root_entry->seq,
+                                     [](const auto& e, std::uint64_t s) { return e->seq < s; });
+    end = static_cast<std::size_t>(it - entries.begin()) + 1;
   }
-  for (auto& [leaf, grad] : pass.leaves) {
-    if (!pass.delivered.count(leaf.get())) deliver_leaf(*leaf, grad);
+  std::vector<ReadyLeaf> ready = ready_schedule(entries, end, *r);
+  std::size_t next_ready = 0;
+  try {
+    for (std::size_t i = end; i-- > 0;) {
+      for (; next_ready < ready.size() && ready[next_ready].first_reader > i; ++next_ready) {
+        deliver_ready(ready[next_ready]);
+      }
+      run_entry(*entries[i], retain_graph);
+    }
+    for (; next_ready < ready.size(); ++next_ready) deliver_ready(ready[next_ready]);
+    for (auto& [leaf, grad] : pass.leaves) {
+      if (!pass.delivered.count(leaf.get())) deliver_leaf(*leaf, grad, {});
+    }
+    end_pass(pass);
+  } catch (...) {
+    fail_pass(pass);
+    throw;
   }
-  for (std::size_t i = 0; i < pass.callbacks.size(); ++i) pass.callbacks[i]();
 }
-
-std::uint64_t current_backward_pass() { return current_pass ? pass_count : 0; }
 
 void queue_backward_callback(std::function<void()> fn) {
   if (!current_pass) fail("queue_backward_callback: no backward pass is running on this thread (call it from a hook)");
   if (!fn) fail("queue_backward_callback: empty callback");
   current_pass->callbacks.push_back(std::move(fn));
+}
+
+GradientWatch watch_gradients(const std::vector<Tensor>& leaves, GradientReadyListener& listener) {
+  if (current_pass) {
+    fail("watch_gradients: called from inside a backward pass on this thread (from a hook or a listener); start "
+         "watching before backward");
+  }
+  auto state = std::make_shared<GradientWatch::State>();
+  state->listener = &listener;
+  std::unordered_map<const Node*, std::size_t> position;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& t = leaves[i];
+    if (!t.defined()) fail("watch_gradients: leaf ", i, " is an undefined tensor");
+    const std::shared_ptr<Node>& n = t.node();
+    const std::string what = n->name.empty() ? std::string() : " ('" + n->name + "')";
+    if (!n->requires_grad) fail("watch_gradients: leaf ", i, what, " does not require grad, no gradient will reach it");
+    if (n->has_creator) {
+      fail("watch_gradients: leaf ", i, what, " was computed by an op, not a leaf (watch the parameters)");
+    }
+    const auto [at, fresh] = position.emplace(n.get(), i);
+    if (!fresh) fail("watch_gradients: leaf ", i, what, " is listed twice (also as leaf ", at->second, ")");
+    state->leaves.push_back(n);
+  }
+  std::lock_guard<std::mutex> lock(watch_mutex);
+  for (const auto& [node, list] : watchers_of) {
+    for (const Watcher& w : list) {
+      if (w.watch->listener == &listener) {
+        fail("watch_gradients: the listener already has a watch (give it one list of every leaf)");
+      }
+    }
+  }
+  for (std::size_t i = 0; i < state->leaves.size(); ++i) watchers_of[state->leaves[i].get()].push_back({state, i});
+  ++watch_count;
+  GradientWatch watch;
+  watch.state_ = std::move(state);
+  return watch;
+}
+
+GradientWatch& GradientWatch::operator=(GradientWatch&& other) noexcept {
+  if (this != &other) {
+    reset();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+void GradientWatch::reset() noexcept {
+  if (!state_) return;
+  state_->active = false;
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex);
+    for (const auto& leaf : state_->leaves) {
+      auto it = watchers_of.find(leaf.get());
+      if (it == watchers_of.end()) continue;
+      auto& list = it->second;
+      list.erase(std::remove_if(list.begin(), list.end(), [this](const Watcher& w) { return w.watch == state_; }),
+                 list.end());
+      if (list.empty()) watchers_of.erase(it);
+    }
+    --watch_count;
+  }
+  state_.reset();
 }
 
 }  // namespace xgrad

@@ -6,16 +6,16 @@
 // recorded on another thread as input (both raise an Error; hand values across with detach()).
 // Leaves (parameters) may be shared: several threads may run forward and backward at once on
 // modules that share parameters. Each pass gathers its leaf gradients on its own and adds them
-// under the leaf's mutex, running the leaf's hooks there (on the pass's thread), once per pass
-// and one pass at a time: a leaf with hooks as soon as its gradient is final, the others at
-// the pass's end; a shared gradient is the sum over all passes, in the
-// order the passes ended (so its last bits can differ from a serial run's). Dropout draws from
-// a shared Generator are safe. Left to the caller, never concurrent with a pass that uses the
-// same parameters: reading or changing gradients (grad(), mutable_grad(), zero_grad(),
-// clipping, optimizer steps), changing a parameter's value or requires_grad, registering or
-// removing hooks, train()/eval() (LanguageModel::generate calls both), and attaching or
-// detaching a ProbeSet or HeadImportance; while a ProbeSet is attached, forwards must not
-// overlap at all (it records every forward into one shared set).
+// under the leaf's mutex, running the leaf's hooks and gradient-ready listeners there (on the
+// pass's thread), once per pass and one pass at a time: a leaf with hooks or listeners as soon
+// as its gradient is final, the others at the pass's end; a shared gradient is the sum over all
+// passes, in the order the passes delivered it (so its last bits can differ from a serial run's).
+// Dropout draws from a shared Generator are safe. Left to the caller, never concurrent with a
+// pass that uses the same parameters: reading or changing gradients (grad(), mutable_grad(),
+// zero_grad(), clipping, optimizer steps), changing a parameter's value or requires_grad,
+// registering or removing hooks or gradient watches, train()/eval() (LanguageModel::generate
+// calls both), and attaching or detaching a ProbeSet or HeadImportance; while a ProbeSet is
+// attached, forwards must not overlap at all (it records every forward into one shared set).
 #pragma once
 
 #include <cstdint>
@@ -28,69 +28,78 @@
 namespace xgrad {
 
 class GradContext;
+/// An op's backward closure: reads the gradient at the op's output and adds its inputs' gradients.
 using BackwardFn = std::function<void(GradContext&)>;
 
-// An op's input as the op saw it: the node (kept alive; null for an undefined input such as
-// "no bias") and its storage's version then.
+/// An op's input as the op saw it: the node and its storage's version then.
 struct SavedInput {
-  std::shared_ptr<Node> node;
-  std::uint64_t version = 0;
+  std::shared_ptr<Node> node;  ///< kept alive; null for an undefined input such as "no bias"
+  std::uint64_t version = 0;   ///< the storage's version when the op ran
 };
 
-// One recorded op: its inputs, its output (not kept alive: an entry whose output died can never
-// receive a gradient and is pruned) with its version when the op ran, and the closure that
-// differentiates it.
+/// One recorded op: its inputs, its output, and the closure that differentiates it.
+///
+/// The output is not kept alive: an entry whose output died can never receive a gradient and is
+/// pruned.
 struct TapeEntry {
-  const char* op = "";
-  std::vector<SavedInput> inputs;
-  std::weak_ptr<Node> output;
-  std::uint64_t output_version = 0;
-  BackwardFn backward;
-  std::uint64_t seq = 0;  // recording order, which is a topological order
+  const char* op = "";              ///< the op's name, a string literal
+  std::vector<SavedInput> inputs;   ///< the inputs as the op saw them (cleared when backward releases the entry)
+  std::weak_ptr<Node> output;       ///< the op's output
+  std::uint64_t output_version = 0;  ///< the output storage's version when the op ran
+  BackwardFn backward;              ///< null once backward has released the entry
+  std::uint64_t seq = 0;            ///< recording order, which is a topological order
 };
 
-// What a backward closure sees: the gradient arriving at the op's output, the output and
-// input values, and where to add each input's gradient.
-//
-// A closure reads saved values only through output() and input(i) (never through a reference
-// captured in forward), and only those it needs: each checks that the value was not written in
-// place since the op recorded it (Tensor::mutable_value, also through a detach()ed handle) and
-// raises an Error naming the op and the tensor if it was, as PyTorch's version counters do. So
-// writing to an input that the op's backward does not read (add's) is fine.
+/// What a backward closure sees: the gradient arriving at the op's output, the output and input
+/// values, and where to add each input's gradient.
+///
+/// A closure reads saved values only through output() and input(i) (never through a reference
+/// captured in forward), and only those it needs: each checks that the value was not written in
+/// place since the op recorded it (Tensor::mutable_value, also through a detach()ed handle) and
+/// raises an Error naming the op and the tensor if it was, as PyTorch's version counters do. So
+/// writing to an input that the op's backward does not read (add's) is fine.
 class GradContext {
  public:
+  /// The context of `entry`'s backward, with `grad_out` arriving at its `output`.
   GradContext(const TapeEntry& entry, const Array& grad_out, const Node& output)
       : entry_(entry), grad_out_(grad_out), output_(output) {}
 
+  /// The gradient arriving at the op's output (the output's shape).
   const Array& grad_out() const { return grad_out_; }
+  /// The op's output value; an Error if it was written in place since the op ran.
   const Array& output() const {
     if (output_.storage->version != entry_.output_version) changed(-1);
     return output_.value();
   }
+  /// Input i's value; an Error if it was written in place since the op ran.
   const Array& input(std::size_t i) const {
     const SavedInput& in = entry_.inputs[i];
     if (in.node->storage->version != in.version) changed(static_cast<long>(i));
     return in.node->value();
   }
-  // Input i's shape, for closures that need only that (reading it is not a use of the value).
+  /// Input i's shape, for closures that need only that (reading it is not a use of the value).
   const Shape& input_shape(std::size_t i) const { return entry_.inputs[i].node->value().shape(); }
+  /// The number of inputs the op recorded, undefined ones included.
   std::size_t num_inputs() const { return entry_.inputs.size(); }
+  /// True when input i is defined and requires grad, so the closure should compute its gradient.
   bool needs(std::size_t i) const { return entry_.inputs[i].node && entry_.inputs[i].node->requires_grad; }
 
-  // Adds g (input i's shape) to input i's gradient.
+  /// Adds g (input i's shape) to input i's gradient; an Error naming the op for another shape.
   void accumulate(std::size_t i, Array&& g);
-  // Adds g, which has the broadcast output shape, summed back to input i's shape.
+  /// Adds g, which has the broadcast output shape, summed back to input i's shape.
   void accumulate_reduced(std::size_t i, const Array& g);
-  // Input i's gradient buffer (zeros the first time), for kernels that add in place.
+  /// Input i's gradient buffer (zeros the first time), for kernels that add in place.
   Array& grad_buffer(std::size_t i);
-  // For kernels that write every element of input i's gradient once, such as a GEMM: the buffer,
-  // and beta = 0 when it is new (its contents are undefined: overwrite them, which saves zeroing
-  // it) or 1 when earlier gradients are there (add to them). Write it before asking for another
-  // input's buffer: two inputs may be one tensor.
+  /// Where a kernel that writes every element of an input's gradient once writes it (see grad_target).
   struct GradTarget {
-    float* data;
-    float beta;
+    float* data;  ///< the gradient buffer, input i's shape
+    float beta;   ///< 0: the buffer is new and its contents undefined (overwrite them); 1: add to it
   };
+  /// Input i's gradient buffer for kernels that write every element once, such as a GEMM.
+  ///
+  /// beta = 0 when the buffer is new (its contents are undefined: overwrite them, which saves
+  /// zeroing it) or 1 when earlier gradients are there (add to them). Write it before asking for
+  /// another input's buffer: two inputs may be one tensor.
   GradTarget grad_target(std::size_t i);
 
  private:
@@ -101,14 +110,17 @@ class GradContext {
   const Node& output_;
 };
 
-// Grad mode is per thread.
+/// True while ops record themselves on this thread's tape (grad mode is per thread, on by default).
 bool grad_enabled();
+/// Turns grad mode on or off for this thread.
 void set_grad_enabled(bool on);
 
-// Turns recording off for its scope (evaluation, optimizer steps), restoring it afterwards.
+/// Turns recording off for its scope (evaluation, optimizer steps), restoring it afterwards.
 class NoGradGuard {
  public:
+  /// Turns grad mode off on this thread.
   NoGradGuard() : previous_(grad_enabled()) { set_grad_enabled(false); }
+  /// Restores the grad mode the constructor found.
   ~NoGradGuard() { set_grad_enabled(previous_); }
   NoGradGuard(const NoGradGuard&) = delete;
   NoGradGuard& operator=(const NoGradGuard&) = delete;
@@ -117,16 +129,22 @@ class NoGradGuard {
   bool previous_;
 };
 
-// Anomaly detection, opt-in and per thread: while on, every op's forward value and every
-// gradient an op's backward hands to its inputs is checked for NaN and Inf, and the first one
-// found raises an Error naming the op (and the tensor's name, if it has one). It costs a pass
-// over every value, so it is for finding a bug, not for training.
+/// True while anomaly detection is on for this thread.
+///
+/// Anomaly detection is opt-in and per thread: while on, every op's forward value and every
+/// gradient an op's backward hands to its inputs is checked for NaN and Inf, and the first one
+/// found raises an Error naming the op (and the tensor's name, if it has one). It costs a pass
+/// over every value, so it is for finding a bug, not for training.
 bool anomaly_enabled();
+/// Turns anomaly detection on or off for this thread (see anomaly_enabled).
 void set_anomaly_enabled(bool on);
 
+/// Turns anomaly detection on for its scope, restoring it afterwards.
 class AnomalyGuard {
  public:
+  /// Turns anomaly detection on for this thread.
   AnomalyGuard() : previous_(anomaly_enabled()) { set_anomaly_enabled(true); }
+  /// Restores the anomaly mode the constructor found.
   ~AnomalyGuard() { set_anomaly_enabled(previous_); }
   AnomalyGuard(const AnomalyGuard&) = delete;
   AnomalyGuard& operator=(const AnomalyGuard&) = delete;
@@ -135,23 +153,29 @@ class AnomalyGuard {
   bool previous_;
 };
 
-// Wraps an op's forward value in a tensor and, when grad mode is on and an input requires grad,
-// records the op with its backward closure. `op` must be a string literal (it names the op in errors).
+/// Wraps an op's forward value in a tensor and, when grad mode is on and an input requires grad,
+/// records the op with its backward closure.
+///
+/// `op` must be a string literal (it names the op in errors). An Error when an input is a
+/// non-leaf recorded on another thread, and in anomaly mode when the value is not finite.
 Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardFn fn);
 
-// Runs `fn` once, on this thread, when the backward pass running here has delivered every
-// gradient (called from a hook; DataParallel waits for its reductions there). Callbacks run in
-// the order queued, and not at all when the pass fails. Outside a pass it is an Error.
+/// Runs `fn` once, on this thread, at the end of the backward pass running here.
+///
+/// Call it from a hook or a gradient-ready listener (gradient_ready.hpp). The callbacks run after
+/// the pass has delivered every gradient and its listeners have heard pass_ended, in the order
+/// queued (one may queue another), and not at all when the pass fails. An Error outside a pass
+/// and for an empty function.
 void queue_backward_callback(std::function<void()> fn);
 
-// A number for the backward pass running on this thread, new for every pass; 0 outside one.
-// (A hook tells a new pass from the rest of one that failed midway.)
-std::uint64_t current_backward_pass();
-
-// The engine behind Tensor::backward.
+/// The engine behind Tensor::backward: seeds `root` with `seed` (or 1 for a single element) and
+/// walks the tape back from it.
+///
+/// Releases the entries it ran unless `retain_graph`. An Error when called from inside another
+/// pass, on another thread than the one that recorded the graph, or on a graph already released.
 void run_backward(const Tensor& root, const Array* seed, bool retain_graph);
 
-// Number of live entries on this thread's tape (for tests and memory checks).
+/// Number of live entries on this thread's tape (for tests and memory checks).
 std::size_t tape_size();
 
 }  // namespace xgrad
