@@ -255,7 +255,7 @@ TEST_CASE("cross-attention gradients with kdim, vdim and a key_padding_mask", "[
   check_cross_attention(nn::Norm::none, mask, 60);
 }
 
-TEST_CASE("Pre-Norm and Post-Norm cross-attention gradients; the residual and the norm take the query only",
+TEST_CASE("Pre-Norm and Post-Norm cross-attention gradients, and the residual and the norm take the query only",
           "[attention][gradcheck]") {
   nn::AttentionMask mask;
   mask.key_padding_mask = cross_padding();

@@ -1144,7 +1144,7 @@ TEST_CASE("strict(false) loads the names both have and lists the others, as PyTo
   CHECK(bit_equal(target.head->weight.value(), other.head->weight.value()));
 }
 
-TEST_CASE("buffers load back by name; a missing or misshapen buffer is named as a buffer", "[checkpoint]") {
+TEST_CASE("buffers load back by name, and a missing or misshapen buffer is named as a buffer", "[checkpoint]") {
   Generator g1(41), g2(42);
   WithOptimizerChild a(g1), b(g2);
   a.updates.mutable_value() = Array(-INFINITY);  // buffers may hold any value

@@ -201,7 +201,7 @@ TEST_CASE("each engine repeats bit for bit, and the engines agree on training to
   CHECK(any_bit_differs);
 }
 
-TEST_CASE("auto sends small products to OpenBLAS and the rest to oneDNN; a forced engine takes all", "[gemm][engines]") {
+TEST_CASE("auto sends small products to OpenBLAS and the rest to oneDNN, and a forced engine takes all", "[gemm][engines]") {
   {
     EngineScope scope(blas::Engine::automatic);
     REQUIRE(blas::engine_for(16, 16, 16) == blas::Engine::openblas);

@@ -211,7 +211,7 @@ TEST_CASE("patching refuses what it cannot do, naming the point") {
   REQUIRE(model->num_hooks() == 0);
 }
 
-TEST_CASE("the logit lens reads the stream after each block; its last entry is the model's own output") {
+TEST_CASE("the logit lens reads the stream after each block, and its last entry is the model's own output") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
     auto model = testing::eval_lm(testing::small_lm().norm(norm), 12);
     model->train();

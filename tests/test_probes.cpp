@@ -331,7 +331,7 @@ TEST_CASE("Post-Norm probes change no value and no gradient beyond rounding") {
   require_probes_change_nothing(Norm::post, false);
 }
 
-TEST_CASE("a destroyed ProbeSet leaves no hook behind; two at once record the same values") {
+TEST_CASE("a destroyed ProbeSet leaves no hook behind, and two at once record the same values") {
   auto model = make_lm(Norm::pre);
   const Batch b = make_batch(3);
   const std::size_t points = expected_points(kL).size();

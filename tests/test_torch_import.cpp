@@ -293,7 +293,7 @@ TEST_CASE("a GPT-2 state dict (F32, and F16 under transformer. with an lm_head) 
   REQUIRE_THROWS_WITH(nn::from_gpt2(fixture("import_gpt2.safetensors"), 3), Contains("from_gpt2: num_heads 3 does not divide d_model 8"));
 }
 
-TEST_CASE("GPT-2: missing, extra and misshapen tensors are errors naming them; the model is unchanged", "[import]") {
+TEST_CASE("GPT-2: missing, extra and misshapen tensors are errors naming them, and the model is unchanged", "[import]") {
   const NamedArrays& state = fixture("import_gpt2.safetensors");
   auto import = [](const NamedArrays& s) { return nn::from_gpt2(s, 2); };
   for (const char* name : {"wpe.weight", "h.1.attn.c_attn.weight", "h.0.mlp.c_proj.weight", "ln_f.bias"}) {
