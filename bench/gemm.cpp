@@ -25,6 +25,7 @@ struct Product {
 };
 
 // M x N x K, transposes; the comment names where the benchmark's step meets it.
+// clang-format off
 const std::vector<Product> kShapes = {
     {2048, 64, 64, false, true},     // tiny: Q/K/V/O projections (B T, C, C)
     {2048, 256, 64, false, true},    // tiny: FFN up
@@ -50,13 +51,15 @@ const std::vector<Product> kShapes = {
     {24, 24, 24, false, false},
     {32, 32, 32, false, false},
 };
+// clang-format on
 
 double seconds_of(const Product& s, const std::vector<float>& a, const std::vector<float>& b, std::vector<float>& c) {
   // Repeat small products so one timing covers at least ~0.2 ms.
   const std::size_t calls = std::max<std::size_t>(1, (1u << 18) / (s.m * s.n * s.k / 64 + 1));
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < calls; ++i)
-    blas::sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), s.ta ? s.m : s.k, b.data(), s.tb ? s.k : s.n, 0.f, c.data(), s.n);
+    blas::sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), s.ta ? s.m : s.k, b.data(), s.tb ? s.k : s.n, 0.f, c.data(),
+                s.n);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(calls);
 }
 
@@ -112,11 +115,14 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"GFLOP/s of OpenBLAS and oneDNN on the benchmark's product shapes, and of attention's heads as one "
-               "batched call against a loop, one thread.",
-               "bench_gemm"};
+  CLI::App app{
+      "GFLOP/s of OpenBLAS and oneDNN on the benchmark's product shapes, and of attention's heads as one "
+      "batched call against a loop, one thread.",
+      "bench_gemm"};
   std::size_t reps = 15;
-  app.add_option("--reps", reps, "timings per engine and shape")->transform(cli::count(1, 10000))->capture_default_str();
+  app.add_option("--reps", reps, "timings per engine and shape")
+      ->transform(cli::count(1, 10000))
+      ->capture_default_str();
   if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_gemm", [&] {
     set_num_threads(1);

@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens, "new tokens per run")->transform(cli::count(1, 100000))->capture_default_str();
   app.add_option("--prompt", prompt_len, "prompt tokens")->transform(cli::count(1, 100000))->capture_default_str();
   app.add_option("--reps", reps, "runs of each")->transform(cli::count(1, 1000))->capture_default_str();
-  app.add_option("--window-keep", keep, "GenerateOptions::window_keep (0: max_len / 2)")->transform(cli::count(0, 100000))->capture_default_str();
+  app.add_option("--window-keep", keep, "GenerateOptions::window_keep (0: max_len / 2)")
+      ->transform(cli::count(0, 100000))
+      ->capture_default_str();
   app.add_option("--threads", threads, "kernel threads")->transform(cli::count(1, 256))->capture_default_str();
   if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_generate", [&] {
@@ -40,7 +42,8 @@ int main(int argc, char** argv) {
     Generator init(0);
     nn::LanguageModel model(options, init);
     std::vector<std::int64_t> prompt(prompt_len);
-    for (std::size_t i = 0; i < prompt_len; ++i) prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % options.vocab_size());
+    for (std::size_t i = 0; i < prompt_len; ++i)
+      prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % options.vocab_size());
     nn::GenerateOptions cached, uncached;
     cached.temperature = uncached.temperature = 0.f;
     cached.window_keep = uncached.window_keep = keep;
@@ -60,14 +63,16 @@ int main(int argc, char** argv) {
       without.push_back(static_cast<double>(tokens) / secs[1]);
       ratio.push_back(secs[1] / secs[0]);
     }
-    std::printf("model: vocab %zu, d_model %zu, heads %zu, layers %zu, d_ff %zu, max_len %zu; prompt %zu, %zu new tokens, "
-                "greedy, window_keep %zu, %zu thread(s), %zu runs each (alternating)\n",
-                options.vocab_size(), options.d_model(), options.num_heads(), options.num_layers(), options.d_ff(),
-                options.max_len(), prompt_len, tokens, cached.window_keep, threads, reps);
+    std::printf(
+        "model: vocab %zu, d_model %zu, heads %zu, layers %zu, d_ff %zu, max_len %zu; prompt %zu, %zu new tokens, "
+        "greedy, window_keep %zu, %zu thread(s), %zu runs each (alternating)\n",
+        options.vocab_size(), options.d_model(), options.num_heads(), options.num_layers(), options.d_ff(),
+        options.max_len(), prompt_len, tokens, cached.window_keep, threads, reps);
     std::printf("%-12s %14s\n", "", "tokens/s (median)");
     std::printf("%-12s %14.0f\n", "cached", median(with));
     std::printf("%-12s %14.0f\n", "uncached", median(without));
     std::printf("speed-up (median of per-run ratios): %.1fx\n", median(ratio));
-    if (differing > 0) std::printf("note: %zu of %zu runs gave different tokens with and without the cache\n", differing, reps);
+    if (differing > 0)
+      std::printf("note: %zu of %zu runs gave different tokens with and without the cache\n", differing, reps);
   });
 }

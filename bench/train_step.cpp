@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -96,8 +96,10 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
                               .activation(nn::Activation::gelu),
                           init);
   model.train();
-  if (c.batch % static_cast<std::size_t>(share.ranks) != 0) fail("bench: batch ", c.batch, " does not divide among ", share.ranks, " ranks");
-  const std::size_t rows = c.batch / static_cast<std::size_t>(share.ranks), first_row = rows * static_cast<std::size_t>(share.rank);
+  if (c.batch % static_cast<std::size_t>(share.ranks) != 0)
+    fail("bench: batch ", c.batch, " does not divide among ", share.ranks, " ranks");
+  const std::size_t rows = c.batch / static_cast<std::size_t>(share.ranks),
+                    first_row = rows * static_cast<std::size_t>(share.rank);
 #ifdef XGRAD_HAS_DISTRIBUTED
   std::unique_ptr<distributed::DataParallel> ddp;
   if (share.group) ddp = std::make_unique<distributed::DataParallel>(model, *share.group);
@@ -149,19 +151,19 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
     peak = std::max(peak, p);
   }
   nlohmann::json out = {{"impl", "xgrad"},
-          {"config", c.name},
-          {"threads", threads},
-          {"ranks", share.ranks},
-          {"ms_per_step", sec * 1e3},
-          {"tokens_per_s", static_cast<double>(c.batch * c.seq_len) / sec},
-          {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0},
-          {"gflops", gflops},
-          {"gemm_engine", blas::engine_name(blas::engine())},
-          {"gemm_peak_gflops", peak},
-          {"gemm_peak_gflops_by_engine", peaks},
-          {"peak_fraction", gflops / peak},
-          {"first_loss", first_loss},
-          {"last_loss", last_loss}};
+                        {"config", c.name},
+                        {"threads", threads},
+                        {"ranks", share.ranks},
+                        {"ms_per_step", sec * 1e3},
+                        {"tokens_per_s", static_cast<double>(c.batch * c.seq_len) / sec},
+                        {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0},
+                        {"gflops", gflops},
+                        {"gemm_engine", blas::engine_name(blas::engine())},
+                        {"gemm_peak_gflops", peak},
+                        {"gemm_peak_gflops_by_engine", peaks},
+                        {"peak_fraction", gflops / peak},
+                        {"first_loss", first_loss},
+                        {"last_loss", last_loss}};
 #ifdef XGRAD_HAS_DISTRIBUTED
   if (ddp) {
     out["allreduce_wait_ms_per_step"] = median(waits) * 1e3;
@@ -181,7 +183,9 @@ int main(int argc, char** argv) {
   std::string config = "tiny";
   int threads = 1;
   std::size_t steps = 20, warmup = 3;
-  app.add_option("--config", config, "tiny, small, standard or long")->check(CLI::IsMember({"tiny", "small", "standard", "long"}))->capture_default_str();
+  app.add_option("--config", config, "tiny, small, standard or long")
+      ->check(CLI::IsMember({"tiny", "small", "standard", "long"}))
+      ->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--steps", steps, "timed steps")->transform(cli::count(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->transform(cli::count(0, 1000000))->capture_default_str();
@@ -191,19 +195,23 @@ int main(int argc, char** argv) {
   if (distributed::launched_by_mpi()) {
     // MPI starts before the command line is read: a rank that stops at --help or a usage error
     // then ends the job instead of leaving the others waiting.
-    if (const int code = cli::run("bench_train_step", [&] { share.group = &distributed::ProcessGroup::world(); })) return code;
+    if (const int code = cli::run("bench_train_step", [&] { share.group = &distributed::ProcessGroup::world(); }))
+      return code;
     share.rank = share.group->rank();
     share.ranks = share.group->size();
     if (share.ranks > 1) end_job = [&share](int code) { share.group->abort(code); };
   }
 #endif
   if (const auto code = cli::parse(app, argc, argv)) return *code;
-  return cli::run("bench_train_step", [&] {
+  return cli::run(
+      "bench_train_step",
+      [&] {
     set_num_threads(threads);
     for (const BenchConfig& c : kConfigs) {
       if (c.name != config) continue;
       const nlohmann::json result = run(c, threads, steps, warmup, share);
       if (share.rank == 0) std::printf("%s\n", result.dump().c_str());
     }
-  }, end_job);
+      },
+      end_job);
 }

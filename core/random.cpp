@@ -24,7 +24,7 @@ Generator& Generator::operator=(const Generator& other) {
 
 Generator Generator::spawn() {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::mt19937 ahead = engine_;  // draws from a copy leave this generator's stream as it was
+  std::mt19937 ahead = engine_;                       // draws from a copy leave this generator's stream as it was
   const std::uint64_t high = ahead(), low = ahead();  // two statements: the order is fixed
   return Generator(mix_seed(high << 32 | low, ++spawned_));
 }

@@ -35,12 +35,12 @@ class Generator {
   /// manual_seed and set_state reset the spawn count, which is not part of state().
   Generator spawn();
 
-  std::uint32_t next_u32();               ///< One draw of the engine: 32 random bits.
-  std::uint64_t next_u64();               ///< (first draw << 32) | second draw
-  float uniform();                        ///< [0, 1), from the top 24 bits of one draw
-  float uniform(float low, float high);   ///< [low, high)
-  float normal();                         ///< N(0, 1) by Box-Muller
-  float normal(float mean, float stddev); ///< N(mean, stddev^2): mean + stddev * normal().
+  std::uint32_t next_u32();                ///< One draw of the engine: 32 random bits.
+  std::uint64_t next_u64();                ///< (first draw << 32) | second draw
+  float uniform();                         ///< [0, 1), from the top 24 bits of one draw
+  float uniform(float low, float high);    ///< [low, high)
+  float normal();                          ///< N(0, 1) by Box-Muller
+  float normal(float mean, float stddev);  ///< N(mean, stddev^2): mean + stddev * normal().
   /// Uniform integer in [0, n), without modulo bias; n must be in [1, 2^32] (else an Error).
   std::uint64_t below(std::uint64_t n);
 

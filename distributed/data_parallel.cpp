@@ -19,7 +19,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 std::vector<std::string> signatures(const NamedTensors& params) {
   std::vector<std::string> out;
@@ -46,7 +48,9 @@ std::vector<std::string> split_lines(const std::string& s) {
 
 }  // namespace
 
-double ReductionStats::overlap() const { return reduce_seconds > 0 ? std::clamp(1.0 - wait_seconds / reduce_seconds, 0.0, 1.0) : 0.0; }
+double ReductionStats::overlap() const {
+  return reduce_seconds > 0 ? std::clamp(1.0 - wait_seconds / reduce_seconds, 0.0, 1.0) : 0.0;
+}
 
 // Listens to the passes that reach the parameters: each gradient goes into its bucket as soon as
 // it is final, and the pass's end waits for the reductions.
@@ -81,7 +85,8 @@ struct DataParallel::State : GradientReadyListener {
     }
     bucket.request = group.iallreduce_sum(bucket.data.data(), bucket.data.size(),
                                           "DataParallel: the reduction of bucket " + std::to_string(b) + " of " +
-                                              std::to_string(buckets.size()) + " (" + std::to_string(bucket.data.size()) + " floats)",
+                                              std::to_string(buckets.size()) + " (" +
+                                              std::to_string(bucket.data.size()) + " floats)",
                                           timeout);
   }
 
@@ -102,7 +107,8 @@ struct DataParallel::State : GradientReadyListener {
 
 DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, const DataParallelOptions& options)
     : module_(module), group_(group), state_(std::make_unique<State>()) {
-  if (options.bucket_bytes() < 4) fail("DataParallel: bucket_bytes ", options.bucket_bytes(), " is less than one float");
+  if (options.bucket_bytes() < 4)
+    fail("DataParallel: bucket_bytes ", options.bucket_bytes(), " is less than one float");
   if (!(options.timeout() >= 0)) fail("DataParallel: timeout ", options.timeout(), " is not a number of seconds >= 0");
   state_->timeout = options.timeout();
   group.agree(Call::data_parallel);
@@ -122,13 +128,15 @@ DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, const DataPa
   }
   const std::uint64_t agreed = group.allreduce_min(first_diff);
   if (agreed != SIZE_MAX) {
-    auto at = [&](const std::vector<std::string>& v) { return agreed < v.size() ? "'" + v[agreed] + "'" : std::string("nothing"); };
+    auto at = [&](const std::vector<std::string>& v) {
+      return agreed < v.size() ? "'" + v[agreed] + "'" : std::string("nothing");
+    };
     if (agreed == first_diff) {
-      fail("DataParallel: rank ", group.rank(), ": the ranks' models differ at parameter ", agreed, ": rank 0 has ", at(theirs),
-           ", this rank has ", at(mine));
+      fail("DataParallel: rank ", group.rank(), ": the ranks' models differ at parameter ", agreed, ": rank 0 has ",
+           at(theirs), ", this rank has ", at(mine));
     }
-    fail("DataParallel: rank ", group.rank(), ": the ranks' models differ at parameter ", agreed, " (rank 0 has ", at(theirs),
-         ", as this rank does; another rank has something else)");
+    fail("DataParallel: rank ", group.rank(), ": the ranks' models differ at parameter ", agreed, " (rank 0 has ",
+         at(theirs), ", as this rank does; another rank has something else)");
   }
   for (auto& [name, p] : params) {
     if (!p.requires_grad()) continue;

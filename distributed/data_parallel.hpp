@@ -27,10 +27,10 @@ struct DataParallelOptions {
 
 /// What the last backward pass communicated.
 struct ReductionStats {
-  std::size_t buckets = 0;        ///< the number of buckets, one reduction each
-  std::size_t bytes = 0;          ///< gradient bytes each rank sent into the reductions
-  double reduce_seconds = 0;      ///< from the first bucket's start to the end of backward
-  double wait_seconds = 0;        ///< time backward spent waiting for reductions after its sweep
+  std::size_t buckets = 0;    ///< the number of buckets, one reduction each
+  std::size_t bytes = 0;      ///< gradient bytes each rank sent into the reductions
+  double reduce_seconds = 0;  ///< from the first bucket's start to the end of backward
+  double wait_seconds = 0;    ///< time backward spent waiting for reductions after its sweep
   /// The share of reduce_seconds not spent waiting, 1 - wait / reduce (0 when nothing was reduced).
   double overlap() const;
 };

@@ -76,21 +76,32 @@ std::string timeout_line(const std::string& what, int rank, double waited, doubl
   char seconds[64];
   std::snprintf(seconds, sizeof seconds, "%.1f s (the timeout is %g s", waited, timeout);
   return what + ": rank " + std::to_string(rank) + " waited " + seconds +
-         "; XGRAD_DIST_TIMEOUT sets it) for the other ranks: one is stopped, hung, gone, or in other collectives; ending the job";
+         "; XGRAD_DIST_TIMEOUT sets it) for the other ranks: one is stopped, hung, gone, or in other collectives; "
+         "ending the job";
 }
 
 const char* doing(Call call) {
   switch (call) {
-    case Call::allreduce_sum: return "in allreduce_sum";
-    case Call::allreduce_sum_double: return "in allreduce_sum (double)";
-    case Call::allreduce_max: return "in allreduce_max";
-    case Call::allreduce_min: return "in allreduce_min";
-    case Call::iallreduce_sum: return "in iallreduce_sum";
-    case Call::broadcast: return "in broadcast";
-    case Call::broadcast_string: return "in broadcast (string)";
-    case Call::barrier: return "in barrier";
-    case Call::data_parallel: return "constructing a DataParallel";
-    case Call::exit: return "leaving the program";
+    case Call::allreduce_sum:
+      return "in allreduce_sum";
+    case Call::allreduce_sum_double:
+      return "in allreduce_sum (double)";
+    case Call::allreduce_max:
+      return "in allreduce_max";
+    case Call::allreduce_min:
+      return "in allreduce_min";
+    case Call::iallreduce_sum:
+      return "in iallreduce_sum";
+    case Call::broadcast:
+      return "in broadcast";
+    case Call::broadcast_string:
+      return "in broadcast (string)";
+    case Call::barrier:
+      return "in barrier";
+    case Call::data_parallel:
+      return "constructing a DataParallel";
+    case Call::exit:
+      return "leaving the program";
   }
   return "in an unknown call";
 }
@@ -99,16 +110,26 @@ const char* doing(Call call) {
 std::string describe(Call call, std::uint64_t n) {
   const std::string count = std::to_string(n);
   switch (call) {
-    case Call::allreduce_sum: return "allreduce_sum of " + count + " floats";
-    case Call::allreduce_sum_double: return "allreduce_sum of a double";
-    case Call::allreduce_max: return "allreduce_max of an integer";
-    case Call::allreduce_min: return "allreduce_min of an integer";
-    case Call::iallreduce_sum: return "iallreduce_sum of " + count + " floats";
-    case Call::broadcast: return "broadcast of " + count + " floats";
-    case Call::broadcast_string: return "broadcast of a string";
-    case Call::barrier: return "barrier";
-    case Call::data_parallel: return "DataParallel (the check that every rank is constructing one)";
-    case Call::exit: return "exit (the check that every rank is leaving the program)";
+    case Call::allreduce_sum:
+      return "allreduce_sum of " + count + " floats";
+    case Call::allreduce_sum_double:
+      return "allreduce_sum of a double";
+    case Call::allreduce_max:
+      return "allreduce_max of an integer";
+    case Call::allreduce_min:
+      return "allreduce_min of an integer";
+    case Call::iallreduce_sum:
+      return "iallreduce_sum of " + count + " floats";
+    case Call::broadcast:
+      return "broadcast of " + count + " floats";
+    case Call::broadcast_string:
+      return "broadcast of a string";
+    case Call::barrier:
+      return "barrier";
+    case Call::data_parallel:
+      return "DataParallel (the check that every rank is constructing one)";
+    case Call::exit:
+      return "exit (the check that every rank is leaving the program)";
   }
   return "an unknown call";
 }
@@ -121,13 +142,16 @@ struct Agreement {
   unsigned long long in[4] = {}, out[4] = {};
 
   void fill(Call call, int rank, std::uint64_t n) {
-    const unsigned long long key = (static_cast<unsigned long long>(call) << 32) | static_cast<unsigned long long>(rank);
+    const unsigned long long key =
+        (static_cast<unsigned long long>(call) << 32) | static_cast<unsigned long long>(rank);
     in[0] = key;
     in[1] = ~key;
     in[2] = n;
     in[3] = kAll - n;
   }
-  int start(MPI_Comm comm, MPI_Request* request) { return MPI_Iallreduce(in, out, 4, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm, request); }
+  int start(MPI_Comm comm, MPI_Request* request) {
+    return MPI_Iallreduce(in, out, 4, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm, request);
+  }
 
   // Empty when every rank is in `call` (with the same n, if check_lengths); else what differs.
   std::string difference(Call call, int rank, std::uint64_t n, bool check_lengths) const {
@@ -136,13 +160,14 @@ struct Agreement {
     const auto rank_of = [](unsigned long long key) { return static_cast<int>(key & 0xffffffffull); };
     if (call_of(high) != call_of(low)) {
       const unsigned long long other = call_of(high) != call ? high : low;
-      return "rank " + std::to_string(rank) + " is " + doing(call) + " while rank " + std::to_string(rank_of(other)) + " is " +
-             doing(call_of(other)) + " (every rank must make the same collective calls, in the same order)";
+      return "rank " + std::to_string(rank) + " is " + doing(call) + " while rank " + std::to_string(rank_of(other)) +
+             " is " + doing(call_of(other)) + " (every rank must make the same collective calls, in the same order)";
     }
     const unsigned long long longest = out[2], shortest = kAll - out[3];
     if (check_lengths && longest != shortest) {
-      return "rank " + std::to_string(rank) + " passed " + std::to_string(n) + " elements, but the ranks' lengths range from " +
-             std::to_string(shortest) + " to " + std::to_string(longest) + " (every rank must pass the same length)";
+      return "rank " + std::to_string(rank) + " passed " + std::to_string(n) +
+             " elements, but the ranks' lengths range from " + std::to_string(shortest) + " to " +
+             std::to_string(longest) + " (every rank must pass the same length)";
     }
     return {};
   }
@@ -153,15 +178,23 @@ struct Agreement {
 const char* call_name(Call call) {
   switch (call) {
     case Call::allreduce_sum:
-    case Call::allreduce_sum_double: return "allreduce_sum";
-    case Call::allreduce_max: return "allreduce_max";
-    case Call::allreduce_min: return "allreduce_min";
-    case Call::iallreduce_sum: return "iallreduce_sum";
+    case Call::allreduce_sum_double:
+      return "allreduce_sum";
+    case Call::allreduce_max:
+      return "allreduce_max";
+    case Call::allreduce_min:
+      return "allreduce_min";
+    case Call::iallreduce_sum:
+      return "iallreduce_sum";
     case Call::broadcast:
-    case Call::broadcast_string: return "broadcast";
-    case Call::barrier: return "barrier";
-    case Call::data_parallel: return "DataParallel";
-    case Call::exit: return "exit";
+    case Call::broadcast_string:
+      return "broadcast";
+    case Call::barrier:
+      return "barrier";
+    case Call::data_parallel:
+      return "DataParallel";
+    case Call::exit:
+      return "exit";
   }
   return "unknown";
 }
@@ -182,13 +215,15 @@ ProcessGroup::ProcessGroup() {
   if (const char* v = std::getenv("XGRAD_DIST_TIMEOUT")) {
     char* end = nullptr;
     const double seconds = std::strtod(v, &end);
-    if (end == v || *end != '\0' || !(seconds > 0)) fail("ProcessGroup: XGRAD_DIST_TIMEOUT '", v, "' is not a number of seconds > 0");
+    if (end == v || *end != '\0' || !(seconds > 0))
+      fail("ProcessGroup: XGRAD_DIST_TIMEOUT '", v, "' is not a number of seconds > 0");
     timeout_ = seconds;
   }
   if (!launched_by_mpi()) return;
   int provided = 0;
   // Only the thread that runs backward calls MPI; the kernel threads never do.
-  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) fail("ProcessGroup: MPI_Init_thread failed");
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    fail("ProcessGroup: MPI_Init_thread failed");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -215,8 +250,9 @@ void ProcessGroup::leave(int status, void* self) {
     // MPI_Finalize would wait for every rank, and a rank waiting in a collective for this one
     // would never get there.
     if (status != 0) {
-      end_job(g.comm_, "ProcessGroup: rank " + std::to_string(g.rank_) + " is leaving the program with status " + std::to_string(status) +
-                           ": ending the job",
+      end_job(g.comm_,
+              "ProcessGroup: rank " + std::to_string(g.rank_) + " is leaving the program with status " +
+                  std::to_string(status) + ": ending the job",
               status);
     }
     try {
@@ -245,9 +281,9 @@ void ProcessGroup::agree_and_check(Call call, std::uint64_t n, bool check_length
   double waited = 0;
   const bool done = poll(
       [&] {
-        int flag = 0;
-        check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), name, rank_);
-        return flag != 0;
+    int flag = 0;
+    check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), name, rank_);
+    return flag != 0;
       },
       timeout_, waited);
   if (!done) end_job(comm_, timeout_line(describe(call, n), rank_, waited, timeout_));
@@ -264,9 +300,9 @@ void finish(MPI_Request& request, Call call, std::uint64_t n, int rank, std::uin
   double waited = 0;
   const bool done = poll(
       [&] {
-        int flag = 0;
-        check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), call_name(call), rank);
-        return flag != 0;
+    int flag = 0;
+    check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), call_name(call), rank);
+    return flag != 0;
       },
       timeout, waited);
   if (!done) end_job(comm, timeout_line(describe(call, n), rank, waited, timeout));
@@ -280,7 +316,8 @@ void ProcessGroup::allreduce_sum(float* data, std::size_t n) {
   for (std::size_t at = 0; at < n; at += kChunk) {
     const int count = static_cast<int>(std::min(kChunk, n - at));
     MPI_Request r = MPI_REQUEST_NULL;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data + at, count, MPI_FLOAT, MPI_SUM, comm_of(comm_), &r), "allreduce_sum", rank_);
+    check(MPI_Iallreduce(MPI_IN_PLACE, data + at, count, MPI_FLOAT, MPI_SUM, comm_of(comm_), &r), "allreduce_sum",
+          rank_);
     finish(r, Call::allreduce_sum, n, rank_, comm_, timeout_);
   }
 }
@@ -362,13 +399,15 @@ Request ProcessGroup::iallreduce_sum(float* data, std::size_t n, std::string wha
   s->comm = comm_;
   s->agreement.fill(Call::iallreduce_sum, rank_, n);
   check(s->agreement.start(comm_of(comm_), &s->requests[0]), "iallreduce_sum", rank_);
-  const int rc = MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_of(comm_), &s->requests[1]);
+  const int rc =
+      MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_of(comm_), &s->requests[1]);
   if (rc != MPI_SUCCESS) {
     // The agreement is in flight and MPI owns its buffers: this rank cannot go on.
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, text, &len);
-    end_job(comm_, s->what + ": rank " + std::to_string(rank_) + ": MPI error: " + std::string(text, static_cast<std::size_t>(len)));
+    end_job(comm_, s->what + ": rank " + std::to_string(rank_) +
+                       ": MPI error: " + std::string(text, static_cast<std::size_t>(len)));
   }
   r.state_ = std::move(s);
   return r;
@@ -379,7 +418,8 @@ bool Request::test() {
   State& s = *state_;
   if (!s.agreed) {
     int flag = 0;
-    if (MPI_Test(&s.requests[0], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) end_job(s.comm, s.what + ": rank " + std::to_string(s.rank) + ": MPI error");
+    if (MPI_Test(&s.requests[0], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      end_job(s.comm, s.what + ": rank " + std::to_string(s.rank) + ": MPI error");
     if (!flag) return false;
     s.agreed = true;
     // This rank's reduction is in flight and no other rank will join it: only the end is left.
@@ -387,7 +427,8 @@ bool Request::test() {
     if (!difference.empty()) end_job(s.comm, s.what + ": " + difference + "; ending the job");
   }
   int flag = 0;
-  if (MPI_Test(&s.requests[1], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) end_job(s.comm, s.what + ": rank " + std::to_string(s.rank) + ": MPI error");
+  if (MPI_Test(&s.requests[1], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+    end_job(s.comm, s.what + ": rank " + std::to_string(s.rank) + ": MPI error");
   if (flag) state_.reset();
   return flag != 0;
 }

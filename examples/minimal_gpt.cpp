@@ -17,10 +17,10 @@ using namespace xgrad;
 
 namespace {
 
-constexpr std::size_t kContext = 32;   // T: the bytes the model sees at once
-constexpr std::size_t kBatch = 16;     // B
+constexpr std::size_t kContext = 32;                           // T: the bytes the model sees at once
+constexpr std::size_t kBatch = 16;                             // B
 constexpr std::size_t kSteps = 1000, kMaxSteps = 100'000'000;  // STEPS: its default and its limit
-constexpr std::size_t kMaxValid = 64;  // validation windows
+constexpr std::size_t kMaxValid = 64;                          // validation windows
 constexpr std::size_t kPrompt = 16, kSampleBytes = 200;
 constexpr std::uint64_t kSeed = 1337;
 
@@ -83,8 +83,11 @@ int run(const std::string& text, std::size_t n_valid, std::size_t steps) {
   nn::LanguageModel model(nn::LanguageModelOptions(256, 64, 4, 2).max_len(kContext).dropout(0.f), gen);
   optim::AdamW optimizer(model.named_parameters(), optim::AdamW::defaults(3e-3f));
   // Warm up for a tenth of the run, then decay the learning rate along a cosine to a tenth.
-  const optim::LrSchedule schedule(optim::ScheduleOptions(3e-3f).warmup_steps(steps / 10).total_steps(steps)
-                                       .decay(optim::Decay::cosine).min_lr(3e-4f));
+  const optim::LrSchedule schedule(optim::ScheduleOptions(3e-3f)
+                                       .warmup_steps(steps / 10)
+                                       .total_steps(steps)
+                                       .decay(optim::Decay::cosine)
+                                       .min_lr(3e-4f));
   std::printf("text: %zu bytes (%zu to train on, %zu held out)  model: %zu parameters  steps: %zu of %zu x %zu bytes\n",
               text.size(), train.size(), held_out.size(), model.num_parameters(), steps, kBatch, kContext);
 

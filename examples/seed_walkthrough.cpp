@@ -53,7 +53,8 @@ void walkthrough(std::uint64_t seed, const std::string& out) {
       for (std::size_t t = 0; t < T; ++t) p += w(0, h, t, s) / static_cast<double>(T);
       entropy -= p * std::log(p + 1e-9);
     }
-    std::printf("head %zu attention entropy: %.2f  (uniform over %zu keys: %.2f)\n", h, entropy, T, std::log(static_cast<double>(T)));
+    std::printf("head %zu attention entropy: %.2f  (uniform over %zu keys: %.2f)\n", h, entropy, T,
+                std::log(static_cast<double>(T)));
   }
   std::printf("\ninput std:  %.4f\n", stddev(x.value()));
   std::printf("output std: %.4f\n", stddev(result.output.value()));
@@ -78,7 +79,8 @@ void walkthrough(std::uint64_t seed, const std::string& out) {
   double vmax = 0;
   for (const auto& row : map.values)
     for (double v : row) vmax = std::max(vmax, v);
-  xgrad::inspect::write_text_file(path, xgrad::inspect::heatmap_svg(map, vmax));  // colours scaled to the largest weight
+  xgrad::inspect::write_text_file(path,
+                                  xgrad::inspect::heatmap_svg(map, vmax));  // colours scaled to the largest weight
   std::printf("\nheatmap of head 0: %s\n", path.c_str());
 }
 

@@ -16,8 +16,8 @@ using namespace xgrad;
 namespace {
 
 struct Dataset {
-  Array x;        // (N, 2)
-  IndexArray y;   // (N,)
+  Array x;       // (N, 2)
+  IndexArray y;  // (N,)
 };
 
 // K spiral arms of n points each; arm k winds from the centre outwards, with angular noise.
@@ -59,9 +59,8 @@ void fit(std::size_t steps, std::size_t hidden, std::size_t points, float lr, fl
   const Dataset data = make_spirals(points, classes, gen);
   const Tensor x(data.x);
 
-  std::vector<Tensor> params = {
-      uniform_param({2, hidden}, 2, gen),       uniform_param({hidden}, 2, gen),
-      uniform_param({hidden, classes}, hidden, gen), uniform_param({classes}, hidden, gen)};
+  std::vector<Tensor> params = {uniform_param({2, hidden}, 2, gen), uniform_param({hidden}, 2, gen),
+                                uniform_param({hidden, classes}, hidden, gen), uniform_param({classes}, hidden, gen)};
   std::vector<Array> velocity;
   for (const Tensor& p : params) velocity.push_back(xt::zeros<float>(p.shape()));
 
@@ -76,7 +75,8 @@ void fit(std::size_t steps, std::size_t hidden, std::size_t points, float lr, fl
     const Tensor loss = cross_entropy(logits, data.y);
     for (Tensor& p : params) p.zero_grad();
     loss.backward();
-    optim::check_finite(step, loss.item(), {{"w1", params[0]}, {"b1", params[1]}, {"w2", params[2]}, {"b2", params[3]}});
+    optim::check_finite(step, loss.item(),
+                        {{"w1", params[0]}, {"b1", params[1]}, {"w2", params[2]}, {"b2", params[3]}});
     // SGD with momentum, as torch.optim.SGD: v = m v + g; p -= lr v
     for (std::size_t i = 0; i < params.size(); ++i) {
       velocity[i] = momentum * velocity[i] + params[i].grad();

@@ -10,7 +10,8 @@ namespace xgrad::inspect {
 
 bool default_points(const std::string& name) {
   using nn::point_ends_with;
-  return !point_ends_with(name, "scores") && !point_ends_with(name, "residual.skip") && !point_ends_with(name, "residual.branch");
+  return !point_ends_with(name, "scores") && !point_ends_with(name, "residual.skip") &&
+         !point_ends_with(name, "residual.branch");
 }
 
 PointFilter points_ending_with(std::vector<std::string> suffixes) {
@@ -67,7 +68,8 @@ ActivationCache cache_activations(nn::Module& root, const std::function<void()>&
       return Tensor();
     }));
   }
-  if (hooks.empty()) fail("cache_activations: the filter accepts none of the module's ", root.hook_points().size(), " hook points");
+  if (hooks.empty())
+    fail("cache_activations: the filter accepts none of the module's ", root.hook_points().size(), " hook points");
   run();
   hooks.clear();
   std::lock_guard<std::mutex> lock(shared->mutex);

@@ -20,10 +20,14 @@ namespace {
 std::string script_safe(const std::string& json) {
   std::string out;
   for (char c : json) {
-    if (c == '<') out += "\\u003c";
-    else if (c == '>') out += "\\u003e";
-    else if (c == '&') out += "\\u0026";
-    else out += c;
+    if (c == '<')
+      out += "\\u003c";
+    else if (c == '>')
+      out += "\\u003e";
+    else if (c == '&')
+      out += "\\u0026";
+    else
+      out += c;
   }
   return out;
 }
@@ -148,8 +152,8 @@ std::string fill(const std::string& page, const std::vector<std::pair<std::strin
 
 }  // namespace
 
-std::string attention_viewer_html(const ActivationCache& cache, const std::vector<std::string>& tokens, std::size_t batch,
-                                  const std::string& title) {
+std::string attention_viewer_html(const ActivationCache& cache, const std::vector<std::string>& tokens,
+                                  std::size_t batch, const std::string& title) {
   const std::size_t T = tokens.size();
   nlohmann::json layers = nlohmann::json::array();
   for (const std::string& name : cache.names()) {
@@ -158,7 +162,8 @@ std::string attention_viewer_html(const ActivationCache& cache, const std::vecto
     const Array& p = cache.at(name);
     const Shape& s = p.shape();
     if (s.size() != 4 || s[2] != T || s[3] != T) {
-      fail("attention_viewer_html: point '", name, "' has shape ", shape_str(s), ", not (B, H, T, T) with T = ", T, " tokens");
+      fail("attention_viewer_html: point '", name, "' has shape ", shape_str(s), ", not (B, H, T, T) with T = ", T,
+           " tokens");
     }
     if (batch >= s[0]) fail("attention_viewer_html: sequence ", batch, " of point '", name, "', which holds ", s[0]);
     nlohmann::json heads = nlohmann::json::array();
@@ -169,7 +174,8 @@ std::string attention_viewer_html(const ActivationCache& cache, const std::vecto
         const float* w = p.data() + ((batch * s[1] + h) * T + q) * T;
         for (std::size_t k = 0; k < T; ++k) {
           if (!std::isfinite(w[k])) {
-            fail("attention_viewer_html: point '", name, "' has weight ", w[k], " at (", batch, ", ", h, ", ", q, ", ", k, ")");
+            fail("attention_viewer_html: point '", name, "' has weight ", w[k], " at (", batch, ", ", h, ", ", q, ", ",
+                 k, ")");
           }
           row.push_back(rounded(w[k]));
         }
@@ -177,8 +183,9 @@ std::string attention_viewer_html(const ActivationCache& cache, const std::vecto
       }
       heads.push_back(std::move(rows));
     }
-    layers.push_back({{"name", name.size() > suffix.size() + 1 ? name.substr(0, name.size() - suffix.size() - 1) : name},
-                      {"heads", std::move(heads)}});
+    layers.push_back(
+        {{"name", name.size() > suffix.size() + 1 ? name.substr(0, name.size() - suffix.size() - 1) : name},
+         {"heads", std::move(heads)}});
   }
   if (layers.empty()) fail("attention_viewer_html: the cache holds no '*.pattern' point (", cache.size(), " points)");
   const nlohmann::json data = {{"tokens", tokens}, {"layers", std::move(layers)}};

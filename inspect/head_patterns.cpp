@@ -62,7 +62,8 @@ HeadStatistics head_statistics(const std::vector<Array>& patterns, std::size_t h
   for (const Array& p : patterns) {
     const Dims d = check_pattern(p, "head_statistics");
     if (d.T != T || d.H != first.H) {
-      fail("head_statistics: patterns ", shape_str(patterns[0].shape()), " and ", shape_str(p.shape()), " differ in heads or length");
+      fail("head_statistics: patterns ", shape_str(patterns[0].shape()), " and ", shape_str(p.shape()),
+           " differ in heads or length");
     }
     for (std::size_t b = 0; b < d.B; ++b) {
       std::fill(mean_row.begin(), mean_row.end(), 0.0);
@@ -92,7 +93,8 @@ HeadStatistics head_statistics(const std::vector<Array>& patterns, std::size_t h
   HeadStatistics s;
   s.offset_mass.resize(T);
   for (std::size_t o = 0; o < T; ++o) s.offset_mass[o] = count[o] ? mass[o] / count[o] : 0.0;
-  s.dominant_offset = static_cast<std::size_t>(std::max_element(s.offset_mass.begin(), s.offset_mass.end()) - s.offset_mass.begin());
+  s.dominant_offset =
+      static_cast<std::size_t>(std::max_element(s.offset_mass.begin(), s.offset_mass.end()) - s.offset_mass.begin());
   s.dominant_mass = s.offset_mass[s.dominant_offset];
   s.entropy = sequences ? entropy / sequences : 0.0;
   s.query_entropy = queries ? query_entropy / queries : 0.0;
@@ -151,7 +153,8 @@ std::vector<double> first_token_scores(const Array& pattern) {
 std::vector<double> induction_scores(const Array& pattern, const IndexArray& ids) {
   const Dims d = check_pattern(pattern, "induction_scores");
   if (ids.shape() != Shape{d.B, d.T}) {
-    fail("induction_scores: ids of shape ", shape_str(ids.shape()), " do not match the pattern's (B, T) = (", d.B, ", ", d.T, ")");
+    fail("induction_scores: ids of shape ", shape_str(ids.shape()), " do not match the pattern's (B, T) = (", d.B, ", ",
+         d.T, ")");
   }
   const auto id = [&ids, &d](std::size_t b, std::size_t t) { return ids.data()[b * d.T + t]; };
   const auto eligible = [&id](std::size_t b, std::size_t t) {

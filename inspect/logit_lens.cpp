@@ -5,9 +5,9 @@
 #include <cmath>
 #include <numeric>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 
 namespace xgrad::inspect {
@@ -57,7 +57,8 @@ std::vector<LensLayer> logit_lens(nn::LanguageModel& model, const IndexArray& id
   ActivationCache cache;
   {
     const nn::EvalGuard eval(model);
-    cache = cache_activations(model, [&] { model.forward(ids); }, points_ending_with({"embed", "stream_out"}));
+    cache = cache_activations(
+        model, [&] { model.forward(ids); }, points_ending_with({"embed", "stream_out"}));
   }
   std::vector<LensLayer> layers;
   for (const std::string& point : cache.names()) {

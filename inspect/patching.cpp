@@ -5,8 +5,8 @@
 #include <map>
 #include <memory>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/nn/attention.hpp"
 
 namespace xgrad::inspect {
@@ -55,7 +55,8 @@ Mask region_mask(const PointPatch& p, const Shape& shape) {
       fail("PatchSet: position ", *r.position, " is outside point '", p.point, "' of shape ", shape_str(shape));
     }
     if (r.head && p.layout == Layout::heads_in_columns && (rank != 3 || shape[2] % p.heads != 0)) {
-      fail("PatchSet: point '", p.point, "' of shape ", shape_str(shape), " is not (B, T, C) with C divisible by ", p.heads, " heads");
+      fail("PatchSet: point '", p.point, "' of shape ", shape_str(shape), " is not (B, T, C) with C divisible by ",
+           p.heads, " heads");
     }
     // Walks every element by its multi-index; patching is for analysis, not for speed.
     std::vector<std::size_t> index(rank, 0);

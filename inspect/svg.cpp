@@ -45,15 +45,17 @@ double map_height(const Heatmap& m) { return kTitle + kCell * m.values.size() + 
 // Draws one heatmap with its top-left corner at (x0, y0).
 void draw_map(std::ostringstream& os, const Heatmap& m, double x0, double y0, double vmax) {
   const std::size_t rows = m.values.size(), cols = rows ? m.values[0].size() : 0;
-  os << "<text x='" << x0 + kLabel << "' y='" << y0 + 18 << "' font-size='13' font-weight='bold'>" << xml_escape(m.title) << "</text>\n";
+  os << "<text x='" << x0 + kLabel << "' y='" << y0 + 18 << "' font-size='13' font-weight='bold'>"
+     << xml_escape(m.title) << "</text>\n";
   const double top = y0 + kTitle, left = x0 + kLabel;
   for (std::size_t r = 0; r < rows; ++r) {
     for (std::size_t c = 0; c < cols; ++c) {
       const double v = m.values[r][c];
-      os << "<rect x='" << left + c * kCell << "' y='" << top + r * kCell << "' width='" << kCell << "' height='" << kCell
-         << "' fill='" << colour(vmax > 0 ? v / vmax : 0) << "'><title>" << xml_escape(m.row_axis) << ' '
-         << (r < m.row_labels.size() ? xml_escape(m.row_labels[r]) : std::to_string(r)) << ", " << xml_escape(m.col_axis) << ' '
-         << (c < m.col_labels.size() ? xml_escape(m.col_labels[c]) : std::to_string(c)) << ": " << num(v) << "</title></rect>\n";
+      os << "<rect x='" << left + c * kCell << "' y='" << top + r * kCell << "' width='" << kCell << "' height='"
+         << kCell << "' fill='" << colour(vmax > 0 ? v / vmax : 0) << "'><title>" << xml_escape(m.row_axis) << ' '
+         << (r < m.row_labels.size() ? xml_escape(m.row_labels[r]) : std::to_string(r)) << ", "
+         << xml_escape(m.col_axis) << ' ' << (c < m.col_labels.size() ? xml_escape(m.col_labels[c]) : std::to_string(c))
+         << ": " << num(v) << "</title></rect>\n";
     }
     if (r < m.row_labels.size()) {
       os << "<text x='" << left - 4 << "' y='" << top + r * kCell + kCell * 0.7 << "' font-size='11' text-anchor='end'>"
@@ -62,13 +64,14 @@ void draw_map(std::ostringstream& os, const Heatmap& m, double x0, double y0, do
   }
   for (std::size_t c = 0; c < cols && c < m.col_labels.size(); ++c) {
     const double x = left + c * kCell + kCell * 0.5, y = top + rows * kCell + 6;
-    os << "<text x='" << x << "' y='" << y << "' font-size='11' text-anchor='end' transform='rotate(-60 " << x << ' ' << y
-       << ")'>" << xml_escape(m.col_labels[c]) << "</text>\n";
+    os << "<text x='" << x << "' y='" << y << "' font-size='11' text-anchor='end' transform='rotate(-60 " << x << ' '
+       << y << ")'>" << xml_escape(m.col_labels[c]) << "</text>\n";
   }
   os << "<text x='" << left + cols * kCell / 2 << "' y='" << top + rows * kCell + kLabel - 2
      << "' font-size='11' text-anchor='middle'>" << xml_escape(m.col_axis) << "</text>\n";
-  os << "<text x='" << x0 + 10 << "' y='" << top + rows * kCell / 2 << "' font-size='11' text-anchor='middle' transform='rotate(-90 "
-     << x0 + 10 << ' ' << top + rows * kCell / 2 << ")'>" << xml_escape(m.row_axis) << "</text>\n";
+  os << "<text x='" << x0 + 10 << "' y='" << top + rows * kCell / 2
+     << "' font-size='11' text-anchor='middle' transform='rotate(-90 " << x0 + 10 << ' ' << top + rows * kCell / 2
+     << ")'>" << xml_escape(m.row_axis) << "</text>\n";
 }
 
 void draw_colour_bar(std::ostringstream& os, double x, double y, double height, double vmax) {
@@ -80,14 +83,15 @@ void draw_colour_bar(std::ostringstream& os, double x, double y, double height, 
   }
   for (int t = 0; t <= 4; ++t) {
     const double v = vmax * t / 4.0;
-    os << "<text x='" << x + 18 << "' y='" << y + height - t * height / 4 + 4 << "' font-size='10'>" << num(v) << "</text>\n";
+    os << "<text x='" << x + 18 << "' y='" << y + height - t * height / 4 + 4 << "' font-size='10'>" << num(v)
+       << "</text>\n";
   }
 }
 
 std::string open_svg(double w, double h) {
   std::ostringstream os;
-  os << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "' viewBox='0 0 " << w << ' ' << h
-     << "' font-family='sans-serif'>\n<rect width='100%' height='100%' fill='white'/>\n";
+  os << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "' viewBox='0 0 " << w << ' '
+     << h << "' font-family='sans-serif'>\n<rect width='100%' height='100%' fill='white'/>\n";
   return os.str();
 }
 
@@ -117,7 +121,8 @@ std::string grid_svg(const std::vector<Heatmap>& maps, std::size_t columns, doub
   const double w = cell_w * columns + 60, h = cell_h * rows + 10;
   std::ostringstream os;
   os << open_svg(w, h);
-  for (std::size_t i = 0; i < maps.size(); ++i) draw_map(os, maps[i], (i % columns) * cell_w, (i / columns) * cell_h, vmax);
+  for (std::size_t i = 0; i < maps.size(); ++i)
+    draw_map(os, maps[i], (i % columns) * cell_w, (i / columns) * cell_h, vmax);
   draw_colour_bar(os, cell_w * columns + 6, kTitle, std::min(cell_h - kTitle - kLabel, 200.0), vmax);
   os << "</svg>\n";
   return os.str();
@@ -143,7 +148,8 @@ std::vector<double> nice_ticks(double lo, double hi) {
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step)
+    ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
   return ticks;
 }
 
@@ -189,23 +195,29 @@ std::string line_plot_svg(const LinePlot& p) {
   auto Yt = [&](double v) { return H - bottom - (v - ymin) / (ymax - ymin) * (H - top - bottom); };
   std::ostringstream os;
   os << open_svg(W, H);
-  os << "<text x='" << left + plot_w / 2 << "' y='24' font-size='15' font-weight='bold' text-anchor='middle'>" << xml_escape(p.title) << "</text>\n";
+  os << "<text x='" << left + plot_w / 2 << "' y='24' font-size='15' font-weight='bold' text-anchor='middle'>"
+     << xml_escape(p.title) << "</text>\n";
   os << "<rect x='" << left << "' y='" << top << "' width='" << plot_w << "' height='" << H - top - bottom
      << "' fill='none' stroke='#444'/>\n";
   for (double xv : nice_ticks(xmin, xmax)) {
     const double xp = X(xv);
-    os << "<line x1='" << xp << "' y1='" << H - bottom << "' x2='" << xp << "' y2='" << H - bottom + 5 << "' stroke='#444'/>\n";
-    os << "<text x='" << xp << "' y='" << H - bottom + 18 << "' font-size='11' text-anchor='middle'>" << num(xv) << "</text>\n";
+    os << "<line x1='" << xp << "' y1='" << H - bottom << "' x2='" << xp << "' y2='" << H - bottom + 5
+       << "' stroke='#444'/>\n";
+    os << "<text x='" << xp << "' y='" << H - bottom + 18 << "' font-size='11' text-anchor='middle'>" << num(xv)
+       << "</text>\n";
   }
   for (double yv : p.log_y ? log_ticks(ymin, ymax) : nice_ticks(ymin, ymax)) {
     const double yp = Yt(yv);
-    os << "<line x1='" << left << "' y1='" << yp << "' x2='" << left + plot_w << "' y2='" << yp << "' stroke='#ddd'/>\n";
+    os << "<line x1='" << left << "' y1='" << yp << "' x2='" << left + plot_w << "' y2='" << yp
+       << "' stroke='#ddd'/>\n";
     os << "<text x='" << left - 6 << "' y='" << yp + 4 << "' font-size='11' text-anchor='end'>"
        << num(p.log_y ? std::pow(10.0, yv) : yv) << "</text>\n";
   }
-  os << "<text x='" << left + plot_w / 2 << "' y='" << H - 12 << "' font-size='12' text-anchor='middle'>" << xml_escape(p.x_label) << "</text>\n";
-  os << "<text x='16' y='" << (top + H - bottom) / 2 << "' font-size='12' text-anchor='middle' transform='rotate(-90 16 "
-     << (top + H - bottom) / 2 << ")'>" << xml_escape(p.y_label) << "</text>\n";
+  os << "<text x='" << left + plot_w / 2 << "' y='" << H - 12 << "' font-size='12' text-anchor='middle'>"
+     << xml_escape(p.x_label) << "</text>\n";
+  os << "<text x='16' y='" << (top + H - bottom) / 2
+     << "' font-size='12' text-anchor='middle' transform='rotate(-90 16 " << (top + H - bottom) / 2 << ")'>"
+     << xml_escape(p.y_label) << "</text>\n";
   for (std::size_t k = 0; k < p.series.size(); ++k) {
     const Series& s = p.series[k];
     const char* c = palette[k % 6];
@@ -216,11 +228,14 @@ std::string line_plot_svg(const LinePlot& p) {
     os << "'/>\n";
     if (p.markers) {
       for (std::size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
-        if (std::isfinite(s.y[i])) os << "<circle cx='" << X(s.x[i]) << "' cy='" << Yt(ty(s.y[i])) << "' r='3.5' fill='" << c << "'/>\n";
+        if (std::isfinite(s.y[i]))
+          os << "<circle cx='" << X(s.x[i]) << "' cy='" << Yt(ty(s.y[i])) << "' r='3.5' fill='" << c << "'/>\n";
       }
     }
-    os << "<rect x='" << left + plot_w + 14 << "' y='" << top + 10 + 20 * k << "' width='14' height='3' fill='" << c << "'/>"
-       << "<text x='" << left + plot_w + 34 << "' y='" << top + 15 + 20 * k << "' font-size='11'>" << xml_escape(s.name) << "</text>\n";
+    os << "<rect x='" << left + plot_w + 14 << "' y='" << top + 10 + 20 * k << "' width='14' height='3' fill='" << c
+       << "'/>"
+       << "<text x='" << left + plot_w + 34 << "' y='" << top + 15 + 20 * k << "' font-size='11'>" << xml_escape(s.name)
+       << "</text>\n";
   }
   os << "</svg>\n";
   return os.str();
@@ -230,16 +245,27 @@ std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
 }
 
-void write_text_file(const std::string& path, const std::string& text) { write_file_atomically(path, text, "write_text_file"); }
+void write_text_file(const std::string& path, const std::string& text) {
+  write_file_atomically(path, text, "write_text_file");
+}
 
 }  // namespace xgrad::inspect

@@ -7,8 +7,8 @@
 
 #include <xtensor/xbroadcast.hpp>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 
 namespace xgrad::nn {
 
@@ -23,7 +23,9 @@ void check_broadcasts(const char* name, const Shape& ms, const Shape& full) {
     const std::size_t want = full[4 - ms.size() + k];
     fits = ms[k] == want || ms[k] == 1;
   }
-  if (!fits) fail("MultiHeadAttention: ", name, " of shape ", shape_str(ms), " does not broadcast to (B, H, T, S) = ", shape_str(full));
+  if (!fits)
+    fail("MultiHeadAttention: ", name, " of shape ", shape_str(ms),
+         " does not broadcast to (B, H, T, S) = ", shape_str(full));
 }
 
 }  // namespace
@@ -35,7 +37,8 @@ void Attention::check(const MultiHeadAttentionOptions& o) {
   if (o.d_model() % o.num_heads() != 0) {
     fail("MultiHeadAttention: d_model ", o.d_model(), " is not divisible by num_heads ", o.num_heads());
   }
-  if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("MultiHeadAttention: dropout ", o.dropout(), " is outside [0, 1)");
+  if (!(o.dropout() >= 0.f && o.dropout() < 1.f))
+    fail("MultiHeadAttention: dropout ", o.dropout(), " is outside [0, 1)");
 }
 
 Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
@@ -58,13 +61,14 @@ std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::si
     for (std::size_t i = 0; i < m.additive_mask->size(); ++i) {
       const float a = m.additive_mask->data()[i];
       if (std::isnan(a) || a == std::numeric_limits<float>::infinity()) {
-        fail("MultiHeadAttention: additive_mask holds ", a, " at flat position ", i, " (only finite values and -inf are allowed)");
+        fail("MultiHeadAttention: additive_mask holds ", a, " at flat position ", i,
+             " (only finite values and -inf are allowed)");
       }
     }
   }
   if (m.key_padding_mask && m.key_padding_mask->shape() != Shape{B, S}) {
-    fail("MultiHeadAttention: key_padding_mask of shape ", shape_str(m.key_padding_mask->shape()), " is not (B, S) = ",
-         shape_str(Shape{B, S}));
+    fail("MultiHeadAttention: key_padding_mask of shape ", shape_str(m.key_padding_mask->shape()),
+         " is not (B, S) = ", shape_str(Shape{B, S}));
   }
   // Plain loops: xtensor 0.24.3 with xsimd computes a broadcasting || of bool arrays wrongly.
   Mask out = xt::zeros<bool>(full);
@@ -84,7 +88,8 @@ std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::si
 void Attention::check_input(const Tensor& query) const {
   check_defined(query, "MultiHeadAttention");
   if (query.ndim() != 3 || query.shape()[2] != options_.d_model()) {
-    fail("MultiHeadAttention: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ", shape_str(query.shape()));
+    fail("MultiHeadAttention: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ",
+         shape_str(query.shape()));
   }
 }
 
@@ -96,7 +101,8 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
   }
   if (cache && cache->k.defined()) {
     const Shape& ks = cache->k.shape();
-    if (ks.size() != 3 || ks[0] != x.shape()[0] || ks[2] != options_.d_model() || !cache->v.defined() || cache->v.shape() != ks) {
+    if (ks.size() != 3 || ks[0] != x.shape()[0] || ks[2] != options_.d_model() || !cache->v.defined() ||
+        cache->v.shape() != ks) {
       fail("MultiHeadAttention: the KVCache holds keys ", shape_str(ks), " and values ",
            cache->v.defined() ? shape_str(cache->v.shape()) : std::string("(none)"),
            ", which do not continue an input of shape ", shape_str(x.shape()));
@@ -120,7 +126,8 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
   return out;
 }
 
-AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const Tensor& value, const AttentionMask& mask) const {
+AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   const AttentionMask& mask) const {
   check_input(query);
   check_defined(key, "MultiHeadAttention: key");
   check_defined(value, "MultiHeadAttention: value");
@@ -129,8 +136,8 @@ AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const
     fail("MultiHeadAttention: key must be (B, S, kdim) = (", B, ", S, ", kdim, "), got ", shape_str(key.shape()));
   }
   if (value.ndim() != 3 || value.shape()[0] != B || value.shape()[1] != key.shape()[1] || value.shape()[2] != vdim) {
-    fail("MultiHeadAttention: value must be (B, S, vdim) = (", B, ", ", key.shape()[1], ", ", vdim, ") like the key, got ",
-         shape_str(value.shape()));
+    fail("MultiHeadAttention: value must be (B, S, vdim) = (", B, ", ", key.shape()[1], ", ", vdim,
+         ") like the key, got ", shape_str(value.shape()));
   }
   if (key.shape()[1] == 0) fail("MultiHeadAttention: key and value have no positions (S = 0)");
   const Tensor q = hook("q", w_q->forward(query));
@@ -165,7 +172,8 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& k, const 
     weights = attention_weights(q, k, H, scale, causal_only, blocked ? &*blocked : nullptr);
   }
   weights = hook("pattern", weights);
-  const Tensor context = hook("context", attend(dropout(weights, options_.dropout(), is_training(), generator()), v, H));  // (B, T, C)
+  const Tensor context =
+      hook("context", attend(dropout(weights, options_.dropout(), is_training(), generator()), v, H));  // (B, T, C)
   return {hook("out", w_o->forward(context)), weights};
 }
 

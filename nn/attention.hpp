@@ -39,15 +39,15 @@ namespace xgrad::nn {
 struct MultiHeadAttentionOptions {
   /// d_model C and num_heads H (H must divide C); the other options at their defaults.
   MultiHeadAttentionOptions(std::size_t d_model, std::size_t num_heads) : d_model_(d_model), num_heads_(num_heads) {}
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);  ///< the model width C, of the query and the output
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);    ///< the model width C, of the query and the output
   XGRAD_REQUIRED_ARG(std::size_t, num_heads);  ///< the number of heads H
   /// On the attention weights, while training; masks come from the module's RandomStream.
   XGRAD_ARG(float, dropout, 0.1f);
-  XGRAD_ARG(Norm, norm, Norm::pre);  ///< where MultiHeadAttention's LayerNorm sits
-  XGRAD_ARG(bool, bias, true);          ///< biases of the four projections
+  XGRAD_ARG(Norm, norm, Norm::pre);         ///< where MultiHeadAttention's LayerNorm sits
+  XGRAD_ARG(bool, bias, true);              ///< biases of the four projections
   XGRAD_ARG(float, layer_norm_eps, 1e-5f);  ///< the eps of MultiHeadAttention's LayerNorm
-  XGRAD_ARG(std::size_t, kdim, 0);      ///< width of the key input; 0: d_model
-  XGRAD_ARG(std::size_t, vdim, 0);      ///< width of the value input; 0: d_model
+  XGRAD_ARG(std::size_t, kdim, 0);          ///< width of the key input; 0: d_model
+  XGRAD_ARG(std::size_t, vdim, 0);          ///< width of the value input; 0: d_model
 };
 
 /// Masks for one forward call. In the boolean masks true marks a key that may NOT be attended to.
@@ -57,8 +57,8 @@ struct AttentionMask {
   /// Query t sees keys 0..t only (with a KVCache holding P positions: query t is position P + t,
   /// and sees 0..P + t).
   bool causal = false;
-  std::optional<Mask> attn_mask;        ///< broadcastable to (B, H, T, S)
-  std::optional<Mask> key_padding_mask; ///< (B, S): true marks padding keys
+  std::optional<Mask> attn_mask;         ///< broadcastable to (B, H, T, S)
+  std::optional<Mask> key_padding_mask;  ///< (B, S): true marks padding keys
   /// Added to the scaled scores before the softmax, broadcastable to (B, H, T, S), as PyTorch's
   /// float attn_mask; -inf blocks a key, and +inf or NaN is an error.
   std::optional<Array> additive_mask;
@@ -105,7 +105,8 @@ class Attention : public Module, public RandomStream {
   AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr) const;
   /// Attention of query (B, T, d_model) over key (B, S, kdim) and value (B, S, vdim).
   /// Throws naming the input whose shape does not fit, and for S = 0.
-  AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value, const AttentionMask& mask = {}) const;
+  AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                          const AttentionMask& mask = {}) const;
   /// Throws, naming MultiHeadAttention and the shape, unless query is (B, T, d_model).
   void check_input(const Tensor& query) const;
   /// The options it was built with.

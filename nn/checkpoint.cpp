@@ -9,8 +9,8 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/memory.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/io/utf8.hpp"
+#include "xgrad/core/random.hpp"
 
 namespace xgrad::nn {
 
@@ -72,7 +72,8 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
   for (const auto& [name, p] : module.named_parameters()) params.insert(name);
   // Only a state with old names is copied (to rename it); others are read in place.
   NamedArrays renamed;
-  const bool old_names = std::any_of(state_in.begin(), state_in.end(), [](const auto& e) { return current_name(e.first) != e.first; });
+  const bool old_names =
+      std::any_of(state_in.begin(), state_in.end(), [](const auto& e) { return current_name(e.first) != e.first; });
   if (old_names) {
     renamed = state_in;
     say_renamed("load_state_dict", rename_old_parameters(module, renamed));
@@ -110,7 +111,8 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
     for (const auto& [name, t] : targets) known.insert(name);
     for (const auto& [name, a] : state) {
       if (known.count(name)) continue;
-      if (options.strict()) fail("load_state_dict: unexpected entry '", name, "' (the module has no such parameter or buffer)");
+      if (options.strict())
+        fail("load_state_dict: unexpected entry '", name, "' (the module has no such parameter or buffer)");
       result.unexpected_keys.push_back(name);
     }
   }
@@ -120,8 +122,8 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
       const float* v = c.value->data();
       for (std::size_t i = 0; i < c.value->size(); ++i) {
         if (!std::isfinite(v[i])) {
-          fail("load_state_dict: parameter '", *c.name, "' holds ", v[i], " at flat position ", i, " of ", c.value->size(),
-               "; refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
+          fail("load_state_dict: parameter '", *c.name, "' holds ", v[i], " at flat position ", i, " of ",
+               c.value->size(), "; refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
         }
       }
     }
@@ -139,7 +141,8 @@ void check_model_options(const LanguageModelOptions& stored, const LanguageModel
   if (diff.empty()) return;
   std::string list;
   for (const auto& d : diff) {
-    list += (list.empty() ? "" : "; ") + d.field + " " + d.stored + " in the file, " + d.given + (asked ? " asked" : " in the model");
+    list += (list.empty() ? "" : "; ") + d.field + " " + d.stored + " in the file, " + d.given +
+            (asked ? " asked" : " in the model");
   }
   fail(who, ": the stored model options contradict the ones ", asked ? "asked for" : "of the model", ": ", list);
 }
@@ -155,8 +158,8 @@ Split split(const std::string& path, SafetensorsContents& file, const char* who)
   const auto format = file.metadata.find(kFormatKey);
   const bool old_format = format == file.metadata.end();
   if (!old_format && format->second != kFormat) {
-    fail(who, ": '", path, "' has checkpoint format \"", escape_bytes(format->second.substr(0, 40)), "\"; this xgrad reads formats 1 and ",
-         kFormat);
+    fail(who, ": '", path, "' has checkpoint format \"", escape_bytes(format->second.substr(0, 40)),
+         "\"; this xgrad reads formats 1 and ", kFormat);
   }
   const std::string& prefix = old_format ? kOldOptimizerPrefix : kOptimizerPrefix;
   for (auto& [name, a] : file.tensors) {
@@ -168,7 +171,8 @@ Split split(const std::string& path, SafetensorsContents& file, const char* who)
   }
   for (auto& [key, value] : file.metadata) {
     // Format 1 reserved nothing: its metadata comes back whole.
-    if (old_format || key.compare(0, kReserved.size(), kReserved) != 0) out.rest.metadata.emplace(key, std::move(value));
+    if (old_format || key.compare(0, kReserved.size(), kReserved) != 0)
+      out.rest.metadata.emplace(key, std::move(value));
   }
   if (!old_format) {
     const auto options = file.metadata.find(kModelOptionsKey);
@@ -187,11 +191,12 @@ Checkpoint load_split(const std::string& path, Split& s, Module& module, const L
   // Optimizer entries are "<parameter>.<slot>".
   std::set<std::string> params;
   for (const auto& [name, p] : module.named_parameters()) params.insert(name);
-  say_renamed(std::string(who) + ": '" + path + "'",
-              rename_old_parameters(module, s.model) + rename_old_entries(s.rest.optimizer_state, [&](const std::string& key) {
-                const std::size_t dot = key.rfind('.');
-                return dot != std::string::npos && params.count(key.substr(0, dot)) != 0;
-              }));
+  say_renamed(
+      std::string(who) + ": '" + path + "'",
+      rename_old_parameters(module, s.model) + rename_old_entries(s.rest.optimizer_state, [&](const std::string& key) {
+        const std::size_t dot = key.rfind('.');
+        return dot != std::string::npos && params.count(key.substr(0, dot)) != 0;
+      }));
   try {
     LoadResult r = load_state_dict(module, s.model, options);
     s.rest.missing_keys = std::move(r.missing_keys);
@@ -212,7 +217,8 @@ struct ModelSize {
 
 ModelSize model_size(const LanguageModelOptions& o) {
   const double V = static_cast<double>(o.vocab_size()), C = static_cast<double>(o.d_model()),
-               F = static_cast<double>(o.d_ff()), L = static_cast<double>(o.num_layers()), P = static_cast<double>(o.max_len());
+               F = static_cast<double>(o.d_ff()), L = static_cast<double>(o.num_layers()),
+               P = static_cast<double>(o.max_len());
   const bool learned = o.positional() == Positional::learned, pre = o.norm() == Norm::pre;
   // Per block: two norms (2C each), w_q, w_k, w_v, w_o (C x C and C), linear1 (F x C and F), linear2 (C x F and C).
   const double block = 4 * C + 4 * (C * C + C) + (F * C + F) + (C * F + C);
@@ -258,7 +264,8 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
       return std::string(buf);
     };
     fail(where, ": its model options (", to_json(o), ") describe a model of ", whole(wanted.values), " values in ",
-         whole(wanted.tensors), " tensors, but the file holds ", whole(file_values), " values in ", whole(file_tensors), " tensors");
+         whole(wanted.tensors), " tensors, but the file holds ", whole(file_values), " values in ", whole(file_tensors),
+         " tensors");
   }
   check_available_memory(wanted.bytes, who,
                          "building the model of '" + path + "' (" + std::to_string(o.num_layers()) + " blocks, " +
@@ -272,11 +279,13 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
 
 }  // namespace
 
-void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given, const std::string& who) {
+void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given,
+                         const std::string& who) {
   check_model_options(stored, given, who, true);
 }
 
-SafetensorsContents checkpoint_contents(const Module& module, const NamedArrays& optimizer_state, const Metadata& metadata) {
+SafetensorsContents checkpoint_contents(const Module& module, const NamedArrays& optimizer_state,
+                                        const Metadata& metadata) {
   const char* who = "save_checkpoint";
   SafetensorsContents out;
   out.tensors = state_dict(module);
@@ -294,7 +303,8 @@ SafetensorsContents checkpoint_contents(const Module& module, const NamedArrays&
   }
   out.metadata = metadata;
   out.metadata[kFormatKey] = kFormat;
-  if (const auto* lm = dynamic_cast<const LanguageModel*>(&module)) out.metadata[kModelOptionsKey] = to_json(lm->options());
+  if (const auto* lm = dynamic_cast<const LanguageModel*>(&module))
+    out.metadata[kModelOptionsKey] = to_json(lm->options());
   return out;
 }
 

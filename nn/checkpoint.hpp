@@ -58,8 +58,8 @@ void save_checkpoint(const std::string& path, const Module& module, const NamedA
 
 /// What load_checkpoint returns besides the module's state.
 struct Checkpoint {
-  NamedArrays optimizer_state;  ///< names without the prefix, for Optimizer::load_state_dict
-  Metadata metadata;            ///< the caller's metadata, without the "xgrad." keys
+  NamedArrays optimizer_state;                        ///< names without the prefix, for Optimizer::load_state_dict
+  Metadata metadata;                                  ///< the caller's metadata, without the "xgrad." keys
   std::optional<LanguageModelOptions> model_options;  ///< when the file stores them
   /// The module's names the file lacks; see LoadResult (strict(false)).
   std::vector<std::string> missing_keys, unexpected_keys;  ///< the file's names the module lacks; see LoadResult
@@ -73,7 +73,7 @@ Checkpoint load_checkpoint(const std::string& path, Module& module, const LoadOp
 /// What load_language_model returns.
 struct LoadedLanguageModel {
   std::unique_ptr<LanguageModel> model;  ///< the model, built and loaded
-  Checkpoint checkpoint;  ///< the rest of the file
+  Checkpoint checkpoint;                 ///< the rest of the file
 };
 
 /// Builds the LanguageModel that the file's "xgrad.model_options" describe and loads it. The

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 
 namespace xgrad::nn {
 
@@ -36,7 +36,8 @@ HeadImportance::HeadImportance(Module& root) {
 
 void HeadImportance::accumulate() {
   for (Gate& g : gates_) {
-    if (!g.gate.has_grad()) fail("HeadImportance::accumulate: no gradient reached the gates of '", g.path, "' (call it after backward)");
+    if (!g.gate.has_grad())
+      fail("HeadImportance::accumulate: no gradient reached the gates of '", g.path, "' (call it after backward)");
     const Array& d = g.gate.grad();
     for (std::size_t h = 0; h < g.sum.size(); ++h) g.sum[h] += std::abs(d(h));
     g.gate.zero_grad();
@@ -55,7 +56,8 @@ std::vector<HeadScore> HeadImportance::scores() const {
 }
 
 const Tensor& HeadImportance::gates(std::size_t i) const {
-  if (i >= gates_.size()) fail("HeadImportance::gates: index ", i, " is out of range for ", gates_.size(), " attentions");
+  if (i >= gates_.size())
+    fail("HeadImportance::gates: index ", i, " is out of range for ", gates_.size(), " attentions");
   return gates_[i].gate;
 }
 

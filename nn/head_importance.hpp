@@ -19,8 +19,8 @@ namespace xgrad::nn {
 
 /// The importance of one head.
 struct HeadScore {
-  std::string module;  ///< the attention's path, e.g. "blocks.0.attn"
-  std::size_t head = 0;  ///< the head's index, 0 .. H-1
+  std::string module;     ///< the attention's path, e.g. "blocks.0.attn"
+  std::size_t head = 0;   ///< the head's index, 0 .. H-1
   double importance = 0;  ///< mean |dL/dgate| over the accumulated batches
 };
 

@@ -62,36 +62,42 @@ E as_enum(const json& v, std::initializer_list<std::pair<const char*, E>> names)
 }
 
 // A field written as its own value and read with `read` (as_count or as_float).
-#define XGRAD_FIELD(f, arch, read)                                   \
-  Field {                                                            \
-    #f, arch, [](const LanguageModelOptions& o) { return json(o.f()); }, \
-        [](LanguageModelOptions& o, const json& v) { o.f(read(v)); }     \
+#define XGRAD_FIELD(f, arch, read)                                                                           \
+  Field {                                                                                                    \
+#f, arch, [](const LanguageModelOptions& o) { return json(o.f()); }, [](LanguageModelOptions & o,        \
+                                                                            const json& v) { o.f(read(v)); } \
   }
 #define XGRAD_COUNT_FIELD(f) XGRAD_FIELD(f, true, as_count)
 #define XGRAD_FLOAT_FIELD(f, arch) XGRAD_FIELD(f, arch, as_float)
 
 const std::vector<Field>& fields() {
-  static const std::vector<Field> all = {
-      XGRAD_COUNT_FIELD(vocab_size),
-      XGRAD_COUNT_FIELD(d_model),
-      XGRAD_COUNT_FIELD(num_heads),
-      XGRAD_COUNT_FIELD(num_layers),
-      XGRAD_COUNT_FIELD(d_ff),
-      XGRAD_COUNT_FIELD(max_len),
-      XGRAD_FLOAT_FIELD(dropout, false),
-      Field{"norm", true, [](const LanguageModelOptions& o) { return json(norm_name(o.norm())); },
-            [](LanguageModelOptions& o, const json& v) { o.norm(as_enum<Norm>(v, {{"pre", Norm::pre}, {"post", Norm::post}})); }},
-      Field{"activation", true, [](const LanguageModelOptions& o) { return json(activation_name(o.activation())); },
-            [](LanguageModelOptions& o, const json& v) {
-              o.activation(as_enum<Activation>(
-                  v, {{"gelu", Activation::gelu}, {"gelu_tanh", Activation::gelu_tanh}, {"relu", Activation::relu}}));
-            }},
-      Field{"positional", true, [](const LanguageModelOptions& o) { return json(positional_name(o.positional())); },
-            [](LanguageModelOptions& o, const json& v) {
-              o.positional(as_enum<Positional>(v, {{"learned", Positional::learned}, {"sinusoidal", Positional::sinusoidal}}));
-            }},
-      XGRAD_FLOAT_FIELD(layer_norm_eps, true),
-  };
+  static const std::vector<Field> all =
+      {
+          XGRAD_COUNT_FIELD(vocab_size),
+          XGRAD_COUNT_FIELD(d_model),
+          XGRAD_COUNT_FIELD(num_heads),
+          XGRAD_COUNT_FIELD(num_layers),
+          XGRAD_COUNT_FIELD(d_ff),
+          XGRAD_COUNT_FIELD(max_len),
+          XGRAD_FLOAT_FIELD(dropout, false),
+          Field{"norm", true, [](const LanguageModelOptions& o) { return json(norm_name(o.norm())); },
+                [](LanguageModelOptions& o, const json& v) {
+    o.norm(as_enum<Norm>(v, {{"pre", Norm::pre}, {"post", Norm::post}}));
+                }},
+          Field{"activation", true, [](const LanguageModelOptions& o) { return json(activation_name(o.activation())); },
+                [](LanguageModelOptions& o, const json& v) {
+    o.activation(as_enum<Activation>(
+        v, {{"gelu", Activation::gelu}, {"gelu_tanh", Activation::gelu_tanh}, {"relu", Activation::relu}}));
+                }},
+                                  Field{"positional", true,
+                                        [](const LanguageModelOptions& o) {
+    return json(positional_name(o.positional()));
+                                        },
+                                        [](LanguageModelOptions& o, const json& v) {
+    o.positional(as_enum<Positional>(v, {{"learned", Positional::learned}, {"sinusoidal", Positional::sinusoidal}}));
+                                  }},
+                                  XGRAD_FLOAT_FIELD(layer_norm_eps, true),
+                                  };
   return all;
 }
 
@@ -112,7 +118,8 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
   std::set<std::string> seen;  // the top-level keys: a field twice is ambiguous (the parser keeps the last)
   std::string twice;
   const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth == 1 && event == json::parse_event_t::key && !seen.insert(parsed.get<std::string>()).second && twice.empty()) {
+    if (depth == 1 && event == json::parse_event_t::key && !seen.insert(parsed.get<std::string>()).second &&
+        twice.empty()) {
       twice = parsed.get<std::string>();
     }
     return true;
@@ -137,7 +144,8 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
     }
   }
   for (const auto& [key, value] : j.items()) {
-    if (!known.count(key)) fail(who, ": unknown model option \"", key, "\" (this xgrad cannot build that architecture)");
+    if (!known.count(key))
+      fail(who, ": unknown model option \"", key, "\" (this xgrad cannot build that architecture)");
   }
   // Values each of the right kind may still describe no model (num_heads 3 for d_model 8, dropout 5,
   // layer_norm_eps -1): refused here, for every reader, not only by the constructor.
@@ -149,7 +157,8 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
   return o;
 }
 
-std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored, const LanguageModelOptions& given) {
+std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored,
+                                                        const LanguageModelOptions& given) {
   std::vector<OptionsDifference> out;
   for (const Field& f : fields()) {
     if (!f.architecture) continue;

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 
 namespace xgrad::nn {
 
@@ -50,7 +50,8 @@ Dropout::Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {
 Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p_, is_training(), *gen_); }
 
 Embedding::Embedding(std::size_t num_embeddings, std::size_t dim, Generator& gen) {
-  if (num_embeddings == 0 || dim == 0) fail("Embedding: num_embeddings ", num_embeddings, " and dim ", dim, " must be positive");
+  if (num_embeddings == 0 || dim == 0)
+    fail("Embedding: num_embeddings ", num_embeddings, " and dim ", dim, " must be positive");
   weight = register_parameter("weight", Tensor(gen.normal({num_embeddings, dim}, 0.f, 1.f)));
 }
 

@@ -15,8 +15,7 @@ namespace xgrad::nn {
 class Linear : public Module {
  public:
   /// Draws W (and b, unless `bias` is false) from `gen`; a size of 0 throws.
-  Linear(std::size_t in_features, std::size_t out_features, bool bias = true,
-         Generator& gen = default_generator());
+  Linear(std::size_t in_features, std::size_t out_features, bool bias = true, Generator& gen = default_generator());
   /// x W^T + b; throws naming the shape when x does not end in in_features.
   Tensor forward(const Tensor& x) const;
   /// The weight, (out, in).
@@ -80,7 +79,7 @@ class SinusoidalPositionalEncoding : public Module {
   /// Rows first .. first + length - 1; throws when they pass max_len.
   Tensor forward(std::size_t length, std::size_t first = 0) const;  ///< (length, dim): positions first ..
   /// The rows of `positions`; a position outside [0, max_len) throws.
-  Tensor at(const IndexArray& positions) const;                    ///< (..., dim): one row per position
+  Tensor at(const IndexArray& positions) const;  ///< (..., dim): one row per position
 
  private:
   Tensor table_;
@@ -94,8 +93,8 @@ class LearnedPositionalEncoding : public Module {
   /// Rows first .. first + length - 1; throws when they pass max_len.
   Tensor forward(std::size_t length, std::size_t first = 0) const;  ///< (length, dim): positions first ..
   /// The rows of `positions`; a position outside [0, max_len) throws.
-  Tensor at(const IndexArray& positions) const;                    ///< (..., dim): one row per position
-  Tensor weight;  ///< (max_len, dim)
+  Tensor at(const IndexArray& positions) const;  ///< (..., dim): one row per position
+  Tensor weight;                                 ///< (max_len, dim)
 
  private:
   std::size_t max_len_;

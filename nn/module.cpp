@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <sstream>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/core/io/utf8.hpp"
 
 namespace xgrad::nn {
@@ -54,7 +54,9 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   // A module inside its own tree would make every path endless ("me.me.me...", until memory ran out).
   bool cycle = false;
   m->visit("", [&](const std::string&, const Module& inside) { cycle = cycle || &inside == this; });
-  if (cycle) fail("Module::register_module: module '", name, "' is this module or holds it: a module cannot be its own descendant");
+  if (cycle)
+    fail("Module::register_module: module '", name,
+         "' is this module or holds it: a module cannot be its own descendant");
   m->train(training_);
   children_.emplace_back(name, std::move(m));
 }
@@ -207,7 +209,8 @@ Tensor Module::hook(const char* point, const Tensor& value) const {
   std::vector<detail::HookTable::Entry<BackwardHook>> backward;
   {
     std::lock_guard<std::mutex> lock(hooks_->mutex);
-    const auto slot = std::find_if(hooks_->slots.begin(), hooks_->slots.end(), [&](const auto& s) { return s.point == point; });
+    const auto slot =
+        std::find_if(hooks_->slots.begin(), hooks_->slots.end(), [&](const auto& s) { return s.point == point; });
     if (slot == hooks_->slots.end()) fail("Module::hook: '", point, "' is not a declared hook point");
     forward = slot->forward;
     backward = slot->backward;

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 
 namespace xgrad::nn {
 
@@ -108,8 +108,8 @@ std::string gradient_norm_table(const Module& module) {
   std::snprintf(line, sizeof line, "%-*s  %-16s %14s\n", static_cast<int>(width), "parameter", "shape", "grad norm");
   os << line;
   for (const auto& [n, p] : params) {
-    std::snprintf(line, sizeof line, "%-*s  %-16s %14.6g\n", static_cast<int>(width), n.c_str(), shape_str(p.shape()).c_str(),
-                  p.has_grad() ? norm(p.grad()) : 0.0);
+    std::snprintf(line, sizeof line, "%-*s  %-16s %14.6g\n", static_cast<int>(width), n.c_str(),
+                  shape_str(p.shape()).c_str(), p.has_grad() ? norm(p.grad()) : 0.0);
     os << line;
   }
   return os.str();

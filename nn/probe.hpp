@@ -23,11 +23,11 @@ namespace xgrad::nn {
 /// Gradient norms at one residual connection y = x + f(LN(x)) (Pre-Norm) or y = LN(x + f(x))
 /// (Post-Norm), after backward. All norms are L2.
 struct ResidualFlow {
-  std::string name;    ///< e.g. "blocks.0.attn.residual"
-  double out = 0;      ///< |dL/dy|, arriving at the connection's output
-  double skip = 0;     ///< |part of dL/dx that came through the skip path|
-  double branch = 0;   ///< |part of dL/dx that came through the sublayer f (and, Pre-Norm, LN)|
-  double total = 0;    ///< |skip part + branch part| = |dL/dx| from this connection
+  std::string name;   ///< e.g. "blocks.0.attn.residual"
+  double out = 0;     ///< |dL/dy|, arriving at the connection's output
+  double skip = 0;    ///< |part of dL/dx that came through the skip path|
+  double branch = 0;  ///< |part of dL/dx that came through the sublayer f (and, Pre-Norm, LN)|
+  double total = 0;   ///< |skip part + branch part| = |dL/dx| from this connection
 };
 
 /// Records the activation, and after backward the gradient, at the hook points of a module tree

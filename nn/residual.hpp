@@ -57,9 +57,14 @@ class Residual : public Sublayer {
     auto out = Sublayer::forward(placement_ == Norm::pre ? norm->forward(branch) : branch, std::forward<Args>(args)...);
     Tensor& f = residual_output(out);
     switch (placement_) {
-      case Norm::pre: f = skip + f; break;
-      case Norm::post: f = norm->forward(skip + f); break;
-      case Norm::none: break;
+      case Norm::pre:
+        f = skip + f;
+        break;
+      case Norm::post:
+        f = norm->forward(skip + f);
+        break;
+      case Norm::none:
+        break;
     }
     f = this->hook("residual.out", f);
     return out;

@@ -12,8 +12,8 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/memory.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/random.hpp"
 
 namespace xgrad::nn {
 
@@ -41,8 +41,8 @@ std::vector<Input> inputs_of(const NamedArrays& state) {
 // missing, unexpected, duplicated and misshapen tensors are errors naming them, in that order.
 class Source {
  public:
-  Source(const char* who, const std::vector<Input>& inputs, const std::vector<Expected>& expected, const std::string& prefix = "",
-         const std::set<std::string>& skipped = {})
+  Source(const char* who, const std::vector<Input>& inputs, const std::vector<Expected>& expected,
+         const std::string& prefix = "", const std::set<std::string>& skipped = {})
       : who_(who), prefix_(prefix) {
     std::map<std::string, const Shape*> want;
     for (const Expected& e : expected) want[e.name] = &e.shape;
@@ -65,7 +65,8 @@ class Source {
     if (!extra.empty()) fail(who_, ": unexpected ", extra.size() == 1 ? "tensor " : "tensors ", list(extra));
     for (const Expected& e : expected) {
       const Shape& shape = *inputs[index_.at(e.name)].shape;
-      if (shape != e.shape) fail(who_, ": tensor '", full(e.name), "' has shape ", shape_str(shape), ", expected ", shape_str(e.shape));
+      if (shape != e.shape)
+        fail(who_, ": tensor '", full(e.name), "' has shape ", shape_str(shape), ", expected ", shape_str(e.shape));
     }
   }
 
@@ -114,8 +115,8 @@ Array columns_transposed(const Array& a, std::size_t begin, std::size_t end) {
 }
 
 // The tensors of an nn.MultiheadAttention under `src` (e.g. "self_attn.").
-void expect_attention(std::vector<Expected>& ex, const std::string& src, std::size_t E, std::size_t kdim, std::size_t vdim,
-                      bool bias) {
+void expect_attention(std::vector<Expected>& ex, const std::string& src, std::size_t E, std::size_t kdim,
+                      std::size_t vdim, bool bias) {
   if (kdim == E && vdim == E) {
     ex.push_back({src + "in_proj_weight", {3 * E, E}});
   } else {
@@ -137,7 +138,8 @@ void map_attention(const Source& source, const NamedArrays& state, NamedArrays& 
   const bool packed = so.has(src + "in_proj_weight");
   for (std::size_t i = 0; i < 3; ++i) {
     const std::string to = dst + names[i];
-    out.emplace_back(to + ".weight", packed ? rows(s(src + "in_proj_weight"), i * E, (i + 1) * E) : s(src + separate[i]));
+    out.emplace_back(to + ".weight",
+                     packed ? rows(s(src + "in_proj_weight"), i * E, (i + 1) * E) : s(src + separate[i]));
     if (bias) out.emplace_back(to + ".bias", rows(s(src + "in_proj_bias"), i * E, (i + 1) * E));
   }
   out.emplace_back(dst + "w_o.weight", s(src + "out_proj.weight"));
@@ -215,10 +217,10 @@ struct Gpt2Layout {
 };
 
 Gpt2Layout gpt2_layout(const char* who, const std::vector<Input>& inputs, std::size_t num_heads) {
-  const std::string prefix =
-      std::any_of(inputs.begin(), inputs.end(), [](const Input& e) { return e.name->compare(0, 12, "transformer.") == 0; })
-          ? "transformer."
-          : "";
+  const std::string prefix = std::any_of(inputs.begin(), inputs.end(),
+                                         [](const Input& e) { return e.name->compare(0, 12, "transformer.") == 0; })
+                                 ? "transformer."
+                                 : "";
   auto find = [&](const std::string& name) -> const Shape* {
     for (const Input& in : inputs) {
       if (*in.name == prefix + name) return in.shape;
@@ -253,7 +255,8 @@ Gpt2Layout gpt2_layout(const char* who, const std::vector<Input>& inputs, std::s
   }
   const std::size_t L = layers.empty() ? 1 : *layers.rbegin() + 1;
   for (std::size_t n = 0; n < L; ++n) {
-    if (!layers.count(n)) fail(who, ": missing tensor '", prefix, "h.", n, ".ln_1.weight' (", C, "): layer ", n, " is absent");
+    if (!layers.count(n))
+      fail(who, ": missing tensor '", prefix, "h.", n, ".ln_1.weight' (", C, "): layer ", n, " is absent");
   }
   for (const Input& in : inputs) {
     std::size_t n;
@@ -282,7 +285,8 @@ Gpt2Layout gpt2_layout(const char* who, const std::vector<Input>& inputs, std::s
   ex.push_back({"ln_f.weight", {C}});
   ex.push_back({"ln_f.bias", {C}});
   // An lm_head.weight, when present, is the head (HF's GPT2LMHeadModel keeps it outside "transformer.").
-  const bool has_head = std::any_of(inputs.begin(), inputs.end(), [](const Input& e) { return *e.name == "lm_head.weight"; });
+  const bool has_head =
+      std::any_of(inputs.begin(), inputs.end(), [](const Input& e) { return *e.name == "lm_head.weight"; });
   if (has_head) ex.push_back({"lm_head.weight", {V, C}});
   auto source = std::make_unique<Source>(who, inputs, ex, prefix, skipped);
 
@@ -309,7 +313,8 @@ struct Piece {
 // Every parameter but head.bias (zeros), in the order from_gpt2 returns them.
 std::vector<Piece> gpt2_pieces(const Gpt2Layout& g) {
   const std::size_t C = g.C, F = g.F;
-  std::vector<Piece> p = {{"tok_emb.weight", "wte.weight", Piece::whole}, {"pos_emb.weight", "wpe.weight", Piece::whole}};
+  std::vector<Piece> p = {{"tok_emb.weight", "wte.weight", Piece::whole},
+                          {"pos_emb.weight", "wpe.weight", Piece::whole}};
   for (std::size_t n = 0; n < g.L; ++n) {
     const std::string h = "h." + std::to_string(n) + ".", b = "blocks." + std::to_string(n) + ".";
     p.push_back({b + "attn.norm.weight", h + "ln_1.weight", Piece::whole});
@@ -341,8 +346,9 @@ ImportedLanguageModel from_gpt2(const NamedArrays& state, std::size_t num_heads)
   ImportedLanguageModel out{g.options, {}};
   for (const Piece& p : gpt2_pieces(g)) {
     const Array& a = state[(*g.source)[p.from]].second;
-    out.state.emplace_back(p.to, p.how == Piece::whole ? a : p.how == Piece::range ? rows(a, p.begin, p.end)
-                                                                                  : columns_transposed(a, p.begin, p.end));
+    out.state.emplace_back(p.to, p.how == Piece::whole   ? a
+                                 : p.how == Piece::range ? rows(a, p.begin, p.end)
+                                                         : columns_transposed(a, p.begin, p.end));
   }
   Array zeros = Array::from_shape({g.V});
   zeros.fill(0.f);
@@ -380,13 +386,14 @@ std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t nu
     const Shape& from = file.tensors()[(*g.source)[p.from]].shape;
     double n = 1;
     for (const std::size_t d : from) n *= static_cast<double>(d);
-    values += p.how == Piece::whole ? n : p.how == Piece::range ? static_cast<double>(p.end - p.begin)
-                                                                : static_cast<double>(p.end - p.begin) * static_cast<double>(from[0]);
+    values += p.how == Piece::whole   ? n
+              : p.how == Piece::range ? static_cast<double>(p.end - p.begin)
+                                      : static_cast<double>(p.end - p.begin) * static_cast<double>(from[0]);
   }
   // Each block's modules and tensors also take about 34 KiB of their own (measured at d_model 1).
   check_available_memory(values * sizeof(float) + kChunk * sizeof(float) + static_cast<double>(g.L) * 34 * 1024, who,
-                         "the model in '" + path + "' (" + std::to_string(static_cast<std::uint64_t>(values)) + " float32 parameters in " +
-                             std::to_string(g.L) + " blocks)");
+                         "the model in '" + path + "' (" + std::to_string(static_cast<std::uint64_t>(values)) +
+                             " float32 parameters in " + std::to_string(g.L) + " blocks)");
 
   Generator init(0);
   auto model = std::make_shared<LanguageModel>(g.options, init);
@@ -438,8 +445,8 @@ std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t nu
       const Array& dst = param(p->to);
       for (std::size_t i = 0; i < dst.size(); ++i) {
         if (!std::isfinite(dst.data()[i])) {
-          fail(who, ": tensor '", info.name, "' in '", path, "' holds ", dst.data()[i], " (in ", p->to, " at flat position ", i,
-               "); refusing non-finite weights");
+          fail(who, ": tensor '", info.name, "' in '", path, "' holds ", dst.data()[i], " (in ", p->to,
+               " at flat position ", i, "); refusing non-finite weights");
         }
       }
       written.insert(p->to);
@@ -447,7 +454,8 @@ std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t nu
   }
   param("head.bias").fill(0.f);
   written.insert("head.bias");
-  if (written.size() != params.size()) fail(who, ": ", params.size() - written.size(), " parameters of the model were not read");
+  if (written.size() != params.size())
+    fail(who, ": ", params.size() - written.size(), " parameters of the model were not read");
   return model;
 }
 

@@ -48,7 +48,7 @@ NamedArrays from_torch_encoder_layer(const NamedArrays& state, const Transformer
 /// What from_gpt2 returns: a LanguageModel's options and its state.
 struct ImportedLanguageModel {
   LanguageModelOptions options;  ///< the options of the LanguageModel the state fits
-  NamedArrays state;  ///< for load_state_dict on LanguageModel(options)
+  NamedArrays state;             ///< for load_state_dict on LanguageModel(options)
 };
 
 /// The options and state of the LanguageModel that a GPT-2 state dict becomes.

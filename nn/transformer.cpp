@@ -8,16 +8,17 @@
 #include <numeric>
 #include <string>
 
-#include "xgrad/core/error.hpp"
-#include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/io/memory.hpp"
 
 namespace xgrad::nn {
 
 FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
   if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("FeedForward: dropout ", o.dropout(), " is outside [0, 1)");
-  if (o.d_model() == 0 || o.d_ff() == 0) fail("FeedForward: d_model ", o.d_model(), " and d_ff ", o.d_ff(), " must be positive");
+  if (o.d_model() == 0 || o.d_ff() == 0)
+    fail("FeedForward: d_model ", o.d_model(), " and d_ff ", o.d_ff(), " must be positive");
   linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model(), o.d_ff(), true, gen));
   linear2 = register_module("linear2", std::make_shared<Linear>(o.d_ff(), o.d_model(), true, gen));
   declare_hook_points({"pre", "hidden", "out"});
@@ -36,30 +37,39 @@ Tensor FeedForward::forward(const Tensor& x) const {
   const float p = options_.dropout();
   Tensor a;
   switch (options_.activation()) {
-    case Activation::gelu: a = gelu_dropout(h, p, is_training(), generator()); break;
-    case Activation::gelu_tanh: a = dropout(gelu(h, GeluApprox::tanh), p, is_training(), generator()); break;
-    case Activation::relu: a = dropout(relu(h), p, is_training(), generator()); break;
+    case Activation::gelu:
+      a = gelu_dropout(h, p, is_training(), generator());
+      break;
+    case Activation::gelu_tanh:
+      a = dropout(gelu(h, GeluApprox::tanh), p, is_training(), generator());
+      break;
+    case Activation::relu:
+      a = dropout(relu(h), p, is_training(), generator());
+      break;
   }
   return hook("out", linear2->forward(hook("hidden", a)));
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& gen) : options_(o) {
   if (o.norm() == Norm::none) fail("TransformerBlock: norm must be Norm::pre or Norm::post");
-  attn = register_module("attn", std::make_shared<MultiHeadAttention>(MultiHeadAttentionOptions(o.d_model(), o.num_heads())
-                                                                          .dropout(o.dropout())
-                                                                          .norm(o.norm())
-                                                                          .layer_norm_eps(o.layer_norm_eps()),
-                                                                      gen));
-  ffn = register_module("ffn", std::make_shared<Residual<FeedForward>>(
-                                   o.norm(), o.d_model(), o.layer_norm_eps(),
-                                   FeedForwardOptions(o.d_model(), o.d_ff()).activation(o.activation()).dropout(o.dropout()), gen));
+  attn =
+      register_module("attn", std::make_shared<MultiHeadAttention>(MultiHeadAttentionOptions(o.d_model(), o.num_heads())
+                                                                       .dropout(o.dropout())
+                                                                       .norm(o.norm())
+                                                                       .layer_norm_eps(o.layer_norm_eps()),
+                                                                   gen));
+  ffn = register_module(
+      "ffn", std::make_shared<Residual<FeedForward>>(
+                 o.norm(), o.d_model(), o.layer_norm_eps(),
+                 FeedForwardOptions(o.d_model(), o.d_ff()).activation(o.activation()).dropout(o.dropout()), gen));
   declare_hook_points({"stream_in", "stream_mid", "stream_out"});
 }
 
 BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask, KVCache* cache) const {
   check_defined(x, "TransformerBlock");
   if (x.ndim() != 3 || x.shape()[2] != options_.d_model()) {
-    fail("TransformerBlock: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ", shape_str(x.shape()));
+    fail("TransformerBlock: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ",
+         shape_str(x.shape()));
   }
   const AttentionOutput a = attn->forward(hook("stream_in", x), mask, cache);
   const Tensor y = ffn->forward(hook("stream_mid", a.output));
@@ -89,13 +99,14 @@ LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : op
   }
   auto list = register_module("blocks", std::make_shared<ModuleList>());
   for (std::size_t i = 0; i < o.num_layers(); ++i) {
-    blocks.push_back(list->push_back(std::make_shared<TransformerBlock>(TransformerBlockOptions(o.d_model(), o.num_heads())
-                                                                  .d_ff(o.d_ff())
-                                                                  .dropout(o.dropout())
-                                                                  .norm(o.norm())
-                                                                  .activation(o.activation())
-                                                                  .layer_norm_eps(o.layer_norm_eps()),
-                                                              gen)));
+    blocks.push_back(
+        list->push_back(std::make_shared<TransformerBlock>(TransformerBlockOptions(o.d_model(), o.num_heads())
+                                                               .d_ff(o.d_ff())
+                                                               .dropout(o.dropout())
+                                                               .norm(o.norm())
+                                                               .activation(o.activation())
+                                                               .layer_norm_eps(o.layer_norm_eps()),
+                                                           gen)));
   }
   if (o.norm() == Norm::pre) {
     final_norm = register_module("final_norm", std::make_shared<LayerNorm>(o.d_model(), o.layer_norm_eps()));
@@ -110,12 +121,14 @@ void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
   if (T == 0) fail("LanguageModel: empty sequence (T = 0)");
   if (first + T > options_.max_len()) {
     if (first == 0) fail("LanguageModel: sequence length ", T, " exceeds max_len ", options_.max_len());
-    fail("LanguageModel: sequence length ", first + T, " (", first, " cached and ", T, " new) exceeds max_len ", options_.max_len());
+    fail("LanguageModel: sequence length ", first + T, " (", first, " cached and ", T, " new) exceeds max_len ",
+         options_.max_len());
   }
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const std::int64_t id = ids.data()[i];
     if (id < 0 || id >= static_cast<std::int64_t>(options_.vocab_size())) {
-      fail("LanguageModel: token id ", id, " at flat position ", i, " is outside the vocabulary [0, ", options_.vocab_size(), ")");
+      fail("LanguageModel: token id ", id, " at flat position ", i, " is outside the vocabulary [0, ",
+           options_.vocab_size(), ")");
     }
   }
 }
@@ -144,8 +157,8 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
 LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& key_padding_mask) const {
   check_ids(ids, 0);
   if (key_padding_mask.shape() != ids.shape()) {
-    fail("LanguageModel: key_padding_mask of shape ", shape_str(key_padding_mask.shape()), " does not match ids of shape ",
-         shape_str(ids.shape()));
+    fail("LanguageModel: key_padding_mask of shape ", shape_str(key_padding_mask.shape()),
+         " does not match ids of shape ", shape_str(ids.shape()));
   }
   const std::size_t B = ids.shape()[0], T = ids.shape()[1];
   IndexArray positions = IndexArray::from_shape({B, T});  // each row's count of real tokens before t
@@ -168,11 +181,13 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, Languag
   check_ids(ids, first);
   if (cache.blocks.empty()) cache.blocks.resize(blocks.size());
   if (cache.blocks.size() != blocks.size()) {
-    fail("LanguageModel::forward_cached: the cache holds ", cache.blocks.size(), " blocks, the model has ", blocks.size());
+    fail("LanguageModel::forward_cached: the cache holds ", cache.blocks.size(), " blocks, the model has ",
+         blocks.size());
   }
   for (std::size_t i = 1; i < cache.blocks.size(); ++i) {
     if (cache.blocks[i].length() != first) {
-      fail("LanguageModel::forward_cached: the cache's blocks hold ", first, " and ", cache.blocks[i].length(), " positions");
+      fail("LanguageModel::forward_cached: the cache's blocks hold ", first, " and ", cache.blocks[i].length(),
+           " positions");
     }
   }
   const std::size_t T = ids.shape()[1];
@@ -216,7 +231,8 @@ Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets, con
 namespace {
 
 // The next token from the next-token logits `last` (V values).
-std::int64_t pick_token(const float* last, std::size_t V, const GenerateOptions& opt, Generator& gen, std::size_t step) {
+std::int64_t pick_token(const float* last, std::size_t V, const GenerateOptions& opt, Generator& gen,
+                        std::size_t step) {
   for (std::size_t i = 0; i < V; ++i) {
     if (std::isnan(last[i]) || last[i] == std::numeric_limits<float>::infinity()) {
       fail("LanguageModel::generate: the logit of token ", i, " is ", last[i], " at step ", step);
@@ -245,7 +261,8 @@ std::int64_t pick_token(const float* last, std::size_t V, const GenerateOptions&
 
 IndexArray row_of(const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end) {
   IndexArray ids = IndexArray::from_shape({1, end - begin});
-  std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(begin), tokens.begin() + static_cast<std::ptrdiff_t>(end), ids.begin());
+  std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(begin), tokens.begin() + static_cast<std::ptrdiff_t>(end),
+            ids.begin());
   return ids;
 }
 
@@ -275,13 +292,15 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
   // Every id of the prompt, whatever max_len is: a bad id past the context would otherwise stay unnoticed.
   for (std::size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= static_cast<std::int64_t>(V)) {
-      fail(who, ": prompt token id ", prompt[i], " at position ", i, " of ", prompt.size(), " is outside the vocabulary [0, ", V, ")");
+      fail(who, ": prompt token id ", prompt[i], " at position ", i, " of ", prompt.size(),
+           " is outside the vocabulary [0, ", V, ")");
     }
   }
   // The ids (and the weights generate_with_attention keeps) are refused before the first step when they
   // cannot be held; in double, so no size wraps around.
   const double total = static_cast<double>(prompt.size()) + static_cast<double>(count);
-  const std::string sizes = std::to_string(prompt.size()) + (prompt.size() == 1 ? " prompt token and " : " prompt tokens and ") +
+  const std::string sizes = std::to_string(prompt.size()) +
+                            (prompt.size() == 1 ? " prompt token and " : " prompt tokens and ") +
                             std::to_string(count) + (count == 1 ? " new one" : " new ones");
   check_available_memory(total * sizeof(std::int64_t), who, "holding the token ids of " + sizes);
   // Positions that run as queries: every token but the last.
@@ -303,9 +322,10 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
     const std::size_t H = options_.num_heads(), L = blocks.size();
     const std::string shape = std::to_string(L) + " x (" + std::to_string(H) + ", " + std::to_string(queries) + ", " +
                               std::to_string(queries) + ") attention weights";
-    check_available_memory(static_cast<double>(L) * H * static_cast<double>(queries) * static_cast<double>(queries) * sizeof(float) +
-                               total * sizeof(std::int64_t),
-                           who, "keeping " + shape + " for " + sizes);
+    check_available_memory(
+        static_cast<double>(L) * H * static_cast<double>(queries) * static_cast<double>(queries) * sizeof(float) +
+            total * sizeof(std::int64_t),
+        who, "keeping " + shape + " for " + sizes);
     try {
       for (std::size_t l = 0; l < L; ++l) out.attention.push_back(xt::zeros<float>({H, queries, queries}));
     } catch (const std::bad_alloc&) {
@@ -348,7 +368,7 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
         cache.clear();
       }
       LanguageModelOutput run = use_cache ? forward_cached(row_of(tokens, begin + cache.length(), tokens.size()), cache)
-                                              : forward(row_of(tokens, begin, tokens.size()));
+                                          : forward(row_of(tokens, begin, tokens.size()));
       keep_rows(run.attentions, begin);
       const std::size_t n = run.logits.shape()[1];
       tokens.push_back(pick_token(run.logits.value().data() + (n - 1) * V, V, opt, gen, step));

@@ -27,8 +27,8 @@ namespace xgrad::nn {
 struct FeedForwardOptions {
   /// d_model C and d_ff F; the other options at their defaults.
   FeedForwardOptions(std::size_t d_model, std::size_t d_ff) : d_model_(d_model), d_ff_(d_ff) {}
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);  ///< the input and output width C
-  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  ///< the hidden width F
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);             ///< the input and output width C
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);                ///< the hidden width F
   XGRAD_ARG(Activation, activation, Activation::gelu);  ///< act, between the two projections
   XGRAD_ARG(float, dropout, 0.1f);  ///< on the hidden activations, while training (its RandomStream)
 };
@@ -55,13 +55,13 @@ struct TransformerBlockOptions {
   /// d_model C and num_heads H (H must divide C); d_ff 4 C; the other options at their defaults.
   TransformerBlockOptions(std::size_t d_model, std::size_t num_heads)
       : d_model_(d_model), num_heads_(num_heads), d_ff_(4 * d_model) {}
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);  ///< the model width C
-  XGRAD_REQUIRED_ARG(std::size_t, num_heads);  ///< the number of attention heads H
-  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  ///< 4 * d_model unless set
-  XGRAD_ARG(float, dropout, 0.1f);     ///< attention weights and FFN hidden
-  XGRAD_ARG(Norm, norm, Norm::pre);    ///< pre or post
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);             ///< the model width C
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);           ///< the number of attention heads H
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);                ///< 4 * d_model unless set
+  XGRAD_ARG(float, dropout, 0.1f);                      ///< attention weights and FFN hidden
+  XGRAD_ARG(Norm, norm, Norm::pre);                     ///< pre or post
   XGRAD_ARG(Activation, activation, Activation::gelu);  ///< the feed-forward's activation
-  XGRAD_ARG(float, layer_norm_eps, 1e-5f);  ///< the eps of both LayerNorms
+  XGRAD_ARG(float, layer_norm_eps, 1e-5f);              ///< the eps of both LayerNorms
 };
 
 /// What TransformerBlock::forward returns.
@@ -83,7 +83,7 @@ class TransformerBlock : public Module {
   /// The block's output for x (B, T, C) and the attention weights. With a cache: x holds the
   /// next positions after those the cache holds (see Attention).
   BlockOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr) const;
-  std::shared_ptr<MultiHeadAttention> attn;     ///< Residual<Attention>: attn.norm, attn.w_q, ...
+  std::shared_ptr<MultiHeadAttention> attn;    ///< Residual<Attention>: attn.norm, attn.w_q, ...
   std::shared_ptr<Residual<FeedForward>> ffn;  ///< ffn.norm, ffn.linear1, ffn.linear2
 
  private:
@@ -99,18 +99,22 @@ struct LanguageModelOptions {
   /// vocab_size V, d_model C, num_heads H (H must divide C) and num_layers; d_ff 4 C; the other
   /// options at their defaults.
   LanguageModelOptions(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads, std::size_t num_layers)
-      : vocab_size_(vocab_size), d_model_(d_model), num_heads_(num_heads), num_layers_(num_layers), d_ff_(4 * d_model) {}
-  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);  ///< the number of token ids V
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);  ///< the model width C
-  XGRAD_REQUIRED_ARG(std::size_t, num_heads);  ///< attention heads per block
-  XGRAD_REQUIRED_ARG(std::size_t, num_layers);  ///< the number of TransformerBlocks
-  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  ///< 4 * d_model unless set
-  XGRAD_ARG(std::size_t, max_len, 256);  ///< the most positions a forward takes
-  XGRAD_ARG(float, dropout, 0.1f);  ///< attention weights and FFN hidden, while training
-  XGRAD_ARG(Norm, norm, Norm::pre);  ///< pre or post (Pre-Norm adds final_norm)
-  XGRAD_ARG(Activation, activation, Activation::gelu);  ///< the feed-forwards' activation
+      : vocab_size_(vocab_size),
+        d_model_(d_model),
+        num_heads_(num_heads),
+        num_layers_(num_layers),
+        d_ff_(4 * d_model) {}
+  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);             ///< the number of token ids V
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);                ///< the model width C
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);              ///< attention heads per block
+  XGRAD_REQUIRED_ARG(std::size_t, num_layers);             ///< the number of TransformerBlocks
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);                   ///< 4 * d_model unless set
+  XGRAD_ARG(std::size_t, max_len, 256);                    ///< the most positions a forward takes
+  XGRAD_ARG(float, dropout, 0.1f);                         ///< attention weights and FFN hidden, while training
+  XGRAD_ARG(Norm, norm, Norm::pre);                        ///< pre or post (Pre-Norm adds final_norm)
+  XGRAD_ARG(Activation, activation, Activation::gelu);     ///< the feed-forwards' activation
   XGRAD_ARG(Positional, positional, Positional::learned);  ///< learned or sinusoidal positions
-  XGRAD_ARG(float, layer_norm_eps, 1e-5f);  ///< the eps of every LayerNorm
+  XGRAD_ARG(float, layer_norm_eps, 1e-5f);                 ///< the eps of every LayerNorm
 };
 
 /// The options as one JSON object with every field under its own name (enums by name: "pre",
@@ -132,7 +136,8 @@ struct OptionsDifference {
 /// The architecture fields in which `given` differs from `stored`, in declaration order: every
 /// field but dropout (a training setting that does not change what the weights compute in eval
 /// mode, so a caller may pick another).
-std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored, const LanguageModelOptions& given);
+std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored,
+                                                        const LanguageModelOptions& given);
 
 /// What LanguageModel::forward returns.
 struct LanguageModelOutput {
@@ -228,13 +233,13 @@ class LanguageModel : public Module {
   /// The options it was built with.
   const LanguageModelOptions& options() const { return options_; }
 
-  std::shared_ptr<Embedding> tok_emb;  ///< the token embedding, (V, C)
-  std::shared_ptr<LearnedPositionalEncoding> pos_emb;          ///< when positional is learned
+  std::shared_ptr<Embedding> tok_emb;                  ///< the token embedding, (V, C)
+  std::shared_ptr<LearnedPositionalEncoding> pos_emb;  ///< when positional is learned
   /// When positional is sinusoidal (not a registered module: the table is not saved).
   std::shared_ptr<SinusoidalPositionalEncoding> pos_table;
   std::vector<std::shared_ptr<TransformerBlock>> blocks;  ///< the blocks, registered as "blocks.0" ...
-  std::shared_ptr<LayerNorm> final_norm;  ///< Pre-Norm only
-  std::shared_ptr<Linear> head;  ///< C -> V, with a bias
+  std::shared_ptr<LayerNorm> final_norm;                  ///< Pre-Norm only
+  std::shared_ptr<Linear> head;                           ///< C -> V, with a bias
 
  private:
   void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached

@@ -39,8 +39,11 @@ std::vector<std::pair<std::string, float>> Adam::hyperparameters() const {
 }
 
 void Adam::set_hyperparameters(const std::map<std::string, float>& h) {
-  const AdamOptions o =
-      AdamOptions(h.at("lr")).beta1(h.at("beta1")).beta2(h.at("beta2")).eps(h.at("eps")).weight_decay(h.at("weight_decay"));
+  const AdamOptions o = AdamOptions(h.at("lr"))
+                            .beta1(h.at("beta1"))
+                            .beta2(h.at("beta2"))
+                            .eps(h.at("eps"))
+                            .weight_decay(h.at("weight_decay"));
   check_range(who_, "lr", o.lr(), 0.0, 1e30);
   validate(o);
   options_ = o;

@@ -36,14 +36,17 @@ Optimizer::Optimizer(NamedTensors params, float lr, std::vector<std::string> slo
     const auto& [name, p] = params_[i];
     check_utf8(name, who, "parameter name");
     if (name.find(':') != std::string::npos) {
-      fail(who, ": parameter name '", name, "' holds ':', which state_dict keeps for the hyperparameters (\"", who, ":lr\")");
+      fail(who, ": parameter name '", name, "' holds ':', which state_dict keeps for the hyperparameters (\"", who,
+           ":lr\")");
     }
     if (!p.defined()) fail(who, ": parameter '", name, "' is undefined");
     if (!p.is_leaf() || !p.requires_grad()) fail(who, ": parameter '", name, "' must be a leaf that requires grad");
     for (std::size_t j = 0; j < i; ++j) {
       // The same tensor twice would be updated twice per step; one name twice breaks state_dict.
-      if (params_[j].second.is_same(p)) fail(who, ": parameter '", name, "' is the same tensor as '", params_[j].first, "'");
-      if (params_[j].first == name) fail(who, ": two parameters are named '", name, "' (a name may appear only once, not twice)");
+      if (params_[j].second.is_same(p))
+        fail(who, ": parameter '", name, "' is the same tensor as '", params_[j].first, "'");
+      if (params_[j].first == name)
+        fail(who, ": two parameters are named '", name, "' (a name may appear only once, not twice)");
     }
   }
   set_lr(lr);
@@ -90,7 +93,8 @@ NamedArrays Optimizer::state_dict() const {
     const ParamState& s = state_[i];
     if (s.step == 0) continue;
     out.emplace_back(params_[i].first + ".step", Array(static_cast<float>(s.step)));
-    for (std::size_t k = 0; k < slot_names_.size(); ++k) out.emplace_back(params_[i].first + "." + slot_names_[k], s.slots[k]);
+    for (std::size_t k = 0; k < slot_names_.size(); ++k)
+      out.emplace_back(params_[i].first + "." + slot_names_[k], s.slots[k]);
   }
   return out;
 }
@@ -112,7 +116,8 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
     }
     if (name == kParameterCount) {
       if (saved_count) fail(who_, ": state entry '", key, "' appears twice");
-      if (value.size() != 1) fail(who_, ": state entry '", key, "' is not one count (shape ", shape_str(value.shape()), ")");
+      if (value.size() != 1)
+        fail(who_, ": state entry '", key, "' is not one count (shape ", shape_str(value.shape()), ")");
       saved_count = value.data()[0];
       continue;
     }
@@ -148,7 +153,8 @@ void Optimizer::load_state_dict(const NamedArrays& state) {
     bool matched = false;
     for (std::size_t i = 0; i < params_.size() && !matched; ++i) {
       const std::string& pname = params_[i].first;
-      if (key.size() <= pname.size() + 1 || key.compare(0, pname.size(), pname) != 0 || key[pname.size()] != '.') continue;
+      if (key.size() <= pname.size() + 1 || key.compare(0, pname.size(), pname) != 0 || key[pname.size()] != '.')
+        continue;
       const std::string slot = key.substr(pname.size() + 1);
       ParamState& s = fresh[i];
       if (slot == "step") {

@@ -5,7 +5,8 @@
 
 namespace xgrad::optim {
 
-SGD::SGD(NamedTensors params, const SGDOptions& o) : Optimizer(std::move(params), o.lr(), {"momentum_buffer"}, "SGD"), options_(o) {
+SGD::SGD(NamedTensors params, const SGDOptions& o)
+    : Optimizer(std::move(params), o.lr(), {"momentum_buffer"}, "SGD"), options_(o) {
   validate(options_);
 }
 
@@ -19,7 +20,8 @@ void SGD::validate(const SGDOptions& o) const {
   check_range(who_, "dampening", o.dampening(), 0.0, 1.0);
   check_range(who_, "weight_decay", o.weight_decay(), 0.0, 1e30);
   if (o.nesterov() && (o.momentum() <= 0.f || o.dampening() != 0.f)) {
-    fail("SGD: Nesterov momentum needs momentum > 0 and dampening 0 (momentum ", o.momentum(), ", dampening ", o.dampening(), ")");
+    fail("SGD: Nesterov momentum needs momentum > 0 and dampening 0 (momentum ", o.momentum(), ", dampening ",
+         o.dampening(), ")");
   }
 }
 
@@ -34,7 +36,11 @@ std::vector<std::pair<std::string, float>> SGD::hyperparameters() const {
 void SGD::set_hyperparameters(const std::map<std::string, float>& h) {
   const float nesterov = h.at("nesterov");
   if (nesterov != 0.f && nesterov != 1.f) fail(who_, ": hyperparameter 'SGD:nesterov' is ", nesterov, ", not 0 or 1");
-  const SGDOptions o = SGDOptions(h.at("lr")).momentum(h.at("momentum")).dampening(h.at("dampening")).weight_decay(h.at("weight_decay")).nesterov(nesterov == 1.f);
+  const SGDOptions o = SGDOptions(h.at("lr"))
+                           .momentum(h.at("momentum"))
+                           .dampening(h.at("dampening"))
+                           .weight_decay(h.at("weight_decay"))
+                           .nesterov(nesterov == 1.f);
   check_range(who_, "lr", o.lr(), 0.0, 1e30);
   validate(o);
   options_ = o;

@@ -75,7 +75,8 @@ struct Worst {
 };
 
 // Compares one tensor; the message names the case and the tensor.
-inline void compare(const std::string& case_name, const std::string& what, const Array& got, const Array& want, Worst& worst) {
+inline void compare(const std::string& case_name, const std::string& what, const Array& got, const Array& want,
+                    Worst& worst) {
   const double err = rel_error(got, want);
   INFO("case " << case_name << ", " << what << ": got shape " << shape_string(got.shape()) << ", want shape "
                << shape_string(want.shape()));
@@ -116,7 +117,8 @@ inline void load_params(const std::string& case_name, nn::Module& module, const 
 // Every parameter's gradient. The key projection's bias adds q . b_k to every score of a query
 // row, which softmax ignores: its gradient is zero in exact arithmetic and both frameworks hold
 // float32 noise, so it is measured against the scale of the key weight's gradient instead.
-inline void check_param_grads(const std::string& case_name, const nn::Module& module, const nlohmann::json& c, Worst& worst) {
+inline void check_param_grads(const std::string& case_name, const nn::Module& module, const nlohmann::json& c,
+                              Worst& worst) {
   for (const auto& [n, p] : module.named_parameters()) {
     {
       INFO("case " << case_name << ": parameter '" << n << "' received no gradient");

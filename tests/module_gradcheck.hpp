@@ -27,11 +27,11 @@ inline GradcheckResult check_module_grads(nn::Module& module, const std::functio
   return gradcheck(forward, inputs, module.named_parameters(), opt);
 }
 
-#define REQUIRE_GRADS_OK(res)             \
-  do {                                    \
-    const GradcheckResult& res_ = (res);  \
-    INFO(res_.report);                    \
-    REQUIRE(res_.ok);                     \
+#define REQUIRE_GRADS_OK(res)            \
+  do {                                   \
+    const GradcheckResult& res_ = (res); \
+    INFO(res_.report);                   \
+    REQUIRE(res_.ok);                    \
   } while (0)
 
 // A leaf of N(0, scale^2) values that requires grad.

@@ -32,7 +32,7 @@ constexpr bool kAddressSanitizer = false;
 
 struct Limits {
   int seconds = 60;
-  rlim_t memory = rlim_t{3} << 30;  // address space, bytes
+  rlim_t memory = rlim_t{3} << 30;   // address space, bytes
   rlim_t file_size = RLIM_INFINITY;  // bytes; a write past it fails with EFBIG, like a full disk
 };
 
@@ -45,8 +45,12 @@ struct Outcome {
 };
 
 inline std::ostream& operator<<(std::ostream& os, const Outcome& o) {
-  return os << (o.timed_out ? "timed out" : o.exited ? "exit " + std::to_string(o.code) : "signal " + std::to_string(o.code))
-            << " after " << o.seconds << " s\n--- stdout\n" << o.out.substr(0, 2000) << "\n--- stderr\n" << o.err.substr(0, 2000);
+  return os << (o.timed_out ? "timed out"
+                : o.exited  ? "exit " + std::to_string(o.code)
+                            : "signal " + std::to_string(o.code))
+            << " after " << o.seconds << " s\n--- stdout\n"
+            << o.out.substr(0, 2000) << "\n--- stderr\n"
+            << o.err.substr(0, 2000);
 }
 
 // Runs `exe` in `dir` with the given arguments, stdout and stderr in files there.

@@ -18,7 +18,9 @@ inline nn::LanguageModelOptions tiny_lm(nn::Norm norm = nn::Norm::pre) {
 
 // Vocabulary 11, d_model 8, 2 heads, 2 layers, d_ff 16, max_len 8, no dropout: training is
 // deterministic (the checkpoint tests train and resume it).
-inline nn::LanguageModelOptions small_lm() { return nn::LanguageModelOptions(11, 8, 2, 2).d_ff(16).max_len(8).dropout(0.f); }
+inline nn::LanguageModelOptions small_lm() {
+  return nn::LanguageModelOptions(11, 8, 2, 2).d_ff(16).max_len(8).dropout(0.f);
+}
 
 // A model of these options initialized from `seed`, in eval mode.
 inline std::unique_ptr<nn::LanguageModel> eval_lm(const nn::LanguageModelOptions& options, std::uint64_t seed) {

@@ -56,7 +56,8 @@ HeadsConfig tiny_heads() {
 }  // namespace
 
 TEST_CASE("parameter counts of xgrad's modules equal the closed forms") {
-  for (const BlockSize& s : std::vector<BlockSize>{{8, 2, 0}, {16, 4, 24}, {64, 1, 0}, {96, 3, 0}, {256, 4, 0}, {512, 8, 0}}) {
+  for (const BlockSize& s :
+       std::vector<BlockSize>{{8, 2, 0}, {16, 4, 24}, {64, 1, 0}, {96, 3, 0}, {256, 4, 0}, {512, 8, 0}}) {
     INFO("d_model " << s.d_model << ", heads " << s.heads << ", d_ff " << s.ffn_width());
     const ModuleCounts c = count_module_params(s);
     CHECK(static_cast<double>(c.attention) == attention_params(s));
@@ -174,9 +175,10 @@ TEST_CASE("impossible head-count settings are refused, naming the option") {
 
 TEST_CASE("article_claims prints its tables and fails well on bad options") {
   TempDir dir("xgrad_article_claims");
-  const Outcome heads = run(dir, {"heads", "--d-model", "16", "--heads", "1,2", "--offsets", "2", "--vocab", "8", "--seq-len", "8",
-                                  "--train-size", "32", "--val-size", "32", "--steps", "20", "--batch", "8", "--quiet",
-                                  "--report", dir.file("r.json")});
+  const Outcome heads =
+      run(dir, {"heads", "--d-model", "16", "--heads",      "1,2",      "--offsets",       "2",  "--vocab",
+                "8",     "--seq-len", "8",  "--train-size", "32",       "--val-size",      "32", "--steps",
+                "20",    "--batch",   "8",  "--quiet",      "--report", dir.file("r.json")});
   INFO(heads);
   REQUIRE(heads.code == 0);
   CHECK_THAT(heads.out, Catch::Contains("train loss") && Catch::Contains("val acc"));

@@ -17,15 +17,15 @@
 #include <catch2/catch.hpp>
 
 #include "agreement.hpp"
-#include "module_gradcheck.hpp"
 #include "fixture.hpp"
+#include "module_gradcheck.hpp"
 #include "small_models.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
@@ -92,11 +92,12 @@ std::vector<std::array<std::size_t, 3>> empty_rows(const nn::AttentionMask& mask
 
 // torch_mha_* (Norm::none) and mirror_* cases: MultiHeadAttention::forward(query, key, value, mask).
 void run_layer_case(const std::string& name, const json& c) {
-  nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(c.at("d_model").get<std::size_t>(), c.at("num_heads").get<std::size_t>())
-                               .kdim(c.at("kdim").get<std::size_t>())
-                               .vdim(c.at("vdim").get<std::size_t>())
-                               .dropout(0.f)
-                               .norm(norm_of(c)));
+  nn::MultiHeadAttention m(
+      nn::MultiHeadAttentionOptions(c.at("d_model").get<std::size_t>(), c.at("num_heads").get<std::size_t>())
+          .kdim(c.at("kdim").get<std::size_t>())
+          .vdim(c.at("vdim").get<std::size_t>())
+          .dropout(0.f)
+          .norm(norm_of(c)));
   load_params(name, m, c);
   nn::AttentionMask mask;
   mask.key_padding_mask = to_mask(c.at("key_padding_mask"));
@@ -116,7 +117,8 @@ void run_layer_case(const std::string& name, const json& c) {
   const Array grad_out = testing::to_array(c.at("grad_out"));
   REQUIRE(out.output.shape() == grad_out.shape());
   out.output.backward(grad_out);
-  const std::pair<const Tensor*, const char*> inputs[] = {{&query, "grad_query"}, {&key, "grad_key"}, {&value, "grad_value"}};
+  const std::pair<const Tensor*, const char*> inputs[] = {
+      {&query, "grad_query"}, {&key, "grad_key"}, {&value, "grad_value"}};
   for (const auto& [input, field] : inputs) {
     INFO("case " << name << ": " << field);
     REQUIRE(input->has_grad());
@@ -210,7 +212,8 @@ void check_cross_attention(nn::Norm norm, const nn::AttentionMask& mask, std::ui
   REQUIRE(res.tensors == 3 + 8 + (norm == nn::Norm::none ? 0u : 2u));
   REQUIRE(res.checked == mha.num_parameters() + kB * (kT * kC + kS * kKdim + kS * kVdim));
   // and of the weights, which the residual and the norm do not touch
-  REQUIRE_GRADS_OK(check_module_grads(mha, [&](const Ins& x) { return mha.forward(x[0], x[1], x[2], mask).weights; }, in));
+  REQUIRE_GRADS_OK(check_module_grads(
+      mha, [&](const Ins& x) { return mha.forward(x[0], x[1], x[2], mask).weights; }, in));
 }
 
 }  // namespace
@@ -237,7 +240,8 @@ TEST_CASE("attention agreement: nn.MultiheadAttention cross-attention with kdim,
   run_family(cases(), "torch_mha_", run_layer_case);
 }
 
-TEST_CASE("attention agreement: Pre-Norm and Post-Norm cross-attention (norm on the query only)", "[torch][attention]") {
+TEST_CASE("attention agreement: Pre-Norm and Post-Norm cross-attention (norm on the query only)",
+          "[torch][attention]") {
   run_family(cases(), "mirror_", run_layer_case);
 }
 
@@ -378,7 +382,8 @@ TEST_CASE("LanguageModel: a left- or right-padded row gives the logits it gives 
   const bool left[] = {true, false, false};
   for (nn::Positional positional : {nn::Positional::learned, nn::Positional::sinusoidal}) {
     for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
-      INFO("norm " << norm_name(norm) << ", positional " << (positional == nn::Positional::learned ? "learned" : "sinusoidal"));
+      INFO("norm " << norm_name(norm) << ", positional "
+                   << (positional == nn::Positional::learned ? "learned" : "sinusoidal"));
       const auto lm = testing::eval_lm(testing::small_lm().norm(norm).positional(positional), 100);
       IndexArray ids = IndexArray::from_shape({rows.size(), T});
       Mask padding = Mask::from_shape({rows.size(), T});
@@ -436,7 +441,8 @@ TEST_CASE("LanguageModel: a mask without padding changes nothing, and a row of o
     CHECK(all_finite(out.logits.value()));
     for (const Tensor& a : out.attentions) {
       const Array& w = a.value();
-      CHECK(std::all_of(w.begin() + static_cast<std::ptrdiff_t>(w.size() / 2), w.end(), [](float v) { return v == 0.f; }));
+      CHECK(std::all_of(w.begin() + static_cast<std::ptrdiff_t>(w.size() / 2), w.end(),
+                        [](float v) { return v == 0.f; }));
     }
     const Tensor loss = lm->loss(ids, targets, row_padded);
     REQUIRE(std::isfinite(loss.value()()));
@@ -510,27 +516,29 @@ TEST_CASE("an additive mask with NaN or +inf, or of a shape that does not broadc
     Array bad = good;
     bad(2, 3) = std::numeric_limits<float>::quiet_NaN();
     mask.additive_mask = bad;
-    REQUIRE_THROWS_WITH(cross.forward(q, k, v, mask),
-                        Contains("MultiHeadAttention") && Contains("additive_mask") && Contains("nan", Catch::CaseSensitive::No));
+    REQUIRE_THROWS_WITH(cross.forward(q, k, v, mask), Contains("MultiHeadAttention") && Contains("additive_mask") &&
+                                                          Contains("nan", Catch::CaseSensitive::No));
     Array bad_self = xt::zeros<float>(Shape{kT, kT});
     bad_self(1, 0) = std::numeric_limits<float>::quiet_NaN();
     mask.additive_mask = bad_self;
-    REQUIRE_THROWS_WITH(self.forward(q, mask),
-                        Contains("MultiHeadAttention") && Contains("additive_mask") && Contains("nan", Catch::CaseSensitive::No));
+    REQUIRE_THROWS_WITH(self.forward(q, mask), Contains("MultiHeadAttention") && Contains("additive_mask") &&
+                                                   Contains("nan", Catch::CaseSensitive::No));
   }
   SECTION("+inf") {
     Array bad = good;
     bad(1, 2) = kInf;
     mask.additive_mask = bad;
-    REQUIRE_THROWS_WITH(cross.forward(q, k, v, mask), Contains("MultiHeadAttention") && Contains("additive_mask") && NamesPlusInf());
+    REQUIRE_THROWS_WITH(cross.forward(q, k, v, mask),
+                        Contains("MultiHeadAttention") && Contains("additive_mask") && NamesPlusInf());
     Array bad_self = xt::zeros<float>(Shape{1, kH, 1, kT});
     bad_self(0, 1, 0, 2) = kInf;
     mask.additive_mask = bad_self;
-    REQUIRE_THROWS_WITH(self.forward(q, mask), Contains("MultiHeadAttention") && Contains("additive_mask") && NamesPlusInf());
+    REQUIRE_THROWS_WITH(self.forward(q, mask),
+                        Contains("MultiHeadAttention") && Contains("additive_mask") && NamesPlusInf());
   }
   SECTION("a shape that does not broadcast to (B, H, T, S)") {
-    for (const Shape& shape : {Shape{kS, kT}, Shape{kT, kS + 1}, Shape{3, kH, kT, kS}, Shape{kB, kH + 1, 1, kS},
-                               Shape{1, kB, kH, kT, kS}}) {
+    for (const Shape& shape :
+         {Shape{kS, kT}, Shape{kT, kS + 1}, Shape{3, kH, kT, kS}, Shape{kB, kH + 1, 1, kS}, Shape{1, kB, kH, kT, kS}}) {
       mask.additive_mask = Array(xt::zeros<float>(shape));
       const std::string s = shape_str(shape);
       INFO("additive_mask of shape " << s);
@@ -549,7 +557,9 @@ TEST_CASE("LanguageModel refuses a key_padding_mask whose shape is not the ids'"
     const Mask bad = xt::zeros<bool>(shape);
     const std::string s = shape_str(shape);
     INFO("key_padding_mask of shape " << s);
-    REQUIRE_THROWS_WITH(lm->forward(ids, bad), Contains("LanguageModel") && Contains("key_padding_mask") && Contains(s));
-    REQUIRE_THROWS_WITH(lm->loss(ids, targets, bad), Contains("LanguageModel") && Contains("key_padding_mask") && Contains(s));
+    REQUIRE_THROWS_WITH(lm->forward(ids, bad),
+                        Contains("LanguageModel") && Contains("key_padding_mask") && Contains(s));
+    REQUIRE_THROWS_WITH(lm->loss(ids, targets, bad),
+                        Contains("LanguageModel") && Contains("key_padding_mask") && Contains(s));
   }
 }

@@ -28,8 +28,15 @@ namespace {
 const char* kChromium = "/usr/bin/chromium";
 
 std::vector<std::string> headless(const std::string& what) {
-  return {"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-          "--disable-component-update", "--disable-sync", what};
+  return {"--headless",
+          "--no-sandbox",
+          "--disable-gpu",
+          "--disable-quic",
+          "--no-first-run",
+          "--disable-background-networking",
+          "--disable-component-update",
+          "--disable-sync",
+          what};
 }
 
 std::string four_decimals(float w) {
@@ -70,7 +77,8 @@ TEST_CASE("the attention viewer renders every cell of the chosen layer and head 
   REQUIRE(::access(kChromium, X_OK) == 0);  // installed by scripts/install_deps.sh
   auto model = testing::eval_lm(testing::small_lm(), 21);
   const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
-  const ActivationCache cache = cache_activations(*model, [&] { model->forward(ids); }, points_ending_with({"pattern"}));
+  const ActivationCache cache = cache_activations(
+      *model, [&] { model->forward(ids); }, points_ending_with({"pattern"}));
   const std::vector<std::string> tokens = {"<s>", "我", "昨天", "去", "了", "北京", "a&b", "</script><b id=\"evil\">"};
   const std::string page = attention_viewer_html(cache, tokens, 0, "small model <test>");
   REQUIRE(page.find("http") == std::string::npos);  // nothing to fetch
@@ -96,11 +104,15 @@ TEST_CASE("hostile tokens, titles and addresses cannot break the viewer") {
   REQUIRE(::access(kChromium, X_OK) == 0);
   auto model = testing::eval_lm(testing::small_lm(), 22);
   const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
-  const ActivationCache cache = cache_activations(*model, [&] { model->forward(ids); }, points_ending_with({"pattern"}));
+  const ActivationCache cache = cache_activations(
+      *model, [&] { model->forward(ids); }, points_ending_with({"pattern"}));
   // "<!--<script>" would put the HTML parser in a state where the closing tag is not seen; an
   // image with onerror would run script if the title's "%DATA%" were filled in again
-  const std::vector<std::string> tokens = {"<!--<script>", "<img src=x onerror=document.body.setAttribute('data-pwned',1)>",
-                                           "&amp;", "\"quoted\"", "%TITLE%", "%DATA%", "\\u003c", "x"};
+  const std::vector<std::string> tokens = {
+      "<!--<script>", "<img src=x onerror=document.body.setAttribute('data-pwned',1)>",
+      "&amp;",        "\"quoted\"",
+      "%TITLE%",      "%DATA%",
+      "\\u003c",      "x"};
   const std::string page = attention_viewer_html(cache, tokens, 0, "%DATA% <i>title</i>");
   // a layer that does not exist and a head that is not an integer open layer 0, head 0
   const std::string dom = rendered_dom(page, "#layer=-1&head=1.5");
@@ -117,13 +129,18 @@ TEST_CASE("hostile tokens, titles and addresses cannot break the viewer") {
 TEST_CASE("the attention viewer refuses a cache it cannot draw") {
   auto model = testing::eval_lm(testing::small_lm(), 21);
   const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
-  const ActivationCache patterns = cache_activations(*model, [&] { model->forward(ids); }, points_ending_with({"pattern"}));
-  const ActivationCache streams = cache_activations(*model, [&] { model->forward(ids); }, points_ending_with({"stream_out"}));
+  const ActivationCache patterns = cache_activations(
+      *model, [&] { model->forward(ids); }, points_ending_with({"pattern"}));
+  const ActivationCache streams = cache_activations(
+      *model, [&] { model->forward(ids); }, points_ending_with({"stream_out"}));
   const std::vector<std::string> eight(8, "x");
-  REQUIRE_THROWS_WITH(attention_viewer_html(streams, eight), Contains("attention_viewer_html: the cache holds no '*.pattern' point"));
-  REQUIRE_THROWS_WITH(attention_viewer_html(patterns, std::vector<std::string>(5, "x")),
-                      Contains("point 'blocks.0.attn.pattern' has shape (1, 2, 8, 8), not (B, H, T, T) with T = 5 tokens"));
-  REQUIRE_THROWS_WITH(attention_viewer_html(patterns, eight, 1), Contains("sequence 1 of point 'blocks.0.attn.pattern', which holds 1"));
+  REQUIRE_THROWS_WITH(attention_viewer_html(streams, eight),
+                      Contains("attention_viewer_html: the cache holds no '*.pattern' point"));
+  REQUIRE_THROWS_WITH(
+      attention_viewer_html(patterns, std::vector<std::string>(5, "x")),
+      Contains("point 'blocks.0.attn.pattern' has shape (1, 2, 8, 8), not (B, H, T, T) with T = 5 tokens"));
+  REQUIRE_THROWS_WITH(attention_viewer_html(patterns, eight, 1),
+                      Contains("sequence 1 of point 'blocks.0.attn.pattern', which holds 1"));
   ActivationCache with_nan;
   Array weights = patterns.at("blocks.0.attn.pattern");
   weights(0, 1, 4, 2) = std::numeric_limits<float>::quiet_NaN();

@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/head_importance.hpp"
@@ -44,8 +44,8 @@
 #include "small_models.hpp"
 
 using namespace xgrad;
-using testing::tiny_lm;
 using Catch::Contains;
+using testing::tiny_lm;
 
 namespace {
 
@@ -160,7 +160,8 @@ TEST_CASE("mean over an empty axis is an error naming the shape, never NaN", "[b
 TEST_CASE("max over an empty axis is an error, over another axis of an empty tensor it is empty",
           "[bad_input][ops][empty]") {
   REQUIRE_THROWS_AS(max(empty({2, 0}), 1), Error);
-  REQUIRE_THROWS_WITH(max(empty({2, 0}), 1), Contains("max") && Contains("axis 1") && Contains("(2, 0)") && Contains("empty"));
+  REQUIRE_THROWS_WITH(max(empty({2, 0}), 1),
+                      Contains("max") && Contains("axis 1") && Contains("(2, 0)") && Contains("empty"));
   REQUIRE_THROWS_WITH(max(empty({2, 0}), -1), Contains("max") && Contains("axis -1") && Contains("(2, 0)"));
   Tensor x = empty({0, 3});
   Tensor m = max(x, 1);
@@ -228,14 +229,17 @@ TEST_CASE("matmul with M = 0, N = 0 or an empty batch gives an empty result and 
 
 TEST_CASE("linear names the function and the shapes it cannot combine", "[bad_input][ops][linear]") {
   const Tensor x = Tensor::ones({2, 3}), w = Tensor::ones({4, 3}), b = Tensor::ones({4});
-  CHECK_THROWS_WITH(linear(x, Tensor::ones({4, 3, 1})), Catch::Contains("linear: weight must be (out, in), got (4, 3, 1)"));
-  CHECK_THROWS_WITH(linear(Tensor::ones({2, 5}), w), Catch::Contains("linear: input of shape (2, 5) does not end in the weight's in_features 3"));
+  CHECK_THROWS_WITH(linear(x, Tensor::ones({4, 3, 1})),
+                    Catch::Contains("linear: weight must be (out, in), got (4, 3, 1)"));
+  CHECK_THROWS_WITH(linear(Tensor::ones({2, 5}), w),
+                    Catch::Contains("linear: input of shape (2, 5) does not end in the weight's in_features 3"));
   CHECK_THROWS_WITH(linear(Tensor::ones(Shape{}), w), Catch::Contains("linear: input of shape () does not end"));
   CHECK_THROWS_WITH(linear(x, w, Tensor::ones({3})), Catch::Contains("linear: bias of shape (3) is not (out,) = (4,)"));
   CHECK_THROWS_WITH(linear(Tensor(), w, b), Catch::Contains("linear: input is an undefined tensor"));
 }
 
-TEST_CASE("linear with in_features 0 gives the bias, and with no rows an empty result", "[bad_input][ops][empty][linear]") {
+TEST_CASE("linear with in_features 0 gives the bias, and with no rows an empty result",
+          "[bad_input][ops][empty][linear]") {
   SECTION("in = 0: y is the bias on every row, the weight's gradient is empty") {
     Tensor x = empty({2, 0}), w = empty({3, 0});
     Tensor b = Tensor(Array{1.f, 2.f, 3.f}, true);
@@ -256,24 +260,32 @@ TEST_CASE("linear with in_features 0 gives the bias, and with no rows an empty r
   }
 }
 
-TEST_CASE("attention_weights and attend name the function and the shapes that do not fit", "[bad_input][ops][attention]") {
+TEST_CASE("attention_weights and attend name the function and the shapes that do not fit",
+          "[bad_input][ops][attention]") {
   const Tensor q = Tensor::ones({2, 3, 4}), k = Tensor::ones({2, 5, 4});
-  CHECK_THROWS_WITH(attention_weights(Tensor::ones({3, 4}), k, 2, 1.f),
-                    Catch::Contains("attention_weights: q and k must be (B, T, C) and (B, S, C), got (3, 4) and (2, 5, 4)"));
-  CHECK_THROWS_WITH(attention_weights(q, k, 3, 1.f), Catch::Contains("attention_weights: 4 channels do not split into 3 heads"));
+  CHECK_THROWS_WITH(
+      attention_weights(Tensor::ones({3, 4}), k, 2, 1.f),
+      Catch::Contains("attention_weights: q and k must be (B, T, C) and (B, S, C), got (3, 4) and (2, 5, 4)"));
+  CHECK_THROWS_WITH(attention_weights(q, k, 3, 1.f),
+                    Catch::Contains("attention_weights: 4 channels do not split into 3 heads"));
   CHECK_THROWS_WITH(attention_weights(q, k, 0, 1.f), Catch::Contains("do not split into 0 heads"));
   CHECK_THROWS_WITH(attention_weights(q, Tensor::ones({1, 5, 4}), 2, 1.f),
                     Catch::Contains("attention_weights: k of shape (1, 5, 4) does not match q of shape (2, 3, 4)"));
   CHECK_THROWS_WITH(attention_scores(q, Tensor::ones({2, 5, 6}), 2, 1.f),
                     Catch::Contains("attention_scores: k of shape (2, 5, 6) does not match q of shape (2, 3, 4)"));
-  CHECK_THROWS_WITH(attention_scores(q, k, 3, 1.f), Catch::Contains("attention_scores: 4 channels do not split into 3 heads"));
+  CHECK_THROWS_WITH(attention_scores(q, k, 3, 1.f),
+                    Catch::Contains("attention_scores: 4 channels do not split into 3 heads"));
   const Mask wrong = xt::zeros<bool>(Shape{2, 1, 3, 4});
-  CHECK_THROWS_WITH(attention_weights(q, k, 2, 1.f, false, &wrong),
-                    Catch::Contains("attention_weights: mask of shape (2, 1, 3, 4) does not broadcast to the input's shape (2, 2, 3, 5)"));
+  CHECK_THROWS_WITH(
+      attention_weights(q, k, 2, 1.f, false, &wrong),
+      Catch::Contains(
+          "attention_weights: mask of shape (2, 1, 3, 4) does not broadcast to the input's shape (2, 2, 3, 5)"));
   const Tensor w = Tensor::ones({2, 2, 3, 5}), v = Tensor::ones({2, 5, 4});
-  CHECK_THROWS_WITH(attend(Tensor::ones({2, 3, 5}), v, 2), Catch::Contains("attend: weights and v must be (B, H, T, S) and (B, S, C)"));
-  CHECK_THROWS_WITH(attend(w, Tensor::ones({2, 4, 4}), 2),
-                    Catch::Contains("attend: weights of shape (2, 2, 3, 5) do not match v of shape (2, 4, 4) and 2 heads"));
+  CHECK_THROWS_WITH(attend(Tensor::ones({2, 3, 5}), v, 2),
+                    Catch::Contains("attend: weights and v must be (B, H, T, S) and (B, S, C)"));
+  CHECK_THROWS_WITH(
+      attend(w, Tensor::ones({2, 4, 4}), 2),
+      Catch::Contains("attend: weights of shape (2, 2, 3, 5) do not match v of shape (2, 4, 4) and 2 heads"));
   CHECK_THROWS_WITH(attend(w, v, 3), Catch::Contains("attend: 4 channels of v do not split into 3 heads"));
   CHECK_THROWS_WITH(attend(w, Tensor(), 2), Catch::Contains("attend: input is an undefined tensor"));
 }
@@ -328,8 +340,7 @@ TEST_CASE("layer_norm of an empty batch is empty with zero gamma and beta gradie
   REQUIRE_THROWS_WITH(layer_norm(Tensor::scalar(1.f), Tensor(), Tensor()), Contains("layer_norm") && Contains("axis"));
 }
 
-TEST_CASE("cross_entropy of an empty batch is 0, with C = 0 every target is out of range",
-          "[bad_input][ops][empty]") {
+TEST_CASE("cross_entropy of an empty batch is 0, with C = 0 every target is out of range", "[bad_input][ops][empty]") {
   Tensor logits = empty({0, 3});
   Tensor loss = cross_entropy(logits, IndexArray::from_shape({0}));
   REQUIRE(loss.item() == 0.f);
@@ -338,7 +349,8 @@ TEST_CASE("cross_entropy of an empty batch is 0, with C = 0 every target is out 
   REQUIRE_THROWS_AS(cross_entropy(empty({2, 0}), IndexArray{0, 0}), Error);
   REQUIRE_THROWS_WITH(cross_entropy(empty({2, 0}), IndexArray{0, 0}),
                       Contains("cross_entropy") && Contains("target 0") && Contains("[0, 0)"));
-  REQUIRE_THROWS_WITH(cross_entropy(Tensor::scalar(1.f), IndexArray(0)), Contains("cross_entropy") && Contains("scalar"));
+  REQUIRE_THROWS_WITH(cross_entropy(Tensor::scalar(1.f), IndexArray(0)),
+                      Contains("cross_entropy") && Contains("scalar"));
 }
 
 TEST_CASE("embedding, dropout, concat, split and reshape accept empty tensors", "[bad_input][ops][empty]") {
@@ -363,7 +375,8 @@ TEST_CASE("embedding, dropout, concat, split and reshape accept empty tensors", 
   REQUIRE(reshape(empty({0, 3}), {3, 0, 5}).shape() == Shape{3, 0, 5});
   // -1 next to a 0 is ambiguous: an error, not a division by zero
   REQUIRE_THROWS_AS(reshape(empty({0, 3}), {-1, 0}), Error);
-  REQUIRE_THROWS_WITH(reshape(empty({0, 3}), {-1, 0}), Contains("reshape") && Contains("(0, 3)") && Contains("(-1, 0)"));
+  REQUIRE_THROWS_WITH(reshape(empty({0, 3}), {-1, 0}),
+                      Contains("reshape") && Contains("(0, 3)") && Contains("(-1, 0)"));
 }
 
 TEST_CASE("broadcasting with an empty axis follows numpy", "[bad_input][ops][empty]") {
@@ -374,7 +387,8 @@ TEST_CASE("broadcasting with an empty axis follows numpy", "[bad_input][ops][emp
   REQUIRE(b.grad().shape() == Shape{1, 3});
   REQUIRE(all_equal(b.grad(), 0.f));
   // 0 and 2 do not broadcast
-  REQUIRE_THROWS_WITH(empty({0, 3}) * Tensor::ones({2, 3}), Contains("mul") && Contains("(0, 3)") && Contains("(2, 3)"));
+  REQUIRE_THROWS_WITH(empty({0, 3}) * Tensor::ones({2, 3}),
+                      Contains("mul") && Contains("(0, 3)") && Contains("(2, 3)"));
 }
 
 TEST_CASE("0-d tensors: reductions and elementwise ops work, axis ops name rank 0", "[bad_input][ops]") {
@@ -459,9 +473,11 @@ TEST_CASE("Linear rejects a wrong last dimension, a 0-d input and zero features"
   for (const Shape& s : std::vector<Shape>{{2, 5}, {2, 3, 5}, {5}, {4, 1}}) {
     INFO("input " << shape_str(s));
     REQUIRE_THROWS_AS(lin.forward(randn(s, 3)), Error);
-    REQUIRE_THROWS_WITH(lin.forward(randn(s, 3)), Contains("Linear") && Contains(shape_str(s)) && Contains("in_features 4"));
+    REQUIRE_THROWS_WITH(lin.forward(randn(s, 3)),
+                        Contains("Linear") && Contains(shape_str(s)) && Contains("in_features 4"));
   }
-  REQUIRE_THROWS_WITH(lin.forward(Tensor::scalar(1.f)), Contains("Linear") && Contains("()") && Contains("in_features 4"));
+  REQUIRE_THROWS_WITH(lin.forward(Tensor::scalar(1.f)),
+                      Contains("Linear") && Contains("()") && Contains("in_features 4"));
   REQUIRE_THROWS_WITH(lin.forward(Tensor()), Contains("Linear") && Contains("undefined"));
   REQUIRE_THROWS_AS(nn::Linear(0, 3), Error);
   REQUIRE_THROWS_WITH(nn::Linear(0, 3), Contains("Linear") && Contains("in_features 0"));
@@ -486,7 +502,8 @@ TEST_CASE("Linear maps an empty batch to an empty batch with zero weight gradien
   }
 }
 
-TEST_CASE("LayerNorm rejects a wrong width, eps <= 0, NaN or infinite and zero features", "[bad_input][nn][layer_norm]") {
+TEST_CASE("LayerNorm rejects a wrong width, eps <= 0, NaN or infinite and zero features",
+          "[bad_input][nn][layer_norm]") {
   nn::LayerNorm ln(4);
   REQUIRE_THROWS_AS(ln.forward(randn({2, 5}, 1)), Error);
   REQUIRE_THROWS_WITH(ln.forward(randn({2, 5}, 1)), Contains("LayerNorm") && Contains("(2, 5)") && Contains("4"));
@@ -515,8 +532,10 @@ TEST_CASE("Embedding rejects ids out of range, negative ids and zero sizes", "[b
   nn::Embedding emb(5, 3, gen);
   const auto ci = Catch::CaseSensitive::No;
   REQUIRE_THROWS_AS(emb.forward(IndexArray{0, -1}), Error);
-  REQUIRE_THROWS_WITH(emb.forward(IndexArray{0, -1}), Contains("embedding", ci) && Contains("index -1") && Contains("5 rows"));
-  REQUIRE_THROWS_WITH(emb.forward(IndexArray{{0, 5}}), Contains("embedding", ci) && Contains("index 5") && Contains("5 rows"));
+  REQUIRE_THROWS_WITH(emb.forward(IndexArray{0, -1}),
+                      Contains("embedding", ci) && Contains("index -1") && Contains("5 rows"));
+  REQUIRE_THROWS_WITH(emb.forward(IndexArray{{0, 5}}),
+                      Contains("embedding", ci) && Contains("index 5") && Contains("5 rows"));
   REQUIRE_THROWS_WITH(emb.forward(IndexArray{std::numeric_limits<std::int64_t>::max()}),
                       Contains("embedding", ci) && Contains("9223372036854775807"));
   REQUIRE_THROWS_WITH(nn::Embedding(0, 3), Contains("Embedding") && Contains("num_embeddings 0"));
@@ -528,22 +547,32 @@ TEST_CASE("positional encodings reject length > max_len and zero sizes", "[bad_i
   nn::SinusoidalPositionalEncoding sin_pe(4, 6);
   Generator gen(4);
   nn::LearnedPositionalEncoding learned(4, 6, gen);
-  REQUIRE_THROWS_WITH(sin_pe.forward(5), Contains("SinusoidalPositionalEncoding") && Contains("length 5") && Contains("max_len 4"));
-  REQUIRE_THROWS_WITH(learned.forward(5), Contains("LearnedPositionalEncoding") && Contains("length 5") && Contains("max_len 4"));
+  REQUIRE_THROWS_WITH(sin_pe.forward(5),
+                      Contains("SinusoidalPositionalEncoding") && Contains("length 5") && Contains("max_len 4"));
+  REQUIRE_THROWS_WITH(learned.forward(5),
+                      Contains("LearnedPositionalEncoding") && Contains("length 5") && Contains("max_len 4"));
   REQUIRE(sin_pe.forward(4).shape() == Shape{4, 6});
   REQUIRE(learned.forward(0).shape() == Shape{0, 6});
   REQUIRE(sin_pe.forward(0).shape() == Shape{0, 6});
-  REQUIRE_THROWS_WITH(nn::SinusoidalPositionalEncoding(0, 6), Contains("SinusoidalPositionalEncoding") && Contains("max_len"));
-  REQUIRE_THROWS_WITH(nn::SinusoidalPositionalEncoding(4, 0), Contains("SinusoidalPositionalEncoding") && Contains("dim"));
-  REQUIRE_THROWS_WITH(nn::LearnedPositionalEncoding(0, 6), Contains("LearnedPositionalEncoding") && Contains("max_len"));
+  REQUIRE_THROWS_WITH(nn::SinusoidalPositionalEncoding(0, 6),
+                      Contains("SinusoidalPositionalEncoding") && Contains("max_len"));
+  REQUIRE_THROWS_WITH(nn::SinusoidalPositionalEncoding(4, 0),
+                      Contains("SinusoidalPositionalEncoding") && Contains("dim"));
+  REQUIRE_THROWS_WITH(nn::LearnedPositionalEncoding(0, 6),
+                      Contains("LearnedPositionalEncoding") && Contains("max_len"));
 }
 
 TEST_CASE("FeedForward rejects a bad dropout, naming itself and the value", "[bad_input][nn][ffn]") {
-  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(8, 16).dropout(1.f)), Contains("FeedForward") && Contains("dropout 1"));
-  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(8, 16).dropout(-0.1f)), Contains("FeedForward") && Contains("-0.1"));
-  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(8, 16).dropout(kNaN)), Contains("FeedForward") && Contains("nan"));
-  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(8, 0)), Contains("FeedForward: d_model 8 and d_ff 0 must be positive"));
-  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(0, 8)), Contains("FeedForward: d_model 0 and d_ff 8 must be positive"));
+  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(8, 16).dropout(1.f)),
+                      Contains("FeedForward") && Contains("dropout 1"));
+  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(8, 16).dropout(-0.1f)),
+                      Contains("FeedForward") && Contains("-0.1"));
+  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(8, 16).dropout(kNaN)),
+                      Contains("FeedForward") && Contains("nan"));
+  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(8, 0)),
+                      Contains("FeedForward: d_model 8 and d_ff 0 must be positive"));
+  REQUIRE_THROWS_WITH(nn::FeedForward(nn::FeedForwardOptions(0, 8)),
+                      Contains("FeedForward: d_model 0 and d_ff 8 must be positive"));
 }
 
 // The error comes from the inner linear1: "Linear: input of shape (2, 3, 5) does not end in
@@ -552,7 +581,8 @@ TEST_CASE("FeedForward names itself when the input width is wrong", "[bad_input]
   Generator gen(5);
   nn::FeedForward ffn(nn::FeedForwardOptions(8, 16).dropout(0.f), gen);
   REQUIRE_THROWS_AS(ffn.forward(randn({2, 3, 5}, 1)), Error);
-  REQUIRE_THROWS_WITH(ffn.forward(randn({2, 3, 5}, 1)), Contains("FeedForward") && Contains("(2, 3, 5)") && Contains("8"));
+  REQUIRE_THROWS_WITH(ffn.forward(randn({2, 3, 5}, 1)),
+                      Contains("FeedForward") && Contains("(2, 3, 5)") && Contains("8"));
 }
 
 TEST_CASE("gate_heads rejects gates of the wrong shape, naming both shapes", "[bad_input][nn][attention]") {
@@ -561,19 +591,22 @@ TEST_CASE("gate_heads rejects gates of the wrong shape, naming both shapes", "[b
   const Tensor x = randn({2, 3, 8}, 7);
   for (const Shape& s : std::vector<Shape>{{3}, {1, 2}, {}, {2, 1}, {8}}) {
     INFO("gates " << shape_str(s));
-    REQUIRE_THROWS_WITH(nn::gate_heads(mha, Tensor::ones(s)), Contains("gate_heads") && Contains(shape_str(s)) && Contains("(2,)"));
+    REQUIRE_THROWS_WITH(nn::gate_heads(mha, Tensor::ones(s)),
+                        Contains("gate_heads") && Contains(shape_str(s)) && Contains("(2,)"));
   }
   REQUIRE_THROWS_WITH(nn::gate_heads(mha, Tensor()), Contains("gate_heads") && Contains("undefined"));
   const nn::HookHandle gate = nn::gate_heads(mha, Tensor::ones({2}));
   REQUIRE_NOTHROW(mha.forward(x));
 }
 
-TEST_CASE("MultiHeadAttention rejects a bad dropout and handles empty batches and T = 0", "[bad_input][nn][attention]") {
+TEST_CASE("MultiHeadAttention rejects a bad dropout and handles empty batches and T = 0",
+          "[bad_input][nn][attention]") {
   REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(8, 2).dropout(kNaN)),
                       Contains("MultiHeadAttention") && Contains("dropout nan"));
   REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(8, 2).dropout(-0.5f)),
                       Contains("MultiHeadAttention") && Contains("dropout -0.5"));
-  REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(0, 2)), Contains("MultiHeadAttention") && Contains("d_model 0"));
+  REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(0, 2)),
+                      Contains("MultiHeadAttention") && Contains("d_model 0"));
   // the LayerNorm it owns checks its eps (and names itself)
   REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(8, 2).layer_norm_eps(0.f)),
                       Contains("LayerNorm") && Contains("eps"));
@@ -603,14 +636,17 @@ TEST_CASE("TransformerBlock names itself when the input width or rank is wrong",
   Generator gen(9);
   nn::TransformerBlock block(nn::TransformerBlockOptions(8, 2).d_ff(16).dropout(0.f), gen);
   CHECK_THROWS_AS(block.forward(randn({2, 3, 6}, 1)), Error);
-  CHECK_THROWS_WITH(block.forward(randn({2, 3, 6}, 1)), Contains("TransformerBlock") && Contains("(2, 3, 6)") && Contains("8"));
+  CHECK_THROWS_WITH(block.forward(randn({2, 3, 6}, 1)),
+                    Contains("TransformerBlock") && Contains("(2, 3, 6)") && Contains("8"));
   CHECK_THROWS_WITH(block.forward(randn({3, 8}, 1)), Contains("TransformerBlock") && Contains("(3, 8)"));
 }
 
 TEST_CASE("TransformerBlock rejects bad options, naming the value", "[bad_input][nn][transformer]") {
-  REQUIRE_THROWS_WITH(nn::TransformerBlock(nn::TransformerBlockOptions(10, 4)), Contains("d_model 10") && Contains("num_heads 4"));
+  REQUIRE_THROWS_WITH(nn::TransformerBlock(nn::TransformerBlockOptions(10, 4)),
+                      Contains("d_model 10") && Contains("num_heads 4"));
   REQUIRE_THROWS_WITH(nn::TransformerBlock(nn::TransformerBlockOptions(8, 2).dropout(1.f)), Contains("dropout 1"));
-  REQUIRE_THROWS_WITH(nn::TransformerBlock(nn::TransformerBlockOptions(8, 2).d_ff(0)), Contains("FeedForward: d_model 8 and d_ff 0 must be positive"));
+  REQUIRE_THROWS_WITH(nn::TransformerBlock(nn::TransformerBlockOptions(8, 2).d_ff(0)),
+                      Contains("FeedForward: d_model 8 and d_ff 0 must be positive"));
 }
 
 TEST_CASE("LanguageModel handles an empty batch and rejects bad sizes", "[bad_input][nn][lm]") {
@@ -626,9 +662,11 @@ TEST_CASE("LanguageModel handles an empty batch and rejects bad sizes", "[bad_in
   Tensor ignored = lm.loss(IndexArray{{1, 2}}, IndexArray{{-100, -100}});
   REQUIRE(ignored.item() == 0.f);
 
-  REQUIRE_THROWS_WITH(nn::LanguageModel(tiny_lm().vocab_size(0)), Contains("LanguageModel") && Contains("vocab_size 0"));
+  REQUIRE_THROWS_WITH(nn::LanguageModel(tiny_lm().vocab_size(0)),
+                      Contains("LanguageModel") && Contains("vocab_size 0"));
   REQUIRE_THROWS_WITH(nn::LanguageModel(tiny_lm().max_len(0)), Contains("LanguageModel") && Contains("max_len 0"));
-  REQUIRE_THROWS_WITH(nn::LanguageModel(tiny_lm().num_layers(0)), Contains("LanguageModel") && Contains("num_layers 0"));
+  REQUIRE_THROWS_WITH(nn::LanguageModel(tiny_lm().num_layers(0)),
+                      Contains("LanguageModel") && Contains("num_layers 0"));
   REQUIRE_THROWS_WITH(nn::LanguageModel(tiny_lm().num_heads(3)), Contains("d_model 8") && Contains("num_heads 3"));
   // d_ff 0 was passed by LanguageModel::check (and so by a checkpoint's stored options) and then
   // refused by a Linear that named neither the option nor the model.
@@ -644,9 +682,11 @@ TEST_CASE("LanguageModel loss names itself for targets of the wrong shape or out
   nn::LanguageModel lm(tiny_lm(), gen);
   const IndexArray ids{{1, 2}};
   CHECK_THROWS_AS(lm.loss(ids, IndexArray{{1, 2, 3}}), Error);
-  CHECK_THROWS_WITH(lm.loss(ids, IndexArray{{1, 2, 3}}), Contains("LanguageModel") && Contains("(1, 3)") && Contains("(1, 2)"));
+  CHECK_THROWS_WITH(lm.loss(ids, IndexArray{{1, 2, 3}}),
+                    Contains("LanguageModel") && Contains("(1, 3)") && Contains("(1, 2)"));
   CHECK_THROWS_WITH(lm.loss(ids, IndexArray{1, 2}), Contains("LanguageModel") && Contains("(2)") && Contains("(1, 2)"));
-  CHECK_THROWS_WITH(lm.loss(ids, IndexArray{{1, 7}}), Contains("LanguageModel") && Contains("target 7") && Contains("vocabulary"));
+  CHECK_THROWS_WITH(lm.loss(ids, IndexArray{{1, 7}}),
+                    Contains("LanguageModel") && Contains("target 7") && Contains("vocabulary"));
   CHECK_THROWS_WITH(lm.loss(ids, IndexArray{{-1, 0}}), Contains("LanguageModel") && Contains("target -1"));
 }
 
@@ -680,7 +720,8 @@ TEST_CASE("generate says what is wrong with a NaN temperature", "[bad_input][nn]
   nn::GenerateOptions nan;
   nan.temperature = kNaN;
   REQUIRE_THROWS_AS(lm.generate({1}, 3, nan), Error);
-  REQUIRE_THROWS_WITH(lm.generate({1}, 3, nan), Contains("generate") && Contains("temperature nan") && !Contains("is negative"));
+  REQUIRE_THROWS_WITH(lm.generate({1}, 3, nan),
+                      Contains("generate") && Contains("temperature nan") && !Contains("is negative"));
 }
 
 // =============================================================================================
@@ -706,11 +747,13 @@ TEST_CASE("Adam and SGD reject bad learning rates in the constructor and in set_
 TEST_CASE("Adam eps 0, infinite weight decay and non-finite SGD settings are rejected", "[bad_input][optim]") {
   auto params = [] { return std::vector<Tensor>{param(Array{1.f, 2.f})}; };
   REQUIRE_THROWS_WITH(optim::Adam(params(), optim::AdamOptions().eps(0.f)), Contains("Adam: eps 0"));
-  REQUIRE_THROWS_WITH(optim::Adam(params(), optim::AdamOptions().weight_decay(kInf)), Contains("Adam: weight_decay inf"));
+  REQUIRE_THROWS_WITH(optim::Adam(params(), optim::AdamOptions().weight_decay(kInf)),
+                      Contains("Adam: weight_decay inf"));
   REQUIRE_THROWS_WITH(optim::AdamW(params(), optim::AdamW::defaults().eps(kNaN)), Contains("AdamW: eps nan"));
   REQUIRE_THROWS_WITH(optim::SGD(params(), optim::SGDOptions(0.1f).dampening(kNaN)), Contains("SGD: dampening nan"));
   REQUIRE_THROWS_WITH(optim::SGD(params(), optim::SGDOptions(0.1f).momentum(kInf)), Contains("SGD: momentum inf"));
-  REQUIRE_THROWS_WITH(optim::SGD(params(), optim::SGDOptions(0.1f).weight_decay(kNaN)), Contains("SGD: weight_decay nan"));
+  REQUIRE_THROWS_WITH(optim::SGD(params(), optim::SGDOptions(0.1f).weight_decay(kNaN)),
+                      Contains("SGD: weight_decay nan"));
 }
 
 TEST_CASE("an optimizer steps an empty parameter without trouble", "[bad_input][optim][empty]") {
@@ -746,7 +789,8 @@ TEST_CASE("clip_grad_norm rejects an infinite max_norm and survives empty lists 
   Tensor p = param(Array{1.f, 1.f});
   set_grad(p, Array{3.f, 4.f});
   // unlike torch.nn.utils.clip_grad_norm_, max_norm = inf is an error, not "do not clip"
-  REQUIRE_THROWS_WITH(optim::clip_grad_norm(std::vector<Tensor>{p}, kInf), Contains("clip_grad_norm") && Contains("max_norm inf"));
+  REQUIRE_THROWS_WITH(optim::clip_grad_norm(std::vector<Tensor>{p}, kInf),
+                      Contains("clip_grad_norm") && Contains("max_norm inf"));
   REQUIRE(p.grad()(0) == 3.f);
   REQUIRE(optim::clip_grad_norm(std::vector<Tensor>{}, 1.f) == 0.f);
   REQUIRE(optim::clip_grad_norm(std::vector<Tensor>{Tensor()}, 1.f) == 0.f);  // undefined handles are skipped
@@ -764,7 +808,8 @@ TEST_CASE("LrSchedule rejects a non-finite min_lr and stays finite at extreme st
   REQUIRE_THROWS_WITH(optim::LrSchedule(optim::ScheduleOptions(0.1f).min_lr(kInf)), Contains("LrSchedule: min_lr inf"));
   REQUIRE_THROWS_WITH(optim::LrSchedule(optim::ScheduleOptions(-kInf)), Contains("LrSchedule: base_lr -inf"));
   const std::size_t huge = std::numeric_limits<std::size_t>::max();
-  optim::LrSchedule cosine(optim::ScheduleOptions(0.1f).warmup_steps(10).total_steps(20).decay(optim::Decay::cosine).min_lr(0.01f));
+  optim::LrSchedule cosine(
+      optim::ScheduleOptions(0.1f).warmup_steps(10).total_steps(20).decay(optim::Decay::cosine).min_lr(0.01f));
   REQUIRE(cosine.lr(huge) == Approx(0.01f));
   optim::LrSchedule long_warmup(optim::ScheduleOptions(0.1f).warmup_steps(huge));
   REQUIRE(std::isfinite(long_warmup.lr(huge - 1)));
@@ -787,7 +832,8 @@ TEST_CASE("nn::load_state_dict on a single layer names the parameter and both sh
                       Contains("load_state_dict") && Contains("'weight'") && Contains("(2, 3)") && Contains("(3, 2)"));
   NamedArrays missing = before;
   missing.pop_back();
-  REQUIRE_THROWS_WITH(nn::load_state_dict(lin, missing), Contains("load_state_dict") && Contains("missing parameter 'bias'"));
+  REQUIRE_THROWS_WITH(nn::load_state_dict(lin, missing),
+                      Contains("load_state_dict") && Contains("missing parameter 'bias'"));
   REQUIRE_THROWS_WITH(nn::load_state_dict(lin, NamedArrays{}), Contains("missing parameter 'weight'"));
   NamedArrays extra = before;
   extra.emplace_back("x", Array{1.f});

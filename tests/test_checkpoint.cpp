@@ -23,11 +23,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
-#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
@@ -39,14 +39,14 @@
 #include "test_files.hpp"
 
 using namespace xgrad;
-using testing::small_lm;
+using Catch::Contains;
 using testing::f32_le;
 using testing::read_bytes;
 using testing::read_u64_le;
-using testing::u64_le;
+using testing::small_lm;
 using testing::TempDir;
+using testing::u64_le;
 using testing::write_bytes;
-using Catch::Contains;
 namespace fs = std::filesystem;
 
 namespace {
@@ -54,11 +54,14 @@ namespace {
 std::string zeros_bytes(std::size_t n) { return std::string(n, '\0'); }
 
 // A safetensors byte string from a header text (used as is, no padding) and the data bytes.
-std::string st_bytes(const std::string& header, const std::string& data) { return u64_le(header.size()) + header + data; }
+std::string st_bytes(const std::string& header, const std::string& data) {
+  return u64_le(header.size()) + header + data;
+}
 
 Array filled(const Shape& shape, float scale, float offset = 0.f) {
   Array a = Array::from_shape(shape);
-  for (std::size_t i = 0; i < a.size(); ++i) a.data()[i] = offset + scale * static_cast<float>(i + 1) * (i % 2 ? -1.f : 1.f);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a.data()[i] = offset + scale * static_cast<float>(i + 1) * (i % 2 ? -1.f : 1.f);
   return a;
 }
 
@@ -127,7 +130,8 @@ std::vector<std::string> names_of(const NamedArrays& state) {
 
 // A copy of `state` without the named entries.
 NamedArrays without(NamedArrays state, const std::set<std::string>& names) {
-  state.erase(std::remove_if(state.begin(), state.end(), [&](const auto& e) { return names.count(e.first) != 0; }), state.end());
+  state.erase(std::remove_if(state.begin(), state.end(), [&](const auto& e) { return names.count(e.first) != 0; }),
+              state.end());
   return state;
 }
 
@@ -429,7 +433,8 @@ TEST_CASE("saving into a missing directory throws and creates nothing", "[checkp
   const std::string missing = dir.file("no_such_dir");
   const std::string path = missing + "/ckpt.safetensors";
   REQUIRE_THROWS_AS(save_safetensors(path, {{"x", Array(1.f)}}), Error);
-  REQUIRE_THROWS_WITH(save_safetensors(path, {{"x", Array(1.f)}}), Contains("save_safetensors") && Contains("no_such_dir"));
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"x", Array(1.f)}}),
+                      Contains("save_safetensors") && Contains("no_such_dir"));
   CHECK(!fs::exists(missing));
   CHECK(dir.entries().empty());
 
@@ -481,18 +486,19 @@ TEST_CASE("missing, empty and short files are clear errors", "[checkpoint]") {
   TempDir dir("xgrad_ckpt");
   const std::string missing = dir.file("missing.safetensors");
   REQUIRE_THROWS_AS(load_safetensors(missing), Error);
-  REQUIRE_THROWS_WITH(load_safetensors(missing), Contains("load_safetensors") && Contains("cannot open") &&
-                                                      Contains("missing.safetensors"));
+  REQUIRE_THROWS_WITH(load_safetensors(missing),
+                      Contains("load_safetensors") && Contains("cannot open") && Contains("missing.safetensors"));
 
   const std::string empty = dir.file("empty.safetensors");
   write_bytes(empty, "");
   REQUIRE_THROWS_AS(load_safetensors(empty), Error);
-  REQUIRE_THROWS_WITH(load_safetensors(empty), Contains("empty.safetensors") && Contains("truncated") && Contains("0 bytes"));
+  REQUIRE_THROWS_WITH(load_safetensors(empty),
+                      Contains("empty.safetensors") && Contains("truncated") && Contains("0 bytes"));
 
   const std::string short_file = dir.file("short.safetensors");
   write_bytes(short_file, std::string("\x10\x00\x00", 3));
   REQUIRE_THROWS_WITH(load_safetensors(short_file), Contains("short.safetensors") && Contains("3 bytes") &&
-                                                         Contains("fewer than the 8-byte header length"));
+                                                        Contains("fewer than the 8-byte header length"));
 
   for (std::size_t k = 0; k < 8; ++k) {
     INFO("bytes " << k);
@@ -510,7 +516,8 @@ TEST_CASE("header lengths that do not fit the file are errors", "[checkpoint]") 
   // Huge values: no allocation, no overflow.
   REQUIRE_THROWS_WITH(parse_safetensors(u64_le(std::uint64_t(1) << 63) + "{}"),
                       Contains("header length 9223372036854775808") && Contains("limit"));
-  REQUIRE_THROWS_WITH(parse_safetensors(u64_le(~std::uint64_t(0)) + "{}"), Contains("header length 18446744073709551615"));
+  REQUIRE_THROWS_WITH(parse_safetensors(u64_le(~std::uint64_t(0)) + "{}"),
+                      Contains("header length 18446744073709551615"));
   REQUIRE_THROWS_AS(parse_safetensors(u64_le((std::uint64_t(1) << 63) - 1) + "{}"), Error);
   REQUIRE_THROWS_AS(parse_safetensors(u64_le(std::uint64_t(1) << 32) + "{}"), Error);
   // Zero-length header is not JSON.
@@ -533,7 +540,8 @@ TEST_CASE("headers that are not a JSON object are errors", "[checkpoint]") {
 TEST_CASE("a header with bytes after a NUL is not valid JSON", "[checkpoint]") {
   CHECK_THROWS_WITH(parse_safetensors(st_bytes(std::string("{}\0\0\0\0\0\0", 8), "")), Contains("not valid JSON"));
   CHECK_THROWS_WITH(parse_safetensors(st_bytes(std::string("{}\0garbage", 10), "")), Contains("not valid JSON"));
-  const std::string hidden = std::string("{}\0", 3) + R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
+  const std::string hidden =
+      std::string("{}\0", 3) + R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
   CHECK_THROWS_WITH(parse_safetensors(st_bytes(hidden, "")), Contains("not valid JSON"));
 }
 
@@ -546,18 +554,23 @@ TEST_CASE("entries without dtype, shape or data_offsets are errors", "[checkpoin
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "F32", "shape": [2]}})", data)),
                       Contains("'w'") && Contains("needs dtype, shape and data_offsets"));
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": 5})", data)), Contains("'w'") && Contains("needs dtype"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": [1, 2]})", data)), Contains("'w'") && Contains("needs dtype"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": [1, 2]})", data)),
+                      Contains("'w'") && Contains("needs dtype"));
 }
 
 TEST_CASE("dtypes other than F32, F16 and BF16 are errors", "[checkpoint]") {
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]}})", zeros_bytes(16))),
-                      Contains("'w'") && Contains("\"F64\"") && Contains("F32, F16 and BF16"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", zeros_bytes(8))),
-                      Contains("'w'") && Contains("\"I64\"") && Contains("F32, F16 and BF16"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": "f32", "shape": [1], "data_offsets": [0, 4]}})", zeros_bytes(4))),
-                      Contains("\"f32\""));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"w": {"dtype": 32, "shape": [1], "data_offsets": [0, 4]}})", zeros_bytes(4))),
-                      Contains("'w'") && Contains("dtype 32"));
+  REQUIRE_THROWS_WITH(
+      parse_safetensors(st_bytes(R"({"w": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]}})", zeros_bytes(16))),
+      Contains("'w'") && Contains("\"F64\"") && Contains("F32, F16 and BF16"));
+  REQUIRE_THROWS_WITH(
+      parse_safetensors(st_bytes(R"({"w": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", zeros_bytes(8))),
+      Contains("'w'") && Contains("\"I64\"") && Contains("F32, F16 and BF16"));
+  REQUIRE_THROWS_WITH(
+      parse_safetensors(st_bytes(R"({"w": {"dtype": "f32", "shape": [1], "data_offsets": [0, 4]}})", zeros_bytes(4))),
+      Contains("\"f32\""));
+  REQUIRE_THROWS_WITH(
+      parse_safetensors(st_bytes(R"({"w": {"dtype": 32, "shape": [1], "data_offsets": [0, 4]}})", zeros_bytes(4))),
+      Contains("'w'") && Contains("dtype 32"));
 }
 
 TEST_CASE("bad shapes are errors", "[checkpoint]") {
@@ -569,14 +582,19 @@ TEST_CASE("bad shapes are errors", "[checkpoint]") {
                       Contains("'w'") && Contains("shape entry -1") && Contains("not a non-negative integer"));
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2.5]", "[0, 8]"), data)),
                       Contains("'w'") && Contains("shape entry 2.5") && Contains("not a non-negative integer"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2.0]", "[0, 8]"), data)), Contains("not a non-negative integer"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[\"2\"]", "[0, 8]"), data)), Contains("not a non-negative integer"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[null]", "[0, 8]"), data)), Contains("not a non-negative integer"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1e30]", "[0, 8]"), data)), Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2.0]", "[0, 8]"), data)),
+                      Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[\"2\"]", "[0, 8]"), data)),
+                      Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[null]", "[0, 8]"), data)),
+                      Contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1e30]", "[0, 8]"), data)),
+                      Contains("not a non-negative integer"));
   // 2^64 does not fit an unsigned integer.
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[18446744073709551616]", "[0, 8]"), data)),
                       Contains("not a non-negative integer"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("2", "[0, 8]"), data)), Contains("'w'") && Contains("not an array"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("2", "[0, 8]"), data)),
+                      Contains("'w'") && Contains("not an array"));
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("{\"a\": 2}", "[0, 8]"), data)), Contains("not an array"));
 
   // Element counts that overflow 64 bits or exceed the file.
@@ -584,7 +602,8 @@ TEST_CASE("bad shapes are errors", "[checkpoint]") {
                       Contains("'w'") && Contains("larger than the file"));
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[18446744073709551615, 2]", "[0, 8]"), data)),
                       Contains("larger than the file"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1000]", "[0, 4000]"), data)), Contains("'w'") && Contains("larger than the file"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1000]", "[0, 4000]"), data)),
+                      Contains("'w'") && Contains("larger than the file"));
   // 2^62 floats would be 2^64 bytes: count * 4 must not wrap to 0.
   REQUIRE_THROWS_AS(parse_safetensors(st_bytes(entry("[4611686018427387904]", "[0, 0]"), "")), Error);
   REQUIRE_THROWS_AS(parse_safetensors(st_bytes(entry("[4611686018427387904]", "[0, 8]"), data)), Error);
@@ -601,12 +620,14 @@ TEST_CASE("bad data_offsets are errors", "[checkpoint]") {
   // Out of range.
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", "[0, 16]"), data)),
                       Contains("'w'") && Contains("data_offsets [0, 16]") && Contains("outside the 8-byte data"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", "[18446744073709551608, 0]"), data)), Contains("data_offsets"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", "[18446744073709551608, 0]"), data)),
+                      Contains("data_offsets"));
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[0]", "[9, 9]"), data)), Contains("outside the 8-byte data"));
   // Not matching the shape's byte count.
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[2]", "[0, 4]"), data)),
                       Contains("'w'") && Contains("needs 8 bytes") && Contains("span 4"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1]", "[0, 8]"), data)), Contains("needs 4 bytes") && Contains("span 8"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[1]", "[0, 8]"), data)),
+                      Contains("needs 4 bytes") && Contains("span 8"));
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(entry("[]", "[0, 8]"), data)), Contains("needs 4 bytes"));
   // Not two non-negative integers.
   for (const char* bad : {"[0]", "[0, 4, 8]", "[-1, 7]", "[0.0, 8.0]", "[\"0\", \"8\"]", "8", "null", "[]"}) {
@@ -635,7 +656,8 @@ TEST_CASE("overlaps, holes and uncovered bytes are errors", "[checkpoint]") {
   // Trailing bytes not covered by any tensor.
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(two("[0, 8]", "[8, 16]"), zeros_bytes(20))),
                       Contains("the data has 20 bytes") && Contains("cover 16"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("{}", zeros_bytes(4))), Contains("the data has 4 bytes") && Contains("cover 0"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes("{}", zeros_bytes(4))),
+                      Contains("the data has 4 bytes") && Contains("cover 0"));
   // Offsets in reverse file order are fine (and come back sorted by offset).
   SafetensorsContents ok = parse_safetensors(st_bytes(two("[8, 16]", "[0, 8]"), f32_le({1, 2, 3, 4})));
   REQUIRE(ok.tensors.size() == 2);
@@ -650,9 +672,12 @@ TEST_CASE("metadata values must be strings", "[checkpoint]") {
                       Contains("metadata value of 'k'") && Contains("not a string"));
   REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": {"ok": "x", "k": {"nested": "y"}}})", "")),
                       Contains("metadata value of 'k'"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": {"k": null}})", "")), Contains("metadata value of 'k'"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": "text"})", "")), Contains("__metadata__ is not an object"));
-  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": ["a"]})", "")), Contains("__metadata__ is not an object"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": {"k": null}})", "")),
+                      Contains("metadata value of 'k'"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": "text"})", "")),
+                      Contains("__metadata__ is not an object"));
+  REQUIRE_THROWS_WITH(parse_safetensors(st_bytes(R"({"__metadata__": ["a"]})", "")),
+                      Contains("__metadata__ is not an object"));
   SafetensorsContents ok = parse_safetensors(st_bytes(R"({"__metadata__": {"k": "v"}})", ""));
   CHECK(ok.metadata == Metadata{{"k", "v"}});
 }
@@ -670,8 +695,9 @@ TEST_CASE("truncated files are errors at every cut", "[checkpoint]") {
   const std::size_t mid = 8 + n + (full.size() - 8 - n) / 2;
   write_bytes(cut, full.substr(0, mid));
   REQUIRE_THROWS_AS(load_safetensors(cut), Error);
-  REQUIRE_THROWS_WITH(load_safetensors(cut), Contains("cut.safetensors") &&
-                                                 (Contains("outside") || Contains("larger than the file") || Contains("cover")));
+  REQUIRE_THROWS_WITH(
+      load_safetensors(cut),
+      Contains("cut.safetensors") && (Contains("outside") || Contains("larger than the file") || Contains("cover")));
   // Cut one byte short.
   write_bytes(cut, full.substr(0, full.size() - 1));
   REQUIRE_THROWS_WITH(load_safetensors(cut), Contains("cut.safetensors") && Contains("'c'"));
@@ -691,7 +717,8 @@ TEST_CASE("truncated files are errors at every cut", "[checkpoint]") {
 TEST_CASE("random corruption of a header gives an Error or a valid result, never a crash", "[checkpoint]") {
   TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("f.safetensors");
-  save_safetensors(path, {{"a", filled({2, 3}, 0.5f)}, {"e", Array::from_shape({0, 2})}, {"c", Array(1.f)}}, {{"k", "v"}});
+  save_safetensors(path, {{"a", filled({2, 3}, 0.5f)}, {"e", Array::from_shape({0, 2})}, {"c", Array(1.f)}},
+                   {{"k", "v"}});
   const std::string full = read_bytes(path);
   const std::uint64_t n = read_u64_le(full);
   const char replacements[] = {'\0', '\xff', '9', '0', '-', '"', ',', '[', ']', '{', '}', ' ', '.', 'e'};
@@ -721,7 +748,8 @@ TEST_CASE("random corruption of a header gives an Error or a valid result, never
 TEST_CASE("a zero-size tensor with a huge dimension does not allocate or crash", "[checkpoint]") {
   const std::string h = R"({"z": {"dtype": "F32", "shape": [0, 18446744073709551615], "data_offsets": [0, 0]}})";
   parse_or_error(st_bytes(h, ""));
-  const std::string h2 = R"({"z": {"dtype": "F32", "shape": [0, 4611686018427387904, 4611686018427387904], "data_offsets": [0, 0]}})";
+  const std::string h2 =
+      R"({"z": {"dtype": "F32", "shape": [0, 4611686018427387904, 4611686018427387904], "data_offsets": [0, 0]}})";
   parse_or_error(st_bytes(h2, ""));
   SUCCEED();
 }
@@ -746,8 +774,9 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     state.erase(state.begin() + static_cast<std::ptrdiff_t>(state.size() / 2));
     const std::string path = dir.file("missing.safetensors");
     save_safetensors(path, state);
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target),
-                        Contains("load_checkpoint") && Contains("missing.safetensors") && Contains("missing parameter '" + dropped + "'"));
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") &&
+                                                               Contains("missing.safetensors") &&
+                                                               Contains("missing parameter '" + dropped + "'"));
     require_params_equal(target, before);
   }
   SECTION("an unexpected extra name") {
@@ -781,8 +810,9 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     // Check the bad entry really is last in the file.
     SafetensorsContents raw = load_safetensors(path);
     REQUIRE(raw.tensors.back().first == bad_name);
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") && Contains("'" + bad_name + "'") &&
-                                                               Contains(bad_shape) && Contains(good_shape));
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") &&
+                                                               Contains("'" + bad_name + "'") && Contains(bad_shape) &&
+                                                               Contains(good_shape));
     require_params_equal(target, before);
   }
   SECTION("a corrupted file") {
@@ -809,7 +839,8 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     const std::string path = dir.file("bigger.safetensors");
     nn::save_checkpoint(path, bigger);
     // The stored options name the difference; a file without them, the first extra tensor.
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") && Contains("bigger.safetensors") &&
+    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") &&
+                                                               Contains("bigger.safetensors") &&
                                                                Contains("num_layers 3 in the file, 2 in the model"));
     require_params_equal(target, before);
     save_safetensors(path, nn::state_dict(bigger));
@@ -835,7 +866,8 @@ TEST_CASE("nn::load_state_dict errors name the parameter and the shapes", "[chec
       if (name == "head.weight") a = filled({8, 11}, 1.f);
     }
     REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict") && Contains("'head.weight'") &&
-                                                           Contains("(8, 11) in the state") && Contains("(11, 8) in the module"));
+                                                           Contains("(8, 11) in the state") &&
+                                                           Contains("(11, 8) in the module"));
   }
   SECTION("missing") {
     state.erase(state.begin());
@@ -853,7 +885,8 @@ TEST_CASE("nn::load_state_dict errors name the parameter and the shapes", "[chec
     for (auto& [name, a] : state) {
       if (name == "head.bias") a = Array(1.f);
     }
-    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("'head.bias'") && Contains("() in the state") && Contains("(11) in the module"));
+    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state),
+                        Contains("'head.bias'") && Contains("() in the state") && Contains("(11) in the module"));
   }
   require_params_equal(m, before);
 }
@@ -881,7 +914,8 @@ TEST_CASE("a module with a child named optimizer round-trips with its optimizer'
   optim::AdamW opt_a(a.named_parameters(), optim::AdamW::defaults(1e-2f).weight_decay(0.05f));
   for (int i = 0; i < 2; ++i) train_step(a, opt_a);
   opt_a.set_lr(0.0042f);  // as a schedule would
-  CHECK(names_of(nn::state_dict(a)) == std::vector<std::string>{"scale", "updates", "optimizer.weight", "optimizer.bias"});
+  CHECK(names_of(nn::state_dict(a)) ==
+        std::vector<std::string>{"scale", "updates", "optimizer.weight", "optimizer.bias"});
   nn::save_checkpoint(path, a, opt_a.state_dict(), {{"step", "2"}});
 
   {
@@ -951,8 +985,8 @@ TEST_CASE("a format-1 checkpoint (optimizer.<name>, no marker, no options) still
   CHECK(opt.options().weight_decay() == 0.01f);
 
   // load_language_model needs the options for it, and then builds the same model.
-  REQUIRE_THROWS_WITH(nn::load_language_model(path), Contains("load_language_model: '" + path + "'") &&
-                                                         Contains("the file stores no model options"));
+  REQUIRE_THROWS_WITH(nn::load_language_model(path),
+                      Contains("load_language_model: '" + path + "'") && Contains("the file stores no model options"));
   const nn::LoadedLanguageModel loaded = nn::load_language_model(path, o);
   CHECK(loaded.checkpoint.optimizer_state.size() == ck.optimizer_state.size());
   const NamedArrays want = nn::state_dict(model);
@@ -971,8 +1005,8 @@ TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every fiel
                                          .layer_norm_eps(1e-3f);
   const std::string text = nn::to_json(o);
   for (const char* part : {"\"vocab_size\":13", "\"d_model\":12", "\"num_heads\":3", "\"num_layers\":2", "\"d_ff\":20",
-                           "\"max_len\":9", "\"norm\":\"post\"", "\"activation\":\"gelu_tanh\"", "\"positional\":\"sinusoidal\"",
-                           "\"dropout\":0.25", "\"layer_norm_eps\":"}) {
+                           "\"max_len\":9", "\"norm\":\"post\"", "\"activation\":\"gelu_tanh\"",
+                           "\"positional\":\"sinusoidal\"", "\"dropout\":0.25", "\"layer_norm_eps\":"}) {
     INFO(text << " holds " << part);
     CHECK(text.find(part) != std::string::npos);
   }
@@ -1016,18 +1050,20 @@ TEST_CASE("stored options that contradict the caller's are named field by field"
   nn::save_checkpoint(path, saved);
 
   const auto wrong = small_lm().num_heads(4).layer_norm_eps(1e-3f).dropout(0.3f);
-  REQUIRE_THROWS_WITH(nn::load_language_model(path, wrong),
-                      Contains("load_language_model: '" + path + "': the stored model options contradict the ones asked for: ") &&
-                          Contains("num_heads 2 in the file, 4 asked; layer_norm_eps ") && !Contains("dropout"));
+  REQUIRE_THROWS_WITH(
+      nn::load_language_model(path, wrong),
+      Contains("load_language_model: '" + path + "': the stored model options contradict the ones asked for: ") &&
+          Contains("num_heads 2 in the file, 4 asked; layer_norm_eps ") && !Contains("dropout"));
   Generator gen_b(7);
   nn::LanguageModel four_heads(small_lm().num_heads(4), gen_b);
   const NamedArrays before = nn::state_dict(four_heads);
-  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, four_heads),
-                      Contains("load_checkpoint: '" + path + "'") && Contains("num_heads 2 in the file, 4 in the model"));
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, four_heads), Contains("load_checkpoint: '" + path + "'") &&
+                                                                 Contains("num_heads 2 in the file, 4 in the model"));
   require_params_equal(four_heads, before);
-  REQUIRE_THROWS_WITH(nn::check_model_options(small_lm(), small_lm().norm(nn::Norm::post).activation(nn::Activation::relu), "caller"),
-                      Contains("caller: the stored model options contradict the ones asked for: norm \"pre\" in the file, "
-                               "\"post\" asked; activation \"gelu\" in the file, \"relu\" asked"));
+  REQUIRE_THROWS_WITH(
+      nn::check_model_options(small_lm(), small_lm().norm(nn::Norm::post).activation(nn::Activation::relu), "caller"),
+      Contains("caller: the stored model options contradict the ones asked for: norm \"pre\" in the file, "
+               "\"post\" asked; activation \"gelu\" in the file, \"relu\" asked"));
   REQUIRE_NOTHROW(nn::check_model_options(small_lm(), small_lm().dropout(0.5f), "caller"));
 }
 
@@ -1073,12 +1109,14 @@ TEST_CASE("model options and checkpoint formats that cannot be read are refused 
   c.metadata["xgrad.model_options"] = edited("num_layers", 100000);
   save_safetensors(tampered, c.tensors, c.metadata);
   REQUIRE_THROWS_WITH(nn::load_language_model(tampered), Contains("load_language_model: '" + tampered + "'") &&
-                                                             Contains("describe a model of ") && Contains("but the file holds"));
+                                                             Contains("describe a model of ") &&
+                                                             Contains("but the file holds"));
   REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model), Contains("num_layers 100000 in the file, 2 in the model"));
   // Options the library refuses.
   c.metadata["xgrad.model_options"] = edited("num_heads", 3);
   save_safetensors(tampered, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_language_model(tampered), Contains("load_language_model: '" + tampered + "'") && Contains("num_heads 3"));
+  REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
+                      Contains("load_language_model: '" + tampered + "'") && Contains("num_heads 3"));
   c.metadata["xgrad.model_options"] = "{";
   save_safetensors(tampered, c.tensors, c.metadata);
   REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model),
@@ -1087,8 +1125,9 @@ TEST_CASE("model options and checkpoint formats that cannot be read are refused 
   c.metadata["xgrad.model_options"] = good;
   c.metadata["xgrad.checkpoint"] = "3";
   save_safetensors(tampered, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model),
-                      Contains("load_checkpoint: '" + tampered + "' has checkpoint format \"3\"; this xgrad reads formats 1 and 2"));
+  REQUIRE_THROWS_WITH(
+      nn::load_checkpoint(tampered, model),
+      Contains("load_checkpoint: '" + tampered + "' has checkpoint format \"3\"; this xgrad reads formats 1 and 2"));
 }
 
 TEST_CASE("strict(false) loads the names both have and lists the others, as PyTorch does", "[checkpoint]") {
@@ -1099,12 +1138,13 @@ TEST_CASE("strict(false) loads the names both have and lists the others, as PyTo
   state.emplace_back("ghost", Array(1.f));
   state.emplace_back("extra.w", Array{1.f, 2.f});
 
-  REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict: missing parameter 'final_norm.weight'"));
+  REQUIRE_THROWS_WITH(nn::load_state_dict(m, state),
+                      Contains("load_state_dict: missing parameter 'final_norm.weight'"));
   require_params_equal(m, before);
 
   const nn::LoadResult r = nn::load_state_dict(m, state, nn::LoadOptions().strict(false));
   CHECK(r.missing_keys == std::vector<std::string>{"final_norm.weight", "head.bias"});  // the module's order
-  CHECK(r.unexpected_keys == std::vector<std::string>{"ghost", "extra.w"});           // the state's order
+  CHECK(r.unexpected_keys == std::vector<std::string>{"ghost", "extra.w"});             // the state's order
   const NamedArrays now = nn::state_dict(m), theirs = nn::state_dict(other);
   for (std::size_t i = 0; i < now.size(); ++i) {
     INFO(now[i].first);
@@ -1156,27 +1196,39 @@ TEST_CASE("buffers load back by name, and a missing or misshapen buffer is named
   misshapen[1].second = Array{1.f, 2.f};
   REQUIRE_THROWS_WITH(nn::load_state_dict(b, misshapen),
                       Contains("load_state_dict: buffer 'updates' has shape (2) in the state but () in the module"));
-  const nn::LoadResult r = nn::load_state_dict(b, without(nn::state_dict(a), {"updates"}), nn::LoadOptions().strict(false));
+  const nn::LoadResult r =
+      nn::load_state_dict(b, without(nn::state_dict(a), {"updates"}), nn::LoadOptions().strict(false));
   CHECK(r.missing_keys == std::vector<std::string>{"updates"});
 }
 
-TEST_CASE("save_checkpoint refuses names and metadata that are not UTF-8, naming itself and the bytes", "[checkpoint]") {
+TEST_CASE("save_checkpoint refuses names and metadata that are not UTF-8, naming itself and the bytes",
+          "[checkpoint]") {
   TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("m.safetensors");
   Generator gen(51);
   WithOptimizerChild m(gen);
   nn::save_checkpoint(path, m, {}, {{"k", "v"}});
   const std::string good = read_bytes(path);
-  const std::vector<std::pair<std::function<void()>, std::string>> cases = {
-      {[&] { nn::save_checkpoint(path, m, {{std::string("w") + '\xff', Array(1.f)}}); },
-       "save_checkpoint: optimizer state name \"w\\xFF\" is not valid UTF-8 (byte 0xFF at offset 1)"},
-      {[&] { nn::save_checkpoint(path, m, {}, {{std::string("k") + '\xc0', "v"}}); },
-       "save_checkpoint: metadata key \"k\\xC0\" is not valid UTF-8 (byte 0xC0 at offset 1)"},
-      {[&] { nn::save_checkpoint(path, m, {}, {{"note", "\xe2\x82"}}); },
+  const std::vector<std::pair<std::function<void()>, std::string>>
+      cases =
+          {
+              {[&] {
+    nn::save_checkpoint(path, m, {{std::string("w") + '\xff', Array(1.f)}});
+               },
+               "save_checkpoint: optimizer state name \"w\\xFF\" is not valid UTF-8 (byte 0xFF at offset 1)"},
+              {[&] {
+    nn::save_checkpoint(path, m, {}, {{std::string("k") + '\xc0', "v"}});
+               },
+               "save_checkpoint: metadata key \"k\\xC0\" is not valid UTF-8 (byte 0xC0 at offset 1)"},
+      {[&] {
+    nn::save_checkpoint(path, m, {}, {{"note", "\xe2\x82"}});
+       },
        "save_checkpoint: metadata value of 'note' \"\\xE2\\x82\" is not valid UTF-8 (byte 0xE2 at offset 0)"},
-      {[&] { nn::save_checkpoint(path, m, {}, {{"xgrad.model_options", "{}"}}); },
+      {[&] {
+    nn::save_checkpoint(path, m, {}, {{"xgrad.model_options", "{}"}});
+       },
        "save_checkpoint: metadata key 'xgrad.model_options' is reserved"},
-  };
+      };
   for (const auto& [save, message] : cases) {
     INFO(message);
     REQUIRE_THROWS_WITH(save(), Contains(message));
@@ -1184,8 +1236,10 @@ TEST_CASE("save_checkpoint refuses names and metadata that are not UTF-8, naming
   }
 }
 
-TEST_CASE("load_language_model sizes the model from the options exactly: a long sinusoidal table loads and a tampered count is refused before building",
-          "[checkpoint][bad_input][bug]") {
+TEST_CASE(
+    "load_language_model sizes the model from the options exactly: a long sinusoidal table loads and a tampered count "
+    "is refused before building",
+    "[checkpoint][bad_input][bug]") {
   TempDir dir("xgrad_ckpt");
   // The size the check computes is the state the model saves, for every placement and positional kind.
   for (const nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
@@ -1230,8 +1284,9 @@ TEST_CASE("load_language_model sizes the model from the options exactly: a long 
   const std::size_t per_block = two.num_parameters() - tiny.num_parameters();
   const std::size_t tensors_per_block = two.named_parameters().size() - tiny.named_parameters().size();
   const std::string want = std::to_string(tiny.num_parameters() + 149999 * per_block) + " values in " +
-                           std::to_string(tiny.named_parameters().size() + 149999 * tensors_per_block) + " tensors, but the file holds " +
-                           std::to_string(tiny.num_parameters()) + " values in " + std::to_string(tiny.named_parameters().size()) + " tensors";
+                           std::to_string(tiny.named_parameters().size() + 149999 * tensors_per_block) +
+                           " tensors, but the file holds " + std::to_string(tiny.num_parameters()) + " values in " +
+                           std::to_string(tiny.named_parameters().size()) + " tensors";
   const auto t0 = std::chrono::steady_clock::now();
   REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
                       Contains("load_language_model: '" + tampered + "': its model options (") &&
@@ -1244,7 +1299,8 @@ TEST_CASE("load_language_model sizes the model from the options exactly: a long 
     c.metadata["xgrad.model_options"] = j.dump();
     save_safetensors(tampered, c.tensors, c.metadata);
     REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
-                        Contains("load_language_model: '" + tampered + "': LanguageModel: layer_norm_eps ") && Contains(" must be finite and > 0"));
+                        Contains("load_language_model: '" + tampered + "': LanguageModel: layer_norm_eps ") &&
+                            Contains(" must be finite and > 0"));
   }
 }
 
@@ -1259,7 +1315,8 @@ TEST_CASE("stored model options with a field twice or values that describe no mo
   };
   // A field twice: the JSON reader kept the last ("num_heads" 2, then 4, read as 4).
   const std::string twice = good.substr(0, good.size() - 1) + ",\"num_heads\":4}";
-  REQUIRE_THROWS_WITH(nn::language_model_options_from_json(twice, "who"), "who: the model options hold the field \"num_heads\" twice");
+  REQUIRE_THROWS_WITH(nn::language_model_options_from_json(twice, "who"),
+                      "who: the model options hold the field \"num_heads\" twice");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {edited("dropout", "5"), "who: MultiHeadAttention: dropout 5 is outside [0, 1)"},
       {edited("dropout", "-0.5"), "who: MultiHeadAttention: dropout -0.5 is outside [0, 1)"},
@@ -1283,8 +1340,10 @@ TEST_CASE("stored model options with a field twice or values that describe no mo
   c.metadata["xgrad.model_options"] = edited("dropout", "5");
   const std::string path = dir.file("dropout.safetensors");
   save_safetensors(path, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, plain), "load_checkpoint: '" + path + "': MultiHeadAttention: dropout 5 is outside [0, 1)");
+  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, plain),
+                      "load_checkpoint: '" + path + "': MultiHeadAttention: dropout 5 is outside [0, 1)");
   c.metadata["xgrad.model_options"] = twice;
   save_safetensors(path, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_language_model(path), "load_language_model: '" + path + "': the model options hold the field \"num_heads\" twice");
+  REQUIRE_THROWS_WITH(nn::load_language_model(path),
+                      "load_language_model: '" + path + "': the model options hold the field \"num_heads\" twice");
 }

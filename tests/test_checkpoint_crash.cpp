@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 
@@ -38,8 +38,8 @@
 #include "test_files.hpp"
 
 using namespace xgrad;
-using testing::small_lm;
 using testing::read_bytes;
+using testing::small_lm;
 using testing::TempDir;
 using testing::write_bytes;
 namespace fs = std::filesystem;
@@ -130,7 +130,8 @@ bool wait_for(int fd, char want, int timeout_ms, int& done) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   while (Clock::now() < deadline) {
     pollfd p{fd, POLLIN, 0};
-    const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    const int left =
+        static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
     const int r = ::poll(&p, 1, left > 0 ? left : 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
@@ -176,7 +177,8 @@ std::vector<std::string> leftovers(const std::string& dir, const std::string& ba
 
 }  // namespace
 
-TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the new one and never a mix", "[checkpoint][crash]") {
+TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the new one and never a mix",
+          "[checkpoint][crash]") {
   const auto test_start = Clock::now();
   TempDir dir("xgrad_crash");
   const std::string base = "ckpt.safetensors";
@@ -191,7 +193,9 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
              {{"moments.m", pattern({2u << 20}, 1.f)}, {"moments.v", pattern({1024, 2048}, 2.f)}},
              {{"step", "100"}, {"which", "A"}}};
   Snapshot b{nn::state_dict(model_b),
-             {{"moments.m", pattern({2048, 1024}, -3.f)}, {"moments.v", pattern({2u << 20}, -4.f)}, {"moments.extra", pattern({1024}, 5.f)}},
+             {{"moments.m", pattern({2048, 1024}, -3.f)},
+              {"moments.v", pattern({2u << 20}, -4.f)},
+              {"moments.extra", pattern({1024}, 5.f)}},
              {{"step", "200"}, {"which", "B"}}};
 
   // The reference bytes of each file, and how long one save takes here. The child's way of
@@ -221,17 +225,20 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
     After after;
     int delay_ms;
   };
-  const std::vector<Round> rounds = {{After::announce, 5},           {After::announce, 20},
-                                     {After::announce, 50},          {After::announce, std::max(1, static_cast<int>(save_ms / 2))},
-                                     {After::temporary_file, 2},     {After::finished_save, 0}};
+  const std::vector<Round> rounds = {
+      {After::announce, 5},       {After::announce, 20},
+      {After::announce, 50},      {After::announce, std::max(1, static_cast<int>(save_ms / 2))},
+      {After::temporary_file, 2}, {After::finished_save, 0}};
   int interrupted = 0, interrupted_with_a = 0, ended_a = 0, ended_b = 0;
   std::ostringstream log;
 
   for (std::size_t round = 0; round < rounds.size(); ++round) {
     const Round& r = rounds[round];
-    const std::string when = r.after == After::finished_save ? "after one finished save"
-                             : std::to_string(r.delay_ms) + " ms after " +
-                                   (r.after == After::announce ? "the child announced a save" : "its temporary file appeared");
+    const std::string when =
+        r.after == After::finished_save
+            ? "after one finished save"
+            : std::to_string(r.delay_ms) + " ms after " +
+                  (r.after == After::announce ? "the child announced a save" : "its temporary file appeared");
     const auto round_start = Clock::now();
     INFO("round " << round << ": kill " << when);
     // Every round starts from A, saved while the previous round's leftover is still there.
@@ -256,9 +263,15 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
     int done = 0;
     bool started = false;
     switch (r.after) {
-      case After::announce: started = wait_for(rd.fd, 'S', 10000, done); break;
-      case After::temporary_file: started = wait_for_file(tmp, 10000); break;
-      case After::finished_save: started = wait_for(rd.fd, 'D', 20000, done) && wait_for(rd.fd, 'S', 10000, done); break;
+      case After::announce:
+        started = wait_for(rd.fd, 'S', 10000, done);
+        break;
+      case After::temporary_file:
+        started = wait_for_file(tmp, 10000);
+        break;
+      case After::finished_save:
+        started = wait_for(rd.fd, 'D', 20000, done) && wait_for(rd.fd, 'S', 10000, done);
+        break;
     }
     if (started) ::usleep(static_cast<useconds_t>(r.delay_ms) * 1000);
     child.kill_and_reap();
@@ -278,7 +291,7 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
     const bool is_a = got == bytes_a, is_b = got == bytes_b;
     INFO("file of " << got.size() << " bytes, " << done << " saves finished, temporary file left: " << tmp_left);
     REQUIRE((is_a || is_b));
-    if (done > 0) REQUIRE(is_b);              // a finished save was renamed into place
+    if (done > 0) REQUIRE(is_b);               // a finished save was renamed into place
     if (done == 0 && tmp_left) REQUIRE(is_a);  // the first save was cut: the previous file stands
 
     // And it loads, through the checkpoint API, as the same snapshot.
@@ -293,17 +306,18 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
     interrupted_with_a += tmp_left && is_a;
     ended_a += is_a;
     ended_b += is_b;
-    log << "  round " << round << ": kill " << when << ", "
-        << done << " saves finished, file = " << (is_a ? "A" : "B") << ", temporary file left: "
+    log << "  round " << round << ": kill " << when << ", " << done << " saves finished, file = " << (is_a ? "A" : "B")
+        << ", temporary file left: "
         << (tmp_left ? std::to_string(tmp_size) + " of " + std::to_string(bytes_b.size()) + " bytes" : "none") << " ("
         << std::chrono::duration<double>(Clock::now() - round_start).count() << " s)\n";
   }
   for (const std::string& f : leftovers(dir.path, base)) fs::remove(f);
 
   const double seconds = std::chrono::duration<double>(Clock::now() - test_start).count();
-  std::cout << "checkpoint crash: one save of " << bytes_a.size() << " bytes took " << save_ms << " ms; " << rounds.size()
-            << " rounds in " << seconds << " s (setup " << setup_s << " s); " << interrupted << " killed mid-write (" << interrupted_with_a
-            << " with the previous checkpoint intact), file A after " << ended_a << ", B after " << ended_b << "\n"
+  std::cout << "checkpoint crash: one save of " << bytes_a.size() << " bytes took " << save_ms << " ms; "
+            << rounds.size() << " rounds in " << seconds << " s (setup " << setup_s << " s); " << interrupted
+            << " killed mid-write (" << interrupted_with_a << " with the previous checkpoint intact), file A after "
+            << ended_a << ", B after " << ended_b << "\n"
             << log.str();
   // The interruption really happened: at least one save was killed between creating its
   // temporary file and renaming it, and the previous checkpoint survived it.

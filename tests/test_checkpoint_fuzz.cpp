@@ -43,8 +43,8 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 
@@ -53,12 +53,12 @@
 #include "test_files.hpp"
 
 using namespace xgrad;
-using testing::small_lm;
 using testing::f32_le;
 using testing::read_bytes;
 using testing::read_u64_le;
-using testing::u64_le;
+using testing::small_lm;
 using testing::TempDir;
+using testing::u64_le;
 using testing::write_bytes;
 namespace fs = std::filesystem;
 
@@ -91,16 +91,18 @@ bool split_file(const std::string& file, std::string& header, std::string& data)
   return true;
 }
 
-std::string join_file(const std::string& header, const std::string& data) { return u64_le(header.size()) + header + data; }
+std::string join_file(const std::string& header, const std::string& data) {
+  return u64_le(header.size()) + header + data;
+}
 
 // ----------------------------------------------------------------------------------------------
 // The seed corpus
 // ----------------------------------------------------------------------------------------------
 
 struct Seed {
-  std::string name;   // file name in tests/fuzz_corpus/
+  std::string name;  // file name in tests/fuzz_corpus/
   std::string bytes;
-  bool valid;         // parse_safetensors accepts it
+  bool valid;  // parse_safetensors accepts it
 };
 
 // The seed corpus: small valid and near-valid safetensors files, built byte by byte from
@@ -124,8 +126,8 @@ std::vector<Seed> make_seed_corpus() {
                            f32_le({1.f, 2.f, 3.f, 4.f, -1.f, -2.f, -3.f, -4.f, 0.25f, 0.125f, 0.0625f})),
                    true});
   // A 0-d scalar.
-  seeds.push_back({"scalar.safetensors", st_file(R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})", f32_le({3.5f})),
-                   true});
+  seeds.push_back({"scalar.safetensors",
+                   st_file(R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})", f32_le({3.5f})), true});
   // Zero-length axes: empty tensors at both ends of a 2-element vector.
   seeds.push_back({"zero_axis.safetensors",
                    st_file(R"({"e":{"dtype":"F32","shape":[0,3,2],"data_offsets":[0,0]},)"
@@ -193,16 +195,27 @@ std::string check_contents(const std::string& bytes, const SafetensorsContents& 
     std::uint64_t count = 1;
     bool zero = false, overflow = false;
     for (std::size_t d : a.shape()) {
-      if (d == 0) zero = true;
-      else if (count > std::numeric_limits<std::uint64_t>::max() / d) overflow = true;
-      else count *= d;
+      if (d == 0)
+        zero = true;
+      else if (count > std::numeric_limits<std::uint64_t>::max() / d)
+        overflow = true;
+      else
+        count *= d;
     }
-    if (zero) count = 0;
-    else if (overflow) return "tensor '" + name + "' has a shape whose element count overflows 64 bits";
-    if (count != a.size()) return "tensor '" + name + "' has " + std::to_string(a.size()) + " elements, its shape says " + std::to_string(count);
-    if (a.size() > data_size / 4) return "tensor '" + name + "' claims " + std::to_string(a.size()) + " floats, the data has " + std::to_string(data_size) + " bytes";
+    if (zero)
+      count = 0;
+    else if (overflow)
+      return "tensor '" + name + "' has a shape whose element count overflows 64 bits";
+    if (count != a.size())
+      return "tensor '" + name + "' has " + std::to_string(a.size()) + " elements, its shape says " +
+             std::to_string(count);
+    if (a.size() > data_size / 4)
+      return "tensor '" + name + "' claims " + std::to_string(a.size()) + " floats, the data has " +
+             std::to_string(data_size) + " bytes";
     total += 4 * a.size();
-    if (total > bytes.size()) return "the tensors claim " + std::to_string(total) + " bytes, more than the " + std::to_string(bytes.size()) + "-byte input";
+    if (total > bytes.size())
+      return "the tensors claim " + std::to_string(total) + " bytes, more than the " + std::to_string(bytes.size()) +
+             "-byte input";
   }
   // xtensor computes row-major strides and backstrides in std::ptrdiff_t (xstrides.hpp,
   // compute_strides and adapt_strides), so an accepted shape must keep those products in range:
@@ -213,12 +226,17 @@ std::string check_contents(const std::string& bytes, const SafetensorsContents& 
     for (std::size_t i = a.dimension(); i-- > 0;) {
       const auto dim = static_cast<std::int64_t>(a.shape()[i]);
       std::int64_t stride = size, back = 0;
-      if (__builtin_mul_overflow(stride, dim, &size)) return "tensor '" + name + "' of shape " + shape_str(a.shape()) + " has row-major strides that overflow std::ptrdiff_t";
+      if (__builtin_mul_overflow(stride, dim, &size))
+        return "tensor '" + name + "' of shape " + shape_str(a.shape()) +
+               " has row-major strides that overflow std::ptrdiff_t";
       if (a.shape()[i] == 1) stride = 0;
-      if (__builtin_mul_overflow(stride, static_cast<std::int64_t>(a.shape()[i] - 1), &back)) return "tensor '" + name + "' of shape " + shape_str(a.shape()) + " has backstrides that overflow std::ptrdiff_t";
+      if (__builtin_mul_overflow(stride, static_cast<std::int64_t>(a.shape()[i] - 1), &back))
+        return "tensor '" + name + "' of shape " + shape_str(a.shape()) +
+               " has backstrides that overflow std::ptrdiff_t";
     }
   }
-  if (total != data_size) return "the tensors cover " + std::to_string(total) + " of " + std::to_string(data_size) + " data bytes";
+  if (total != data_size)
+    return "the tensors cover " + std::to_string(total) + " of " + std::to_string(data_size) + " data bytes";
 
   // Then meaning, from an independent read of the header: the same names, offsets, values and
   // metadata.
@@ -231,17 +249,20 @@ std::string check_contents(const std::string& bytes, const SafetensorsContents& 
   if (!header.is_object()) return "accepted a header that is not an object";
   std::size_t entries = 0;
   for (auto it = header.begin(); it != header.end(); ++it) entries += it.key() == "__metadata__" ? 0 : 1;
-  if (entries != c.tensors.size()) return "the header has " + std::to_string(entries) + " entries, the result " + std::to_string(c.tensors.size());
+  if (entries != c.tensors.size())
+    return "the header has " + std::to_string(entries) + " entries, the result " + std::to_string(c.tensors.size());
   for (const auto& [name, a] : c.tensors) {
     if (!header.contains(name)) return "tensor '" + name + "' is not in the header";
     const nlohmann::json& off = header[name]["data_offsets"];
     const std::uint64_t b = off[0].get<std::uint64_t>(), e = off[1].get<std::uint64_t>();
     if (e < b || e > data_size || e - b != 4 * a.size()) return "tensor '" + name + "' does not match its data_offsets";
-    if (a.size() && std::memcmp(a.data(), data + b, 4 * a.size()) != 0) return "tensor '" + name + "' values differ from the file's bytes";
+    if (a.size() && std::memcmp(a.data(), data + b, 4 * a.size()) != 0)
+      return "tensor '" + name + "' values differ from the file's bytes";
   }
   Metadata meta;
   if (header.contains("__metadata__")) {
-    for (auto it = header["__metadata__"].begin(); it != header["__metadata__"].end(); ++it) meta[it.key()] = it.value().get<std::string>();
+    for (auto it = header["__metadata__"].begin(); it != header["__metadata__"].end(); ++it)
+      meta[it.key()] = it.value().get<std::string>();
   }
   if (meta != c.metadata) return "the metadata differs from the header's";
   return "";
@@ -344,26 +365,90 @@ void fail_with_input(const std::string& bytes, const std::string& label, const s
 // Mutations
 // ----------------------------------------------------------------------------------------------
 
-const unsigned char kInterestingBytes[] = {0x00, 0xff, '"', '{', '}', ',', '0', '1', '4', '7', '8', '9', '[', ']', ':',
-                                           '-', '.', 'e', ' ', '\\', 0x7f, 0x80, 0xc3, 0x01, 0x10};
+const unsigned char kInterestingBytes[] = {0x00, 0xff, '"', '{', '}', ',', '0',  '1',  '4',  '7',  '8',  '9', '[',
+                                           ']',  ':',  '-', '.', 'e', ' ', '\\', 0x7f, 0x80, 0xc3, 0x01, 0x10};
 
 // Numbers that sit at the edges: 0, small sizes, 2^31, 2^32, 2^62 (2^62 floats = 2^64 bytes),
 // 2^63, 2^64 - 1, 2^64 (does not fit), negative, fractional, exponents, very long.
-const char* const kInterestingNumbers[] = {
-    "0", "1", "2", "3", "4", "7", "8", "12", "16", "24", "-1", "-0", "-4", "65536", "2147483648", "4294967295",
-    "4294967296", "4611686018427387904", "4611686018427387903", "9223372036854775807", "9223372036854775808",
-    "-9223372036854775808", "18446744073709551615", "18446744073709551616", "18446744073709551612",
-    "100000000000000000000000000000", "1e3", "1e30", "1E2", "2.5", "0.0", "4.0", "1e-7", "0x10", "00", "01"};
+const char* const kInterestingNumbers[] = {"0",
+                                           "1",
+                                           "2",
+                                           "3",
+                                           "4",
+                                           "7",
+                                           "8",
+                                           "12",
+                                           "16",
+                                           "24",
+                                           "-1",
+                                           "-0",
+                                           "-4",
+                                           "65536",
+                                           "2147483648",
+                                           "4294967295",
+                                           "4294967296",
+                                           "4611686018427387904",
+                                           "4611686018427387903",
+                                           "9223372036854775807",
+                                           "9223372036854775808",
+                                           "-9223372036854775808",
+                                           "18446744073709551615",
+                                           "18446744073709551616",
+                                           "18446744073709551612",
+                                           "100000000000000000000000000000",
+                                           "1e3",
+                                           "1e30",
+                                           "1E2",
+                                           "2.5",
+                                           "0.0",
+                                           "4.0",
+                                           "1e-7",
+                                           "0x10",
+                                           "00",
+                                           "01"};
 
-const char* const kDtypes[] = {"\"F16\"", "\"BF16\"", "\"F64\"", "\"I64\"", "\"U8\"", "\"BOOL\"", "\"f32\"", "\"\"",
-                               "\"F32 \"", "\"F3\\u0032\"", "32", "null", "true", "[\"F32\"]", "{\"F32\":1}", "\"F32\""};
+const char* const kDtypes[] = {"\"F16\"", "\"BF16\"",  "\"F64\"",     "\"I64\"",       "\"U8\"", "\"BOOL\"",
+                               "\"f32\"", "\"\"",      "\"F32 \"",    "\"F3\\u0032\"", "32",     "null",
+                               "true",    "[\"F32\"]", "{\"F32\":1}", "\"F32\""};
 
-const char* const kShapes[] = {"[]", "[0]", "[1]", "[2]", "[3]", "[6]", "[1,1,1,1,1,1]", "[0,4611686018427387904,4611686018427387904]",
-                               "[4611686018427387904]", "[18446744073709551615,0]", "[0,18446744073709551615,18446744073709551615]",
-                               "[4294967296,4294967296]", "[-2,-3]", "[2.0,3]", "[\"2\",3]", "[null]", "[[2],3]", "null", "3", "{}", "[2,3,"};
+const char* const kShapes[] = {"[]",
+                               "[0]",
+                               "[1]",
+                               "[2]",
+                               "[3]",
+                               "[6]",
+                               "[1,1,1,1,1,1]",
+                               "[0,4611686018427387904,4611686018427387904]",
+                               "[4611686018427387904]",
+                               "[18446744073709551615,0]",
+                               "[0,18446744073709551615,18446744073709551615]",
+                               "[4294967296,4294967296]",
+                               "[-2,-3]",
+                               "[2.0,3]",
+                               "[\"2\",3]",
+                               "[null]",
+                               "[[2],3]",
+                               "null",
+                               "3",
+                               "{}",
+                               "[2,3,"};
 
-const char* const kValues[] = {"null", "true", "false", "0", "-1", "\"\"", "\"x\"", "[]", "{}", "[0,0]", "[[[[[[[[]]]]]]]]",
-                               "{\"a\":{\"b\":{\"c\":{}}}}", "1e999", "\"\\u0000\"", "\"\\ud800\"", "\"\xff\""};
+const char* const kValues[] = {"null",
+                               "true",
+                               "false",
+                               "0",
+                               "-1",
+                               "\"\"",
+                               "\"x\"",
+                               "[]",
+                               "{}",
+                               "[0,0]",
+                               "[[[[[[[[]]]]]]]]",
+                               "{\"a\":{\"b\":{\"c\":{}}}}",
+                               "1e999",
+                               "\"\\u0000\"",
+                               "\"\\ud800\"",
+                               "\"\xff\""};
 
 // The offsets (begin of the value) of every JSON value that follows `"key":` in `text`.
 std::vector<std::size_t> values_of_key(const std::string& text, const std::string& key) {
@@ -439,22 +524,49 @@ class Mutator {
   std::uint64_t u64() { return (static_cast<std::uint64_t>(g_.next_u32()) << 32) | g_.next_u32(); }
   char interesting_byte() { return static_cast<char>(kInterestingBytes[pick(sizeof kInterestingBytes)]); }
   template <std::size_t N>
-  const char* any(const char* const (&list)[N]) { return list[pick(N)]; }
+  const char* any(const char* const (&list)[N]) {
+    return list[pick(N)];
+  }
 
   void mutate(std::string& b, std::string& what) {
     switch (pick(12)) {
-      case 0: what += "bit_flip"; return bit_flip(b);
-      case 1: what += "byte_interesting"; return replace_byte(b, interesting_byte());
-      case 2: what += "byte_random"; return replace_byte(b, static_cast<char>(g_.next_u32()));
-      case 3: what += "insert"; return insert(b);
-      case 4: what += "delete"; return erase(b);
-      case 5: what += "truncate"; b.resize(pick(b.size() + 1)); return;
-      case 6: what += "header_length"; return header_length(b);
-      case 7: what += "splice"; return splice(b);
-      case 8: what += "json_number"; return json_edit(b, &Mutator::edit_number);
-      case 9: what += "json_dtype"; return json_edit(b, &Mutator::edit_dtype);
-      case 10: what += "json_offsets"; return json_edit(b, &Mutator::edit_offsets);
-      default: what += "json_structure"; return json_edit(b, &Mutator::edit_structure);
+      case 0:
+        what += "bit_flip";
+        return bit_flip(b);
+      case 1:
+        what += "byte_interesting";
+        return replace_byte(b, interesting_byte());
+      case 2:
+        what += "byte_random";
+        return replace_byte(b, static_cast<char>(g_.next_u32()));
+      case 3:
+        what += "insert";
+        return insert(b);
+      case 4:
+        what += "delete";
+        return erase(b);
+      case 5:
+        what += "truncate";
+        b.resize(pick(b.size() + 1));
+        return;
+      case 6:
+        what += "header_length";
+        return header_length(b);
+      case 7:
+        what += "splice";
+        return splice(b);
+      case 8:
+        what += "json_number";
+        return json_edit(b, &Mutator::edit_number);
+      case 9:
+        what += "json_dtype";
+        return json_edit(b, &Mutator::edit_dtype);
+      case 10:
+        what += "json_offsets";
+        return json_edit(b, &Mutator::edit_offsets);
+      default:
+        what += "json_structure";
+        return json_edit(b, &Mutator::edit_structure);
     }
   }
 
@@ -507,19 +619,45 @@ class Mutator {
     const std::uint64_t n = read_u64_le(b), size = b.size(), k = pick(17);
     std::uint64_t v = 0;
     switch (pick(13)) {
-      case 0: v = 0; break;
-      case 1: v = std::uint64_t(1) << 63; break;
-      case 2: v = ~std::uint64_t(0); break;
-      case 3: v = (std::uint64_t(1) << 63) - 1; break;
-      case 4: v = std::uint64_t(1) << 32; break;
-      case 5: v = size + k; break;
-      case 6: v = size - 8 + k; break;
-      case 7: v = size > 8 + k ? size - 8 - k : 0; break;
-      case 8: v = n + k; break;
-      case 9: v = n > k ? n - k : 0; break;
-      case 10: v = (std::uint64_t(100) << 20) + k - 8; break;  // around the 100 MB header limit
-      case 11: v = u64(); break;
-      default: v = pick(size + 16); break;
+      case 0:
+        v = 0;
+        break;
+      case 1:
+        v = std::uint64_t(1) << 63;
+        break;
+      case 2:
+        v = ~std::uint64_t(0);
+        break;
+      case 3:
+        v = (std::uint64_t(1) << 63) - 1;
+        break;
+      case 4:
+        v = std::uint64_t(1) << 32;
+        break;
+      case 5:
+        v = size + k;
+        break;
+      case 6:
+        v = size - 8 + k;
+        break;
+      case 7:
+        v = size > 8 + k ? size - 8 - k : 0;
+        break;
+      case 8:
+        v = n + k;
+        break;
+      case 9:
+        v = n > k ? n - k : 0;
+        break;
+      case 10:
+        v = (std::uint64_t(100) << 20) + k - 8;
+        break;  // around the 100 MB header limit
+      case 11:
+        v = u64();
+        break;
+      default:
+        v = pick(size + 16);
+        break;
     }
     b.replace(0, 8, u64_le(v));
   }
@@ -563,9 +701,14 @@ class Mutator {
     const auto [begin, end] = tokens[pick(tokens.size())];
     std::string v;
     switch (pick(4)) {
-      case 0: v = std::to_string(data_size + pick(9) - 4); break;  // near the data size (may wrap: also interesting)
-      case 1: v = std::to_string(u64() >> pick(64)); break;
-      default: v = any(kInterestingNumbers);
+      case 0:
+        v = std::to_string(data_size + pick(9) - 4);
+        break;  // near the data size (may wrap: also interesting)
+      case 1:
+        v = std::to_string(u64() >> pick(64));
+        break;
+      default:
+        v = any(kInterestingNumbers);
     }
     h.replace(begin, end - begin, v);
     return true;
@@ -605,8 +748,17 @@ class Mutator {
       h.replace(p, e - p, "[" + b1 + "," + b0 + "]");
       return true;
     }
-    const char* const forms[] = {"[]", "[0]", "[0,0]", "[0,4,8]", "[-4,0]", "[0,18446744073709551615]",
-                                 "[18446744073709551612,18446744073709551615]", "[4611686018427387904,0]", "[0.0,4.0]", "null", "[\"0\",\"4\"]"};
+    const char* const forms[] = {"[]",
+                                 "[0]",
+                                 "[0,0]",
+                                 "[0,4,8]",
+                                 "[-4,0]",
+                                 "[0,18446744073709551615]",
+                                 "[18446744073709551612,18446744073709551615]",
+                                 "[4611686018427387904,0]",
+                                 "[0.0,4.0]",
+                                 "null",
+                                 "[\"0\",\"4\"]"};
     h.replace(p, e - p, any(forms));
     return true;
   }
@@ -620,7 +772,8 @@ class Mutator {
         if (pick(3) == 0) {  // the same dimensions reversed: a valid reshape when the count matches
           auto nums = number_tokens(h.substr(p, e - p));
           std::string s = "[";
-          for (std::size_t k = nums.size(); k-- > 0;) s += h.substr(p + nums[k].first, nums[k].second - nums[k].first) + (k ? "," : "");
+          for (std::size_t k = nums.size(); k-- > 0;)
+            s += h.substr(p + nums[k].first, nums[k].second - nums[k].first) + (k ? "," : "");
           h.replace(p, e - p, s + "]");
         } else {
           h.replace(p, e - p, any(kShapes));
@@ -629,7 +782,8 @@ class Mutator {
       }
       case 1: {  // replace any value after a ':' with another JSON value
         std::vector<std::size_t> colons;
-        for (std::size_t i = 0; i < h.size(); ++i) if (h[i] == ':') colons.push_back(i + 1);
+        for (std::size_t i = 0; i < h.size(); ++i)
+          if (h[i] == ':') colons.push_back(i + 1);
         if (colons.empty()) return false;
         const std::size_t p = colons[pick(colons.size())];
         h.replace(p, value_end(h, p) - p, any(kValues));
@@ -644,13 +798,15 @@ class Mutator {
         if (brace == std::string::npos) return false;
         const std::size_t open = h.rfind('"', brace == 0 ? 0 : brace - 1);
         if (open == std::string::npos) return false;
-        const char* const names[] = {"__metadata__", "", "w", "a", "b", "optimizer.w", "tok_emb.weight", "x\\u0000y", "\\\"", "w\xc3\xa9"};
+        const char* const names[] = {"__metadata__",   "",          "w",    "a",        "b", "optimizer.w",
+                                     "tok_emb.weight", "x\\u0000y", "\\\"", "w\xc3\xa9"};
         h.replace(open + 1, brace - open - 1, any(names));
         return true;
       }
       case 3: {  // drop a key-value pair (text from a '"' after '{' or ',' to the value's end)
         std::vector<std::size_t> starts;
-        for (std::size_t i = 0; i + 1 < h.size(); ++i) if ((h[i] == '{' || h[i] == ',') && h[i + 1] == '"') starts.push_back(i);
+        for (std::size_t i = 0; i + 1 < h.size(); ++i)
+          if ((h[i] == '{' || h[i] == ',') && h[i + 1] == '"') starts.push_back(i);
         if (starts.empty()) return false;
         const std::size_t s = starts[pick(starts.size())];
         const std::size_t colon = h.find("\":", s + 2);
@@ -663,8 +819,10 @@ class Mutator {
         const char* const ws[] = {" ", "\t", "\n", "\r\n", "\xef\xbb\xbf", "  \x0c"};
         const std::size_t at = pick(h.size() + 1);
         const std::size_t w = pick(7);
-        if (w == 6) h.insert(at, 1, '\0');  // a NUL byte
-        else h.insert(at, ws[w]);
+        if (w == 6)
+          h.insert(at, 1, '\0');  // a NUL byte
+        else
+          h.insert(at, ws[w]);
         return true;
       }
     }
@@ -693,7 +851,8 @@ std::string fuzz_input(const std::vector<std::string>& corpus, std::size_t i, st
 std::vector<std::pair<std::string, std::string>> sweep_inputs(const std::vector<Seed>& seeds) {
   std::vector<std::pair<std::string, std::string>> out;
   for (const Seed& s : seeds) {
-    for (std::size_t k = 0; k <= s.bytes.size(); ++k) out.emplace_back(s.name + " cut at " + std::to_string(k), s.bytes.substr(0, k));
+    for (std::size_t k = 0; k <= s.bytes.size(); ++k)
+      out.emplace_back(s.name + " cut at " + std::to_string(k), s.bytes.substr(0, k));
     std::string header, data;
     if (split_file(s.bytes, header, data)) {
       for (std::size_t k = 0; k < header.size(); ++k) {
@@ -701,9 +860,20 @@ std::vector<std::pair<std::string, std::string>> sweep_inputs(const std::vector<
       }
     }
     const std::uint64_t size = s.bytes.size(), n = read_u64_le(s.bytes);
-    std::vector<std::uint64_t> lengths = {0, 1, 2, 7, 8, std::uint64_t(1) << 31, std::uint64_t(1) << 32, std::uint64_t(1) << 63,
-                                          (std::uint64_t(1) << 63) - 1, (std::uint64_t(1) << 63) + 1, ~std::uint64_t(0),
-                                          ~std::uint64_t(0) - 7, (std::uint64_t(100) << 20), (std::uint64_t(100) << 20) + 1};
+    std::vector<std::uint64_t> lengths = {0,
+                                          1,
+                                          2,
+                                          7,
+                                          8,
+                                          std::uint64_t(1) << 31,
+                                          std::uint64_t(1) << 32,
+                                          std::uint64_t(1) << 63,
+                                          (std::uint64_t(1) << 63) - 1,
+                                          (std::uint64_t(1) << 63) + 1,
+                                          ~std::uint64_t(0),
+                                          ~std::uint64_t(0) - 7,
+                                          (std::uint64_t(100) << 20),
+                                          (std::uint64_t(100) << 20) + 1};
     for (std::uint64_t k = 0; k <= 9; ++k) {
       lengths.push_back(size + k);
       lengths.push_back(size - k);
@@ -825,7 +995,8 @@ TEST_CASE("every committed corpus file parses or throws xgrad::Error", "[checkpo
 // The fuzzer
 // ----------------------------------------------------------------------------------------------
 
-TEST_CASE("parse_safetensors on mutated inputs returns consistent contents or throws xgrad::Error", "[checkpoint][fuzz]") {
+TEST_CASE("parse_safetensors on mutated inputs returns consistent contents or throws xgrad::Error",
+          "[checkpoint][fuzz]") {
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Seed> seeds = make_seed_corpus();
   const std::vector<std::string> corpus = seed_bytes();
@@ -849,7 +1020,8 @@ TEST_CASE("parse_safetensors on mutated inputs returns consistent contents or th
   for (std::size_t i = 0; i < iterations; ++i) {
     std::string what;
     const std::string bytes = fuzz_input(corpus, i, what);
-    INFO("random input " << i << " (" << what << "); rebuild it with XGRAD_FUZZ_INPUT=" << i << " test_checkpoint_fuzz \"[write_fuzz_input]\"");
+    INFO("random input " << i << " (" << what << "); rebuild it with XGRAD_FUZZ_INPUT=" << i
+                         << " test_checkpoint_fuzz \"[write_fuzz_input]\"");
     const CurrentInput current(bytes, "random " + std::to_string(i) + " (" + what + ")");
     const Verdict v = judge(bytes);
     if (!v.problem.empty()) fail_with_input(bytes, "random " + std::to_string(i) + " (" + what + ")", v.problem);
@@ -863,9 +1035,9 @@ TEST_CASE("parse_safetensors on mutated inputs returns consistent contents or th
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << "checkpoint fuzz: " << tried << " inputs (" << sweeps << " sweep, " << iterations << " random) in " << seconds
-            << " s: " << accepted << " accepted (" << sweep_accepted << " sweep, " << random_accepted << " random), " << rejected
-            << " rejected with xgrad::Error\n";
+  std::cout << "checkpoint fuzz: " << tried << " inputs (" << sweeps << " sweep, " << iterations << " random) in "
+            << seconds << " s: " << accepted << " accepted (" << sweep_accepted << " sweep, " << random_accepted
+            << " random), " << rejected << " rejected with xgrad::Error\n";
   INFO(tried << " inputs, " << accepted << " accepted, " << rejected << " rejected");
   // Both sides are explored, by the sweeps and by the random mutations alike.
   CHECK(accepted > 0);
@@ -877,7 +1049,8 @@ TEST_CASE("parse_safetensors on mutated inputs returns consistent contents or th
   CHECK(accepted_kinds.size() >= 5);
 }
 
-TEST_CASE("load_checkpoint of mutated checkpoints leaves the model unchanged whenever it throws", "[checkpoint][fuzz]") {
+TEST_CASE("load_checkpoint of mutated checkpoints leaves the model unchanged whenever it throws",
+          "[checkpoint][fuzz]") {
   TempDir dir("xgrad_fuzz");
   const std::string path = dir.file("lm.safetensors");
   Generator g_target(21), g_other(22);
@@ -914,11 +1087,14 @@ TEST_CASE("load_checkpoint of mutated checkpoints leaves the model unchanged whe
       nn::load_state_dict(target, original);
     } catch (const Error&) {
       ++rejected;
-      if (!params_equal(target, before)) fail_with_input(bytes, "checkpoint " + std::to_string(i) + " (" + what + ")", "load_checkpoint threw but changed the model");
+      if (!params_equal(target, before))
+        fail_with_input(bytes, "checkpoint " + std::to_string(i) + " (" + what + ")",
+                        "load_checkpoint threw but changed the model");
     }
     // Any other exception type escapes and fails the test.
   }
-  std::cout << "load_checkpoint fuzz: 300 inputs, " << accepted << " loaded, " << rejected << " rejected with the model unchanged\n";
+  std::cout << "load_checkpoint fuzz: 300 inputs, " << accepted << " loaded, " << rejected
+            << " rejected with the model unchanged\n";
   CHECK(accepted > 0);
   CHECK(rejected > 0);
   REQUIRE(params_equal(target, original));
@@ -927,7 +1103,9 @@ TEST_CASE("load_checkpoint of mutated checkpoints leaves the model unchanged whe
 // Values nested deeper than any real header must be rejected like any other bad value, not
 // exhaust the stack (a depth-first walk or dump() of the value recurses once per level).
 TEST_CASE("deeply nested JSON values in the header give an xgrad::Error", "[checkpoint][fuzz]") {
-  auto nest = [](std::size_t depth, const std::string& inner) { return std::string(depth, '[') + inner + std::string(depth, ']'); };
+  auto nest = [](std::size_t depth, const std::string& inner) {
+    return std::string(depth, '[') + inner + std::string(depth, ']');
+  };
   std::size_t rejected = 0;
   for (std::size_t depth : {1u, 64u, 4096u, 200000u}) {
     const std::vector<std::pair<std::string, std::string>> headers = {

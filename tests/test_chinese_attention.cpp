@@ -88,7 +88,8 @@ TEST_CASE("the corpus holds the sentence's words, and sentences encode and decod
 
 TEST_CASE("a short training run brings the held-out loss well below the unigram baseline") {
   const TrainResult r = train(short_run(200), builtin_corpus());
-  INFO("held-out " << r.losses.held_out << ", untrained " << r.losses.held_out_before << ", unigram " << r.losses.unigram);
+  INFO("held-out " << r.losses.held_out << ", untrained " << r.losses.held_out_before << ", unigram "
+                   << r.losses.unigram);
   REQUIRE(r.losses.unigram > 3.0);  // about 80 words in use: a meaningful bar
   REQUIRE(r.losses.held_out_before > r.losses.unigram);
   REQUIRE(r.losses.held_out < 0.4 * r.losses.unigram);  // measured: 1.306 against 3.697
@@ -157,14 +158,15 @@ TEST_CASE("the head reading names known patterns") {
   CHECK(r[2].self == Approx(1.0));
   CHECK(r[3].pattern == "mixed");
   CHECK(r[3].previous == Approx((1.0 / 3 + 1.0 / 4 + 1.0 / 5) / 3));
-  CHECK(describe(r[0], {"<s>", "a", "b", "c", "d"}).find("a→<s> 1.00  b→a 1.00  c→b 1.00  d→c 1.00") != std::string::npos);
+  CHECK(describe(r[0], {"<s>", "a", "b", "c", "d"}).find("a→<s> 1.00  b→a 1.00  c→b 1.00  d→c 1.00") !=
+        std::string::npos);
 }
 
 TEST_CASE("bad options fail with exit 2 and one line naming the option") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--steps", "-1"}, "--steps"},  {{"--steps", "0"}, "--steps"},   {{"--steps", "0x10"}, "--steps"},
-      {{"--batch", "0"}, "--batch"},   {{"--lr", "nan"}, "--lr"},       {{"--lr", "0"}, "--lr"},
-      {{"--seed", "-1"}, "--seed"},    {{"--threads", "0"}, "--threads"}, {{"--no-such-flag"}, "--no-such-flag"}};
+      {{"--steps", "-1"}, "--steps"}, {{"--steps", "0"}, "--steps"},     {{"--steps", "0x10"}, "--steps"},
+      {{"--batch", "0"}, "--batch"},  {{"--lr", "nan"}, "--lr"},         {{"--lr", "0"}, "--lr"},
+      {{"--seed", "-1"}, "--seed"},   {{"--threads", "0"}, "--threads"}, {{"--no-such-flag"}, "--no-such-flag"}};
   for (const auto& [args, option] : cases) {
     INFO(args[0] << (args.size() > 1 ? " " + args[1] : ""));
     const auto [code, message] = parse_command(args);

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/distributed/data_parallel.hpp"
 #include "xgrad/nn/checkpoint.hpp"
@@ -46,7 +46,8 @@ Data global_batch(std::uint64_t seed) {
   return d;
 }
 Data my_rows(const Data& d) {
-  const std::size_t rows = 4 / static_cast<std::size_t>(group().size()), from = rows * static_cast<std::size_t>(group().rank());
+  const std::size_t rows = 4 / static_cast<std::size_t>(group().size()),
+                    from = rows * static_cast<std::size_t>(group().rank());
   Data out{IndexArray::from_shape({rows, 6}), IndexArray::from_shape({rows, 6})};
   std::copy_n(d.ids.data() + from * 6, rows * 6, out.ids.data());
   std::copy_n(d.targets.data() + from * 6, rows * 6, out.targets.data());
@@ -91,9 +92,11 @@ TEST_CASE("allreduce sums and averages, broadcast copies rank 0's values", "[dis
 TEST_CASE("collectives refuse lengths that differ between ranks, on every rank", "[distributed][bad_input]") {
   if (group().size() < 2) return;
   Array a = xt::ones<float>({static_cast<std::size_t>(3 + group().rank())});
-  REQUIRE_THROWS_WITH(group().allreduce_sum(a),
-                      Catch::Contains("allreduce_sum: rank " + std::to_string(group().rank())) && Catch::Contains("from 3 to"));
-  REQUIRE_THROWS_WITH(group().broadcast(a, 0), Catch::Contains("broadcast: rank") && Catch::Contains("lengths range from 3"));
+  REQUIRE_THROWS_WITH(
+      group().allreduce_sum(a),
+      Catch::Contains("allreduce_sum: rank " + std::to_string(group().rank())) && Catch::Contains("from 3 to"));
+  REQUIRE_THROWS_WITH(group().broadcast(a, 0),
+                      Catch::Contains("broadcast: rank") && Catch::Contains("lengths range from 3"));
   REQUIRE_THROWS_WITH(group().broadcast(a, 7), Catch::Contains("root 7 is not a rank"));
   // The group still works afterwards.
   Array ok = {1.f};
@@ -101,14 +104,17 @@ TEST_CASE("collectives refuse lengths that differ between ranks, on every rank",
   REQUIRE(ok(0) == static_cast<float>(group().size()));
 }
 
-TEST_CASE("ranks in different collectives fail on every rank naming both calls, and the group still works", "[distributed][bad_input]") {
+TEST_CASE("ranks in different collectives fail on every rank naming both calls, and the group still works",
+          "[distributed][bad_input]") {
   if (group().size() < 2) return;
   const int r = group().rank();
   if (r == 0) {
-    REQUIRE_THROWS_WITH(group().barrier(), Catch::Contains("barrier: rank 0 is in barrier while rank 1 is in allreduce_sum (double)"));
+    REQUIRE_THROWS_WITH(group().barrier(),
+                        Catch::Contains("barrier: rank 0 is in barrier while rank 1 is in allreduce_sum (double)"));
   } else {
     REQUIRE_THROWS_WITH(group().allreduce_sum(1.0),
-                        Catch::Contains("allreduce_sum: rank " + std::to_string(r) + " is in allreduce_sum (double) while rank 0 is in barrier") &&
+                        Catch::Contains("allreduce_sum: rank " + std::to_string(r) +
+                                        " is in allreduce_sum (double) while rank 0 is in barrier") &&
                             Catch::Contains("every rank must make the same collective calls, in the same order"));
   }
   // agree() alone: the same call with different lengths names the lengths.
@@ -124,7 +130,8 @@ TEST_CASE("ranks in different collectives fail on every rank naming both calls, 
 TEST_CASE("the timeout is seconds > 0, from XGRAD_DIST_TIMEOUT or set_timeout", "[distributed][bad_input]") {
   const double before = group().timeout();
   if (!std::getenv("XGRAD_DIST_TIMEOUT")) REQUIRE(before == 300.0);
-  REQUIRE_THROWS_WITH(group().set_timeout(0), Catch::Contains("ProcessGroup::set_timeout: 0 is not a number of seconds > 0"));
+  REQUIRE_THROWS_WITH(group().set_timeout(0),
+                      Catch::Contains("ProcessGroup::set_timeout: 0 is not a number of seconds > 0"));
   REQUIRE_THROWS_WITH(group().set_timeout(-2), Catch::Contains("-2 is not a number of seconds > 0"));
   REQUIRE_THROWS_WITH(group().set_timeout(std::nan("")), Catch::Contains("nan is not a number of seconds > 0"));
   REQUIRE(group().timeout() == before);
@@ -139,7 +146,8 @@ TEST_CASE("the timeout is seconds > 0, from XGRAD_DIST_TIMEOUT or set_timeout", 
   float x = 1.f;
   for (const double bad : {-1.0, std::nan("")}) {
     REQUIRE_THROWS_WITH(group().iallreduce_sum(&x, 1, "x", bad),
-                        Catch::Contains("iallreduce_sum: timeout ") && Catch::Contains(" is not a number of seconds >= 0 (0: the group's)"));
+                        Catch::Contains("iallreduce_sum: timeout ") &&
+                            Catch::Contains(" is not a number of seconds >= 0 (0: the group's)"));
   }
   REQUIRE(x == 1.f);
 }
@@ -227,8 +235,10 @@ TEST_CASE("parameters stay bit-identical on every rank through clipped AdamW ste
 
 TEST_CASE("a parameter used on some ranks only gets the mean, and one used nowhere gets no gradient", "[distributed]") {
   struct Two : nn::Module {
-    explicit Two(Generator& g) : a(std::make_shared<nn::Linear>(3, 2, true, g)), b(std::make_shared<nn::Linear>(3, 2, true, g)),
-                                 c(std::make_shared<nn::Linear>(3, 2, true, g)) {
+    explicit Two(Generator& g)
+        : a(std::make_shared<nn::Linear>(3, 2, true, g)),
+          b(std::make_shared<nn::Linear>(3, 2, true, g)),
+          c(std::make_shared<nn::Linear>(3, 2, true, g)) {
       register_module("a", a);
       register_module("b", b);
       register_module("c", c);
@@ -250,7 +260,8 @@ TEST_CASE("a parameter used on some ranks only gets the mean, and one used nowhe
   REQUIRE_FALSE(m.c->named_parameters()[0].second.has_grad());
 }
 
-TEST_CASE("ranks whose models differ fail on every rank, naming the first differing parameter", "[distributed][bad_input]") {
+TEST_CASE("ranks whose models differ fail on every rank, naming the first differing parameter",
+          "[distributed][bad_input]") {
   if (group().size() < 2) return;
   Generator g(1);
   nn::LanguageModel model(lm_options(group().rank() == 0 ? 16 : 32), g);
@@ -266,12 +277,14 @@ TEST_CASE("ranks whose models differ fail on every rank, naming the first differ
 TEST_CASE("DataParallel refuses a bucket smaller than one float", "[distributed][bad_input]") {
   Generator g(1);
   nn::LanguageModel model(lm_options(), g);
-  REQUIRE_THROWS_WITH(DataParallel(model, group(), DataParallelOptions().bucket_bytes(2)), Catch::Contains("bucket_bytes 2"));
+  REQUIRE_THROWS_WITH(DataParallel(model, group(), DataParallelOptions().bucket_bytes(2)),
+                      Catch::Contains("bucket_bytes 2"));
 }
 
 TEST_CASE("a backward that fails midway leaves the next one correct", "[distributed]") {
   struct Chain : nn::Module {
-    explicit Chain(Generator& g) : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
+    explicit Chain(Generator& g)
+        : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
       register_module("a", a);
       register_module("b", b);
     }

@@ -32,8 +32,8 @@ Outcome job(const TempDir& dir, const std::string& mode, const std::string& time
   limits.seconds = limit_seconds;
   limits.memory = RLIM_INFINITY;  // Open MPI maps large shared-memory segments
   return run_program(dir, XGRAD_MPIEXEC,
-                     {"--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-x", "XGRAD_DIST_TIMEOUT=" + timeout, "-np", "2",
-                      XGRAD_DISTRIBUTED_JOB, mode, dir.path},
+                     {"--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-x",
+                      "XGRAD_DIST_TIMEOUT=" + timeout, "-np", "2", XGRAD_DISTRIBUTED_JOB, mode, dir.path},
                      limits);
 }
 
@@ -90,15 +90,18 @@ TEST_CASE("a rank that returns non-zero from main while another is in a reductio
   REQUIRE_THAT(o.err, Catch::Contains("ProcessGroup: rank 1 is leaving the program with status 1: ending the job"));
 }
 
-TEST_CASE("a rank that throws out of main while another is in a reduction ends the job at once", "[distributed][bad_input]") {
+TEST_CASE("a rank that throws out of main while another is in a reduction ends the job at once",
+          "[distributed][bad_input]") {
   TempDir dir("xgrad_job_throw");
   const Outcome o = job(dir, "throw", "60");
   require_failed_within(o, 20);
   REQUIRE_THAT(o.err, Catch::Contains("rank 1 throws out of main at step 1"));
 }
 
-TEST_CASE("a stopped rank ends the job by the timeout, naming the rank, the bucket and the wait, and the other sleeps meanwhile",
-          "[distributed][bad_input]") {
+TEST_CASE(
+    "a stopped rank ends the job by the timeout, naming the rank, the bucket and the wait, and the other sleeps "
+    "meanwhile",
+    "[distributed][bad_input]") {
   TempDir dir("xgrad_job_stop");
   Outcome o;
   std::thread launcher([&] { o = job(dir, "stop", "2"); });
@@ -128,16 +131,21 @@ TEST_CASE("a stopped rank ends the job by the timeout, naming the rank, the buck
                           Catch::Contains(" s (the timeout is 2 s; XGRAD_DIST_TIMEOUT sets it) for the other ranks"));
 }
 
-TEST_CASE("a rank late past the timeout for a blocking collective ends the job naming the call and the wait", "[distributed][bad_input]") {
+TEST_CASE("a rank late past the timeout for a blocking collective ends the job naming the call and the wait",
+          "[distributed][bad_input]") {
   TempDir dir("xgrad_job_late");
   const Outcome o = job(dir, "late", "2");
   require_failed_within(o, 15);
   REQUIRE(o.seconds > 2);
-  REQUIRE_THAT(o.err, Catch::Contains("allreduce_sum of a double: rank 0 waited 2.") &&
-                          Catch::Contains(" s (the timeout is 2 s; XGRAD_DIST_TIMEOUT sets it) for the other ranks: one is stopped, hung, gone"));
+  REQUIRE_THAT(
+      o.err,
+      Catch::Contains("allreduce_sum of a double: rank 0 waited 2.") &&
+          Catch::Contains(
+              " s (the timeout is 2 s; XGRAD_DIST_TIMEOUT sets it) for the other ranks: one is stopped, hung, gone"));
 }
 
-TEST_CASE("ranks that run different numbers of backward passes per step end the job naming both calls", "[distributed][bad_input]") {
+TEST_CASE("ranks that run different numbers of backward passes per step end the job naming both calls",
+          "[distributed][bad_input]") {
   TempDir dir("xgrad_job_passes");
   const Outcome o = job(dir, "uneven-passes", "60");
   require_failed_within(o, 20);
@@ -158,12 +166,17 @@ TEST_CASE("a DataParallel built on one rank only ends the job naming what each r
   TempDir dir("xgrad_job_ddp");
   const Outcome o = job(dir, "ddp-one-rank", "60");
   require_failed_within(o, 20);
-  REQUIRE_THAT(o.err, Catch::Contains("DataParallel: rank 0 is constructing a DataParallel while rank 1 is in allreduce_sum (double)"));
-  REQUIRE_THAT(o.err, Catch::Contains("allreduce_sum: rank 1 is in allreduce_sum (double) while rank 0 is constructing a DataParallel") ||
-                          Catch::Contains("ProcessGroup: rank 0 is leaving the program with status 1"));
+  REQUIRE_THAT(
+      o.err,
+      Catch::Contains("DataParallel: rank 0 is constructing a DataParallel while rank 1 is in allreduce_sum (double)"));
+  REQUIRE_THAT(o.err,
+               Catch::Contains(
+                   "allreduce_sum: rank 1 is in allreduce_sum (double) while rank 0 is constructing a DataParallel") ||
+                   Catch::Contains("ProcessGroup: rank 0 is leaving the program with status 1"));
 }
 
-TEST_CASE("an XGRAD_DIST_TIMEOUT that is not a number of seconds > 0 is refused naming it", "[distributed][bad_input]") {
+TEST_CASE("an XGRAD_DIST_TIMEOUT that is not a number of seconds > 0 is refused naming it",
+          "[distributed][bad_input]") {
   TempDir dir("xgrad_job_env");
   const Outcome o = job(dir, "ok", "abc");
   INFO(o);
@@ -179,7 +192,8 @@ TEST_CASE("an XGRAD_DIST_TIMEOUT that is not a number of seconds > 0 is refused 
     INFO(one);
     REQUIRE(one.exited);
     REQUIRE(one.code == 1);
-    REQUIRE_THAT(one.err, Catch::Contains("ProcessGroup: XGRAD_DIST_TIMEOUT '" + bad + "' is not a number of seconds > 0"));
+    REQUIRE_THAT(one.err,
+                 Catch::Contains("ProcessGroup: XGRAD_DIST_TIMEOUT '" + bad + "' is not a number of seconds > 0"));
   }
   ::setenv("XGRAD_DIST_TIMEOUT", "7.5", 1);
   const Outcome fine = run_program(dir, XGRAD_DISTRIBUTED_JOB, {"ok"}, limits);

@@ -20,8 +20,8 @@
 #include <string>
 #include <thread>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/distributed/data_parallel.hpp"
 #include "xgrad/nn/layers.hpp"
@@ -34,7 +34,8 @@ using distributed::ProcessGroup;
 namespace {
 
 struct Chain : nn::Module {
-  explicit Chain(Generator& g) : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
+  explicit Chain(Generator& g)
+      : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
     register_module("a", a);
     register_module("b", b);
   }
@@ -45,7 +46,8 @@ struct Chain : nn::Module {
 double cpu_seconds() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 }  // namespace
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
     Generator g(1);
     Chain model(g);
     std::unique_ptr<DataParallel> ddp;
-    if (mode != "ddp-one-rank" || rank == 0) ddp = std::make_unique<DataParallel>(model, group, DataParallelOptions().bucket_bytes(16));
+    if (mode != "ddp-one-rank" || rank == 0)
+      ddp = std::make_unique<DataParallel>(model, group, DataParallelOptions().bucket_bytes(16));
     if (mode == "stop") std::ofstream(folder + "/rank" + std::to_string(rank) + ".pid") << ::getpid() << '\n';
     const bool loss_mean = mode == "uneven-passes" || mode == "ddp-one-rank" || mode == "late";
     const int passes = mode == "uneven-passes" && rank == 0 ? 2 : 1;
@@ -83,7 +86,8 @@ int main(int argc, char** argv) {
       if (mode == "late" && rank == 1 && step == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
       if (loss_mean) loss = group.allreduce_sum(loss) / group.size();
       if (mode == "ok" && rank == 0 && step == 0) {
-        std::printf("rank 0: first step: %.3f s wall, %.3f s CPU\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count(),
+        std::printf("rank 0: first step: %.3f s wall, %.3f s CPU\n",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count(),
                     cpu_seconds() - cpu);
       }
       model.zero_grad();

@@ -40,8 +40,9 @@ std::vector<std::string> mpirun_args(int ranks, const std::vector<std::string>& 
 
 // A small model's command line; `more` adds flags or, for a flag already there, replaces its value.
 std::vector<std::string> small(const std::vector<std::string>& more) {
-  std::vector<std::string> a = {"--layers", "1", "--d-model", "32", "--heads", "2", "--seq-len", "16", "--batch", "8",
-                                "--text-bytes", "30000", "--eval-batches", "2", "--dropout", "0", "--quiet"};
+  std::vector<std::string> a = {"--layers",       "1",  "--d-model", "32", "--heads",      "2",
+                                "--seq-len",      "16", "--batch",   "8",  "--text-bytes", "30000",
+                                "--eval-batches", "2",  "--dropout", "0",  "--quiet"};
   for (std::size_t i = 0; i < more.size(); ++i) {
     const bool has_value = i + 1 < more.size() && more[i + 1].compare(0, 2, "--") != 0;
     const auto at = std::find(a.begin(), a.end(), more[i]);
@@ -67,8 +68,8 @@ Limits mpi_limits(int seconds = 120) {
   return l;
 }
 
-Outcome mpirun(const TempDir& dir, int ranks, const std::vector<std::string>& args, const std::vector<std::string>& mca = {},
-               const Limits& limits = mpi_limits()) {
+Outcome mpirun(const TempDir& dir, int ranks, const std::vector<std::string>& args,
+               const std::vector<std::string>& mca = {}, const Limits& limits = mpi_limits()) {
   return run_program(dir, XGRAD_MPIEXEC, concat(mpirun_args(ranks, mca), args), limits);
 }
 
@@ -142,7 +143,9 @@ pid_t find_rank(int rank, const std::string& marker) {
     const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
     if (pid <= 0 || pid == ::getpid()) continue;
     const std::string cmdline = read_proc("/proc/" + std::to_string(pid) + "/cmdline");
-    if (cmdline.find(marker) != std::string::npos && cmdline.find("train_lm") != std::string::npos && rank_of(pid) == rank) found = pid;
+    if (cmdline.find(marker) != std::string::npos && cmdline.find("train_lm") != std::string::npos &&
+        rank_of(pid) == rank)
+      found = pid;
   }
   ::closedir(d);
   return found;
@@ -161,7 +164,8 @@ TEST_CASE("two ranks follow one process's trajectory on the same global batch", 
   require_ok(two);
   REQUIRE_THAT(two.out, Catch::Contains("data-parallel on 2 processes, 4 sequences each"));
   const double shm = max_relative_difference(read_log(dir.file("two/log.csv")), one);
-  std::printf("max relative difference of the losses after 100 steps, 2 ranks (shared memory) vs 1 process: %.3g\n", shm);
+  std::printf("max relative difference of the losses after 100 steps, 2 ranks (shared memory) vs 1 process: %.3g\n",
+              shm);
   REQUIRE(shm <= 1e-4);
 
   const Outcome tcp = mpirun(dir, 2, concat(args, {"--out", "tcp"}), {"--mca", "btl", "tcp,self"});
@@ -174,12 +178,15 @@ TEST_CASE("two ranks follow one process's trajectory on the same global batch", 
 TEST_CASE("a checkpoint written by one process resumes on two, and one of two on one", "[distributed]") {
   TempDir dir("xgrad_ddp_resume");
   const std::string single = dir.file("single.safetensors");
-  require_ok(run_program(dir, kTrainLm, concat(small({"--steps", "10", "--warmup", "5"}), {"--checkpoint", single}), mpi_limits()));
-  const Outcome up = mpirun(dir, 2, concat(small({"--steps", "20", "--warmup", "5"}), {"--checkpoint", single, "--resume"}));
+  require_ok(run_program(dir, kTrainLm, concat(small({"--steps", "10", "--warmup", "5"}), {"--checkpoint", single}),
+                         mpi_limits()));
+  const Outcome up =
+      mpirun(dir, 2, concat(small({"--steps", "20", "--warmup", "5"}), {"--checkpoint", single, "--resume"}));
   require_ok(up);
   REQUIRE_THAT(up.out, Catch::Contains("resuming at step 10"));
-  const Outcome down = run_program(dir, kTrainLm, concat(small({"--steps", "25", "--warmup", "5"}), {"--checkpoint", single, "--resume"}),
-                                   mpi_limits());
+  const Outcome down = run_program(
+      dir, kTrainLm, concat(small({"--steps", "25", "--warmup", "5"}), {"--checkpoint", single, "--resume"}),
+      mpi_limits());
   require_ok(down);
   REQUIRE_THAT(down.out, Catch::Contains("resuming at step 20"));
 }
@@ -195,7 +202,8 @@ TEST_CASE("ranks that disagree fail at start-up with one clear message", "[distr
   INFO(o);
   REQUIRE_FALSE(o.timed_out);
   REQUIRE(o.code != 0);
-  REQUIRE_THAT(o.err, Catch::Contains("rank 1 was started with other settings than rank 0: --d-model 32 on rank 0, 64 here"));
+  REQUIRE_THAT(o.err,
+               Catch::Contains("rank 1 was started with other settings than rank 0: --d-model 32 on rank 0, 64 here"));
 
   const Outcome odd = mpirun(dir, 2, small({"--steps", "5", "--warmup", "1", "--batch", "5"}));
   INFO(odd);
@@ -204,7 +212,8 @@ TEST_CASE("ranks that disagree fail at start-up with one clear message", "[distr
   REQUIRE_THAT(odd.err, Catch::Contains("--batch 5 does not divide among 2 processes"));
 }
 
-TEST_CASE("an option that picks another path on one rank only is refused on every rank, naming it", "[distributed][bad_input]") {
+TEST_CASE("an option that picks another path on one rank only is refused on every rank, naming it",
+          "[distributed][bad_input]") {
   TempDir dir("xgrad_ddp_paths");
   const std::vector<std::string> base = small({"--steps", "5", "--warmup", "1"});
   // Open MPI's MPMD form: rank 0 and rank 1 get different command lines.
@@ -215,12 +224,14 @@ TEST_CASE("an option that picks another path on one rank only is refused on ever
   };
   const std::string ck = dir.file("ck.safetensors");
   // Rank 0 would sample and leave; rank 1 would train and wait for it in every step.
-  const Outcome sample = two_lines(concat(base, {"--checkpoint", ck, "--sample", "50"}), concat(base, {"--checkpoint", ck}));
+  const Outcome sample =
+      two_lines(concat(base, {"--checkpoint", ck, "--sample", "50"}), concat(base, {"--checkpoint", ck}));
   INFO(sample);
   REQUIRE_FALSE(sample.timed_out);
   REQUIRE(sample.code != 0);
   REQUIRE(sample.seconds < 30);
-  REQUIRE_THAT(sample.err, Catch::Contains("train_lm (rank 1): error: rank 1 was started with other settings than rank 0: --sample 50 on rank 0, not given here"));
+  REQUIRE_THAT(sample.err, Catch::Contains("train_lm (rank 1): error: rank 1 was started with other settings than rank "
+                                           "0: --sample 50 on rank 0, not given here"));
 
   // Per-process options may differ; --help on one rank ends the job instead of leaving it waiting.
   const Outcome help = two_lines(concat(base, {"--threads", "2"}), concat(base, {"--help"}));
@@ -241,22 +252,28 @@ TEST_CASE("an option that picks another path on one rank only is refused on ever
   REQUIRE_FALSE(timeout.timed_out);
   REQUIRE(timeout.exited);
   REQUIRE(timeout.code == 1);
-  REQUIRE_THAT(timeout.err, Catch::Contains("train_lm: error: ProcessGroup: XGRAD_DIST_TIMEOUT 'soon' is not a number of seconds > 0"));
+  REQUIRE_THAT(
+      timeout.err,
+      Catch::Contains("train_lm: error: ProcessGroup: XGRAD_DIST_TIMEOUT 'soon' is not a number of seconds > 0"));
 }
 
 TEST_CASE("a rank that dies or throws ends the job naming it, and the checkpoint loads and resumes bit-exactly",
           "[distributed][bad_input]") {
   TempDir dir("xgrad_ddp_fault");
   const std::string ck = dir.file("ck.safetensors"), straight = dir.file("straight.safetensors");
-  const std::vector<std::string> args = small({"--steps", "1000", "--warmup", "5", "--dropout", "0.1", "--eval-interval", "0"});
+  const std::vector<std::string> args =
+      small({"--steps", "1000", "--warmup", "5", "--dropout", "0.1", "--eval-interval", "0"});
   require_ok(mpirun(dir, 2, concat(args, {"--checkpoint", straight})));
 
   // Killed: start the same run with checkpoints every 20 steps, kill rank 1 after the first.
   const pid_t launcher = ::fork();
   if (launcher == 0) {
-    const Outcome o = mpirun(dir, 2, concat(args, {"--checkpoint", ck, "--checkpoint-interval", "20"}), {}, mpi_limits(90));
-    std::ofstream(dir.file("outcome")) << (o.timed_out ? "timeout" : o.exited ? "exit" : "signal") << ' ' << o.code << ' '
-                                       << o.seconds << '\n'
+    const Outcome o =
+        mpirun(dir, 2, concat(args, {"--checkpoint", ck, "--checkpoint-interval", "20"}), {}, mpi_limits(90));
+    std::ofstream(dir.file("outcome")) << (o.timed_out ? "timeout"
+                                           : o.exited  ? "exit"
+                                                       : "signal")
+                                       << ' ' << o.code << ' ' << o.seconds << '\n'
                                        << o.err;
     ::_exit(0);
   }

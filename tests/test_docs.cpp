@@ -47,7 +47,8 @@ std::vector<std::string> prose_lines(const std::string& text) {
       continue;
     }
     if (!fence.empty()) {
-      if (is_fence && body.substr(0, 3) == fence && body.find_first_not_of(fence[0]) == std::string::npos) fence.clear();
+      if (is_fence && body.substr(0, 3) == fence && body.find_first_not_of(fence[0]) == std::string::npos)
+        fence.clear();
       out.emplace_back();
       continue;
     }

@@ -32,7 +32,8 @@ using xgrad::testing::Limits;
 using xgrad::testing::Outcome;
 
 // Runs an example program from `dir`.
-Outcome run(const TempDir& dir, const std::string& program, const std::vector<std::string>& args, const Limits& limits = {}) {
+Outcome run(const TempDir& dir, const std::string& program, const std::vector<std::string>& args,
+            const Limits& limits = {}) {
   return xgrad::testing::run_program(dir, std::string(XGRAD_EXAMPLES_DIR) + "/" + program, args, limits);
 }
 
@@ -47,8 +48,8 @@ void require_fails(const Outcome& o, int code, const std::vector<std::string>& p
 
 // A tiny train_lm model, so each run takes well under a second.
 std::vector<std::string> tiny(std::vector<std::string> more) {
-  std::vector<std::string> a = {"--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len", "16", "--batch", "4",
-                                "--text-bytes", "20000", "--eval-batches", "2", "--quiet"};
+  std::vector<std::string> a = {"--layers", "1", "--d-model",    "16",    "--heads",        "2", "--seq-len", "16",
+                                "--batch",  "4", "--text-bytes", "20000", "--eval-batches", "2", "--quiet"};
   a.insert(a.end(), more.begin(), more.end());
   return a;
 }
@@ -62,7 +63,8 @@ pid_t dead_pid() {
 }
 
 // Trains the tiny model for `steps` steps (after `text`, when given) into dir/ck.safetensors.
-std::string trained_checkpoint(const TempDir& dir, const std::string& steps, const std::vector<std::string>& text = {}) {
+std::string trained_checkpoint(const TempDir& dir, const std::string& steps,
+                               const std::vector<std::string>& text = {}) {
   const std::string ck = dir.file("ck.safetensors");
   std::vector<std::string> args = text;
   for (const std::string& a : tiny({"--steps", steps, "--warmup", "1", "--checkpoint", ck})) args.push_back(a);
@@ -114,7 +116,8 @@ TEST_CASE("every example takes --threads and refuses 0 and -1", "[examples][bad_
 TEST_CASE("a leading zero is decimal, not octal", "[examples][bad_input]") {
   TempDir dir("xgrad_fail_octal");
   // With CLI11 alone "010" is 8: the refusal names 10 steps.
-  require_fails(run(dir, "train_lm", {"--steps", "010", "--warmup", "20"}), 2, {"--warmup 20 must be fewer than the 10 steps"});
+  require_fails(run(dir, "train_lm", {"--steps", "010", "--warmup", "20"}), 2,
+                {"--warmup 20 must be fewer than the 10 steps"});
 }
 
 TEST_CASE("reals that are not finite are refused", "[examples][bad_input]") {
@@ -140,7 +143,8 @@ TEST_CASE("sizes that cannot fit in memory are refused before allocating", "[exa
 
 TEST_CASE("one warm-up rule in every example", "[examples][bad_input]") {
   TempDir dir("xgrad_fail_warmup");
-  require_fails(run(dir, "train_lm", {"--steps", "50", "--warmup", "50"}), 2, {"--warmup 50 must be fewer than the 50 steps"});
+  require_fails(run(dir, "train_lm", {"--steps", "50", "--warmup", "50"}), 2,
+                {"--warmup 50 must be fewer than the 50 steps"});
   require_fails(run(dir, "head_specialization", {"--steps", "50", "--warmup", "60"}), 2,
                 {"--warmup 60 must be fewer than the 50 steps"});
   require_fails(run(dir, "gradient_flow", {"--train", "--steps", "50", "--warmup", "50"}), 2,
@@ -180,13 +184,15 @@ TEST_CASE("outputs that cannot be written are refused before the work starts", "
   require_fails(run(dir, "head_specialization", {"--out", under_file}), 2, {"--out", "Not a directory"});
   require_fails(run(dir, "gradient_flow", {"--out", under_file}), 2, {"--out", "Not a directory"});
   require_fails(run(dir, "train_lm", tiny({"--out", under_file})), 2, {"--out", "Not a directory"});
-  require_fails(run(dir, "head_specialization", {"--report", dir.file("plain/r.json")}), 2, {"--report", "Not a directory"});
+  require_fails(run(dir, "head_specialization", {"--report", dir.file("plain/r.json")}), 2,
+                {"--report", "Not a directory"});
   require_fails(run(dir, "gradient_flow", {"--report", dir.path}), 2, {"--report", "Is a directory"});
 
   // A checkpoint path that cannot be written fails at once, not after the run.
   Limits quick;
   quick.seconds = 10;
-  const Outcome o = run(dir, "train_lm", tiny({"--steps", "100000", "--checkpoint", dir.file("missing/ck.safetensors")}), quick);
+  const Outcome o =
+      run(dir, "train_lm", tiny({"--steps", "100000", "--checkpoint", dir.file("missing/ck.safetensors")}), quick);
   require_fails(o, 2, {"--checkpoint", "missing/ck.safetensors", "No such file or directory"});
   REQUIRE(o.seconds < 5);
   REQUIRE_FALSE(std::filesystem::exists(dir.file("train_lm_out/log.csv")));
@@ -218,8 +224,9 @@ TEST_CASE("a text path that is not a regular file is named as such", "[examples]
 TEST_CASE("a NaN loss stops training naming the step, and the last checkpoint stays good", "[examples][bad_input]") {
   TempDir dir("xgrad_fail_nan");
   const std::string ck = dir.file("ck.safetensors");
-  const Outcome o = run(dir, "train_lm", tiny({"--lr", "10000", "--clip", "0", "--steps", "60", "--warmup", "1", "--checkpoint", ck,
-                                               "--checkpoint-interval", "1"}));
+  const Outcome o = run(dir, "train_lm",
+                        tiny({"--lr", "10000", "--clip", "0", "--steps", "60", "--warmup", "1", "--checkpoint", ck,
+                              "--checkpoint-interval", "1"}));
   require_fails(o, 1, {"step ", "training stopped", "--detect-anomaly"});
   const std::size_t at = o.err.find("step ");
   const std::size_t failed = std::stoul(o.err.substr(at + 5));
@@ -227,7 +234,8 @@ TEST_CASE("a NaN loss stops training naming the step, and the last checkpoint st
   // Step failed - 1's weights gave the NaN: the file holds the step before, whose weights did not.
   const xgrad::SafetensorsContents saved = xgrad::load_safetensors(ck);
   REQUIRE(std::stoul(saved.metadata.at("step")) == failed - 2);
-  REQUIRE_THAT(o.err, Catch::Contains("holds step " + std::to_string(failed - 2) + ", the last state whose next forward pass gave a finite loss"));
+  REQUIRE_THAT(o.err, Catch::Contains("holds step " + std::to_string(failed - 2) +
+                                      ", the last state whose next forward pass gave a finite loss"));
   for (const auto& [name, a] : saved.tensors) {
     for (float v : a) REQUIRE(std::isfinite(v));
   }
@@ -235,7 +243,8 @@ TEST_CASE("a NaN loss stops training naming the step, and the last checkpoint st
   REQUIRE_THAT(read_bytes(dir.file("train_lm_out/log.csv")), Catch::Contains("\n" + std::to_string(failed - 1) + ","));
 
   // With anomaly mode the op is named.
-  const Outcome a = run(dir, "train_lm", tiny({"--lr", "10000", "--clip", "0", "--steps", "60", "--warmup", "1", "--detect-anomaly"}));
+  const Outcome a = run(dir, "train_lm",
+                        tiny({"--lr", "10000", "--clip", "0", "--steps", "60", "--warmup", "1", "--detect-anomaly"}));
   require_fails(a, 1, {"train_lm: error: step ", ": anomaly: ", "produced"});
 }
 
@@ -247,7 +256,8 @@ TEST_CASE("checkpoints that are not what they claim are refused with clear messa
   require_fails(run(dir, "train_lm", {"--checkpoint", dir.path, "--sample", "5"}), 1, {"folder"});
   Limits quick;
   quick.seconds = 10;
-  require_fails(run(dir, "train_lm", {"--checkpoint", "/dev/zero", "--sample", "5"}, quick), 1, {"/dev/zero", "regular file"});
+  require_fails(run(dir, "train_lm", {"--checkpoint", "/dev/zero", "--sample", "5"}, quick), 1,
+                {"/dev/zero", "regular file"});
 
   // A stored configuration past sane limits is refused before a model is built.
   auto config = nlohmann::json::parse(xgrad::load_safetensors(ck).metadata.at("config"));
@@ -255,25 +265,30 @@ TEST_CASE("checkpoints that are not what they claim are refused with clear messa
   const std::string absurd = dir.file("absurd.safetensors");
   xgrad::SafetensorsContents c = checkpoint_with(ck, "config", config.dump());
   xgrad::save_safetensors(absurd, c.tensors, c.metadata);
-  require_fails(run(dir, "train_lm", {"--checkpoint", absurd, "--sample", "5"}, quick), 1, {"absurd.safetensors", "--layers 100000"});
+  require_fails(run(dir, "train_lm", {"--checkpoint", absurd, "--sample", "5"}, quick), 1,
+                {"absurd.safetensors", "--layers 100000"});
 
   // Weights that are not finite.
   c = xgrad::load_safetensors(ck);
   c.tensors[0].second.data()[3] = std::nanf("");
   const std::string nan_path = dir.file("nan.safetensors");
   xgrad::save_safetensors(nan_path, c.tensors, c.metadata);
-  require_fails(run(dir, "train_lm", {"--checkpoint", nan_path, "--sample", "5"}), 1, {c.tensors[0].first, "nan", "non-finite"});
+  require_fails(run(dir, "train_lm", {"--checkpoint", nan_path, "--sample", "5"}), 1,
+                {c.tensors[0].first, "nan", "non-finite"});
 
   // The step in the metadata: missing, not a number, negative, past any run, past this run.
-  const std::vector<std::pair<std::string, std::string>> steps = {
-      {"", "no \"step\""}, {"abc", "not a whole number"}, {"-3", "not a whole number"},
-      {"18446744073709551615", "not a whole number"}, {"6", "pass a larger --steps"}};
+  const std::vector<std::pair<std::string, std::string>> steps = {{"", "no \"step\""},
+                                                                  {"abc", "not a whole number"},
+                                                                  {"-3", "not a whole number"},
+                                                                  {"18446744073709551615", "not a whole number"},
+                                                                  {"6", "pass a larger --steps"}};
   for (const auto& [value, message] : steps) {
     INFO("step metadata '" << value << "'");
     c = checkpoint_with(ck, "step", value);
     const std::string p = dir.file("step.safetensors");
     xgrad::save_safetensors(p, c.tensors, c.metadata);
-    require_fails(run(dir, "train_lm", tiny({"--steps", "6", "--warmup", "1", "--checkpoint", p, "--resume"})), 2, {message});
+    require_fails(run(dir, "train_lm", tiny({"--steps", "6", "--warmup", "1", "--checkpoint", p, "--resume"})), 2,
+                  {message});
   }
   REQUIRE(read_bytes(ck) == good);
 }
@@ -290,8 +305,26 @@ TEST_CASE("train_lm --resume names what differs, refuses other data, and may ext
   require_fails(other_text, 2, {"other data", "a.txt", "b.txt"});
 
   const Outcome other_sizes = run(dir, "train_lm",
-                                  {dir.file("a.txt"), "--layers", "2", "--d-model", "16", "--heads", "4", "--seq-len", "16", "--batch",
-                                   "4", "--eval-batches", "2", "--steps", "12", "--warmup", "1", "--checkpoint", ck, "--resume"});
+                                  {dir.file("a.txt"),
+                                   "--layers",
+                                   "2",
+                                   "--d-model",
+                                   "16",
+                                   "--heads",
+                                   "4",
+                                   "--seq-len",
+                                   "16",
+                                   "--batch",
+                                   "4",
+                                   "--eval-batches",
+                                   "2",
+                                   "--steps",
+                                   "12",
+                                   "--warmup",
+                                   "1",
+                                   "--checkpoint",
+                                   ck,
+                                   "--resume"});
   require_fails(other_sizes, 2, {"--layers 1 in the checkpoint, 2 now", "--heads 2 in the checkpoint, 4 now"});
   REQUIRE(other_sizes.err.find('{') == std::string::npos);  // names keys, not two JSON dumps
   REQUIRE(read_bytes(ck) == good);
@@ -322,8 +355,9 @@ TEST_CASE("train_lm --sample --import gpt2 samples from a GPT-2-layout checkpoin
   for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"}) {
     INFO(file);
     const std::string path = xgrad::testing::fixture_path(file);
-    const Outcome o = run(dir, "train_lm", {"--sample", "40", "--checkpoint", path, "--import", "gpt2", "--heads", "2",
-                                            "--temperature", "0", "--prompt", prompt});
+    const Outcome o = run(dir, "train_lm",
+                          {"--sample", "40", "--checkpoint", path, "--import", "gpt2", "--heads", "2", "--temperature",
+                           "0", "--prompt", prompt});
     INFO(o);
     REQUIRE(o.code == 0);
     const xgrad::nn::ImportedLanguageModel imported = xgrad::nn::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
@@ -364,21 +398,25 @@ TEST_CASE("train_lm --import: bad usage and unusable files are refused in one li
     a = fewer;
   }
   xgrad::save_safetensors(dir.file("v200.safetensors"), tensors);
-  one_line(sample(dir.file("v200.safetensors"), {"--import", "gpt2", "--heads", "2"}), 2, {"vocabulary of 200", "needs 256"});
+  one_line(sample(dir.file("v200.safetensors"), {"--import", "gpt2", "--heads", "2"}), 2,
+           {"vocabulary of 200", "needs 256"});
   tensors = xgrad::load_safetensors(gpt2).tensors;
-  tensors.erase(std::find_if(tensors.begin(), tensors.end(), [](const auto& e) { return e.first == "h.1.mlp.c_fc.bias"; }));
+  tensors.erase(
+      std::find_if(tensors.begin(), tensors.end(), [](const auto& e) { return e.first == "h.1.mlp.c_fc.bias"; }));
   xgrad::save_safetensors(dir.file("short.safetensors"), tensors);
   one_line(sample(dir.file("short.safetensors"), {"--import", "gpt2", "--heads", "2"}), 1,
            {"gpt2_options: missing tensor 'h.1.mlp.c_fc.bias'"});
 }
 
-TEST_CASE("train_lm stores the model options in every checkpoint and refuses flags that contradict them", "[examples][bad_input]") {
+TEST_CASE("train_lm stores the model options in every checkpoint and refuses flags that contradict them",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_fail_options");
   const std::string ck = trained_checkpoint(dir, "3");
   const std::string good = read_bytes(ck);
   const xgrad::Metadata meta = xgrad::load_safetensors(ck).metadata;
   REQUIRE(meta.at("xgrad.checkpoint") == "2");
-  const xgrad::nn::LanguageModelOptions o = xgrad::nn::language_model_options_from_json(meta.at("xgrad.model_options"), "test");
+  const xgrad::nn::LanguageModelOptions o =
+      xgrad::nn::language_model_options_from_json(meta.at("xgrad.model_options"), "test");
   CHECK(o.vocab_size() == 256);
   CHECK(o.num_layers() == 1);
   CHECK(o.d_model() == 16);
@@ -388,11 +426,16 @@ TEST_CASE("train_lm stores the model options in every checkpoint and refuses fla
 
   // --sample: a wrong --heads is refused naming the field; several wrong flags are all named.
   require_fails(run(dir, "train_lm", {"--checkpoint", ck, "--sample", "5", "--heads", "4"}), 2,
-                {"train_lm: error: --sample: '" + ck + "': the stored model options contradict the ones asked for: num_heads 2 in the file, 4 asked"});
-  const Outcome several = run(dir, "train_lm", {"--checkpoint", ck, "--sample", "5", "--layers", "3", "--norm", "post", "--d-ff", "32"});
-  require_fails(several, 2, {"num_layers 1 in the file, 3 asked; d_ff 64 in the file, 32 asked; norm \"pre\" in the file, \"post\" asked"});
+                {"train_lm: error: --sample: '" + ck +
+                 "': the stored model options contradict the ones asked for: num_heads 2 in the file, 4 asked"});
+  const Outcome several =
+      run(dir, "train_lm", {"--checkpoint", ck, "--sample", "5", "--layers", "3", "--norm", "post", "--d-ff", "32"});
+  require_fails(
+      several, 2,
+      {"num_layers 1 in the file, 3 asked; d_ff 64 in the file, 32 asked; norm \"pre\" in the file, \"post\" asked"});
   // Flags that agree, and no flags, sample the same bytes.
-  const Outcome agree = run(dir, "train_lm", {"--checkpoint", ck, "--sample", "20", "--heads", "2", "--d-model", "16", "--temperature", "0"});
+  const Outcome agree = run(
+      dir, "train_lm", {"--checkpoint", ck, "--sample", "20", "--heads", "2", "--d-model", "16", "--temperature", "0"});
   const Outcome plain = run(dir, "train_lm", {"--checkpoint", ck, "--sample", "20", "--temperature", "0"});
   INFO(agree);
   REQUIRE(agree.code == 0);

@@ -36,12 +36,14 @@ using xgrad::testing::write_bytes;
 
 namespace {
 
-const std::vector<std::string> kPrograms = {"train_lm",        "chinese_attention", "head_specialization", "gradient_flow",
-                                            "article_claims",  "spirals",           "seed_walkthrough"};
+const std::vector<std::string> kPrograms = {"train_lm",        "chinese_attention", "head_specialization",
+                                            "gradient_flow",   "article_claims",    "spirals",
+                                            "seed_walkthrough"};
 
 std::string exe(const std::string& program) { return std::string(XGRAD_EXAMPLES_DIR) + "/" + program; }
 
-Outcome run(const TempDir& dir, const std::string& program, const std::vector<std::string>& args, const Limits& limits = {}) {
+Outcome run(const TempDir& dir, const std::string& program, const std::vector<std::string>& args,
+            const Limits& limits = {}) {
   return xgrad::testing::run_program(dir, exe(program), args, limits);
 }
 
@@ -64,8 +66,9 @@ void require_ok(const Outcome& o) {
 
 // A tiny train_lm model: each run takes well under a second.
 std::vector<std::string> tiny(std::vector<std::string> more) {
-  std::vector<std::string> a = {"--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len", "16", "--batch", "4",
-                                "--text-bytes", "20000", "--eval-batches", "2", "--quiet", "--warmup", "1"};
+  std::vector<std::string> a = {
+      "--layers",     "1",     "--d-model",      "16", "--heads", "2",        "--seq-len", "16", "--batch", "4",
+      "--text-bytes", "20000", "--eval-batches", "2",  "--quiet", "--warmup", "1"};
   a.insert(a.end(), more.begin(), more.end());
   return a;
 }
@@ -92,15 +95,19 @@ std::vector<std::size_t> one_to(std::size_t n) {
   return v;
 }
 
-std::size_t checkpoint_step(const std::string& path) { return std::stoul(xgrad::load_safetensors(path).metadata.at("step")); }
+std::size_t checkpoint_step(const std::string& path) {
+  return std::stoul(xgrad::load_safetensors(path).metadata.at("step"));
+}
 
 // A program started in `dir` without waiting; output goes to dir/<name>.out and .err.
-pid_t start(const TempDir& dir, const std::string& program, const std::vector<std::string>& args, const std::string& name) {
+pid_t start(const TempDir& dir, const std::string& program, const std::vector<std::string>& args,
+            const std::string& name) {
   const std::string out = dir.file(name + ".out"), err = dir.file(name + ".err");
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (::chdir(dir.path.c_str()) != 0) ::_exit(120);
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+              e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (o < 0 || e < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0) ::_exit(121);
     const std::string path = exe(program);
     std::vector<char*> argv{const_cast<char*>(path.c_str())};
@@ -131,7 +138,8 @@ TEST_CASE("every program: a usage error exits 2 with a first line naming the pro
   for (const std::string& program : kPrograms) {
     INFO(program);
     require_fails(run(dir, program, {"--no-such-flag"}), program, 2, {"--no-such-flag"});
-    const std::vector<std::string> sub = program == "article_claims" ? std::vector<std::string>{"configs"} : std::vector<std::string>{};
+    const std::vector<std::string> sub =
+        program == "article_claims" ? std::vector<std::string>{"configs"} : std::vector<std::string>{};
     std::vector<std::string> bad = sub;
     bad.insert(bad.end(), {"--threads", "two"});
     require_fails(run(dir, program, bad), program, 2, {"--threads", "'two'"});
@@ -157,10 +165,14 @@ TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "
     std::vector<std::string> before;  // a subcommand or a mode flag
     std::string flag;
   };
-  const std::vector<Case> cases = {{"train_lm", {}, "--lr"},          {"train_lm", {}, "--valid-fraction"},
-                                   {"chinese_attention", {}, "--lr"}, {"head_specialization", {}, "--dropout"},
-                                   {"gradient_flow", {"--train"}, "--lr"}, {"article_claims", {"configs"}, "--dropout"},
-                                   {"article_claims", {"heads"}, "--weight-decay"}, {"spirals", {}, "--momentum"}};
+  const std::vector<Case> cases = {{"train_lm", {}, "--lr"},
+                                   {"train_lm", {}, "--valid-fraction"},
+                                   {"chinese_attention", {}, "--lr"},
+                                   {"head_specialization", {}, "--dropout"},
+                                   {"gradient_flow", {"--train"}, "--lr"},
+                                   {"article_claims", {"configs"}, "--dropout"},
+                                   {"article_claims", {"heads"}, "--weight-decay"},
+                                   {"spirals", {}, "--momentum"}};
   for (const Case& c : cases) {
     for (const std::string value : {"nan", "-inf", "Infinity"}) {
       std::vector<std::string> args = c.before;
@@ -180,10 +192,12 @@ TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "
     require_fails(run(dir, c.program, args), c.program, 2, {c.flag, "1e-40 is too small for a 32-bit float"});
   }
   // Exponent notation and a leading dot are read as written.
-  require_ok(run(dir, "spirals", {"--lr", "5E-1", "--momentum", ".5", "--steps", "2", "--points", "5", "--hidden", "4"}));
+  require_ok(
+      run(dir, "spirals", {"--lr", "5E-1", "--momentum", ".5", "--steps", "2", "--points", "5", "--hidden", "4"}));
 }
 
-TEST_CASE("an output that is an input or another output is refused before the work, naming both", "[examples][bad_input]") {
+TEST_CASE("an output that is an input or another output is refused before the work, naming both",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_runs_same");
   const std::string text(30000, 'a');
   write_bytes(dir.file("same.txt"), text);
@@ -221,8 +235,8 @@ TEST_CASE("an output that is an input or another output is refused before the wo
   // Reports against the images of --out.
   require_fails(run(dir, "head_specialization", {"--report", "hs/heads.svg", "--out", "hs"}), "head_specialization", 2,
                 {"--report 'hs/heads.svg' is the same file as --out's heads.svg"});
-  require_fails(run(dir, "head_specialization", {"--report", "hs/head_l0_h3.svg", "--out", "./hs/"}), "head_specialization", 2,
-                {"--out's head_l0_h3.svg"});
+  require_fails(run(dir, "head_specialization", {"--report", "hs/head_l0_h3.svg", "--out", "./hs/"}),
+                "head_specialization", 2, {"--out's head_l0_h3.svg"});
   require_fails(run(dir, "gradient_flow", {"--report", "./gf/../gf/training.svg", "--out", "gf"}), "gradient_flow", 2,
                 {"--report './gf/../gf/training.svg' is the same file as --out's training.svg"});
   // The report named as the folder itself: refused before the folder is made.
@@ -243,13 +257,16 @@ TEST_CASE("an output that is an input or another output is refused before the wo
                 {"--out's loss.svg 'busy/loss.svg' is a folder: the run could not write it at its end"});
   require_fails(run(dir, "head_specialization", {"--out", "busy", "--layers", "2"}), "head_specialization", 2,
                 {"--out's head_l1_h0.svg 'busy/head_l1_h0.svg' is a folder"});
-  require_fails(run(dir, "gradient_flow", {"--out", "busy"}), "gradient_flow", 2, {"--out's training.svg 'busy/training.svg' is a folder"});
+  require_fails(run(dir, "gradient_flow", {"--out", "busy"}), "gradient_flow", 2,
+                {"--out's training.svg 'busy/training.svg' is a folder"});
   require_fails(run(dir, "chinese_attention", {"--out", "busy"}), "chinese_attention", 2,
                 {"--out's attention.html 'busy/attention.html' is a folder"});
-  require_fails(run(dir, "seed_walkthrough", {"--out", "busy"}), "seed_walkthrough", 2, {"--out's head0.svg 'busy/head0.svg' is a folder"});
+  require_fails(run(dir, "seed_walkthrough", {"--out", "busy"}), "seed_walkthrough", 2,
+                {"--out's head0.svg 'busy/head0.svg' is a folder"});
 }
 
-TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file and the holder's pid", "[examples][bad_input]") {
+TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file and the holder's pid",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_runs_lock");
   const std::string ck = dir.file("ck.safetensors");
   const pid_t first = start(dir, "train_lm", tiny({"--steps", "10000000", "--checkpoint", ck}), "first");
@@ -271,7 +288,8 @@ TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file 
   REQUIRE(trained.size() >= 3);
   REQUIRE(trained == one_to(trained.size()));
   require_fails(second, "train_lm", 1,
-                {"--checkpoint '" + ck + "' is being written by another run (pid " + std::to_string(first) + ", holding '" + ck + ".lock')"});
+                {"--checkpoint '" + ck + "' is being written by another run (pid " + std::to_string(first) +
+                 ", holding '" + ck + ".lock')"});
   REQUIRE_FALSE(std::filesystem::exists(ck));  // the second run wrote nothing
   // It is refused before it reads its text: a text that is not there is not even opened.
   require_fails(late, "train_lm", 1, {"is being written by another run (pid " + std::to_string(first) + ","});
@@ -286,14 +304,16 @@ TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file 
   REQUIRE(checkpoint_step(ck) == 8);
 }
 
-TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its checkpoint, log and plot", "[examples][bad_input]") {
+TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its checkpoint, log and plot",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_runs_sigterm");
   const std::string ck = dir.file("ck.safetensors"), log = dir.file("train_lm_out/log.csv");
   for (const int sig : {SIGTERM, SIGINT}) {
     INFO("signal " << sig);
     const std::string before = read_bytes(log);
     const auto rows_before = std::count(before.begin(), before.end(), '\n');
-    const std::vector<std::string> args = tiny({"--steps", "10000000", "--checkpoint", ck, "--checkpoint-interval", "1000000"});
+    const std::vector<std::string> args =
+        tiny({"--steps", "10000000", "--checkpoint", ck, "--checkpoint-interval", "1000000"});
     std::vector<std::string> resume_args = args;
     resume_args.push_back("--resume");
     const pid_t pid = start(dir, "train_lm", sig == SIGTERM ? args : resume_args, "stopped");
@@ -313,9 +333,9 @@ TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its che
     const std::size_t at = checkpoint_step(ck);
     REQUIRE(steps.back() == at);
     REQUIRE_THAT(read_bytes(dir.file("stopped.err")),
-                 Catch::Contains(std::string("train_lm: stopped by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + " after step " +
-                                 std::to_string(at) + " of 10000000; log: train_lm_out/log.csv; '" + ck + "' holds step " +
-                                 std::to_string(at) + ": --resume continues"));
+                 Catch::Contains(std::string("train_lm: stopped by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
+                                 " after step " + std::to_string(at) + " of 10000000; log: train_lm_out/log.csv; '" +
+                                 ck + "' holds step " + std::to_string(at) + ": --resume continues"));
     REQUIRE(std::filesystem::exists(dir.file("train_lm_out/loss.svg")));
     REQUIRE_FALSE(std::filesystem::exists(ck + ".lock"));
     if (sig == SIGINT) {
@@ -325,7 +345,8 @@ TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its che
   }
 }
 
-TEST_CASE("train_lm: a stop signal in the middle of the matrix products leaves the heap whole", "[examples][bad_input]") {
+TEST_CASE("train_lm: a stop signal in the middle of the matrix products leaves the heap whole",
+          "[examples][bad_input]") {
   // The default model's products are large enough for oneDNN's kernels (when xgrad has them):
   // a handler frame on the thread's stack corrupted the heap under them in 4 stops of 6.
   TempDir dir("xgrad_runs_stop_heap");
@@ -357,11 +378,14 @@ TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of a
   const std::string ck = dir.file("ck.safetensors");
   require_ok(run(dir, "train_lm", tiny({"--steps", "3", "--checkpoint", ck})));
   const std::string saved = read_bytes(ck);
-  require_fails(run(dir, "train_lm", tiny({"--checkpoint", ck, "--sample", "0"})), "train_lm", 2, {"--sample", "0 is outside [1, "});
-  require_fails(run(dir, "train_lm", tiny({"--checkpoint", ck, "--sample", "5", "--resume"})), "train_lm", 2, {"--sample", "--resume"});
-  require_fails(run(dir, "train_lm", tiny({"--checkpoint", ck, "--sample", "5", "--checkpoint-interval", "2"})), "train_lm", 2,
-                {"--checkpoint-interval is for training"});
-  require_fails(run(dir, "train_lm", tiny({"--checkpoint-interval", "2"})), "train_lm", 2, {"--checkpoint-interval needs --checkpoint"});
+  require_fails(run(dir, "train_lm", tiny({"--checkpoint", ck, "--sample", "0"})), "train_lm", 2,
+                {"--sample", "0 is outside [1, "});
+  require_fails(run(dir, "train_lm", tiny({"--checkpoint", ck, "--sample", "5", "--resume"})), "train_lm", 2,
+                {"--sample", "--resume"});
+  require_fails(run(dir, "train_lm", tiny({"--checkpoint", ck, "--sample", "5", "--checkpoint-interval", "2"})),
+                "train_lm", 2, {"--checkpoint-interval is for training"});
+  require_fails(run(dir, "train_lm", tiny({"--checkpoint-interval", "2"})), "train_lm", 2,
+                {"--checkpoint-interval needs --checkpoint"});
   require_fails(run(dir, "train_lm", tiny({"--sample", "5"})), "train_lm", 2, {"--sample needs --checkpoint"});
   write_bytes(dir.file("t.txt"), std::string(30000, 'a'));
   require_fails(run(dir, "train_lm", {"t.txt", "--checkpoint", ck, "--sample", "5"}), "train_lm", 2,
@@ -375,10 +399,12 @@ TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of a
                 {"--no-single-head", "--sweep-heads"});
   require_fails(run(dir, "head_specialization", {"--sweep-heads", "1,2", "--heads", "4"}), "head_specialization", 2,
                 {"--heads is for one run; --sweep-heads gives the head counts"});
-  require_fails(run(dir, "article_claims", {"configs", "--no-time", "--steps", "3"}), "article_claims", 2, {"--steps", "--no-time"});
+  require_fails(run(dir, "article_claims", {"configs", "--no-time", "--steps", "3"}), "article_claims", 2,
+                {"--steps", "--no-time"});
 }
 
-TEST_CASE("an empty value of a file name, layout or prompt flag is refused instead of meaning its default", "[examples][bad_input]") {
+TEST_CASE("an empty value of a file name, layout or prompt flag is refused instead of meaning its default",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_runs_empty_values");
   const std::string ck = dir.file("ck.safetensors");
   require_ok(run(dir, "train_lm", tiny({"--steps", "2", "--checkpoint", ck, "--out", "first"})));
@@ -390,10 +416,12 @@ TEST_CASE("an empty value of a file name, layout or prompt flag is refused inste
     std::string flag;
   };
   const std::vector<Case> cases = {
-      {"train_lm", tiny({"", "--steps", "2"}), "text"},  // was: trained on the built-in text
+      {"train_lm", tiny({"", "--steps", "2"}), "text"},                          // was: trained on the built-in text
       {"train_lm", tiny({"--checkpoint", "", "--steps", "2"}), "--checkpoint"},  // was: trained, saved nothing
       {"train_lm", tiny({"--prompt", "", "--steps", "2"}), "--prompt"},  // was: trained, then exit 1 at the last line
-      {"train_lm", {"--sample", "5", "--checkpoint", ck, "--import", ""}, "--import"},  // was: read as train_lm's own file
+      {"train_lm",
+       {"--sample", "5", "--checkpoint", ck, "--import", ""},
+       "--import"},  // was: read as train_lm's own file
       {"head_specialization", {"--report", "", "--steps", "1", "--quiet"}, "--report"},  // was: no report, exit 0
       {"gradient_flow", {"--report", "", "--quiet", "--layers", "1", "--batches", "1"}, "--report"},
       {"article_claims", {"configs", "--report", "", "--no-time"}, "--report"},
@@ -417,8 +445,8 @@ TEST_CASE("every size flag is refused before it is allocated when it cannot fit"
   require_fails(zh, "chinese_attention", 2, {"--batch 65536", "needs about", "of memory, more than the"});
   REQUIRE(zh.seconds < 5);
   REQUIRE_FALSE(std::filesystem::exists(dir.file("chinese_attention_out")));
-  require_fails(run(dir, "head_specialization", {"--eval-batches", "65536", "--batch", "4096"}, quick), "head_specialization", 2,
-                {"--eval-batches 65536", "memory"});
+  require_fails(run(dir, "head_specialization", {"--eval-batches", "65536", "--batch", "4096"}, quick),
+                "head_specialization", 2, {"--eval-batches 65536", "memory"});
   // At the default batch the held-out ids alone fit, but the measurements' attention patterns do
   // not: this run ended in std::bad_alloc after 100 s.
   const Outcome held = run(dir, "head_specialization", {"--eval-batches", "65536", "--steps", "1"}, quick);
@@ -452,14 +480,16 @@ TEST_CASE("train_lm: a text file whose name is not UTF-8 trains and saves, the n
   REQUIRE(checkpoint_step(ck) == 5);
 }
 
-TEST_CASE("train_lm: log.csv is written as the steps go, and --resume appends after the checkpoint's step", "[examples][bad_input]") {
+TEST_CASE("train_lm: log.csv is written as the steps go, and --resume appends after the checkpoint's step",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_runs_log");
   const std::string ck = dir.file("ck.safetensors"), log = dir.file("train_lm_out/log.csv");
 
   // A run killed in the middle keeps the log of the steps it trained, in whole rows.
   Limits kill_soon;
   kill_soon.seconds = 3;
-  const Outcome killed = run(dir, "train_lm", tiny({"--steps", "10000000", "--checkpoint", ck, "--checkpoint-interval", "10"}), kill_soon);
+  const Outcome killed =
+      run(dir, "train_lm", tiny({"--steps", "10000000", "--checkpoint", ck, "--checkpoint-interval", "10"}), kill_soon);
   REQUIRE(killed.timed_out);
   const std::vector<std::size_t> before = logged_steps(log);
   REQUIRE(before.size() >= 10);
@@ -486,7 +516,8 @@ TEST_CASE("train_lm: log.csv is written as the steps go, and --resume appends af
   REQUIRE(read_bytes(log) == "my,own,data\n1,2,3\n");
 }
 
-TEST_CASE("train_lm: after a NaN stop the message says which step the checkpoint holds, and it is so", "[examples][bad_input]") {
+TEST_CASE("train_lm: after a NaN stop the message says which step the checkpoint holds, and it is so",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_runs_nan");
   const std::string ck = dir.file("ck.safetensors");
   const std::vector<std::string> exploding = tiny({"--lr", "100", "--clip", "0", "--steps", "60", "--checkpoint", ck,
@@ -517,14 +548,17 @@ TEST_CASE("train_lm: after a NaN stop the message says which step the checkpoint
 
   // Without an interval the run writes its checkpoint at the end only: the message says none is there.
   const std::string none = dir.file("none.safetensors");
-  const Outcome never = run(dir, "train_lm", tiny({"--lr", "100", "--clip", "0", "--steps", "60", "--checkpoint", none, "--dropout", "0"}));
-  require_fails(never, "train_lm", 1, {"step " + std::to_string(failed) + ": the loss is", "('" + none + "' was not written by this run)"});
+  const Outcome never = run(
+      dir, "train_lm", tiny({"--lr", "100", "--clip", "0", "--steps", "60", "--checkpoint", none, "--dropout", "0"}));
+  require_fails(never, "train_lm", 1,
+                {"step " + std::to_string(failed) + ": the loss is", "('" + none + "' was not written by this run)"});
   REQUIRE_FALSE(std::filesystem::exists(none));
 }
 
 // In process: the pieces behind the runs above.
 
-TEST_CASE("RunLog: a resume keeps whole rows up to its step, drops a cut last line and refuses a log that is not one", "[examples][bad_input]") {
+TEST_CASE("RunLog: a resume keeps whole rows up to its step, drops a cut last line and refuses a log that is not one",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_runs_runlog");
   auto entry = [](std::size_t step, double seconds) {
     lm::LogEntry e;
@@ -539,8 +573,9 @@ TEST_CASE("RunLog: a resume keeps whole rows up to its step, drops a cut last li
     lm::RunLog log(dir.path, std::nullopt);
     for (std::size_t s = 1; s <= 5; ++s) log.append(entry(s, static_cast<double>(s)));
     // Every row is on disk before the next one is made.
-    REQUIRE(read_bytes(dir.file("log.csv")) == lm::RunLog::kHeader + "\n" + lm::log_row(entry(1, 1)) + lm::log_row(entry(2, 2)) +
-                                                   lm::log_row(entry(3, 3)) + lm::log_row(entry(4, 4)) + lm::log_row(entry(5, 5)));
+    REQUIRE(read_bytes(dir.file("log.csv")) == lm::RunLog::kHeader + "\n" + lm::log_row(entry(1, 1)) +
+                                                   lm::log_row(entry(2, 2)) + lm::log_row(entry(3, 3)) +
+                                                   lm::log_row(entry(4, 4)) + lm::log_row(entry(5, 5)));
   }
   write_bytes(dir.file("log.csv"), read_bytes(dir.file("log.csv")) + "6,2.4,,0.0");  // killed mid-row
   {
@@ -583,7 +618,8 @@ TEST_CASE("log_row: the validation loss keeps 6 significant digits like the trai
   REQUIRE(lm::log_row(e) == "7,2.5,2.25,0.001,1.25\n");
 }
 
-TEST_CASE("FileLock: one holder at a time even in one process, the pid in the file, the file gone at the end", "[examples][bad_input]") {
+TEST_CASE("FileLock: one holder at a time even in one process, the pid in the file, the file gone at the end",
+          "[examples][bad_input]") {
   TempDir dir("xgrad_runs_filelock");
   const std::string ck = dir.file("ck");
   {
@@ -591,8 +627,9 @@ TEST_CASE("FileLock: one holder at a time even in one process, the pid in the fi
     REQUIRE(lock.lock_path() == ck + ".lock");
     REQUIRE(read_bytes(ck + ".lock") == std::to_string(::getpid()) + "\n");
     REQUIRE_THROWS_WITH(cli::FileLock(ck, "test: --checkpoint"),
-                        "test: --checkpoint '" + ck + "' is being written by another run (pid " + std::to_string(::getpid()) +
-                            ", holding '" + ck + ".lock'); wait for it to end or choose another path");
+                        "test: --checkpoint '" + ck + "' is being written by another run (pid " +
+                            std::to_string(::getpid()) + ", holding '" + ck +
+                            ".lock'); wait for it to end or choose another path");
   }
   REQUIRE_FALSE(std::filesystem::exists(ck + ".lock"));
   write_bytes(ck + ".lock", "999999999\n");  // left by a killed run: no flock on it
@@ -604,8 +641,8 @@ TEST_CASE("FileLock: one holder at a time even in one process, the pid in the fi
     REQUIRE(lock.lock_path() == dir.file("ck.lock"));
     REQUIRE_THROWS_WITH(cli::FileLock(ck, "test"), Catch::Contains("is being written by another run"));
   }
-  REQUIRE_THROWS_WITH(cli::FileLock(dir.file("missing/ck"), "test"), Catch::Contains("cannot create the lock file") &&
-                                                                         Catch::Contains("No such file or directory"));
+  REQUIRE_THROWS_WITH(cli::FileLock(dir.file("missing/ck"), "test"),
+                      Catch::Contains("cannot create the lock file") && Catch::Contains("No such file or directory"));
 }
 
 TEST_CASE("file identities: links, dots and files not there yet", "[examples][bad_input]") {
@@ -620,8 +657,10 @@ TEST_CASE("file identities: links, dots and files not there yet", "[examples][ba
   REQUIRE(cli::file_identity(dir.file("dangling")) == cli::file_identity(dir.file("b")));
   REQUIRE(cli::file_identity(dir.file("new/x/../y")) == cli::file_identity(dir.file("./new/y")));
   REQUIRE(cli::file_identity(dir.file("new/y")) != cli::file_identity(dir.file("new/z")));
-  REQUIRE_NOTHROW(cli::check_distinct_files({{"in", dir.file("a")}}, {{"out", dir.file("b.txt")}, {"other", dir.file("c.txt")}}));
-  REQUIRE_THROWS_AS(cli::check_distinct_files({}, {{"first", dir.file("dangling")}, {"second", dir.file("b")}}), cli::UsageError);
+  REQUIRE_NOTHROW(
+      cli::check_distinct_files({{"in", dir.file("a")}}, {{"out", dir.file("b.txt")}, {"other", dir.file("c.txt")}}));
+  REQUIRE_THROWS_AS(cli::check_distinct_files({}, {{"first", dir.file("dangling")}, {"second", dir.file("b")}}),
+                    cli::UsageError);
   REQUIRE_THROWS_WITH(cli::check_distinct_files({{"the text", dir.file("sym")}}, {{"--out", dir.file("a")}}),
                       "--out '" + dir.file("a") + "' is the same file as the text '" + dir.file("sym") +
                           "': writing it would destroy what the run reads; choose another path");

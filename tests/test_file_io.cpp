@@ -25,8 +25,8 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 
@@ -113,12 +113,14 @@ TEST_CASE("read_file refuses a folder, a device, a fifo, a missing and a too-lar
   // Opening a fifo for reading blocks until a writer comes, unless the reader asks not to.
   const std::string fifo = dir.file("pipe");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  CHECK(error_of([&] { read_file(fifo, "reader"); }) == "reader: cannot read '" + fifo + "': it is a fifo, not a regular file");
+  CHECK(error_of([&] { read_file(fifo, "reader"); }) ==
+        "reader: cannot read '" + fifo + "': it is a fifo, not a regular file");
 
   const std::string missing = dir.file("missing.bin");
   CHECK(error_of([&] { read_file(missing, "reader"); }) ==
         "reader: cannot open '" + missing + "': " + std::strerror(ENOENT));
-  CHECK_THAT(error_of([&] { read_file(dir.file("pipe/x"), "reader"); }), Contains("cannot open") && Contains("Not a directory"));
+  CHECK_THAT(error_of([&] { read_file(dir.file("pipe/x"), "reader"); }),
+             Contains("cannot open") && Contains("Not a directory"));
 
   write_bytes(dir.file("big"), std::string(1000, 'x'));
   CHECK(error_of([&] { read_file(dir.file("big"), "reader", 999); }) ==
@@ -155,8 +157,8 @@ TEST_CASE("write_file_atomically fails with the OS error and leaves what was the
   SECTION("into a missing folder") {
     const std::string path = dir.file("no_such_dir/out.bin");
     CHECK(error_of([&] { write_file_atomically(path, std::string("x"), "writer"); }) ==
-          "writer: cannot write '" + path + "': creating the temporary file '" + temporary_path(path) + "' failed: " +
-              std::strerror(ENOENT) + suffix);
+          "writer: cannot write '" + path + "': creating the temporary file '" + temporary_path(path) +
+              "' failed: " + std::strerror(ENOENT) + suffix);
     CHECK(dir.entries().empty());
   }
 
@@ -169,7 +171,8 @@ TEST_CASE("write_file_atomically fails with the OS error and leaves what was the
     CHECK(fs::is_directory(path));
     CHECK(read_bytes(path + "/inside") == "kept");
     CHECK(dir.entries() == std::set<std::string>{"folder"});
-    CHECK(error_of([&] { write_file_atomically("", std::string("x"), "writer"); }) == "writer: cannot write a file: the path is empty");
+    CHECK(error_of([&] { write_file_atomically("", std::string("x"), "writer"); }) ==
+          "writer: cannot write a file: the path is empty");
   }
 
   SECTION("onto a fifo (a rename would replace it)") {
@@ -188,8 +191,8 @@ TEST_CASE("write_file_atomically fails with the OS error and leaves what was the
     write_bytes(file, "earlier bytes");
     const std::string path = file + "/out.bin";
     CHECK(error_of([&] { write_file_atomically(path, std::string("x"), "writer"); }) ==
-          "writer: cannot write '" + path + "': creating the temporary file '" + temporary_path(path) + "' failed: " +
-              std::strerror(ENOTDIR) + suffix);
+          "writer: cannot write '" + path + "': creating the temporary file '" + temporary_path(path) +
+              "' failed: " + std::strerror(ENOTDIR) + suffix);
     CHECK(read_bytes(file) == "earlier bytes");
     CHECK(dir.entries() == std::set<std::string>{"plain"});
 
@@ -205,8 +208,8 @@ TEST_CASE("write_file_atomically fails with the OS error and leaves what was the
     fs::create_directory(temporary_path(path));
     write_bytes(temporary_path(path) + "/inside", "kept");
     CHECK(error_of([&] { write_file_atomically(path, std::string("new"), "writer"); }) ==
-          "writer: cannot write '" + path + "': creating the temporary file '" + temporary_path(path) + "' failed: " +
-              std::strerror(EISDIR) + suffix);
+          "writer: cannot write '" + path + "': creating the temporary file '" + temporary_path(path) +
+              "' failed: " + std::strerror(EISDIR) + suffix);
     CHECK(read_bytes(path) == "earlier checkpoint");
     CHECK(read_bytes(temporary_path(path) + "/inside") == "kept");
   }
@@ -214,7 +217,8 @@ TEST_CASE("write_file_atomically fails with the OS error and leaves what was the
 
 // A full disk, made real with a file size limit: past it write() fails with EFBIG (SIGXFSZ ignored).
 // In a child process, so the limit and the ignored signal end with it.
-TEST_CASE("write_file_atomically on a full disk names the error, removes its temporary and keeps the earlier file", "[file_io]") {
+TEST_CASE("write_file_atomically on a full disk names the error, removes its temporary and keeps the earlier file",
+          "[file_io]") {
   TempDir dir("xgrad_io");
   const std::string path = dir.file("ckpt.bin");
   std::string earlier(10000, '\0');
@@ -279,7 +283,8 @@ TEST_CASE("check_writable_file accepts a writable path and leaves no probe behin
   CHECK(dir.entries() == std::set<std::string>{"old.bin"});
 }
 
-TEST_CASE("check_writable_file refuses a missing folder, a folder, a file as folder and a read-only folder", "[file_io]") {
+TEST_CASE("check_writable_file refuses a missing folder, a folder, a file as folder and a read-only folder",
+          "[file_io]") {
   TempDir dir("xgrad_io");
   const std::string missing = dir.file("no_such_dir");
   CHECK(error_of([&] { check_writable_file(missing + "/out.bin", "run"); }) ==
@@ -294,11 +299,13 @@ TEST_CASE("check_writable_file refuses a missing folder, a folder, a file as fol
 
   write_bytes(dir.file("plain"), "x");
   CHECK(error_of([&] { check_writable_file(dir.file("plain") + "/out.bin", "run"); }) ==
-        "run: cannot write '" + dir.file("plain") + "/out.bin': folder '" + dir.file("plain") + "': " + std::strerror(ENOTDIR));
+        "run: cannot write '" + dir.file("plain") + "/out.bin': folder '" + dir.file("plain") +
+            "': " + std::strerror(ENOTDIR));
 
   const std::string fifo = dir.file("pipe");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  CHECK(error_of([&] { check_writable_file(fifo, "run"); }) == "run: cannot write '" + fifo + "': it is a fifo, not a regular file");
+  CHECK(error_of([&] { check_writable_file(fifo, "run"); }) ==
+        "run: cannot write '" + fifo + "': it is a fifo, not a regular file");
 
   // /sys refuses new files even to root.
   CHECK_THAT(error_of([&] { check_writable_file("/sys/xgrad_file_io_test.bin", "run"); }),
@@ -311,14 +318,15 @@ TEST_CASE("prepare_output_dir creates missing folders and refuses what cannot ho
   const std::string nested = dir.file("a/b/c");
   REQUIRE_NOTHROW(prepare_output_dir(nested, "run"));
   CHECK(fs::is_directory(nested));
-  CHECK(fs::is_empty(nested));  // the probe is gone
+  CHECK(fs::is_empty(nested));                         // the probe is gone
   REQUIRE_NOTHROW(prepare_output_dir(nested, "run"));  // already there
   REQUIRE_NOTHROW(prepare_output_dir(dir.file("d") + "/", "run"));
   CHECK(fs::is_directory(dir.file("d")));
 
   write_bytes(dir.file("plain"), "kept");
-  CHECK(error_of([&] { prepare_output_dir(dir.file("plain"), "run"); }) ==
-        "run: cannot use '" + dir.file("plain") + "' as a folder: it is a regular file (" + std::strerror(ENOTDIR) + ")");
+  CHECK(error_of([&] { prepare_output_dir(dir.file("plain"), "run"); }) == "run: cannot use '" + dir.file("plain") +
+                                                                               "' as a folder: it is a regular file (" +
+                                                                               std::strerror(ENOTDIR) + ")");
   CHECK(error_of([&] { prepare_output_dir(dir.file("plain") + "/out", "run"); }) ==
         "run: cannot create the folder '" + dir.file("plain") + "/out': " + std::strerror(ENOTDIR));
   CHECK(read_bytes(dir.file("plain")) == "kept");
@@ -326,7 +334,9 @@ TEST_CASE("prepare_output_dir creates missing folders and refuses what cannot ho
   CHECK_THAT(error_of([&] { prepare_output_dir("/proc/xgrad_file_io_test/out", "run"); }),
              Contains("run: cannot create the folder '/proc/xgrad_file_io_test/out': "));
   // An existing folder that refuses new files even to root.
-  CHECK(error_of([&] { prepare_output_dir("/proc", "run"); }).rfind("run: cannot create files in the folder '/proc': ", 0) == 0);
+  CHECK(error_of([&] {
+          prepare_output_dir("/proc", "run");
+        }).rfind("run: cannot create files in the folder '/proc': ", 0) == 0);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -391,7 +401,8 @@ TEST_CASE("save_safetensors and load_safetensors remove the stale temporaries of
 // ----------------------------------------------------------------------------------------------
 // load_safetensors on what is not a checkpoint file
 
-TEST_CASE("load_safetensors refuses a folder, /dev/zero and a fifo at once, and a file shorter than its header says", "[file_io]") {
+TEST_CASE("load_safetensors refuses a folder, /dev/zero and a fifo at once, and a file shorter than its header says",
+          "[file_io]") {
   HangGuard guard;
   TempDir dir("xgrad_io");
   const auto t0 = std::chrono::steady_clock::now();
@@ -401,7 +412,8 @@ TEST_CASE("load_safetensors refuses a folder, /dev/zero and a fifo at once, and 
         "load_safetensors: cannot read '/dev/zero': it is a character device, not a regular file");
   const std::string fifo = dir.file("pipe");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  CHECK(error_of([&] { load_safetensors(fifo); }) == "load_safetensors: cannot read '" + fifo + "': it is a fifo, not a regular file");
+  CHECK(error_of([&] { load_safetensors(fifo); }) ==
+        "load_safetensors: cannot read '" + fifo + "': it is a fifo, not a regular file");
   CHECK(seconds_since(t0) < 5.0);
 
   // The 8-byte length promises more than the file holds.
@@ -423,7 +435,8 @@ TEST_CASE("load_safetensors refuses a folder, /dev/zero and a fifo at once, and 
 // ----------------------------------------------------------------------------------------------
 // Non-finite weights
 
-TEST_CASE("load_checkpoint refuses NaN and infinite weights, naming the file, parameter and position, unless allowed", "[file_io][checkpoint]") {
+TEST_CASE("load_checkpoint refuses NaN and infinite weights, naming the file, parameter and position, unless allowed",
+          "[file_io][checkpoint]") {
   TempDir dir("xgrad_io");
   const std::string path = dir.file("lin.safetensors");
   Generator g_target(3), g_source(4);
@@ -443,8 +456,9 @@ TEST_CASE("load_checkpoint refuses NaN and infinite weights, naming the file, pa
   nn::save_checkpoint(path, source);  // a good file first: the bad one replaces it below
   save_safetensors(path, {{"weight", bad[0].second}, {"bias", bad[1].second}, {"optimizer.w.step", Array(1.f)}});
   CHECK(error_of([&] { nn::load_checkpoint(path, target); }) ==
-        "load_checkpoint: '" + path + "': load_state_dict: parameter 'weight' holds nan at flat position 4 of 6; "
-        "refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
+        "load_checkpoint: '" + path +
+            "': load_state_dict: parameter 'weight' holds nan at flat position 4 of 6; "
+            "refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
   CHECK(unchanged());
 
   NamedArrays bad_bias = nn::state_dict(source);
@@ -457,7 +471,8 @@ TEST_CASE("load_checkpoint refuses NaN and infinite weights, naming the file, pa
   CHECK_THAT(error_of([&] { nn::load_state_dict(target, bad_bias); }),
              Contains("load_state_dict: parameter 'bias' holds -inf at flat position 1 of 3"));
   bad_bias[1].second.data()[1] = inf;
-  CHECK_THAT(error_of([&] { nn::load_state_dict(target, bad_bias); }), Contains("parameter 'bias' holds inf at flat position 1"));
+  CHECK_THAT(error_of([&] { nn::load_state_dict(target, bad_bias); }),
+             Contains("parameter 'bias' holds inf at flat position 1"));
   CHECK(unchanged());
 
   // Allowed explicitly, the values arrive bit for bit.

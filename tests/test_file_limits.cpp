@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
-#include "xgrad/core/io/memory.hpp"
-#include "xgrad/core/io/safetensors.hpp"
 #include "peak_memory.hpp"
 #include "run_program.hpp"
 #include "safetensors_bytes.hpp"
 #include "test_files.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/io/memory.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 
 using namespace xgrad;
 using namespace xgrad::testing;
@@ -31,7 +31,9 @@ using Catch::Matchers::StartsWith;
 
 namespace {
 
-std::string st_bytes(const std::string& header, const std::string& data) { return u64_le(header.size()) + header + data; }
+std::string st_bytes(const std::string& header, const std::string& data) {
+  return u64_le(header.size()) + header + data;
+}
 
 // A valid one-tensor header whose entry also holds "x": `value` (a key the reader ignores).
 std::string with_extra(const std::string& value) {
@@ -76,7 +78,8 @@ ChildResult in_child(const std::function<void()>& call, rlim_t extra_address_spa
       std::ifstream statm("/proc/self/statm");
       double pages = 0;
       statm >> pages;
-      const rlim_t limit = static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + extra_address_space;
+      const rlim_t limit =
+          static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + extra_address_space;
       const rlimit rl{limit, limit};
       ::setrlimit(RLIMIT_AS, &rl);
       const bool reset = reset_peak_rss();
@@ -156,7 +159,8 @@ TEST_CASE("a name twice in a safetensors header is refused: tensors, metadata ke
     INFO(field);
     const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],)" + field + "}}";
     const std::string name = field.substr(1, field.find('"', 1) - 1);
-    REQUIRE(message_of(st_bytes(header, f32_le({1.f}))) == "load_safetensors: buf: tensor 'w' has '" + name + "' twice");
+    REQUIRE(message_of(st_bytes(header, f32_le({1.f}))) ==
+            "load_safetensors: buf: tensor 'w' has '" + name + "' twice");
   }
   // From a file too, naming it.
   TempDir dir("xgrad_file_limits");
@@ -165,10 +169,14 @@ TEST_CASE("a name twice in a safetensors header is refused: tensors, metadata ke
   REQUIRE_THROWS_WITH(load_safetensors(path), "load_safetensors: '" + path + "': tensor 'w' appears twice");
   REQUIRE_THROWS_WITH(SafetensorsReader(path), "load_safetensors: '" + path + "': tensor 'w' appears twice");
   // Overlapping ranges stay refused; two empty tensors at one offset hold no data and are fine.
-  REQUIRE_THAT(message_of(st_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data)),
-               Contains("tensor 'b' starts at byte 4, expected 8 (a hole or an overlap)"));
-  const SafetensorsContents empty = parse_safetensors(
-      st_bytes(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})", ""));
+  REQUIRE_THAT(
+      message_of(st_bytes(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          data)),
+      Contains("tensor 'b' starts at byte 4, expected 8 (a hole or an overlap)"));
+  const SafetensorsContents empty = parse_safetensors(st_bytes(
+      R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})",
+      ""));
   REQUIRE(empty.tensors.size() == 2);
 }
 
@@ -178,15 +186,16 @@ TEST_CASE("safetensors shapes have at most 64 dimensions", "[file_limits][bad_in
     for (std::size_t i = 0; i < rank; ++i) s += i ? ",1" : "1";
     return s + "]";
   };
-  const SafetensorsContents ok =
-      parse_safetensors(st_bytes(R"({"w":{"dtype":"F32","shape":)" + ones(64) + R"(,"data_offsets":[0,4]}})", f32_le({3.f})));
+  const SafetensorsContents ok = parse_safetensors(
+      st_bytes(R"({"w":{"dtype":"F32","shape":)" + ones(64) + R"(,"data_offsets":[0,4]}})", f32_le({3.f})));
   REQUIRE(ok.tensors.at(0).second.dimension() == 64);
   REQUIRE(ok.tensors.at(0).second.data()[0] == 3.f);
-  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":)" + ones(65) + R"(,"data_offsets":[0,4]}})", f32_le({3.f}))) ==
-          "load_safetensors: buf: tensor 'w' has more than 64 dimensions");
+  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":)" + ones(65) + R"(,"data_offsets":[0,4]}})",
+                              f32_le({3.f}))) == "load_safetensors: buf: tensor 'w' has more than 64 dimensions");
 }
 
-TEST_CASE("save_safetensors refuses names and metadata that are not UTF-8 before writing anything", "[file_limits][bad_input]") {
+TEST_CASE("save_safetensors refuses names and metadata that are not UTF-8 before writing anything",
+          "[file_limits][bad_input]") {
   TempDir dir("xgrad_file_limits");
   const std::string path = dir.file("w.safetensors");
   save_safetensors(path, {{"w", Array{1.f, 2.f}}}, {{"k", "v"}});
@@ -196,9 +205,11 @@ TEST_CASE("save_safetensors refuses names and metadata that are not UTF-8 before
                       "save_safetensors: tensor name \"bad\\xFF\" is not valid UTF-8 (byte 0xFF at offset 3)");
   REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", one}}, {{"k\xc0\xaf", "v"}}),
                       "save_safetensors: metadata key \"k\\xC0\\xAF\" is not valid UTF-8 (byte 0xC0 at offset 1)");
-  REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", one}}, {{"key", "\xed\xa0\x80"}}),
-                      "save_safetensors: metadata value of 'key' \"\\xED\\xA0\\x80\" is not valid UTF-8 (byte 0xED at offset 0)");
-  REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", one}}, {{"\xfe", "v"}}, Dtype::f16), Contains("metadata key \"\\xFE\""));
+  REQUIRE_THROWS_WITH(
+      save_safetensors(path, {{"w", one}}, {{"key", "\xed\xa0\x80"}}),
+      "save_safetensors: metadata value of 'key' \"\\xED\\xA0\\x80\" is not valid UTF-8 (byte 0xED at offset 0)");
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", one}}, {{"\xfe", "v"}}, Dtype::f16),
+                      Contains("metadata key \"\\xFE\""));
   REQUIRE(read_bytes(path) == before);
   REQUIRE(dir.entries() == std::set<std::string>{"w.safetensors"});
   // UTF-8 beyond ASCII is kept as it is.
@@ -239,12 +250,14 @@ TEST_CASE("SafetensorsReader reads ranges of F32, F16 and BF16 tensors as load_s
     REQUIRE(reader.find("big") == 1);
     REQUIRE(reader.find("nope") == 3);
     float x = 0;
-    REQUIRE_THROWS_WITH(reader.read(0, 2, 2, &x), "SafetensorsReader::read: elements [2, 4) of tensor 'a' in '" + path + "', which has 3");
+    REQUIRE_THROWS_WITH(reader.read(0, 2, 2, &x),
+                        "SafetensorsReader::read: elements [2, 4) of tensor 'a' in '" + path + "', which has 3");
     REQUIRE_THROWS_WITH(reader.read(3, 0, 1, &x), Contains("has 3 tensors, no tensor 3"));
     // The file cut after it was opened: an Error naming it, not garbage.
     ::truncate(path.c_str(), 8 + 64);
     std::vector<float> rest(big.size());
-    REQUIRE_THROWS_WITH(reader.read(1, 0, big.size(), rest.data()), Contains("'" + path + "' ended at byte") && Contains("changed while being read"));
+    REQUIRE_THROWS_WITH(reader.read(1, 0, big.size(), rest.data()),
+                        Contains("'" + path + "' ended at byte") && Contains("changed while being read"));
   }
 }
 
@@ -255,8 +268,10 @@ TEST_CASE("check_available_memory refuses sizes past what this process can alloc
   REQUIRE_FALSE(m.limit.empty());
   REQUIRE_NOTHROW(check_available_memory(1024, "f", "a KiB"));
   REQUIRE_THROWS_WITH(check_available_memory(1e30, "f", "holding x"),
-                      Contains("f: holding x needs 827180.6 YiB, more than the ") && Contains(" this process can still allocate (" + m.limit));
-  REQUIRE_THROWS_WITH(check_available_memory(std::numeric_limits<double>::quiet_NaN(), "f", "x"), Contains("f: x needs an unbounded size"));
+                      Contains("f: holding x needs 827180.6 YiB, more than the ") &&
+                          Contains(" this process can still allocate (" + m.limit));
+  REQUIRE_THROWS_WITH(check_available_memory(std::numeric_limits<double>::quiet_NaN(), "f", "x"),
+                      Contains("f: x needs an unbounded size"));
   REQUIRE(bytes_str(312) == "312 bytes");
   REQUIRE(bytes_str(1536) == "1.5 KiB");
   REQUIRE(bytes_str(3.5 * (1 << 30)) == "3.5 GiB");
@@ -270,7 +285,8 @@ TEST_CASE("load_safetensors refuses arrays that cannot be held before allocating
                                  std::to_string(2 * n) + "]}}",
                              std::string(2 * n, '\0')));
   const ChildResult r = in_child([&] { load_safetensors(path); }, rlim_t{64} << 20);
-  REQUIRE_THAT(r.message, Contains("load_safetensors: reading '" + path + "' (33554432 float32 values in 1 tensor) needs 128.0 MiB, more than the ") &&
+  REQUIRE_THAT(r.message, Contains("load_safetensors: reading '" + path +
+                                   "' (33554432 float32 values in 1 tensor) needs 128.0 MiB, more than the ") &&
                               Contains("this process can still allocate (RLIMIT_AS of "));
   REQUIRE(r.peak_increase_kib < 8 * 1024);
   REQUIRE(in_child([&] { load_safetensors(path); }, rlim_t{512} << 20).message == "(accepted)");
@@ -281,13 +297,14 @@ TEST_CASE("a shape with a zero after other sizes holds no elements and round-tri
   // 0 bytes before the 0 was seen.
   for (const char* shape : {"[3,0]", "[5,7,0]", "[0,3]", "[1000000,0,1000000]"}) {
     INFO(shape);
-    const SafetensorsContents c =
-        parse_safetensors(st_bytes(std::string(R"({"w":{"dtype":"F32","shape":)") + shape + R"(,"data_offsets":[0,0]}})", ""));
+    const SafetensorsContents c = parse_safetensors(
+        st_bytes(std::string(R"({"w":{"dtype":"F32","shape":)") + shape + R"(,"data_offsets":[0,0]}})", ""));
     REQUIRE(c.tensors.size() == 1);
     REQUIRE(c.tensors[0].second.size() == 0);
   }
-  REQUIRE(parse_safetensors(st_bytes(R"({"w":{"dtype":"F32","shape":[3,0],"data_offsets":[0,0]}})", "")).tensors[0].second.shape() ==
-          Shape{3, 0});
+  REQUIRE(parse_safetensors(st_bytes(R"({"w":{"dtype":"F32","shape":[3,0],"data_offsets":[0,0]}})", ""))
+              .tensors[0]
+              .second.shape() == Shape{3, 0});
   TempDir dir("xgrad_file_limits");
   NamedArrays t;
   t.emplace_back("empty", Array::from_shape({3, 0}));
@@ -300,16 +317,15 @@ TEST_CASE("a shape with a zero after other sizes holds no elements and round-tri
   // A real size past the file is still refused, and so is a product past 2^60 beside a zero.
   REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[3,1],"data_offsets":[0,0]}})", "")) ==
           "load_safetensors: buf: tensor 'w' has a shape larger than the file");
-  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[0,1099511627776,1099511627776],"data_offsets":[0,0]}})", "")) ==
-          "load_safetensors: buf: tensor 'w' has a shape whose sizes multiply past 2^60");
+  REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[0,1099511627776,1099511627776],"data_offsets":[0,0]}})",
+                              "")) == "load_safetensors: buf: tensor 'w' has a shape whose sizes multiply past 2^60");
 }
 
 TEST_CASE("a header number past any integer or double is refused in one short line without the tag of the JSON reader",
           "[file_limits][bad_input][bug]") {
   const std::string digits(10000, '7');
-  for (const std::string& header :
-       {R"({"w":{"dtype":"F32","shape":[)" + digits + R"(],"data_offsets":[0,0]}})", with_extra(digits), with_extra("1e99999"),
-        with_extra("-" + digits)}) {
+  for (const std::string& header : {R"({"w":{"dtype":"F32","shape":[)" + digits + R"(],"data_offsets":[0,0]}})",
+                                    with_extra(digits), with_extra("1e99999"), with_extra("-" + digits)}) {
     const std::string m = message_of(st_bytes(header, f32_le({1.f})));
     INFO(m.substr(0, 300));
     REQUIRE_THAT(m, Contains("load_safetensors: buf: the header is not valid JSON (number overflow parsing '"));
@@ -317,33 +333,39 @@ TEST_CASE("a header number past any integer or double is refused in one short li
     REQUIRE(m.size() < 300);
   }
   REQUIRE(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}} x)", "")) ==
-          "load_safetensors: buf: the header is not valid JSON (parse error at line 1, column 56: syntax error while parsing value - "
+          "load_safetensors: buf: the header is not valid JSON (parse error at line 1, column 56: syntax error while "
+          "parsing value - "
           "invalid literal; last read: '0]}} x'; expected end of input)");
   // 20 digits past 2^64 in a shape is a number, but no non-negative integer.
   REQUIRE_THAT(message_of(st_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,0]}})", "")),
                Contains("tensor 'w' has a shape entry 1.8446744073709552e+19 that is not a non-negative integer"));
 }
 
-TEST_CASE("a header of half a million empty tensors counts what each costs beside its values", "[file_limits][bad_input][bug]") {
+TEST_CASE("a header of half a million empty tensors counts what each costs beside its values",
+          "[file_limits][bad_input][bug]") {
   // 500000 entries of no data: 28 MB of header, ~250 MB as named arrays. The check counted values
   // alone (none), so the arrays were allocated until the process ran out.
   // AddressSanitizer's allocator keeps red zones and a quarantine beside every allocation and ends
   // the process when a limit stops it: what this case measures holds only for the real allocator.
   if (xgrad::testing::kAddressSanitizer) return;
   std::string header = "{";
-  for (int i = 0; i < 500000; ++i) header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  for (int i = 0; i < 500000; ++i)
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
   header += "}";
   const std::string bytes = st_bytes(header, "");
   const ChildResult tight = in_child([&] { parse_safetensors(bytes, "buf"); }, rlim_t{160} << 20);
   INFO(tight.message);
   REQUIRE_THAT(tight.message, StartsWith("load_safetensors: ") && !Contains("not an xgrad::Error"));
-  REQUIRE_THAT(tight.message, Contains("reading buf (0 float32 values in 500000 tensors) needs 244.1 MiB, more than the ") ||
-                                  Contains("no memory to read the " + std::to_string(header.size()) + "-byte header ("));
-  const ChildResult roomy = in_child([&] { REQUIRE(parse_safetensors(bytes, "buf").tensors.size() == 500000); }, rlim_t{1} << 30);
+  REQUIRE_THAT(tight.message,
+               Contains("reading buf (0 float32 values in 500000 tensors) needs 244.1 MiB, more than the ") ||
+                   Contains("no memory to read the " + std::to_string(header.size()) + "-byte header ("));
+  const ChildResult roomy =
+      in_child([&] { REQUIRE(parse_safetensors(bytes, "buf").tensors.size() == 500000); }, rlim_t{1} << 30);
   REQUIRE(roomy.message == "(accepted)");
 }
 
-TEST_CASE("a header that cannot be held in the memory left is refused before it is read", "[file_limits][bad_input][bug]") {
+TEST_CASE("a header that cannot be held in the memory left is refused before it is read",
+          "[file_limits][bad_input][bug]") {
   // 48 MB of header ("{}" and spaces, valid) under 24 MiB of address space to spare: the header's
   // own buffer was allocated first and threw std::bad_alloc.
   TempDir dir("xgrad_file_limits");
@@ -354,15 +376,15 @@ TEST_CASE("a header that cannot be held in the memory left is refused before it 
     INFO((reader ? "SafetensorsReader" : "load_safetensors"));
     const ChildResult r = in_child(
         [&] {
-          if (reader) {
-            SafetensorsReader file(path);
-          } else {
-            load_safetensors(path);
-          }
+      if (reader) {
+        SafetensorsReader file(path);
+      } else {
+        load_safetensors(path);
+      }
         },
         rlim_t{24} << 20);
-    REQUIRE_THAT(r.message, StartsWith("load_safetensors: reading the " + std::to_string(n) + "-byte header of '" + path +
-                                       "' needs 48.0 MiB, more than the ") &&
+    REQUIRE_THAT(r.message, StartsWith("load_safetensors: reading the " + std::to_string(n) + "-byte header of '" +
+                                       path + "' needs 48.0 MiB, more than the ") &&
                                 Contains("this process can still allocate (RLIMIT_AS of "));
     REQUIRE(in_child([&] { load_safetensors(path); }, rlim_t{256} << 20).message == "(accepted)");
   }

@@ -48,7 +48,8 @@ double scalar_rel_error(double got, double want) {
 
 std::vector<gradflow::LmBatch> batches_of(const json& j) {
   std::vector<gradflow::LmBatch> out;
-  for (const auto& b : j.at("batches")) out.push_back({testing::to_index_array(b.at("ids")), testing::to_index_array(b.at("targets"))});
+  for (const auto& b : j.at("batches"))
+    out.push_back({testing::to_index_array(b.at("ids")), testing::to_index_array(b.at("targets"))});
   return out;
 }
 
@@ -61,7 +62,8 @@ double compare_each(const std::string& placement, const std::string& what, const
   double worst = 0;
   for (std::size_t i = 0; i < want.size(); ++i) {
     const double err = scalar_rel_error(got[i], want[i]);
-    INFO(placement << ": " << what << "[" << i << "]: xgrad " << std::setprecision(9) << got[i] << ", PyTorch " << want[i]);
+    INFO(placement << ": " << what << "[" << i << "]: xgrad " << std::setprecision(9) << got[i] << ", PyTorch "
+                   << want[i]);
     CAPTURE(err);
     CHECK(err <= kTol);
     worst = std::max(worst, err);
@@ -80,13 +82,14 @@ void run_placement(const std::string& placement) {
   const json& p = j.at("placements").at(placement);
   REQUIRE(p.at("norm").get<std::string>() == placement);
   const nn::Norm norm = placement == "pre" ? nn::Norm::pre : nn::Norm::post;
-  nn::LanguageModel model(nn::LanguageModelOptions(j.at("vocab_size").get<std::size_t>(), j.at("d_model").get<std::size_t>(),
-                                                   j.at("num_heads").get<std::size_t>(), j.at("num_layers").get<std::size_t>())
-                              .d_ff(j.at("d_ff").get<std::size_t>())
-                              .max_len(j.at("max_len").get<std::size_t>())
-                              .dropout(0.f)
-                              .norm(norm)
-                              .positional(nn::Positional::learned));
+  nn::LanguageModel model(
+      nn::LanguageModelOptions(j.at("vocab_size").get<std::size_t>(), j.at("d_model").get<std::size_t>(),
+                               j.at("num_heads").get<std::size_t>(), j.at("num_layers").get<std::size_t>())
+          .d_ff(j.at("d_ff").get<std::size_t>())
+          .max_len(j.at("max_len").get<std::size_t>())
+          .dropout(0.f)
+          .norm(norm)
+          .positional(nn::Positional::learned));
   NamedArrays state;
   for (const auto& [name, v] : p.at("params").items()) state.emplace_back(name, testing::to_array(v));
   nn::load_state_dict(model, state);  // throws naming a missing or unexpected parameter

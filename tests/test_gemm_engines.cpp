@@ -19,12 +19,12 @@
 
 #include <xtensor/xmath.hpp>
 
-#include "xgrad/core/kernels/blas.hpp"
+#include "train_steps.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/detail/gemm_engines.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
-#include "train_steps.hpp"
 
 using namespace xgrad;
 
@@ -143,7 +143,7 @@ TEST_CASE("both engines compute every shape, transpose, stride, alpha and beta t
   products.push_back({2100, 1000, 2, true, false, 0, 1.f, 0.5f});  // past the swap's size limit
   for (const Product& p : products) {
     INFO(p.m << " x " << p.n << " x " << p.k << (p.ta ? " T" : " N") << (p.tb ? "T" : "N") << " pad " << p.pad
-              << " alpha " << p.alpha << " beta " << p.beta);
+             << " alpha " << p.alpha << " beta " << p.beta);
     const Operands o = operands(p);
     std::vector<double> ref, scale;
     reference(p, o, ref, scale);
@@ -168,7 +168,8 @@ TEST_CASE("both engines compute every shape, transpose, stride, alpha and beta t
   }
 }
 
-TEST_CASE("each engine repeats bit for bit, and the engines agree on training to rounding", "[gemm][engines][determinism]") {
+TEST_CASE("each engine repeats bit for bit, and the engines agree on training to rounding",
+          "[gemm][engines][determinism]") {
   std::vector<blas::Engine> engines = {blas::Engine::openblas};
   if (blas::has_engine(blas::Engine::onednn)) engines.push_back(blas::Engine::onednn);
   std::vector<testing::StepResult> results;
@@ -201,7 +202,8 @@ TEST_CASE("each engine repeats bit for bit, and the engines agree on training to
   CHECK(any_bit_differs);
 }
 
-TEST_CASE("auto sends small products to OpenBLAS and the rest to oneDNN, and a forced engine takes all", "[gemm][engines]") {
+TEST_CASE("auto sends small products to OpenBLAS and the rest to oneDNN, and a forced engine takes all",
+          "[gemm][engines]") {
   {
     EngineScope scope(blas::Engine::automatic);
     REQUIRE(blas::engine_for(16, 16, 16) == blas::Engine::openblas);
@@ -281,7 +283,8 @@ TEST_CASE("idle threads use no CPU after products on both engines and two kernel
   for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn}) {
     if (!blas::has_engine(e)) continue;
     EngineScope scope(e);
-    for (int rep = 0; rep < 20; ++rep) blas::sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    for (int rep = 0; rep < 20; ++rep)
+      blas::sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past any spin-then-sleep
   const double before = cpu_seconds_of_other_threads();
@@ -293,7 +296,8 @@ TEST_CASE("idle threads use no CPU after products on both engines and two kernel
 }
 
 // blas::linear: the bias rows, then the product added by each engine.
-TEST_CASE("linear with and without a bias agrees with the reference on both engines and many shapes", "[gemm][engines]") {
+TEST_CASE("linear with and without a bias agrees with the reference on both engines and many shapes",
+          "[gemm][engines]") {
   Generator gen(13);
   for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn, blas::Engine::automatic}) {
     if (!blas::has_engine(e)) continue;
@@ -371,7 +375,8 @@ BatchedOperand in_blocks(std::size_t batches, std::size_t heads, std::size_t row
 
 }  // namespace
 
-TEST_CASE("batched products agree with the reference on every engine, layout, transpose, alpha and beta", "[gemm][engines]") {
+TEST_CASE("batched products agree with the reference on every engine, layout, transpose, alpha and beta",
+          "[gemm][engines]") {
   const std::vector<BatchedCase> cases = {
       {3, 2, 5, 7, 4, false, true, 0.5f, 0.f, true, 0},
       {2, 4, 16, 16, 8, true, false, 1.f, 1.f, false, 3},
@@ -432,8 +437,8 @@ TEST_CASE("batched products agree with the reference on every engine, layout, tr
         }
         // oneDNN's primitive computes exactly the products of 2^12 to 2^21 multiply-adds
         const std::size_t work = p.m * p.n * p.k;
-        const bool primitive = blas::has_engine(blas::Engine::onednn) && e != blas::Engine::openblas && work >= (1u << 12) &&
-                               work <= (1u << 21);
+        const bool primitive = blas::has_engine(blas::Engine::onednn) && e != blas::Engine::openblas &&
+                               work >= (1u << 12) && work <= (1u << 21);
         CHECK((blas::detail::onednn_batched_calls() > calls_before) == primitive);
       }
     }
@@ -441,7 +446,8 @@ TEST_CASE("batched products agree with the reference on every engine, layout, tr
   set_num_threads(1);
 }
 
-TEST_CASE("two threads running oneDNN's batched products at once get the same bits as one alone", "[gemm][engines][threads]") {
+TEST_CASE("two threads running oneDNN's batched products at once get the same bits as one alone",
+          "[gemm][engines][threads]") {
   if (!blas::has_engine(blas::Engine::onednn)) {
     WARN("this build has OpenBLAS only");
     return;
@@ -489,8 +495,8 @@ TEST_CASE("beta 0 ignores NaN in C, on the transposed tall product and on batche
     // a batch that oneDNN computes in one call
     const std::size_t B = 2, H = 3, T = 32, D = 16;
     std::vector<float> q(B * T * H * D, 0.5f), scores(B * H * T * T, nan);
-    blas::sgemm_batched(false, true, B, H, T, T, D, 1.f, {q.data(), H * D, T * H * D, D}, {q.data(), H * D, T * H * D, D},
-                        0.f, {scores.data(), T, H * T * T, T * T});
+    blas::sgemm_batched(false, true, B, H, T, T, D, 1.f, {q.data(), H * D, T * H * D, D},
+                        {q.data(), H * D, T * H * D, D}, 0.f, {scores.data(), T, H * T * T, T * T});
     for (float v : scores) REQUIRE(v == Approx(0.25f * D));
   }
 }
@@ -513,7 +519,8 @@ TEST_CASE("a batch whose operand repeats (batch stride 0) is computed right on e
         for (std::size_t i = 0; i < M; ++i) {
           for (std::size_t j = 0; j < N; ++j) {
             double want = 0;
-            for (std::size_t l = 0; l < K; ++l) want += static_cast<double>(a[i * H * K + h * K + l]) * b[bi * K * H * N + l * H * N + h * N + j];
+            for (std::size_t l = 0; l < K; ++l)
+              want += static_cast<double>(a[i * H * K + h * K + l]) * b[bi * K * H * N + l * H * N + h * N + j];
             REQUIRE(c[bi * H * M * N + h * M * N + i * N + j] == Approx(want).margin(1e-5));
           }
         }

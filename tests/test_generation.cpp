@@ -9,9 +9,9 @@
 
 #include <xtensor/xview.hpp>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 #include "small_models.hpp"
@@ -52,7 +52,8 @@ std::vector<nn::LanguageModelOptions> variants() {
   std::vector<nn::LanguageModelOptions> out;
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post})
     for (nn::Positional pos : {nn::Positional::learned, nn::Positional::sinusoidal})
-      out.push_back(nn::LanguageModelOptions(13, 16, 4, 2).d_ff(24).max_len(10).dropout(0.1f).norm(norm).positional(pos));
+      out.push_back(
+          nn::LanguageModelOptions(13, 16, 4, 2).d_ff(24).max_len(10).dropout(0.1f).norm(norm).positional(pos));
   return out;
 }
 
@@ -86,8 +87,9 @@ TEST_CASE("forward_cached in pieces gives forward's logits and attention", "[nn]
     }
     // the cache is full at max_len: one more position is an error naming both counts
     lm->forward_cached(IndexArray{{1, 1}, {2, 2}}, cache);
-    REQUIRE_THROWS_WITH(lm->forward_cached(column_ids(), cache),
-                        Contains("LanguageModel") && Contains("sequence length 11 (10 cached and 1 new) exceeds max_len 10"));
+    REQUIRE_THROWS_WITH(
+        lm->forward_cached(column_ids(), cache),
+        Contains("LanguageModel") && Contains("sequence length 11 (10 cached and 1 new) exceeds max_len 10"));
     // a cache of another batch size is refused
     nn::LanguageModelCache one;
     lm->forward_cached(IndexArray{{1, 2}}, one);
@@ -141,7 +143,8 @@ TEST_CASE("past max_len the context keeps its last window_keep tokens, or genera
   }
   nn::GenerateOptions bad;
   bad.window_keep = 10;
-  REQUIRE_THROWS_WITH(lm->generate({1}, 3, bad), Contains("generate") && Contains("window_keep 10 must be less than max_len 10"));
+  REQUIRE_THROWS_WITH(lm->generate({1}, 3, bad),
+                      Contains("generate") && Contains("window_keep 10 must be less than max_len 10"));
   nn::GenerateOptions strict;
   strict.past_max_len = nn::PastMaxLen::error;
   strict.temperature = 0.f;
@@ -180,8 +183,8 @@ TEST_CASE("generate_with_attention keeps every query's weights", "[nn][generate]
       for (std::size_t l = 0; l < 2; ++l) {
         const Array row = xt::view(h.attention[l], xt::all(), 12, xt::all());
         CHECK(xt::amax(xt::abs(xt::view(row, xt::all(), xt::range(0, 5))))() == 0.f);
-        CHECK(max_abs_diff(xt::view(row, xt::all(), xt::range(5, 13)), xt::view(late.attentions[l].value(), 0, xt::all(), 7)) <
-              1e-6f);
+        CHECK(max_abs_diff(xt::view(row, xt::all(), xt::range(5, 13)),
+                           xt::view(late.attentions[l].value(), 0, xt::all(), 7)) < 1e-6f);
         for (std::size_t q = 0; q < 16; ++q) {  // every query's weights sum to 1 over its keys
           const Array sums = xt::sum(xt::view(h.attention[l], xt::all(), q, xt::all()), {1});
           CHECK(max_abs_diff(sums, xt::ones<float>({4})) < 1e-5f);
@@ -191,7 +194,8 @@ TEST_CASE("generate_with_attention keeps every query's weights", "[nn][generate]
   }
 }
 
-TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses another", "[nn][generate][cache][bad_input]") {
+TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses another",
+          "[nn][generate][cache][bad_input]") {
   Generator gen(9);
   nn::Attention attn(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f), gen);
   const Tensor x(gen.normal({2, 5, 8}, 0.f, 1.f));
@@ -203,20 +207,24 @@ TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses
   const nn::AttentionOutput rest = attn.forward(slice(x, 1, 3, 5), causal, &cache);
   REQUIRE(cache.length() == 5);
   CHECK(max_abs_diff(concat({first.output, rest.output}, 1).value(), whole.output.value()) < 1e-6f);
-  CHECK(max_abs_diff(rest.weights.value(), xt::view(whole.weights.value(), xt::all(), xt::all(), xt::range(3, 5), xt::all())) < 1e-6f);
-  REQUIRE_THROWS_WITH(attn.forward(Tensor(xt::zeros<float>({3, 1, 8})), causal, &cache),
-                      Contains("MultiHeadAttention") && Contains("KVCache") && Contains("(2, 5, 8)") && Contains("(3, 1, 8)"));
+  CHECK(max_abs_diff(rest.weights.value(),
+                     xt::view(whole.weights.value(), xt::all(), xt::all(), xt::range(3, 5), xt::all())) < 1e-6f);
+  REQUIRE_THROWS_WITH(
+      attn.forward(Tensor(xt::zeros<float>({3, 1, 8})), causal, &cache),
+      Contains("MultiHeadAttention") && Contains("KVCache") && Contains("(2, 5, 8)") && Contains("(3, 1, 8)"));
   cache.clear();
   REQUIRE(cache.length() == 0);
   // self-attention needs keys and values of the query's width
   nn::Attention cross(nn::MultiHeadAttentionOptions(8, 2).kdim(6).vdim(5), gen);
-  REQUIRE_THROWS_WITH(cross.forward(x), Contains("self-attention needs kdim and vdim equal to d_model 8 (kdim 6, vdim 5)"));
+  REQUIRE_THROWS_WITH(cross.forward(x),
+                      Contains("self-attention needs kdim and vdim equal to d_model 8 (kdim 6, vdim 5)"));
   // a count whose token vector cannot exist
   auto lm = testing::eval_lm(variants()[0], 1);
-  REQUIRE_THROWS_WITH(lm->generate({1}, std::numeric_limits<std::size_t>::max()),
-                      Contains("LanguageModel::generate: holding the token ids of 1 prompt token and 18446744073709551615 new ones "
-                               "needs 128.0 EiB, more than the") &&
-                          Contains("this process can still allocate"));
+  REQUIRE_THROWS_WITH(
+      lm->generate({1}, std::numeric_limits<std::size_t>::max()),
+      Contains("LanguageModel::generate: holding the token ids of 1 prompt token and 18446744073709551615 new ones "
+               "needs 128.0 EiB, more than the") &&
+          Contains("this process can still allocate"));
 }
 
 TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, hooks, non-finite logits, huge counts",
@@ -228,7 +236,8 @@ TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, ho
     const Tokens a = lm->generate({3}, 5, greedy);
     greedy.use_cache = false;
     REQUIRE(a == lm->generate({3}, 5, greedy));
-    for (std::size_t n = 1; n < a.size(); ++n) CHECK(a[n] == argmax_last(lm->forward(ids_of(a, n - 1, n)).logits.value()));
+    for (std::size_t n = 1; n < a.size(); ++n)
+      CHECK(a[n] == argmax_last(lm->forward(ids_of(a, n - 1, n)).logits.value()));
   }
   SECTION("a failed step leaves the caches as they were") {
     Generator gen(9);
@@ -260,7 +269,8 @@ TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, ho
       REQUIRE(lc.blocks[1].length() == 3);
     }
     const Array retry = lm->forward_cached(xt::view(ids, xt::all(), xt::range(3, 4)), lc).logits.value();
-    CHECK(max_abs_diff(retry, xt::view(lm->forward(ids).logits.value(), xt::all(), xt::range(3, 4), xt::all())) < 1e-5f);
+    CHECK(max_abs_diff(retry, xt::view(lm->forward(ids).logits.value(), xt::all(), xt::range(3, 4), xt::all())) <
+          1e-5f);
   }
   SECTION("a model with hooks generates as without the cache, its hooks seeing whole contexts") {
     auto lm = testing::eval_lm(variants()[0], 2);
@@ -281,7 +291,8 @@ TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, ho
   SECTION("non-finite logits stop generation, naming the step and the token") {
     auto lm = testing::eval_lm(variants()[0], 2);
     lm->head->bias.mutable_value()(4) = std::numeric_limits<float>::quiet_NaN();
-    REQUIRE_THROWS_WITH(lm->generate({1}, 3, greedy), Contains("generate") && Contains("logit of token 4 is nan at step 0"));
+    REQUIRE_THROWS_WITH(lm->generate({1}, 3, greedy),
+                        Contains("generate") && Contains("logit of token 4 is nan at step 0"));
     nn::GenerateOptions sample;
     REQUIRE_THROWS_WITH(lm->generate({1}, 3, sample), Contains("logit of token 4 is nan"));
     // -inf is a token that is never picked, whatever the temperature
@@ -304,16 +315,17 @@ TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, ho
         for (const bool cache : {true, false}) {
           nn::GenerateOptions o = greedy;
           o.use_cache = cache;
-          REQUIRE_THROWS_WITH(lm->generate(prompt, 2, o), Contains("LanguageModel::generate: prompt token id " + std::to_string(bad) +
-                                                                    " at position " + std::to_string(at) + " of " +
-                                                                    std::to_string(3 * max_len) + " is outside the vocabulary [0, " +
-                                                                    std::to_string(V) + ")"));
+          REQUIRE_THROWS_WITH(lm->generate(prompt, 2, o),
+                              Contains("LanguageModel::generate: prompt token id " + std::to_string(bad) +
+                                       " at position " + std::to_string(at) + " of " + std::to_string(3 * max_len) +
+                                       " is outside the vocabulary [0, " + std::to_string(V) + ")"));
           // Named as the call that was made (it said LanguageModel::generate), and with a count of 0 too.
           for (const std::size_t count : {std::size_t{2}, std::size_t{0}}) {
             REQUIRE_THROWS_WITH(lm->generate_with_attention(prompt, count, o),
-                                Contains("LanguageModel::generate_with_attention: prompt token id " + std::to_string(bad) + " at position " +
-                                         std::to_string(at)));
-            REQUIRE_THROWS_WITH(lm->generate(prompt, count, o), Contains("LanguageModel::generate: prompt token id " + std::to_string(bad)));
+                                Contains("LanguageModel::generate_with_attention: prompt token id " +
+                                         std::to_string(bad) + " at position " + std::to_string(at)));
+            REQUIRE_THROWS_WITH(lm->generate(prompt, count, o),
+                                Contains("LanguageModel::generate: prompt token id " + std::to_string(bad)));
           }
         }
       }
@@ -325,11 +337,13 @@ TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, ho
     auto lm = testing::eval_lm(variants()[0], 2);
     // 2^20 ids fit; L x (H, 2^20, 2^20) floats (4 TiB a head) do not, anywhere: refused before any step.
     const std::size_t L = lm->blocks.size(), H = lm->options().num_heads();
-    REQUIRE_THROWS_WITH(lm->generate_with_attention({1}, std::size_t(1) << 20, greedy),
-                        Contains("LanguageModel::generate_with_attention: keeping " + std::to_string(L) + " x (" + std::to_string(H) +
-                                 ", 1048576, 1048576) attention weights for 1 prompt token and 1048576 new ones needs ") &&
-                            Contains("TiB, more than the") && Contains("this process can still allocate"));
+    REQUIRE_THROWS_WITH(
+        lm->generate_with_attention({1}, std::size_t(1) << 20, greedy),
+        Contains("LanguageModel::generate_with_attention: keeping " + std::to_string(L) + " x (" + std::to_string(H) +
+                 ", 1048576, 1048576) attention weights for 1 prompt token and 1048576 new ones needs ") &&
+            Contains("TiB, more than the") && Contains("this process can still allocate"));
     REQUIRE(lm->generate_with_attention({1, 2}, 0, greedy).attention.empty());
-    REQUIRE_THROWS_WITH(lm->pos_emb->at(IndexArray{{0, 10}}), Contains("LearnedPositionalEncoding: position 10") && Contains("max_len 10"));
+    REQUIRE_THROWS_WITH(lm->pos_emb->at(IndexArray{{0, 10}}),
+                        Contains("LearnedPositionalEncoding: position 10") && Contains("max_len 10"));
   }
 }

@@ -7,18 +7,18 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;
@@ -51,9 +51,9 @@ Array observed_projection(const Shape& out_shape, const GradcheckOptions& opt = 
   auto seen = std::make_shared<Array>();
   const GradcheckResult res = gradcheck(
       [seen](const Ins& in) {
-        Tensor y = mul(in[0], 1.f);
-        if (y.requires_grad()) y.register_hook([seen](Array& g) { *seen = g; });
-        return y;
+    Tensor y = mul(in[0], 1.f);
+    if (y.requires_grad()) y.register_hook([seen](Array& g) { *seen = g; });
+    return y;
       },
       {Tensor(Array(xt::zeros<float>(out_shape)), true)}, opt);
   INFO(res.report);
@@ -73,11 +73,13 @@ std::vector<std::size_t> large_elements(const Array& g, double threshold) {
 
 // The first element where |got - want| > atol + rtol |want|, with both values, or "" if none.
 std::string first_mismatch(const Array& got, const std::vector<double>& want, double rtol, double atol) {
-  if (got.size() != want.size()) return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+  if (got.size() != want.size())
+    return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
     const double g = got.data()[i];
     if (!(std::abs(g - want[i]) <= atol + rtol * std::abs(want[i]))) {
-      return "element " + index_text(got.shape(), i) + ": got " + std::to_string(g) + ", want " + std::to_string(want[i]);
+      return "element " + index_text(got.shape(), i) + ": got " + std::to_string(g) + ", want " +
+             std::to_string(want[i]);
     }
   }
   return "";
@@ -174,9 +176,9 @@ TEST_CASE("gradcheck catches a 1% error in one input-gradient element of a matmu
     REQUIRE(!ks.empty());
     for (std::size_t k : {ks.front(), ks.back()}) {
       const Shape& shape = true_grads[which].shape();
-      INFO("input " << which << " element " << index_text(shape, k) << " with gradient " << true_grads[which].data()[k]);
-      const GradcheckResult res =
-          gradcheck(composition(which, [k](Array& g) { g.data()[k] *= 1.01f; }), {a, b, c});
+      INFO("input " << which << " element " << index_text(shape, k) << " with gradient "
+                    << true_grads[which].data()[k]);
+      const GradcheckResult res = gradcheck(composition(which, [k](Array& g) { g.data()[k] *= 1.01f; }), {a, b, c});
       INFO(res.report);
       REQUIRE_FALSE(res.ok);
       REQUIRE_THAT(res.report, Contains("input " + std::to_string(which) + " element " + index_text(shape, k)));
@@ -188,9 +190,9 @@ TEST_CASE("gradcheck catches a gradient that is missing entirely", "[gradcheck][
   // a hook that zeroes the whole gradient of y = 3 x
   const GradcheckResult res = gradcheck(
       [](const Ins& in) {
-        Tensor y = mul(in[0], 3.f);
-        if (y.requires_grad()) y.register_hook([](Array& g) { g.fill(0.f); });
-        return y;
+    Tensor y = mul(in[0], 3.f);
+    if (y.requires_grad()) y.register_hook([](Array& g) { g.fill(0.f); });
+    return y;
       },
       {randn({2, 2}, 21)});
   REQUIRE_FALSE(res.ok);
@@ -269,7 +271,8 @@ TEST_CASE("gradcheck skip_kinks skips relu at exactly 0 and counts it", "[gradch
 // The kink test works on the slopes' own scale: relu at 0 is skipped however small or large the
 // projection and the function's scale make its slopes (it once needed |slope jump| > 0.1 (1 + |numeric|),
 // so relu(x) * 0.01 at 0, or a projection entry of 0.05, failed instead of being skipped).
-TEST_CASE("gradcheck skip_kinks skips relu, abs, clamp and max ties at their kinks on any scale", "[gradcheck][checker]") {
+TEST_CASE("gradcheck skip_kinks skips relu, abs, clamp and max ties at their kinks on any scale",
+          "[gradcheck][checker]") {
   const Shape shape{32};
   const Array r = observed_projection(shape);
   double smallest = 1;
@@ -307,14 +310,16 @@ TEST_CASE("gradcheck skip_kinks skips relu, abs, clamp and max ties at their kin
   REQUIRE(clamp_res.skipped == shape[0] / 2);
   REQUIRE(clamp_res.checked == shape[0] / 2);
   Tensor ties(Array(xt::zeros<float>({16, 2})), true);
-  for (std::size_t i = 0; i < 16; ++i) ties.mutable_value()(i, 0) = ties.mutable_value()(i, 1) = 0.1f * static_cast<float>(i);
+  for (std::size_t i = 0; i < 16; ++i)
+    ties.mutable_value()(i, 0) = ties.mutable_value()(i, 1) = 0.1f * static_cast<float>(i);
   const GradcheckResult max_res = gradcheck([](const Ins& in) { return max(in[0], 1); }, {ties}, skip);
   INFO(max_res.report);
   REQUIRE(max_res.ok);
   REQUIRE(max_res.skipped == 32);
 }
 
-TEST_CASE("gradcheck skip_kinks leaves smooth points alone and still catches a wrong gradient", "[gradcheck][checker]") {
+TEST_CASE("gradcheck skip_kinks leaves smooth points alone and still catches a wrong gradient",
+          "[gradcheck][checker]") {
   const Shape shape{32};
   GradcheckOptions skip;
   skip.skip_kinks = true;
@@ -384,7 +389,8 @@ TEST_CASE("gradcheck refuses tolerances, steps and thresholds that are negative,
   Tensor one(Array{1.f, 2.f}, true);
   GradcheckOptions tiny;
   tiny.eps = 1e-9;
-  REQUIRE_THROWS_WITH(gradcheck(fn, {one}, tiny), Contains("gradcheck: eps 1e-09 is no float32 step at input 0 element (0) (value 1)"));
+  REQUIRE_THROWS_WITH(gradcheck(fn, {one}, tiny),
+                      Contains("gradcheck: eps 1e-09 is no float32 step at input 0 element (0) (value 1)"));
   GradcheckOptions huge;
   huge.eps = 1e300;
   REQUIRE_THROWS_WITH(gradcheck(fn, {one}, huge), Contains("eps 1e+300 is no float32 step at input 0 element (0)"));
@@ -444,10 +450,13 @@ TEST_CASE("closed forms: d tanh, d sigmoid, d exp, d log, d sqrt", "[closed_form
   REQUIRE_MATCHES(grad_of([](const Tensor& t) { return tanh(t); }, x, w),
                   chain(x, w, [](double v) { return 1 - std::tanh(v) * std::tanh(v); }), 1e-5, 1e-6);
   // d sigmoid = y (1 - y)
-  REQUIRE_MATCHES(grad_of([](const Tensor& t) { return sigmoid(t); }, x, w), chain(x, w, [](double v) {
-                    const double y = 1 / (1 + std::exp(-v));
-                    return y * (1 - y);
-                  }),
+  REQUIRE_MATCHES(grad_of([](const Tensor& t) { return sigmoid(t); }, x, w),
+                  chain(
+                      x, w,
+                      [](double v) {
+    const double y = 1 / (1 + std::exp(-v));
+    return y * (1 - y);
+                      }),
                   1e-5, 1e-6);
   // d exp = exp
   REQUIRE_MATCHES(grad_of([](const Tensor& t) { return exp(t); }, x, w),
@@ -481,18 +490,24 @@ TEST_CASE("closed forms: d gelu against the erf and tanh formulas in double", "[
   const Array x = Generator(71).uniform(shape, -5.f, 5.f);
   const Array w = Generator(72).uniform(shape, -2.f, 2.f);
   // exact: d/dx x Phi(x) = Phi(x) + x phi(x)
-  REQUIRE_MATCHES(grad_of([](const Tensor& t) { return gelu(t, GeluApprox::exact); }, x, w), chain(x, w, [](double v) {
-                    const double cdf = 0.5 * (1 + std::erf(v / std::sqrt(2.0)));
-                    const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2 * kPi);
-                    return cdf + v * pdf;
-                  }),
+  REQUIRE_MATCHES(grad_of([](const Tensor& t) { return gelu(t, GeluApprox::exact); }, x, w),
+                  chain(
+                      x, w,
+                      [](double v) {
+    const double cdf = 0.5 * (1 + std::erf(v / std::sqrt(2.0)));
+    const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2 * kPi);
+    return cdf + v * pdf;
+                      }),
                   1e-5, 1e-6);
   // tanh: d/dx x (1 + tanh u) / 2, u = sqrt(2/pi) (x + 0.044715 x^3)
-  REQUIRE_MATCHES(grad_of([](const Tensor& t) { return gelu(t, GeluApprox::tanh); }, x, w), chain(x, w, [](double v) {
-                    const double c = std::sqrt(2 / kPi);
-                    const double t = std::tanh(c * (v + 0.044715 * v * v * v));
-                    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * 0.044715 * v * v);
-                  }),
+  REQUIRE_MATCHES(grad_of([](const Tensor& t) { return gelu(t, GeluApprox::tanh); }, x, w),
+                  chain(
+                      x, w,
+                      [](double v) {
+    const double c = std::sqrt(2 / kPi);
+    const double t = std::tanh(c * (v + 0.044715 * v * v * v));
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * 0.044715 * v * v);
+                      }),
                   1e-5, 1e-6);
 }
 
@@ -569,8 +584,7 @@ TEST_CASE("closed forms: d cross_entropy = (softmax - onehot) / count", "[closed
   REQUIRE_MATCHES(leaf.grad(), want, 1e-4, 1e-6);
 }
 
-TEST_CASE("closed forms: d(a / b) and d(a * b) with broadcasting sum over the broadcast axis",
-          "[closed_form]") {
+TEST_CASE("closed forms: d(a / b) and d(a * b) with broadcasting sum over the broadcast axis", "[closed_form]") {
   // a (2, 3), b (3,): da = 1 / b, db[j] = -sum_i a[i, j] / b[j]^2; for mul db[j] = sum_i a[i, j]
   const Array a = Generator(111).normal({2, 3}, 0.f, 1.f);
   const Array b = Generator(112).uniform({3}, 0.5f, 2.f);
@@ -598,7 +612,8 @@ TEST_CASE("gradcheck checks parameters read by the function and leaves their val
   sum(w * w).backward();  // an earlier gradient that must survive the check
   const Array value = w.value(), grad = w.grad();
   const Tensor x(Array{{1.f, 2.f}, {-1.f, 0.5f}}, true);
-  const GradcheckResult ok = gradcheck([&](const std::vector<Tensor>& in) { return tanh(matmul(in[0], w)); }, {x}, {{"w", w}});
+  const GradcheckResult ok =
+      gradcheck([&](const std::vector<Tensor>& in) { return tanh(matmul(in[0], w)); }, {x}, {{"w", w}});
   INFO(ok.report);
   REQUIRE(ok.ok);
   REQUIRE(ok.tensors == 2);
@@ -608,11 +623,11 @@ TEST_CASE("gradcheck checks parameters read by the function and leaves their val
   // A wrong gradient for the parameter only is caught and named.
   const GradcheckResult bad = gradcheck(
       [&](const std::vector<Tensor>& in) {
-        Tensor y = matmul(in[0], w);
-        if (grad_enabled()) {
-          w.register_hook([](Array& g) { g(0, 1) *= 1.05f; });
-        }
-        return tanh(y);
+    Tensor y = matmul(in[0], w);
+    if (grad_enabled()) {
+      w.register_hook([](Array& g) { g(0, 1) *= 1.05f; });
+    }
+    return tanh(y);
       },
       {x}, {{"w", w}});
   REQUIRE_FALSE(bad.ok);
@@ -622,7 +637,8 @@ TEST_CASE("gradcheck checks parameters read by the function and leaves their val
 // A kink within eps of x but not at it: the two-scale jump vanishes for a kink h/3 away (and is
 // below kink_threshold past 0.9 h), where relu's central difference is still off; such elements
 // failed with a right gradient (relu at 0.0033 or 0.0093 with eps 0.01: numeric 0.086 for 0.098).
-TEST_CASE("gradcheck skip_kinks skips kinks anywhere within eps of x and still checks the rest", "[gradcheck][checker][bug]") {
+TEST_CASE("gradcheck skip_kinks skips kinks anywhere within eps of x and still checks the rest",
+          "[gradcheck][checker][bug]") {
   GradcheckOptions skip;
   skip.skip_kinks = true;
   const double h = skip.eps;

@@ -73,7 +73,8 @@ bool bitwise_equal(const Array& a, const Array& b) {
 // (post last/first) / (pre last/first): 1.73, 1.85, 1.88, 1.64, 1.64.
 // Thresholds, with margin below every seed: last post/pre >= 2 (min 2.73), and Post-Norm's
 // last/first ratio >= 1.3 x Pre-Norm's (min 1.64x).
-TEST_CASE("Post-Norm's feed-forward gradients near the output are several times Pre-Norm's and grow with depth faster") {
+TEST_CASE(
+    "Post-Norm's feed-forward gradients near the output are several times Pre-Norm's and grow with depth faster") {
   for (std::uint64_t seed = 0; seed < 5; ++seed) {
     const gradflow::FlowConfig c = small_config(seed);
     const auto batches = batches_for(c);
@@ -85,9 +86,10 @@ TEST_CASE("Post-Norm's feed-forward gradients near the output are several times 
     REQUIRE(post.layers.size() == c.layers);
 
     const double pre_first = pre.layers.front().ffn_weight_grad_norm, pre_last = pre.layers.back().ffn_weight_grad_norm;
-    const double post_first = post.layers.front().ffn_weight_grad_norm, post_last = post.layers.back().ffn_weight_grad_norm;
-    INFO("seed " << seed << ": Pre-Norm first " << pre_first << " last " << pre_last << ", Post-Norm first " << post_first
-                 << " last " << post_last);
+    const double post_first = post.layers.front().ffn_weight_grad_norm,
+                 post_last = post.layers.back().ffn_weight_grad_norm;
+    INFO("seed " << seed << ": Pre-Norm first " << pre_first << " last " << pre_last << ", Post-Norm first "
+                 << post_first << " last " << post_last);
     REQUIRE(pre_first > 0);
     REQUIRE(post_first > 0);
     REQUIRE(std::isfinite(pre.loss));
@@ -129,7 +131,8 @@ TEST_CASE("measure reports residual flows consistent with a ProbeSet's gradients
       loss += w * l.item();
       for (std::size_t k = 0; k < c.layers; ++k) {
         const std::string blk = "blocks." + std::to_string(k);
-        for (auto [mean, name] : {std::make_pair(&attn[k], blk + ".attn.residual"), std::make_pair(&ffn[k], blk + ".ffn.residual")}) {
+        for (auto [mean, name] :
+             {std::make_pair(&attn[k], blk + ".attn.residual"), std::make_pair(&ffn[k], blk + ".ffn.residual")}) {
           mean->in += w * norm2(probes.gradient(name + ".in"));
           mean->out += w * norm2(probes.gradient(name + ".out"));
           mean->skip += w * norm2(probes.gradient(name + ".skip"));
@@ -188,7 +191,8 @@ TEST_CASE("measure leaves no gradients, gates or probes behind and changes no we
       REQUIRE(second.layers[l].residual_grad_norm == first.layers[l].residual_grad_norm);
       REQUIRE(second.layers[l].feed_forward.total == first.layers[l].feed_forward.total);
     }
-    for (std::size_t h = 0; h < first.heads.size(); ++h) REQUIRE(second.heads[h].importance == first.heads[h].importance);
+    for (std::size_t h = 0; h < first.heads.size(); ++h)
+      REQUIRE(second.heads[h].importance == first.heads[h].importance);
   }
   auto model = model_for(c, Norm::pre);
   REQUIRE_THROWS_AS(gradflow::measure(*model, {}), Error);

@@ -122,7 +122,8 @@ TEST_CASE("a listener sees each pass's own gradient after the hooks, and what it
   REQUIRE(log == Log{"hook"});
 }
 
-TEST_CASE("listeners hear of a pass in the order of their first ready leaf, callbacks run after them", "[gradient_ready]") {
+TEST_CASE("listeners hear of a pass in the order of their first ready leaf, callbacks run after them",
+          "[gradient_ready]") {
   Tensor w0(Array{1.f}, true), w1(Array{2.f}, true);
   Log log;
   Recorder first(log, {"w1"}), second(log, {"w0"});
@@ -141,7 +142,8 @@ TEST_CASE("listeners hear of a pass in the order of their first ready leaf, call
   REQUIRE(log == Log{"ready w1", "ended first", "callback"});
 }
 
-TEST_CASE("a pass that fails midway: ready leaves keep their gradients, the listener hears pass_failed", "[gradient_ready]") {
+TEST_CASE("a pass that fails midway: ready leaves keep their gradients, the listener hears pass_failed",
+          "[gradient_ready]") {
   Tensor w0(Array{1.f, 2.f}, true), w1(Array{3.f, 4.f}, true);
   Log log;
   Recorder rec(log, {"w0", "w1"});
@@ -256,7 +258,8 @@ TEST_CASE("a watch ended inside a pass on its thread hears nothing more of it", 
   REQUIRE(log.empty());
 }
 
-TEST_CASE("two threads each run their own passes: a shared listener hears each pass on its thread", "[gradient_ready][threads]") {
+TEST_CASE("two threads each run their own passes: a shared listener hears each pass on its thread",
+          "[gradient_ready][threads]") {
   constexpr int kPasses = 30;
   Tensor w(Array(xt::ones<float>({256})), true);
   struct PerThread : GradientReadyListener {
@@ -319,7 +322,8 @@ TEST_CASE("watch_gradients refuses what it cannot watch, naming the leaf", "[gra
   Log log;
   Recorder rec(log, {"a", "b"});
   REQUIRE_THROWS_WITH(watch_gradients({w, Tensor()}, rec), "watch_gradients: leaf 1 is an undefined tensor");
-  REQUIRE_THROWS_WITH(watch_gradients({c}, rec), "watch_gradients: leaf 0 does not require grad, no gradient will reach it");
+  REQUIRE_THROWS_WITH(watch_gradients({c}, rec),
+                      "watch_gradients: leaf 0 does not require grad, no gradient will reach it");
   REQUIRE_THROWS_WITH(watch_gradients({w, w * 2.f}, rec),
                       "watch_gradients: leaf 1 was computed by an op, not a leaf (watch the parameters)");
   REQUIRE_THROWS_WITH(watch_gradients({w, w}, rec), "watch_gradients: leaf 1 ('w') is listed twice (also as leaf 0)");

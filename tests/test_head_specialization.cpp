@@ -125,7 +125,8 @@ TEST_CASE("two runs of the example with the same seed and one thread write ident
   nlohmann::json reports[2];
   for (int i = 0; i < 2; ++i) {
     const std::string report = (dir / ("report" + std::to_string(i) + ".json")).string();
-    REQUIRE(run("--steps 60 --seed 5 --threads 1 --quiet --out " + (dir / "images").string() + " --report " + report) == 0);
+    REQUIRE(run("--steps 60 --seed 5 --threads 1 --quiet --out " + (dir / "images").string() + " --report " + report) ==
+            0);
     std::ifstream in(report);
     reports[i] = nlohmann::json::parse(in);
     // Wall-clock times are the only fields allowed to differ.

@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/transformer.hpp"
@@ -56,14 +56,27 @@ NamedArrays grads_of(const nn::Module& m) {
 TEST_CASE("hook_points lists every point of the tree by full name", "[hooks]") {
   auto model = make_lm();
   const std::vector<std::string> points = model->hook_points();
-  const std::vector<std::string> block0 = {
-      "blocks.0.stream_in",          "blocks.0.stream_mid",          "blocks.0.stream_out",
-      "blocks.0.attn.q",             "blocks.0.attn.k",              "blocks.0.attn.v",
-      "blocks.0.attn.scores",        "blocks.0.attn.pattern",        "blocks.0.attn.context",
-      "blocks.0.attn.out",           "blocks.0.attn.residual.in",    "blocks.0.attn.residual.skip",
-      "blocks.0.attn.residual.branch", "blocks.0.attn.residual.out", "blocks.0.ffn.pre",
-      "blocks.0.ffn.hidden",         "blocks.0.ffn.out",             "blocks.0.ffn.residual.in",
-      "blocks.0.ffn.residual.skip",  "blocks.0.ffn.residual.branch", "blocks.0.ffn.residual.out"};
+  const std::vector<std::string> block0 = {"blocks.0.stream_in",
+                                           "blocks.0.stream_mid",
+                                           "blocks.0.stream_out",
+                                           "blocks.0.attn.q",
+                                           "blocks.0.attn.k",
+                                           "blocks.0.attn.v",
+                                           "blocks.0.attn.scores",
+                                           "blocks.0.attn.pattern",
+                                           "blocks.0.attn.context",
+                                           "blocks.0.attn.out",
+                                           "blocks.0.attn.residual.in",
+                                           "blocks.0.attn.residual.skip",
+                                           "blocks.0.attn.residual.branch",
+                                           "blocks.0.attn.residual.out",
+                                           "blocks.0.ffn.pre",
+                                           "blocks.0.ffn.hidden",
+                                           "blocks.0.ffn.out",
+                                           "blocks.0.ffn.residual.in",
+                                           "blocks.0.ffn.residual.skip",
+                                           "blocks.0.ffn.residual.branch",
+                                           "blocks.0.ffn.residual.out"};
   REQUIRE(points.size() == 2 + 2 * block0.size());
   REQUIRE(points[0] == "embed");
   REQUIRE(points[1] == "logits");
@@ -194,20 +207,23 @@ TEST_CASE("a backward hook sees the gradient arriving at its point and may chang
   REQUIRE(xt::any(xt::not_equal(model->parameter("blocks.1.ffn.linear1.weight").grad(), 0.f)));
 }
 
-TEST_CASE("hook errors name the point: unknown names, empty hooks, replacements of another shape", "[hooks][bad_input]") {
+TEST_CASE("hook errors name the point: unknown names, empty hooks, replacements of another shape",
+          "[hooks][bad_input]") {
   auto model = make_lm();
   REQUIRE_THROWS_WITH(model->add_forward_hook("blocks.0.attn.patern", [](const Tensor&) { return Tensor(); }),
                       Contains("add_forward_hook") && Contains("blocks.0.attn.patern") && Contains("hook_points()"));
   REQUIRE_THROWS_WITH(model->add_backward_hook("blocks.7.stream_in", [](Array&) {}),
                       Contains("add_backward_hook") && Contains("blocks.7.stream_in"));
-  REQUIRE_THROWS_WITH(model->add_forward_hook("", [](const Tensor&) { return Tensor(); }), Contains("no hook point ''"));
+  REQUIRE_THROWS_WITH(model->add_forward_hook("", [](const Tensor&) { return Tensor(); }),
+                      Contains("no hook point ''"));
   REQUIRE_THROWS_WITH(model->add_forward_hook("blocks.0.attn.q", nn::ForwardHook()), Contains("empty"));
   REQUIRE(model->num_hooks() == 0);
   nn::HookHandle h = model->add_forward_hook("blocks.0.attn.q", [](const Tensor& t) { return reshape(t, {-1}); });
-  REQUIRE_THROWS_WITH(model->forward(make_ids(8)), Contains("forward hook at 'blocks.0.attn.q'") && Contains("(80)") &&
-                                                       Contains("(2, 5, 8)"));
+  REQUIRE_THROWS_WITH(model->forward(make_ids(8)),
+                      Contains("forward hook at 'blocks.0.attn.q'") && Contains("(80)") && Contains("(2, 5, 8)"));
   // An exception thrown by a hook reaches the caller, and the model still works without it.
-  nn::HookHandle thrower = model->add_forward_hook("logits", [](const Tensor&) -> Tensor { throw std::runtime_error("mine"); });
+  nn::HookHandle thrower =
+      model->add_forward_hook("logits", [](const Tensor&) -> Tensor { throw std::runtime_error("mine"); });
   h.remove();
   REQUIRE_THROWS_WITH(model->forward(make_ids(8)), Contains("mine"));
   thrower.remove();

@@ -12,10 +12,10 @@
 #include <xtensor/xsort.hpp>
 #include <xtensor/xview.hpp>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/logit_lens.hpp"
@@ -57,8 +57,8 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
   const std::vector<std::string> names = cache.names();
   REQUIRE(names.front() == "embed");
   REQUIRE(names.back() == "logits");
-  for (const char* expected : {"blocks.0.stream_in", "blocks.0.attn.pattern", "blocks.1.attn.context", "blocks.1.ffn.hidden",
-                               "blocks.1.ffn.residual.out", "blocks.1.stream_out"}) {
+  for (const char* expected : {"blocks.0.stream_in", "blocks.0.attn.pattern", "blocks.1.attn.context",
+                               "blocks.1.ffn.hidden", "blocks.1.ffn.residual.out", "blocks.1.stream_out"}) {
     INFO(expected);
     REQUIRE(cache.has(expected));
   }
@@ -72,9 +72,10 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
   REQUIRE(cache.bytes() > plain.size() * sizeof(float));
 
   SECTION("a filter chooses the points, scores included when asked") {
-    const ActivationCache some = cache_activations(*model, [&] { model->forward(ids); }, points_ending_with({"scores", "pattern"}));
-    REQUIRE(some.names() == std::vector<std::string>{"blocks.0.attn.scores", "blocks.0.attn.pattern", "blocks.1.attn.scores",
-                                                     "blocks.1.attn.pattern"});
+    const ActivationCache some = cache_activations(
+        *model, [&] { model->forward(ids); }, points_ending_with({"scores", "pattern"}));
+    REQUIRE(some.names() == std::vector<std::string>{"blocks.0.attn.scores", "blocks.0.attn.pattern",
+                                                     "blocks.1.attn.scores", "blocks.1.attn.pattern"});
     REQUIRE(same_bits(some.at("blocks.1.attn.pattern"), cache.at("blocks.1.attn.pattern")));
     // softmax of the cached scores under the causal mask is the cached pattern
     const Array& scores = some.at("blocks.0.attn.scores");
@@ -86,10 +87,17 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
     }
   }
   SECTION("bad uses are refused with the point named") {
-    REQUIRE_THROWS_WITH(cache.at("blocks.9.attn.pattern"), Contains("ActivationCache: no point named 'blocks.9.attn.pattern'"));
-    REQUIRE_THROWS_WITH(cache_activations(*model, [&] { model->forward(ids); }, [](const std::string&) { return false; }),
+    REQUIRE_THROWS_WITH(cache.at("blocks.9.attn.pattern"),
+                        Contains("ActivationCache: no point named 'blocks.9.attn.pattern'"));
+    REQUIRE_THROWS_WITH(cache_activations(
+                            *model, [&] { model->forward(ids); }, [](const std::string&) { return false; }),
                         Contains("cache_activations: the filter accepts none"));
-    REQUIRE_THROWS_WITH(cache_activations(*model, [&] { model->forward(ids); model->forward(ids); }),
+    REQUIRE_THROWS_WITH(cache_activations(
+                            *model,
+                            [&] {
+      model->forward(ids);
+      model->forward(ids);
+                            }),
                         Contains("cache_activations: point 'embed' was reached more than once"));
     REQUIRE_THROWS_WITH(cache_activations(*model, {}), Contains("cache_activations: no function"));
     ActivationCache mine;
@@ -134,7 +142,8 @@ TEST_CASE("patching copies exactly the chosen region from the other run") {
   SECTION("one head at one position") {
     const std::string point = "blocks.1.attn.context";  // (B, T, C), head h is columns 4h..4h+3
     const PatchSet patched(*model, source, {{point, 1, 6}});
-    const ActivationCache seen = cache_activations(*model, [&] { model->forward(corrupt); }, points_ending_with({"1.attn.context"}));
+    const ActivationCache seen = cache_activations(
+        *model, [&] { model->forward(corrupt); }, points_ending_with({"1.attn.context"}));
     const Array& got = seen.at(point);
     const Array& from = source.at(point);
     const Array& own = target.at(point);
@@ -152,7 +161,8 @@ TEST_CASE("patching copies exactly the chosen region from the other run") {
   SECTION("one query of the pattern, every head") {
     const std::string point = "blocks.0.attn.pattern";  // (B, H, T, S): the position is the query axis
     const PatchSet patched(*model, source, {{point, {}, 2}});
-    const ActivationCache seen = cache_activations(*model, [&] { model->forward(corrupt); }, points_ending_with({"0.attn.pattern"}));
+    const ActivationCache seen = cache_activations(
+        *model, [&] { model->forward(corrupt); }, points_ending_with({"0.attn.pattern"}));
     const Array& got = seen.at(point);
     for (std::size_t b = 0; b < 2; ++b)
       for (std::size_t h = 0; h < 2; ++h)
@@ -166,9 +176,11 @@ TEST_CASE("patching copies exactly the chosen region from the other run") {
   }
   SECTION("a head of the pattern, all queries") {
     const PatchSet patched(*model, source, {{"blocks.0.attn.pattern", 0, {}}});
-    const ActivationCache seen = cache_activations(*model, [&] { model->forward(corrupt); }, points_ending_with({"0.attn.pattern"}));
+    const ActivationCache seen = cache_activations(
+        *model, [&] { model->forward(corrupt); }, points_ending_with({"0.attn.pattern"}));
     const Array& got = seen.at("blocks.0.attn.pattern");
-    const bool head0_from_source = xt::view(got, xt::all(), 0) == xt::view(source.at("blocks.0.attn.pattern"), xt::all(), 0);
+    const bool head0_from_source =
+        xt::view(got, xt::all(), 0) == xt::view(source.at("blocks.0.attn.pattern"), xt::all(), 0);
     const bool head1_own = xt::view(got, xt::all(), 1) == xt::view(target.at("blocks.0.attn.pattern"), xt::all(), 1);
     REQUIRE(head0_from_source);
     REQUIRE(head1_own);
@@ -192,7 +204,8 @@ TEST_CASE("patching refuses what it cannot do, naming the point") {
   const IndexArray ids = random_ids(2, 8, 11, 10);
   const ActivationCache cache = cache_activations(*model, [&] { model->forward(ids); });
   REQUIRE_THROWS_WITH(PatchSet(*model, cache, {}), Contains("PatchSet: no patches"));
-  REQUIRE_THROWS_WITH(PatchSet(*model, cache, {{"blocks.2.attn.q", {}, {}}}), Contains("no hook point 'blocks.2.attn.q'"));
+  REQUIRE_THROWS_WITH(PatchSet(*model, cache, {{"blocks.2.attn.q", {}, {}}}),
+                      Contains("no hook point 'blocks.2.attn.q'"));
   REQUIRE_THROWS_WITH(PatchSet(*model, cache, {{"blocks.0.attn.scores", {}, {}}}),
                       Contains("source cache holds no point 'blocks.0.attn.scores'"));
   REQUIRE_THROWS_WITH(PatchSet(*model, cache, {{"blocks.0.stream_mid", 0, {}}}),
@@ -201,12 +214,14 @@ TEST_CASE("patching refuses what it cannot do, naming the point") {
                       Contains("head 2 at point 'blocks.0.attn.k', whose attention has 2 heads"));
   {
     const PatchSet far(*model, cache, {{"blocks.0.attn.k", {}, 8}});
-    REQUIRE_THROWS_WITH(model->forward(ids), Contains("position 8 is outside point 'blocks.0.attn.k' of shape (2, 8, 8)"));
+    REQUIRE_THROWS_WITH(model->forward(ids),
+                        Contains("position 8 is outside point 'blocks.0.attn.k' of shape (2, 8, 8)"));
   }
   {
     const PatchSet other_batch(*model, cache, {{"blocks.0.attn.k", {}, {}}});
-    REQUIRE_THROWS_WITH(model->forward(random_ids(3, 8, 11, 11)),
-                        Contains("point 'blocks.0.attn.k' has shape (3, 8, 8) in this run but (2, 8, 8) in the source cache"));
+    REQUIRE_THROWS_WITH(
+        model->forward(random_ids(3, 8, 11, 11)),
+        Contains("point 'blocks.0.attn.k' has shape (3, 8, 8) in this run but (2, 8, 8) in the source cache"));
   }
   REQUIRE(model->num_hooks() == 0);
 }
@@ -241,10 +256,12 @@ TEST_CASE("the logit lens reads the stream after each block, and its last entry 
   const IndexArray ids = random_ids(2, 8, 11, 13);
   REQUIRE_THROWS_WITH(logit_lens(*model, ids, ids, 0), Contains("logit_lens: top_k 0 is outside [1, 11]"));
   REQUIRE_THROWS_WITH(logit_lens(*model, ids, ids, 12), Contains("logit_lens: top_k 12"));
-  REQUIRE_THROWS_WITH(logit_lens(*model, ids, random_ids(2, 7, 11, 1)), Contains("logit_lens: targets of shape (2, 7)"));
+  REQUIRE_THROWS_WITH(logit_lens(*model, ids, random_ids(2, 7, 11, 1)),
+                      Contains("logit_lens: targets of shape (2, 7)"));
   IndexArray outside = ids;
   outside(1, 3) = 11;
-  REQUIRE_THROWS_WITH(logit_lens(*model, ids, outside), Contains("logit_lens: target 11 at flat position 11 is outside the vocabulary [0, 11)"));
+  REQUIRE_THROWS_WITH(logit_lens(*model, ids, outside),
+                      Contains("logit_lens: target 11 at flat position 11 is outside the vocabulary [0, 11)"));
 }
 
 namespace {
@@ -270,10 +287,10 @@ TEST_CASE("head detectors score hand-made heads as their definitions say") {
   const Array p = hand_patterns(T);
   const std::vector<double> prev = previous_token_scores(p), first = first_token_scores(p);
   REQUIRE(prev[0] == 1.0);
-  REQUIRE(prev[1] == Approx(1.0 / 7));     // query 1's key 0 is also its previous token
+  REQUIRE(prev[1] == Approx(1.0 / 7));  // query 1's key 0 is also its previous token
   REQUIRE(first[1] == 1.0);
-  REQUIRE(first[0] == Approx(1.0 / 7));    // query 1 again
-  REQUIRE(first[2] == Approx(3.0 / 7));    // queries 1, 2 (on key 0) and 3 (three back is key 0)
+  REQUIRE(first[0] == Approx(1.0 / 7));  // query 1 again
+  REQUIRE(first[2] == Approx(3.0 / 7));  // queries 1, 2 (on key 0) and 3 (three back is key 0)
   double uniform_prev = 0;
   for (std::size_t t = 1; t < T; ++t) uniform_prev += 1.0 / static_cast<double>(t + 1);
   REQUIRE(prev[3] == Approx(uniform_prev / 7));
@@ -329,7 +346,8 @@ TEST_CASE("head detectors score hand-made heads as their definitions say") {
     REQUIRE_THROWS_WITH(first_token_scores(xt::zeros<float>({2, 3})), Contains("first_token_scores"));
     REQUIRE_THROWS_WITH(offset_scores(p, T), Contains("offset_scores: offset 8 is not below the length 8"));
     REQUIRE_THROWS_WITH(induction_scores(p, IndexArray{{1, 2}}), Contains("induction_scores: ids of shape (1, 2)"));
-    REQUIRE_THROWS_WITH(head_statistics(std::vector<Array>{p}, 4), Contains("head_statistics: head 4 of a pattern with 4 heads"));
+    REQUIRE_THROWS_WITH(head_statistics(std::vector<Array>{p}, 4),
+                        Contains("head_statistics: head 4 of a pattern with 4 heads"));
     REQUIRE_THROWS_WITH(head_statistics(std::vector<Array>{}, 0), Contains("head_statistics: no patterns"));
     REQUIRE_THROWS_WITH(previous_token_scores(xt::zeros<float>({1, 1, 1, 1})),
                         Contains("previous_token_scores: offset 1 is not below the length 1"));
@@ -352,8 +370,8 @@ TEST_CASE("patching a root attention module: its points have no dotted path, and
   REQUIRE(source.has("pattern"));
   {
     const PatchSet patched(attention, source, {{"pattern", {}, 3}, {"context", 1, {}}});
-    const ActivationCache seen = cache_activations(attention, [&] { attention.forward(b, causal); },
-                                                   points_ending_with({"pattern", "context"}));
+    const ActivationCache seen = cache_activations(
+        attention, [&] { attention.forward(b, causal); }, points_ending_with({"pattern", "context"}));
     for (std::size_t h = 0; h < 2; ++h)
       for (std::size_t t = 0; t < 5; ++t)
         for (std::size_t k = 0; k < 5; ++k) {
@@ -380,8 +398,11 @@ TEST_CASE("heatmap SVGs: NaN cells are grey, a vmax that is no positive number i
     CHECK(svg.find("fill='#21918c'><title>query 1, key 1: 0.5<") != std::string::npos);
   }
   m.values = {{0.0, 1.0}, {1.0}};
-  CHECK_THROWS_WITH(heatmap_svg(m), Contains("heatmap_svg: map 0 ('t') has rows of different lengths: row 0 has 2 values and row 1 has 1"));
+  CHECK_THROWS_WITH(
+      heatmap_svg(m),
+      Contains("heatmap_svg: map 0 ('t') has rows of different lengths: row 0 has 2 values and row 1 has 1"));
   Heatmap ok;
   ok.values = {{1.0}};
-  CHECK_THROWS_WITH(heatmap_grid_svg({ok, m}, 2), Contains("heatmap_grid_svg: map 1 ('t') has rows of different lengths"));
+  CHECK_THROWS_WITH(heatmap_grid_svg({ok, m}, 2),
+                    Contains("heatmap_grid_svg: map 1 ('t') has rows of different lengths"));
 }

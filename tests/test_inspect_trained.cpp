@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/logit_lens.hpp"
@@ -62,8 +62,8 @@ TEST_CASE("the previous-token detector finds the head a trained two-layer model 
 
   model.eval();
   noisy_sum_batch(data, ids, targets);
-  const inspect::ActivationCache cache =
-      inspect::cache_activations(model, [&] { model.forward(ids); }, inspect::points_ending_with({"pattern"}));
+  const inspect::ActivationCache cache = inspect::cache_activations(
+      model, [&] { model.forward(ids); }, inspect::points_ending_with({"pattern"}));
   double best = 0;
   std::string where;
   for (const std::string& point : cache.names()) {

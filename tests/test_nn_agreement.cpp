@@ -79,17 +79,19 @@ void run_layer_case(const std::string& name, const json& c, M& module) {
 }
 
 void run_mha_case(const std::string& name, const json& c) {
-  nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(c.at("d_model").get<std::size_t>(), c.at("num_heads").get<std::size_t>())
-                               .dropout(0.f)
-                               .norm(norm_of(c)));
+  nn::MultiHeadAttention m(
+      nn::MultiHeadAttentionOptions(c.at("d_model").get<std::size_t>(), c.at("num_heads").get<std::size_t>())
+          .dropout(0.f)
+          .norm(norm_of(c)));
   run_layer_case(name, c, m);
 }
 
 void run_block_case(const std::string& name, const json& c) {
-  nn::TransformerBlock m(nn::TransformerBlockOptions(c.at("d_model").get<std::size_t>(), c.at("num_heads").get<std::size_t>())
-                             .d_ff(c.at("d_ff").get<std::size_t>())
-                             .dropout(0.f)
-                             .norm(norm_of(c)));
+  nn::TransformerBlock m(
+      nn::TransformerBlockOptions(c.at("d_model").get<std::size_t>(), c.at("num_heads").get<std::size_t>())
+          .d_ff(c.at("d_ff").get<std::size_t>())
+          .dropout(0.f)
+          .norm(norm_of(c)));
   run_layer_case(name, c, m);
 }
 
@@ -122,9 +124,15 @@ void run_lm_case(const std::string& name, const json& c) {
 TEST_CASE("nn agreement: the fixture loads and every case has a test", "[torch][nn]") {
   const json& j = fixture();
   REQUIRE(j.contains("cases"));
-  const std::set<std::string> expected = {"mha_pre_causal",     "mha_post_causal",      "mha_pre_key_padding",
-                                          "mha_post_key_padding", "mha_none_nomask",   "mha_pre_attn_mask",
-                                          "block_pre",          "block_post",           "lm_pre",
+  const std::set<std::string> expected = {"mha_pre_causal",
+                                          "mha_post_causal",
+                                          "mha_pre_key_padding",
+                                          "mha_post_key_padding",
+                                          "mha_none_nomask",
+                                          "mha_pre_attn_mask",
+                                          "block_pre",
+                                          "block_post",
+                                          "lm_pre",
                                           "lm_post"};
   for (const auto& name : expected) {
     INFO("missing fixture case " << name);

@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/attention.hpp"
+#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/transformer.hpp"
@@ -82,7 +82,8 @@ struct Outer : nn::Module {
 // ---------------------------------------------------------------------------------------------
 // The helper itself: it must be able to fail, and say where
 
-TEST_CASE("check_module_grads passes a correct module and checks every parameter and input", "[nn][gradcheck][checker]") {
+TEST_CASE("check_module_grads passes a correct module and checks every parameter and input",
+          "[nn][gradcheck][checker]") {
   Outer m;
   const Tensor x = randn({2, 3}, 7);
   const CheckResult res = check_module_grads(m, [&](const Ins& in) { return m.forward(in[0]); }, {x});
@@ -116,11 +117,11 @@ TEST_CASE("check_module_grads catches a wrong input gradient and a NaN gradient"
     const CheckResult res = check_module_grads(
         m,
         [&](const Ins& in) {
-          if (grad_enabled()) {
-            Tensor leaf = in[0];
-            leaf.register_hook([](Array& g) { g.data()[4] += 0.01f; });
-          }
-          return m.forward(in[0]);
+      if (grad_enabled()) {
+        Tensor leaf = in[0];
+        leaf.register_hook([](Array& g) { g.data()[4] += 0.01f; });
+      }
+      return m.forward(in[0]);
         },
         {x});
     INFO(res.report);
@@ -327,7 +328,8 @@ TEST_CASE("FeedForward gradients, ReLU", "[nn][gradcheck][ffn]") {
   // gradcheck's skip_kinks does), but most elements must still be compared
   CheckOptions opt;
   opt.skip_kinks = true;
-  const CheckResult res = check_module_grads(ffn, [&](const Ins& in) { return ffn.forward(in[0]); }, {x}, opt);
+  const CheckResult res = check_module_grads(
+      ffn, [&](const Ins& in) { return ffn.forward(in[0]); }, {x}, opt);
   INFO(res.report);
   REQUIRE(res.ok);
   REQUIRE(res.checked + res.skipped == total_elements(ffn, {x}));
@@ -508,8 +510,8 @@ TEST_CASE("TransformerBlock gradients, Pre-Norm and Post-Norm, causal", "[nn][gr
       const Tensor x = randn({kB, kT, kC}, 42);
       CheckOptions opt;
       opt.skip_kinks = act == nn::Activation::relu;  // ReLU's kink, as in the FeedForward test
-      const CheckResult res =
-          check_module_grads(block, [&](const Ins& in) { return block.forward(in[0], mask).output; }, {x}, opt);
+      const CheckResult res = check_module_grads(
+          block, [&](const Ins& in) { return block.forward(in[0], mask).output; }, {x}, opt);
       INFO(res.report);
       REQUIRE(res.ok);
       REQUIRE(res.checked + res.skipped == total_elements(block, {x}));

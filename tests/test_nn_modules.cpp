@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"
@@ -29,9 +29,9 @@
 #include "small_models.hpp"
 
 using namespace xgrad;
-using testing::tiny_lm;
-using testing::blocked_at;
 using Catch::Matchers::Contains;
+using testing::blocked_at;
+using testing::tiny_lm;
 
 namespace {
 
@@ -84,10 +84,11 @@ struct Probe : nn::Module {
 Tensor attention_by_hand(const nn::MultiHeadAttention& m, const Tensor& in, const Mask* blocked = nullptr,
                          float p = 0.f) {
   const auto B = static_cast<std::int64_t>(in.shape()[0]), T = static_cast<std::int64_t>(in.shape()[1]);
-  const auto C = static_cast<std::int64_t>(m.options().d_model()), H = static_cast<std::int64_t>(m.options().num_heads());
+  const auto C = static_cast<std::int64_t>(m.options().d_model()),
+             H = static_cast<std::int64_t>(m.options().num_heads());
   const std::int64_t D = C / H;
   auto heads = [&](const nn::Linear& proj) { return permute(reshape(proj.forward(in), {B, T, H, D}), {0, 2, 1, 3}); };
-  const Tensor q = heads(*m.w_q), k = heads(*m.w_k), v = heads(*m.w_v);            // (B, H, T, D)
+  const Tensor q = heads(*m.w_q), k = heads(*m.w_k), v = heads(*m.w_v);                          // (B, H, T, D)
   const Tensor scores = mul(matmul(q, k, false, true), 1.f / std::sqrt(static_cast<float>(D)));  // (B, H, T, S)
   Tensor w = blocked ? masked_softmax(scores, *blocked, -1) : softmax(scores, -1);
   if (p > 0.f) w = dropout(w, p, true, m.generator());
@@ -104,7 +105,8 @@ Array attention_reference(const nn::MultiHeadAttention& m, const Array& x) {
     for (std::size_t bt = 0; bt < B * T; ++bt)
       for (std::size_t o = 0; o < C; ++o) {
         double acc = lin.bias.defined() ? lin.bias.value()(o) : 0.0;
-        for (std::size_t i = 0; i < C; ++i) acc += static_cast<double>(in.data()[bt * C + i]) * lin.weight.value()(o, i);
+        for (std::size_t i = 0; i < C; ++i)
+          acc += static_cast<double>(in.data()[bt * C + i]) * lin.weight.value()(o, i);
         out[bt * C + o] = acc;
       }
     return out;
@@ -371,14 +373,16 @@ TEST_CASE("names that are not UTF-8 or hold ':' are refused where they are regis
                Contains("Module::register_parameter: name \"w\\xFF\" is not valid UTF-8 (byte 0xFF at offset 1)"));
   REQUIRE_THAT(error_of([&] { m.register_module("sub\xc3", std::make_shared<nn::Linear>(2, 3)); }),
                Contains("Module::register_module: name \"sub\\xC3\" is not valid UTF-8 (byte 0xC3 at offset 3)"));
-  REQUIRE_THAT(error_of([&] { m.register_buffer("\xed\xa0\x80", Array{1.f}); }),  // a surrogate
-               Contains("Module::register_buffer: name \"\\xED\\xA0\\x80\" is not valid UTF-8 (byte 0xED at offset 0)"));
+  REQUIRE_THAT(
+      error_of([&] { m.register_buffer("\xed\xa0\x80", Array{1.f}); }),  // a surrogate
+      Contains("Module::register_buffer: name \"\\xED\\xA0\\x80\" is not valid UTF-8 (byte 0xED at offset 0)"));
   // ':' is the checkpoints' namespace separator ("optimizer:..."), so no module path holds one.
   REQUIRE_THAT(error_of([&] { m.register_parameter("a:b", Tensor(Array{1.f})); }),
                Contains("Module::register_parameter: name 'a:b' must be non-empty and contain no '.' or ':'"));
   REQUIRE_THAT(error_of([&] { m.register_module("optimizer:x", std::make_shared<nn::Linear>(2, 3)); }),
                Contains("Module::register_module") && Contains("'optimizer:x'"));
-  REQUIRE_THAT(error_of([&] { m.register_buffer("", Array{1.f}); }), Contains("Module::register_buffer") && Contains("non-empty"));
+  REQUIRE_THAT(error_of([&] { m.register_buffer("", Array{1.f}); }),
+               Contains("Module::register_buffer") && Contains("non-empty"));
   // UTF-8 beyond ASCII is a fine name.
   m.register_parameter("poids_\xc3\xa9", Tensor(Array{1.f}));
   m.register_module("optimizer", std::make_shared<nn::Linear>(2, 3));
@@ -412,7 +416,8 @@ TEST_CASE("buffers are saved state that is not trained: not parameters, no gradi
   // A buffer does not require grad and is a leaf; names are shared with parameters and children.
   REQUIRE_THAT(error_of([&] { root.register_buffer("g", Tensor(Array{1.f}, true)); }),
                Contains("Module::register_buffer: buffer 'g' must be a leaf that does not require grad"));
-  REQUIRE_THAT(error_of([&] { root.register_buffer("u", Tensor()); }), Contains("register_buffer") && Contains("undefined"));
+  REQUIRE_THAT(error_of([&] { root.register_buffer("u", Tensor()); }),
+               Contains("register_buffer") && Contains("undefined"));
   REQUIRE_THAT(error_of([&] { root.register_buffer("w", Array{1.f}); }),
                Contains("Module::register_buffer: 'w' is already registered as a parameter"));
   REQUIRE_THAT(error_of([&] { root.register_parameter("count", Tensor(Array{1.f})); }),
@@ -447,7 +452,7 @@ void require_uniform(const Array& a, double bound, double hist_tol) {
   }
   const double mean = sum / n, var = sq / n - mean * mean;
   INFO("n " << n << ", bound " << bound << ", mean " << mean << ", var " << var << ", min " << lo << ", max " << hi);
-  REQUIRE(std::abs(mean) < 4 * bound / std::sqrt(3.0 * n));        // 4 standard errors
+  REQUIRE(std::abs(mean) < 4 * bound / std::sqrt(3.0 * n));     // 4 standard errors
   REQUIRE(var == Approx(bound * bound / 3).epsilon(hist_tol));  // U(-b, b) has variance b^2 / 3
   REQUIRE(lo < -0.9 * bound);
   REQUIRE(hi > 0.9 * bound);
@@ -539,14 +544,18 @@ TEST_CASE("MultiHeadAttention rejects d_model not divisible by num_heads, naming
                Contains("MultiHeadAttention") && Contains("dropout"));
 }
 
-TEST_CASE("MultiHeadAttention rejects inputs of the wrong rank or width, naming the shapes", "[nn][attention][errors]") {
+TEST_CASE("MultiHeadAttention rejects inputs of the wrong rank or width, naming the shapes",
+          "[nn][attention][errors]") {
   Generator gen(12);
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(8, 2), gen);
-  REQUIRE_THAT(error_of([&] { m.forward(randn({3, 8}, 1)); }),
-               Contains("MultiHeadAttention") && Contains("(3, 8)"));
-  REQUIRE_THAT(error_of([&] { m.forward(randn({1, 2, 3, 8}, 1)); }),
+  REQUIRE_THAT(error_of([&] { m.forward(randn({3, 8}, 1)); }), Contains("MultiHeadAttention") && Contains("(3, 8)"));
+  REQUIRE_THAT(error_of([&] {
+                 m.forward(randn({1, 2, 3, 8}, 1));
+               }),
                Contains("MultiHeadAttention") && Contains("(1, 2, 3, 8)"));
-  REQUIRE_THAT(error_of([&] { m.forward(randn({2, 3, 5}, 1)); }),
+  REQUIRE_THAT(error_of([&] {
+                 m.forward(randn({2, 3, 5}, 1));
+               }),
                Contains("MultiHeadAttention") && Contains("(2, 3, 5)") && Contains("8"));
   REQUIRE_THAT(error_of([&] { m.forward(Tensor()); }), Contains("MultiHeadAttention"));
 }
@@ -580,17 +589,16 @@ TEST_CASE("MultiHeadAttention rejects a key_padding_mask that is not B by S", "[
     INFO("key_padding_mask " << shape_str(s));
     nn::AttentionMask mask;
     mask.key_padding_mask = Mask(xt::zeros<bool>(s));
-    REQUIRE_THAT(error_of([&] { m.forward(x, mask); }),
-                 Contains("MultiHeadAttention") && Contains("key_padding_mask") && Contains(shape_str(s)) &&
-                     Contains("(2, 3)"));
+    REQUIRE_THAT(error_of([&] { m.forward(x, mask); }), Contains("MultiHeadAttention") &&
+                                                            Contains("key_padding_mask") && Contains(shape_str(s)) &&
+                                                            Contains("(2, 3)"));
   }
 }
 
 // =============================================================================================
 // MultiHeadAttention: the weights it returns
 
-TEST_CASE("attention weights are B H T S, rows sum to 1, causal and padding keys get zero weight",
-          "[nn][attention]") {
+TEST_CASE("attention weights are B H T S, rows sum to 1, causal and padding keys get zero weight", "[nn][attention]") {
   Generator gen(15);
   const std::size_t B = 2, T = 5, C = 12, H = 3;
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(C, H).dropout(0.f), gen);
@@ -839,17 +847,29 @@ TEST_CASE("TransformerBlock places the FFN norm like the attention norm", "[nn][
 TEST_CASE("LanguageModel rejects bad token ids with clear errors", "[nn][transformer][errors]") {
   Generator gen(28);
   nn::LanguageModel lm(tiny_lm(), gen);
-  REQUIRE_THAT(error_of([&] { lm.forward(IndexArray{{1, 2, 7}}); }),
+  REQUIRE_THAT(error_of([&] {
+                 lm.forward(IndexArray{{1, 2, 7}});
+               }),
                Contains("LanguageModel") && Contains("token id 7") && Contains("vocabulary") && Contains("7)"));
-  REQUIRE_THAT(error_of([&] { lm.forward(IndexArray{{1, -1, 2}}); }),
+  REQUIRE_THAT(error_of([&] {
+                 lm.forward(IndexArray{{1, -1, 2}});
+               }),
                Contains("LanguageModel") && Contains("token id -1"));
-  REQUIRE_THAT(error_of([&] { lm.forward(IndexArray{{0, 1, 2, 3, 4, 5, 6}}); }),
+  REQUIRE_THAT(error_of([&] {
+                 lm.forward(IndexArray{{0, 1, 2, 3, 4, 5, 6}});
+               }),
                Contains("LanguageModel") && Contains("length 7") && Contains("max_len 6"));
-  REQUIRE_THAT(error_of([&] { lm.forward(IndexArray(xt::zeros<std::int64_t>(Shape{2, 0}))); }),
+  REQUIRE_THAT(error_of([&] {
+                 lm.forward(IndexArray(xt::zeros<std::int64_t>(Shape{2, 0})));
+               }),
                Contains("LanguageModel") && Contains("T = 0"));
-  REQUIRE_THAT(error_of([&] { lm.forward(IndexArray{1, 2, 3}); }),
+  REQUIRE_THAT(error_of([&] {
+                 lm.forward(IndexArray{1, 2, 3});
+               }),
                Contains("LanguageModel") && Contains("(B, T)") && Contains("(3)"));
-  REQUIRE_THAT(error_of([&] { lm.forward(IndexArray(xt::zeros<std::int64_t>(Shape{1, 2, 3}))); }),
+  REQUIRE_THAT(error_of([&] {
+                 lm.forward(IndexArray(xt::zeros<std::int64_t>(Shape{1, 2, 3})));
+               }),
                Contains("LanguageModel") && Contains("(1, 2, 3)"));
   REQUIRE_THAT(error_of([&] { lm.loss(IndexArray{{1, 2, 7}}, IndexArray{{1, 2, 3}}); }), Contains("token id 7"));
   // max_len tokens are fine
@@ -920,7 +940,8 @@ TEST_CASE("generate keeps the prompt, appends count tokens and greedy is determi
     for (std::size_t n = p.size(); n < g.size(); ++n) {
       const std::size_t T = std::min<std::size_t>(n, 6);
       IndexArray ids = IndexArray::from_shape({1, T});
-      std::copy(g.begin() + static_cast<std::ptrdiff_t>(n - T), g.begin() + static_cast<std::ptrdiff_t>(n), ids.begin());
+      std::copy(g.begin() + static_cast<std::ptrdiff_t>(n - T), g.begin() + static_cast<std::ptrdiff_t>(n),
+                ids.begin());
       const Array l = lm.forward(ids).logits.value();
       std::int64_t arg = 0;
       for (std::int64_t v = 1; v < 7; ++v) arg = l(0, T - 1, v) > l(0, T - 1, arg) ? v : arg;
@@ -1006,7 +1027,8 @@ TEST_CASE("ModuleList is indexable, typed and iterable, and says which index is 
   std::vector<nn::Module*> seen;
   for (const auto& m : list) seen.push_back(m.get());
   REQUIRE(seen == std::vector<nn::Module*>{a.get(), b.get()});
-  REQUIRE_THROWS_WITH(list[2], Catch::Contains("ModuleList") && Catch::Contains("index 2") && Catch::Contains("2 modules"));
+  REQUIRE_THROWS_WITH(list[2],
+                      Catch::Contains("ModuleList") && Catch::Contains("index 2") && Catch::Contains("2 modules"));
   REQUIRE_THROWS_WITH(list.at<nn::LayerNorm>(0), Catch::Contains("ModuleList") && Catch::Contains("module 0"));
   REQUIRE_THROWS_WITH(list.at<nn::Linear>(5), Catch::Contains("index 5"));
   // The language model's blocks are a ModuleList under "blocks".
@@ -1040,7 +1062,6 @@ TEST_CASE("attention and feed-forward draw dropout from their own streams, on an
   a1.set_generator(shared);
   REQUIRE(&a0.generator() == &a1.generator());
   REQUIRE_THROWS_WITH(a0.set_generator(nullptr), Catch::Contains("set_generator") && Catch::Contains("null"));
-
 }
 
 TEST_CASE("layer_norm_eps reaches every LayerNorm of a block and a language model", "[nn][module]") {
@@ -1068,9 +1089,13 @@ TEST_CASE("a module cannot be registered inside its own tree", "[modules][bad_in
   auto top = std::make_shared<Probe>(), mid = std::make_shared<Probe>(), leaf = std::make_shared<Probe>();
   top->register_module("mid", mid);
   mid->register_module("leaf", leaf);
-  REQUIRE_THROWS_WITH(top->register_module("me", top), "Module::register_module: module 'me' is this module or holds it: a module cannot be its own descendant");
-  REQUIRE_THROWS_WITH(leaf->register_module("up", mid), Catch::Matchers::Contains("module 'up' is this module or holds it"));
-  REQUIRE_THROWS_WITH(leaf->register_module("top", top), Catch::Matchers::Contains("module 'top' is this module or holds it"));
+  REQUIRE_THROWS_WITH(
+      top->register_module("me", top),
+      "Module::register_module: module 'me' is this module or holds it: a module cannot be its own descendant");
+  REQUIRE_THROWS_WITH(leaf->register_module("up", mid),
+                      Catch::Matchers::Contains("module 'up' is this module or holds it"));
+  REQUIRE_THROWS_WITH(leaf->register_module("top", top),
+                      Catch::Matchers::Contains("module 'top' is this module or holds it"));
   // Nothing was registered; the tree is as it was, and a module shared by two parents is allowed.
   REQUIRE(top->named_modules().size() == 3);
   auto other = std::make_shared<Probe>();

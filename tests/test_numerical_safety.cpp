@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/layers.hpp"
@@ -37,18 +37,15 @@ const float kInf = std::numeric_limits<float>::infinity();
 Array large_rows() {
   return Array{{1e4f, -1e4f, -1e4f, -1e4f},  //
                {1e4f, 1e4f, 1e4f, 1e4f},     //
-               {-1e4f, -1e4f, -1e4f, -1e4f},
-               {0.f, 0.f, 0.f, 0.f},
-               {1e4f, -5e3f, 3e3f, -1e4f},
-               {0.f, 1e-4f, -1e4f, 1e4f},
-               {1e4f, 1e4f, -1e4f, -1e4f},
-               {9999.f, 1e4f, 9998.f, -1e4f}};
+               {-1e4f, -1e4f, -1e4f, -1e4f}, {0.f, 0.f, 0.f, 0.f},       {1e4f, -5e3f, 3e3f, -1e4f},
+               {0.f, 1e-4f, -1e4f, 1e4f},    {1e4f, 1e4f, -1e4f, -1e4f}, {9999.f, 1e4f, 9998.f, -1e4f}};
 }
 
 // A fixed, non-uniform upstream gradient of the same shape.
 Array seed_like(const Array& a) {
   Array g = Array::from_shape(a.shape());
-  for (std::size_t i = 0; i < g.size(); ++i) g.data()[i] = 0.5f + 0.25f * static_cast<float>(i % 5) - 0.3f * static_cast<float>(i % 3);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    g.data()[i] = 0.5f + 0.25f * static_cast<float>(i % 5) - 0.3f * static_cast<float>(i % 3);
   return g;
 }
 
@@ -161,7 +158,8 @@ TEST_CASE("log_softmax of large logits is exact and its gradient finite", "[nume
   require_close(t.grad(), want_dx, 1e-5, 1e-6);
 }
 
-TEST_CASE("cross_entropy of large logits is finite, exact and has the closed-form gradient", "[numerical][cross_entropy]") {
+TEST_CASE("cross_entropy of large logits is finite, exact and has the closed-form gradient",
+          "[numerical][cross_entropy]") {
   const Array x = large_rows();
   const std::size_t N = x.shape()[0], C = x.shape()[1];
   const std::vector<double> xd = as_double(x);
@@ -176,7 +174,8 @@ TEST_CASE("cross_entropy of large logits is finite, exact and has the closed-for
     for (std::size_t j = 0; j < C; ++j) s += std::exp(xd[r * C + j] - m);
     total += m + std::log(s) - xd[r * C + targets(r)];
     const std::vector<double> p = softmax_ref(xd.data() + r * C, C);
-    for (std::size_t j = 0; j < C; ++j) want_dx.push_back((p[j] - (static_cast<std::int64_t>(j) == targets(r) ? 1.0 : 0.0)) / N);
+    for (std::size_t j = 0; j < C; ++j)
+      want_dx.push_back((p[j] - (static_cast<std::int64_t>(j) == targets(r) ? 1.0 : 0.0)) / N);
   }
   Tensor t(x, true);
   Tensor loss = cross_entropy(t, targets);
@@ -296,7 +295,8 @@ TEST_CASE("layer_norm of a constant row gives beta and a finite gradient", "[num
   REQUIRE(all_finite(u.grad()));
 }
 
-TEST_CASE("the LayerNorm module on constant rows gives its bias and finite parameter gradients", "[numerical][layer_norm]") {
+TEST_CASE("the LayerNorm module on constant rows gives its bias and finite parameter gradients",
+          "[numerical][layer_norm]") {
   nn::LayerNorm ln(3);
   ln.bias.mutable_value() = Array{1.f, -2.f, 0.5f};
   Tensor x(Array{{{7.f, 7.f, 7.f}, {-1e4f, -1e4f, -1e4f}}}, true);  // (1, 2, 3)
@@ -312,7 +312,8 @@ TEST_CASE("the LayerNorm module on constant rows gives its bias and finite param
 // =============================================================================================
 // Masked softmax and attention with every key of a query masked
 
-TEST_CASE("masked_softmax of a fully masked slice is exactly zero, forward and backward", "[numerical][masked_softmax]") {
+TEST_CASE("masked_softmax of a fully masked slice is exactly zero, forward and backward",
+          "[numerical][masked_softmax]") {
   Tensor x(Array{{1e4f, -1e4f, 3.f}, {1.f, 2.f, 3.f}, {1e4f, 1e4f, -1e4f}}, true);
   const Mask m{{true, true, true}, {false, true, false}, {false, true, false}};
   Tensor y = masked_softmax(x, m);
@@ -547,7 +548,8 @@ TEST_CASE("exp at -100 is tiny and finite, at +100 it overflows to +inf, never N
 }
 
 // ops.hpp says nothing about exp's range; the task accepts the overflow to inf only if documented.
-TEST_CASE("exp's overflow to +inf for x above about 88.7 is documented in core/autograd/ops.hpp", "[numerical][exp][bug]") {
+TEST_CASE("exp's overflow to +inf for x above about 88.7 is documented in core/autograd/ops.hpp",
+          "[numerical][exp][bug]") {
   std::ifstream in(std::string(XGRAD_SOURCE_DIR) + "/core/autograd/ops.hpp");
   REQUIRE(in.good());
   std::vector<std::string> lines;
@@ -561,7 +563,8 @@ TEST_CASE("exp's overflow to +inf for x above about 88.7 is documented in core/a
   }
   REQUIRE(!doc.empty());
   std::string lower = doc;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   INFO("documentation of exp in core/autograd/ops.hpp:\n" << doc);
   CHECK((lower.find("overflow") != std::string::npos || lower.find("inf") != std::string::npos));
 }
@@ -605,7 +608,8 @@ TEST_CASE("GELU gradients stay finite for finite inputs beyond 1e19", "[numerica
 
 // The attention softmax's exp is a fast polynomial that clamps its input; a NaN score must still
 // come out as NaN (it used to become a weight of about 1e-38 and vanish).
-TEST_CASE("a NaN in q makes that query's attention weights NaN, not a silent finite value", "[numerical][attention][bug]") {
+TEST_CASE("a NaN in q makes that query's attention weights NaN, not a silent finite value",
+          "[numerical][attention][bug]") {
   const std::size_t B = 1, T = 4, C = 4;
   Generator gen(31);
   Array q = gen.normal({B, T, C}, 0.f, 1.f), k = gen.normal({B, T, C}, 0.f, 1.f);
@@ -614,9 +618,9 @@ TEST_CASE("a NaN in q makes that query's attention weights NaN, not a silent fin
     INFO("causal " << causal);
     const Array w = attention_weights(Tensor(q), Tensor(k), 2, 0.5f, causal).value();  // (B, H, T, S)
     for (std::size_t s = 0; s < T; ++s) {
-      CHECK(std::isnan(w(0, 0, 2, s)));      // head 0 reads channel 1: its query 2 is NaN
-      CHECK(std::isfinite(w(0, 1, 2, s)));   // head 1 reads channels 2, 3: untouched
-      CHECK(std::isfinite(w(0, 0, 1, s)));   // other queries of head 0: untouched
+      CHECK(std::isnan(w(0, 0, 2, s)));     // head 0 reads channel 1: its query 2 is NaN
+      CHECK(std::isfinite(w(0, 1, 2, s)));  // head 1 reads channels 2, 3: untouched
+      CHECK(std::isfinite(w(0, 0, 1, s)));  // other queries of head 0: untouched
     }
   }
 }

@@ -12,8 +12,8 @@
 
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/random.hpp"
 
 using namespace xgrad;
 
@@ -87,10 +87,17 @@ Shape operand_shape(Shape batch, std::size_t rows, std::size_t cols, bool transp
 // Elementwise binary ops with numpy broadcasting
 
 TEST_CASE("gradcheck: add/sub/mul/div broadcast in both directions", "[gradcheck][elementwise]") {
-  const std::vector<std::pair<Shape, Shape>> pairs = {
-      {{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {3, 1}}, {{3, 1}, {2, 3, 4}}, {{2, 3, 4}, {4}},
-      {{4}, {2, 3, 4}},       {{1, 3, 1}, {2, 3, 4}}, {{2, 3, 4}, {1, 3, 1}}, {{2, 1, 4}, {3, 1}},
-      {{2, 3, 4}, {}},        {{}, {2, 3, 4}},    {{}, {}}};
+  const std::vector<std::pair<Shape, Shape>> pairs = {{{2, 3, 4}, {2, 3, 4}},
+                                                      {{2, 3, 4}, {3, 1}},
+                                                      {{3, 1}, {2, 3, 4}},
+                                                      {{2, 3, 4}, {4}},
+                                                      {{4}, {2, 3, 4}},
+                                                      {{1, 3, 1}, {2, 3, 4}},
+                                                      {{2, 3, 4}, {1, 3, 1}},
+                                                      {{2, 1, 4}, {3, 1}},
+                                                      {{2, 3, 4}, {}},
+                                                      {{}, {2, 3, 4}},
+                                                      {{}, {}}};
   std::uint64_t seed = 100;
   for (const auto& [sa, sb] : pairs) {
     INFO("a " << shape_text(sa) << ", b " << shape_text(sb));
@@ -249,8 +256,8 @@ TEST_CASE("gradcheck: split into unequal pieces", "[gradcheck][shape]") {
   // pieces recombined out of order and scaled differently
   REQUIRE_GRADCHECK(
       [](const Ins& in) {
-        const std::vector<Tensor> p = split(in[0], {1, 2, 3}, 1);
-        return concat({p[2], mul(p[0], 3.f), mul(p[1], p[1])}, 1);
+    const std::vector<Tensor> p = split(in[0], {1, 2, 3}, 1);
+    return concat({p[2], mul(p[0], 3.f), mul(p[1], p[1])}, 1);
       },
       {x});
   // only the middle piece is used: the others get a zero gradient
@@ -264,8 +271,8 @@ namespace {
 
 // gradcheck of matmul for logical shapes (batch_a..., M, K) @ (batch_b..., K, N) under every
 // combination of transpose flags (the stored operands are transposed to match).
-void check_matmul_all_flags(const Shape& batch_a, const Shape& batch_b, std::size_t m, std::size_t k,
-                            std::size_t n, std::uint64_t seed) {
+void check_matmul_all_flags(const Shape& batch_a, const Shape& batch_b, std::size_t m, std::size_t k, std::size_t n,
+                            std::uint64_t seed) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       const Shape sa = operand_shape(batch_a, m, k, ta);
@@ -296,8 +303,8 @@ TEST_CASE("gradcheck: matmul with a 2-D right operand shared by the batch", "[gr
 }
 
 TEST_CASE("gradcheck: matmul with broadcast batch axes", "[gradcheck][matmul]") {
-  check_matmul_all_flags({1}, {2}, 3, 4, 2, 171);   // (1,3,4) @ (2,4,2)
-  check_matmul_all_flags({}, {2}, 3, 4, 5, 172);    // (3,4) @ (2,4,5)
+  check_matmul_all_flags({1}, {2}, 3, 4, 2, 171);     // (1,3,4) @ (2,4,2)
+  check_matmul_all_flags({}, {2}, 3, 4, 5, 172);      // (3,4) @ (2,4,5)
   check_matmul_all_flags({2, 1}, {3}, 2, 3, 2, 173);  // (2,1,2,3) @ (3,3,2) -> batch (2,3)
   check_matmul_all_flags({3}, {2, 1}, 2, 3, 2, 174);  // (3,2,3) @ (2,1,3,2) -> batch (2,3)
 }
@@ -341,7 +348,8 @@ TEST_CASE("gradcheck: attend, and attention_weights followed by attend", "[gradc
   const Tensor w = softmax(randn({2, 2, 3, 5}, 191)), v = randn({2, 5, 4}, 192);
   REQUIRE_GRADCHECK([](const Ins& in) { return attend(in[0], in[1], 2); }, {w, v});
   const Tensor q = randn({2, 3, 4}, 193), k = randn({2, 5, 4}, 194);
-  REQUIRE_GRADCHECK([](const Ins& in) { return attend(attention_weights(in[0], in[1], 2, 0.7f), in[2], 2); }, {q, k, v});
+  REQUIRE_GRADCHECK([](const Ins& in) { return attend(attention_weights(in[0], in[1], 2, 0.7f), in[2], 2); },
+                    {q, k, v});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -493,8 +501,8 @@ TEST_CASE("gradcheck: a language-model loss over embeddings", "[gradcheck][compo
   const IndexArray targets = {{2, 2, -100}, {1, 0, 3}};
   REQUIRE_GRADCHECK(
       [ids, targets](const Ins& in) {
-        Tensor h = tanh(embedding(in[0], ids));
-        return cross_entropy(matmul(h, in[0], false, true), targets);
+    Tensor h = tanh(embedding(in[0], ids));
+    return cross_entropy(matmul(h, in[0], false, true), targets);
       },
       {randn({5, 3}, 271)});
 }

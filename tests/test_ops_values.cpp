@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -107,25 +107,30 @@ TEST_CASE("values: scalar variants and unary functions", "[values][elementwise]"
     double (*want)(double);
     const Array& in;
   };
-  const std::vector<Case> cases = {
-      {"add 1.5", add(tx, 1.5f), [](double v) { return v + 1.5; }, x},
-      {"sub 1.5", sub(tx, 1.5f), [](double v) { return v - 1.5; }, x},
-      {"rsub 2", rsub(2.f, tx), [](double v) { return 2 - v; }, x},
-      {"mul -3", mul(tx, -3.f), [](double v) { return -3 * v; }, x},
-      {"div 4", div(tx, 4.f), [](double v) { return v / 4; }, x},
-      {"rdiv 2", rdiv(2.f, tp), [](double v) { return 2 / v; }, p},
-      {"neg", neg(tx), [](double v) { return -v; }, x},
-      {"exp", exp(tx), [](double v) { return std::exp(v); }, x},
-      {"log", log(tp), [](double v) { return std::log(v); }, p},
-      {"sqrt", sqrt(tp), [](double v) { return std::sqrt(v); }, p},
-      {"pow 1.5", pow(tp, 1.5f), [](double v) { return std::pow(v, 1.5); }, p},
-      {"pow 3", pow(tx, 3.f), [](double v) { return v * v * v; }, x},
-      {"tanh", tanh(tx), [](double v) { return std::tanh(v); }, x},
-      {"sigmoid", sigmoid(tx), [](double v) { return 1 / (1 + std::exp(-v)); }, x},
-      {"relu", relu(tx), [](double v) { return v > 0 ? v : 0; }, x},
-      {"gelu exact", gelu(tx, GeluApprox::exact), [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }, x},
-      {"gelu tanh", gelu(tx, GeluApprox::tanh),
-       [](double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (v + 0.044715 * v * v * v))); }, x},
+  const std::vector<Case> cases =
+      {
+          {"add 1.5", add(tx, 1.5f), [](double v) { return v + 1.5; }, x},
+          {"sub 1.5", sub(tx, 1.5f), [](double v) { return v - 1.5; }, x},
+          {"rsub 2", rsub(2.f, tx), [](double v) { return 2 - v; }, x},
+          {"mul -3", mul(tx, -3.f), [](double v) { return -3 * v; }, x},
+          {"div 4", div(tx, 4.f), [](double v) { return v / 4; }, x},
+          {"rdiv 2", rdiv(2.f, tp), [](double v) { return 2 / v; }, p},
+          {"neg", neg(tx), [](double v) { return -v; }, x},
+          {"exp", exp(tx), [](double v) { return std::exp(v); }, x},
+          {"log", log(tp), [](double v) { return std::log(v); }, p},
+          {"sqrt", sqrt(tp), [](double v) { return std::sqrt(v); }, p},
+          {"pow 1.5", pow(tp, 1.5f), [](double v) { return std::pow(v, 1.5); }, p},
+          {"pow 3", pow(tx, 3.f), [](double v) { return v * v * v; }, x},
+          {"tanh", tanh(tx), [](double v) { return std::tanh(v); }, x},
+          {"sigmoid", sigmoid(tx), [](double v) { return 1 / (1 + std::exp(-v)); }, x},
+          {"relu", relu(tx), [](double v) { return v > 0 ? v : 0; }, x},
+          {"gelu exact", gelu(tx, GeluApprox::exact),
+           [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }, x},
+          {"gelu tanh", gelu(tx, GeluApprox::tanh),
+           [](double v) {
+    return 0.5 * v * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (v + 0.044715 * v * v * v)));
+           },
+           x},
   };
   for (const Case& c : cases) {
     INFO(c.name);
@@ -199,11 +204,13 @@ TEST_CASE("values: reshape keeps row-major order and infers -1", "[values][shape
 
 TEST_CASE("values: permute and transpose match xt::transpose", "[values][shape]") {
   const Array x = normal({2, 3, 4}, 51);
-  const std::vector<std::vector<std::size_t>> perms = {{0, 1, 2}, {2, 0, 1}, {1, 2, 0}, {2, 1, 0}, {0, 2, 1}, {1, 0, 2}};
+  const std::vector<std::vector<std::size_t>> perms = {{0, 1, 2}, {2, 0, 1}, {1, 2, 0},
+                                                       {2, 1, 0}, {0, 2, 1}, {1, 0, 2}};
   for (const auto& p : perms) {
     INFO("permutation " << p[0] << p[1] << p[2]);
     const Array want = xt::transpose(x, p);
-    REQUIRE_CLOSE(permute(Tensor(x), {static_cast<int>(p[0]), static_cast<int>(p[1]), static_cast<int>(p[2])}).value(), want, 0, 0);
+    REQUIRE_CLOSE(permute(Tensor(x), {static_cast<int>(p[0]), static_cast<int>(p[1]), static_cast<int>(p[2])}).value(),
+                  want, 0, 0);
   }
   REQUIRE_CLOSE(transpose(Tensor(x), 0, 2).value(), Array(xt::transpose(x, {2, 1, 0})), 0, 0);
   REQUIRE_CLOSE(transpose(Tensor(x), -1, -2).value(), Array(xt::transpose(x, {0, 2, 1})), 0, 0);
@@ -224,7 +231,8 @@ TEST_CASE("values: slice, concat and split round trips", "[values][shape]") {
     INFO("axis " << axis);
     const std::size_t ax = static_cast<std::size_t>(axis < 0 ? axis + 3 : axis);
     const std::size_t n = x.shape()[ax];
-    const std::vector<std::size_t> sizes = n == 2 ? std::vector<std::size_t>{1, 1} : std::vector<std::size_t>{1, n - 3, 2};
+    const std::vector<std::size_t> sizes =
+        n == 2 ? std::vector<std::size_t>{1, 1} : std::vector<std::size_t>{1, n - 3, 2};
     const std::vector<Tensor> parts = split(t, sizes, axis);
     REQUIRE(parts.size() == sizes.size());
     std::size_t at = 0;
@@ -238,7 +246,8 @@ TEST_CASE("values: slice, concat and split round trips", "[values][shape]") {
   }
   // concat of three unequal parts along a middle axis matches xt::concatenate
   const Array a = normal({2, 1, 3}, 62), b = normal({2, 4, 3}, 63), c = normal({2, 2, 3}, 64);
-  REQUIRE_CLOSE(concat({Tensor(a), Tensor(b), Tensor(c)}, 1).value(), Array(xt::concatenate(xt::xtuple(a, b, c), 1)), 0, 0);
+  REQUIRE_CLOSE(concat({Tensor(a), Tensor(b), Tensor(c)}, 1).value(), Array(xt::concatenate(xt::xtuple(a, b, c), 1)), 0,
+                0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -303,10 +312,10 @@ TEST_CASE("values: matmul matches a naive loop for batches, broadcasting and tra
     Shape batch_a, batch_b;
     std::size_t m, k, n;
   };
-  const std::vector<Case> cases = {
-      {{}, {}, 3, 4, 5},     {{}, {}, 1, 7, 1},      {{2}, {2}, 3, 4, 2},   {{2, 3}, {2, 3}, 2, 5, 3},
-      {{2}, {}, 3, 4, 5},    {{2, 2}, {}, 4, 3, 2},  {{1}, {2}, 3, 4, 2},   {{}, {2}, 3, 4, 5},
-      {{2, 1}, {3}, 2, 3, 4}, {{3}, {2, 1}, 2, 3, 4}, {{}, {}, 33, 17, 29}};
+  const std::vector<Case> cases = {{{}, {}, 3, 4, 5},         {{}, {}, 1, 7, 1},   {{2}, {2}, 3, 4, 2},
+                                   {{2, 3}, {2, 3}, 2, 5, 3}, {{2}, {}, 3, 4, 5},  {{2, 2}, {}, 4, 3, 2},
+                                   {{1}, {2}, 3, 4, 2},       {{}, {2}, 3, 4, 5},  {{2, 1}, {3}, 2, 3, 4},
+                                   {{3}, {2, 1}, 2, 3, 4},    {{}, {}, 33, 17, 29}};
   std::uint64_t seed = 70;
   for (const Case& c : cases) {
     for (bool ta : {false, true}) {
@@ -372,7 +381,8 @@ TEST_CASE("values: log_softmax is finite for large logits and matches the formul
   // along a middle axis, exp(log_softmax) sums to 1
   const Array x3 = normal({2, 5, 3}, 92, 50.f);
   const Array e = xt::exp(log_softmax(Tensor(x3), -2).value());
-  REQUIRE_CLOSE(Array(xt::sum(e, {1}, xt::evaluation_strategy::immediate)), Array(xt::ones<float>(Shape{2, 3})), 0, 1e-5);
+  REQUIRE_CLOSE(Array(xt::sum(e, {1}, xt::evaluation_strategy::immediate)), Array(xt::ones<float>(Shape{2, 3})), 0,
+                1e-5);
 }
 
 TEST_CASE("values: cross_entropy equals -mean log softmax at the kept targets", "[values][nn]") {
@@ -494,7 +504,7 @@ TEST_CASE("values: dropout is the identity in eval mode or with p = 0, and seede
   const Array a = dropout(Tensor(x), 0.5f, true, g1).value();
   const Array b = dropout(Tensor(x), 0.5f, true, g2).value();
   const Array c = dropout(Tensor(x), 0.5f, true, g3).value();
-  REQUIRE(a == b);       // same seed, same mask
+  REQUIRE(a == b);        // same seed, same mask
   REQUIRE_FALSE(a == c);  // another seed, another mask
   // the generator advances: a second call draws a new mask
   REQUIRE_FALSE(dropout(Tensor(x), 0.5f, true, g1).value() == a);
@@ -505,7 +515,8 @@ TEST_CASE("values: dropout is the identity in eval mode or with p = 0, and seede
   REQUIRE(dropout(Tensor(x), 0.5f).value() == d1);
 }
 
-TEST_CASE("values: gelu_dropout is dropout(gelu) bit for bit, forward and backward, and uses one draw", "[values][nn]") {
+TEST_CASE("values: gelu_dropout is dropout(gelu) bit for bit, forward and backward, and uses one draw",
+          "[values][nn]") {
   const Array x = normal({8, 300}, 143);  // 2400 elements: split across kernel threads when there are some
   const Array g = normal({8, 300}, 144);
   for (float p : {0.f, 0.1f, 0.5f}) {
@@ -616,7 +627,8 @@ TEST_CASE("values: attention_scores then masked_softmax give attention_weights' 
       for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < H; ++h)
           for (std::int64_t t = 0; t < T; ++t)
-            for (std::int64_t s = 0; s < S; ++s) blocked(b, h, t, s) = (causal && s > t) || (padded && padding(b, 0, 0, s));
+            for (std::int64_t s = 0; s < S; ++s)
+              blocked(b, h, t, s) = (causal && s > t) || (padded && padding(b, 0, 0, s));
       const Tensor w2 = masked_softmax(scores, blocked);
       REQUIRE(w.value() == w2.value());
       const Array g = normal({B, H, T, S}, 73);

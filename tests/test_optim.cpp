@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/optim/adam.hpp"
@@ -98,7 +98,8 @@ NamedTensors clone(const NamedTensors& params) {
 }
 
 NamedTensors make_params() {
-  return {{"enc.w", param(Array{{0.5f, -1.25f, 2.f}, {0.75f, -0.1f, 1.5f}})}, {"enc.b", param(Array{0.2f, -0.4f, 0.9f})}};
+  return {{"enc.w", param(Array{{0.5f, -1.25f, 2.f}, {0.75f, -0.1f, 1.5f}})},
+          {"enc.b", param(Array{0.2f, -0.4f, 0.9f})}};
 }
 
 void train_step(const NamedTensors& params, Optimizer& opt) {
@@ -126,11 +127,16 @@ struct Kind {
 std::vector<Kind> kinds() {
   return {
       {"SGD", [](const NamedTensors& p) { return std::make_unique<SGD>(p, SGDOptions(0.05f)); }, false},
-      {"SGD momentum", [](const NamedTensors& p) { return std::make_unique<SGD>(p, SGDOptions(0.05f).momentum(0.9f).dampening(0.1f).weight_decay(0.01f)); }},
-      {"SGD nesterov", [](const NamedTensors& p) { return std::make_unique<SGD>(p, SGDOptions(0.05f).momentum(0.8f).nesterov(true)); }},
+      {"SGD momentum",
+       [](const NamedTensors& p) {
+    return std::make_unique<SGD>(p, SGDOptions(0.05f).momentum(0.9f).dampening(0.1f).weight_decay(0.01f));
+       }},
+      {"SGD nesterov",
+       [](const NamedTensors& p) { return std::make_unique<SGD>(p, SGDOptions(0.05f).momentum(0.8f).nesterov(true)); }},
       {"Adam", [](const NamedTensors& p) { return std::make_unique<Adam>(p, AdamOptions(0.02f).weight_decay(0.05f)); }},
-      {"AdamW", [](const NamedTensors& p) { return std::make_unique<AdamW>(p, AdamW::defaults(0.02f).weight_decay(0.1f)); }},
-  };
+      {"AdamW",
+       [](const NamedTensors& p) { return std::make_unique<AdamW>(p, AdamW::defaults(0.02f).weight_decay(0.1f)); }},
+      };
 }
 
 // What `f` writes to stderr (through a temporary file put in place of descriptor 2).
@@ -196,15 +202,23 @@ TEST_CASE("SGD, Adam and AdamW minimize a convex quadratic", "[optim]") {
     CHECK_THAT(static_cast<double>(p.value()(4)), Catch::Matchers::WithinAbs(2.0, 0.05));
     return loss;
   };
-  SECTION("SGD") { run([](std::vector<Tensor> ps) { return SGD(ps, SGDOptions(0.1f)); }, 1e-8f); }
-  SECTION("SGD with momentum") { run([](std::vector<Tensor> ps) { return SGD(ps, SGDOptions(0.02f).momentum(0.9f)); }, 1e-6f); }
-  SECTION("Adam") { run([](std::vector<Tensor> ps) { return Adam(ps, AdamOptions(0.1f)); }, 1e-5f); }
+  SECTION("SGD") {
+    run([](std::vector<Tensor> ps) { return SGD(ps, SGDOptions(0.1f)); }, 1e-8f);
+  }
+  SECTION("SGD with momentum") {
+    run([](std::vector<Tensor> ps) { return SGD(ps, SGDOptions(0.02f).momentum(0.9f)); }, 1e-6f);
+  }
+  SECTION("Adam") {
+    run([](std::vector<Tensor> ps) { return Adam(ps, AdamOptions(0.1f)); }, 1e-5f);
+  }
   SECTION("AdamW without weight decay") {
     run([](std::vector<Tensor> ps) { return AdamW(ps, AdamW::defaults(0.1f).weight_decay(0.f)); }, 1e-5f);
   }
   // Decoupled decay (0.01 by default) pulls towards 0, so AdamW settles slightly short of the
   // target (about 1.5e-3 here): the minimum of the loss is not AdamW's fixed point.
-  SECTION("AdamW") { run([](std::vector<Tensor> ps) { return AdamW(ps, AdamW::defaults(0.1f)); }, 5e-3f); }
+  SECTION("AdamW") {
+    run([](std::vector<Tensor> ps) { return AdamW(ps, AdamW::defaults(0.1f)); }, 5e-3f);
+  }
 }
 
 TEST_CASE("parameters without a gradient are skipped by step", "[optim]") {
@@ -271,7 +285,9 @@ TEST_CASE("SGD momentum, dampening, Nesterov and weight decay follow the documen
     const double damp = variant == 1 ? 0.25 : 0.0;
     INFO("variant " << variant);
     Tensor p = param(p0);
-    SGD opt({p}, SGDOptions(float(lr)).momentum(float(mu)).dampening(float(damp)).weight_decay(float(wd)).nesterov(nesterov));
+    SGD opt(
+        {p},
+        SGDOptions(float(lr)).momentum(float(mu)).dampening(float(damp)).weight_decay(float(wd)).nesterov(nesterov));
     std::vector<double> x(p0.begin(), p0.end()), b(3, 0.0);
     for (std::size_t t = 0; t < grads.size(); ++t) {
       opt.zero_grad();
@@ -367,8 +383,8 @@ TEST_CASE("Adam state entries are named after the parameters", "[optim]") {
     nn::Linear lin(3, 2, true, gen);
     Adam opt(lin.named_parameters(), AdamOptions(0.01f));
     // No update yet: the hyperparameters alone.
-    CHECK(names_of(opt.state_dict()) ==
-          std::set<std::string>{"Adam:lr", "Adam:beta1", "Adam:beta2", "Adam:eps", "Adam:weight_decay", "Adam:parameters"});
+    CHECK(names_of(opt.state_dict()) == std::set<std::string>{"Adam:lr", "Adam:beta1", "Adam:beta2", "Adam:eps",
+                                                              "Adam:weight_decay", "Adam:parameters"});
     for (int i = 0; i < 3; ++i) {
       opt.zero_grad();
       sum(lin.forward(Tensor(Array{{1.f, 2.f, 3.f}})) * 0.5f).backward();
@@ -555,9 +571,12 @@ TEST_CASE("load_state_dict rejects bad states and leaves the previous state unto
                         Contains("Adam") && Contains("unexpected state entry 'nope.exp_avg'"));
     REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w.velocity", xt::zeros<float>({2, 3}))),
                         Contains("unexpected state entry 'enc.w.velocity'"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w", xt::zeros<float>({2, 3}))), Contains("unexpected state entry 'enc.w'"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w.", xt::zeros<float>({2, 3}))), Contains("unexpected state entry"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.wx.step", Array(1.f))), Contains("unexpected state entry 'enc.wx.step'"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w", xt::zeros<float>({2, 3}))),
+                        Contains("unexpected state entry 'enc.w'"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w.", xt::zeros<float>({2, 3}))),
+                        Contains("unexpected state entry"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.wx.step", Array(1.f))),
+                        Contains("unexpected state entry 'enc.wx.step'"));
     // SGD's slot in an Adam state.
     REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.b.momentum_buffer", xt::zeros<float>({3}))),
                         Contains("unexpected state entry 'enc.b.momentum_buffer'"));
@@ -582,8 +601,10 @@ TEST_CASE("load_state_dict rejects bad states and leaves the previous state unto
       REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w.step", Array(bad))),
                           Contains("Adam") && Contains("'enc.w.step'") && Contains("not a positive step count"));
     }
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w.step", Array{1.f, 2.f})), Contains("not a positive step count"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w.step", xt::zeros<float>({0}))), Contains("not a positive step count"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w.step", Array{1.f, 2.f})),
+                        Contains("not a positive step count"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("enc.w.step", xt::zeros<float>({0}))),
+                        Contains("not a positive step count"));
   }
   SECTION("a duplicated step") {
     NamedArrays s = f.good;
@@ -631,8 +652,9 @@ TEST_CASE("SGD load_state_dict checks its own slot", "[optim]") {
   SGD opt(p, SGDOptions(0.1f).momentum(0.9f));
   train_step(p, opt);
   const NamedArrays before = opt.state_dict();
-  REQUIRE_THROWS_WITH(opt.load_state_dict(NamedArrays{{"enc.w.step", Array(1.f)}, {"enc.w.exp_avg", xt::zeros<float>({2, 3})}}),
-                      Contains("SGD") && Contains("unexpected state entry 'enc.w.exp_avg'"));
+  REQUIRE_THROWS_WITH(
+      opt.load_state_dict(NamedArrays{{"enc.w.step", Array(1.f)}, {"enc.w.exp_avg", xt::zeros<float>({2, 3})}}),
+      Contains("SGD") && Contains("unexpected state entry 'enc.w.exp_avg'"));
   REQUIRE_THROWS_WITH(
       opt.load_state_dict(NamedArrays{{"enc.w.step", Array(1.f)}, {"enc.w.momentum_buffer", xt::zeros<float>({6})}}),
       Contains("SGD") && Contains("'enc.w.momentum_buffer'") && Contains("(6)") && Contains("(2, 3)"));
@@ -689,7 +711,8 @@ TEST_CASE("invalid SGD settings are rejected", "[optim]") {
   REQUIRE_THROWS_WITH(SGD(params(), SGDOptions(0.1f).dampening(1.5f)), Contains("SGD: dampening 1.5"));
   REQUIRE_THROWS_WITH(SGD(params(), SGDOptions(0.1f).weight_decay(-0.01f)), Contains("SGD: weight_decay -0.01"));
   REQUIRE_THROWS_WITH(SGD(params(), SGDOptions(0.1f).weight_decay(kInf)), Contains("SGD: weight_decay inf"));
-  REQUIRE_THROWS_WITH(SGD(params(), SGDOptions(0.1f).nesterov(true)), Contains("SGD") && Contains("Nesterov") && Contains("momentum 0"));
+  REQUIRE_THROWS_WITH(SGD(params(), SGDOptions(0.1f).nesterov(true)),
+                      Contains("SGD") && Contains("Nesterov") && Contains("momentum 0"));
   REQUIRE_THROWS_WITH(SGD(params(), SGDOptions(0.1f).nesterov(true).momentum(0.9f).dampening(0.1f)),
                       Contains("Nesterov") && Contains("dampening 0.1"));
   REQUIRE_NOTHROW(SGD(params(), SGDOptions(0.1f).nesterov(true).momentum(0.9f)));
@@ -729,10 +752,13 @@ TEST_CASE("bad parameter lists are rejected", "[optim]") {
   REQUIRE(!non_leaf.is_leaf());
   REQUIRE_THROWS_WITH(SGD(std::vector<Tensor>{leaf, non_leaf}, SGDOptions(0.1f)),
                       Contains("SGD") && Contains("parameter '1'") && Contains("leaf"));
-  REQUIRE_THROWS_WITH(Adam(NamedTensors{{"h", non_leaf}}, AdamOptions()), Contains("Adam: parameter 'h'") && Contains("leaf"));
+  REQUIRE_THROWS_WITH(Adam(NamedTensors{{"h", non_leaf}}, AdamOptions()),
+                      Contains("Adam: parameter 'h'") && Contains("leaf"));
   Tensor frozen(Array{1.f, 2.f}, false);
-  REQUIRE_THROWS_WITH(AdamW(NamedTensors{{"frozen", frozen}}), Contains("AdamW: parameter 'frozen'") && Contains("requires grad"));
-  REQUIRE_THROWS_WITH(SGD(NamedTensors{{"x", Tensor()}}, SGDOptions(0.1f)), Contains("SGD: parameter 'x' is undefined"));
+  REQUIRE_THROWS_WITH(AdamW(NamedTensors{{"frozen", frozen}}),
+                      Contains("AdamW: parameter 'frozen'") && Contains("requires grad"));
+  REQUIRE_THROWS_WITH(SGD(NamedTensors{{"x", Tensor()}}, SGDOptions(0.1f)),
+                      Contains("SGD: parameter 'x' is undefined"));
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -762,7 +788,8 @@ TEST_CASE("clip_grad_norm returns the global norm and scales gradients above max
     const float got = clip_grad_norm(std::vector<Tensor>{a, b, c}, max_norm);
     CHECK(got == Approx(norm).epsilon(1e-6));
     const double coef = max_norm / (norm + 1e-6);
-    for (std::size_t i = 0; i < ga.size(); ++i) CHECK(a.grad().data()[i] == Approx(ga.data()[i] * coef).epsilon(1e-6).margin(1e-7));
+    for (std::size_t i = 0; i < ga.size(); ++i)
+      CHECK(a.grad().data()[i] == Approx(ga.data()[i] * coef).epsilon(1e-6).margin(1e-7));
     for (std::size_t i = 0; i < gb.size(); ++i) CHECK(b.grad().data()[i] == Approx(gb.data()[i] * coef).epsilon(1e-6));
     CHECK(!c.has_grad());
     // The new global norm is max_norm (up to the 1e-6).
@@ -797,8 +824,10 @@ TEST_CASE("clip_grad_norm returns the global norm and scales gradients above max
   }
   SECTION("negative or NaN max_norm is rejected and changes nothing") {
     reset();
-    REQUIRE_THROWS_WITH(clip_grad_norm(std::vector<Tensor>{a, b}, -1.f), Contains("clip_grad_norm") && Contains("max_norm -1"));
-    REQUIRE_THROWS_WITH(clip_grad_norm(std::vector<Tensor>{a, b}, kNaN), Contains("clip_grad_norm") && Contains("max_norm nan"));
+    REQUIRE_THROWS_WITH(clip_grad_norm(std::vector<Tensor>{a, b}, -1.f),
+                        Contains("clip_grad_norm") && Contains("max_norm -1"));
+    REQUIRE_THROWS_WITH(clip_grad_norm(std::vector<Tensor>{a, b}, kNaN),
+                        Contains("clip_grad_norm") && Contains("max_norm nan"));
     REQUIRE_THROWS_AS(clip_grad_norm(NamedTensors{{"a", a}}, -0.5f), Error);
     CHECK(bit_equal(a.grad(), ga));
     CHECK(bit_equal(b.grad(), gb));
@@ -837,7 +866,8 @@ TEST_CASE("LrSchedule warm-up and decay follow the formulas", "[optim]") {
 
   for (Decay decay : {Decay::constant, Decay::linear, Decay::cosine}) {
     INFO("decay " << int(decay));
-    LrSchedule sched(ScheduleOptions(float(base)).warmup_steps(warmup).total_steps(total).decay(decay).min_lr(float(min)));
+    LrSchedule sched(
+        ScheduleOptions(float(base)).warmup_steps(warmup).total_steps(total).decay(decay).min_lr(float(min)));
     for (std::size_t s = 0; s < warmup; ++s) {
       INFO("step " << s);
       CHECK(sched.lr(s) == Approx(base * double(s + 1) / double(warmup)).epsilon(1e-6));
@@ -869,7 +899,8 @@ TEST_CASE("LrSchedule warm-up and decay follow the formulas", "[optim]") {
     }
   }
   SECTION("cosine at a quarter") {
-    LrSchedule sched(ScheduleOptions(float(base)).warmup_steps(warmup).total_steps(total).decay(Decay::cosine).min_lr(float(min)));
+    LrSchedule sched(
+        ScheduleOptions(float(base)).warmup_steps(warmup).total_steps(total).decay(Decay::cosine).min_lr(float(min)));
     CHECK(sched.lr(warmup + 4) == Approx(min + (base - min) * 0.5 * (1 + std::cos(pi / 4))).epsilon(1e-6));
   }
   SECTION("no warm-up") {
@@ -913,7 +944,8 @@ TEST_CASE("check_finite names the step, the parameter and the position of the fi
   const NamedTensors params = {{"a", a}, {"unused", unused}, {"b", b}};
   REQUIRE_NOTHROW(optim::check_finite(1, 0.5f, params));  // no gradient on "unused": skipped
   REQUIRE_THROWS_WITH(optim::check_finite(7, std::nanf(""), params), "step 7: the loss is NaN");
-  REQUIRE_THROWS_WITH(optim::check_finite(7, -std::numeric_limits<float>::infinity(), params), "step 7: the loss is -inf");
+  REQUIRE_THROWS_WITH(optim::check_finite(7, -std::numeric_limits<float>::infinity(), params),
+                      "step 7: the loss is -inf");
   b.mutable_grad()(1) = std::numeric_limits<float>::infinity();
   REQUIRE_THROWS_WITH(optim::check_finite(9, 0.5f, params), "step 9: the gradient of 'b' is inf at flat position 1");
   a.mutable_grad()(2) = std::nanf("");
@@ -1001,20 +1033,25 @@ TEST_CASE("a state of another optimizer type, or with bad hyperparameters, is re
     NamedTensors ps = make_params();
     SGD sgd(ps, SGDOptions(0.1f).momentum(0.9f));
     train_step(ps, sgd);
-    REQUIRE_THROWS_WITH(opt.load_state_dict(sgd.state_dict()),
-                        Contains("Adam: the state was saved by another optimizer type, 'SGD' (entry 'SGD:") && Contains(", not Adam"));
+    REQUIRE_THROWS_WITH(
+        opt.load_state_dict(sgd.state_dict()),
+        Contains("Adam: the state was saved by another optimizer type, 'SGD' (entry 'SGD:") && Contains(", not Adam"));
     NamedTensors pw = make_params();
     AdamW adamw(pw);
     train_step(pw, adamw);
-    REQUIRE_THROWS_WITH(opt.load_state_dict(adamw.state_dict()), Contains("another optimizer type, 'AdamW'") && Contains("not Adam"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(adamw.state_dict()),
+                        Contains("another optimizer type, 'AdamW'") && Contains("not Adam"));
   }
   SECTION("invalid values") {
     REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:beta1", Array(1.5f))),
                         Contains("Adam: the state's hyperparameters are invalid") && Contains("beta1 1.5"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(-1.f))), Contains("hyperparameters are invalid") && Contains("lr -1"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(-1.f))),
+                        Contains("hyperparameters are invalid") && Contains("lr -1"));
     REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:eps", Array(0.f))), Contains("eps 0 must be finite and > 0"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(kNaN))), Contains("hyperparameter 'Adam:lr' is not one finite value"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array{0.1f, 0.2f})), Contains("'Adam:lr' is not one finite value (shape (2))"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array(kNaN))),
+                        Contains("hyperparameter 'Adam:lr' is not one finite value"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:lr", Array{0.1f, 0.2f})),
+                        Contains("'Adam:lr' is not one finite value (shape (2))"));
   }
   SECTION("another number of parameters") {
     // A state of one parameter (an optimizer over a part of the model) given to one of two: it
@@ -1022,14 +1059,19 @@ TEST_CASE("a state of another optimizer type, or with bad hyperparameters, is re
     NamedTensors one = {make_params()[0]};
     Adam small(one, AdamOptions(0.05f));
     train_step(one, small);
-    REQUIRE_THROWS_WITH(opt.load_state_dict(small.state_dict()),
-                        Contains("Adam: the state was saved by an optimizer of 1 parameters ('Adam:parameters'); this one has 2"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:parameters", Array(3.f))), Contains("optimizer of 3 parameters"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:parameters", Array(kNaN))), Contains("optimizer of nan parameters"));
+    REQUIRE_THROWS_WITH(
+        opt.load_state_dict(small.state_dict()),
+        Contains("Adam: the state was saved by an optimizer of 1 parameters ('Adam:parameters'); this one has 2"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:parameters", Array(3.f))),
+                        Contains("optimizer of 3 parameters"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:parameters", Array(kNaN))),
+                        Contains("optimizer of nan parameters"));
     REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:parameters", Array{2.f, 2.f})),
                         Contains("Adam: state entry 'Adam:parameters' is not one count (shape (2))"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:beta2", Array(-0.5f))), Contains("beta2 -0.5 is outside [0, 1)"));
-    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:weight_decay", Array(-1.f))), Contains("weight_decay -1 is outside [0, 1e+30]"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:beta2", Array(-0.5f))),
+                        Contains("beta2 -0.5 is outside [0, 1)"));
+    REQUIRE_THROWS_WITH(opt.load_state_dict(with("Adam:weight_decay", Array(-1.f))),
+                        Contains("weight_decay -1 is outside [0, 1e+30]"));
     NamedArrays twice = f.good;
     twice.emplace_back("Adam:parameters", Array(2.f));
     REQUIRE_THROWS_WITH(opt.load_state_dict(twice), Contains("'Adam:parameters' appears twice"));
@@ -1056,9 +1098,10 @@ TEST_CASE("a state saved without hyperparameters keeps the constructor's and say
   NamedTensors p2 = clone(p1);
   Adam resumed(p2, AdamOptions(0.02f).beta1(0.7f));
   const std::string said = stderr_of([&] { resumed.load_state_dict(old_state); });
-  CHECK(said ==
-        "xgrad: Adam::load_state_dict: the state holds no hyperparameters (saved before xgrad stored them); keeping this "
-        "optimizer's lr 0.02, beta1 0.7, beta2 0.999, eps 1e-08, weight_decay 0\n");
+  CHECK(
+      said ==
+      "xgrad: Adam::load_state_dict: the state holds no hyperparameters (saved before xgrad stored them); keeping this "
+      "optimizer's lr 0.02, beta1 0.7, beta2 0.999, eps 1e-08, weight_decay 0\n");
   CHECK(resumed.lr() == 0.02f);
   CHECK(resumed.options().beta1() == 0.7f);
   CHECK(states_equal(per_parameter(resumed.state_dict()), old_state));
@@ -1068,10 +1111,12 @@ TEST_CASE("a state saved without hyperparameters keeps the constructor's and say
 
 TEST_CASE("optimizer parameter names may not hold ':' and must be UTF-8", "[optim]") {
   NamedTensors params = {{"a:b", param(Array{1.f})}};
-  REQUIRE_THROWS_WITH(Adam(params, AdamOptions()),
-                      Contains("Adam: parameter name 'a:b' holds ':', which state_dict keeps for the hyperparameters (\"Adam:lr\")"));
+  REQUIRE_THROWS_WITH(
+      Adam(params, AdamOptions()),
+      Contains("Adam: parameter name 'a:b' holds ':', which state_dict keeps for the hyperparameters (\"Adam:lr\")"));
   NamedTensors bad = {{std::string("w") + '\xfe', param(Array{1.f})}};
-  REQUIRE_THROWS_WITH(SGD(bad, SGDOptions(0.1f)), Contains("SGD: parameter name \"w\\xFE\" is not valid UTF-8 (byte 0xFE at offset 1)"));
+  REQUIRE_THROWS_WITH(SGD(bad, SGDOptions(0.1f)),
+                      Contains("SGD: parameter name \"w\\xFE\" is not valid UTF-8 (byte 0xFE at offset 1)"));
 }
 
 TEST_CASE("SGD's dampening and weight decay (without Nesterov) round-trip through state_dict", "[optim]") {

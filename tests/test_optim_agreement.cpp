@@ -55,7 +55,8 @@ double compare_scalar(const std::string& case_name, const std::string& what, dou
 // Fresh leaf parameters with the fixture's initial values, named as in the fixture.
 NamedTensors make_params() {
   NamedTensors params;
-  for (const auto& [name, v] : fixture().at("init").items()) params.emplace_back(name, Tensor(testing::to_array(v), true));
+  for (const auto& [name, v] : fixture().at("init").items())
+    params.emplace_back(name, Tensor(testing::to_array(v), true));
   return params;
 }
 
@@ -133,7 +134,8 @@ void run_case(const std::string& name, const json& c) {
     const json& want = c.at("values").at(k);
     REQUIRE(want.size() == params.size());
     for (const auto& [pname, p] : params) {
-      worst = std::max(worst, compare(name, step + ", parameter '" + pname + "'", p.value(), testing::to_array(want.at(pname))));
+      worst = std::max(
+          worst, compare(name, step + ", parameter '" + pname + "'", p.value(), testing::to_array(want.at(pname))));
     }
   }
   if (clip) {
@@ -142,8 +144,8 @@ void run_case(const std::string& name, const json& c) {
     CHECK(clipped < static_cast<int>(steps));
   }
   if (verbose()) {
-    std::cout << std::left << std::setw(24) << name << " max rel_error " << std::scientific << std::setprecision(3) << worst
-              << '\n';
+    std::cout << std::left << std::setw(24) << name << " max rel_error " << std::scientific << std::setprecision(3)
+              << worst << '\n';
   }
 }
 

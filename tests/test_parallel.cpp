@@ -7,21 +7,21 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
-#include <functional>
-#include <string>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <xtensor/xmath.hpp>
 
-#include "xgrad/core/error.hpp"
+#include "train_steps.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
-#include "train_steps.hpp"
 
 using namespace xgrad;
 
@@ -133,8 +133,10 @@ void require_same_bits_on_1_2_3_threads(const std::function<Tensor(const Tensor&
 
 }  // namespace
 
-TEST_CASE("the elementwise, softmax, layer-norm, dropout, batched-matmul and attention kernels give the same bits on 1, 2 and 3 threads",
-          "[parallel][determinism]") {
+TEST_CASE(
+    "the elementwise, softmax, layer-norm, dropout, batched-matmul and attention kernels give the same bits on 1, 2 "
+    "and 3 threads",
+    "[parallel][determinism]") {
   Generator g(10);
   const Array x = g.uniform({16, 4, 32, 32}, -3.f, 3.f);  // 65536 elements: every kernel splits
   const Tensor gamma(g.uniform({32}, 0.5f, 1.5f)), beta(g.uniform({32}, -0.5f, 0.5f));
@@ -142,20 +144,22 @@ TEST_CASE("the elementwise, softmax, layer-norm, dropout, batched-matmul and att
   Mask causal = xt::zeros<bool>(Shape{32, 32});
   for (std::size_t t = 0; t < 32; ++t)
     for (std::size_t s = t + 1; s < 32; ++s) causal(t, s) = true;
-  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> kernels = {
-      {"gelu", [](const Tensor& a) { return gelu(a); }},
-      {"gelu tanh", [](const Tensor& a) { return gelu(a, GeluApprox::tanh); }},
-      {"softmax", [](const Tensor& a) { return softmax(a); }},
-      {"softmax over axis 2", [](const Tensor& a) { return softmax(a, 2); }},
-      {"masked_softmax", [&](const Tensor& a) { return masked_softmax(a, causal); }},
-      {"layer_norm", [&](const Tensor& a) { return layer_norm(a, gamma, beta); }},
-      {"dropout", [](const Tensor& a) { return dropout(a, 0.25f); }},
-      {"a sum of two uses", [&](const Tensor& a) { return a * other + exp(a * 0.1f); }},
-      {"batched matmul", [](const Tensor& a) { return matmul(a, a, false, true); }},
-      {"attention_weights and attend", [](const Tensor& a) {
-         const Tensor x = reshape(a, {64, 32, 32});  // (B, T, C) with 4 heads of 8
-         return attend(attention_weights(x, x, 4, 0.35f, true), x, 4);
-       }},
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> kernels =
+      {
+          {"gelu", [](const Tensor& a) { return gelu(a); }},
+          {"gelu tanh", [](const Tensor& a) { return gelu(a, GeluApprox::tanh); }},
+          {"softmax", [](const Tensor& a) { return softmax(a); }},
+          {"softmax over axis 2", [](const Tensor& a) { return softmax(a, 2); }},
+          {"masked_softmax", [&](const Tensor& a) { return masked_softmax(a, causal); }},
+          {"layer_norm", [&](const Tensor& a) { return layer_norm(a, gamma, beta); }},
+          {"dropout", [](const Tensor& a) { return dropout(a, 0.25f); }},
+          {"a sum of two uses", [&](const Tensor& a) { return a * other + exp(a * 0.1f); }},
+          {"batched matmul", [](const Tensor& a) { return matmul(a, a, false, true); }},
+          {"attention_weights and attend",
+           [](const Tensor& a) {
+    const Tensor x = reshape(a, {64, 32, 32});  // (B, T, C) with 4 heads of 8
+    return attend(attention_weights(x, x, 4, 0.35f, true), x, 4);
+           }},
   };
   for (const auto& [name, fn] : kernels) {
     INFO(name);

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/probe.hpp"
@@ -104,7 +104,8 @@ std::vector<std::string> stream_points(std::size_t layers) {
       v.push_back(b + ".attn" + p);
     }
     v.push_back(b + ".stream_mid");
-    for (const char* p : {".residual.in", ".residual.skip", ".residual.branch", ".out", ".residual.out"}) v.push_back(b + ".ffn" + p);
+    for (const char* p : {".residual.in", ".residual.skip", ".residual.branch", ".out", ".residual.out"})
+      v.push_back(b + ".ffn" + p);
     v.push_back(b + ".stream_out");
   }
   return v;
@@ -196,8 +197,8 @@ void require_gradcheck_agrees(const std::function<Tensor(const Tensor&)>& fn, co
   GradcheckOptions opt;
   const GradcheckResult res = gradcheck(
       [&](const std::vector<Tensor>& in) {
-        seen = in[0];
-        return fn(in[0]);
+    seen = in[0];
+    return fn(in[0]);
       },
       {Tensor(x, true)}, opt);
   INFO(res.report);
@@ -276,8 +277,10 @@ TEST_CASE("a ProbeSet records every hook point but the scores, in forward order,
         REQUIRE(bitwise_equal(Array(act(ffn + ".in") + act(ffn_out)), act(ffn + ".out")));
       } else {
         REQUIRE(bitwise_equal(f.forward(ffn_in).value(), act(ffn_out)));
-        REQUIRE(bitwise_equal(tb.attn->norm->forward(Tensor(Array(act(att + ".in") + act(att_out)))).value(), act(att + ".out")));
-        REQUIRE(bitwise_equal(tb.ffn->norm->forward(Tensor(Array(act(ffn + ".in") + act(ffn_out)))).value(), act(ffn + ".out")));
+        REQUIRE(bitwise_equal(tb.attn->norm->forward(Tensor(Array(act(att + ".in") + act(att_out)))).value(),
+                              act(att + ".out")));
+        REQUIRE(bitwise_equal(tb.ffn->norm->forward(Tensor(Array(act(ffn + ".in") + act(ffn_out)))).value(),
+                              act(ffn + ".out")));
       }
     }
   }
@@ -468,8 +471,8 @@ TEST_CASE("the gradient of the stream entering each block equals finite differen
       // Finite differences of the loss in the activation, against the probe gradient directly.
       const Array fd = finite_differences(
           [&](const Array& a) {
-            NoGradGuard no_grad;
-            return static_cast<double>(fn(Tensor(a)).item());
+        NoGradGuard no_grad;
+        return static_cast<double>(fn(Tensor(a)).item());
           },
           act);
       require_matches_fd(probe_grad, fd);
@@ -509,8 +512,9 @@ TEST_CASE("the gradients through the feed-forward branch and skip paths equal fi
       // The skip: x enters only the skip path; the sublayer sees x fixed.
       auto through_skip = [&](const Tensor& in) { return loss_from_ffn_paths(*model, l, in, Tensor(x), b.targets); };
 
-      for (auto [what, fn, probe_grad] : {std::make_tuple("branch", std::function<Tensor(const Tensor&)>(through_branch), g_branch),
-                                          std::make_tuple("skip", std::function<Tensor(const Tensor&)>(through_skip), g_skip)}) {
+      for (auto [what, fn, probe_grad] :
+           {std::make_tuple("branch", std::function<Tensor(const Tensor&)>(through_branch), g_branch),
+            std::make_tuple("skip", std::function<Tensor(const Tensor&)>(through_skip), g_skip)}) {
         INFO(what);
         const Tensor leaf(x, true);
         fn(leaf).backward();
@@ -518,8 +522,8 @@ TEST_CASE("the gradients through the feed-forward branch and skip paths equal fi
         model->zero_grad();
         const Array fd = finite_differences(
             [&](const Array& a) {
-              NoGradGuard no_grad;
-              return static_cast<double>(fn(Tensor(a)).item());
+          NoGradGuard no_grad;
+          return static_cast<double>(fn(Tensor(a)).item());
             },
             x);
         require_matches_fd(probe_grad, fd);
@@ -686,7 +690,8 @@ TEST_CASE("head importance averages absolute gate gradients over batches") {
       mean_abs += std::abs(v) / kBatches;
       mean += v / kBatches;
     }
-    INFO(scores[i].module << " head " << scores[i].head << ": mean |g| " << mean_abs << ", |mean g| " << std::abs(mean));
+    INFO(scores[i].module << " head " << scores[i].head << ": mean |g| " << mean_abs << ", |mean g| "
+                          << std::abs(mean));
     REQUIRE(scores[i].importance == Approx(mean_abs).epsilon(1e-9));
     if (std::abs(mean_abs - std::abs(mean)) > 1e-3 * mean_abs) {
       some_sign_differs = true;
@@ -696,7 +701,9 @@ TEST_CASE("head importance averages absolute gate gradients over batches") {
   REQUIRE(some_sign_differs);
 }
 
-TEST_CASE("the HeadImportance destructor removes the gates, two at once each see their gradient, and a tree without attention throws") {
+TEST_CASE(
+    "the HeadImportance destructor removes the gates, two at once each see their gradient, and a tree without "
+    "attention throws") {
   auto model = make_lm(Norm::post);
   const Batch b = make_batch(9);
   {

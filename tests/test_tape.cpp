@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/error.hpp"
 
 using namespace xgrad;
 
@@ -255,8 +255,7 @@ TEST_CASE("a hook on an intermediate sees the gradient arriving there", "[tape][
   REQUIRE_FALSE(h.has_grad());  // a hook does not make the tensor keep its gradient
 }
 
-TEST_CASE("a hook that scales the gradient in place changes the leaf gradient, remove_hook stops it",
-          "[tape][hooks]") {
+TEST_CASE("a hook that scales the gradient in place changes the leaf gradient, remove_hook stops it", "[tape][hooks]") {
   Tensor x(Array{1.f, 2.f, 3.f}, true);
   Tensor h = x * x;
   const int id = h.register_hook([](Array& g) { g *= 10.f; });
@@ -291,8 +290,7 @@ TEST_CASE("hooks on a leaf run before its gradient is accumulated", "[tape][hook
   require_close(x.grad(), Array{12.f, 12.f});
 }
 
-TEST_CASE("a hook that changes the gradient's shape raises an error and the engine recovers",
-          "[tape][hooks]") {
+TEST_CASE("a hook that changes the gradient's shape raises an error and the engine recovers", "[tape][hooks]") {
   Tensor x(Array{1.f, 2.f, 3.f}, true);
   Tensor h = (x * 2.f).set_name("h");
   h.register_hook([](Array& g) { g = xt::zeros<float>({5}); });
@@ -305,8 +303,8 @@ TEST_CASE("a hook that changes the gradient's shape raises an error and the engi
 
   Tensor y = x * 2.f;
   y.register_hook([](Array& g) { g = xt::zeros<float>({3, 1}); });
-  REQUIRE_THROWS_WITH(sum(y).backward(), Catch::Contains("hook") && Catch::Contains("(3)") &&
-                                             Catch::Contains("(3, 1)"));
+  REQUIRE_THROWS_WITH(sum(y).backward(),
+                      Catch::Contains("hook") && Catch::Contains("(3)") && Catch::Contains("(3, 1)"));
 }
 
 TEST_CASE("a tensor used twice accumulates the gradient of both paths", "[tape]") {
@@ -329,8 +327,8 @@ TEST_CASE("diamond graph: two branches from one intermediate meet again", "[tape
 }
 
 TEST_CASE("requires_grad propagates, ops on tensors without it are not recorded", "[tape]") {
-  Tensor c(Array{1.f, 2.f});         // a constant
-  Tensor w(Array{3.f, 4.f}, true);   // a parameter
+  Tensor c(Array{1.f, 2.f});        // a constant
+  Tensor w(Array{3.f, 4.f}, true);  // a parameter
   const std::size_t before = tape_size();
 
   Tensor constant_only = exp(c * c) + c;
@@ -453,7 +451,8 @@ TEST_CASE("a leaf with hooks gets its gradient as soon as it is final, before th
 }
 
 TEST_CASE("queue_backward_callback runs once at the end of the pass, after every gradient", "[tape][bad_input]") {
-  REQUIRE_THROWS_WITH(queue_backward_callback([] {}), Catch::Contains("queue_backward_callback: no backward pass is running"));
+  REQUIRE_THROWS_WITH(queue_backward_callback([] {}),
+                      Catch::Contains("queue_backward_callback: no backward pass is running"));
   Tensor a(Array{1.f, 2.f}, true), b(Array{3.f}, true);
   int calls = 0;
   bool b_ready = false;
@@ -473,11 +472,13 @@ TEST_CASE("queue_backward_callback runs once at the end of the pass, after every
 
 TEST_CASE("set_grad hands a gradient to a leaf, checking the shape", "[tape][bad_input]") {
   Tensor w(Array{{1.f, 2.f, 3.f}, {4.f, 5.f, 6.f}}, true);
-  REQUIRE_THROWS_WITH(w.set_grad(Array{1.f, 2.f, 3.f}), "Tensor::set_grad: gradient of shape (3) for a tensor of shape (2, 3)");
+  REQUIRE_THROWS_WITH(w.set_grad(Array{1.f, 2.f, 3.f}),
+                      "Tensor::set_grad: gradient of shape (3) for a tensor of shape (2, 3)");
   w.set_grad(xt::ones<float>({2, 3}));
   REQUIRE(w.grad() == Array(xt::ones<float>({2, 3})));
   Tensor c(Array{1.f});
   REQUIRE_THROWS_WITH(c.set_grad(Array{1.f}), Catch::Contains("does not require grad"));
   const Tensor y = w * 2.f;
-  REQUIRE_THROWS_WITH(Tensor(y).set_grad(xt::ones<float>({2, 3})), Catch::Contains("only a leaf or a retain_grad() tensor"));
+  REQUIRE_THROWS_WITH(Tensor(y).set_grad(xt::ones<float>({2, 3})),
+                      Catch::Contains("only a leaf or a retain_grad() tensor"));
 }

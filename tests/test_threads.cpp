@@ -25,14 +25,14 @@
 
 #include <xtensor/xmath.hpp>
 
-#include "xgrad/core/error.hpp"
+#include "run_program.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
-#include "run_program.hpp"
 
 using namespace xgrad;
 using xgrad::testing::ScopedEnv;
@@ -154,14 +154,16 @@ TEST_CASE("backward on another thread than the one that recorded the graph is a 
   REQUIRE((w.grad() == Array{2.f, 4.f}));
 }
 
-TEST_CASE("an op on one thread taking a non-leaf recorded on another is refused when recorded", "[threads][bad_input]") {
+TEST_CASE("an op on one thread taking a non-leaf recorded on another is refused when recorded",
+          "[threads][bad_input]") {
   Tensor w(Array{1.f, 2.f, 3.f}, true);
   Tensor h = (w * w).set_name("h");  // recorded here
   Tensor v(Array{1.f, 1.f, 1.f}, true);
   const std::exception_ptr error = on_thread([&] { Tensor z = h * v; });
   REQUIRE(error);
   REQUIRE_THROWS_WITH(std::rethrow_exception(error), Catch::Contains("mul: input 0 ('h')") &&
-                                                         Catch::Contains("another thread") && Catch::Contains("detach()"));
+                                                         Catch::Contains("another thread") &&
+                                                         Catch::Contains("detach()"));
   // Without grad mode nothing is recorded, so nothing is lost: the value may be used.
   REQUIRE_FALSE(on_thread([&] {
     NoGradGuard guard;
@@ -455,7 +457,8 @@ TEST_CASE("set_num_threads refuses a count past kMaxThreads at once and keeps th
   const int before = num_threads();
   for (const int n : {std::numeric_limits<int>::max(), 1 << 20, kMaxThreads + 1}) {
     const auto t0 = std::chrono::steady_clock::now();
-    REQUIRE_THROWS_WITH(set_num_threads(n), Catch::Matchers::StartsWith("set_num_threads(" + std::to_string(n) + "): more than the 1024 "
+    REQUIRE_THROWS_WITH(set_num_threads(n), Catch::Matchers::StartsWith("set_num_threads(" + std::to_string(n) +
+                                                                        "): more than the 1024 "
                                                                         "threads the pool takes (this machine has "));
     REQUIRE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.1);
     REQUIRE(num_threads() == before);

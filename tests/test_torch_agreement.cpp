@@ -43,8 +43,8 @@ bool verbose() {
 // Compares one tensor and returns its relative error; the message names the case and tensor.
 double compare(const std::string& case_name, const std::string& what, const Array& got, const Array& want) {
   const double err = testing::rel_error(got, want);
-  INFO("case " << case_name << ", " << what << ": got shape " << testing::shape_string(got.shape())
-               << ", want shape " << testing::shape_string(want.shape()));
+  INFO("case " << case_name << ", " << what << ": got shape " << testing::shape_string(got.shape()) << ", want shape "
+               << testing::shape_string(want.shape()));
   CAPTURE(err);
   CHECK(err <= kTol);
   return err;
@@ -96,24 +96,44 @@ void run_family(const std::string& prefix, const OpFn& op) {
 TEST_CASE("torch agreement: the fixture loads and every case has a test", "[torch]") {
   const json& j = fixture();
   REQUIRE(j.contains("cases"));
-  const std::set<std::string> expected = {
-      "matmul_2d",          "matmul_batched",         "matmul_batch_2d_rhs",   "matmul_broadcast_batch",
-      "matmul_2d_ta",       "matmul_2d_tb",           "softmax_axis-1",        "softmax_axis1",
-      "softmax_large_logits", "log_softmax_axis-1",   "log_softmax_axis1",     "log_softmax_large_logits",
-      "cross_entropy_3d_ignore", "cross_entropy_2d",  "layer_norm_affine",     "layer_norm_plain",
-      "gelu_exact",         "gelu_tanh",              "linear_3d",             "linear_no_bias",
-      "linear_1d",          "attention_weights_plain", "attention_weights_cross", "attention_weights_causal",
-      "attention_weights_causal_padding", "attention_weights_row_fully_masked", "attend_self", "attend_cross"};
+  const std::set<std::string> expected = {"matmul_2d",
+                                          "matmul_batched",
+                                          "matmul_batch_2d_rhs",
+                                          "matmul_broadcast_batch",
+                                          "matmul_2d_ta",
+                                          "matmul_2d_tb",
+                                          "softmax_axis-1",
+                                          "softmax_axis1",
+                                          "softmax_large_logits",
+                                          "log_softmax_axis-1",
+                                          "log_softmax_axis1",
+                                          "log_softmax_large_logits",
+                                          "cross_entropy_3d_ignore",
+                                          "cross_entropy_2d",
+                                          "layer_norm_affine",
+                                          "layer_norm_plain",
+                                          "gelu_exact",
+                                          "gelu_tanh",
+                                          "linear_3d",
+                                          "linear_no_bias",
+                                          "linear_1d",
+                                          "attention_weights_plain",
+                                          "attention_weights_cross",
+                                          "attention_weights_causal",
+                                          "attention_weights_causal_padding",
+                                          "attention_weights_row_fully_masked",
+                                          "attend_self",
+                                          "attend_cross"};
   for (const auto& name : expected) {
     INFO("missing fixture case " << name);
     CHECK(cases().contains(name));
   }
   // Every case must belong to a family tested below, so none is silently skipped.
-  const char* families[] = {"matmul_", "softmax_", "log_softmax_", "cross_entropy_", "layer_norm_", "gelu_", "linear_",
-                            "attention_weights_", "attend_"};
+  const char* families[] = {"matmul_", "softmax_", "log_softmax_",       "cross_entropy_", "layer_norm_",
+                            "gelu_",   "linear_",  "attention_weights_", "attend_"};
   for (const auto& [name, c] : cases().items()) {
-    const bool covered = std::any_of(std::begin(families), std::end(families),
-                                     [&](const char* f) { return starts_with(name, f); });
+    const bool covered =
+        std::any_of(std::begin(families), std::end(families), [&](const char* f) { return starts_with(name, f); });
     INFO("fixture case " << name << " has no test family");
     CHECK(covered);
   }
@@ -177,7 +197,8 @@ TEST_CASE("torch agreement: linear (with and without bias, 1-D input)", "[torch]
   });
 }
 
-TEST_CASE("torch agreement: attention_weights (plain, cross, causal, padding, a fully masked row)", "[torch][attention]") {
+TEST_CASE("torch agreement: attention_weights (plain, cross, causal, padding, a fully masked row)",
+          "[torch][attention]") {
   run_family("attention_weights_", [](const Inputs& in, const json& c) {
     const std::size_t heads = c.at("heads").get<std::size_t>();
     const float scale = c.at("scale").get<float>();

@@ -14,8 +14,8 @@
 #include <catch2/catch.hpp>
 
 #include "fixture.hpp"
-#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
@@ -35,7 +35,7 @@ struct Case {
   nn::Activation activation;
   const char* activation_name;  // as the tool spells it
   float eps;
-  bool writes;  // false: not written by this test (the format-1 file, or weights of an earlier case)
+  bool writes;          // false: not written by this test (the format-1 file, or weights of an earlier case)
   bool stored_options;  // format 2: the tool reads the options from the file, given no arguments
 };
 
@@ -43,13 +43,14 @@ struct Case {
 // with the other GELU and a larger eps, so that the tool's activation and eps arguments are
 // checked too. The format-2 Post-Norm file has eps 1e-3, which the tool must read from it.
 const Case kCases[] = {
-    {"pre", "xgrad_lm_pre.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu, "gelu", 1e-5f, true, true},
-    {"post", "xgrad_lm_post.safetensors", nn::Norm::post, nn::Positional::sinusoidal, nn::Activation::relu, "relu", 1e-3f,
+    {"pre", "xgrad_lm_pre.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu, "gelu", 1e-5f,
      true, true},
-    {"format1", "xgrad_lm_format1.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu, "gelu", 1e-5f,
-     false, false},
-    {"format1_gelu_tanh", "xgrad_lm_format1.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu_tanh,
-     "gelu_tanh", 1e-3f, false, false},
+    {"post", "xgrad_lm_post.safetensors", nn::Norm::post, nn::Positional::sinusoidal, nn::Activation::relu, "relu",
+     1e-3f, true, true},
+    {"format1", "xgrad_lm_format1.safetensors", nn::Norm::pre, nn::Positional::learned, nn::Activation::gelu, "gelu",
+     1e-5f, false, false},
+    {"format1_gelu_tanh", "xgrad_lm_format1.safetensors", nn::Norm::pre, nn::Positional::learned,
+     nn::Activation::gelu_tanh, "gelu_tanh", 1e-3f, false, false},
 };
 constexpr std::size_t kVocab = 11, kDModel = 8, kHeads = 2, kLayers = 2, kMaxLen = 8;
 
@@ -90,7 +91,8 @@ void write_checkpoint(const Case& c, std::uint64_t seed) {
     opt.step();
     optimizer_state = opt.state_dict();
   }
-  save_checkpoint(testing::fixture_path(c.file), model, optimizer_state, {{"written_by", "tests/test_torch_export.cpp"}});
+  save_checkpoint(testing::fixture_path(c.file), model, optimizer_state,
+                  {{"written_by", "tests/test_torch_export.cpp"}});
 }
 
 const json& fixture() {
@@ -105,7 +107,8 @@ Array logits_of(const nn::LanguageModel& model, const json& c) {
 
 }  // namespace
 
-TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools/xgrad_to_torch.py", "[torch][export]") {
+TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools/xgrad_to_torch.py",
+          "[torch][export]") {
   static const bool written = [] {  // once, though Catch runs this body once per section
     const char* write = std::getenv("XGRAD_WRITE_FIXTURES");
     if (!write || std::string(write) != "1") return false;
@@ -170,7 +173,8 @@ TEST_CASE("torch export: the comparison fails for the wrong options", "[torch][e
   SECTION("a file with stored options refuses a model of other options, naming each field") {
     nn::LanguageModel as_post(options(pre).norm(nn::Norm::post));
     CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(pre.file), as_post),
-                      Catch::Contains("xgrad_lm_pre.safetensors") && Catch::Contains("norm \"pre\" in the file, \"post\" in the model"));
+                      Catch::Contains("xgrad_lm_pre.safetensors") &&
+                          Catch::Contains("norm \"pre\" in the file, \"post\" in the model"));
     nn::LanguageModel four_heads(options(pre, 4).activation(nn::Activation::relu));
     CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(pre.file), four_heads),
                       Catch::Contains("num_heads 2 in the file, 4 in the model") &&

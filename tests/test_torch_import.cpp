@@ -25,16 +25,16 @@
 #include "run_program.hpp"
 #include "safetensors_bytes.hpp"
 #include "test_files.hpp"
-#include "xgrad/core/error.hpp"
-#include "xgrad/core/random.hpp"
-#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/torch_import.hpp"
 
 using namespace xgrad;
-using xgrad::testing::ScopedEnv;
 using Catch::Matchers::Contains;
+using xgrad::testing::ScopedEnv;
 
 namespace {
 
@@ -98,8 +98,9 @@ void require_checked(const NamedArrays& state, const std::string& name, Import i
   bad_shape.back() += 1;
   Array bad = Array::from_shape(bad_shape);
   bad.fill(0.f);
-  REQUIRE_THROWS_WITH(import(with(state, name, &bad)), Contains("tensor '" + name + "' has shape " + shape_str(bad_shape) +
-                                                                 ", expected " + shape_str(good.shape())));
+  REQUIRE_THROWS_WITH(
+      import(with(state, name, &bad)),
+      Contains("tensor '" + name + "' has shape " + shape_str(bad_shape) + ", expected " + shape_str(good.shape())));
 }
 
 }  // namespace
@@ -120,8 +121,12 @@ TEST_CASE("every F16 value, and BF16 values, read as float32 exactly", "[import]
     REQUIRE(bits_of(got) == bits_of(sign * static_cast<float>(want)));
     if (exp < 31 || man == 0) REQUIRE(f32_to_f16(got) == h);  // and back
   }
-  const std::pair<std::uint16_t, float> known[] = {{0x3c00, 1.f}, {0xc000, -2.f}, {0x7bff, 65504.f}, {0x0400, 6.103515625e-05f},
-                                                   {0x0001, 5.9604644775390625e-08f}, {0x03ff, 6.09755516052246094e-05f},
+  const std::pair<std::uint16_t, float> known[] = {{0x3c00, 1.f},
+                                                   {0xc000, -2.f},
+                                                   {0x7bff, 65504.f},
+                                                   {0x0400, 6.103515625e-05f},
+                                                   {0x0001, 5.9604644775390625e-08f},
+                                                   {0x03ff, 6.09755516052246094e-05f},
                                                    {0x3555, 0.333251953125f}};
   for (const auto& [h, f] : known) REQUIRE(f16_to_f32(h) == f);
   REQUIRE(std::isinf(f16_to_f32(0xfc00)));
@@ -141,11 +146,11 @@ TEST_CASE("float32 rounds to F16 and BF16 to nearest, ties to even, as numpy and
     REQUIRE(bits_of(f16_to_f32(f32_to_f16(v))) == bits_of(f16.data()[i]));
     REQUIRE(bits_of(bf16_to_f32(f32_to_bf16(v))) == bits_of(bf16.data()[i]));
   }
-  REQUIRE(f32_to_f16(1.f + 0x1p-11f) == 0x3c00);       // a tie, down to even
-  REQUIRE(f32_to_f16(1.f + 3 * 0x1p-11f) == 0x3c02);   // a tie, up to even
-  REQUIRE(f32_to_f16(2.5f * 0x1p-24f) == 0x0002);      // a subnormal tie
-  REQUIRE(f32_to_f16(0x1p-25f) == 0x0000);             // half the smallest subnormal: to zero
-  REQUIRE(f32_to_f16(65520.f) == 0x7c00);              // past the range
+  REQUIRE(f32_to_f16(1.f + 0x1p-11f) == 0x3c00);      // a tie, down to even
+  REQUIRE(f32_to_f16(1.f + 3 * 0x1p-11f) == 0x3c02);  // a tie, up to even
+  REQUIRE(f32_to_f16(2.5f * 0x1p-24f) == 0x0002);     // a subnormal tie
+  REQUIRE(f32_to_f16(0x1p-25f) == 0x0000);            // half the smallest subnormal: to zero
+  REQUIRE(f32_to_f16(65520.f) == 0x7c00);             // past the range
   REQUIRE(f32_to_bf16(1.f + 0x1p-8f) == 0x3f80);
   REQUIRE(f32_to_bf16(1.f + 3 * 0x1p-8f) == 0x3f82);
   REQUIRE((f32_to_f16(std::nanf("")) & 0x7fff) > 0x7c00);
@@ -171,7 +176,9 @@ TEST_CASE("save_safetensors writes F16 and BF16 when asked and refuses values ou
       REQUIRE(b.shape() == a.shape());
       for (std::size_t i = 0; i < a.size(); ++i) {
         const float v = a.data()[i];
-        const float want = dtype == Dtype::f32 ? v : dtype == Dtype::f16 ? f16_to_f32(f32_to_f16(v)) : bf16_to_f32(f32_to_bf16(v));
+        const float want = dtype == Dtype::f32   ? v
+                           : dtype == Dtype::f16 ? f16_to_f32(f32_to_f16(v))
+                                                 : bf16_to_f32(f32_to_bf16(v));
         REQUIRE(bits_of(b.data()[i]) == bits_of(want));
         if (dtype == Dtype::f16) REQUIRE(bits_of(b.data()[i]) == bits_of(get(f16, "transformer." + name).data()[i]));
       }
@@ -185,11 +192,12 @@ TEST_CASE("save_safetensors writes F16 and BF16 when asked and refuses values ou
   w.data()[0] = 1.f, w.data()[1] = 70000.f, w.data()[2] = 2.f;
   const std::string path = dir.file("range.safetensors");
   REQUIRE_THROWS_WITH(save_safetensors(path, {{"ok", output("mha.x")}, {"w", w}}, {}, Dtype::f16),
-                      Contains("save_safetensors") && Contains("'w'") && Contains("70000") && Contains("flat position 1") &&
-                          Contains("F16"));
+                      Contains("save_safetensors") && Contains("'w'") && Contains("70000") &&
+                          Contains("flat position 1") && Contains("F16"));
   REQUIRE_FALSE(std::filesystem::exists(path));
   w.data()[1] = 3.4e38f;
-  REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", w}}, {}, Dtype::bf16), Contains("'w'") && Contains("3.4e+38") && Contains("BF16"));
+  REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", w}}, {}, Dtype::bf16),
+                      Contains("'w'") && Contains("3.4e+38") && Contains("BF16"));
   w.data()[1] = INFINITY;  // an infinity is representable, and stays one
   save_safetensors(path, {{"w", w}}, {}, Dtype::f16);
   REQUIRE(std::isinf(load_safetensors(path).tensors[0].second.data()[1]));
@@ -199,18 +207,24 @@ TEST_CASE("F16 and BF16 files: other dtypes, odd byte counts and truncated data 
   using testing::u64_le;
   auto file = [](const std::string& header, const std::string& data) { return u64_le(header.size()) + header + data; };
   const std::string two = std::string("\x00\x3c\x00\xc0", 4);  // F16 1, -2; BF16 bits 0x3c00, 0xc000
-  Array got = parse_safetensors(file(R"({"h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", two)).tensors[0].second;
+  Array got = parse_safetensors(file(R"({"h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", two))
+                  .tensors[0]
+                  .second;
   REQUIRE((got.data()[0] == 1.f && got.data()[1] == -2.f));
-  got = parse_safetensors(file(R"({"b": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})", two)).tensors[0].second;
+  got = parse_safetensors(file(R"({"b": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})", two))
+            .tensors[0]
+            .second;
   REQUIRE((bits_of(got.data()[0]) == 0x3c000000u && bits_of(got.data()[1]) == 0xc0000000u));
 
   REQUIRE_THROWS_WITH(parse_safetensors(file(R"({"m": {"dtype": "BOOL", "shape": [4], "data_offsets": [0, 4]}})", two)),
                       Contains("'m'") && Contains("\"BOOL\"") && Contains("F32, F16 and BF16"));
-  REQUIRE_THROWS_WITH(parse_safetensors(file(R"({"h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 3]}})", two.substr(0, 3))),
-                      Contains("'h'") && Contains("F16 needs 4 bytes, its offsets span 3"));
+  REQUIRE_THROWS_WITH(
+      parse_safetensors(file(R"({"h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 3]}})", two.substr(0, 3))),
+      Contains("'h'") && Contains("F16 needs 4 bytes, its offsets span 3"));
   REQUIRE_THROWS_WITH(parse_safetensors(file(R"({"h": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]}})", two)),
                       Contains("outside the 4-byte data"));
-  REQUIRE_THROWS_WITH(parse_safetensors(file(R"({"h": {"dtype": "BF16", "shape": [4611686018427387904], "data_offsets": [0, 4]}})", two)),
+  REQUIRE_THROWS_WITH(parse_safetensors(file(
+                          R"({"h": {"dtype": "BF16", "shape": [4611686018427387904], "data_offsets": [0, 4]}})", two)),
                       Contains("larger than the file"));
   // Every prefix of a real F16 file: an error, never a crash.
   const std::string real = testing::read_bytes(testing::fixture_path("import_gpt2_f16.safetensors"));
@@ -228,7 +242,8 @@ TEST_CASE("nn.MultiheadAttention's packed weights load into Attention", "[import
   require_close(y.weights.value(), output("mha.weights"), "mha weights");
   for (const char* name : {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}) {
     INFO(name);
-    require_checked(torch_state, name, [&](const NamedArrays& s) { return nn::from_torch_multihead_attention(s, options); });
+    require_checked(torch_state, name,
+                    [&](const NamedArrays& s) { return nn::from_torch_multihead_attention(s, options); });
   }
 }
 
@@ -244,11 +259,13 @@ TEST_CASE("nn.MultiheadAttention with kdim and vdim (separate projections) loads
   require_close(y.weights.value(), output("mha_kv.weights"), "mha_kv weights");
   for (const char* name : {"q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"}) {
     INFO(name);
-    require_checked(torch_state, name, [&](const NamedArrays& s) { return nn::from_torch_multihead_attention(s, options); });
+    require_checked(torch_state, name,
+                    [&](const NamedArrays& s) { return nn::from_torch_multihead_attention(s, options); });
   }
   // The packed layout where the widths differ is refused, naming what is missing.
-  REQUIRE_THROWS_WITH(nn::from_torch_multihead_attention(fixture("import_mha.safetensors"), options),
-                      Contains("missing tensors 'q_proj_weight' (8, 8), 'k_proj_weight' (8, 6), 'v_proj_weight' (8, 5)"));
+  REQUIRE_THROWS_WITH(
+      nn::from_torch_multihead_attention(fixture("import_mha.safetensors"), options),
+      Contains("missing tensors 'q_proj_weight' (8, 8), 'k_proj_weight' (8, 6), 'v_proj_weight' (8, 5)"));
 }
 
 TEST_CASE("nn.TransformerEncoderLayer, Post-Norm (relu) and Pre-Norm (gelu), loads into TransformerBlock", "[import]") {
@@ -266,7 +283,8 @@ TEST_CASE("nn.TransformerEncoderLayer, Post-Norm (relu) and Pre-Norm (gelu), loa
     block.eval();
     NoGradGuard no_grad;
     require_close(block.forward(Tensor(output(name + ".x"))).output.value(), output(name + ".out"), name);
-    require_checked(torch_state, "norm2.weight", [&](const NamedArrays& s) { return nn::from_torch_encoder_layer(s, options); });
+    require_checked(torch_state, "norm2.weight",
+                    [&](const NamedArrays& s) { return nn::from_torch_encoder_layer(s, options); });
     require_checked(torch_state, "self_attn.in_proj_weight",
                     [&](const NamedArrays& s) { return nn::from_torch_encoder_layer(s, options); });
   }
@@ -280,8 +298,8 @@ TEST_CASE("a GPT-2 state dict (F32, and F16 under transformer. with an lm_head) 
     INFO(file);
     const nn::ImportedLanguageModel imported = nn::from_gpt2(fixture(file), 2);
     const nn::LanguageModelOptions& o = imported.options;
-    REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 && o.max_len() == 16 &&
-             o.d_ff() == 32));
+    REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 &&
+             o.max_len() == 16 && o.d_ff() == 32));
     REQUIRE((o.norm() == nn::Norm::pre && o.activation() == nn::Activation::gelu_tanh && o.layer_norm_eps() == 1e-5f));
     nn::LanguageModel model(o);
     nn::load_state_dict(model, imported.state);
@@ -290,10 +308,12 @@ TEST_CASE("a GPT-2 state dict (F32, and F16 under transformer. with an lm_head) 
     const bool f16 = file.find("f16") != std::string::npos;
     require_close(model.forward(ids).logits.value(), output(f16 ? "gpt2_f16.logits" : "gpt2.logits"), file);
   }
-  REQUIRE_THROWS_WITH(nn::from_gpt2(fixture("import_gpt2.safetensors"), 3), Contains("from_gpt2: num_heads 3 does not divide d_model 8"));
+  REQUIRE_THROWS_WITH(nn::from_gpt2(fixture("import_gpt2.safetensors"), 3),
+                      Contains("from_gpt2: num_heads 3 does not divide d_model 8"));
 }
 
-TEST_CASE("GPT-2: missing, extra and misshapen tensors are errors naming them, and the model is unchanged", "[import]") {
+TEST_CASE("GPT-2: missing, extra and misshapen tensors are errors naming them, and the model is unchanged",
+          "[import]") {
   const NamedArrays& state = fixture("import_gpt2.safetensors");
   auto import = [](const NamedArrays& s) { return nn::from_gpt2(s, 2); };
   for (const char* name : {"wpe.weight", "h.1.attn.c_attn.weight", "h.0.mlp.c_proj.weight", "ln_f.bias"}) {
@@ -368,7 +388,8 @@ long long field(const std::string& out, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("load_gpt2 reads a GPT-2 file into the model from_gpt2 and load_state_dict build, bit for bit", "[import][load_gpt2]") {
+TEST_CASE("load_gpt2 reads a GPT-2 file into the model from_gpt2 and load_state_dict build, bit for bit",
+          "[import][load_gpt2]") {
   const Array& ids_f = output("gpt2.ids");
   IndexArray ids = IndexArray::from_shape(ids_f.shape());
   for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>(ids_f.data()[i]);
@@ -380,8 +401,8 @@ TEST_CASE("load_gpt2 reads a GPT-2 file into the model from_gpt2 and load_state_
     nn::load_state_dict(want, imported.state);
     const std::shared_ptr<nn::LanguageModel> got = nn::load_gpt2(path, 2);
     const nn::LanguageModelOptions& o = got->options();
-    REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 && o.max_len() == 16 &&
-             o.d_ff() == 32 && o.activation() == nn::Activation::gelu_tanh && o.dropout() == 0.f));
+    REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 &&
+             o.max_len() == 16 && o.d_ff() == 32 && o.activation() == nn::Activation::gelu_tanh && o.dropout() == 0.f));
     const nn::LanguageModelOptions header_only = nn::gpt2_options(path, 2);
     REQUIRE((header_only.vocab_size() == 256 && header_only.num_layers() == 2 && header_only.d_ff() == 32));
     const NamedTensors a = got->named_parameters(), b = want.named_parameters();
@@ -399,7 +420,8 @@ TEST_CASE("load_gpt2 reads a GPT-2 file into the model from_gpt2 and load_state_
   }
 }
 
-TEST_CASE("load_gpt2 refuses what from_gpt2 refuses, and non-finite weights, naming the tensor", "[import][load_gpt2][bad_input]") {
+TEST_CASE("load_gpt2 refuses what from_gpt2 refuses, and non-finite weights, naming the tensor",
+          "[import][load_gpt2][bad_input]") {
   testing::TempDir dir("xgrad_load_gpt2");
   const NamedArrays& state = fixture("import_gpt2.safetensors");
   const std::string short_path = dir.file("short.safetensors");
@@ -412,14 +434,16 @@ TEST_CASE("load_gpt2 refuses what from_gpt2 refuses, and non-finite weights, nam
   wide.fill(0.f);
   const std::string wide_path = dir.file("wide.safetensors");
   save_safetensors(wide_path, with(state, "wpe.weight", &wide));
-  REQUIRE_THROWS_WITH(nn::load_gpt2(wide_path, 2), "load_gpt2: tensor 'wpe.weight' has shape (16, 9), expected (16, 8)");
+  REQUIRE_THROWS_WITH(nn::load_gpt2(wide_path, 2),
+                      "load_gpt2: tensor 'wpe.weight' has shape (16, 9), expected (16, 8)");
   Array bad = get(state, "h.0.attn.c_attn.weight");
   bad(3, 17) = std::numeric_limits<float>::quiet_NaN();  // column 17 of (8, 24): w_v row 1, input 3
   const std::string nan_path = dir.file("nan.safetensors");
   save_safetensors(nan_path, with(state, "h.0.attn.c_attn.weight", &bad));
-  REQUIRE_THROWS_WITH(nn::load_gpt2(nan_path, 2), "load_gpt2: tensor 'h.0.attn.c_attn.weight' in '" + nan_path +
-                                                      "' holds nan (in blocks.0.attn.w_v.weight at flat position 11); refusing "
-                                                      "non-finite weights");
+  REQUIRE_THROWS_WITH(nn::load_gpt2(nan_path, 2),
+                      "load_gpt2: tensor 'h.0.attn.c_attn.weight' in '" + nan_path +
+                          "' holds nan (in blocks.0.attn.w_v.weight at flat position 11); refusing "
+                          "non-finite weights");
   REQUIRE_THROWS_WITH(nn::load_gpt2(dir.file("none.safetensors"), 2), Contains("load_safetensors: cannot open"));
 }
 
@@ -436,7 +460,8 @@ TEST_CASE("child: import a GPT-2 file and report the peak memory", "[.gpt2_child
     std::ifstream statm("/proc/self/statm");
     double pages = 0;
     statm >> pages;
-    const rlim_t n = static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + (std::stoull(extra) << 20);
+    const rlim_t n =
+        static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE))) + (std::stoull(extra) << 20);
     const rlimit rl{n, n};
     REQUIRE(::setrlimit(RLIMIT_AS, &rl) == 0);
   }
@@ -501,7 +526,8 @@ TEST_CASE("load_gpt2 peaks near the model's own size and refuses a model that ca
   const std::string refused = run("stream", "8");
   REQUIRE_THAT(refused, Contains("error: load_gpt2: the model in '" + path + "' (" + std::to_string(params) +
                                  " float32 parameters in 4 blocks) needs ") &&
-                            Contains("MiB, more than the ") && Contains(" this process can still allocate (RLIMIT_AS of "));
+                            Contains("MiB, more than the ") &&
+                            Contains(" this process can still allocate (RLIMIT_AS of "));
   REQUIRE(field(refused, "params") == 0);
 }
 
@@ -538,6 +564,7 @@ TEST_CASE("load_gpt2 of a file of many tiny layers is quick and counts each bloc
   INFO(o);
   REQUIRE(o.exited);
   REQUIRE(o.code == 0);
-  REQUIRE_THAT(o.out, Contains("error: load_gpt2: the model in '" + path + "' (") && Contains(" float32 parameters in 6000 blocks) needs ") &&
+  REQUIRE_THAT(o.out, Contains("error: load_gpt2: the model in '" + path + "' (") &&
+                          Contains(" float32 parameters in 6000 blocks) needs ") &&
                           Contains(" this process can still allocate (RLIMIT_AS of "));
 }

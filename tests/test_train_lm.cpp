@@ -126,7 +126,8 @@ TEST_CASE("a resumed run may extend --steps: the schedule it started with goes o
   // Other data is refused, naming both.
   const std::string other = grammar_text(30000, 4);
   Trainer third(longer, split(other, 0.1, c.seq_len), identify("other", other));
-  REQUIRE_THROWS_WITH(third.resume(path), Catch::Contains("other data") && Catch::Contains("'grammar'") && Catch::Contains("'other'"));
+  REQUIRE_THROWS_WITH(third.resume(path),
+                      Catch::Contains("other data") && Catch::Contains("'grammar'") && Catch::Contains("'other'"));
   REQUIRE(third.step() == 0);
   std::filesystem::remove(path);
 }

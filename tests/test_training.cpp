@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/schedule.hpp"
@@ -41,8 +41,7 @@ Batch copy_batch(std::size_t B, Generator& gen) {
 
 nn::LanguageModel make_model(nn::Norm norm, std::uint64_t seed) {
   Generator gen(seed);
-  return nn::LanguageModel(
-      nn::LanguageModelOptions(kV, 32, 4, 2).max_len(kT).dropout(0.f).norm(norm), gen);
+  return nn::LanguageModel(nn::LanguageModelOptions(kV, 32, 4, 2).max_len(kT).dropout(0.f).norm(norm), gen);
 }
 
 // Loss and arg-max accuracy (over targets that are not ignored) on a held-out batch, in eval
@@ -125,8 +124,7 @@ void run_copy_task(nn::Norm norm, const optim::ScheduleOptions& sched, std::size
   const RunResult run = train(lm, optim::LrSchedule(sched), steps, sched.base_lr(), 7);
   const Eval after = evaluate(lm, held_out);
   INFO("after " << steps << " steps (" << run.seconds << " s): train loss (mean of last 20) "
-                << mean_of_last(run.losses, 20) << ", held-out loss " << after.loss << ", accuracy "
-                << after.accuracy);
+                << mean_of_last(run.losses, 20) << ", held-out loss " << after.loss << ", accuracy " << after.accuracy);
   REQUIRE(mean_of_last(run.losses, 20) < 0.05);
   REQUIRE(after.loss < 0.05);
   REQUIRE(after.accuracy >= 0.99);

@@ -9,10 +9,10 @@ using xgrad::first_invalid_utf8;
 TEST_CASE("well-formed UTF-8 passes, in every sequence length") {
   CHECK_FALSE(first_invalid_utf8(""));
   CHECK_FALSE(first_invalid_utf8("blocks.0.attn.w_q.weight"));
-  CHECK_FALSE(first_invalid_utf8("\xC3\xA9"));              // é
+  CHECK_FALSE(first_invalid_utf8("\xC3\xA9"));                  // é
   CHECK_FALSE(first_invalid_utf8("\xE4\xBD\xA0\xE5\xA5\xBD"));  // 你好
-  CHECK_FALSE(first_invalid_utf8("\xF0\x9F\x98\x80"));      // U+1F600
-  CHECK_FALSE(first_invalid_utf8("\xF4\x8F\xBF\xBF"));      // U+10FFFF, the last code point
+  CHECK_FALSE(first_invalid_utf8("\xF0\x9F\x98\x80"));          // U+1F600
+  CHECK_FALSE(first_invalid_utf8("\xF4\x8F\xBF\xBF"));          // U+10FFFF, the last code point
 }
 
 TEST_CASE("ill-formed UTF-8 is found at its first bad byte") {

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/optim/sgd.hpp"
@@ -41,7 +41,8 @@ Array column(std::initializer_list<float> v) {
 // The message backward raises when `op`'s input (or output, input < 0) was written.
 std::string changed(const std::string& op, int input, const std::string& tensor) {
   const std::string which = input < 0 ? "output" : "input " + std::to_string(input);
-  return "backward: " + op + "'s " + which + " (" + tensor + ") was changed in place after the op saved it for backward";
+  return "backward: " + op + "'s " + which + " (" + tensor +
+         ") was changed in place after the op saved it for backward";
 }
 
 }  // namespace
@@ -263,25 +264,57 @@ std::vector<OpCase> op_cases() {
       {"mean", {{2, 3}}, [](V t) { return mean(t[0]); }, {}, false},
       {"max", {{2, 3}}, [](V t) { return max(t[0], 1); }, {}, false},
       {"identity", {{2, 3}}, [](V t) { return identity(t[0]); }, {}, false},
-      {"reshape", {{2, 3}}, [](V t) { return reshape(t[0], {3, 2}); }, {}, false},
+      {"reshape",
+       {{2, 3}},
+       [](V t) {
+    return reshape(t[0], {3, 2});
+       },
+       {},
+       false},
       {"permute", {{2, 3}}, [](V t) { return transpose(t[0], 0, 1); }, {}, false},
       {"slice", {{2, 3}}, [](V t) { return slice(t[0], 1, 1, 3); }, {}, false},
-      {"concat", {{2, 3}, {2, 1}}, [](V t) { return concat({t[0], t[1]}, 1); }, {}, false},
+      {"concat",
+       {{2, 3}, {2, 1}},
+       [](V t) {
+    return concat({t[0], t[1]}, 1);
+       },
+       {},
+       false},
       {"matmul", {{2, 3}, {3, 2}}, [](V t) { return matmul(t[0], t[1]); }, {0, 1}, false},
       {"linear", {{2, 3}, {4, 3}, {4}}, [](V t) { return linear(t[0], t[1], t[2]); }, {0, 1}, false},
-      {"attention_scores", {{1, 2, 4}, {1, 3, 4}}, [](V t) { return attention_scores(t[0], t[1], 2, 0.5f); }, {0, 1}, false},
-      {"attention_weights", {{1, 2, 4}, {1, 3, 4}}, [](V t) { return attention_weights(t[0], t[1], 2, 0.5f); }, {0, 1}, true},
+      {"attention_scores",
+       {{1, 2, 4}, {1, 3, 4}},
+       [](V t) { return attention_scores(t[0], t[1], 2, 0.5f); },
+       {0, 1},
+       false},
+      {"attention_weights",
+       {{1, 2, 4}, {1, 3, 4}},
+       [](V t) { return attention_weights(t[0], t[1], 2, 0.5f); },
+       {0, 1},
+       true},
       {"attend", {{1, 2, 2, 3}, {1, 3, 4}}, [](V t) { return attend(t[0], t[1], 2); }, {0, 1}, false},
       {"softmax", {{2, 3}}, [](V t) { return softmax(t[0]); }, {}, true},
       {"masked_softmax", {{2, 3}}, [mask](V t) { return masked_softmax(t[0], mask); }, {}, true},
       {"log_softmax", {{2, 3}}, [](V t) { return log_softmax(t[0]); }, {}, true},
       {"masked_fill", {{2, 3}}, [mask](V t) { return masked_fill(t[0], mask, -1.f); }, {}, false},
-      {"cross_entropy", {{2, 3}}, [](V t) { return cross_entropy(t[0], IndexArray{2, 0}); }, {0}, false},
-      {"embedding", {{4, 3}}, [](V t) { return embedding(t[0], IndexArray{1, 3, 1}); }, {}, false},
+      {"cross_entropy",
+       {{2, 3}},
+       [](V t) {
+    return cross_entropy(t[0], IndexArray{2, 0});
+       },
+       {0},
+       false},
+      {"embedding",
+       {{4, 3}},
+       [](V t) {
+    return embedding(t[0], IndexArray{1, 3, 1});
+       },
+       {},
+       false},
       {"dropout", {{2, 3}}, [](V t) { return dropout(t[0], 0.5f, true, dropout_gen()); }, {}, false},
       {"gelu_dropout", {{2, 3}}, [](V t) { return gelu_dropout(t[0], 0.5f, true, dropout_gen()); }, {0}, false},
       {"layer_norm", {{2, 3}, {3}, {3}}, [](V t) { return layer_norm(t[0], t[1], t[2]); }, {0, 1}, false},
-  };
+      };
 }
 
 }  // namespace

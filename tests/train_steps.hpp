@@ -26,8 +26,8 @@ inline StepResult train_steps(int threads) {
   constexpr std::size_t B = 16, T = 32, C = 128, H = 4, F = 512, V = 64;
   Generator init(7), data(8);
   manual_seed(9);
-  nn::LanguageModel model(
-      nn::LanguageModelOptions(V, C, H, 2).d_ff(F).max_len(T).dropout(0.1f).norm(nn::Norm::pre), init);
+  nn::LanguageModel model(nn::LanguageModelOptions(V, C, H, 2).d_ff(F).max_len(T).dropout(0.1f).norm(nn::Norm::pre),
+                          init);
   model.train();
   optim::AdamW opt(model.named_parameters(), optim::AdamOptions(1e-3f).weight_decay(0.01f));
   StepResult r;
@@ -47,6 +47,5 @@ inline StepResult train_steps(int threads) {
   set_num_threads(1);
   return r;
 }
-
 
 }  // namespace xgrad::testing

@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
+#include "xgrad/core/autograd/detail/strided_offsets.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
-#include "xgrad/core/autograd/detail/strided_offsets.hpp"
 
 namespace xgrad {
 

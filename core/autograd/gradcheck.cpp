@@ -3,12 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 #include <sstream>
+#include <utility>
 
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/autograd/tape.hpp"
 
 namespace xgrad {
 
@@ -45,10 +45,13 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
 
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const NamedTensors& params,
                           const GradcheckOptions& opt) {
-  if (!(opt.eps > 0) || !std::isfinite(opt.eps)) fail("gradcheck: GradcheckOptions::eps must be finite and > 0, got ", opt.eps);
-  const std::pair<const char*, double> at_least_zero[] = {{"atol", opt.atol}, {"rtol", opt.rtol}, {"kink_threshold", opt.kink_threshold}};
+  if (!(opt.eps > 0) || !std::isfinite(opt.eps))
+    fail("gradcheck: GradcheckOptions::eps must be finite and > 0, got ", opt.eps);
+  const std::pair<const char*, double> at_least_zero[] = {
+      {"atol", opt.atol}, {"rtol", opt.rtol}, {"kink_threshold", opt.kink_threshold}};
   for (const auto& [name, v] : at_least_zero) {
-    if (!(v >= 0) || !std::isfinite(v)) fail("gradcheck: GradcheckOptions::", name, " must be finite and >= 0, got ", v);
+    if (!(v >= 0) || !std::isfinite(v))
+      fail("gradcheck: GradcheckOptions::", name, " must be finite and >= 0, got ", v);
   }
   std::vector<Tensor> leaves;
   for (const Tensor& t : inputs) {
@@ -111,7 +114,8 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
     targets.push_back({"parameter '" + name + "'", p, p.has_grad() ? p.grad() : Array(xt::zeros<float>(p.shape()))});
   }
   for (const Target& tg : targets) {
-    if (first_bad(tg.analytic) < tg.analytic.size()) failure("gradcheck: the gradient of " + tg.name + " is not finite");
+    if (first_bad(tg.analytic) < tg.analytic.size())
+      failure("gradcheck: the gradient of " + tg.name + " is not finite");
   }
 
   auto f = [&]() {
@@ -145,8 +149,8 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
       const double hr = static_cast<double>(static_cast<float>(x0 + h)) - x0;
       const double hr2 = static_cast<double>(static_cast<float>(x0 + h / 2)) - x0;
       if (!(hr2 > 0) || !std::isfinite(hr)) {
-        fail("gradcheck: eps ", h, " is no float32 step at ", tg.name, " element ", index_str(v.shape(), i), " (value ", x0,
-             "): x + eps/2 is ", static_cast<float>(x0 + h / 2), " and x + eps is ", static_cast<float>(x0 + h));
+        fail("gradcheck: eps ", h, " is no float32 step at ", tg.name, " element ", index_str(v.shape(), i), " (value ",
+             x0, "): x + eps/2 is ", static_cast<float>(x0 + h / 2), " and x + eps is ", static_cast<float>(x0 + h));
       }
       const double fp = at(h), fm = at(-h), fp2 = at(h / 2), fm2 = at(-h / 2);
       const double d1 = (fp - fm) / (2 * hr);

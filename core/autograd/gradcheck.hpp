@@ -40,12 +40,12 @@ struct GradcheckOptions {
 
 /// What gradcheck() compared and found; converts to `ok`.
 struct GradcheckResult {
-  bool ok = true;            ///< every compared element passed, and nothing was NaN or infinite
-  std::size_t tensors = 0;   ///< tensors whose gradients were compared
-  std::size_t checked = 0;   ///< elements compared
-  std::size_t skipped = 0;   ///< elements skipped at kinks
-  double max_abs_error = 0;  ///< worst |analytic - numeric| over checked elements
-  std::string report;        ///< the first failure (tensor, element, both values), or a summary
+  bool ok = true;                                ///< every compared element passed, and nothing was NaN or infinite
+  std::size_t tensors = 0;                       ///< tensors whose gradients were compared
+  std::size_t checked = 0;                       ///< elements compared
+  std::size_t skipped = 0;                       ///< elements skipped at kinks
+  double max_abs_error = 0;                      ///< worst |analytic - numeric| over checked elements
+  std::string report;                            ///< the first failure (tensor, element, both values), or a summary
   explicit operator bool() const { return ok; }  ///< ok
 };
 

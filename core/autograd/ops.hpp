@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/random.hpp"
 
 namespace xgrad {
 
@@ -18,21 +18,21 @@ Tensor add(const Tensor& a, const Tensor& b);  ///< a + b, broadcast as in numpy
 Tensor sub(const Tensor& a, const Tensor& b);  ///< a - b, broadcast as in numpy
 Tensor mul(const Tensor& a, const Tensor& b);  ///< a * b, broadcast as in numpy
 Tensor div(const Tensor& a, const Tensor& b);  ///< a / b, broadcast as in numpy
-Tensor add(const Tensor& a, float s);  ///< a + s
-Tensor sub(const Tensor& a, float s);  ///< a - s
-Tensor rsub(float s, const Tensor& a);  ///< s - a
-Tensor mul(const Tensor& a, float s);  ///< a * s
-Tensor div(const Tensor& a, float s);  ///< a / s
-Tensor rdiv(float s, const Tensor& a);  ///< s / a
-Tensor neg(const Tensor& a);  ///< -a
+Tensor add(const Tensor& a, float s);          ///< a + s
+Tensor sub(const Tensor& a, float s);          ///< a - s
+Tensor rsub(float s, const Tensor& a);         ///< s - a
+Tensor mul(const Tensor& a, float s);          ///< a * s
+Tensor div(const Tensor& a, float s);          ///< a / s
+Tensor rdiv(float s, const Tensor& a);         ///< s / a
+Tensor neg(const Tensor& a);                   ///< -a
 
-Tensor exp(const Tensor& a);  ///< e^a; overflows to +inf above about 88.7 (float's range), never NaN
-Tensor log(const Tensor& a);  ///< natural logarithm
-Tensor sqrt(const Tensor& a);  ///< square root
+Tensor exp(const Tensor& a);                  ///< e^a; overflows to +inf above about 88.7 (float's range), never NaN
+Tensor log(const Tensor& a);                  ///< natural logarithm
+Tensor sqrt(const Tensor& a);                 ///< square root
 Tensor pow(const Tensor& a, float exponent);  ///< a^exponent
-Tensor tanh(const Tensor& a);  ///< hyperbolic tangent
-Tensor sigmoid(const Tensor& a);  ///< 1 / (1 + e^-a), without overflow for very negative a
-Tensor relu(const Tensor& a);  ///< max(a, 0); the gradient at 0 is 0 (as in PyTorch)
+Tensor tanh(const Tensor& a);                 ///< hyperbolic tangent
+Tensor sigmoid(const Tensor& a);              ///< 1 / (1 + e^-a), without overflow for very negative a
+Tensor relu(const Tensor& a);                 ///< max(a, 0); the gradient at 0 is 0 (as in PyTorch)
 /// GELU: `exact` is x * Phi(x) with the erf form of Phi (PyTorch's default);
 /// `tanh` is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 enum class GeluApprox { exact, tanh };
@@ -43,15 +43,15 @@ inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); } 
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }  ///< sub(a, b)
 inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }  ///< mul(a, b)
 inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }  ///< div(a, b)
-inline Tensor operator+(const Tensor& a, float s) { return add(a, s); }  ///< add(a, s)
-inline Tensor operator-(const Tensor& a, float s) { return sub(a, s); }  ///< sub(a, s)
-inline Tensor operator*(const Tensor& a, float s) { return mul(a, s); }  ///< mul(a, s)
-inline Tensor operator/(const Tensor& a, float s) { return div(a, s); }  ///< div(a, s)
-inline Tensor operator+(float s, const Tensor& a) { return add(a, s); }  ///< add(a, s)
-inline Tensor operator-(float s, const Tensor& a) { return rsub(s, a); }  ///< rsub(s, a)
-inline Tensor operator*(float s, const Tensor& a) { return mul(a, s); }  ///< mul(a, s)
-inline Tensor operator/(float s, const Tensor& a) { return rdiv(s, a); }  ///< rdiv(s, a)
-inline Tensor operator-(const Tensor& a) { return neg(a); }  ///< neg(a)
+inline Tensor operator+(const Tensor& a, float s) { return add(a, s); }          ///< add(a, s)
+inline Tensor operator-(const Tensor& a, float s) { return sub(a, s); }          ///< sub(a, s)
+inline Tensor operator*(const Tensor& a, float s) { return mul(a, s); }          ///< mul(a, s)
+inline Tensor operator/(const Tensor& a, float s) { return div(a, s); }          ///< div(a, s)
+inline Tensor operator+(float s, const Tensor& a) { return add(a, s); }          ///< add(a, s)
+inline Tensor operator-(float s, const Tensor& a) { return rsub(s, a); }         ///< rsub(s, a)
+inline Tensor operator*(float s, const Tensor& a) { return mul(a, s); }          ///< mul(a, s)
+inline Tensor operator/(float s, const Tensor& a) { return rdiv(s, a); }         ///< rdiv(s, a)
+inline Tensor operator-(const Tensor& a) { return neg(a); }                      ///< neg(a)
 
 // ---- reductions (ops_reduce.cpp) ----
 Tensor sum(const Tensor& a);  ///< the sum of all elements, shape ()

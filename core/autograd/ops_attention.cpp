@@ -7,13 +7,13 @@
 // Shapes: B batch, T query length, S key length, H heads, D head width, C = H*D.
 #include <algorithm>
 
-#include "xgrad/core/kernels/blas.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/detail/keep_flags.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/detail/vector_kernels.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 
 namespace xgrad {
 
@@ -112,8 +112,8 @@ void block_scores_backward(const Heads& d, const HeadBlock& k, float scale, cons
                            const float* K, float* dQ, float dq_beta, float* dK) {
   const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
   if (dQ) {
-    blas::sgemm_batched(false, false, nb, nh, d.T, d.D, d.S, scale, scores_of(dZ, d, k), heads_of(K, d, d.S, k), dq_beta,
-                        heads_of(dQ, d, d.T, k));
+    blas::sgemm_batched(false, false, nb, nh, d.T, d.D, d.S, scale, scores_of(dZ, d, k), heads_of(K, d, d.S, k),
+                        dq_beta, heads_of(dQ, d, d.T, k));
   }
   if (dK) {
     blas::sgemm_batched(true, false, nb, nh, d.S, d.D, d.T, scale, scores_of(dZ, d, k), heads_of(Q, d, d.T, k), 1.f,
@@ -155,7 +155,8 @@ Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, flo
   });
 }
 
-Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal, const Mask* mask) {
+Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal,
+                         const Mask* mask) {
   const Heads d = check_heads("attention_weights", q, k, heads, "q", "k");
   const Shape ws = {d.B, d.H, d.T, d.S};
   std::shared_ptr<std::vector<std::uint8_t>> keep;
@@ -185,9 +186,8 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
     Array dz_all = Array::from_shape(ctx.output().shape());
     float* DZ = dz_all.data();
     for_each_head_block(d, d.T * d.S * (2 * d.D + 4), [&](const HeadBlock& k) {
-      for_each_row(d, k, [&](std::size_t r) {
-        kernels::softmax_row_backward(P + r * d.S, G + r * d.S, DZ + r * d.S, d.S);
-      });
+      for_each_row(d, k,
+                   [&](std::size_t r) { kernels::softmax_row_backward(P + r * d.S, G + r * d.S, DZ + r * d.S, d.S); });
       block_scores_backward(d, k, scale, DZ, Q, K, t.dQ, t.dq_beta, t.dK);
     });
   });

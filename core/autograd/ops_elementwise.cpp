@@ -4,11 +4,11 @@
 #include <cmath>
 
 #include "xgrad/core/autograd/detail/broadcast.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/detail/vector_kernels.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 
 namespace xgrad {
 
@@ -67,8 +67,9 @@ Array binary_value(const char* op, const Tensor& a, const Tensor& b, F f, Expr e
 
 Tensor add(const Tensor& a, const Tensor& b) {
   // y = a + b
-  Array y = binary_value("add", a, b, [](float x, float z) { return x + z; },
-                         [](const Array& x, const Array& z) -> Array { return x + z; });
+  Array y = binary_value(
+      "add", a, b, [](float x, float z) { return x + z; },
+      [](const Array& x, const Array& z) -> Array { return x + z; });
   return record("add", std::move(y), {a, b}, [](GradContext& ctx) {
     // da = g, db = g (each summed over its broadcast axes)
     if (ctx.needs(0)) ctx.accumulate_reduced(0, ctx.grad_out());
@@ -78,8 +79,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   // y = a - b
-  Array y = binary_value("sub", a, b, [](float x, float z) { return x - z; },
-                         [](const Array& x, const Array& z) -> Array { return x - z; });
+  Array y = binary_value(
+      "sub", a, b, [](float x, float z) { return x - z; },
+      [](const Array& x, const Array& z) -> Array { return x - z; });
   return record("sub", std::move(y), {a, b}, [](GradContext& ctx) {
     // da = g, db = -g
     if (ctx.needs(0)) ctx.accumulate_reduced(0, ctx.grad_out());
@@ -89,8 +91,9 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   // y = a * b
-  Array y = binary_value("mul", a, b, [](float x, float z) { return x * z; },
-                         [](const Array& x, const Array& z) -> Array { return x * z; });
+  Array y = binary_value(
+      "mul", a, b, [](float x, float z) { return x * z; },
+      [](const Array& x, const Array& z) -> Array { return x * z; });
   return record("mul", std::move(y), {a, b}, [](GradContext& ctx) {
     // da = g * b, db = g * a
     if (ctx.needs(0)) ctx.accumulate_reduced(0, Array(ctx.grad_out() * ctx.input(1)));
@@ -100,8 +103,9 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   // y = a / b
-  Array y = binary_value("div", a, b, [](float x, float z) { return x / z; },
-                         [](const Array& x, const Array& z) -> Array { return x / z; });
+  Array y = binary_value(
+      "div", a, b, [](float x, float z) { return x / z; },
+      [](const Array& x, const Array& z) -> Array { return x / z; });
   return record("div", std::move(y), {a, b}, [](GradContext& ctx) {
     // da = g / b, db = -g * a / b^2 = -g * y / b
     if (ctx.needs(0)) ctx.accumulate_reduced(0, Array(ctx.grad_out() / ctx.input(1)));
@@ -110,60 +114,68 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, float s) {
-  return unary<kSavesNothing>("add_scalar", a, [s](float x) { return x + s; }, [](float, float, float g) { return g; });
+  return unary<kSavesNothing>(
+      "add_scalar", a, [s](float x) { return x + s; }, [](float, float, float g) { return g; });
 }
 
 Tensor sub(const Tensor& a, float s) { return add(a, -s); }
 
 Tensor rsub(float s, const Tensor& a) {
-  return unary<kSavesNothing>("rsub_scalar", a, [s](float x) { return s - x; }, [](float, float, float g) { return -g; });
+  return unary<kSavesNothing>(
+      "rsub_scalar", a, [s](float x) { return s - x; }, [](float, float, float g) { return -g; });
 }
 
 Tensor mul(const Tensor& a, float s) {
-  return unary<kSavesNothing>("mul_scalar", a, [s](float x) { return x * s; }, [s](float, float, float g) { return g * s; });
+  return unary<kSavesNothing>(
+      "mul_scalar", a, [s](float x) { return x * s; }, [s](float, float, float g) { return g * s; });
 }
 
 Tensor div(const Tensor& a, float s) {
   if (s == 0.f) fail("div: division of a tensor of shape ", shape_str(a.shape()), " by the scalar 0");
-  return unary<kSavesNothing>("div_scalar", a, [s](float x) { return x / s; }, [s](float, float, float g) { return g / s; });
+  return unary<kSavesNothing>(
+      "div_scalar", a, [s](float x) { return x / s; }, [s](float, float, float g) { return g / s; });
 }
 
 Tensor rdiv(float s, const Tensor& a) {
   // y = s / x; dx = -s / x^2 = -y / x
-  return unary<kSavesX | kSavesY>("rdiv_scalar", a, [s](float x) { return s / x; },
-                                   [](float x, float y, float g) { return -g * y / x; });
+  return unary<kSavesX | kSavesY>(
+      "rdiv_scalar", a, [s](float x) { return s / x; }, [](float x, float y, float g) { return -g * y / x; });
 }
 
 Tensor neg(const Tensor& a) {
-  return unary<kSavesNothing>("neg", a, [](float x) { return -x; }, [](float, float, float g) { return -g; });
+  return unary<kSavesNothing>(
+      "neg", a, [](float x) { return -x; }, [](float, float, float g) { return -g; });
 }
 
 Tensor exp(const Tensor& a) {
   // y = e^x; dx = g * y
-  return unary<kSavesY>("exp", a, [](float x) { return std::exp(x); }, [](float, float y, float g) { return g * y; });
+  return unary<kSavesY>(
+      "exp", a, [](float x) { return std::exp(x); }, [](float, float y, float g) { return g * y; });
 }
 
 Tensor log(const Tensor& a) {
   // y = ln x; dx = g / x
-  return unary<kSavesX>("log", a, [](float x) { return std::log(x); }, [](float x, float, float g) { return g / x; });
+  return unary<kSavesX>(
+      "log", a, [](float x) { return std::log(x); }, [](float x, float, float g) { return g / x; });
 }
 
 Tensor sqrt(const Tensor& a) {
   // y = sqrt(x); dx = g / (2 y)
-  return unary<kSavesY>("sqrt", a, [](float x) { return std::sqrt(x); },
-                        [](float, float y, float g) { return g * 0.5f / y; });
+  return unary<kSavesY>(
+      "sqrt", a, [](float x) { return std::sqrt(x); }, [](float, float y, float g) { return g * 0.5f / y; });
 }
 
 Tensor pow(const Tensor& a, float p) {
   // y = x^p; dx = g * p * x^(p-1)
-  return unary<kSavesX>("pow", a, [p](float x) { return std::pow(x, p); },
-               [p](float x, float, float g) { return p == 0.f ? 0.f : g * p * std::pow(x, p - 1.f); });
+  return unary<kSavesX>(
+      "pow", a, [p](float x) { return std::pow(x, p); },
+      [p](float x, float, float g) { return p == 0.f ? 0.f : g * p * std::pow(x, p - 1.f); });
 }
 
 Tensor tanh(const Tensor& a) {
   // y = tanh x; dx = g * (1 - y^2)
-  return unary<kSavesY>("tanh", a, [](float x) { return std::tanh(x); },
-                        [](float, float y, float g) { return g * (1.f - y * y); });
+  return unary<kSavesY>(
+      "tanh", a, [](float x) { return std::tanh(x); }, [](float, float y, float g) { return g * (1.f - y * y); });
 }
 
 Tensor sigmoid(const Tensor& a) {
@@ -171,17 +183,17 @@ Tensor sigmoid(const Tensor& a) {
   return unary<kSavesY>(
       "sigmoid", a,
       [](float x) {
-        if (x >= 0) return 1.f / (1.f + std::exp(-x));
-        const float e = std::exp(x);
-        return e / (1.f + e);
+    if (x >= 0) return 1.f / (1.f + std::exp(-x));
+    const float e = std::exp(x);
+    return e / (1.f + e);
       },
       [](float, float y, float g) { return g * y * (1.f - y); });
 }
 
 Tensor relu(const Tensor& a) {
   // y = max(x, 0); dx = g where x > 0 (0 at the kink, as PyTorch)
-  return unary<kSavesX>("relu", a, [](float x) { return x > 0.f ? x : 0.f; },
-                        [](float x, float, float g) { return x > 0.f ? g : 0.f; });
+  return unary<kSavesX>(
+      "relu", a, [](float x) { return x > 0.f ? x : 0.f; }, [](float x, float, float g) { return x > 0.f ? g : 0.f; });
 }
 
 Tensor gelu(const Tensor& a, GeluApprox approx) {
@@ -193,28 +205,27 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
     Array y = Array::from_shape(a.shape());
     const float* xs = a.value().data();
     float* ys = y.data();
-    parallel_for(y.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) { kernels::gelu_forward(xs + lo, ys + lo, hi - lo); });
+    parallel_for(y.size(), kGrainCostly,
+                 [=](std::size_t lo, std::size_t hi) { kernels::gelu_forward(xs + lo, ys + lo, hi - lo); });
     return record("gelu", std::move(y), {a}, [](GradContext& ctx) {
       const float* xs = ctx.input(0).data();
       const float* gs = ctx.grad_out().data();
       Array dx = Array::from_shape(ctx.input(0).shape());
       float* d = dx.data();
-      parallel_for(dx.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) {
-        kernels::gelu_backward(xs + lo, gs + lo, d + lo, hi - lo);
-      });
+      parallel_for(dx.size(), kGrainCostly,
+                   [=](std::size_t lo, std::size_t hi) { kernels::gelu_backward(xs + lo, gs + lo, d + lo, hi - lo); });
       ctx.accumulate(0, std::move(dx));
     });
   }
   // y = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3);
   // dy/dx = (1 + tanh u) / 2 + x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2
   return unary<kSavesX>(
-      "gelu_tanh", a,
-      [=](float x) { return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x))); },
+      "gelu_tanh", a, [=](float x) { return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x))); },
       [=](float x, float, float g) {
-        const float t = std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x));
-        const float sech2 = 1.f - t * t;  // 0 once |u| is large, while du may overflow to inf
-        const float du = kSqrt2OverPi * (1.f + 3.f * kCoef * x * x);
-        return g * (0.5f * (1.f + t) + (sech2 == 0.f ? 0.f : 0.5f * x * sech2 * du));
+    const float t = std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x));
+    const float sech2 = 1.f - t * t;  // 0 once |u| is large, while du may overflow to inf
+    const float du = kSqrt2OverPi * (1.f + 3.f * kCoef * x * x);
+    return g * (0.5f * (1.f + t) + (sech2 == 0.f ? 0.f : 0.5f * x * sech2 * du));
       },
       kGrainCostly);
 }

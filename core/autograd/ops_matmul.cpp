@@ -4,14 +4,14 @@
 #include <algorithm>
 #include <vector>
 
-#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/autograd/detail/broadcast.hpp"
-#include "xgrad/core/error.hpp"
-#include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/autograd/detail/strided_offsets.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/detail/vector_kernels.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 
 namespace xgrad {
 
@@ -21,10 +21,10 @@ namespace {
 struct Plan {
   bool ta = false, tb = false;
   std::size_t m = 0, n = 0, k = 0;
-  std::size_t lda = 0, ldb = 0;  // stored row lengths
-  Shape batch;                   // broadcast batch shape of the output
+  std::size_t lda = 0, ldb = 0;           // stored row lengths
+  Shape batch;                            // broadcast batch shape of the output
   std::vector<std::size_t> a_off, b_off;  // element offset of each batch's matrix
-  bool folded = false;           // B is 2-D and A untransposed: the batch folds into M
+  bool folded = false;                    // B is 2-D and A untransposed: the batch folds into M
   bool a_whole = false, b_whole = false;  // the operand has its own matrix for every batch entry
 };
 
@@ -62,16 +62,16 @@ Plan make_plan(const Shape& sa, const Shape& sb, bool ta, bool tb) {
   const std::size_t kb = tb ? cb : rb;
   p.n = tb ? rb : cb;
   if (p.k != kb) {
-    fail("matmul: inner dimensions differ: ", shape_str(sa), ta ? "^T" : "", " @ ", shape_str(sb), tb ? "^T" : "",
-         " (", p.k, " vs ", kb, ")");
+    fail("matmul: inner dimensions differ: ", shape_str(sa), ta ? "^T" : "", " @ ", shape_str(sb), tb ? "^T" : "", " (",
+         p.k, " vs ", kb, ")");
   }
   p.lda = ca;
   p.ldb = cb;
   try {
     p.batch = broadcast_shapes(batch_of(sa), batch_of(sb), "matmul");
   } catch (const Error&) {
-    fail("matmul: batch shapes ", shape_str(batch_of(sa)), " and ", shape_str(batch_of(sb)), " of ", shape_str(sa), " @ ",
-         shape_str(sb), " cannot be broadcast together");
+    fail("matmul: batch shapes ", shape_str(batch_of(sa)), " and ", shape_str(batch_of(sb)), " of ", shape_str(sa),
+         " @ ", shape_str(sb), " cannot be broadcast together");
   }
   p.folded = sb.size() == 2 && !ta;
   const auto count = [](const Shape& s) {
@@ -104,7 +104,8 @@ void for_each_batch(const Plan& p, std::size_t nb, bool disjoint, F gemm) {
     for (std::size_t q = 0; q < nb; ++q) gemm(q);
     return;
   }
-  parallel_for(nb, grain_for(kGrainGemm, p.m * p.n * std::max<std::size_t>(p.k, 1)), [&](std::size_t lo, std::size_t hi) {
+  parallel_for(nb, grain_for(kGrainGemm, p.m * p.n * std::max<std::size_t>(p.k, 1)),
+               [&](std::size_t lo, std::size_t hi) {
     for (std::size_t q = lo; q < hi; ++q) gemm(q);
   });
 }
@@ -128,7 +129,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   } else {
     float* C = c.data();
     for_each_batch(p, nb, true, [&](std::size_t q) {
-      blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, 1.f, A + p.a_off[q], p.lda, B + p.b_off[q], p.ldb, 0.f, C + q * p.m * p.n, p.n);
+      blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, 1.f, A + p.a_off[q], p.lda, B + p.b_off[q], p.ldb, 0.f, C + q * p.m * p.n,
+                  p.n);
     });
   }
   return record("matmul", std::move(c), {a, b}, [p, nb](GradContext& ctx) {
@@ -145,11 +147,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
       } else {
         for_each_batch(p, nb, p.a_whole, [&](std::size_t q) {
           if (!p.ta) {  // dA (M x K) = dC op(B)^T
-            blas::sgemm(false, !p.tb, p.m, p.k, p.n, 1.f, G + q * mn, p.n, B + p.b_off[q], p.ldb, 1.f,
-                        dA + p.a_off[q], p.lda);
+            blas::sgemm(false, !p.tb, p.m, p.k, p.n, 1.f, G + q * mn, p.n, B + p.b_off[q], p.ldb, 1.f, dA + p.a_off[q],
+                        p.lda);
           } else {  // dA (K x M) = op(B) dC^T
-            blas::sgemm(p.tb, true, p.k, p.m, p.n, 1.f, B + p.b_off[q], p.ldb, G + q * mn, p.n, 1.f,
-                        dA + p.a_off[q], p.lda);
+            blas::sgemm(p.tb, true, p.k, p.m, p.n, 1.f, B + p.b_off[q], p.ldb, G + q * mn, p.n, 1.f, dA + p.a_off[q],
+                        p.lda);
           }
         });
       }
@@ -165,11 +167,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
       } else {
         for_each_batch(p, nb, p.b_whole, [&](std::size_t q) {
           if (!p.tb) {  // dB (K x N) = op(A)^T dC
-            blas::sgemm(!p.ta, false, p.k, p.n, p.m, 1.f, A + p.a_off[q], p.lda, G + q * mn, p.n, 1.f,
-                        dB + p.b_off[q], p.ldb);
+            blas::sgemm(!p.ta, false, p.k, p.n, p.m, 1.f, A + p.a_off[q], p.lda, G + q * mn, p.n, 1.f, dB + p.b_off[q],
+                        p.ldb);
           } else {  // dB (N x K) = dC^T op(A)
-            blas::sgemm(true, p.ta, p.n, p.k, p.m, 1.f, G + q * mn, p.n, A + p.a_off[q], p.lda, 1.f,
-                        dB + p.b_off[q], p.ldb);
+            blas::sgemm(true, p.ta, p.n, p.k, p.m, 1.f, G + q * mn, p.n, A + p.a_off[q], p.lda, 1.f, dB + p.b_off[q],
+                        p.ldb);
           }
         });
       }

@@ -10,17 +10,16 @@
 
 #include "xgrad/core/autograd/detail/axis_view.hpp"
 #include "xgrad/core/autograd/detail/broadcast.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/detail/keep_flags.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/detail/vector_kernels.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 
 namespace xgrad {
 
 namespace {
-
 
 // Calls f(base, stride) for every 1-D slice along the viewed axis, the slices split across the
 // kernel threads (each slice is computed whole by one thread, so the split changes no value).
@@ -171,7 +170,8 @@ Tensor masked_fill(const Tensor& a, const Mask& mask, float value) {
 Tensor masked_fill(const Tensor& a, const Mask& mask, const Array& values) {
   check_defined(a, "masked_fill");
   if (values.shape() != a.shape()) {
-    fail("masked_fill: values of shape ", shape_str(values.shape()), " do not match the input's shape ", shape_str(a.shape()));
+    fail("masked_fill: values of shape ", shape_str(values.shape()), " do not match the input's shape ",
+         shape_str(a.shape()));
   }
   const float* v = values.data();
   return masked_fill_with(a, mask, [v](std::size_t i) { return v[i]; });
@@ -192,7 +192,8 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     const std::int64_t t = targets.data()[r];
     if (t == ignore_index) continue;
     if (t < 0 || t >= static_cast<std::int64_t>(C)) {
-      fail("cross_entropy: target ", t, " at flat position ", r, " is outside [0, ", C, ") (ignore_index ", ignore_index, ")");
+      fail("cross_entropy: target ", t, " at flat position ", r, " is outside [0, ", C, ") (ignore_index ",
+           ignore_index, ")");
     }
     ++count;
   }
@@ -227,7 +228,8 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     if (tg[r] != ignore_index) total += static_cast<double>(rl[r]);
   }
   const float loss = count ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
-  return record("cross_entropy", Array(loss), {logits}, [targets, ignore_index, count, C, lse, vectored](GradContext& ctx) {
+  return record("cross_entropy", Array(loss), {logits},
+                [targets, ignore_index, count, C, lse, vectored](GradContext& ctx) {
     // dx_rj = g / count * (softmax(x_r)_j - [j == target_r]); ignored rows get 0
     if (count == 0) return;
     const float scale = ctx.grad_out().data()[0] / static_cast<float>(count);
@@ -236,8 +238,7 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     const std::int64_t* tg = targets.data();
     const float* ls = lse->data();
     const std::uint8_t* vec = vectored->data();
-    parallel_for(targets.size(), grain_for(kGrainCostly, C),
-                 [=](std::size_t lo, std::size_t hi) {
+    parallel_for(targets.size(), grain_for(kGrainCostly, C), [=](std::size_t lo, std::size_t hi) {
       for (std::size_t r = lo; r < hi; ++r) {
         const std::int64_t t = tg[r];
         if (t == ignore_index) continue;

@@ -5,9 +5,9 @@
 #include <xtensor/xbroadcast.hpp>
 
 #include "xgrad/core/autograd/detail/broadcast.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 
 namespace xgrad {
 

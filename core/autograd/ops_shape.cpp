@@ -4,10 +4,10 @@
 #include <numeric>
 
 #include "xgrad/core/autograd/detail/axis_view.hpp"
-#include "xgrad/core/error.hpp"
-#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/detail/strided_offsets.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 
 namespace xgrad {
 
@@ -36,7 +36,6 @@ Array permute_array(const Array& in, const std::vector<std::size_t>& perm) {
   }
   return out;
 }
-
 
 }  // namespace
 
@@ -110,7 +109,8 @@ Tensor slice(const Tensor& a, int axis, std::size_t start, std::size_t stop) {
   const Shape& s = a.shape();
   const std::size_t ax = normalize_axis(axis, s.size(), "slice");
   if (start > stop || stop > s[ax]) {
-    fail("slice: range [", start, ", ", stop, ") is outside axis ", axis, " of length ", s[ax], " in shape ", shape_str(s));
+    fail("slice: range [", start, ", ", stop, ") is outside axis ", axis, " of length ", s[ax], " in shape ",
+         shape_str(s));
   }
   const AxisView v = view_around(s, ax);
   Shape os = s;

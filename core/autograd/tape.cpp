@@ -28,7 +28,7 @@ namespace {
 std::atomic<std::uint64_t> last_tape_id{0};
 
 struct Tape {
-  std::uint64_t id = ++last_tape_id;  // never reused, so a dead thread's id matches no tape
+  std::uint64_t id = ++last_tape_id;                // never reused, so a dead thread's id matches no tape
   std::vector<std::shared_ptr<TapeEntry>> entries;  // in recording order
   std::uint64_t next_seq = 0;
   std::size_t prune_at = 4096;
@@ -52,14 +52,14 @@ struct ReadyLeaf {
 // its node (only this thread records or sweeps it); a leaf's lives here, since passes on
 // other threads may be gathering gradients for the same leaf at the same time.
 struct Pass {
-  std::vector<std::shared_ptr<Node>> touched;  // non-leaves holding a pending gradient
+  std::vector<std::shared_ptr<Node>> touched;                  // non-leaves holding a pending gradient
   std::deque<std::pair<std::shared_ptr<Node>, Array>> leaves;  // first-touch order; a deque
                                                                // keeps references stable
   std::unordered_map<const Node*, Array*> leaf_index;
-  std::unordered_set<const Node*> delivered;  // leaves handed their gradient before the end
+  std::unordered_set<const Node*> delivered;                  // leaves handed their gradient before the end
   std::vector<std::shared_ptr<GradientWatch::State>> joined;  // listeners told of this pass
-  std::size_t told_end = 0;                   // joined[0, told_end) heard pass_ended
-  std::vector<std::function<void()>> callbacks;  // queue_backward_callback, run at the end
+  std::size_t told_end = 0;                                   // joined[0, told_end) heard pass_ended
+  std::vector<std::function<void()>> callbacks;               // queue_backward_callback, run at the end
 };
 
 thread_local Tape tape;
@@ -239,8 +239,8 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
   }
   Tensor out(std::move(value));
   if (!grad_mode) return out;
-  const bool any = std::any_of(inputs.begin(), inputs.end(),
-                               [](const Tensor& t) { return t.defined() && t.requires_grad(); });
+  const bool any =
+      std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.defined() && t.requires_grad(); });
   if (!any) return out;
   auto entry = std::make_shared<TapeEntry>();
   entry->op = op;
@@ -387,7 +387,8 @@ void run_entry(TapeEntry& e, bool retain_graph) {
       if (bad < pending->size()) {
         fail("anomaly: backward of ", e.op, " produced ", pending->data()[bad], " in the gradient of its input ", i,
              " (", describe(*in), ", shape ", shape_str(pending->shape()), ") at flat position ", bad,
-             "; the gradient arriving at its output was ", first_non_finite(grad) < grad.size() ? "not finite" : "finite");
+             "; the gradient arriving at its output was ",
+             first_non_finite(grad) < grad.size() ? "not finite" : "finite");
       }
     }
   }
@@ -425,8 +426,9 @@ void fail_pass(Pass& pass) noexcept {
 void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
   const std::shared_ptr<Node>& r = root.node();
   if (!r->requires_grad) {
-    fail("backward: the tensor does not require grad (it was computed under NoGradGuard or from "
-         "inputs that do not require grad)");
+    fail(
+        "backward: the tensor does not require grad (it was computed under NoGradGuard or from "
+        "inputs that do not require grad)");
   }
   if (current_pass) fail("backward: called from inside another backward pass (from a hook?)");
   if (r->has_creator && r->tape_id != tape.id) fail(kOtherThread);
@@ -476,8 +478,9 @@ void queue_backward_callback(std::function<void()> fn) {
 
 GradientWatch watch_gradients(const std::vector<Tensor>& leaves, GradientReadyListener& listener) {
   if (current_pass) {
-    fail("watch_gradients: called from inside a backward pass on this thread (from a hook or a listener); start "
-         "watching before backward");
+    fail(
+        "watch_gradients: called from inside a backward pass on this thread (from a hook or a listener); start "
+        "watching before backward");
   }
   auto state = std::make_shared<GradientWatch::State>();
   state->listener = &listener;

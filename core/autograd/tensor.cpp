@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <ostream>
 
-#include "xgrad/core/kernels/detail/allocator.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/detail/allocator.hpp"
 
 namespace xgrad {
 
@@ -48,7 +48,8 @@ std::size_t Tensor::dim(int axis) const { return shape()[normalize_axis(axis, nd
 
 float Tensor::item() const {
   const Array& v = value();
-  if (v.size() != 1) fail("Tensor::item: tensor of shape ", shape_str(v.shape()), " has ", v.size(), " elements, not 1");
+  if (v.size() != 1)
+    fail("Tensor::item: tensor of shape ", shape_str(v.shape()), " has ", v.size(), " elements, not 1");
   return v.data()[0];
 }
 
@@ -56,7 +57,10 @@ bool Tensor::requires_grad() const { return checked(node_, "Tensor::requires_gra
 
 Tensor& Tensor::set_requires_grad(bool on) {
   Node& n = checked(node_, "Tensor::set_requires_grad");
-  if (n.has_creator) fail("Tensor::set_requires_grad: only leaf tensors can change requires_grad (this one was computed by an op; use detach())");
+  if (n.has_creator)
+    fail(
+        "Tensor::set_requires_grad: only leaf tensors can change requires_grad (this one was computed by an op; use "
+        "detach())");
   n.requires_grad = on;
   return *this;
 }
@@ -69,7 +73,8 @@ const Array& Tensor::grad() const {
   const Node& n = checked(node_, "Tensor::grad");
   if (!n.has_grad) {
     fail("Tensor::grad: no gradient", n.name.empty() ? "" : " for '", n.name, n.name.empty() ? "" : "'",
-         " (not reached by backward yet", n.has_creator && !n.retains_grad ? ", or an intermediate tensor without retain_grad()" : "", ")");
+         " (not reached by backward yet",
+         n.has_creator && !n.retains_grad ? ", or an intermediate tensor without retain_grad()" : "", ")");
   }
   return n.grad;
 }
@@ -79,9 +84,11 @@ Array& Tensor::mutable_grad() { return const_cast<Array&>(static_cast<const Tens
 void Tensor::set_grad(Array grad) {
   Node& n = checked(node_, "Tensor::set_grad");
   if (!n.requires_grad) fail("Tensor::set_grad: the tensor does not require grad");
-  if (n.has_creator && !n.retains_grad) fail("Tensor::set_grad: only a leaf or a retain_grad() tensor keeps a gradient");
+  if (n.has_creator && !n.retains_grad)
+    fail("Tensor::set_grad: only a leaf or a retain_grad() tensor keeps a gradient");
   if (grad.shape() != n.value().shape()) {
-    fail("Tensor::set_grad: gradient of shape ", shape_str(grad.shape()), " for a tensor of shape ", shape_str(n.value().shape()));
+    fail("Tensor::set_grad: gradient of shape ", shape_str(grad.shape()), " for a tensor of shape ",
+         shape_str(n.value().shape()));
   }
   n.grad = std::move(grad);
   n.has_grad = true;

@@ -17,10 +17,10 @@
 
 namespace xgrad {
 
-using Array = xt::xarray<float>;           ///< row-major float32 values and gradients
-using Shape = Array::shape_type;           ///< the sizes of an Array's axes
+using Array = xt::xarray<float>;              ///< row-major float32 values and gradients
+using Shape = Array::shape_type;              ///< the sizes of an Array's axes
 using IndexArray = xt::xarray<std::int64_t>;  ///< token ids, class targets
-using Mask = xt::xarray<bool>;             ///< true marks an element to mask out
+using Mask = xt::xarray<bool>;                ///< true marks an element to mask out
 
 class Tensor;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;  ///< e.g.\ a module's parameters
@@ -55,20 +55,20 @@ struct Storage {
 /// passes on several threads: they keep its gradient apart until the end of the pass and then
 /// run its hooks and add to `grad` under `grad_mutex`.
 struct Node {
-  std::shared_ptr<Storage> storage;  ///< shared between a tensor and its detach()ed handles
-  Array grad;                    ///< accumulated gradient of a leaf or a retain_grad() tensor
-  bool has_grad = false;         ///< whether `grad` holds a gradient
-  Array pending;                 ///< a non-leaf's gradient gathered during the running pass only
-  bool has_pending = false;      ///< whether `pending` holds a gradient
-  bool requires_grad = false;    ///< whether backward computes a gradient for this tensor
-  bool retains_grad = false;     ///< retain_grad() was called: a non-leaf keeps its `grad` too
-  bool has_creator = false;      ///< produced by a recorded op, i.e.\ not a leaf
-  std::weak_ptr<TapeEntry> creator;  ///< expires when backward releases the entry
-  std::uint64_t tape_id = 0;     ///< the tape (thread) that recorded the creator; 0 for a leaf
-  std::mutex grad_mutex;         ///< held while a pass delivers a leaf's gradient
-  std::string name;              ///< set_name()'s name, in messages; empty when unnamed
+  std::shared_ptr<Storage> storage;             ///< shared between a tensor and its detach()ed handles
+  Array grad;                                   ///< accumulated gradient of a leaf or a retain_grad() tensor
+  bool has_grad = false;                        ///< whether `grad` holds a gradient
+  Array pending;                                ///< a non-leaf's gradient gathered during the running pass only
+  bool has_pending = false;                     ///< whether `pending` holds a gradient
+  bool requires_grad = false;                   ///< whether backward computes a gradient for this tensor
+  bool retains_grad = false;                    ///< retain_grad() was called: a non-leaf keeps its `grad` too
+  bool has_creator = false;                     ///< produced by a recorded op, i.e.\ not a leaf
+  std::weak_ptr<TapeEntry> creator;             ///< expires when backward releases the entry
+  std::uint64_t tape_id = 0;                    ///< the tape (thread) that recorded the creator; 0 for a leaf
+  std::mutex grad_mutex;                        ///< held while a pass delivers a leaf's gradient
+  std::string name;                             ///< set_name()'s name, in messages; empty when unnamed
   std::vector<std::pair<int, GradHook>> hooks;  ///< (id, hook) pairs, run in this order
-  int next_hook_id = 0;          ///< the id register_hook() gives next
+  int next_hook_id = 0;                         ///< the id register_hook() gives next
 
   /// The value in `storage`.
   const Array& value() const { return storage->array; }
@@ -103,11 +103,11 @@ class Tensor {
   Array& mutable_value();
   /// How many times the storage (shared with detach()ed handles) was written in place.
   std::uint64_t version() const;
-  const Shape& shape() const { return value().shape(); }  ///< the value's shape
+  const Shape& shape() const { return value().shape(); }    ///< the value's shape
   std::size_t ndim() const { return value().dimension(); }  ///< the number of axes
-  std::size_t size() const { return value().size(); }  ///< the number of elements
-  std::size_t dim(int axis) const;  ///< the length of `axis`; negative axes count from the end
-  float item() const;               ///< the only element; throws unless size() == 1
+  std::size_t size() const { return value().size(); }       ///< the number of elements
+  std::size_t dim(int axis) const;                          ///< the length of `axis`; negative axes count from the end
+  float item() const;                                       ///< the only element; throws unless size() == 1
 
   /// Whether backward computes a gradient for this tensor (while grad mode is on, ops on it are
   /// recorded; see tape.hpp).
@@ -124,7 +124,7 @@ class Tensor {
   /// gradient computed elsewhere (another process) to an optimizer. The tensor must require grad;
   /// anything else is an Error.
   void set_grad(Array grad);
-  void zero_grad();           ///< forgets the gradient (the next backward starts from zero)
+  void zero_grad();  ///< forgets the gradient (the next backward starts from zero)
 
   /// Keep the gradient of an intermediate tensor after backward (leaves always keep theirs).
   /// The tensor must require grad.

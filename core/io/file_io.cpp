@@ -169,7 +169,8 @@ std::string read_file(const std::string& path, const std::string& who, std::uint
 
 std::string temporary_path(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
 
-void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks, const std::string& who) {
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks,
+                           const std::string& who) {
   const std::string tmp = temporary_path(path);
   auto failed = [&](const auto&... detail) {
     fail(who, ": cannot write '", path, "': ", detail..., " (anything already at that path is unchanged)");
@@ -228,11 +229,13 @@ void check_writable_file(const std::string& path, const std::string& who) {
   const auto [dir, name] = split_path(path);
   if (name.empty()) fail(who, ": cannot write '", path, "': the path names a folder, not a file");
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) fail(who, ": cannot write '", path, "': folder '", dir, "': ", std::strerror(errno));
+  if (::stat(dir.c_str(), &st) != 0)
+    fail(who, ": cannot write '", path, "': folder '", dir, "': ", std::strerror(errno));
   if (!S_ISDIR(st.st_mode)) fail(who, ": cannot write '", path, "': folder '", dir, "': ", std::strerror(ENOTDIR));
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) fail(who, ": cannot write '", path, "': ", std::strerror(EISDIR));
-    if (!S_ISREG(st.st_mode)) fail(who, ": cannot write '", path, "': it is ", kind_of(st.st_mode), ", not a regular file");
+    if (!S_ISREG(st.st_mode))
+      fail(who, ": cannot write '", path, "': it is ", kind_of(st.st_mode), ", not a regular file");
   } else if (errno != ENOENT) {
     fail(who, ": cannot write '", path, "': ", std::strerror(errno));
   }
@@ -247,7 +250,8 @@ void prepare_output_dir(const std::string& dir, const std::string& who) {
   if (dir.empty()) fail(who, ": the output folder name is empty");
   struct stat st;
   if (::stat(dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) fail(who, ": cannot use '", dir, "' as a folder: it is ", kind_of(st.st_mode), " (", std::strerror(ENOTDIR), ")");
+    if (!S_ISDIR(st.st_mode))
+      fail(who, ": cannot use '", dir, "' as a folder: it is ", kind_of(st.st_mode), " (", std::strerror(ENOTDIR), ")");
   } else {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);

@@ -22,7 +22,8 @@ std::string read_file(const std::string& path, const std::string& who, std::uint
 /// A path that is a folder, a device, a fifo or a socket is refused before anything is written (a
 /// rename would replace it). One exception to "unchanged": if only the final folder fsync fails, the
 /// new file is already in place, and the Error says so.
-void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks, const std::string& who);
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks,
+                           const std::string& who);
 /// The same with one buffer of bytes.
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& who);
 

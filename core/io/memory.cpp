@@ -58,11 +58,14 @@ MemoryAvailable available_memory() {
     const double pages = number_in("/proc/self/statm");  // the address space in use, in pages
     const double used = pages > 0 ? pages * static_cast<double>(::sysconf(_SC_PAGESIZE)) : 0;
     const double left = std::max(0.0, static_cast<double>(rl.rlim_cur) - used);
-    if (left < out.bytes) out = {left, "RLIMIT_AS of " + bytes_str(static_cast<double>(rl.rlim_cur)) + ", " + bytes_str(used) + " of it in use"};
+    if (left < out.bytes)
+      out = {left,
+             "RLIMIT_AS of " + bytes_str(static_cast<double>(rl.rlim_cur)) + ", " + bytes_str(used) + " of it in use"};
   }
   const double max = number_in("/sys/fs/cgroup/memory.max"), current = number_in("/sys/fs/cgroup/memory.current");
   if (max >= 0 && current >= 0 && max - current < out.bytes) {
-    out = {std::max(0.0, max - current), "the cgroup's memory.max of " + bytes_str(max) + ", " + bytes_str(current) + " of it in use"};
+    out = {std::max(0.0, max - current),
+           "the cgroup's memory.max of " + bytes_str(max) + ", " + bytes_str(current) + " of it in use"};
   }
   return out;
 }
@@ -71,8 +74,8 @@ void check_available_memory(double bytes, const std::string& who, const std::str
   if (bytes <= kUncheckedBytes) return;
   const MemoryAvailable m = available_memory();
   if (!(bytes <= m.bytes)) {
-    fail(who, ": ", what, " needs ", bytes_str(bytes), ", more than the ", bytes_str(m.bytes), " this process can still allocate (",
-         m.limit, ")");
+    fail(who, ": ", what, " needs ", bytes_str(bytes), ", more than the ", bytes_str(m.bytes),
+         " this process can still allocate (", m.limit, ")");
   }
 }
 

@@ -59,7 +59,8 @@ std::uint64_t header_length(const char* first8, std::uint64_t total, const Bad& 
 
 // The text of an n-byte header read from a file, once it is known to fit.
 std::string header_text(ReadableFile& file, std::uint64_t n, const std::string& what) {
-  check_available_memory(static_cast<double>(n), "load_safetensors", "reading the " + std::to_string(n) + "-byte header of " + what);
+  check_available_memory(static_cast<double>(n), "load_safetensors",
+                         "reading the " + std::to_string(n) + "-byte header of " + what);
   std::string text(static_cast<std::size_t>(n), '\0');
   file.read_exact(text.data(), text.size());
   return text;
@@ -129,7 +130,10 @@ class HeaderReader {
   bool start_array(std::size_t) { return value({Kind::array, json()}); }
   bool key(std::string& k) {
     if (frames_.back() == In::entry) {
-      bool* seen = k == "dtype" ? &has_dtype_ : k == "shape" ? &has_shape_ : k == "data_offsets" ? &has_offsets_ : nullptr;
+      bool* seen = k == "dtype"          ? &has_dtype_
+                   : k == "shape"        ? &has_shape_
+                   : k == "data_offsets" ? &has_offsets_
+                                         : nullptr;
       if (seen && *seen) return stop("tensor ", named(name_), " has '", k, "' twice");
       if (seen) *seen = true;
     }
@@ -169,7 +173,8 @@ class HeaderReader {
   static std::string brief(const Value& v) {
     if (v.kind != Kind::scalar) return v.kind == Kind::array ? "an array" : "an object";
     // A cut may split a character: replaced, not thrown.
-    const std::string text = v.text ? json(v.text->substr(0, 41)).dump(-1, ' ', false, json::error_handler_t::replace) : v.scalar.dump();
+    const std::string text =
+        v.text ? json(v.text->substr(0, 41)).dump(-1, ' ', false, json::error_handler_t::replace) : v.scalar.dump();
     return text.size() > 40 ? text.substr(0, 40) + "..." : text;
   }
 
@@ -199,7 +204,8 @@ class HeaderReader {
         return open(In::entry);
       case In::metadata:
         if (!v.text) return stop("metadata value of ", named(key_), " is not a string");
-        if (!header.metadata.emplace(key_, std::move(*v.text)).second) return stop("__metadata__ has the key ", named(key_), " twice");
+        if (!header.metadata.emplace(key_, std::move(*v.text)).second)
+          return stop("__metadata__ has the key ", named(key_), " twice");
         return true;
       case In::entry:
         if (key_ == "dtype") {
@@ -209,7 +215,8 @@ class HeaderReader {
           return true;
         }
         if (key_ == "shape") {
-          return v.kind == Kind::array ? open(In::shape) : stop("tensor ", named(name_), " has a shape that is not an array");
+          return v.kind == Kind::array ? open(In::shape)
+                                       : stop("tensor ", named(name_), " has a shape that is not an array");
         }
         if (key_ == "data_offsets") {
           return v.kind == Kind::array ? open(In::offsets)
@@ -241,13 +248,15 @@ class HeaderReader {
     const In in = frames_.back();
     frames_.pop_back();
     if (in == In::offsets && offsets_.size() != 2) {
-      return stop("tensor ", named(name_), " has data_offsets of ", offsets_.size(), " entries, not two non-negative integers");
+      return stop("tensor ", named(name_), " has data_offsets of ", offsets_.size(),
+                  " entries, not two non-negative integers");
     }
     return in == In::entry ? finish_entry() : true;
   }
 
   bool finish_entry() {
-    if (!has_dtype_ || !has_shape_ || !has_offsets_) return stop("entry ", named(name_), " needs dtype, shape and data_offsets");
+    if (!has_dtype_ || !has_shape_ || !has_offsets_)
+      return stop("entry ", named(name_), " needs dtype, shape and data_offsets");
     const std::uint64_t size = element_bytes(dtype_);
     // A zero anywhere holds no elements, whatever the other sizes ((3, 0) as well as (0, 3)).
     const bool empty = std::find(shape_.begin(), shape_.end(), 0) != shape_.end();
@@ -255,7 +264,8 @@ class HeaderReader {
     for (const std::uint64_t v : shape_) {
       if (!empty && count > data_size_ / v) return stop("tensor ", named(name_), " has a shape larger than the file");
       // Even with a zero elsewhere, the strides (products of trailing sizes) must stay representable.
-      if (v > 1 && extent > kMaxExtent / v) return stop("tensor ", named(name_), " has a shape whose sizes multiply past 2^60");
+      if (v > 1 && extent > kMaxExtent / v)
+        return stop("tensor ", named(name_), " has a shape whose sizes multiply past 2^60");
       extent *= std::max<std::uint64_t>(v, 1);
       count *= v;
     }
@@ -263,7 +273,8 @@ class HeaderReader {
     const std::uint64_t b = offsets_[0], end = offsets_[1];
     if (b > end) return stop("tensor ", named(name_), " has reversed data_offsets [", b, ", ", end, "]");
     if (end > data_size_) {
-      return stop("tensor ", named(name_), " has data_offsets [", b, ", ", end, "] outside the ", data_size_, "-byte data");
+      return stop("tensor ", named(name_), " has data_offsets [", b, ", ", end, "] outside the ", data_size_,
+                  "-byte data");
     }
     if (end - b != count * size) {
       return stop("tensor ", named(name_), " of shape ", shape_str(shape), " and dtype ", dtype_name(dtype_), " needs ",
@@ -305,18 +316,23 @@ Header parse_header(const char* text, std::uint64_t n, std::uint64_t data_size, 
   // A name twice is ambiguous (JSON readers keep either value): refused, as save_safetensors refuses it.
   std::vector<std::size_t> by_name(entries.size());
   std::iota(by_name.begin(), by_name.end(), 0);
-  std::sort(by_name.begin(), by_name.end(), [&](std::size_t x, std::size_t y) { return entries[x].name < entries[y].name; });
+  std::sort(by_name.begin(), by_name.end(),
+            [&](std::size_t x, std::size_t y) { return entries[x].name < entries[y].name; });
   for (std::size_t i = 1; i < by_name.size(); ++i) {
-    if (entries[by_name[i]].name == entries[by_name[i - 1]].name) bad("tensor ", named(entries[by_name[i]].name), " appears twice");
+    if (entries[by_name[i]].name == entries[by_name[i - 1]].name)
+      bad("tensor ", named(entries[by_name[i]].name), " appears twice");
   }
   // The data must be covered exactly: no holes, no overlaps.
   std::vector<Span> spans;
   spans.reserve(entries.size());
   for (std::size_t i = 0; i < entries.size(); ++i) spans.push_back({entries[i].begin, entries[i].end, i});
-  std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) { return x.begin < y.begin || (x.begin == y.begin && x.end < y.end); });
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& x, const Span& y) { return x.begin < y.begin || (x.begin == y.begin && x.end < y.end); });
   std::uint64_t at = 0;
   for (const Span& s : spans) {
-    if (s.begin != at) bad("tensor ", named(entries[s.index].name), " starts at byte ", s.begin, ", expected ", at, " (a hole or an overlap)");
+    if (s.begin != at)
+      bad("tensor ", named(entries[s.index].name), " starts at byte ", s.begin, ", expected ", at,
+          " (a hole or an overlap)");
     at = s.end;
   }
   if (at != data_size) bad("the data has ", data_size, " bytes but the tensors cover ", at);
@@ -334,18 +350,22 @@ void check_arrays_fit(const Header& header, const std::string& what) {
   constexpr double kPerTensor = 512;
   double values = 0;
   for (const Entry& e : header.entries) values += static_cast<double>((e.end - e.begin) / element_bytes(e.dtype));
-  check_available_memory(values * sizeof(float) + kPerTensor * static_cast<double>(header.entries.size()), "load_safetensors",
-                         "reading " + what + " (" + std::to_string(static_cast<std::uint64_t>(values)) + " float32 values in " +
-                             std::to_string(header.entries.size()) + (header.entries.size() == 1 ? " tensor)" : " tensors)"));
+  check_available_memory(
+      values * sizeof(float) + kPerTensor * static_cast<double>(header.entries.size()), "load_safetensors",
+      "reading " + what + " (" + std::to_string(static_cast<std::uint64_t>(values)) + " float32 values in " +
+          std::to_string(header.entries.size()) + (header.entries.size() == 1 ? " tensor)" : " tensors)"));
 }
 
 }  // namespace
 
 const char* dtype_name(Dtype dtype) {
   switch (dtype) {
-    case Dtype::f32: return "F32";
-    case Dtype::f16: return "F16";
-    case Dtype::bf16: return "BF16";
+    case Dtype::f32:
+      return "F32";
+    case Dtype::f16:
+      return "F16";
+    case Dtype::bf16:
+      return "BF16";
   }
   return "?";
 }
@@ -488,12 +508,13 @@ std::size_t SafetensorsReader::find(const std::string& name) const {
 }
 
 void SafetensorsReader::read(std::size_t index, std::size_t first, std::size_t count, float* dst) {
-  if (index >= tensors_.size()) fail("SafetensorsReader::read: '", path_, "' has ", tensors_.size(), " tensors, no tensor ", index);
+  if (index >= tensors_.size())
+    fail("SafetensorsReader::read: '", path_, "' has ", tensors_.size(), " tensors, no tensor ", index);
   const TensorInfo& t = tensors_[index];
   const std::uint64_t size = element_bytes(t.dtype), elements = (t.end - t.begin) / size;
   if (first > elements || count > elements - first) {
-    fail("SafetensorsReader::read: elements [", first, ", ", static_cast<std::uint64_t>(first) + count, ") of tensor '", t.name,
-         "' in '", path_, "', which has ", elements);
+    fail("SafetensorsReader::read: elements [", first, ", ", static_cast<std::uint64_t>(first) + count, ") of tensor '",
+         t.name, "' in '", path_, "', which has ", elements);
   }
   const std::uint64_t at = data_start_ + t.begin + first * size;
   if (t.dtype == Dtype::f32) return file_.read_exact_at(at, reinterpret_cast<char*>(dst), count * 4);
@@ -523,7 +544,8 @@ void save_safetensors(const std::string& path, const NamedArrays& tensors, const
     if (name.empty() || name == "__metadata__") fail("save_safetensors: invalid tensor name '", name, "'");
     if (!names.insert(name).second) fail("save_safetensors: tensor name '", name, "' appears twice");
     std::vector<std::size_t> shape(a.shape().begin(), a.shape().end());
-    header[name] = {{"dtype", dtype_name(dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + a.size() * size}}};
+    header[name] = {
+        {"dtype", dtype_name(dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + a.size() * size}}};
     offset += a.size() * size;
   }
   // F16 and BF16 values, converted (and checked) before anything is written.
@@ -537,7 +559,8 @@ void save_safetensors(const std::string& path, const NamedArrays& tensors, const
         const bool to_inf = (bits & 0x7fff) == (dtype == Dtype::f16 ? 0x7c00 : 0x7f80);
         if (to_inf && std::isfinite(v)) {
           fail("save_safetensors: tensor '", name, "' holds ", v, " at flat position ", i, ", outside the range of ",
-               dtype_name(dtype), " (largest finite value ", dtype == Dtype::f16 ? 65504.0 : 3.3895313892515355e38, ")");
+               dtype_name(dtype), " (largest finite value ", dtype == Dtype::f16 ? 65504.0 : 3.3895313892515355e38,
+               ")");
         }
         bytes[2 * i] = static_cast<char>(bits & 0xff);
         bytes[2 * i + 1] = static_cast<char>(bits >> 8);

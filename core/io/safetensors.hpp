@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/io/file_io.hpp"
 
 namespace xgrad {
 
@@ -58,9 +58,9 @@ SafetensorsContents parse_safetensors(const std::string& bytes, const std::strin
 
 /// One tensor of a file, as its header describes it.
 struct TensorInfo {
-  std::string name;  ///< the tensor's name in the header
-  Shape shape;       ///< its shape
-  Dtype dtype;       ///< the element type stored in the file
+  std::string name;          ///< the tensor's name in the header
+  Shape shape;               ///< its shape
+  Dtype dtype;               ///< the element type stored in the file
   std::uint64_t begin, end;  // its bytes within the data (after the header)
   /// @var begin
   /// The offset of its first byte within the data (after the header).
@@ -75,9 +75,9 @@ class SafetensorsReader {
  public:
   /// Opens `path` and reads and checks its header; any problem is an Error, as in load_safetensors.
   explicit SafetensorsReader(const std::string& path);
-  const std::string& path() const { return path_; }  ///< the file's path, as given
+  const std::string& path() const { return path_; }                    ///< the file's path, as given
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  ///< the header's tensors, by data offset
-  const Metadata& metadata() const { return metadata_; }  ///< the "__metadata__" entries
+  const Metadata& metadata() const { return metadata_; }               ///< the "__metadata__" entries
   /// The index in tensors() of the tensor named `name`, or tensors().size() when there is none.
   std::size_t find(const std::string& name) const;
   /// Elements [first, first + count) of tensors()[index], in row-major order, as float32 into dst.
@@ -96,9 +96,9 @@ class SafetensorsReader {
 // One value's conversions, as the reader and writer do them. The narrowing ones round to
 // nearest, ties to even, and map a finite value past the type's range to infinity (the writer
 // refuses those instead).
-float f16_to_f32(std::uint16_t bits);  ///< IEEE half to float32, exactly
-float bf16_to_f32(std::uint16_t bits);  ///< bfloat16 to float32, exactly
-std::uint16_t f32_to_f16(float value);  ///< float32 to IEEE half, to nearest (ties to even); past its range: infinity
+float f16_to_f32(std::uint16_t bits);    ///< IEEE half to float32, exactly
+float bf16_to_f32(std::uint16_t bits);   ///< bfloat16 to float32, exactly
+std::uint16_t f32_to_f16(float value);   ///< float32 to IEEE half, to nearest (ties to even); past its range: infinity
 std::uint16_t f32_to_bf16(float value);  ///< float32 to bfloat16, to nearest (ties to even); past its range: infinity
 
 }  // namespace xgrad

@@ -97,9 +97,12 @@ Engine engine_for(std::size_t m, std::size_t n, std::size_t k) {
 
 std::string engine_name(Engine engine) {
   switch (engine) {
-    case Engine::automatic: return "auto";
-    case Engine::openblas: return "openblas";
-    case Engine::onednn: return "onednn";
+    case Engine::automatic:
+      return "auto";
+    case Engine::openblas:
+      return "openblas";
+    case Engine::onednn:
+      return "onednn";
   }
   return "?";
 }
@@ -136,9 +139,8 @@ void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, c
   const Engine e = engine_for(rows, out, in);
   const std::size_t work = rows * out * std::max<std::size_t>(in, 1);
   if (work < 2 * kGrainGemm) return linear_rows(e, 0, rows, out, in, x, w, bias, y);
-  parallel_for(rows, grain_for(kGrainGemm, work / rows), [=](std::size_t lo, std::size_t hi) {
-    linear_rows(e, lo, hi, out, in, x, w, bias, y);
-  });
+  parallel_for(rows, grain_for(kGrainGemm, work / rows),
+               [=](std::size_t lo, std::size_t hi) { linear_rows(e, lo, hi, out, in, x, w, bias, y); });
 }
 
 namespace {
@@ -179,9 +181,8 @@ void add_transposed(std::size_t m, std::size_t n, const float* t, float beta, fl
 
 }  // namespace
 
-void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
-           const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-           std::size_t ldc) {
+void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+           std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   if (k > 0 && swap_tall_tn(engine_for(m, n, k), trans_a, trans_b, m, n)) {
     // C^T = alpha B^T A, computed (n x m, now wide: no second swap) and added transposed
     const std::unique_ptr<float[]> t(new float[m * n]);  // beta 0 below: no need to zero it
@@ -258,8 +259,8 @@ void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t 
     for (std::size_t i = lo; i < hi; ++i) {
       for (std::size_t h = 0; h < heads; ++h) {
         sgemm(trans_a, trans_b, m, n, k, alpha, a.data + i * a.batch_stride + h * a.head_stride, a.ld,
-              b.data + i * b.batch_stride + h * b.head_stride, b.ld, beta, c.data + i * c.batch_stride + h * c.head_stride,
-              c.ld);
+              b.data + i * b.batch_stride + h * b.head_stride, b.ld, beta,
+              c.data + i * c.batch_stride + h * c.head_stride, c.ld);
       }
     }
   };

@@ -15,9 +15,8 @@ namespace xgrad::blas {
 /// op(X) = X^T when the flag is set. lda/ldb/ldc are the row strides of the stored matrices.
 /// Large products are split across xgrad's kernel threads (parallel.hpp); a call from inside a
 /// parallel_for body runs on its own thread. Every engine call runs on the thread that makes it.
-void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
-           const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-           std::size_t ldc);
+void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+           std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 
 /// Y (rows x out) = X (rows x in) W^T + bias, the Linear layer's product: W is stored out x in
 /// (PyTorch's layout), all row-major and contiguous; bias (out) may be null. sgemm writes the

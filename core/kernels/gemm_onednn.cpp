@@ -21,18 +21,17 @@ OnednnOnThisThread::~OnednnOnThisThread() {
   if (outer_ != 1) omp_set_num_threads(outer_);
 }
 
-void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
-                  const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-                  std::size_t ldc) {
+void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                  std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   dnnl_status_t status;
   {
     const OnednnOnThisThread serial;
     // dnnl_sgemm is row-major (oneDNN 1.0 and later); leading dimensions must be >= 1.
-    status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', static_cast<dnnl_dim_t>(m),
-                        static_cast<dnnl_dim_t>(n), static_cast<dnnl_dim_t>(k), alpha, a,
-                        static_cast<dnnl_dim_t>(std::max<std::size_t>(lda, 1)), b,
-                        static_cast<dnnl_dim_t>(std::max<std::size_t>(ldb, 1)), beta, c,
-                        static_cast<dnnl_dim_t>(std::max<std::size_t>(ldc, 1)));
+    status =
+        dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', static_cast<dnnl_dim_t>(m), static_cast<dnnl_dim_t>(n),
+                   static_cast<dnnl_dim_t>(k), alpha, a, static_cast<dnnl_dim_t>(std::max<std::size_t>(lda, 1)), b,
+                   static_cast<dnnl_dim_t>(std::max<std::size_t>(ldb, 1)), beta, c,
+                   static_cast<dnnl_dim_t>(std::max<std::size_t>(ldc, 1)));
   }
   if (status != dnnl_success)
     fail("blas::sgemm: oneDNN's sgemm failed with status ", static_cast<int>(status), " on ", m, " x ", n, " x ", k);

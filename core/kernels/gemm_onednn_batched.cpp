@@ -128,10 +128,11 @@ bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::
     thread_local dnnl::stream stream(cpu());
     thread_local std::vector<std::uint8_t> scratch;
     if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
-    dnnl::memory src(use.src, cpu(), const_cast<float*>(a.data)), weights(use.weights, cpu(), const_cast<float*>(b.data)),
-        dst(use.dst, cpu(), c.data), pad(use.scratch, cpu(), scratch.data());
-    use.matmul.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst},
-                                {DNNL_ARG_SCRATCHPAD, pad}});
+    dnnl::memory src(use.src, cpu(), const_cast<float*>(a.data)),
+        weights(use.weights, cpu(), const_cast<float*>(b.data)), dst(use.dst, cpu(), c.data),
+        pad(use.scratch, cpu(), scratch.data());
+    use.matmul.execute(
+        stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, pad}});
     stream.wait();
   } catch (const dnnl::error& e) {
     fail("blas::sgemm_batched: oneDNN's matmul failed (", e.what(), ") on ", batches, " x ", heads, " products of ", m,

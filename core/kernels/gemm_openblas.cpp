@@ -17,8 +17,8 @@ void openblas_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, st
   // BLAS requires leading dimensions >= 1 even for empty operands.
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(std::max<std::size_t>(lda, 1)), b, static_cast<int>(std::max<std::size_t>(ldb, 1)),
-              beta, c, static_cast<int>(std::max<std::size_t>(ldc, 1)));
+              static_cast<int>(std::max<std::size_t>(lda, 1)), b, static_cast<int>(std::max<std::size_t>(ldb, 1)), beta,
+              c, static_cast<int>(std::max<std::size_t>(ldc, 1)));
 }
 
 }  // namespace detail

@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 
 namespace xgrad {
 
@@ -102,7 +102,8 @@ class Pool {
     stop_workers(before);
     threads_ = before;
     fail("set_num_threads(", threads, "): could not start thread ", running + 1, " of ", threads, " (", running,
-         " running, the calling thread included): ", why, limits(), "; the pool keeps its ", before, before == 1 ? " thread" : " threads");
+         " running, the calling thread included): ", why, limits(), "; the pool keeps its ", before,
+         before == 1 ? " thread" : " threads");
   }
 
   void run(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& body) {
@@ -183,10 +184,12 @@ class Pool {
   // The limits that decide how many threads a process may start, for an error message.
   static std::string limits() {
     std::string out;
-    for (const auto& [name, which] : {std::pair<const char*, int>{"RLIMIT_NPROC", RLIMIT_NPROC}, {"RLIMIT_AS", RLIMIT_AS}}) {
+    for (const auto& [name, which] :
+         {std::pair<const char*, int>{"RLIMIT_NPROC", RLIMIT_NPROC}, {"RLIMIT_AS", RLIMIT_AS}}) {
       rlimit rl{};
       if (::getrlimit(which, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-        out += std::string(out.empty() ? " (" : ", ") + name + " is " + std::to_string(rl.rlim_cur) + (which == RLIMIT_AS ? " bytes" : "");
+        out += std::string(out.empty() ? " (" : ", ") + name + " is " + std::to_string(rl.rlim_cur) +
+               (which == RLIMIT_AS ? " bytes" : "");
       }
     }
     return out.empty() ? out : out + ")";
@@ -217,8 +220,8 @@ class Pool {
     }
   }
 
-  std::mutex run_mutex_;          // one parallel_for (or resize) at a time
-  std::atomic<int> threads_{0};   // 0 until first use; written under run_mutex_
+  std::mutex run_mutex_;         // one parallel_for (or resize) at a time
+  std::atomic<int> threads_{0};  // 0 until first use; written under run_mutex_
   std::vector<std::thread> workers_;
 
   std::mutex mutex_;  // guards job_ and the changes of generation_, active_ (when lowered) and Job::workers_inside

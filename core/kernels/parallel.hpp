@@ -37,12 +37,14 @@ void parallel_for(std::size_t n, std::size_t grain, const std::function<void(std
 
 // Grains (elements per range) for kernels of different cost: a wake-up of a sleeping thread
 // costs tens of microseconds here, so a range should take longer than that.
-inline constexpr std::size_t kGrainCheap = 1 << 15;  ///< grain for a few flops per element (copy, scale, add)
+inline constexpr std::size_t kGrainCheap = 1 << 15;   ///< grain for a few flops per element (copy, scale, add)
 inline constexpr std::size_t kGrainCostly = 1 << 12;  ///< grain for tens of flops per element (erf, exp)
 inline constexpr std::size_t kGrainGemm = std::size_t{1} << 20;  ///< grain in multiply-adds of matrix products
 
 /// The grain in items (rows, heads, batch entries) when each item costs `cost` units of work and
 /// a range should hold at least `grain` units: at least 1.
-inline std::size_t grain_for(std::size_t grain, std::size_t cost) { return std::max<std::size_t>(1, grain / std::max<std::size_t>(cost, 1)); }
+inline std::size_t grain_for(std::size_t grain, std::size_t cost) {
+  return std::max<std::size_t>(1, grain / std::max<std::size_t>(cost, 1));
+}
 
 }  // namespace xgrad

@@ -80,7 +80,6 @@ inline float max32(std::size_t n, F f) {
 
 }  // namespace
 
-
 namespace {
 
 // Dropout's keep flags for elements first .. first + n - 1 (see dropout_forward).
@@ -184,7 +183,8 @@ XGRAD_CLONES void masked_softmax_row(float* row, std::size_t n, std::size_t end,
   }
   // 32-bit positions fill twice the vector lanes of 64-bit ones: rows of 32 took 33 ns, not 47.
   const auto e = static_cast<std::uint32_t>(end);
-  if (keep) return softmax_row(row, n, [&](std::size_t s) { return (static_cast<std::uint32_t>(s) < e) & (keep[s] != 0); });
+  if (keep)
+    return softmax_row(row, n, [&](std::size_t s) { return (static_cast<std::uint32_t>(s) < e) & (keep[s] != 0); });
   softmax_row(row, n, [&](std::size_t s) { return static_cast<std::uint32_t>(s) < e; });
 }
 
@@ -260,6 +260,5 @@ XGRAD_CLONES void add_column_sums(const float* x, std::size_t rows, std::size_t 
     for (std::size_t j = 0; j < cols; ++j) sums[j] += row[j];
   }
 }
-
 
 }  // namespace xgrad::XGRAD_KERNELS_NS

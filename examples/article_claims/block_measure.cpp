@@ -42,7 +42,9 @@ double heap_bytes_in_use() {
 class TimedBlock {
  public:
   TimedBlock(const BlockSize& s, const StepOptions& o)
-      : gen_(o.seed), block_(block_options(s, o.dropout), gen_), opt_(block_.named_parameters()),
+      : gen_(o.seed),
+        block_(block_options(s, o.dropout), gen_),
+        opt_(block_.named_parameters()),
         x_(gen_.normal({o.batch, o.seq_len, s.d_model}, 0.f, 1.f)) {
     block_.train();
     mask_.causal = o.causal;

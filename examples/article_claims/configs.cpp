@@ -38,7 +38,8 @@ ModuleCounts count_module_params(const BlockSize& s) {
   c.attention = many.num_parameters();
   c.attention_one_head = one.num_parameters();
   for (const auto& [name, t] : many.named_parameters()) {
-    if (ends_with(name, "w_q.weight") || ends_with(name, "w_k.weight") || ends_with(name, "w_v.weight")) c.qkv_weights += t.size();
+    if (ends_with(name, "w_q.weight") || ends_with(name, "w_k.weight") || ends_with(name, "w_v.weight"))
+      c.qkv_weights += t.size();
   }
   c.block = nn::TransformerBlock(block_options(s), gen).num_parameters();
   return c;

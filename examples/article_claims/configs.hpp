@@ -30,9 +30,8 @@ struct ModuleCounts {
 };
 ModuleCounts count_module_params(const BlockSize& size);
 
-
 struct ConfigsOptions {
-  StepOptions step;                                   // the timed training step
+  StepOptions step;                                      // the timed training step
   std::vector<std::size_t> share_lengths = {128, 1024};  // T of the FLOP and memory shares (B = 1)
   bool measure_time = true;
 };
@@ -41,11 +40,11 @@ struct ConfigsOptions {
 struct ConfigReport {
   ArticleConfig config;
   ModuleCounts counts;
-  std::vector<BlockFlops> flops;                   // per share length, B = 1
-  std::vector<BlockActivations> memory_formula;    // per share length, B = 1
-  std::vector<double> memory_measured;             // bytes, H heads, per share length
-  std::vector<double> memory_measured_one_head;    // bytes, 1 head of width C
-  StepTimes times, times_one_head;                 // when measure_time
+  std::vector<BlockFlops> flops;                 // per share length, B = 1
+  std::vector<BlockActivations> memory_formula;  // per share length, B = 1
+  std::vector<double> memory_measured;           // bytes, H heads, per share length
+  std::vector<double> memory_measured_one_head;  // bytes, 1 head of width C
+  StepTimes times, times_one_head;               // when measure_time
 };
 
 ConfigReport report_config(const ArticleConfig& config, const ConfigsOptions& options);

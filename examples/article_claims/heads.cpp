@@ -5,9 +5,9 @@
 
 #include "common/argmax.hpp"
 #include "shift_model.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/finite.hpp"
 
@@ -25,7 +25,8 @@ void validate(const HeadsConfig& c) {
   for (std::size_t h : c.head_counts) {
     if (h == 0 || c.d_model % h != 0) fail("--heads ", h, " does not divide --d-model ", c.d_model);
   }
-  if (c.batch > c.train_size) fail("--batch ", c.batch, " is more than the ", c.train_size, " sequences of --train-size");
+  if (c.batch > c.train_size)
+    fail("--batch ", c.batch, " is more than the ", c.train_size, " sequences of --train-size");
   if (c.seeds.empty()) fail("--seeds: no seeds given");
 }
 
@@ -77,7 +78,8 @@ Evaluation evaluate(const ShiftModel& model, const ShiftBatch& set) {
       ++counted;
       hits += static_cast<std::int64_t>(metrics::argmax(logits.value().data() + i * V, V)) == target;
     }
-    loss_sum += static_cast<double>(cross_entropy(logits, part.targets, tasks::kIgnore).item()) * static_cast<double>(counted);
+    loss_sum +=
+        static_cast<double>(cross_entropy(logits, part.targets, tasks::kIgnore).item()) * static_cast<double>(counted);
     targets += counted;
   }
   return {loss_sum / static_cast<double>(targets), static_cast<double>(hits) / static_cast<double>(targets)};

@@ -31,7 +31,7 @@ struct HeadsRun {
   std::size_t heads = 0, head_size = 0;
   std::uint64_t seed = 0;
   std::size_t params = 0;
-  std::vector<float> losses;  // the training batches' losses, one per step
+  std::vector<float> losses;                  // the training batches' losses, one per step
   double train_loss = 0, train_accuracy = 0;  // the whole training set, after training
   double val_loss = 0, val_accuracy = 0;      // the held-out set, after training
   double seconds = 0;                         // the training loop's wall time
@@ -43,6 +43,7 @@ struct HeadsRun {
 HeadsRun run_heads(const HeadsConfig& config, std::size_t heads, std::uint64_t seed);
 
 // Every head count for every seed, in that order; on_done sees each run as it ends.
-std::vector<HeadsRun> run_head_sweep(const HeadsConfig& config, const std::function<void(const HeadsRun&)>& on_done = {});
+std::vector<HeadsRun> run_head_sweep(const HeadsConfig& config,
+                                     const std::function<void(const HeadsRun&)>& on_done = {});
 
 }  // namespace claims

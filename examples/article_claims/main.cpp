@@ -33,7 +33,8 @@ void check_configs_memory(const ConfigsOptions& o) {
                                                               std::to_string(o.step.seq_len) + ")");
     s.batch = 1;
     s.seq_len = static_cast<double>(longest);
-    cli::check_memory(cli::transformer_training_bytes(s), "the memory measurement at --share-lengths " + std::to_string(longest));
+    cli::check_memory(cli::transformer_training_bytes(s),
+                      "the memory measurement at --share-lengths " + std::to_string(longest));
   }
 }
 
@@ -50,7 +51,8 @@ void check_heads_memory(const HeadsConfig& c) {
   s.batch = static_cast<double>(std::max<std::size_t>(c.batch, 256));  // evaluation runs 256 at a time
   s.seq_len = static_cast<double>(c.task.seq_len);
   const double data = 8.0 * static_cast<double>(c.train_size + c.val_size) * s.seq_len * (1 + s.outputs_per_position);
-  cli::check_memory(cli::transformer_training_bytes(s) + data, "a training step of the largest head count (--d-model, --layers, --batch, --seq-len)");
+  cli::check_memory(cli::transformer_training_bytes(s) + data,
+                    "a training step of the largest head count (--d-model, --layers, --batch, --seq-len)");
 }
 
 void write_report(const std::string& path, const nlohmann::json& report) {
@@ -70,15 +72,26 @@ int main(int argc, char** argv) {
 
   ConfigsOptions co;
   bool no_time = false;
-  CLI::App* configs = app.add_subcommand("configs", "parameters, FLOP and memory shares, step times of the article's four sizes");
-  configs->add_option("--batch", co.step.batch, "sequences per timed step")->transform(cli::count(1, 4096))->capture_default_str();
+  CLI::App* configs =
+      app.add_subcommand("configs", "parameters, FLOP and memory shares, step times of the article's four sizes");
+  configs->add_option("--batch", co.step.batch, "sequences per timed step")
+      ->transform(cli::count(1, 4096))
+      ->capture_default_str();
   configs->add_option("--seq-len", co.step.seq_len, "length of the timed step")->transform(size)->capture_default_str();
-  CLI::Option* timed_steps = configs->add_option("--steps", co.step.steps, "timed steps (the median is printed), after one warm-up")
-      ->transform(cli::count(1, 1000))->capture_default_str();
+  CLI::Option* timed_steps =
+      configs->add_option("--steps", co.step.steps, "timed steps (the median is printed), after one warm-up")
+          ->transform(cli::count(1, 1000))
+          ->capture_default_str();
   configs->add_option("--share-lengths", co.share_lengths, "T of the FLOP and memory shares, e.g. 128,1024")
-      ->delimiter(',')->transform(size)->capture_default_str();
-  configs->add_option("--dropout", co.step.dropout, "dropout of the block")->check(cli::real(0, 1))->capture_default_str();
-  configs->add_option("--seed", co.step.seed, "seed of weights and input")->transform(cli::seed())->capture_default_str();
+      ->delimiter(',')
+      ->transform(size)
+      ->capture_default_str();
+  configs->add_option("--dropout", co.step.dropout, "dropout of the block")
+      ->check(cli::real(0, 1))
+      ->capture_default_str();
+  configs->add_option("--seed", co.step.seed, "seed of weights and input")
+      ->transform(cli::seed())
+      ->capture_default_str();
   configs->add_flag("--no-time", no_time, "skip the timed steps (counts and shares only)");
   cli::add_threads(*configs, threads);
   configs->add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
@@ -87,22 +100,43 @@ int main(int argc, char** argv) {
   std::size_t offsets = hc.task.offsets.size();
   bool quiet = false;
   CLI::App* heads = app.add_subcommand("heads", "1 to 32 heads at one d_model, on a finite training set");
-  heads->add_option("--d-model", hc.d_model, "model width (the head size is d_model / heads)")->transform(cli::count(1, 4096))
+  heads->add_option("--d-model", hc.d_model, "model width (the head size is d_model / heads)")
+      ->transform(cli::count(1, 4096))
       ->capture_default_str();
-  heads->add_option("--heads", hc.head_counts, "head counts, e.g. 1,2,4,8,16,32")->delimiter(',')->transform(cli::count(1, 4096))->capture_default_str();
+  heads->add_option("--heads", hc.head_counts, "head counts, e.g. 1,2,4,8,16,32")
+      ->delimiter(',')
+      ->transform(cli::count(1, 4096))
+      ->capture_default_str();
   heads->add_option("--layers", hc.layers, "transformer blocks")->transform(cli::count(1, 64))->capture_default_str();
   heads->add_option("--offsets", offsets, "relations: the task asks for the tokens 1 .. K positions back")
-      ->transform(cli::count(1, 4096))->capture_default_str();
-  heads->add_option("--vocab", hc.task.vocab, "vocabulary size")->transform(cli::count(2, 1 << 16))->capture_default_str();
-  heads->add_option("--seq-len", hc.task.seq_len, "sequence length")->transform(cli::count(2, 4096))->capture_default_str();
-  heads->add_option("--train-size", hc.train_size, "training sequences (the finite set)")->transform(cli::count(1, 1 << 20))
+      ->transform(cli::count(1, 4096))
       ->capture_default_str();
-  heads->add_option("--val-size", hc.val_size, "held-out sequences")->transform(cli::count(1, 1 << 20))->capture_default_str();
-  heads->add_option("--steps", hc.steps, "training steps per model")->transform(cli::count(1, cli::kMaxSteps))->capture_default_str();
-  heads->add_option("--batch", hc.batch, "sequences per step")->transform(cli::count(1, 1 << 16))->capture_default_str();
+  heads->add_option("--vocab", hc.task.vocab, "vocabulary size")
+      ->transform(cli::count(2, 1 << 16))
+      ->capture_default_str();
+  heads->add_option("--seq-len", hc.task.seq_len, "sequence length")
+      ->transform(cli::count(2, 4096))
+      ->capture_default_str();
+  heads->add_option("--train-size", hc.train_size, "training sequences (the finite set)")
+      ->transform(cli::count(1, 1 << 20))
+      ->capture_default_str();
+  heads->add_option("--val-size", hc.val_size, "held-out sequences")
+      ->transform(cli::count(1, 1 << 20))
+      ->capture_default_str();
+  heads->add_option("--steps", hc.steps, "training steps per model")
+      ->transform(cli::count(1, cli::kMaxSteps))
+      ->capture_default_str();
+  heads->add_option("--batch", hc.batch, "sequences per step")
+      ->transform(cli::count(1, 1 << 16))
+      ->capture_default_str();
   heads->add_option("--lr", hc.lr, "AdamW learning rate")->check(cli::real(0, 1e6, true))->capture_default_str();
-  heads->add_option("--weight-decay", hc.weight_decay, "AdamW weight decay")->check(cli::real(0, 1e6))->capture_default_str();
-  heads->add_option("--seeds", hc.seeds, "one run per seed and head count, e.g. 0,1")->delimiter(',')->transform(cli::seed())->capture_default_str();
+  heads->add_option("--weight-decay", hc.weight_decay, "AdamW weight decay")
+      ->check(cli::real(0, 1e6))
+      ->capture_default_str();
+  heads->add_option("--seeds", hc.seeds, "one run per seed and head count, e.g. 0,1")
+      ->delimiter(',')
+      ->transform(cli::seed())
+      ->capture_default_str();
   cli::add_threads(*heads, threads);
   heads->add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
   heads->add_flag("--quiet", quiet, "print only the table");
@@ -112,7 +146,8 @@ int main(int argc, char** argv) {
     if (!configs->parsed() && !heads->parsed()) cli::usage_error("a subcommand is required: configs or heads");
     if (configs->parsed()) {
       co.measure_time = !no_time;
-      if (no_time && timed_steps->count() > 0) cli::usage_error("--steps counts timed steps; with --no-time nothing is timed");
+      if (no_time && timed_steps->count() > 0)
+        cli::usage_error("--steps counts timed steps; with --no-time nothing is timed");
       cli::as_usage([&] {
         if (co.share_lengths.empty()) xgrad::fail("--share-lengths: no lengths given");
         if (co.step.dropout >= 1) xgrad::fail("--dropout ", co.step.dropout, " must be less than 1");
@@ -137,8 +172,9 @@ int main(int argc, char** argv) {
     });
     xgrad::set_num_threads(threads);
     const std::vector<HeadsRun> runs = run_head_sweep(hc, [&](const HeadsRun& r) {
-      if (!quiet) std::fprintf(stderr, "heads %zu, seed %llu: val acc %.4f (%.1fs)\n", r.heads,
-                               static_cast<unsigned long long>(r.seed), r.val_accuracy, r.seconds);
+      if (!quiet)
+        std::fprintf(stderr, "heads %zu, seed %llu: val acc %.4f (%.1fs)\n", r.heads,
+                     static_cast<unsigned long long>(r.seed), r.val_accuracy, r.seconds);
     });
     std::printf("%s", heads_table(runs, hc).c_str());
     write_report(report_path, heads_json(runs, hc));

@@ -26,7 +26,8 @@ Tensor ShiftModel::forward(const IndexArray& tokens) const {
   mask.causal = true;
   for (const auto& block : blocks_) h = block->forward(h, mask).output;
   const auto as_int = [](std::size_t n) { return static_cast<std::int64_t>(n); };
-  return reshape(readout_->forward(final_norm_->forward(h)), {as_int(B), as_int(T), as_int(options_.offsets), as_int(options_.vocab)});
+  return reshape(readout_->forward(final_norm_->forward(h)),
+                 {as_int(B), as_int(T), as_int(options_.offsets), as_int(options_.vocab)});
 }
 
 }  // namespace claims

@@ -24,8 +24,8 @@ struct Errand {
   std::string place;
   Words purposes;
 };
-const std::vector<Errand> kErrands = {{"医院", {"看病"}},         {"学校", {"上课"}},         {"公司", {"上班", "开会"}},
-                                      {"超市", {"买菜", "购物"}}, {"公园", {"散步"}},         {"图书馆", {"看书"}},
+const std::vector<Errand> kErrands = {{"医院", {"看病"}},         {"学校", {"上课"}}, {"公司", {"上班", "开会"}},
+                                      {"超市", {"买菜", "购物"}}, {"公园", {"散步"}}, {"图书馆", {"看书"}},
                                       {"饭馆", {"吃饭"}}};
 
 // A place, a verb done there, and its objects.
@@ -33,8 +33,10 @@ struct Activity {
   std::string place, verb;
   Words objects;
 };
-const std::vector<Activity> kActivities = {{"家", "看", {"电影", "电视"}},       {"饭馆", "吃", {"饺子", "面条", "米饭"}},
-                                           {"超市", "买", {"水果", "牛奶", "面包"}}, {"咖啡馆", "喝", {"咖啡", "茶"}},
+const std::vector<Activity> kActivities = {{"家", "看", {"电影", "电视"}},
+                                           {"饭馆", "吃", {"饺子", "面条", "米饭"}},
+                                           {"超市", "买", {"水果", "牛奶", "面包"}},
+                                           {"咖啡馆", "喝", {"咖啡", "茶"}},
                                            {"图书馆", "看", {"书", "报纸"}}};
 
 const std::string& pick(const Words& words, xgrad::Generator& gen) { return words[gen.below(words.size())]; }
@@ -109,7 +111,8 @@ std::vector<Sentence> grammar_sentences(std::size_t count) {
 }
 
 CorpusSplit split_corpus(const std::vector<Sentence>& sentences, std::size_t held_out_every) {
-  if (held_out_every < 2) xgrad::fail("split_corpus: held_out_every ", held_out_every, " would leave nothing to train on");
+  if (held_out_every < 2)
+    xgrad::fail("split_corpus: held_out_every ", held_out_every, " would leave nothing to train on");
   CorpusSplit split;
   for (std::size_t i = 0; i < sentences.size(); ++i) {
     (i % held_out_every == held_out_every - 1 ? split.held_out : split.train).push_back(sentences[i]);

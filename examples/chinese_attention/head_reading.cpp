@@ -9,7 +9,8 @@
 
 namespace zh {
 
-std::vector<xgrad::Array> attention_on(const xgrad::nn::LanguageModel& model, const Vocabulary& vocab, const Sentence& words) {
+std::vector<xgrad::Array> attention_on(const xgrad::nn::LanguageModel& model, const Vocabulary& vocab,
+                                       const Sentence& words) {
   xgrad::NoGradGuard no_grad;
   const xgrad::nn::LanguageModelOutput out = model.forward(model_input(vocab, words));
   std::vector<xgrad::Array> layers;
@@ -50,7 +51,10 @@ std::vector<HeadReading> read_heads(const std::vector<xgrad::Array>& attention) 
       r.previous /= queries;
       r.first /= queries;
       r.self /= queries;
-      r.pattern = r.previous >= 0.7 ? "previous token" : r.first >= 0.7 ? "first token" : r.self >= 0.7 ? "itself" : "mixed";
+      r.pattern = r.previous >= 0.7 ? "previous token"
+                  : r.first >= 0.7  ? "first token"
+                  : r.self >= 0.7   ? "itself"
+                                    : "mixed";
       readings.push_back(r);
     }
   }
@@ -59,7 +63,8 @@ std::vector<HeadReading> read_heads(const std::vector<xgrad::Array>& attention) 
 
 std::string describe(const HeadReading& r, const std::vector<std::string>& labels) {
   char head[160];
-  std::snprintf(head, sizeof head, "previous %.2f  first %.2f  self %.2f  %-14s", r.previous, r.first, r.self, r.pattern.c_str());
+  std::snprintf(head, sizeof head, "previous %.2f  first %.2f  self %.2f  %-14s", r.previous, r.first, r.self,
+                r.pattern.c_str());
   std::string text = head;
   for (std::size_t t = 1; t < r.strongest_key.size(); ++t) {
     char weight[16];

@@ -12,7 +12,8 @@ namespace zh {
 
 // One (H, T, T) array of attention weights per layer for <s> w1 .. wn (T = n + 1): row t is query
 // t's distribution over keys 0 .. t. Runs without recording; the model's mode is unchanged.
-std::vector<xgrad::Array> attention_on(const xgrad::nn::LanguageModel& model, const Vocabulary& vocab, const Sentence& words);
+std::vector<xgrad::Array> attention_on(const xgrad::nn::LanguageModel& model, const Vocabulary& vocab,
+                                       const Sentence& words);
 
 // <s> w1 .. wn: the row and column labels.
 std::vector<std::string> token_labels(const Sentence& words);
@@ -24,7 +25,7 @@ struct HeadReading {
   double previous = 0, first = 0, self = 0;
   std::vector<std::size_t> strongest_key;  // per query t = 0 .. T-1: the key with the largest weight
   std::vector<double> strongest_weight;    // and that weight
-  std::string pattern;  // "previous token", "first token", "itself" (mean >= 0.7), else "mixed"
+  std::string pattern;                     // "previous token", "first token", "itself" (mean >= 0.7), else "mixed"
 };
 
 std::vector<HeadReading> read_heads(const std::vector<xgrad::Array>& attention);

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <sstream>
 
-#include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/io/file_io.hpp"
 #include "xgrad/inspect/attention_viewer.hpp"
 #include "xgrad/inspect/svg.hpp"
 
@@ -17,7 +17,8 @@ std::size_t display_width(const std::string& utf8) {
     const auto lead = static_cast<unsigned char>(utf8[i]);
     const std::size_t bytes = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
     std::uint32_t code = bytes == 1 ? lead : lead & (0x7F >> bytes);
-    for (std::size_t k = 1; k < bytes && i + k < utf8.size(); ++k) code = (code << 6) | (static_cast<unsigned char>(utf8[i + k]) & 0x3F);
+    for (std::size_t k = 1; k < bytes && i + k < utf8.size(); ++k)
+      code = (code << 6) | (static_cast<unsigned char>(utf8[i + k]) & 0x3F);
     width += code >= 0x2E80 && code <= 0xFFDC ? 2 : 1;  // CJK radicals .. fullwidth forms
     i += bytes;
   }
@@ -42,13 +43,15 @@ std::string attention_grid(const xgrad::Array& weights, std::size_t head, const 
 }
 
 std::vector<std::string> write_heatmaps(const std::string& folder, const std::vector<xgrad::Array>& attention,
-                                        const std::vector<HeadReading>& readings, const std::vector<std::string>& labels) {
+                                        const std::vector<HeadReading>& readings,
+                                        const std::vector<std::string>& labels) {
   std::vector<xgrad::inspect::Heatmap> maps;
   std::vector<std::string> written;
   for (const HeadReading& r : readings) {
     const xgrad::Array& w = attention[r.layer];
     xgrad::inspect::Heatmap m;
-    m.title = "layer " + std::to_string(r.layer) + " head " + std::to_string(r.head) + (r.pattern == "mixed" ? "" : ": " + r.pattern);
+    m.title = "layer " + std::to_string(r.layer) + " head " + std::to_string(r.head) +
+              (r.pattern == "mixed" ? "" : ": " + r.pattern);
     m.row_labels = labels;
     m.col_labels = labels;
     for (std::size_t t = 0; t < labels.size(); ++t) {
@@ -68,12 +71,14 @@ std::vector<std::string> write_heatmaps(const std::string& folder, const std::ve
   return written;
 }
 
-void write_viewer(const std::string& path, xgrad::nn::LanguageModel& model, const Vocabulary& vocab, const Sentence& words) {
+void write_viewer(const std::string& path, xgrad::nn::LanguageModel& model, const Vocabulary& vocab,
+                  const Sentence& words) {
   xgrad::NoGradGuard no_grad;
   const xgrad::IndexArray ids = model_input(vocab, words);
-  const xgrad::inspect::ActivationCache cache =
-      xgrad::inspect::cache_activations(model, [&] { model.forward(ids); }, xgrad::inspect::points_ending_with({".pattern"}));
-  xgrad::write_file_atomically(path, xgrad::inspect::attention_viewer_html(cache, token_labels(words), 0, join_words(words)),
+  const xgrad::inspect::ActivationCache cache = xgrad::inspect::cache_activations(
+      model, [&] { model.forward(ids); }, xgrad::inspect::points_ending_with({".pattern"}));
+  xgrad::write_file_atomically(path,
+                               xgrad::inspect::attention_viewer_html(cache, token_labels(words), 0, join_words(words)),
                                "chinese_attention: the attention viewer");
 }
 

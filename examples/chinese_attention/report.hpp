@@ -18,9 +18,11 @@ std::string attention_grid(const xgrad::Array& weights, std::size_t head, const 
 // Writes heads.svg (every head of every layer, one row per layer) and head_l<L>_h<H>.svg into
 // `folder`; returns the paths written.
 std::vector<std::string> write_heatmaps(const std::string& folder, const std::vector<xgrad::Array>& attention,
-                                        const std::vector<HeadReading>& readings, const std::vector<std::string>& labels);
+                                        const std::vector<HeadReading>& readings,
+                                        const std::vector<std::string>& labels);
 
 // The self-contained HTML attention viewer of the model over the sentence.
-void write_viewer(const std::string& path, xgrad::nn::LanguageModel& model, const Vocabulary& vocab, const Sentence& words);
+void write_viewer(const std::string& path, xgrad::nn::LanguageModel& model, const Vocabulary& vocab,
+                  const Sentence& words);
 
 }  // namespace zh

@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include "common/memory.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
@@ -53,7 +53,8 @@ double sentence_loss(const nn::LanguageModel& model, const Vocabulary& vocab, co
   return model.loss(b.ids, b.targets).item();
 }
 
-double unigram_loss(const Vocabulary& vocab, const std::vector<Sentence>& counted, const std::vector<Sentence>& evaluated) {
+double unigram_loss(const Vocabulary& vocab, const std::vector<Sentence>& counted,
+                    const std::vector<Sentence>& evaluated) {
   // Predicted tokens are every word and </s>: V - 2 symbols (not <pad>, not <s>), add-one smoothed.
   std::vector<double> count(vocab.size(), 0.0);
   double total = 0;
@@ -61,7 +62,11 @@ double unigram_loss(const Vocabulary& vocab, const std::vector<Sentence>& counte
     for (std::int64_t id : vocab.encode(s)) f(id);
     f(Vocabulary::kEos);
   };
-  for (const Sentence& s : counted) tally(s, [&](std::int64_t id) { count[static_cast<std::size_t>(id)] += 1; total += 1; });
+  for (const Sentence& s : counted)
+    tally(s, [&](std::int64_t id) {
+      count[static_cast<std::size_t>(id)] += 1;
+      total += 1;
+    });
   const double symbols = static_cast<double>(vocab.size() - 2);
   double loss = 0, tokens = 0;
   for (const Sentence& s : evaluated) {
@@ -73,7 +78,8 @@ double unigram_loss(const Vocabulary& vocab, const std::vector<Sentence>& counte
   return loss / tokens;
 }
 
-TrainResult train(const TrainOptions& o, const CorpusSplit& corpus, const std::function<void(std::size_t, std::size_t, float)>& on_step) {
+TrainResult train(const TrainOptions& o, const CorpusSplit& corpus,
+                  const std::function<void(std::size_t, std::size_t, float)>& on_step) {
   validate(o);
   if (corpus.train.empty() || corpus.held_out.empty()) fail("train: the corpus needs training and held-out sentences");
   std::vector<Sentence> every = corpus.train;

@@ -14,10 +14,10 @@
 namespace zh {
 
 struct TrainOptions {
-  std::size_t layers = 2, d_model = 64, heads = 4;  // Pre-Norm, learned positions, no dropout
-  std::size_t steps = 500, batch = 32;              // sentences per step
+  std::size_t layers = 2, d_model = 64, heads = 4;     // Pre-Norm, learned positions, no dropout
+  std::size_t steps = 500, batch = 32;                 // sentences per step
   float lr = 3e-3f, weight_decay = 0.01f, clip = 1.f;  // warm-up: the first steps / 10; cosine to lr / 10
-  std::uint64_t seed = 0;                           // weights and the order of the batches
+  std::uint64_t seed = 0;                              // weights and the order of the batches
 };
 
 // Throws xgrad::Error naming the option (by its flag) that cannot work.
@@ -30,8 +30,8 @@ double training_bytes(const TrainOptions& options, std::size_t vocab_size);
 
 // Losses in nats per predicted token (every word and the final </s>), token-weighted.
 struct Losses {
-  double unigram = 0;           // held-out loss of training-set word frequencies (add-one smoothed)
-  double held_out_before = 0;   // the untrained model
+  double unigram = 0;              // held-out loss of training-set word frequencies (add-one smoothed)
+  double held_out_before = 0;      // the untrained model
   double held_out = 0, train = 0;  // after training
 };
 
@@ -39,7 +39,7 @@ struct TrainResult {
   CorpusSplit corpus;
   Vocabulary vocab;
   std::unique_ptr<xgrad::nn::LanguageModel> model;  // in eval mode
-  std::vector<float> step_losses;  // the training batch's loss at each step
+  std::vector<float> step_losses;                   // the training batch's loss at each step
   Losses losses;
   double seconds = 0;  // training steps only
 };
@@ -50,9 +50,11 @@ TrainResult train(const TrainOptions& options, const CorpusSplit& corpus,
                   const std::function<void(std::size_t, std::size_t, float)>& on_step = {});
 
 // Mean next-word loss of the model over all the sentences, in one batch, without recording.
-double sentence_loss(const xgrad::nn::LanguageModel& model, const Vocabulary& vocab, const std::vector<Sentence>& sentences);
+double sentence_loss(const xgrad::nn::LanguageModel& model, const Vocabulary& vocab,
+                     const std::vector<Sentence>& sentences);
 
 // The loss on `evaluated` of word frequencies counted on `counted`.
-double unigram_loss(const Vocabulary& vocab, const std::vector<Sentence>& counted, const std::vector<Sentence>& evaluated);
+double unigram_loss(const Vocabulary& vocab, const std::vector<Sentence>& counted,
+                    const std::vector<Sentence>& evaluated);
 
 }  // namespace zh

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <set>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 
 namespace zh {
 

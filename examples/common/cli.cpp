@@ -1,8 +1,8 @@
 // Validators, parsing and main's error handling for the examples.
 #include "cli.hpp"
 
-#include <cerrno>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -37,7 +37,10 @@ CLI::Validator seed() { return count(0, std::numeric_limits<std::uint64_t>::max(
 
 CLI::Validator not_empty() {
   return CLI::Validator(
-      [](const std::string& s) -> std::string { return s.empty() ? "the value is empty: give one, or leave the flag out" : ""; }, "");
+      [](const std::string& s) -> std::string {
+        return s.empty() ? "the value is empty: give one, or leave the flag out" : "";
+      },
+      "");
 }
 
 void add_threads(CLI::App& app, int& threads) {
@@ -78,7 +81,8 @@ CLI::Validator real(double lo, double hi, bool open_low, bool allow_inf) {
         if (!v) {
           std::string lower;
           for (char ch : s) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-          if (lower.find("inf") != std::string::npos || lower.find("nan") != std::string::npos) return "'" + s + "' is not a finite number";
+          if (lower.find("inf") != std::string::npos || lower.find("nan") != std::string::npos)
+            return "'" + s + "' is not a finite number";
           return "'" + s + "' is not a number (write it in decimal, as 0.001 or 1e-3)";
         }
         if (std::isinf(*v) && !(allow_inf && *v > 0 && std::isinf(hi))) return "'" + s + "' is not a finite number";

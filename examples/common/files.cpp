@@ -57,14 +57,14 @@ void check_distinct_files(const std::vector<RunFile>& inputs, const std::vector<
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (out_ids[o] == in_ids[i]) {
-        usage_error(outputs[o].role, " '", outputs[o].path, "' is the same file as ", inputs[i].role, " '", inputs[i].path,
-                    "': writing it would destroy what the run reads; choose another path");
+        usage_error(outputs[o].role, " '", outputs[o].path, "' is the same file as ", inputs[i].role, " '",
+                    inputs[i].path, "': writing it would destroy what the run reads; choose another path");
       }
     }
     for (std::size_t p = 0; p < o; ++p) {
       if (out_ids[o] == out_ids[p]) {
-        usage_error(outputs[o].role, " '", outputs[o].path, "' is the same file as ", outputs[p].role, " '", outputs[p].path,
-                    "': one would overwrite the other; choose another path");
+        usage_error(outputs[o].role, " '", outputs[o].path, "' is the same file as ", outputs[p].role, " '",
+                    outputs[p].path, "': one would overwrite the other; choose another path");
       }
     }
   }
@@ -93,12 +93,13 @@ FileLock::FileLock(const std::string& path, const std::string& what) : lock_path
       if (err != EWOULDBLOCK) xgrad::fail(what, ": cannot lock '", lock_path_, "': ", std::strerror(err));
       std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "";
       while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-      xgrad::fail(what, " '", path, "' is being written by another run (pid ", pid.empty() ? "unknown" : pid, ", holding '",
-                  lock_path_, "'); wait for it to end or choose another path");
+      xgrad::fail(what, " '", path, "' is being written by another run (pid ", pid.empty() ? "unknown" : pid,
+                  ", holding '", lock_path_, "'); wait for it to end or choose another path");
     }
     // A holder that was ending may have removed the file between our open and our flock: then we
     // hold a lock on a file no one else can find, and start again.
-    struct stat mine {}, named {};
+    struct stat mine {
+    }, named{};
     if (::fstat(fd, &mine) == 0 && ::stat(lock_path_.c_str(), &named) == 0 && mine.st_dev == named.st_dev &&
         mine.st_ino == named.st_ino) {
       const std::string pid = std::to_string(::getpid()) + "\n";

@@ -4,7 +4,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-
 #include "cli.hpp"
 
 namespace cli {
@@ -19,7 +18,8 @@ double transformer_training_bytes(const TransformerSize& s) {
 double memory_limit_bytes() {
   double limit = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   rlimit rl{};
-  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) limit = std::min(limit, static_cast<double>(rl.rlim_cur));
+  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    limit = std::min(limit, static_cast<double>(rl.rlim_cur));
   return limit;
 }
 

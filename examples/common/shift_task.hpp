@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/random.hpp"
 
 namespace tasks {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "common/shift_task.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/nn/init.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/finite.hpp"

@@ -34,7 +34,8 @@ std::vector<LmBatch> shift_batches(const FlowConfig& config, std::size_t count, 
 
 // A language model as in the paper's setting: Xavier-uniform linear weights (zero biases),
 // N(0, 1) embeddings, LayerNorm 1 and 0, no dropout.
-std::unique_ptr<xgrad::nn::LanguageModel> make_model(const FlowConfig& config, xgrad::nn::Norm norm, xgrad::Generator& gen);
+std::unique_ptr<xgrad::nn::LanguageModel> make_model(const FlowConfig& config, xgrad::nn::Norm norm,
+                                                     xgrad::Generator& gen);
 
 struct LayerFlow {
   std::size_t layer = 0;

@@ -10,12 +10,12 @@
 #include "common/cli.hpp"
 #include "common/files.hpp"
 #include "common/memory.hpp"
-#include "xgrad/inspect/svg.hpp"
 #include "common/terminal.hpp"
 #include "flow.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
+#include "xgrad/inspect/svg.hpp"
 
 using namespace gradflow;
 using xgrad::nn::Norm;
@@ -90,10 +90,16 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "seed for weights and data")->transform(cli::seed())->capture_default_str();
   app.add_option("--depths", depths, "also measure these depths, e.g. 6,8,10,12")->delimiter(',')->transform(layers);
   app.add_flag("--train", train, "also train both placements with and without warm-up");
-  CLI::Option* steps_flag = app.add_option("--steps", steps, "training steps (--train)")->transform(cli::count(1, cli::kMaxSteps))->capture_default_str();
-  CLI::Option* lr_flag = app.add_option("--lr", lr, "AdamW learning rate (--train)")->check(cli::real(0, 1e6, true))->capture_default_str();
-  CLI::Option* warmup_flag = app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs, fewer than --steps (--train)")
-      ->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
+  CLI::Option* steps_flag = app.add_option("--steps", steps, "training steps (--train)")
+                                ->transform(cli::count(1, cli::kMaxSteps))
+                                ->capture_default_str();
+  CLI::Option* lr_flag = app.add_option("--lr", lr, "AdamW learning rate (--train)")
+                             ->check(cli::real(0, 1e6, true))
+                             ->capture_default_str();
+  CLI::Option* warmup_flag =
+      app.add_option("--warmup", warmup, "warm-up steps of the warm-up runs, fewer than --steps (--train)")
+          ->transform(cli::count(0, cli::kMaxSteps))
+          ->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the plots")->capture_default_str();
   app.add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
@@ -102,7 +108,8 @@ int main(int argc, char** argv) {
 
   return cli::run("gradient_flow", [&] {
     for (const CLI::Option* o : {steps_flag, lr_flag, warmup_flag}) {
-      if (o->count() > 0 && !train) cli::usage_error(o->get_name(), " is a setting of --train; without --train nothing is trained");
+      if (o->count() > 0 && !train)
+        cli::usage_error(o->get_name(), " is a setting of --train; without --train nothing is trained");
     }
     cli::as_usage([&] {
       validate(c);
@@ -110,11 +117,13 @@ int main(int argc, char** argv) {
       std::size_t deepest = c.layers;
       for (std::size_t d : depths) deepest = std::max(deepest, d);
       // The --batches measured at initialization are made up front: ids and targets, int64.
-      const double batches = static_cast<double>(c.batches) * static_cast<double>(c.batch) * static_cast<double>(c.seq_len) * 16;
+      const double batches =
+          static_cast<double>(c.batches) * static_cast<double>(c.batch) * static_cast<double>(c.seq_len) * 16;
       // --train keeps four loss curves of --steps, drawn and written into the report.
       const double curves = train ? cli::per_step_bytes(static_cast<double>(steps), 4 * 96) : 0;
       cli::check_memory(training_bytes(c, deepest) + batches + curves,
-                        "a training step of the deepest model with its --batches " + std::to_string(c.batches) + " batches" +
+                        "a training step of the deepest model with its --batches " + std::to_string(c.batches) +
+                            " batches" +
                             (train ? " and the curves of --steps " + std::to_string(steps) : std::string()));
       std::vector<cli::RunFile> outputs;
       for (const char* name : {"ffn_grad_norm.svg", "residual_grad_norm.svg", "depth_sweep.svg", "training.svg"}) {
@@ -131,23 +140,30 @@ int main(int argc, char** argv) {
     xgrad::set_num_threads(threads);
     if (!quiet) {
       std::printf("models: %zu layers, d_model %zu, %zu heads, FFN %zu, vocabulary %zu, T %zu; %zu batches of %zu\n",
-                  c.layers, c.d_model, c.heads, c.d_ff ? c.d_ff : 4 * c.d_model, c.vocab, c.seq_len, c.batches, c.batch);
+                  c.layers, c.d_model, c.heads, c.d_ff ? c.d_ff : 4 * c.d_model, c.vocab, c.seq_len, c.batches,
+                  c.batch);
     }
     const FlowResult pre = run(c, Norm::pre), post = run(c, Norm::post);
 
     std::printf("\nAt initialization (mean loss %.3f Pre-Norm, %.3f Post-Norm):\n", pre.loss, post.loss);
-    std::printf("%5s  %16s %16s  %16s %16s\n", "layer", "Pre |E dL/dW2|", "Pre |dL/dx_in|", "Post |E dL/dW2|", "Post |dL/dx_in|");
+    std::printf("%5s  %16s %16s  %16s %16s\n", "layer", "Pre |E dL/dW2|", "Pre |dL/dx_in|", "Post |E dL/dW2|",
+                "Post |dL/dx_in|");
     for (std::size_t l = 0; l < c.layers; ++l) {
-      std::printf("%5zu  %16.4f %16.4f  %16.4f %16.4f\n", l, pre.layers[l].ffn_weight_grad_norm, pre.layers[l].residual_grad_norm,
-                  post.layers[l].ffn_weight_grad_norm, post.layers[l].residual_grad_norm);
+      std::printf("%5zu  %16.4f %16.4f  %16.4f %16.4f\n", l, pre.layers[l].ffn_weight_grad_norm,
+                  pre.layers[l].residual_grad_norm, post.layers[l].ffn_weight_grad_norm,
+                  post.layers[l].residual_grad_norm);
     }
-    auto ratio = [](const FlowResult& r) { return r.layers.back().ffn_weight_grad_norm / r.layers.front().ffn_weight_grad_norm; };
+    auto ratio = [](const FlowResult& r) {
+      return r.layers.back().ffn_weight_grad_norm / r.layers.front().ffn_weight_grad_norm;
+    };
     std::printf("last/first layer FFN-weight gradient: Pre-Norm %.3f, Post-Norm %.3f\n", ratio(pre), ratio(post));
 
-    std::printf("\nResidual connections (gradient norms, mean over batches): arriving at the output, reaching x\n"
-                "through the skip path, through the sublayer branch, and their sum (= |dL/dx|):\n");
+    std::printf(
+        "\nResidual connections (gradient norms, mean over batches): arriving at the output, reaching x\n"
+        "through the skip path, through the sublayer branch, and their sum (= |dL/dx|):\n");
     for (const auto* r : {&pre, &post}) {
-      std::printf("%s\n%-28s %10s %10s %10s %10s\n", r == &pre ? "Pre-Norm" : "Post-Norm", "connection", "out", "skip", "branch", "sum");
+      std::printf("%s\n%-28s %10s %10s %10s %10s\n", r == &pre ? "Pre-Norm" : "Post-Norm", "connection", "out", "skip",
+                  "branch", "sum");
       for (const LayerFlow& l : r->layers) {
         for (const auto* f : {&l.attention, &l.feed_forward}) {
           std::printf("%-28s %10.4f %10.4f %10.4f %10.4f\n", f->name.c_str(), f->out, f->skip, f->branch, f->total);
@@ -160,18 +176,26 @@ int main(int argc, char** argv) {
     }
 
     nlohmann::json report = {{"config",
-                              {{"layers", c.layers}, {"d_model", c.d_model}, {"heads", c.heads},
-                               {"d_ff", c.d_ff ? c.d_ff : 4 * c.d_model}, {"vocab", c.vocab}, {"seq_len", c.seq_len},
-                               {"batches", c.batches}, {"batch", c.batch}, {"seed", c.seed}}},
+                              {{"layers", c.layers},
+                               {"d_model", c.d_model},
+                               {"heads", c.heads},
+                               {"d_ff", c.d_ff ? c.d_ff : 4 * c.d_model},
+                               {"vocab", c.vocab},
+                               {"seq_len", c.seq_len},
+                               {"batches", c.batches},
+                               {"batch", c.batch},
+                               {"seed", c.seed}}},
                              {"pre", layers_json(pre)},
                              {"post", layers_json(post)},
                              {"pre_loss", pre.loss},
                              {"post_loss", post.loss},
                              {"head_importance", {{"pre", heads_json(pre)}, {"post", heads_json(post)}}}};
 
-    xgrad::inspect::LinePlot ffn{"|E dL/dW2| of each layer's second FFN weight, at initialization", "layer", "gradient norm", {}, true, true};
+    xgrad::inspect::LinePlot ffn{
+        "|E dL/dW2| of each layer's second FFN weight, at initialization", "layer", "gradient norm", {}, true, true};
     ffn.series = {{"Pre-Norm", layer_axis(c.layers), {}}, {"Post-Norm", layer_axis(c.layers), {}}};
-    xgrad::inspect::LinePlot stream{"|dL/dx| of the residual stream entering each layer", "layer", "gradient norm", {}, true, true};
+    xgrad::inspect::LinePlot stream{
+        "|dL/dx| of the residual stream entering each layer", "layer", "gradient norm", {}, true, true};
     stream.series = {{"Pre-Norm", layer_axis(c.layers), {}}, {"Post-Norm", layer_axis(c.layers), {}}};
     for (std::size_t l = 0; l < c.layers; ++l) {
       ffn.series[0].y.push_back(pre.layers[l].ffn_weight_grad_norm);
@@ -183,8 +207,8 @@ int main(int argc, char** argv) {
     xgrad::inspect::write_text_file(out + "/residual_grad_norm.svg", xgrad::inspect::line_plot_svg(stream));
 
     if (!depths.empty()) {
-      std::printf("\nDepth sweep: the last layer's |E dL/dW2| (and last/first)\n%6s %14s %10s %14s %10s\n", "depth", "Pre-Norm",
-                  "ratio", "Post-Norm", "ratio");
+      std::printf("\nDepth sweep: the last layer's |E dL/dW2| (and last/first)\n%6s %14s %10s %14s %10s\n", "depth",
+                  "Pre-Norm", "ratio", "Post-Norm", "ratio");
       nlohmann::json sweep = nlohmann::json::array();
       xgrad::inspect::LinePlot plot{"last layer's |E dL/dW2| against depth", "layers", "gradient norm", {}, true, true};
       plot.series = {{"Pre-Norm", {}, {}}, {"Post-Norm", {}, {}}};
@@ -194,7 +218,8 @@ int main(int argc, char** argv) {
         const FlowResult p = run(cd, Norm::pre), q = run(cd, Norm::post);
         const double pl = p.layers.back().ffn_weight_grad_norm, ql = q.layers.back().ffn_weight_grad_norm;
         std::printf("%6zu %14.4f %10.3f %14.4f %10.3f\n", d, pl, ratio(p), ql, ratio(q));
-        sweep.push_back({{"layers", d}, {"pre_last", pl}, {"pre_ratio", ratio(p)}, {"post_last", ql}, {"post_ratio", ratio(q)}});
+        sweep.push_back(
+            {{"layers", d}, {"pre_last", pl}, {"pre_ratio", ratio(p)}, {"post_last", ql}, {"post_ratio", ratio(q)}});
         plot.series[0].x.push_back(static_cast<double>(d));
         plot.series[0].y.push_back(pl);
         plot.series[1].x.push_back(static_cast<double>(d));
@@ -205,7 +230,8 @@ int main(int argc, char** argv) {
     }
 
     if (train) {
-      std::printf("\nTraining, AdamW lr %g, %zu steps (shift task), mean loss of the last 20 steps:\n", static_cast<double>(lr), steps);
+      std::printf("\nTraining, AdamW lr %g, %zu steps (shift task), mean loss of the last 20 steps:\n",
+                  static_cast<double>(lr), steps);
       char title[64];
       std::snprintf(title, sizeof title, "training loss, AdamW lr %g", static_cast<double>(lr));
       xgrad::inspect::LinePlot curves{title, "step", "loss", {}, true, false};
@@ -215,14 +241,16 @@ int main(int argc, char** argv) {
         for (std::size_t w : {std::size_t{0}, warmup}) {
           const TrainCurve curve = train_curve(c, norm, lr, w, steps, [&](std::size_t s, float loss) {
             char text[120];
-            std::snprintf(text, sizeof text, "%s%s step %zu/%zu loss %.4f", norm == Norm::pre ? "Pre-Norm" : "Post-Norm",
-                          w ? " warm-up" : "", s, steps, static_cast<double>(loss));
+            std::snprintf(text, sizeof text, "%s%s step %zu/%zu loss %.4f",
+                          norm == Norm::pre ? "Pre-Norm" : "Post-Norm", w ? " warm-up" : "", s, steps,
+                          static_cast<double>(loss));
             line.update(s, steps, text);
           });
           line.finish();
           double tail = 0;
           const std::size_t n = std::min<std::size_t>(20, curve.losses.size());
-          for (std::size_t i = curve.losses.size() - n; i < curve.losses.size(); ++i) tail += curve.losses[i] / static_cast<double>(n);
+          for (std::size_t i = curve.losses.size() - n; i < curve.losses.size(); ++i)
+            tail += curve.losses[i] / static_cast<double>(n);
           std::printf("  %-26s %s\n", curve.name.c_str(),
                       curve.diverged ? ("diverged: " + curve.divergence).c_str() : std::to_string(tail).c_str());
           std::vector<double> x, y;
@@ -231,8 +259,12 @@ int main(int argc, char** argv) {
             y.push_back(curve.losses[i]);
           }
           curves.series.push_back({curve.name, x, y});
-          runs.push_back({{"name", curve.name}, {"warmup", w}, {"losses", curve.losses}, {"diverged", curve.diverged},
-                          {"divergence", curve.divergence}, {"final_loss", tail}});
+          runs.push_back({{"name", curve.name},
+                          {"warmup", w},
+                          {"losses", curve.losses},
+                          {"diverged", curve.diverged},
+                          {"divergence", curve.divergence},
+                          {"final_loss", tail}});
         }
       }
       report["training"] = {{"lr", lr}, {"steps", steps}, {"runs", runs}};

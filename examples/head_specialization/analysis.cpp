@@ -27,7 +27,7 @@ Accuracy evaluate(const OffsetModel& model, const ShiftTask& task, const std::ve
   std::vector<std::size_t> hit(K, 0), total(K, 0);
   for (const ShiftBatch& batch : data) {
     const Tensor out = model.forward(batch.tokens).logits;  // held: nothing else keeps it alive
-    const Array& logits = out.value();                    // (B, T, K, V)
+    const Array& logits = out.value();                      // (B, T, K, V)
     for (std::size_t i = 0; i < batch.targets.size(); ++i) {
       const std::int64_t target = batch.targets.data()[i];
       if (target == kIgnore) continue;

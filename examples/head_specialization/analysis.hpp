@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "offset_model.hpp"
-#include "xgrad/inspect/head_patterns.hpp"
 #include "task.hpp"
+#include "xgrad/inspect/head_patterns.hpp"
 
 namespace headspec {
 
@@ -24,7 +24,7 @@ struct HeadStats : xgrad::inspect::HeadStatistics {
   // The library's fixed-offset detector over all held-out sequences: the offset and its score.
   std::size_t detected_offset = 0;
   double offset_score = 0;
-  Accuracy ablated;          // accuracy with this head's output zeroed
+  Accuracy ablated;                          // accuracy with this head's output zeroed
   std::vector<std::vector<double>> pattern;  // (T, S) attention of the first held-out sequence
 };
 

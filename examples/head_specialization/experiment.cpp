@@ -3,8 +3,8 @@
 
 #include <xtensor/xview.hpp>
 
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 
 namespace headspec {
 
@@ -57,8 +57,10 @@ ExperimentResult run_experiment(const ExperimentConfig& c, const ProgressFn& on_
     NoGradGuard no_grad;
     model.eval();
     const IndexArray first = xt::view(data[0].tokens, xt::range(0, 1), xt::all());
-    r.first_sequence = inspect::cache_activations(model, [&] { model.forward(first); }, inspect::points_ending_with({".pattern"}));
-    for (std::size_t t = 0; t < c.task.seq_len; ++t) r.first_tokens.push_back("t" + std::to_string(t) + " " + std::to_string(first(0, t)));
+    r.first_sequence = inspect::cache_activations(
+        model, [&] { model.forward(first); }, inspect::points_ending_with({".pattern"}));
+    for (std::size_t t = 0; t < c.task.seq_len; ++t)
+      r.first_tokens.push_back("t" + std::to_string(t) + " " + std::to_string(first(0, t)));
   }
 
   if (c.single_head && c.heads != 1) {

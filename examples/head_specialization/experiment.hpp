@@ -7,8 +7,8 @@
 
 #include "analysis.hpp"
 #include "patching.hpp"
-#include "xgrad/inspect/activation_cache.hpp"
 #include "trainer.hpp"
+#include "xgrad/inspect/activation_cache.hpp"
 
 namespace headspec {
 
@@ -31,7 +31,7 @@ struct ExperimentResult {
   Accuracy accuracy;
   std::vector<HeadStats> heads;
   bool every_offset_owned = false;
-  PatchingTable patching;           // one head's output restored at a time
+  PatchingTable patching;             // one head's output restored at a time
   bool each_offset_restored = false;  // by its own head only
   // The attention patterns of the first held-out sequence, and its tokens as "t<pos> <token>".
   xgrad::inspect::ActivationCache first_sequence;

@@ -22,8 +22,9 @@ namespace {
 
 std::string progress_text(const std::string& label, const Progress& p) {
   char buf[200];
-  std::snprintf(buf, sizeof buf, "%-11s step %5zu/%zu  loss %.4f  accuracy %.3f  %7.0f tokens/s  %s left", label.c_str(),
-                p.step, p.steps, p.loss, p.accuracy, p.tokens_per_s, viz::duration(p.seconds_left).c_str());
+  std::snprintf(buf, sizeof buf, "%-11s step %5zu/%zu  loss %.4f  accuracy %.3f  %7.0f tokens/s  %s left",
+                label.c_str(), p.step, p.steps, p.loss, p.accuracy, p.tokens_per_s,
+                viz::duration(p.seconds_left).c_str());
   return buf;
 }
 
@@ -56,7 +57,8 @@ double training_bytes(const ExperimentConfig& c, std::size_t heads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"xgrad head specialization: heads of one attention layer each learn a different offset.", "head_specialization"};
+  CLI::App app{"xgrad head specialization: heads of one attention layer each learn a different offset.",
+               "head_specialization"};
   ExperimentConfig c;
   c.train.steps = 600;
   std::string norm = "pre", out = "head_specialization_out", report_path;
@@ -64,25 +66,43 @@ int main(int argc, char** argv) {
   bool quiet = false, no_single = false;
   std::vector<std::size_t> sweep;
   const auto size = cli::count(1, 1 << 16);
-  CLI::Option* heads_flag = app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
+  CLI::Option* heads_flag =
+      app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
   app.add_option("--d-model", c.d_model, "model width (divisible by heads)")->transform(size)->capture_default_str();
   app.add_option("--layers", c.layers, "attention layers")->transform(cli::count(1, 1024))->capture_default_str();
-  app.add_option("--offsets", c.task.offsets, "offsets to copy, e.g. 1,2,3,4")->delimiter(',')->transform(size)->capture_default_str();
+  app.add_option("--offsets", c.task.offsets, "offsets to copy, e.g. 1,2,3,4")
+      ->delimiter(',')
+      ->transform(size)
+      ->capture_default_str();
   app.add_option("--vocab", c.task.vocab, "vocabulary size")->transform(size)->capture_default_str();
   app.add_option("--seq-len", c.task.seq_len, "sequence length")->transform(size)->capture_default_str();
   app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
-  app.add_option("--dropout", c.dropout, "dropout on attention weights")->check(cli::real(0, 0.999))->capture_default_str();
-  app.add_option("--steps", c.train.steps, "training steps")->transform(cli::count(1, cli::kMaxSteps))->capture_default_str();
-  app.add_option("--batch", c.train.batch, "sequences per step")->transform(cli::count(1, 1 << 20))->capture_default_str();
+  app.add_option("--dropout", c.dropout, "dropout on attention weights")
+      ->check(cli::real(0, 0.999))
+      ->capture_default_str();
+  app.add_option("--steps", c.train.steps, "training steps")
+      ->transform(cli::count(1, cli::kMaxSteps))
+      ->capture_default_str();
+  app.add_option("--batch", c.train.batch, "sequences per step")
+      ->transform(cli::count(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--lr", c.train.lr, "AdamW learning rate")->check(cli::real(0, 1e6, true))->capture_default_str();
-  app.add_option("--weight-decay", c.train.weight_decay, "AdamW weight decay")->check(cli::real(0, 1e6))->capture_default_str();
-  app.add_option("--warmup", c.train.warmup, "linear warm-up steps (fewer than --steps)")->transform(cli::count(0, cli::kMaxSteps))->capture_default_str();
+  app.add_option("--weight-decay", c.train.weight_decay, "AdamW weight decay")
+      ->check(cli::real(0, 1e6))
+      ->capture_default_str();
+  app.add_option("--warmup", c.train.warmup, "linear warm-up steps (fewer than --steps)")
+      ->transform(cli::count(0, cli::kMaxSteps))
+      ->capture_default_str();
   app.add_option("--seed", c.seed, "seed for weights and data")->transform(cli::seed())->capture_default_str();
-  app.add_option("--eval-batches", c.eval_batches, "held-out batches for the measurements")->transform(cli::count(1, 1 << 16))->capture_default_str();
+  app.add_option("--eval-batches", c.eval_batches, "held-out batches for the measurements")
+      ->transform(cli::count(1, 1 << 16))
+      ->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--out", out, "folder for the images")->capture_default_str();
   app.add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
-  app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")->delimiter(',')->transform(size);
+  app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")
+      ->delimiter(',')
+      ->transform(size);
   app.add_flag("--no-single-head", no_single, "skip the one-head contrast");
   app.add_flag("--quiet", quiet, "print only the results");
   if (const auto code = cli::parse(app, argc, argv)) return *code;
@@ -90,8 +110,10 @@ int main(int argc, char** argv) {
   c.single_head = !no_single;
 
   return cli::run("head_specialization", [&] {
-    if (!sweep.empty() && heads_flag->count() > 0) cli::usage_error("--heads is for one run; --sweep-heads gives the head counts");
-    if (!sweep.empty() && no_single) cli::usage_error("--no-single-head is for one run; --sweep-heads trains no one-head contrast");
+    if (!sweep.empty() && heads_flag->count() > 0)
+      cli::usage_error("--heads is for one run; --sweep-heads gives the head counts");
+    if (!sweep.empty() && no_single)
+      cli::usage_error("--no-single-head is for one run; --sweep-heads trains no one-head contrast");
     cli::as_usage([&] {
       validate(c);
       cli::check_warmup(c.train.warmup, c.train.steps);
@@ -113,7 +135,8 @@ int main(int argc, char** argv) {
                         "a training step of this model with --eval-batches " + std::to_string(c.eval_batches) +
                             " held-out batches and the losses of --steps " + std::to_string(c.train.steps));
       std::vector<cli::RunFile> images;
-      for (const std::string& name : image_names(c, !sweep.empty())) images.push_back({"--out's " + name, out + "/" + name});
+      for (const std::string& name : image_names(c, !sweep.empty()))
+        images.push_back({"--out's " + name, out + "/" + name});
       std::vector<cli::RunFile> files = {{"--out (a folder)", out}};
       files.insert(files.end(), images.begin(), images.end());
       if (!report_path.empty()) files.push_back({"--report", report_path});
@@ -124,7 +147,9 @@ int main(int argc, char** argv) {
     });
     xgrad::set_num_threads(threads);
     viz::ProgressLine line(quiet, std::max<std::size_t>(c.train.steps / 5, 1));
-    auto progress = [&](const std::string& label, const Progress& p) { line.update(p.step, p.steps, progress_text(label, p)); };
+    auto progress = [&](const std::string& label, const Progress& p) {
+      line.update(p.step, p.steps, progress_text(label, p));
+    };
 
     if (!sweep.empty()) {
       std::vector<SweepRow> rows;
@@ -136,7 +161,8 @@ int main(int argc, char** argv) {
         line.finish();
         rows.push_back(sweep_row(h, r));
       }
-      std::printf("\nSame task, same d_model %zu, %zu steps each:\n%s", c.d_model, c.train.steps, sweep_table(rows).c_str());
+      std::printf("\nSame task, same d_model %zu, %zu steps each:\n%s", c.d_model, c.train.steps,
+                  sweep_table(rows).c_str());
       std::printf("plot: %s\n", write_sweep_plot(out, rows).c_str());
       if (!report_path.empty()) {
         write_json(report_path, {{"config", config_json(c)}, {"sweep", sweep_json(rows)}});
@@ -149,7 +175,8 @@ int main(int argc, char** argv) {
       std::printf("task: vocabulary %zu, length %zu, offsets", c.task.vocab, c.task.seq_len);
       for (std::size_t k : c.task.offsets) std::printf(" %zu", k);
       std::printf("\nmodel: %zu attention layer(s), %zu heads, d_model %zu, %s-norm; AdamW lr %g, %zu steps of %zu\n",
-                  c.layers, c.heads, c.d_model, norm.c_str(), static_cast<double>(c.train.lr), c.train.steps, c.train.batch);
+                  c.layers, c.heads, c.d_model, norm.c_str(), static_cast<double>(c.train.lr), c.train.steps,
+                  c.train.batch);
     }
     const ExperimentResult r = run_experiment(c, progress);
     line.finish();
@@ -169,9 +196,10 @@ int main(int argc, char** argv) {
     std::printf("each offset restored by its own head only: %s\n", r.each_offset_restored ? "yes" : "no");
     if (!quiet) std::printf("\n%s", head_grids(r).c_str());
     const std::vector<std::string> images = write_images(out, c, r);
-    std::printf("\nimages: %s/heads.svg (all heads), %s/patching.svg, %s/loss.svg, one heatmap per head in %s/, and the\n"
-                "attention viewer %s/attention.html\n",
-                out.c_str(), out.c_str(), out.c_str(), out.c_str(), out.c_str());
+    std::printf(
+        "\nimages: %s/heads.svg (all heads), %s/patching.svg, %s/loss.svg, one heatmap per head in %s/, and the\n"
+        "attention viewer %s/attention.html\n",
+        out.c_str(), out.c_str(), out.c_str(), out.c_str(), out.c_str());
     if (!report_path.empty()) {
       write_json(report_path, report_json(c, r));
       std::printf("report: %s\n", report_path.c_str());

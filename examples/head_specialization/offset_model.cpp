@@ -32,8 +32,8 @@ OffsetOutput OffsetModel::forward(const IndexArray& tokens) const {
   }
   if (final_norm) h = final_norm->forward(h);
   const auto b = static_cast<std::int64_t>(B), t = static_cast<std::int64_t>(T);
-  out.logits = reshape(readout->forward(h), {b, t, static_cast<std::int64_t>(options_.offsets),
-                                             static_cast<std::int64_t>(options_.vocab)});
+  out.logits = reshape(readout->forward(h),
+                       {b, t, static_cast<std::int64_t>(options_.offsets), static_cast<std::int64_t>(options_.vocab)});
   return out;
 }
 

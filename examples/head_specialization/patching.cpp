@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "common/argmax.hpp"
-#include "xgrad/core/error.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
 #include "xgrad/inspect/patching.hpp"
 
 namespace headspec {
@@ -33,9 +33,11 @@ std::vector<double> restored_fraction(const OffsetModel& model, const ShiftTask&
 
 }  // namespace
 
-PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const std::vector<ShiftBatch>& data, std::uint64_t seed) {
+PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const std::vector<ShiftBatch>& data,
+                              std::uint64_t seed) {
   const std::size_t longest = *std::max_element(task.offsets.begin(), task.offsets.end());
-  if (longest >= task.seq_len) fail("patch_each_head: offset ", longest, " leaves no position in a length of ", task.seq_len);
+  if (longest >= task.seq_len)
+    fail("patch_each_head: offset ", longest, " leaves no position in a length of ", task.seq_len);
   if (task.vocab < 2) fail("patch_each_head: a vocabulary of ", task.vocab, " has no other token to corrupt with");
   if (data.empty() || data[0].tokens.shape()[0] == 0) fail("patch_each_head: no held-out sequences");
   NoGradGuard no_grad;
@@ -54,8 +56,8 @@ PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const s
       const auto shift = static_cast<std::int64_t>(1 + gen.next_u64() % (task.vocab - 1));  // never the same token
       corrupt(b, p) = (clean(b, p) + shift) % static_cast<std::int64_t>(task.vocab);
     }
-    const inspect::ActivationCache source =
-        inspect::cache_activations(model, [&] { model.forward(clean); }, inspect::points_ending_with({".context"}));
+    const inspect::ActivationCache source = inspect::cache_activations(
+        model, [&] { model.forward(clean); }, inspect::points_ending_with({".context"}));
     const auto add = [](std::vector<double>& to, const std::vector<double>& x) {
       for (std::size_t k = 0; k < to.size(); ++k) to[k] += x[k];
     };
@@ -77,7 +79,8 @@ PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const s
   return table;
 }
 
-bool each_offset_restored_by_its_own_head(const ShiftTask& task, const std::vector<HeadStats>& heads, const PatchingTable& table) {
+bool each_offset_restored_by_its_own_head(const ShiftTask& task, const std::vector<HeadStats>& heads,
+                                          const PatchingTable& table) {
   for (std::size_t k = 0; k < task.offsets.size(); ++k) {
     std::size_t owners = 0;
     for (std::size_t i = 0; i < heads.size(); ++i) {

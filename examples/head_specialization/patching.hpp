@@ -21,10 +21,12 @@ struct PatchingTable {
 };
 
 // p is the largest position from which every offset's p + o is still in the sequence.
-PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const std::vector<ShiftBatch>& data, std::uint64_t seed);
+PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const std::vector<ShiftBatch>& data,
+                              std::uint64_t seed);
 
 // True when each offset is restored (>= 0.9) by exactly one head, the one whose dominant offset
 // it is, and every other head restores it at most 0.1.
-bool each_offset_restored_by_its_own_head(const ShiftTask& task, const std::vector<HeadStats>& heads, const PatchingTable& table);
+bool each_offset_restored_by_its_own_head(const ShiftTask& task, const std::vector<HeadStats>& heads,
+                                          const PatchingTable& table);
 
 }  // namespace headspec

@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include "../common/terminal.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/inspect/attention_viewer.hpp"
 #include "xgrad/inspect/svg.hpp"
-#include "../common/terminal.hpp"
 
 namespace headspec {
 
@@ -76,7 +76,8 @@ std::string patching_table(const ExperimentConfig& c, const ExperimentResult& r)
   };
   for (std::size_t i = 0; i < r.heads.size(); ++i) {
     const HeadStats& s = r.heads[i];
-    std::snprintf(cell, sizeof cell, "%5zu %4zu %5s ", s.layer, s.head, s.specialized ? offset_label(s.dominant_offset).c_str() : "-");
+    std::snprintf(cell, sizeof cell, "%5zu %4zu %5s ", s.layer, s.head,
+                  s.specialized ? offset_label(s.dominant_offset).c_str() : "-");
     row(cell, p.restored[i]);
   }
   row("no patch (corrupted) ", p.corrupted);
@@ -99,13 +100,13 @@ SweepRow sweep_row(std::size_t heads, const ExperimentResult& r) {
 std::string sweep_table(const std::vector<SweepRow>& rows) {
   std::ostringstream os;
   char line[200];
-  std::snprintf(line, sizeof line, "%6s %9s %12s %12s %14s   %s\n", "heads", "accuracy", "specialized", "train time", "offsets owned",
-                "one head ablated: mean  worst  worst offset");
+  std::snprintf(line, sizeof line, "%6s %9s %12s %12s %14s   %s\n", "heads", "accuracy", "specialized", "train time",
+                "offsets owned", "one head ablated: mean  worst  worst offset");
   os << line;
   for (const SweepRow& s : rows) {
-    std::snprintf(line, sizeof line, "%6zu %9.3f %12zu %12s %14s   %23.3f %6.3f %13.3f\n", s.heads, s.accuracy, s.specialized,
-                  viz::duration(s.seconds).c_str(), s.every_offset_owned ? "all" : "not all", s.ablated_mean, s.ablated_worst,
-                  s.ablated_worst_offset);
+    std::snprintf(line, sizeof line, "%6zu %9.3f %12zu %12s %14s   %23.3f %6.3f %13.3f\n", s.heads, s.accuracy,
+                  s.specialized, viz::duration(s.seconds).c_str(), s.every_offset_owned ? "all" : "not all",
+                  s.ablated_mean, s.ablated_worst, s.ablated_worst_offset);
     os << line;
   }
   return os.str();
@@ -115,8 +116,8 @@ namespace {
 
 xgrad::inspect::Heatmap head_map(const HeadStats& s, const std::vector<std::string>& labels) {
   xgrad::inspect::Heatmap m;
-  m.title = "layer " + std::to_string(s.layer) + " head " + std::to_string(s.head) + ": t-" + std::to_string(s.dominant_offset) +
-            (s.specialized ? "" : " (not specialized)");
+  m.title = "layer " + std::to_string(s.layer) + " head " + std::to_string(s.head) + ": t-" +
+            std::to_string(s.dominant_offset) + (s.specialized ? "" : " (not specialized)");
   m.values = s.pattern;
   m.row_labels = labels;
   m.col_labels = labels;
@@ -135,7 +136,8 @@ std::vector<std::string> image_names(const ExperimentConfig& c, bool sweep) {
   if (sweep) return {"sweep_heads.svg"};
   std::vector<std::string> names;
   for (std::size_t l = 0; l < c.layers; ++l) {
-    for (std::size_t h = 0; h < c.heads; ++h) names.push_back("head_l" + std::to_string(l) + "_h" + std::to_string(h) + ".svg");
+    for (std::size_t h = 0; h < c.heads; ++h)
+      names.push_back("head_l" + std::to_string(l) + "_h" + std::to_string(h) + ".svg");
   }
   for (const char* name : {"heads.svg", "attention.html", "patching.svg", "loss.svg"}) names.push_back(name);
   return names;
@@ -157,13 +159,15 @@ std::vector<std::string> write_images(const std::string& folder, const Experimen
   xgrad::inspect::Heatmap patched;
   patched.title = "restored by patching one head (token at t" + std::to_string(r.patching.position) + " corrupted)";
   patched.values = r.patching.restored;
-  for (const HeadStats& s : r.heads) patched.row_labels.push_back("L" + std::to_string(s.layer) + "H" + std::to_string(s.head));
+  for (const HeadStats& s : r.heads)
+    patched.row_labels.push_back("L" + std::to_string(s.layer) + "H" + std::to_string(s.head));
   for (std::size_t o : c.task.offsets) patched.col_labels.push_back(offset_label(o));
   patched.row_axis = "patched head";
   patched.col_axis = "prediction";
   const std::string viewer = folder + "/attention.html";
-  xgrad::write_file_atomically(viewer, xgrad::inspect::attention_viewer_html(r.first_sequence, r.first_tokens, 0,
-                                                                             "head specialization: first held-out sequence"),
+  xgrad::write_file_atomically(viewer,
+                               xgrad::inspect::attention_viewer_html(r.first_sequence, r.first_tokens, 0,
+                                                                     "head specialization: first held-out sequence"),
                                "head_specialization: the attention viewer");
   written.push_back(viewer);
   const std::string patching = folder + "/patching.svg";
@@ -176,7 +180,8 @@ std::vector<std::string> write_images(const std::string& folder, const Experimen
   loss.y_label = "loss";
   loss.log_y = true;
   const auto& l = r.training.losses;
-  loss.series.push_back({std::to_string(c.heads) + " heads", steps_axis(l.size()), std::vector<double>(l.begin(), l.end())});
+  loss.series.push_back(
+      {std::to_string(c.heads) + " heads", steps_axis(l.size()), std::vector<double>(l.begin(), l.end())});
   if (!r.single_training.losses.empty() && c.heads != 1) {
     const auto& s = r.single_training.losses;
     loss.series.push_back({"1 head", steps_axis(s.size()), std::vector<double>(s.begin(), s.end())});
@@ -209,11 +214,21 @@ std::string write_sweep_plot(const std::string& folder, const std::vector<SweepR
 }
 
 nlohmann::json config_json(const ExperimentConfig& c) {
-  return {{"vocab", c.task.vocab},          {"seq_len", c.task.seq_len},   {"offsets", c.task.offsets},
-          {"d_model", c.d_model},           {"heads", c.heads},            {"layers", c.layers},
-          {"norm", norm_name(c.norm)},      {"dropout", c.dropout},        {"steps", c.train.steps},
-          {"batch", c.train.batch},         {"lr", c.train.lr},            {"weight_decay", c.train.weight_decay},
-          {"warmup", c.train.warmup},       {"seed", c.seed},              {"eval_batches", c.eval_batches},
+  return {{"vocab", c.task.vocab},
+          {"seq_len", c.task.seq_len},
+          {"offsets", c.task.offsets},
+          {"d_model", c.d_model},
+          {"heads", c.heads},
+          {"layers", c.layers},
+          {"norm", norm_name(c.norm)},
+          {"dropout", c.dropout},
+          {"steps", c.train.steps},
+          {"batch", c.train.batch},
+          {"lr", c.train.lr},
+          {"weight_decay", c.train.weight_decay},
+          {"warmup", c.train.warmup},
+          {"seed", c.seed},
+          {"eval_batches", c.eval_batches},
           {"single_head", c.single_head}};
 }
 
@@ -248,11 +263,12 @@ nlohmann::json report_json(const ExperimentConfig& c, const ExperimentResult& r)
   nlohmann::json j = {{"accuracy", r.accuracy.overall},
                       {"accuracy_per_offset", per_offset(c, r.accuracy)},
                       {"every_offset_owned", r.every_offset_owned},
-                      {"patching", {{"position", r.patching.position},
-                                    {"restored_by_head", r.patching.restored},
-                                    {"corrupted", r.patching.corrupted},
-                                    {"clean", r.patching.clean},
-                                    {"each_offset_restored_by_its_own_head", r.each_offset_restored}}},
+                      {"patching",
+                       {{"position", r.patching.position},
+                        {"restored_by_head", r.patching.restored},
+                        {"corrupted", r.patching.corrupted},
+                        {"clean", r.patching.clean},
+                        {"each_offset_restored_by_its_own_head", r.each_offset_restored}}},
                       {"seconds", r.training.seconds},
                       {"config", config_json(c)},
                       {"heads", heads},

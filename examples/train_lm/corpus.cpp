@@ -10,13 +10,15 @@ namespace lm {
 
 namespace {
 
-const std::vector<std::string> kSubjects = {"the cat", "the old dog", "a small bird", "my neighbour", "the teacher",
-                                            "a tired farmer", "the children", "our captain", "the baker", "a young fox"};
-const std::vector<std::string> kVerbs = {"saw", "found", "painted", "carried", "followed", "remembered", "built", "washed"};
-const std::vector<std::string> kObjects = {"a red boat", "the green door", "two apples", "an empty basket", "the long road",
-                                           "a quiet house", "the broken clock", "three letters"};
-const std::vector<std::string> kPlaces = {"near the river", "in the garden", "at the market", "under the bridge",
-                                          "on the hill", "behind the school"};
+const std::vector<std::string> kSubjects = {"the cat",     "the old dog",    "a small bird", "my neighbour",
+                                            "the teacher", "a tired farmer", "the children", "our captain",
+                                            "the baker",   "a young fox"};
+const std::vector<std::string> kVerbs = {"saw",      "found",      "painted", "carried",
+                                         "followed", "remembered", "built",   "washed"};
+const std::vector<std::string> kObjects = {"a red boat",    "the green door", "two apples",       "an empty basket",
+                                           "the long road", "a quiet house",  "the broken clock", "three letters"};
+const std::vector<std::string> kPlaces = {"near the river",   "in the garden", "at the market",
+                                          "under the bridge", "on the hill",   "behind the school"};
 const std::vector<std::string> kTimes = {"in the morning", "before dinner", "every sunday", "last winter", "at noon"};
 
 const std::string& pick(const std::vector<std::string>& words, xgrad::Generator& gen) {
@@ -56,7 +58,8 @@ double unigram_entropy(const std::string& text) {
 }
 
 Corpus split(const std::string& text, double valid_fraction, std::size_t seq_len) {
-  if (!(valid_fraction > 0 && valid_fraction < 1)) xgrad::fail("train_lm: validation fraction ", valid_fraction, " is outside (0, 1)");
+  if (!(valid_fraction > 0 && valid_fraction < 1))
+    xgrad::fail("train_lm: validation fraction ", valid_fraction, " is outside (0, 1)");
   const auto n_valid = static_cast<std::size_t>(static_cast<double>(text.size()) * valid_fraction);
   if (n_valid < seq_len + 1 || text.size() - n_valid < seq_len + 1) {
     xgrad::fail("train_lm: the text (", text.size(), " bytes) is too short for sequences of ", seq_len,
@@ -68,7 +71,8 @@ Corpus split(const std::string& text, double valid_fraction, std::size_t seq_len
   return c;
 }
 
-Batch sample_batch(const std::vector<std::uint8_t>& data, std::size_t batch, std::size_t seq_len, xgrad::Generator& gen) {
+Batch sample_batch(const std::vector<std::uint8_t>& data, std::size_t batch, std::size_t seq_len,
+                   xgrad::Generator& gen) {
   Batch b{xgrad::IndexArray::from_shape({batch, seq_len}), xgrad::IndexArray::from_shape({batch, seq_len})};
   for (std::size_t s = 0; s < batch; ++s) {
     const std::size_t at = gen.below(data.size() - seq_len);

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/core/random.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/random.hpp"
 
 namespace lm {
 
@@ -37,7 +37,8 @@ struct Batch {
 };
 
 // B windows of length T + 1 at uniform random offsets.
-Batch sample_batch(const std::vector<std::uint8_t>& data, std::size_t batch, std::size_t seq_len, xgrad::Generator& gen);
+Batch sample_batch(const std::vector<std::uint8_t>& data, std::size_t batch, std::size_t seq_len,
+                   xgrad::Generator& gen);
 
 // Consecutive windows covering (up to) `max_batches` batches of the data, for a fixed evaluation.
 std::vector<Batch> eval_batches(const std::vector<std::uint8_t>& data, std::size_t batch, std::size_t seq_len,

@@ -13,17 +13,17 @@
 #include "common/cli.hpp"
 #include "common/files.hpp"
 #include "common/memory.hpp"
-#include "run_log.hpp"
-#include "xgrad/inspect/svg.hpp"
 #include "common/terminal.hpp"
+#include "run_log.hpp"
 #include "trainer.hpp"
+#include "xgrad/inspect/svg.hpp"
 #ifdef XGRAD_HAS_DISTRIBUTED
 #include "mpi_sharing.hpp"
 #endif
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
-#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/torch_import.hpp"
 
@@ -42,7 +42,7 @@ extern "C" void request_stop(int sig) { stop_signal = sig; }
 // pointer, and a handler frame pushed there corrupted the heap (measured: 4 SIGTERMs in 6).
 void install_stop_handlers() {
   static char handler_stack[64 * 1024];
-  stack_t ss {};
+  stack_t ss{};
   ss.ss_sp = handler_stack;
   ss.ss_size = sizeof handler_stack;
   sigaltstack(&ss, nullptr);
@@ -54,8 +54,8 @@ void install_stop_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-std::string sample_text(xgrad::nn::LanguageModel& model, const std::string& prompt, std::size_t count, float temperature,
-                        std::size_t top_k, std::uint64_t seed) {
+std::string sample_text(xgrad::nn::LanguageModel& model, const std::string& prompt, std::size_t count,
+                        float temperature, std::size_t top_k, std::uint64_t seed) {
   std::vector<std::int64_t> ids(prompt.begin(), prompt.end());
   for (auto& id : ids) id = static_cast<unsigned char>(id);
   xgrad::Generator gen(seed);
@@ -74,9 +74,10 @@ void print_line(const std::string& text) {
 // --heads must divide the width of the imported model (wte.weight (V, C)), read from the header.
 void check_heads(const xgrad::SafetensorsReader& file, std::size_t heads) {
   for (const xgrad::TensorInfo& t : file.tensors()) {
-    if ((t.name == "wte.weight" || t.name == "transformer.wte.weight") && t.shape.size() == 2 && t.shape[1] % heads != 0) {
-      cli::usage_error("--heads ", heads, " does not divide the imported model's d_model ", t.shape[1], " (", t.name, " is ",
-                       xgrad::shape_str(t.shape), ")");
+    if ((t.name == "wte.weight" || t.name == "transformer.wte.weight") && t.shape.size() == 2 &&
+        t.shape[1] % heads != 0) {
+      cli::usage_error("--heads ", heads, " does not divide the imported model's d_model ", t.shape[1], " (", t.name,
+                       " is ", xgrad::shape_str(t.shape), ")");
     }
   }
 }
@@ -128,40 +129,68 @@ int main(int argc, char** argv) {
   int threads = 1;
   const auto size = cli::count(1, std::size_t{1} << 30), any = cli::count(0, std::size_t{1} << 30),
              steps = cli::count(1, cli::kMaxSteps), interval = cli::count(0, cli::kMaxSteps);
-  app.add_option("text", text_path, "a text file to train on (default: text from a built-in grammar)")->check(cli::not_empty());
-  CLI::Option* layers = app.add_option("--layers", c.layers, "transformer blocks")->transform(size)->capture_default_str();
+  app.add_option("text", text_path, "a text file to train on (default: text from a built-in grammar)")
+      ->check(cli::not_empty());
+  CLI::Option* layers =
+      app.add_option("--layers", c.layers, "transformer blocks")->transform(size)->capture_default_str();
   CLI::Option* d_model = app.add_option("--d-model", c.d_model, "model width")->transform(size)->capture_default_str();
   CLI::Option* heads = app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
-  CLI::Option* d_ff = app.add_option("--d-ff", c.d_ff, "feed-forward width (0: 4 x d-model)")->transform(any)->capture_default_str();
+  CLI::Option* d_ff =
+      app.add_option("--d-ff", c.d_ff, "feed-forward width (0: 4 x d-model)")->transform(any)->capture_default_str();
   app.add_option("--seq-len", c.seq_len, "context length in bytes")->transform(size)->capture_default_str();
   app.add_option("--batch", c.batch, "sequences per step")->transform(size)->capture_default_str();
-  app.add_option("--steps", c.steps, "training steps (with --resume: may extend the run)")->transform(steps)->capture_default_str();
+  app.add_option("--steps", c.steps, "training steps (with --resume: may extend the run)")
+      ->transform(steps)
+      ->capture_default_str();
   app.add_option("--lr", c.lr, "peak AdamW learning rate")->check(cli::real(0, 1e6, true))->capture_default_str();
-  app.add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay")->check(cli::real(0, 1e6))->capture_default_str();
-  app.add_option("--warmup", c.warmup, "linear warm-up steps (fewer than --steps)")->transform(interval)->capture_default_str();
-  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->check(cli::real(0, 1e6))->capture_default_str();
-  app.add_option("--clip", c.clip, "clip the global gradient norm (0: off)")->check(cli::real(0, 1e30))->capture_default_str();
+  app.add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay")
+      ->check(cli::real(0, 1e6))
+      ->capture_default_str();
+  app.add_option("--warmup", c.warmup, "linear warm-up steps (fewer than --steps)")
+      ->transform(interval)
+      ->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")
+      ->check(cli::real(0, 1e6))
+      ->capture_default_str();
+  app.add_option("--clip", c.clip, "clip the global gradient norm (0: off)")
+      ->check(cli::real(0, 1e30))
+      ->capture_default_str();
   app.add_option("--dropout", c.dropout, "dropout")->check(cli::real(0, 0.999))->capture_default_str();
-  CLI::Option* norm_flag = app.add_option("--norm", norm, "LayerNorm placement")->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
+  CLI::Option* norm_flag = app.add_option("--norm", norm, "LayerNorm placement")
+                               ->check(CLI::IsMember({"pre", "post"}))
+                               ->capture_default_str();
   app.add_option("--seed", c.seed, "seed")->transform(cli::seed())->capture_default_str();
   cli::add_threads(app, threads);
-  app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")->check(cli::real(0, 1, true))->capture_default_str();
-  app.add_option("--eval-interval", c.eval_interval, "steps between validations (0: at the end only)")->transform(interval)->capture_default_str();
+  app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")
+      ->check(cli::real(0, 1, true))
+      ->capture_default_str();
+  app.add_option("--eval-interval", c.eval_interval, "steps between validations (0: at the end only)")
+      ->transform(interval)
+      ->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "validation batches")->transform(size)->capture_default_str();
   app.add_option("--text-bytes", text_bytes, "size of the built-in text")->transform(size)->capture_default_str();
-  app.add_option("--checkpoint", checkpoint, "checkpoint file (.safetensors) to write, resume or sample from")->check(cli::not_empty());
-  CLI::Option* interval_flag =
-      app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")->transform(interval);
-  app.add_flag("--resume", resume, "continue training from --checkpoint");
-  CLI::Option* sample_flag = app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
-                                ->transform(cli::count(1, 1 << 20));
-  app.add_option("--import", import_layout, "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads)")
+  app.add_option("--checkpoint", checkpoint, "checkpoint file (.safetensors) to write, resume or sample from")
       ->check(cli::not_empty());
-  app.add_option("--prompt", prompt, "prompt for sampling (and for the sample after training)")->check(cli::not_empty())->capture_default_str();
-  app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")->check(cli::real(0, 1e6))->capture_default_str();
+  CLI::Option* interval_flag =
+      app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")
+          ->transform(interval);
+  app.add_flag("--resume", resume, "continue training from --checkpoint");
+  CLI::Option* sample_flag =
+      app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
+          ->transform(cli::count(1, 1 << 20));
+  app.add_option("--import", import_layout,
+                 "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads)")
+      ->check(cli::not_empty());
+  app.add_option("--prompt", prompt, "prompt for sampling (and for the sample after training)")
+      ->check(cli::not_empty())
+      ->capture_default_str();
+  app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")
+      ->check(cli::real(0, 1e6))
+      ->capture_default_str();
   app.add_option("--top-k", top_k, "sample among the k most likely bytes (0: all)")->transform(cli::count(0, 256));
   app.add_option("--out", out, "folder for the log and the loss curve")->capture_default_str();
-  app.add_flag("--detect-anomaly", detect_anomaly, "check every op for NaN and Inf, to name the op behind a non-finite loss (slow)");
+  app.add_flag("--detect-anomaly", detect_anomaly,
+               "check every op for NaN and Inf, to name the op behind a non-finite loss (slow)");
   app.add_flag("--quiet", quiet, "no progress line");
   // Under mpirun every rank runs this program; rank 0 alone prints and writes files.
   std::shared_ptr<Sharing> sharing = std::make_shared<Sharing>();
@@ -187,23 +216,30 @@ int main(int argc, char** argv) {
   const std::string program = sharing->size() > 1 ? "train_lm (rank " + std::to_string(rank) + ")" : "train_lm";
 
   int stopped_by = 0;  // the signal that ended the run before its last step
-  const int code = cli::run(program, [&] {
+  const int code = cli::run(
+      program,
+      [&] {
 #ifdef XGRAD_HAS_DISTRIBUTED
     // Every rank must take the same path (train, sample, import) with the same settings.
     if (mpi) mpi->check_command_line(app, {"--threads", "--quiet", "--detect-anomaly"});
 #endif
     xgrad::set_num_threads(threads);
     // A mode flag never falls back to another mode that writes files.
-    if (sample_flag->count() > 0 && resume) cli::usage_error("--sample reads --checkpoint and trains nothing: it cannot --resume");
-    if (interval_flag->count() > 0 && sample_flag->count() > 0) cli::usage_error("--checkpoint-interval is for training; --sample writes no checkpoint");
-    if (interval_flag->count() > 0 && checkpoint.empty()) cli::usage_error("--checkpoint-interval needs --checkpoint: there is no file to write");
+    if (sample_flag->count() > 0 && resume)
+      cli::usage_error("--sample reads --checkpoint and trains nothing: it cannot --resume");
+    if (interval_flag->count() > 0 && sample_flag->count() > 0)
+      cli::usage_error("--checkpoint-interval is for training; --sample writes no checkpoint");
+    if (interval_flag->count() > 0 && checkpoint.empty())
+      cli::usage_error("--checkpoint-interval needs --checkpoint: there is no file to write");
     if (sample > 0 && checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
-    if (sample > 0 && !text_path.empty()) cli::usage_error("--sample reads no training text: '", text_path, "' would be unused");
+    if (sample > 0 && !text_path.empty())
+      cli::usage_error("--sample reads no training text: '", text_path, "' would be unused");
     check_files(text_path, checkpoint, sample > 0, out);
     if (!import_layout.empty()) {
       if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");
       if (sample == 0) cli::usage_error("--import is for --sample: it reads a checkpoint to sample from");
-      if (heads->count() == 0) cli::usage_error("--import gpt2 needs --heads: the number of attention heads is not in the file");
+      if (heads->count() == 0)
+        cli::usage_error("--import gpt2 needs --heads: the number of attention heads is not in the file");
     }
     if (sample > 0 && !import_layout.empty()) {
       if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
@@ -229,7 +265,9 @@ int main(int argc, char** argv) {
       if (heads->count()) asked.heads = c.heads;
       asked.d_ff = d_ff->count() ? c.d_ff : model_options(saved).d_ff();  // not 4 x an asked --d-model
       if (norm_flag->count()) asked.norm = c.norm;
-      cli::as_usage([&] { xgrad::nn::check_model_options(loaded.model->options(), model_options(asked), "--sample: '" + checkpoint + "'"); });
+      cli::as_usage([&] {
+        xgrad::nn::check_model_options(loaded.model->options(), model_options(asked), "--sample: '" + checkpoint + "'");
+      });
       if (lead) print_line(sample_text(*loaded.model, prompt, sample, temperature, top_k, c.seed));
       return;
     }
@@ -249,7 +287,8 @@ int main(int argc, char** argv) {
     cli::as_usage([&] {
       const double max_text = cli::memory_limit_bytes() / 8;  // the text is held about four times
       if (text_path.empty()) {
-        cli::check_memory(8.0 * static_cast<double>(text_bytes), "the built-in text of --text-bytes " + std::to_string(text_bytes));
+        cli::check_memory(8.0 * static_cast<double>(text_bytes),
+                          "the built-in text of --text-bytes " + std::to_string(text_bytes));
         text = grammar_text(text_bytes, 12345);
       } else {
         text = read_text(text_path, static_cast<std::uint64_t>(max_text));
@@ -282,9 +321,10 @@ int main(int argc, char** argv) {
       trainer->validation_loss();  // a collective: every rank takes part
       return;
     }
-    if (sharing->size() > 1) std::printf("data-parallel on %d processes, %zu sequences each\n", sharing->size(), c.batch / sharing->size());
-    std::printf("text: %s, %zu bytes, unigram entropy %.3f nats/byte\n", text_path.empty() ? "built-in grammar" : text_path.c_str(),
-                text.size(), unigram);
+    if (sharing->size() > 1)
+      std::printf("data-parallel on %d processes, %zu sequences each\n", sharing->size(), c.batch / sharing->size());
+    std::printf("text: %s, %zu bytes, unigram entropy %.3f nats/byte\n",
+                text_path.empty() ? "built-in grammar" : text_path.c_str(), text.size(), unigram);
     std::printf("model: %zu layers, d_model %zu, %zu heads, %zu parameters; %zu steps of %zu x %zu bytes%s\n", c.layers,
                 c.d_model, c.heads, trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
                 resume ? (", resuming at step " + std::to_string(trainer->step())).c_str() : "");
@@ -299,9 +339,10 @@ int main(int argc, char** argv) {
       const double left = e.seconds / std::max(done, 1.0) * static_cast<double>(c.steps - e.step);
       char text_line[200], valid_text[32] = "  -  ";
       if (last_valid >= 0) std::snprintf(valid_text, sizeof valid_text, "%.3g", static_cast<double>(last_valid));
-      std::snprintf(text_line, sizeof text_line, "step %5zu/%zu  train %.3f  valid %s  %6.0f tokens/s  %s left", e.step, c.steps,
-                    static_cast<double>(e.train_loss), valid_text,
-                    done * static_cast<double>(c.batch * c.seq_len) / std::max(e.seconds, 1e-9), viz::duration(left).c_str());
+      std::snprintf(text_line, sizeof text_line, "step %5zu/%zu  train %.3f  valid %s  %6.0f tokens/s  %s left", e.step,
+                    c.steps, static_cast<double>(e.train_loss), valid_text,
+                    done * static_cast<double>(c.batch * c.seq_len) / std::max(e.seconds, 1e-9),
+                    viz::duration(left).c_str());
       line.update(e.step, c.steps, text_line);
       run_log.append(e);
     };
@@ -329,7 +370,10 @@ int main(int argc, char** argv) {
       write_plot(out, run_log.entries(), unigram);
       std::fprintf(stderr, "train_lm: stopped by %s after step %zu of %zu; log: %s/log.csv%s\n",
                    stop_signal == SIGINT ? "SIGINT" : "SIGTERM", trainer->step(), c.steps, out.c_str(),
-                   checkpoint.empty() ? "" : ("; '" + checkpoint + "' holds step " + std::to_string(trainer->step()) + ": --resume continues").c_str());
+                   checkpoint.empty() ? ""
+                                      : ("; '" + checkpoint + "' holds step " + std::to_string(trainer->step()) +
+                                         ": --resume continues")
+                                            .c_str());
       return;
     }
     if (!checkpoint.empty()) trainer->save(checkpoint);
@@ -337,10 +381,11 @@ int main(int argc, char** argv) {
     const float valid = trainer->validation_loss();
     std::printf("validation loss %.3f nats/byte (unigram entropy %.3f)\n", static_cast<double>(valid), unigram);
     write_plot(out, run_log.entries(), unigram);
-    std::printf("log: %s/log.csv, curve: %s/loss.svg%s%s\n", out.c_str(), out.c_str(), checkpoint.empty() ? "" : ", checkpoint: ",
-                checkpoint.c_str());
+    std::printf("log: %s/log.csv, curve: %s/loss.svg%s%s\n", out.c_str(), out.c_str(),
+                checkpoint.empty() ? "" : ", checkpoint: ", checkpoint.c_str());
     std::printf("sample: %s\n", sample_text(trainer->model(), prompt, 120, temperature, top_k, c.seed).c_str());
-  }, end_job);
+      },
+      end_job);
   // Stopped by a signal: with the files written and the lock let go, end as that signal would.
   if (stopped_by != 0) {
     std::fflush(stdout);

@@ -21,13 +21,16 @@ void MpiSharing::check_agreement(const nlohmann::json& settings) {
   std::string differ;
   for (auto it = settings.begin(); it != settings.end(); ++it) {
     const nlohmann::json other = theirs.contains(it.key()) ? theirs.at(it.key()) : nlohmann::json();
-    if (other != it.value()) differ += (differ.empty() ? "" : ", ") + it.key() + " " + shown(other) + " on rank 0, " + shown(it.value()) + " here";
+    if (other != it.value())
+      differ +=
+          (differ.empty() ? "" : ", ") + it.key() + " " + shown(other) + " on rank 0, " + shown(it.value()) + " here";
   }
   // The lowest rank that differs, or size() when all agree.
   const auto first = static_cast<int>(group_.allreduce_min(differ.empty() ? static_cast<std::uint64_t>(group_.size())
-                                                                         : static_cast<std::uint64_t>(group_.rank())));
+                                                                          : static_cast<std::uint64_t>(group_.rank())));
   if (first == group_.size()) return;
-  if (!differ.empty()) xgrad::fail("train_lm: rank ", group_.rank(), " was started with other settings than rank 0: ", differ);
+  if (!differ.empty())
+    xgrad::fail("train_lm: rank ", group_.rank(), " was started with other settings than rank 0: ", differ);
   xgrad::fail("train_lm: rank ", first, " was started with other settings than rank 0 (its message names them)");
 }
 

@@ -20,7 +20,9 @@ class MpiSharing : public Sharing {
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
   double mean(double v) override { return group_.allreduce_sum(v) / group_.size(); }
-  void wrap(xgrad::nn::Module& model) override { parallel_ = std::make_unique<xgrad::distributed::DataParallel>(model, group_); }
+  void wrap(xgrad::nn::Module& model) override {
+    parallel_ = std::make_unique<xgrad::distributed::DataParallel>(model, group_);
+  }
 
   // Throws on every rank when a rank's settings differ from rank 0's: the rank that differs names
   // each differing key with both values, the others say which rank differs.

@@ -26,7 +26,8 @@ std::optional<LogEntry> parse_row(const std::string& line) {
   if (fields.size() != 5) return std::nullopt;
   LogEntry e;
   const auto step = cli::parse_decimal(fields[0]);
-  const auto train = cli::parse_real(fields[1], true), lr = cli::parse_real(fields[3]), seconds = cli::parse_real(fields[4]);
+  const auto train = cli::parse_real(fields[1], true), lr = cli::parse_real(fields[3]),
+             seconds = cli::parse_real(fields[4]);
   if (!step || !train || !lr || !seconds) return std::nullopt;
   e.step = static_cast<std::size_t>(*step);
   e.train_loss = static_cast<float>(*train);
@@ -64,7 +65,9 @@ RunLog::RunLog(const std::string& folder, std::optional<std::size_t> resumed_ste
       ++number;
       if (in.eof() && old.back() != '\n') break;  // cut short by a kill
       if (number == 1) {
-        if (line != kHeader) xgrad::fail("train_lm: '", path_, "' is not a train_lm log (its first line is not \"", kHeader, "\"); choose another --out");
+        if (line != kHeader)
+          xgrad::fail("train_lm: '", path_, "' is not a train_lm log (its first line is not \"", kHeader,
+                      "\"); choose another --out");
         continue;
       }
       const std::optional<LogEntry> e = parse_row(line);
@@ -99,7 +102,8 @@ void RunLog::append(LogEntry e) {
     if (n <= 0) {
       const int err = n < 0 ? errno : ENOSPC;
       // Back to whole rows; should that fail too, the cut row is the last line, which a resume drops.
-      if (before >= 0 && ::ftruncate(fd_, before) != 0) {}
+      if (before >= 0 && ::ftruncate(fd_, before) != 0) {
+      }
       xgrad::fail("train_lm: the log: cannot write '", path_, "': ", std::strerror(err));
     }
     done += static_cast<std::size_t>(n);

@@ -7,17 +7,17 @@
 #include <cstdio>
 #include <limits>
 
-#include "xgrad/core/error.hpp"
+#include "common/cli.hpp"
+#include "common/memory.hpp"
 #include "xgrad/core/autograd/ops.hpp"
-#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
-#include "common/cli.hpp"
-#include "common/memory.hpp"
 
 namespace lm {
 
@@ -40,7 +40,9 @@ const std::string& meta_field(const Metadata& meta, const std::string& key, cons
 // A plain decimal step count, or an Error naming the file.
 std::size_t parse_step(const std::string& text, const std::string& path) {
   const std::optional<std::uint64_t> v = cli::parse_decimal(text);
-  if (!v || *v > kMaxSteps) fail("train_lm: checkpoint '", path, "' has step \"", text.substr(0, 40), "\", which is not a whole number up to ", kMaxSteps);
+  if (!v || *v > kMaxSteps)
+    fail("train_lm: checkpoint '", path, "' has step \"", text.substr(0, 40), "\", which is not a whole number up to ",
+         kMaxSteps);
   return static_cast<std::size_t>(*v);
 }
 
@@ -65,13 +67,24 @@ std::string DataSource::describe() const {
 }
 
 nlohmann::json TrainConfig::to_json() const {
-  return {{"layers", layers},   {"d_model", d_model},       {"heads", heads},
-          {"d_ff", d_ff},       {"seq_len", seq_len},       {"dropout", dropout},
-          {"norm", norm == nn::Norm::pre ? "pre" : "post"}, {"batch", batch},
-          {"steps", steps},     {"warmup", warmup},         {"lr", lr},
-          {"min_lr", min_lr},   {"weight_decay", weight_decay}, {"clip", clip},
-          {"valid_fraction", valid_fraction}, {"eval_interval", eval_interval},
-          {"eval_batches", eval_batches},     {"seed", seed}};
+  return {{"layers", layers},
+          {"d_model", d_model},
+          {"heads", heads},
+          {"d_ff", d_ff},
+          {"seq_len", seq_len},
+          {"dropout", dropout},
+          {"norm", norm == nn::Norm::pre ? "pre" : "post"},
+          {"batch", batch},
+          {"steps", steps},
+          {"warmup", warmup},
+          {"lr", lr},
+          {"min_lr", min_lr},
+          {"weight_decay", weight_decay},
+          {"clip", clip},
+          {"valid_fraction", valid_fraction},
+          {"eval_interval", eval_interval},
+          {"eval_batches", eval_batches},
+          {"seed", seed}};
 }
 
 TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
@@ -116,11 +129,14 @@ void validate(const TrainConfig& c) {
   if (c.batch == 0) fail("--batch must be at least 1");
   if (c.steps == 0) fail("--steps must be at least 1");
   if (!(std::isfinite(c.lr) && c.lr > 0.f)) fail("--lr ", c.lr, " must be positive and finite");
-  if (!(c.min_lr >= 0.f && c.min_lr <= c.lr)) fail("--min-lr ", c.min_lr, " must be between 0 and the learning rate ", c.lr);
+  if (!(c.min_lr >= 0.f && c.min_lr <= c.lr))
+    fail("--min-lr ", c.min_lr, " must be between 0 and the learning rate ", c.lr);
   if (c.warmup >= c.steps) fail("--warmup ", c.warmup, " must be fewer than the ", c.steps, " steps of the run");
-  if (!(c.weight_decay >= 0.f && std::isfinite(c.weight_decay))) fail("--weight-decay ", c.weight_decay, " must be >= 0 and finite");
+  if (!(c.weight_decay >= 0.f && std::isfinite(c.weight_decay)))
+    fail("--weight-decay ", c.weight_decay, " must be >= 0 and finite");
   if (!(c.clip >= 0.f && std::isfinite(c.clip))) fail("--clip ", c.clip, " must be >= 0 and finite");
-  if (!(c.valid_fraction > 0 && c.valid_fraction < 1)) fail("--valid-fraction ", c.valid_fraction, " is outside (0, 1)");
+  if (!(c.valid_fraction > 0 && c.valid_fraction < 1))
+    fail("--valid-fraction ", c.valid_fraction, " is outside (0, 1)");
   if (c.eval_batches == 0) fail("--eval-batches must be at least 1");
   nn::LanguageModel::check(model_options(c));  // --layers, --d-model with --heads, --dropout
   // Each step keeps a log row twice (the trainer's and the log file's) and a point of loss.svg.
@@ -156,15 +172,21 @@ Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shar
       corpus_(std::move(corpus)),
       init_(c.seed),
       data_(c.seed + 1),
-      schedule_(optim::ScheduleOptions(c.lr).warmup_steps(c.warmup).total_steps(c.steps).decay(optim::Decay::cosine).min_lr(c.min_lr)) {
+      schedule_(optim::ScheduleOptions(c.lr)
+                    .warmup_steps(c.warmup)
+                    .total_steps(c.steps)
+                    .decay(optim::Decay::cosine)
+                    .min_lr(c.min_lr)) {
   const auto ranks = static_cast<std::size_t>(sharing_->size());
   if (c.batch % ranks != 0) fail("train_lm: --batch ", c.batch, " does not divide among ", ranks, " processes");
   valid_ = eval_batches(corpus_.valid, c.batch, c.seq_len, c.eval_batches);
-  if (valid_.empty()) fail("train_lm: the validation text is shorter than one batch of ", c.batch, " x ", c.seq_len + 1, " bytes");
+  if (valid_.empty())
+    fail("train_lm: the validation text is shorter than one batch of ", c.batch, " x ", c.seq_len + 1, " bytes");
   for (Batch& b : valid_) b = share(b);
   model_ = std::make_unique<nn::LanguageModel>(model_options(c), init_);
   sharing_->wrap(*model_);
-  optimizer_ = std::make_unique<optim::AdamW>(model_->named_parameters(), optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  optimizer_ =
+      std::make_unique<optim::AdamW>(model_->named_parameters(), optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
 }
 
 Batch Trainer::share(const Batch& global) const {
@@ -210,7 +232,8 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
     const Batch b = share(sample_batch(corpus_.train, config_.batch, config_.seq_len, data_));
     // Dropout masks: the model's streams seeded from (seed, rank, step), so ranks draw different
     // masks and a resumed run draws the same ones as an uninterrupted one.
-    nn::seed_dropout(*model_, config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(sharing_->rank()) * 1000003ull + step_);
+    nn::seed_dropout(*model_, config_.seed * 0x9E3779B97F4A7C15ull +
+                                  static_cast<std::uint64_t>(sharing_->rank()) * 1000003ull + step_);
     float loss = 0;
     try {
       const Tensor local = model_->loss(b.ids, b.targets);
@@ -262,7 +285,8 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
   if (pending) {
     const float valid = validation_loss();
     if (!std::isfinite(valid)) {
-      fail("train_lm: step ", step_, ": the validation loss is not finite (", valid, "); training stopped", checkpoint_note(checkpoint));
+      fail("train_lm: step ", step_, ": the validation loss is not finite (", valid, "); training stopped",
+           checkpoint_note(checkpoint));
     }
     save(checkpoint);
   }
@@ -279,7 +303,8 @@ Metadata Trainer::metadata(const std::string& data_state) const {
 
 void Trainer::check_saveable() const {
   try {
-    for (const auto& [key, value] : metadata(data_.state())) check_utf8(value, "train_lm: the checkpoint's metadata", key.c_str());
+    for (const auto& [key, value] : metadata(data_.state()))
+      check_utf8(value, "train_lm: the checkpoint's metadata", key.c_str());
   } catch (const nlohmann::json::exception& e) {
     fail("train_lm: the checkpoint's metadata cannot be written (", e.what(), ")");
   }
@@ -320,7 +345,8 @@ void Trainer::resume(const std::string& checkpoint) {
     if (it.key() == "steps" || theirs[it.key()] == it.value()) continue;
     std::string flag = it.key();
     std::replace(flag.begin(), flag.end(), '_', '-');
-    differ += (differ.empty() ? "" : ", ") + ("--" + flag) + " " + theirs[it.key()].dump() + " in the checkpoint, " + it.value().dump() + " now";
+    differ += (differ.empty() ? "" : ", ") + ("--" + flag) + " " + theirs[it.key()].dump() + " in the checkpoint, " +
+              it.value().dump() + " now";
   }
   if (!differ.empty()) fail("train_lm: --resume with different settings than the checkpoint's: ", differ);
   // Read everything first, so a bad file changes nothing.
@@ -328,13 +354,14 @@ void Trainer::resume(const std::string& checkpoint) {
   const Metadata& meta = file.metadata;
   const std::size_t step = parse_step(meta_field(meta, "step", checkpoint), checkpoint);
   if (step >= config_.steps) {
-    fail("train_lm: checkpoint '", checkpoint, "' is at step ", step, ", not before the run's last step ", config_.steps,
-         "; pass a larger --steps to train on");
+    fail("train_lm: checkpoint '", checkpoint, "' is at step ", step, ", not before the run's last step ",
+         config_.steps, "; pass a larger --steps to train on");
   }
-  const std::size_t schedule_steps = meta.count("schedule_steps") ? parse_step(meta.at("schedule_steps"), checkpoint) : saved.steps;
+  const std::size_t schedule_steps =
+      meta.count("schedule_steps") ? parse_step(meta.at("schedule_steps"), checkpoint) : saved.steps;
   if (schedule_steps <= config_.warmup || schedule_steps > kMaxSteps) {
-    fail("train_lm: checkpoint '", checkpoint, "' has a schedule of ", schedule_steps, " steps, which cannot follow ", config_.warmup,
-         " warm-up steps");
+    fail("train_lm: checkpoint '", checkpoint, "' has a schedule of ", schedule_steps, " steps, which cannot follow ",
+         config_.warmup, " warm-up steps");
   }
   if (meta.count("data")) {
     DataSource theirs_data;

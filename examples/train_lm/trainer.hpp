@@ -42,7 +42,7 @@ void validate(const TrainConfig& config);
 
 // The bytes a run trains on, identified by content so that --resume can refuse other data.
 struct DataSource {
-  std::string name;  // the file's path, or "built-in grammar"
+  std::string name;                    // the file's path, or "built-in grammar"
   std::uint64_t bytes = 0, fnv1a = 0;  // size and 64-bit FNV-1a hash of the bytes
   nlohmann::json to_json() const;
   std::string describe() const;  // "'a.txt' (1234 bytes, FNV-1a 0123abcd...)"

@@ -17,7 +17,8 @@ int main() {
   const float want = 1.f + static_cast<float>(group.size() - 1) / 2.f;
   const float got = layer.named_parameters()[0].second.grad()(0, 0);
   if (got != want) {
-    std::printf("rank %d: gradient %g, expected %g\n", group.rank(), static_cast<double>(got), static_cast<double>(want));
+    std::printf("rank %d: gradient %g, expected %g\n", group.rank(), static_cast<double>(got),
+                static_cast<double>(want));
     return 1;
   }
   if (group.rank() == 0) std::printf("data-parallel gradient agrees on %d process(es)\n", group.size());

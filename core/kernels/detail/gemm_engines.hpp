@@ -14,9 +14,8 @@ void openblas_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, st
                     std::size_t ldc);
 
 // Defined only when xgrad is built with oneDNN (XGRAD_HAS_ONEDNN).
-void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
-                  const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-                  std::size_t ldc);
+void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                  std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 // blas::sgemm_batched over all `batches` in one call of oneDNN's matmul primitive (k > 0). Returns
 // false, computing nothing, when oneDNN has no primitive for these strides.
 bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
