@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The README's second command: install what is missing, build, run every test; then build the
-# same suite under AddressSanitizer and UndefinedBehaviorSanitizer (build-sanitize/) and run it
-# again there.
+# The README's second command: install what is missing, check the code style and the API
+# reference, build, run every test; then build the same suite under AddressSanitizer and
+# UndefinedBehaviorSanitizer (build-sanitize/) and run it again there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+# The cheap checks first: one code style, and an API reference with every public entity documented.
+bash scripts/check_format.sh
+bash scripts/docs.sh
 bash scripts/build.sh
 (cd build && ctest --output-on-failure -j "$(nproc)")
 # Every test again with each GEMM engine forced (the run above chose per product); a build
