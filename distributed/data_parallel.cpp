@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_set>
 
 #include "xgrad/core/autograd/gradient_ready.hpp"
 #include "xgrad/core/error.hpp"
@@ -69,7 +72,11 @@ struct DataParallel::State : GradientReadyListener {
   std::vector<Bucket> buckets;
   std::vector<char> arrived;
   std::size_t next_launch = 0;
-  bool in_pass = false;  // a backward pass has handed over gradients and not ended yet
+  // A backward pass has handed over gradients and not ended yet, on thread pass_thread. The
+  // buckets hold one pass at a time: a pass on a second thread meanwhile is refused.
+  std::mutex pass_mutex;
+  bool in_pass = false;
+  std::thread::id pass_thread;
   Clock::time_point first_launch;
   bool launched_any = false;
 
@@ -148,9 +155,15 @@ DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, const DataPa
   const std::size_t bucket_floats = options.bucket_bytes() / 4;
   std::vector<std::vector<std::size_t>> members(1);
   std::size_t floats = 0;
+  // A tensor registered under two names (tied weights) has one gradient, the sum of both uses:
+  // it gets one slot, under the name registered first.
+  std::unordered_set<const void*> first_use;
+  std::vector<bool> duplicate(params.size(), false);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    duplicate[i] = !first_use.insert(params[i].second.node().get()).second;
   for (std::size_t i = params.size(); i-- > 0;) {
     const Tensor& p = params[i].second;
-    if (!p.requires_grad()) continue;
+    if (!p.requires_grad() || duplicate[i]) continue;
     if (floats > 0 && floats + p.size() > bucket_floats) {
       members.emplace_back();
       floats = 0;
@@ -186,10 +199,17 @@ DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, const DataPa
 }
 
 void DataParallel::State::gradient_ready(std::size_t k, Array& grad) {
+  std::lock_guard<std::mutex> lock(pass_mutex);
+  if (in_pass && pass_thread != std::this_thread::get_id()) {
+    fail(
+        "DataParallel: a backward pass reached the parameters on a second thread while one on another thread was "
+        "under way; DataParallel averages one backward pass at a time per rank (run the passes one after another)");
+  }
   if (!in_pass) {
     // A new pass (an earlier one may have failed midway: finish its reductions first).
     for (auto& b : buckets) b.request.wait();
     in_pass = true;
+    pass_thread = std::this_thread::get_id();
     next_launch = 0;
     launched_any = false;
     std::fill(arrived.begin(), arrived.end(), 0);
@@ -213,12 +233,22 @@ void DataParallel::State::gradient_ready(std::size_t k, Array& grad) {
 }
 
 void DataParallel::State::pass_ended() {
-  in_pass = false;
+  // Held through the reductions, so that a pass on another thread starts only after them.
+  std::lock_guard<std::mutex> lock(pass_mutex);
+  if (!in_pass || pass_thread != std::this_thread::get_id()) return;  // the pass that was refused
+  struct EndPass {
+    bool& in_pass;
+    ~EndPass() { in_pass = false; }  // also when a reduction fails
+  } end_pass{in_pass};
   owner->finish_pass();
 }
 
 // The launched reductions stay in flight; the next pass waits for them before reusing the buckets.
-void DataParallel::State::pass_failed() noexcept { in_pass = false; }
+// A pass refused on a second thread leaves the one under way alone.
+void DataParallel::State::pass_failed() noexcept {
+  std::lock_guard<std::mutex> lock(pass_mutex);
+  if (pass_thread == std::this_thread::get_id()) in_pass = false;
+}
 
 void DataParallel::finish_pass() {
   State& s = *state_;

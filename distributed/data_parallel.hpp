@@ -44,6 +44,12 @@ struct ReductionStats {
 /// the same on every rank); when the pass ends it waits for the reductions and adds the mean over
 /// ranks to each parameter's gradient. A pass that fails midway leaves its reductions in flight,
 /// and the next pass waits for them first.
+///
+/// One backward pass at a time per rank: a pass that reaches the parameters on another thread
+/// while one is under way fails with an Error, and the one under way goes on unharmed. A tensor
+/// registered under two names (tied weights) is averaged once, as the sum of its uses. Hooks on
+/// the parameters run before the gradient goes into its bucket: they see, and may change, this
+/// rank's gradient; what they leave is what is averaged.
 class DataParallel {
  public:
   /// Wraps `module` for training on every rank of `group`.

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "xgrad/core/autograd/ops.hpp"
@@ -314,4 +315,78 @@ TEST_CASE("a backward that fails midway leaves the next one correct", "[distribu
     const Array& b = want[i].second.grad();
     for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(1e-6));
   }
+}
+
+TEST_CASE("a tensor registered under two names (tied weights) is averaged once, as the sum of both uses",
+          "[distributed]") {
+  struct Tied : nn::Module {
+    explicit Tied(Generator& g) : shared(std::make_shared<nn::Linear>(3, 3, true, g)) {
+      register_module("enc", shared);
+      register_module("dec", shared);  // the same layer again: its weight appears under both names
+    }
+    std::shared_ptr<nn::Linear> shared;
+  };
+  Generator g(7);
+  Tied m(g);
+  REQUIRE(m.named_parameters().size() == 4);
+  DataParallel ddp(m, group(), DataParallelOptions().bucket_bytes(16));
+  const Tensor x(Array{{1.f, -2.f, 3.f}});
+  sum(m.shared->forward(tanh(m.shared->forward(x)))).backward();
+  // The same input on every rank: the mean is this rank's own gradient, both uses summed once.
+  Generator g_ref(7);
+  Tied ref(g_ref);
+  sum(ref.shared->forward(tanh(ref.shared->forward(x)))).backward();
+  for (std::size_t i = 0; i < 2; ++i) {
+    const Array& got = m.named_parameters()[i].second.grad();
+    const Array& want = ref.named_parameters()[i].second.grad();
+    for (std::size_t k = 0; k < got.size(); ++k) REQUIRE(got.data()[k] == Approx(want.data()[k]).margin(1e-6));
+  }
+}
+
+TEST_CASE("a backward on a second thread while one is under way is refused, and the first is still right",
+          "[distributed][bad_input]") {
+  struct Chain : nn::Module {
+    explicit Chain(Generator& g)
+        : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
+      register_module("a", a);
+      register_module("b", b);
+    }
+    std::shared_ptr<nn::Linear> a, b;
+  };
+  Generator g(3);
+  Chain m(g);
+  DataParallel ddp(m, group(), DataParallelOptions().bucket_bytes(16));
+  const Tensor x(Array{{1.f, -2.f, 3.f}});
+  std::string refused;
+  // b's gradients have been handed over (the pass is under way) when a's weight's hook runs a
+  // second backward through b on another thread.
+  Tensor a_weight = m.a->named_parameters()[0].second;
+  const auto id = a_weight.register_hook([&](Array&) {
+    std::thread other([&] {
+      try {
+        sum(m.b->forward(Tensor(Array{{1.f, 1.f, 1.f, 1.f}}))).backward();
+      } catch (const Error& e) {
+        refused = e.what();
+      }
+    });
+    other.join();
+  });
+  sum(m.b->forward(tanh(m.a->forward(x)))).backward();
+  a_weight.remove_hook(id);
+  REQUIRE_THAT(refused, Catch::Contains("DataParallel: a backward pass reached the parameters on a second thread") &&
+                            Catch::Contains("one backward pass at a time per rank"));
+  Generator g_ref(3);
+  Chain ref(g_ref);
+  sum(ref.b->forward(tanh(ref.a->forward(x)))).backward();
+  const auto got = m.named_parameters(), want = ref.named_parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(got[i].first);
+    const Array& a = got[i].second.grad();
+    const Array& b = want[i].second.grad();
+    for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(1e-6));
+  }
+  // And the next pass, on this thread, is a pass like any other.
+  m.zero_grad();
+  sum(m.b->forward(tanh(m.a->forward(x)))).backward();
+  REQUIRE(m.a->named_parameters()[0].second.grad()(0, 0) == Approx(ref.a->named_parameters()[0].second.grad()(0, 0)));
 }

@@ -44,8 +44,9 @@ class GradientReadyListener {
 
   /// The pass stopped with an exception, which leaves backward() after this returns.
   ///
-  /// The gradients already handed over (gradient_ready) were added to their leaves; the rest of
-  /// the pass's gradients are dropped.
+  /// The gradients whose every listener returned were added to their leaves; the rest of the
+  /// pass's gradients are dropped, among them the one whose listener threw (a listener of that
+  /// leaf called before it had already seen it).
   virtual void pass_failed() noexcept {}
 };
 
@@ -84,7 +85,9 @@ class GradientWatch {
 ///
 /// `leaves` are leaf tensors that require grad (parameters), each listed once; the events name a
 /// leaf by its position in this list. The listener must outlive the returned handle. Any number of
-/// listeners may watch one leaf. A leaf with a listener, like a leaf with a hook, receives its
+/// listeners may watch one leaf: they are called in the order their watches were made, each
+/// seeing what the one before left in the gradient (DataParallel leaves zeros there, and adds the
+/// mean over ranks at the pass's end). A leaf with a listener, like a leaf with a hook, receives its
 /// gradient as soon as it is final rather than at the end of the pass. An Error, naming the
 /// position, for an undefined tensor, one that does not require grad, one computed by an op, or
 /// one listed twice; and when called from inside a backward pass on this thread (from a hook or a
