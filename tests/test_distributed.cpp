@@ -63,6 +63,28 @@ bool same_bits_everywhere(const Array& a) {
   return group().allreduce_min(same ? 1 : 0) == 1;
 }
 
+// Two layers, x (1, 3) -> a -> (1, 4) -> b -> (1, 2).
+struct Chain : nn::Module {
+  explicit Chain(Generator& g)
+      : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
+    register_module("a", a);
+    register_module("b", b);
+  }
+  std::shared_ptr<nn::Linear> a, b;
+};
+
+// Every parameter of `got` has a gradient, equal to `want`'s.
+void require_same_gradients(const nn::Module& got_module, const nn::Module& want_module) {
+  const auto got = got_module.named_parameters(), want = want_module.named_parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(got[i].first);
+    REQUIRE(got[i].second.has_grad());
+    const Array& a = got[i].second.grad();
+    const Array& b = want[i].second.grad();
+    for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(1e-6));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("allreduce sums and averages, broadcast copies rank 0's values", "[distributed]") {
@@ -283,14 +305,6 @@ TEST_CASE("DataParallel refuses a bucket smaller than one float", "[distributed]
 }
 
 TEST_CASE("a backward that fails midway leaves the next one correct", "[distributed]") {
-  struct Chain : nn::Module {
-    explicit Chain(Generator& g)
-        : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
-      register_module("a", a);
-      register_module("b", b);
-    }
-    std::shared_ptr<nn::Linear> a, b;
-  };
   Generator g(3);
   Chain m(g);
   DataParallel ddp(m, group(), DataParallelOptions().bucket_bytes(16));  // a bucket per tensor
@@ -307,14 +321,7 @@ TEST_CASE("a backward that fails midway leaves the next one correct", "[distribu
   Generator g_ref(3);
   Chain ref(g_ref);
   sum(ref.b->forward(tanh(ref.a->forward(x)))).backward();
-  const auto got = m.named_parameters(), want = ref.named_parameters();
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    INFO(got[i].first);
-    REQUIRE(got[i].second.has_grad());
-    const Array& a = got[i].second.grad();
-    const Array& b = want[i].second.grad();
-    for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(1e-6));
-  }
+  require_same_gradients(m, ref);
 }
 
 TEST_CASE("a tensor registered under two names (tied weights) is averaged once, as the sum of both uses",
@@ -345,14 +352,6 @@ TEST_CASE("a tensor registered under two names (tied weights) is averaged once, 
 
 TEST_CASE("a backward on a second thread while one is under way is refused, and the first is still right",
           "[distributed][bad_input]") {
-  struct Chain : nn::Module {
-    explicit Chain(Generator& g)
-        : a(std::make_shared<nn::Linear>(3, 4, true, g)), b(std::make_shared<nn::Linear>(4, 2, true, g)) {
-      register_module("a", a);
-      register_module("b", b);
-    }
-    std::shared_ptr<nn::Linear> a, b;
-  };
   Generator g(3);
   Chain m(g);
   DataParallel ddp(m, group(), DataParallelOptions().bucket_bytes(16));
@@ -378,13 +377,7 @@ TEST_CASE("a backward on a second thread while one is under way is refused, and 
   Generator g_ref(3);
   Chain ref(g_ref);
   sum(ref.b->forward(tanh(ref.a->forward(x)))).backward();
-  const auto got = m.named_parameters(), want = ref.named_parameters();
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    INFO(got[i].first);
-    const Array& a = got[i].second.grad();
-    const Array& b = want[i].second.grad();
-    for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(1e-6));
-  }
+  require_same_gradients(m, ref);
   // And the next pass, on this thread, is a pass like any other.
   m.zero_grad();
   sum(m.b->forward(tanh(m.a->forward(x)))).backward();
