@@ -80,6 +80,40 @@ Tensor slice(const Tensor& a, int axis, std::size_t start, std::size_t stop);
 Tensor concat(const std::vector<Tensor>& parts, int axis);
 /// Pieces of the given sizes along `axis` (the sizes must add up to the axis length).
 std::vector<Tensor> split(const Tensor& a, const std::vector<std::size_t>& sizes, int axis);
+/// The parts (all of one shape) joined along a new axis `axis` of the result, which may be from
+/// -(rank + 1) to rank (as torch.stack); the gradient of part i is slice i of the result's.
+Tensor stack(const std::vector<Tensor>& parts, int axis);
+/// `a` cut along `axis` into pieces of ceil(length / n) elements, the last one shorter when n does
+/// not divide the length (as torch.chunk: there may be fewer than n pieces, e.g. a length of 6
+/// in n = 4 gives 3 pieces of 2); an empty axis gives n empty pieces. n = 0 is an Error.
+std::vector<Tensor> chunk(const Tensor& a, std::size_t n, int axis);
+
+// ---- indexing and selection (ops_index.cpp); indices are never negative, as in PyTorch ----
+/// out[i][j][k] = a[index[i][j][k]][j][k] for axis 0, and so on for the other axes
+/// (torch.gather): index has a's rank, is no longer than a on the other axes and gives the
+/// output's shape. The gradient of each output element is added into the element it was read from.
+Tensor gather(const Tensor& a, int axis, const IndexArray& index);
+/// The slices of `a` along `axis` named by the 1-D `ids`, in that order (repeats allowed): the
+/// result is a's shape with that axis of length ids.size(); the backward adds each slice's
+/// gradient back into the slice it came from.
+Tensor index_select(const Tensor& a, int axis, const IndexArray& ids);
+/// a where mask is true, b where it is false; mask, a and b broadcast together as in numpy
+/// (torch.where). a gets the gradient where mask is true, b where it is false, each summed back
+/// over the axes it was broadcast along. Call it as xgrad::where: with an xt::xarray mask an
+/// unqualified where(mask, a, b) also finds xt::where, which does not take tensors.
+Tensor where(const Mask& mask, const Tensor& a, const Tensor& b);
+/// The position of the largest element of every slice along `axis` (the first one on ties; a NaN
+/// counts as the largest, as in PyTorch); keepdims keeps that axis with length 1. No gradient.
+IndexArray argmax(const Tensor& a, int axis, bool keepdims = false);
+/// What topk() returns: the largest values and where they were along the axis.
+struct TopK {
+  Tensor values;       ///< the k largest of each slice, largest first; the gradient reaches those elements of a
+  IndexArray indices;  ///< their positions along the axis, values' shape
+};
+/// The k largest elements of every slice along `axis`, largest first, equal values in their order
+/// along the axis (NaN counts as the largest). values and indices have a's shape with that axis
+/// of length k; k larger than the axis is an Error.
+TopK topk(const Tensor& a, std::size_t k, int axis = -1);
 
 // ---- matmul (ops_matmul.cpp), through blas::sgemm ----
 /// (..., M, K) @ (..., K, P) -> (..., M, P), batch axes broadcast as in numpy; a 2-D right

@@ -1,4 +1,4 @@
-// Shape ops: identity, reshape, transpose/permute, slice, concat, split. Values are always stored
+// Shape ops: identity, reshape, transpose/permute, slice, concat/stack, split/chunk. Values are always stored
 // contiguous, so each op copies; permutes are plain strided loops.
 #include <algorithm>
 #include <numeric>
@@ -188,6 +188,40 @@ std::vector<Tensor> split(const Tensor& a, const std::vector<std::size_t>& sizes
     at += len;
   }
   return out;
+}
+
+Tensor stack(const std::vector<Tensor>& parts, int axis) {
+  if (parts.empty()) fail("stack: no tensors given");
+  for (const Tensor& p : parts) check_defined(p, "stack");
+  const Shape& s0 = parts[0].shape();
+  const long rank = static_cast<long>(s0.size());
+  if (axis < -rank - 1 || axis > rank) {
+    fail("stack: axis ", axis, " is out of range for stacking tensors of rank ", rank, " (from ", -rank - 1, " to ",
+         rank, ")");
+  }
+  const std::size_t ax = static_cast<std::size_t>(axis < 0 ? axis + rank + 1 : axis);
+  std::vector<std::int64_t> unsqueezed(s0.begin(), s0.end());
+  unsqueezed.insert(unsqueezed.begin() + static_cast<std::ptrdiff_t>(ax), 1);
+  std::vector<Tensor> rows;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].shape() != s0) {
+      fail("stack: part ", i, " has shape ", shape_str(parts[i].shape()), " but part 0 has ", shape_str(s0));
+    }
+    rows.push_back(reshape(parts[i], unsqueezed));
+  }
+  return concat(rows, static_cast<int>(ax));
+}
+
+std::vector<Tensor> chunk(const Tensor& a, std::size_t n, int axis) {
+  check_defined(a, "chunk");
+  const std::size_t ax = normalize_axis(axis, a.ndim(), "chunk");
+  if (n == 0) fail("chunk: n must be at least 1, got 0");
+  const std::size_t len = a.shape()[ax];
+  const std::size_t piece = (len + n - 1) / n;
+  if (piece == 0) return std::vector<Tensor>(n, slice(a, axis, 0, 0));
+  std::vector<std::size_t> sizes(len / piece, piece);
+  if (len % piece) sizes.push_back(len % piece);
+  return split(a, sizes, axis);
 }
 
 }  // namespace xgrad
