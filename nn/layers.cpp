@@ -1,4 +1,4 @@
-// Linear, LayerNorm, Dropout, Embedding and positional encodings.
+// Linear, LayerNorm, RMSNorm, Dropout, Embedding and positional encodings.
 #include "xgrad/nn/layers.hpp"
 
 #include <cmath>
@@ -41,6 +41,20 @@ Tensor LayerNorm::forward(const Tensor& x) const {
     fail("LayerNorm: input of shape ", shape_str(x.shape()), " does not end in the normalized size ", features_);
   }
   return layer_norm(x, weight, bias, eps_);
+}
+
+RMSNorm::RMSNorm(std::size_t features, float eps, bool affine) : features_(features), eps_(eps) {
+  if (features == 0) fail("RMSNorm: features must be positive");
+  if (!(eps > 0.f && std::isfinite(eps))) fail("RMSNorm: eps must be finite and positive, got ", eps);
+  if (affine) weight = register_parameter("weight", Tensor::ones({features}));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) const {
+  check_defined(x, "RMSNorm");
+  if (x.ndim() == 0 || x.shape().back() != features_) {
+    fail("RMSNorm: input of shape ", shape_str(x.shape()), " does not end in the normalized size ", features_);
+  }
+  return rms_norm(x, weight, eps_);
 }
 
 Dropout::Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {

@@ -1,4 +1,4 @@
-// The basic layers: Linear, LayerNorm, Dropout, Embedding, and positional encodings.
+// The basic layers: Linear, LayerNorm, RMSNorm, Dropout, Embedding, and positional encodings.
 // Initialization follows PyTorch's defaults, drawn from the Generator passed in (the default
 // generator unless given), so a seed fixes every weight on every platform.
 #pragma once
@@ -37,6 +37,25 @@ class LayerNorm : public Module {
   float eps() const { return eps_; }
   /// The scale, (features,); undefined without `affine`.
   Tensor weight, bias;  ///< the shift, (features,); undefined without `affine`
+
+ private:
+  std::size_t features_;
+  float eps_;
+};
+
+/// Root-mean-square norm over the last axis: x / sqrt(mean(x^2) + eps) * weight, with no mean
+/// subtracted and no bias (the norm of Llama-style models). Init: weight 1. Without `affine` it
+/// has no parameters. The default eps, 1e-6, is Hugging Face Llama's `rms_norm_eps` default.
+class RMSNorm : public Module {
+ public:
+  /// Throws for 0 features and for an eps that is not finite and positive.
+  explicit RMSNorm(std::size_t features, float eps = 1e-6f, bool affine = true);
+  /// The normalized x; throws naming the shape when x does not end in `features`.
+  Tensor forward(const Tensor& x) const;
+  /// The eps added to the mean square.
+  float eps() const { return eps_; }
+  /// The scale, (features,); undefined without `affine`.
+  Tensor weight;
 
  private:
   std::size_t features_;

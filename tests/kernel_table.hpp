@@ -27,6 +27,9 @@ struct KernelTable {
                              float);
   void (*layer_norm_backward)(const float*, const float*, const float*, const float*, const float*, float*, float*,
                               float*, std::size_t, std::size_t);
+  void (*rms_norm_forward)(const float*, const float*, float*, float*, std::size_t, std::size_t, float);
+  void (*rms_norm_backward)(const float*, const float*, const float*, const float*, float*, float*, std::size_t,
+                            std::size_t);
   void (*add_column_sums)(const float*, std::size_t, std::size_t, float*);
   void (*adam_update)(float*, const float*, float*, float*, std::size_t, const optim::AdamStep&);
 };

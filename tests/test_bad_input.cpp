@@ -862,3 +862,74 @@ TEST_CASE("Adam load_state_dict rejects a negative or non-finite exp_avg_sq", "[
   }
   CHECK(threw);
 }
+
+TEST_CASE("rms_norm refuses a scalar, a gamma of the wrong shape, a bad eps and an undefined input",
+          "[bad_input][ops][rms_norm]") {
+  const Tensor x = randn({2, 4}, 1);
+  REQUIRE_THROWS_AS(rms_norm(Tensor::scalar(1.f), Tensor()), Error);
+  REQUIRE_THROWS_WITH(rms_norm(Tensor::scalar(1.f), Tensor()),
+                      Contains("rms_norm: input must have at least one axis, got a scalar"));
+  for (const Shape& s : std::vector<Shape>{{3}, {4, 1}, {1, 4}, {}}) {
+    INFO("gamma " << shape_str(s));
+    REQUIRE_THROWS_WITH(rms_norm(x, Tensor(Array::from_shape(s))),
+                        Contains("rms_norm: gamma of shape " + shape_str(s) +
+                                 " does not match the normalized size (4,) of input (2, 4)"));
+  }
+  REQUIRE_THROWS_WITH(rms_norm(x, Tensor(), 0.f), Contains("rms_norm: eps must be finite and positive, got 0"));
+  REQUIRE_THROWS_WITH(rms_norm(x, Tensor(), -1e-5f), Contains("rms_norm: eps must be finite and positive, got -1e-05"));
+  REQUIRE_THROWS_WITH(rms_norm(x, Tensor(), kNaN), Contains("rms_norm: eps must be finite and positive, got nan"));
+  REQUIRE_THROWS_WITH(rms_norm(x, Tensor(), kInf), Contains("rms_norm: eps must be finite and positive, got inf"));
+  REQUIRE_THROWS_WITH(rms_norm(Tensor(), Tensor()), Contains("rms_norm") && Contains("undefined"));
+  REQUIRE_NOTHROW(rms_norm(x, Tensor::ones({4})));
+}
+
+TEST_CASE("rms_norm of an empty batch, of zero rows and of huge values is defined", "[bad_input][ops][rms_norm]") {
+  for (const Shape& s : std::vector<Shape>{{0, 4}, {2, 0, 4}}) {
+    INFO("shape " << shape_str(s));
+    Tensor x = empty(s);
+    Tensor gamma = Tensor::ones({4}, true);
+    Tensor y = rms_norm(x, gamma);
+    REQUIRE(y.shape() == s);
+    sum(y).backward();
+    REQUIRE(gamma.grad().shape() == Shape{4});
+    REQUIRE(all_equal(gamma.grad(), 0.f));
+  }
+  REQUIRE(rms_norm(empty({2, 0}), Tensor()).shape() == Shape{2, 0});  // C = 0: nothing to divide
+  // A row of zeros: rstd = 1 / sqrt(eps), y = 0, dx = g gamma / sqrt(eps), finite.
+  Tensor zeros(Array({{0.f, 0.f, 0.f}, {1.f, 2.f, 2.f}}), true);
+  Tensor gamma(Array({2.f, 1.f, -1.f}), true);
+  Tensor y = rms_norm(zeros, gamma, 0.25f);
+  REQUIRE(y.value()(0, 0) == 0.f);
+  REQUIRE(y.value()(0, 2) == 0.f);
+  sum(y).backward();
+  REQUIRE(zeros.grad()(0, 0) == Approx(4.f));
+  REQUIRE(zeros.grad()(0, 2) == Approx(-2.f));
+  // |x| past about 1.8e19: x^2 overflows float, so rstd = 0 and the row is 0, with gradients 0
+  // (the float32 formula x * rsqrt(mean(x^2) + eps) gives the same in PyTorch).
+  Tensor huge(Array({{1e20f, -1.f}, {1e18f, -1e18f}}), true);
+  Tensor z = rms_norm(huge, Tensor());
+  REQUIRE(z.value()(0, 0) == 0.f);
+  REQUIRE(z.value()(0, 1) == 0.f);
+  REQUIRE(z.value()(1, 0) == Approx(1.f));  // 1e36 does not overflow
+  REQUIRE(z.value()(1, 1) == Approx(-1.f));
+  sum(z * Tensor(Array({{1.f, 1.f}, {1.f, 0.f}}))).backward();
+  REQUIRE(huge.grad()(0, 0) == 0.f);
+  REQUIRE(huge.grad()(0, 1) == 0.f);
+  REQUIRE(std::isfinite(huge.grad()(1, 0)));
+}
+
+TEST_CASE("RMSNorm rejects a wrong width, eps <= 0, NaN or infinite and zero features", "[bad_input][nn][rms_norm]") {
+  nn::RMSNorm norm(4);
+  REQUIRE(norm.eps() == 1e-6f);
+  REQUIRE_THROWS_WITH(norm.forward(randn({2, 5}, 1)),
+                      Contains("RMSNorm: input of shape (2, 5) does not end in the normalized size 4"));
+  REQUIRE_THROWS_WITH(norm.forward(Tensor::scalar(1.f)),
+                      Contains("RMSNorm: input of shape () does not end in the normalized size 4"));
+  REQUIRE_THROWS_WITH(norm.forward(Tensor()), Contains("RMSNorm") && Contains("undefined"));
+  REQUIRE_THROWS_WITH(nn::RMSNorm(4, 0.f), Contains("RMSNorm: eps must be finite and positive, got 0"));
+  REQUIRE_THROWS_WITH(nn::RMSNorm(4, -1e-5f), Contains("RMSNorm: eps must be finite and positive, got -1e-05"));
+  REQUIRE_THROWS_WITH(nn::RMSNorm(4, kNaN), Contains("RMSNorm: eps must be finite and positive, got nan"));
+  REQUIRE_THROWS_WITH(nn::RMSNorm(4, kInf), Contains("RMSNorm: eps must be finite and positive, got inf"));
+  REQUIRE_THROWS_WITH(nn::RMSNorm(0), Contains("RMSNorm: features must be positive"));
+  REQUIRE(norm.forward(empty({0, 4})).shape() == Shape{0, 4});
+}

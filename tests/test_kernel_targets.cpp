@@ -152,6 +152,24 @@ TEST_CASE("layer norm forward and backward give the same bits on every target", 
   }
 }
 
+TEST_CASE("rms norm forward and backward give the same bits on every target", "[kernels][targets][rms_norm]") {
+  for (std::size_t C : kLengths) {
+    const std::size_t rows = 3;
+    const std::vector<float> x = randoms(rows * C, C + 16), g = randoms(rows * C, C + 17, 1.f);
+    const std::vector<float> gamma = randoms(C, C + 18, 2.f);
+    require_same_bits("rms_norm", [&](const KernelTable& k) {
+      std::vector<float> y(rows * C), rstd(rows), y_plain(rows * C), rstd_plain(rows);
+      std::vector<float> dx(rows * C, 0.25f), dx_plain(rows * C, -0.25f), dgamma(C, 0.5f);
+      k.rms_norm_forward(x.data(), gamma.data(), y.data(), rstd.data(), rows, C, 1e-6f);
+      k.rms_norm_forward(x.data(), nullptr, y_plain.data(), rstd_plain.data(), rows, C, 1e-6f);
+      k.rms_norm_backward(x.data(), g.data(), gamma.data(), rstd.data(), dx.data(), dgamma.data(), rows, C);
+      k.rms_norm_backward(x.data(), g.data(), nullptr, rstd_plain.data(), dx_plain.data(), nullptr, rows, C);
+      REQUIRE(rstd == rstd_plain);  // gamma scales y only
+      return std::vector<std::vector<float>>{y, y_plain, rstd, dx, dx_plain, dgamma};
+    });
+  }
+}
+
 TEST_CASE("column sums give the same bits on every target", "[kernels][targets]") {
   for (std::size_t cols : kLengths) {
     const std::size_t rows = 5;

@@ -190,7 +190,7 @@ TEST_CASE("Linear gradients with a 1-D input", "[nn][gradcheck][linear]") {
 }
 
 // ---------------------------------------------------------------------------------------------
-// LayerNorm, Embedding, Dropout, positional encodings
+// LayerNorm, RMSNorm, Embedding, Dropout, positional encodings
 
 TEST_CASE("LayerNorm gradients, affine", "[nn][gradcheck][layernorm]") {
   nn::LayerNorm ln(6);
@@ -207,6 +207,28 @@ TEST_CASE("LayerNorm gradients, not affine", "[nn][gradcheck][layernorm]") {
   REQUIRE(ln.named_parameters().empty());
   const Tensor x = randn({4, 5}, 11, 2.f);
   const CheckResult res = check_module_grads(ln, [&](const Ins& in) { return ln.forward(in[0]); }, {x});
+  INFO(res.report);
+  REQUIRE(res.ok);
+  REQUIRE(res.checked == x.size());
+}
+
+TEST_CASE("RMSNorm gradients, with a weight", "[nn][gradcheck][rms_norm]") {
+  nn::RMSNorm norm(6);
+  REQUIRE(norm.weight.value() == Array(xt::ones<float>({6})));
+  norm.weight.mutable_value() = Generator(13).uniform({6}, 0.5f, 1.5f);  // a gradient ignoring the weight shows
+  const Tensor x = randn({2, 3, 6}, 14);
+  const CheckResult res = check_module_grads(norm, [&](const Ins& in) { return norm.forward(in[0]); }, {x});
+  INFO(res.report);
+  REQUIRE(res.ok);
+  REQUIRE(res.tensors == 2);
+  REQUIRE(res.checked == x.size() + 6);
+}
+
+TEST_CASE("RMSNorm gradients, without a weight", "[nn][gradcheck][rms_norm]") {
+  nn::RMSNorm norm(5, 1e-5f, false);
+  REQUIRE(norm.named_parameters().empty());
+  const Tensor x = randn({4, 5}, 15, 2.f);
+  const CheckResult res = check_module_grads(norm, [&](const Ins& in) { return norm.forward(in[0]); }, {x});
   INFO(res.report);
   REQUIRE(res.ok);
   REQUIRE(res.checked == x.size());

@@ -467,6 +467,19 @@ TEST_CASE("gradcheck: layer_norm with and without gamma/beta", "[gradcheck][nn]"
   SECTION("2-D input, gamma only") { REQUIRE_GRADCHECK(fn, {randn({3, 4}, 244), randn({4}, 245), Tensor()}); }
 }
 
+TEST_CASE("gradcheck: rms_norm with and without gamma", "[gradcheck][nn][rms_norm]") {
+  const Tensor x = randn({2, 3, 6}, 246, 2.f);
+  const Tensor gamma = randn({6}, 247);
+  auto fn = [](const Ins& in) { return rms_norm(in[0], in[1]); };
+  SECTION("gradients of x and gamma") { REQUIRE_GRADCHECK(fn, {x, gamma}); }
+  SECTION("only gamma requires grad") { REQUIRE_GRADCHECK(fn, {Tensor(x.value(), false), gamma}); }
+  SECTION("undefined gamma") { REQUIRE_GRADCHECK(fn, {x, Tensor()}); }
+  SECTION("an eps that matters, rows of 37 (a block of 32 and a tail)") {
+    REQUIRE_GRADCHECK([](const Ins& in) { return rms_norm(in[0], in[1], 0.5f); },
+                      {randn({3, 37}, 248, 0.5f), randn({37}, 249)});
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Compositions
 

@@ -573,6 +573,46 @@ TEST_CASE("values: layer_norm with gamma and beta matches the formula in double"
   REQUIRE_CLOSE(y, want, 1e-5, 1e-5);
 }
 
+TEST_CASE("values: rms_norm and its gradients on a case computed by hand", "[values][nn][rms_norm]") {
+  // eps 24 makes mean(x^2) + eps a square: row 0 has mean(x^2) 1 (rstd 1/5), row 1 has 12 (1/6).
+  const Array x = {{1.f, -1.f, 1.f, -1.f}, {2.f, 2.f, 2.f, 6.f}};
+  const Array gamma = {1.f, 2.f, -1.f, 0.5f};
+  Tensor tx(x, true), tg(gamma, true);
+  const Tensor y = rms_norm(tx, tg, 24.f);
+  REQUIRE_CLOSE(y.value(), Array({{0.2f, -0.4f, -0.2f, -0.1f}, {1.f / 3, 2.f / 3, -1.f / 3, 0.5f}}), 1e-6, 0);
+  sum(y).backward();
+  // dx = rstd (g gamma - xhat mean(g gamma xhat)): mean(...) is -1/8 in row 0 and 7/24 in row 1
+  REQUIRE_CLOSE(tx.grad(),
+                Array({{0.205f, 0.395f, -0.195f, 0.095f}, {65.f / 432, 137.f / 432, -79.f / 432, 15.f / 432}}), 1e-6,
+                1e-7);
+  // dgamma = the column sums of xhat
+  REQUIRE_CLOSE(tg.grad(), Array({8.f / 15, 2.f / 15, 8.f / 15, 0.8f}), 1e-6, 0);
+  // without gamma: xhat itself, and a row of zeros stays zero (rstd 1 / sqrt(eps))
+  const Array z = rms_norm(Tensor(Array({{3.f, -4.f}, {0.f, 0.f}})), Tensor(), 3.5f).value();
+  REQUIRE_CLOSE(z, Array({{0.75f, -1.f}, {0.f, 0.f}}), 1e-6, 0);
+}
+
+TEST_CASE("values: rms_norm rows have mean square 1 without a weight, whatever their scale", "[values][nn][rms_norm]") {
+  const std::size_t rows = 6, C = 100;
+  Array x = normal({2, 3, C}, 171, 3.f);
+  x += 2.f;                                                // a mean rms_norm keeps
+  for (std::size_t c = 0; c < C; ++c) x(1, 2, c) *= 1e4f;  // one row far larger: rows are normalized apart
+  const Array y = rms_norm(Tensor(x), Tensor()).value();
+  REQUIRE(y.shape() == x.shape());
+  for (std::size_t r = 0; r < rows; ++r) {
+    INFO("row " << r);
+    double ms_x = 0, ms_y = 0;
+    for (std::size_t c = 0; c < C; ++c) {
+      ms_x += double(x.data()[r * C + c]) * x.data()[r * C + c];
+      ms_y += double(y.data()[r * C + c]) * y.data()[r * C + c];
+    }
+    REQUIRE(ms_y / C == Approx(1).epsilon(1e-5));
+    const double rstd = 1 / std::sqrt(ms_x / C + 1e-6);
+    for (std::size_t c = 0; c < C; ++c)
+      REQUIRE(y.data()[r * C + c] == Approx(x.data()[r * C + c] * rstd).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("values: attention_weights and attend equal the heads split out with reshape and permute",
           "[values][attention]") {
   // B H = 64 heads of T = S = 24: enough for the heads to be split across threads.

@@ -134,7 +134,8 @@ void require_same_bits_on_1_2_3_threads(const std::function<Tensor(const Tensor&
 }  // namespace
 
 TEST_CASE(
-    "the elementwise, softmax, layer-norm, dropout, batched-matmul and attention kernels give the same bits on 1, 2 "
+    "the elementwise, softmax, layer-norm, rms-norm, dropout, batched-matmul and attention kernels give the same bits "
+    "on 1, 2 "
     "and 3 threads",
     "[parallel][determinism]") {
   Generator g(10);
@@ -152,6 +153,7 @@ TEST_CASE(
           {"softmax over axis 2", [](const Tensor& a) { return softmax(a, 2); }},
           {"masked_softmax", [&](const Tensor& a) { return masked_softmax(a, causal); }},
           {"layer_norm", [&](const Tensor& a) { return layer_norm(a, gamma, beta); }},
+          {"rms_norm", [&](const Tensor& a) { return rms_norm(a, gamma); }},
           {"dropout", [](const Tensor& a) { return dropout(a, 0.25f); }},
           {"a sum of two uses", [&](const Tensor& a) { return a * other + exp(a * 0.1f); }},
           {"batched matmul", [](const Tensor& a) { return matmul(a, a, false, true); }},
@@ -164,6 +166,31 @@ TEST_CASE(
   for (const auto& [name, fn] : kernels) {
     INFO(name);
     require_same_bits_on_1_2_3_threads(fn, x);
+  }
+}
+
+// rms_norm's weight gradient sums over rows: the rows go in fixed chunks whose partial sums are
+// added in order, so the thread count changes no bit. 2051 rows of 64 are 65 chunks of 32 (the
+// last one short), split across the threads.
+TEST_CASE("rms_norm's values and x and gamma gradients give the same bits on 1, 2 and 3 threads",
+          "[parallel][determinism][rms_norm]") {
+  Generator g(14);
+  const Array x0 = g.uniform({2051, 64}, -3.f, 3.f), gamma0 = g.uniform({64}, 0.5f, 1.5f);
+  const Array weights = g.uniform({2051, 64}, -1.f, 1.f);
+  auto run = [&](int threads) {
+    ThreadCount tc(threads);
+    Tensor x(x0, true), gamma(gamma0, true);
+    const Tensor y = rms_norm(x, gamma);
+    sum(y * Tensor(weights)).backward();
+    return std::vector<Array>{y.value(), x.grad(), gamma.grad()};
+  };
+  const std::vector<Array> one = run(1);
+  for (int threads : {2, 3}) {
+    INFO("threads " << threads);
+    const std::vector<Array> many = run(threads);
+    REQUIRE(many[0] == one[0]);
+    REQUIRE(many[1] == one[1]);
+    REQUIRE(many[2] == one[2]);
   }
 }
 

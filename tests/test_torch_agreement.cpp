@@ -123,14 +123,17 @@ TEST_CASE("torch agreement: the fixture loads and every case has a test", "[torc
                                           "attention_weights_causal_padding",
                                           "attention_weights_row_fully_masked",
                                           "attend_self",
-                                          "attend_cross"};
+                                          "attend_cross",
+                                          "rms_norm_affine",
+                                          "rms_norm_plain",
+                                          "rms_norm_large_eps"};
   for (const auto& name : expected) {
     INFO("missing fixture case " << name);
     CHECK(cases().contains(name));
   }
   // Every case must belong to a family tested below, so none is silently skipped.
   const char* families[] = {"matmul_", "softmax_", "log_softmax_",       "cross_entropy_", "layer_norm_",
-                            "gelu_",   "linear_",  "attention_weights_", "attend_"};
+                            "gelu_",   "linear_",  "attention_weights_", "attend_",        "rms_norm_"};
   for (const auto& [name, c] : cases().items()) {
     const bool covered =
         std::any_of(std::begin(families), std::end(families), [&](const char* f) { return starts_with(name, f); });
@@ -180,6 +183,12 @@ TEST_CASE("torch agreement: layer_norm (with and without affine)", "[torch][laye
     const Tensor gamma = in.count("gamma") ? in.at("gamma") : Tensor();
     const Tensor beta = in.count("beta") ? in.at("beta") : Tensor();
     return layer_norm(in.at("x"), gamma, beta, c.at("eps").get<float>());
+  });
+}
+
+TEST_CASE("torch agreement: rms_norm (with and without a weight, a large eps)", "[torch][rms_norm]") {
+  run_family("rms_norm_", [](const Inputs& in, const json& c) {
+    return rms_norm(in.at("x"), in.count("gamma") ? in.at("gamma") : Tensor(), c.at("eps").get<float>());
   });
 }
 

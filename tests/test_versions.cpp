@@ -314,6 +314,7 @@ std::vector<OpCase> op_cases() {
       {"dropout", {{2, 3}}, [](V t) { return dropout(t[0], 0.5f, true, dropout_gen()); }, {}, false},
       {"gelu_dropout", {{2, 3}}, [](V t) { return gelu_dropout(t[0], 0.5f, true, dropout_gen()); }, {0}, false},
       {"layer_norm", {{2, 3}, {3}, {3}}, [](V t) { return layer_norm(t[0], t[1], t[2]); }, {0, 1}, false},
+      {"rms_norm", {{2, 3}, {3}}, [](V t) { return rms_norm(t[0], t[1]); }, {0, 1}, false},
       };
 }
 

@@ -170,5 +170,8 @@ Tensor gelu_dropout(const Tensor& a, float p, bool training = true, Generator& g
 /// Normalizes over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta, with the biased
 /// variance; gamma and beta (shape (C,)) may be undefined tensors for no affine part.
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+/// Root-mean-square norm over the last axis: x / sqrt(mean(x^2) + eps) * gamma, with no mean
+/// subtracted and no shift; gamma (shape (C,)) may be an undefined tensor for no weight.
+Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
 
 }  // namespace xgrad

@@ -1,5 +1,6 @@
 // Neural-network functions as fused kernels (plain loops over contiguous buffers): softmax,
-// masked_softmax, log_softmax, masked_fill, cross_entropy, embedding, dropout, layer_norm.
+// masked_softmax, log_softmax, masked_fill, cross_entropy, embedding, dropout, layer_norm,
+// rms_norm.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -413,6 +414,55 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     });
     if (dg) kernels::add_column_sums(pg, chunks, C, dg);
     if (db) kernels::add_column_sums(pb, chunks, C, db);
+  });
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
+  check_defined(x, "rms_norm");
+  if (x.ndim() == 0) fail("rms_norm: input must have at least one axis, got a scalar");
+  const std::size_t C = x.shape().back();
+  const std::size_t rows = C ? x.size() / C : 0;
+  if (gamma.defined() && (gamma.ndim() != 1 || gamma.shape()[0] != C)) {
+    fail("rms_norm: gamma of shape ", shape_str(gamma.shape()), " does not match the normalized size (", C,
+         ",) of input ", shape_str(x.shape()));
+  }
+  if (!(eps > 0.f && std::isfinite(eps))) fail("rms_norm: eps must be finite and positive, got ", eps);
+  // Per row: rstd = 1 / sqrt(mean(x^2) + eps), xhat = x rstd, y = xhat * gamma. rstd is cached
+  // for backward.
+  std::vector<float> rstd(rows);
+  Array y = Array::from_shape(x.shape());
+  const float* xs = x.value().data();
+  const float* gm = gamma.defined() ? gamma.value().data() : nullptr;
+  float* ys = y.data();
+  float* rstds = rstd.data();
+  parallel_for(rows, grain_for(kGrainCheap, C), [=](std::size_t lo, std::size_t hi) {
+    kernels::rms_norm_forward(xs + lo * C, gm, ys + lo * C, rstds + lo, hi - lo, C, eps);
+  });
+  const bool has_gamma = gamma.defined();
+  return record("rms_norm", std::move(y), {x, gamma}, [rstd = std::move(rstd), rows, C, has_gamma](GradContext& ctx) {
+    // dxhat = g * gamma
+    // dx = rstd * (dxhat - xhat * mean(dxhat * xhat))
+    // dgamma = sum_rows g * xhat
+    const float* xs = ctx.input(0).data();
+    const float* g = ctx.grad_out().data();
+    const float* gm = has_gamma ? ctx.input(1).data() : nullptr;
+    float* dx = ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr;
+    float* dg = ctx.needs(1) ? ctx.grad_buffer(1).data() : nullptr;
+    const float* rstds = rstd.data();
+    // Fixed chunks of rows with their own partial dgamma, added in chunk order, as in layer_norm:
+    // the sums do not depend on the thread count.
+    constexpr std::size_t kChunkRows = 32;
+    const std::size_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+    std::vector<float> part_g(dg ? chunks * C : 0, 0.f);
+    float* pg = part_g.data();
+    parallel_for(chunks, grain_for(kGrainCheap, kChunkRows * C), [=](std::size_t lo, std::size_t hi) {
+      for (std::size_t c = lo; c < hi; ++c) {
+        const std::size_t r0 = c * kChunkRows, n = std::min(rows, r0 + kChunkRows) - r0;
+        kernels::rms_norm_backward(xs + r0 * C, g + r0 * C, gm, rstds + r0, dx ? dx + r0 * C : nullptr,
+                                   dg ? pg + c * C : nullptr, n, C);
+      }
+    });
+    if (dg) kernels::add_column_sums(pg, chunks, C, dg);
   });
 }
 

@@ -254,6 +254,42 @@ XGRAD_CLONES void layer_norm_backward(const float* x, const float* g, const floa
   }
 }
 
+XGRAD_CLONES void rms_norm_forward(const float* x, const float* gamma, float* y, float* rstd, std::size_t rows,
+                                   std::size_t C, float eps) {
+  const float inv_c = 1.f / static_cast<float>(C);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * C;
+    const float ms = sum32(C, [&](std::size_t j) { return row[j] * row[j]; }) * inv_c;
+    const float rs = 1.f / std::sqrt(ms + eps);
+    rstd[r] = rs;
+    float* out = y + r * C;
+    if (gamma) {
+      for (std::size_t j = 0; j < C; ++j) out[j] = (row[j] * rs) * gamma[j];
+    } else {
+      for (std::size_t j = 0; j < C; ++j) out[j] = row[j] * rs;
+    }
+  }
+}
+
+XGRAD_CLONES void rms_norm_backward(const float* x, const float* g, const float* gamma, const float* rstd, float* dx,
+                                    float* dgamma, std::size_t rows, std::size_t C) {
+  const float inv_c = 1.f / static_cast<float>(C);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * C;
+    const float* gr = g + r * C;
+    const float rs = rstd[r];
+    if (dx) {
+      auto dh = [&](std::size_t j) { return gamma ? gr[j] * gamma[j] : gr[j]; };
+      const float mean_dh_h = sum32(C, [&](std::size_t j) { return dh(j) * (row[j] * rs); }) * inv_c;
+      float* d = dx + r * C;
+      for (std::size_t j = 0; j < C; ++j) d[j] += rs * (dh(j) - (row[j] * rs) * mean_dh_h);
+    }
+    if (dgamma) {
+      for (std::size_t j = 0; j < C; ++j) dgamma[j] += gr[j] * (row[j] * rs);
+    }
+  }
+}
+
 XGRAD_CLONES void add_column_sums(const float* x, std::size_t rows, std::size_t cols, float* sums) {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;

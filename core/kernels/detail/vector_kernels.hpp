@@ -56,6 +56,16 @@ void layer_norm_forward(const float* x, const float* gamma, const float* beta, f
 void layer_norm_backward(const float* x, const float* g, const float* gamma, const float* mean, const float* rstd,
                          float* dx, float* dgamma, float* dbeta, std::size_t rows, std::size_t C);
 
+// RMS norm over rows of length C: y = x rstd gamma (x rstd when gamma is null), with each row's
+// rstd = 1 / sqrt(mean(x^2) + eps); the row sum uses the 32 partials of layer_norm_forward.
+void rms_norm_forward(const float* x, const float* gamma, float* y, float* rstd, std::size_t rows, std::size_t C,
+                      float eps);
+// RMS norm's backward over rows; dx and dgamma may be null: dx += rstd (dh - xhat mean(dh xhat))
+// with xhat = x rstd and dh = g gamma (g when gamma is null), and, summed over the rows in order,
+// dgamma += g xhat.
+void rms_norm_backward(const float* x, const float* g, const float* gamma, const float* rstd, float* dx, float* dgamma,
+                       std::size_t rows, std::size_t C);
+
 // sums[j] += sum over r < rows of x[r * cols + j], adding the rows in order.
 void add_column_sums(const float* x, std::size_t rows, std::size_t cols, float* sums);
 
