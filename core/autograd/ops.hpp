@@ -140,6 +140,24 @@ Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, flo
 /// out[b, :, hD:(h+1)D] = P[b, h] v_h.
 Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);
 
+// ---- rotary position embedding (ops_rotary.cpp) ----
+/// Rotates each head of q or k by its token's position (RoPE), on the attention ops' layout:
+/// x (B, T, C) with `heads` heads of width D = C / heads side by side in the channels.
+///
+/// The pairing is Hugging Face's `rotate_half` (what Llama-layout checkpoints need): within each
+/// head's first r = rotary_dim channels (0 means D), channel i < r/2 turns with channel i + r/2 by
+/// the angle a = p * theta^(-2i/r), p the token's position:
+/// y_i = x_i cos a - x_{i+r/2} sin a, y_{i+r/2} = x_{i+r/2} cos a + x_i sin a; channels r .. D-1
+/// pass through (partial rotary, as GPT-NeoX and Phi). positions is (B, T), one row per batch
+/// entry (a cached forward continues from the cached length, a padded row counts its real
+/// tokens), or (1, T) or (T), shared by every entry; positions are never negative. theta^(-2i/r) and the
+/// angle are rounded to float as PyTorch's float32 computes them; their cos and sin are evaluated
+/// in double and rounded once. The gradient is the transpose rotation (angle negated). An Error
+/// naming the op for an odd rotary_dim or one larger than D, heads not dividing C, theta not
+/// finite and > 0, and positions of the wrong shape or negative.
+Tensor rotary_embedding(const Tensor& x, std::size_t heads, const IndexArray& positions, float theta = 10000.f,
+                        std::size_t rotary_dim = 0);
+
 // ---- neural-network functions (ops_nn.cpp) ----
 /// Numerically stable softmax along `axis`.
 Tensor softmax(const Tensor& a, int axis = -1);

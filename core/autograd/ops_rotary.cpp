@@ -1,0 +1,119 @@
+// Rotary position embedding on the projections' layout (B, T, H*D), heads side by side in the
+// channels as the attention ops take q and k. The pairing is rotate_half's: in each head, channel
+// i < r/2 turns with channel i + r/2 by the angle position * theta^(-2i/r).
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
+
+namespace xgrad {
+
+namespace {
+
+struct RotaryShape {
+  std::size_t B, T, H, D, C, r;
+};
+
+RotaryShape check_rotary(const Tensor& x, std::size_t heads, const IndexArray& positions, float theta,
+                         std::size_t rotary_dim) {
+  if (!x.defined()) fail("rotary_embedding: x is an undefined tensor");
+  const Shape& s = x.shape();
+  if (s.size() != 3) fail("rotary_embedding: x must be (B, T, C), got ", shape_str(s));
+  if (heads == 0 || s[2] % heads != 0) {
+    fail("rotary_embedding: ", s[2], " channels do not split into ", heads, " heads");
+  }
+  const std::size_t D = s[2] / heads;
+  if (rotary_dim == 0 && D % 2 != 0) {
+    fail("rotary_embedding: the head width ", D, " is odd; rotary_dim 0 (the whole head) needs it even");
+  }
+  const std::size_t r = rotary_dim == 0 ? D : rotary_dim;
+  if (r % 2 != 0 || r > D) {
+    fail("rotary_embedding: rotary_dim ", r, " must be even and at most the head width ", D);
+  }
+  if (!(std::isfinite(theta) && theta > 0.f)) fail("rotary_embedding: theta must be finite and > 0, got ", theta);
+  const Shape ps(positions.shape().begin(), positions.shape().end());
+  if (ps != Shape{s[0], s[1]} && ps != Shape{1, s[1]} && ps != Shape{s[1]}) {
+    fail("rotary_embedding: positions must be (B, T) = (", s[0], ", ", s[1], "), (1, T) or (T) = (", s[1], "), got ",
+         shape_str(ps));
+  }
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    if (positions.data()[i] < 0) {
+      fail("rotary_embedding: position ", positions.data()[i], " at flat index ", i, " is negative");
+    }
+  }
+  return {s[0], s[1], heads, D, s[2], r};
+}
+
+// cos and sin of every (row, token, frequency), (B*T, r/2) each. As the Hugging Face float32
+// reference: inv_freq = 1 / theta^(2i/r) and the angle position * inv_freq are rounded to float;
+// cos and sin of that float angle are evaluated in double and rounded once.
+struct Table {
+  std::vector<float> cos, sin;
+};
+
+std::shared_ptr<const Table> rotary_table(const RotaryShape& d, const IndexArray& positions, float theta) {
+  const std::size_t half = d.r / 2, rows = d.B * d.T;
+  std::vector<float> inv_freq(half);
+  for (std::size_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(d.r);
+    inv_freq[i] = 1.f / std::pow(theta, e);
+  }
+  auto t = std::make_shared<Table>();
+  t->cos.resize(rows * half);
+  t->sin.resize(rows * half);
+  const bool per_row = positions.size() == rows;
+  parallel_for(rows, grain_for(kGrainCostly, half), [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t q = lo; q < hi; ++q) {
+      const float p = static_cast<float>(positions.data()[per_row ? q : q % d.T]);
+      for (std::size_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(p * inv_freq[i]);
+        t->cos[q * half + i] = static_cast<float>(std::cos(a));
+        t->sin[q * half + i] = static_cast<float>(std::sin(a));
+      }
+    }
+  });
+  return t;
+}
+
+// y = R(sign * angle) x on every head of every token; sign -1 is the transpose (backward).
+void rotate(const RotaryShape& d, const Table& t, const float* x, float* y, float sign) {
+  const std::size_t half = d.r / 2, rows = d.B * d.T;
+  parallel_for(rows, grain_for(kGrainCheap, d.C), [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t q = lo; q < hi; ++q) {
+      const float* c = t.cos.data() + q * half;
+      const float* s = t.sin.data() + q * half;
+      for (std::size_t h = 0; h < d.H; ++h) {
+        const float* xh = x + q * d.C + h * d.D;
+        float* yh = y + q * d.C + h * d.D;
+        for (std::size_t i = 0; i < half; ++i) {
+          const float a = xh[i], b = xh[i + half], si = sign * s[i];
+          yh[i] = a * c[i] - b * si;
+          yh[i + half] = b * c[i] + a * si;
+        }
+        for (std::size_t i = d.r; i < d.D; ++i) yh[i] = xh[i];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Tensor rotary_embedding(const Tensor& x, std::size_t heads, const IndexArray& positions, float theta,
+                        std::size_t rotary_dim) {
+  const RotaryShape d = check_rotary(x, heads, positions, theta, rotary_dim);
+  std::shared_ptr<const Table> table = rotary_table(d, positions, theta);
+  Array y = Array::from_shape(x.shape());
+  rotate(d, *table, x.value().data(), y.data(), 1.f);
+  return record("rotary_embedding", std::move(y), {x}, [d, table](GradContext& ctx) {
+    if (!ctx.needs(0)) return;
+    Array g = Array::from_shape(ctx.grad_out().shape());
+    rotate(d, *table, ctx.grad_out().data(), g.data(), -1.f);
+    ctx.accumulate(0, std::move(g));
+  });
+}
+
+}  // namespace xgrad
