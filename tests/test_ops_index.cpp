@@ -3,6 +3,7 @@
 // writes it), and the Errors bad input gets.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -362,4 +363,30 @@ TEST_CASE("bad input: argmax, topk, stack and chunk name the op and the value", 
                       "stack: axis -3 is out of range for stacking tensors of rank 1 (from -2 to 1)");
   REQUIRE_THROWS_WITH(chunk(a, 0, 0), "chunk: n must be at least 1, got 0");
   REQUIRE_THROWS_WITH(chunk(a, 2, 2), "chunk: axis 2 is out of range for a tensor of rank 2");
+}
+
+// ---------------------------------------------------------------------------------------------
+// sizes at the edge of size_t
+
+TEST_CASE("chunk with n past the length gives one piece per element, even for n near SIZE_MAX",
+          "[index][chunk][bad_input]") {
+  const Tensor r(Array{0.f, 1.f, 2.f, 3.f, 4.f, 5.f});
+  for (std::size_t n : {std::size_t{7}, std::numeric_limits<std::size_t>::max() / 2 + 1,
+                        std::numeric_limits<std::size_t>::max() - 4, std::numeric_limits<std::size_t>::max()}) {
+    INFO("n = " << n);
+    const std::vector<Tensor> pieces = chunk(r, n, 0);
+    REQUIRE(pieces.size() == 6);
+    for (std::size_t i = 0; i < 6; ++i) REQUIRE((pieces[i].value() == Array{static_cast<float>(i)}));
+  }
+}
+
+TEST_CASE("bad input: where refuses a broadcast shape whose element count overflows size_t", "[index][bad_input]") {
+  // 2^21 * 2^21 * 2^22 = 2^64 elements from operands of 2 Mi, 2 Mi and 4 Mi elements
+  Mask mask = Mask::from_shape({std::size_t{1} << 21, 1, 1});
+  std::fill(mask.begin(), mask.end(), false);
+  const Tensor a(Array::from_shape({1, std::size_t{1} << 21, 1}));
+  const Tensor b(Array::from_shape({1, 1, std::size_t{1} << 22}));
+  REQUIRE_THROWS_WITH(xgrad::where(mask, a, b),
+                      "where: the broadcast shape (2097152, 2097152, 4194304) of mask (2097152, 1, 1), a "
+                      "(1, 2097152, 1) and b (1, 1, 4194304) has more elements than size_t can count");
 }

@@ -2,6 +2,7 @@
 // output gradient into the positions the forward read.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <numeric>
 
@@ -115,6 +116,17 @@ Tensor where(const Mask& mask, const Tensor& a, const Tensor& b) {
   check_defined(b, "where");
   const Shape ms(mask.shape().begin(), mask.shape().end());
   const Shape os = broadcast_shapes(ms, broadcast_shapes(a.shape(), b.shape(), "where"), "where");
+  // three operands of feasible sizes can broadcast to more elements than size_t counts
+  if (std::find(os.begin(), os.end(), std::size_t{0}) == os.end()) {
+    std::size_t count = 1;
+    for (std::size_t d : os) {
+      if (count > std::numeric_limits<std::size_t>::max() / d) {
+        fail("where: the broadcast shape ", shape_str(os), " of mask ", shape_str(ms), ", a ", shape_str(a.shape()),
+             " and b ", shape_str(b.shape()), " has more elements than size_t can count");
+      }
+      count *= d;
+    }
+  }
   auto m = std::make_shared<Mask>(xt::broadcast(mask, os));
   const Array av = xt::broadcast(a.value(), os);
   const Array bv = xt::broadcast(b.value(), os);

@@ -217,7 +217,7 @@ std::vector<Tensor> chunk(const Tensor& a, std::size_t n, int axis) {
   const std::size_t ax = normalize_axis(axis, a.ndim(), "chunk");
   if (n == 0) fail("chunk: n must be at least 1, got 0");
   const std::size_t len = a.shape()[ax];
-  const std::size_t piece = (len + n - 1) / n;
+  const std::size_t piece = len / n + (len % n != 0);  // ceil(len / n); len + n - 1 can wrap
   if (piece == 0) return std::vector<Tensor>(n, slice(a, axis, 0, 0));
   std::vector<std::size_t> sizes(len / piece, piece);
   if (len % piece) sizes.push_back(len % piece);
