@@ -366,10 +366,10 @@ TEST_CASE("bad input: argmax, topk, stack and chunk name the op and the value", 
 }
 
 // ---------------------------------------------------------------------------------------------
-// sizes at the edge of size_t
+// Sizes at the edge of size_t (the rows of tests/BAD_INPUT.md, "New ops, hostile review")
 
 TEST_CASE("chunk with n past the length gives one piece per element, even for n near SIZE_MAX",
-          "[index][chunk][bad_input]") {
+          "[index][chunk][bad_input][bug]") {
   const Tensor r(Array{0.f, 1.f, 2.f, 3.f, 4.f, 5.f});
   for (std::size_t n : {std::size_t{7}, std::numeric_limits<std::size_t>::max() / 2 + 1,
                         std::numeric_limits<std::size_t>::max() - 4, std::numeric_limits<std::size_t>::max()}) {
@@ -380,7 +380,8 @@ TEST_CASE("chunk with n past the length gives one piece per element, even for n 
   }
 }
 
-TEST_CASE("bad input: where refuses a broadcast shape whose element count overflows size_t", "[index][bad_input]") {
+TEST_CASE("bad input: where refuses a broadcast shape whose element count overflows size_t",
+          "[index][bad_input][bug]") {
   // 2^21 * 2^21 * 2^22 = 2^64 elements from operands of 2 Mi, 2 Mi and 4 Mi elements
   Mask mask = Mask::from_shape({std::size_t{1} << 21, 1, 1});
   std::fill(mask.begin(), mask.end(), false);

@@ -99,7 +99,8 @@ Tensor gather(const Tensor& a, int axis, const IndexArray& index);
 Tensor index_select(const Tensor& a, int axis, const IndexArray& ids);
 /// a where mask is true, b where it is false; mask, a and b broadcast together as in numpy
 /// (torch.where). a gets the gradient where mask is true, b where it is false, each summed back
-/// over the axes it was broadcast along. Call it as xgrad::where: with an xt::xarray mask an
+/// over the axes it was broadcast along; a broadcast shape of more elements than size_t counts is
+/// an Error. Call it as xgrad::where: with an xt::xarray mask an
 /// unqualified where(mask, a, b) also finds xt::where, which does not take tensors.
 Tensor where(const Mask& mask, const Tensor& a, const Tensor& b);
 /// The position of the largest element of every slice along `axis` (the first one on ties; a NaN
