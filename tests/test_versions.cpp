@@ -315,6 +315,29 @@ std::vector<OpCase> op_cases() {
       {"gelu_dropout", {{2, 3}}, [](V t) { return gelu_dropout(t[0], 0.5f, true, dropout_gen()); }, {0}, false},
       {"layer_norm", {{2, 3}, {3}, {3}}, [](V t) { return layer_norm(t[0], t[1], t[2]); }, {0, 1}, false},
       {"rms_norm", {{2, 3}, {3}}, [](V t) { return rms_norm(t[0], t[1]); }, {0, 1}, false},
+      {"gather",
+       {{2, 3}},
+       [](V t) {
+    return gather(t[0], 1, IndexArray{{2, 2}, {0, 1}});
+       },
+       {},
+       false},
+      {"index_select",
+       {{2, 3}},
+       [](V t) {
+    return index_select(t[0], 1, IndexArray{2, 0, 2});
+       },
+       {},
+       false},
+      {"where", {{2, 3}, {3}}, [mask](V t) { return xgrad::where(mask, t[0], t[1]); }, {}, false},
+      {"topk", {{2, 3}}, [](V t) { return topk(t[0], 2, 1).values; }, {}, false},
+      {"rotary_embedding",
+       {{1, 2, 4}},
+       [](V t) {
+    return rotary_embedding(t[0], 1, IndexArray{3, 7});
+       },
+       {},
+       false},
       };
 }
 
