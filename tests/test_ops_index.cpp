@@ -391,3 +391,11 @@ TEST_CASE("bad input: where refuses a broadcast shape whose element count overfl
                       "where: the broadcast shape (2097152, 2097152, 4194304) of mask (2097152, 1, 1), a "
                       "(1, 2097152, 1) and b (1, 1, 4194304) has more elements than size_t can count");
 }
+
+TEST_CASE("chunk of an empty axis into more pieces than memory holds is an Error naming chunk, not bad_alloc",
+          "[index][chunk][bad_input][bug]") {
+  const Tensor empty = Tensor::zeros({0, 3});
+  REQUIRE(chunk(empty, 5, 0).size() == 5);  // n empty pieces, as torch.chunk
+  REQUIRE_THROWS_WITH(chunk(empty, std::numeric_limits<std::size_t>::max(), 0),
+                      Catch::Contains("chunk: 18446744073709551615 empty pieces of an empty axis needs"));
+}

@@ -8,6 +8,7 @@
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/memory.hpp"
 
 namespace xgrad {
 
@@ -218,7 +219,11 @@ std::vector<Tensor> chunk(const Tensor& a, std::size_t n, int axis) {
   if (n == 0) fail("chunk: n must be at least 1, got 0");
   const std::size_t len = a.shape()[ax];
   const std::size_t piece = len / n + (len % n != 0);  // ceil(len / n); len + n - 1 can wrap
-  if (piece == 0) return std::vector<Tensor>(n, slice(a, axis, 0, 0));
+  if (piece == 0) {                                    // an empty axis: n empty pieces, as torch.chunk gives
+    check_available_memory(static_cast<double>(n) * static_cast<double>(sizeof(Tensor)), "chunk",
+                           std::to_string(n) + " empty pieces of an empty axis");
+    return std::vector<Tensor>(n, slice(a, axis, 0, 0));
+  }
   std::vector<std::size_t> sizes(len / piece, piece);
   if (len % piece) sizes.push_back(len % piece);
   return split(a, sizes, axis);
