@@ -13,6 +13,8 @@ namespace xgrad::testing {
 struct KernelTable {
   void (*gelu_forward)(const float*, float*, std::size_t);
   void (*gelu_backward)(const float*, const float*, float*, std::size_t);
+  void (*gated_forward)(const float*, const float*, float*, std::size_t, int);
+  void (*gated_backward)(const float*, const float*, const float*, float*, float*, std::size_t, int);
   void (*dropout_forward)(const float*, float*, std::uint8_t*, std::size_t, std::size_t, std::uint32_t, std::uint32_t,
                           std::uint32_t, float);
   void (*dropout_backward)(const float*, const std::uint8_t*, float*, std::size_t, float);

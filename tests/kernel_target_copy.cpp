@@ -9,14 +9,12 @@ namespace xgrad::testing {
 
 KernelTable XGRAD_KERNEL_TABLE() {
   namespace k = xgrad::XGRAD_KERNELS_NS;
-  return {&k::gelu_forward,         &k::gelu_backward,
-          &k::dropout_forward,      &k::dropout_backward,
-          &k::gelu_dropout_forward, &k::gelu_dropout_backward,
-          &k::masked_softmax_row,   &k::softmax_row_backward,
-          &k::log_sum_exp_finite,   &k::add_scaled_softmax,
-          &k::layer_norm_forward,   &k::layer_norm_backward,
-          &k::rms_norm_forward,     &k::rms_norm_backward,
-          &k::add_column_sums,      &xgrad::optim::XGRAD_KERNELS_NS::adam_update};
+  return {&k::gelu_forward,         &k::gelu_backward,         &k::gated_forward,
+          &k::gated_backward,       &k::dropout_forward,       &k::dropout_backward,
+          &k::gelu_dropout_forward, &k::gelu_dropout_backward, &k::masked_softmax_row,
+          &k::softmax_row_backward, &k::log_sum_exp_finite,    &k::add_scaled_softmax,
+          &k::layer_norm_forward,   &k::layer_norm_backward,   &k::rms_norm_forward,
+          &k::rms_norm_backward,    &k::add_column_sums,       &xgrad::optim::XGRAD_KERNELS_NS::adam_update};
 }
 
 }  // namespace xgrad::testing

@@ -79,6 +79,26 @@ TEST_CASE("GELU forward and backward give the same bits on every target", "[kern
   }
 }
 
+TEST_CASE("the gated units (SiLU, GELU, tanh GELU) and their backward give the same bits on every target",
+          "[kernels][targets]") {
+  for (std::size_t n : kLengths) {
+    std::vector<float> gate = randoms(n, n + 20, 20.f);
+    const std::vector<float> up = randoms(n, n + 21, 2.f), g = randoms(n, n + 22, 1.f);
+    if (n > 4) {  // the tails: sigmoid's cut at -87, tanh's at 43.5, and non-finite gates
+      gate[0] = -90.f, gate[1] = 1e4f, gate[2] = -std::numeric_limits<float>::infinity();
+      gate[3] = std::numeric_limits<float>::quiet_NaN();
+    }
+    for (int act = 0; act < 3; ++act) {
+      require_same_bits("gated", [&](const KernelTable& k) {
+        std::vector<float> y(n), dgate(n), dup(n);
+        k.gated_forward(gate.data(), up.data(), y.data(), n, act);
+        k.gated_backward(gate.data(), up.data(), g.data(), dgate.data(), dup.data(), n, act);
+        return std::vector<std::vector<float>>{y, dgate, dup};
+      });
+    }
+  }
+}
+
 TEST_CASE("dropout, alone and after GELU, gives the same flags and values on every target", "[kernels][targets]") {
   for (std::size_t n : kLengths) {
     const std::vector<float> x = randoms(n, n + 2), g = randoms(n, n + 3);

@@ -180,6 +180,14 @@ TEST_CASE("gradcheck: gelu, exact and tanh approximations", "[gradcheck][element
   REQUIRE_GRADCHECK([](const Ins& in) { return gelu(in[0]); }, {x});
 }
 
+TEST_CASE("gradcheck: gated_unit with SiLU, exact GELU and tanh GELU, both inputs", "[gradcheck][elementwise]") {
+  const Tensor gate = randn({3, 7}, 62, 2.f), up = randn({3, 7}, 63);
+  for (GatedActivation act : {GatedActivation::silu, GatedActivation::gelu, GatedActivation::gelu_tanh}) {
+    INFO("activation " << static_cast<int>(act));
+    REQUIRE_GRADCHECK([act](const Ins& in) { return gated_unit(in[0], in[1], act); }, {gate, up});
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reductions
 

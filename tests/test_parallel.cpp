@@ -149,6 +149,9 @@ TEST_CASE(
       {
           {"gelu", [](const Tensor& a) { return gelu(a); }},
           {"gelu tanh", [](const Tensor& a) { return gelu(a, GeluApprox::tanh); }},
+          {"gated_unit silu", [&](const Tensor& a) { return gated_unit(a, other, GatedActivation::silu); }},
+          {"gated_unit gelu", [&](const Tensor& a) { return gated_unit(other, a, GatedActivation::gelu); }},
+          {"gated_unit gelu_tanh", [&](const Tensor& a) { return gated_unit(a, a, GatedActivation::gelu_tanh); }},
           {"softmax", [](const Tensor& a) { return softmax(a); }},
           {"softmax over axis 2", [](const Tensor& a) { return softmax(a, 2); }},
           {"masked_softmax", [&](const Tensor& a) { return masked_softmax(a, causal); }},

@@ -38,6 +38,14 @@ Tensor relu(const Tensor& a);                 ///< max(a, 0); the gradient at 0 
 enum class GeluApprox { exact, tanh };
 /// GELU of every element, in the form `approx` names.
 Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::exact);
+/// The activation of a gated unit: `silu` is x sigmoid(x) (SwiGLU), `gelu` the exact (erf) GELU and
+/// `gelu_tanh` its tanh form (GeGLU), as in gelu().
+enum class GatedActivation { silu, gelu, gelu_tanh };
+/// act(gate) * up elementwise in one kernel, with one kernel for both gradients (dgate = g up act'(gate),
+/// dup = g act(gate)): the middle of a gated feed-forward layer, gate and up being two Linear outputs of
+/// the same shape. The sigmoid and tanh never overflow (sigmoid is taken as 0 below -87); NaN propagates,
+/// and an infinite gate gives what mul(act(gate), up) gives (SiLU of -inf is NaN, as -inf * 0).
+Tensor gated_unit(const Tensor& gate, const Tensor& up, GatedActivation activation);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }  ///< add(a, b)
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }  ///< sub(a, b)

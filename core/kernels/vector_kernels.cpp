@@ -127,6 +127,89 @@ XGRAD_CLONES void gelu_backward(const float* x, const float* g, float* dx, std::
   for (std::size_t i = 0; i < n; ++i) dx[i] = g[i] * gelu_slope(x[i]);
 }
 
+namespace {
+
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr float kGeluTanhCoef = 0.044715f;
+
+// 1 / (1 + e^-x) from e = e^-|x|, which never overflows; 0 below -87, where fast::exp clamps
+// (the true value is below 1.7e-38 there). NaN stays NaN.
+inline float sigmoid_of(float x) {
+  const float a = std::fabs(x);
+  const float e = a > 87.f ? 0.f : fast::exp(-a);
+  const float r = 1.f / (1.f + e);
+  return x >= 0.f ? r : (x < 0.f ? e * r : x);
+}
+
+// tanh u: Cephes' tanhf, u + u^3 P(u^2) below |u| = 0.625, where (1 - e) / (1 + e) would cancel;
+// above, sign(u) (1 - e) / (1 + e) with e = e^(-2|u|), 0 past |u| = 43.5 (tanh is +-1 in float).
+// NaN stays NaN.
+inline float tanh_of(float u) {
+  const float a = std::fabs(u);
+  const float z = u * u;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = u + u * z * p;
+  const float e = a > 43.5f ? 0.f : fast::exp(-2.f * a);
+  const float t = (1.f - e) / (1.f + e);
+  const float large = u < 0.f ? -t : (u >= 0.f ? t : u);
+  return a < 0.625f ? small : large;
+}
+
+// act(x) and act'(x) for the gated units' activation codes (see gated_forward).
+template <int Act>
+inline float activation_of(float x) {
+  if constexpr (Act == 0) return x * sigmoid_of(x);
+  if constexpr (Act == 1) return gelu_of(x);
+  return 0.5f * x * (1.f + tanh_of(kSqrt2OverPi * (x + kGeluTanhCoef * x * x * x)));
+}
+
+template <int Act>
+inline float activation_slope(float x) {
+  if constexpr (Act == 0) {
+    const float s = sigmoid_of(x);  // silu' = s + x s (1 - s)
+    return s * (1.f + x * (1.f - s));
+  }
+  if constexpr (Act == 1) return gelu_slope(x);
+  // (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2, t = tanh(sqrt(2/pi) (x + 0.044715 x^3))
+  const float t = tanh_of(kSqrt2OverPi * (x + kGeluTanhCoef * x * x * x));
+  const float sech2 = 1.f - t * t;  // 0 once |u| is large, while du may overflow to inf
+  const float du = kSqrt2OverPi * (1.f + 3.f * kGeluTanhCoef * x * x);
+  return 0.5f * (1.f + t) + (sech2 == 0.f ? 0.f : 0.5f * x * sech2 * du);
+}
+
+template <int Act>
+inline void gated_forward_loop(const float* gate, const float* up, float* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = activation_of<Act>(gate[i]) * up[i];
+}
+
+template <int Act>
+inline void gated_backward_loop(const float* gate, const float* up, const float* g, float* dgate, float* dup,
+                                std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    dgate[i] = (g[i] * up[i]) * activation_slope<Act>(gate[i]);
+    dup[i] = g[i] * activation_of<Act>(gate[i]);
+  }
+}
+
+}  // namespace
+
+XGRAD_CLONES void gated_forward(const float* gate, const float* up, float* y, std::size_t n, int activation) {
+  if (activation == 0) return gated_forward_loop<0>(gate, up, y, n);
+  if (activation == 1) return gated_forward_loop<1>(gate, up, y, n);
+  gated_forward_loop<2>(gate, up, y, n);
+}
+
+XGRAD_CLONES void gated_backward(const float* gate, const float* up, const float* g, float* dgate, float* dup,
+                                 std::size_t n, int activation) {
+  if (activation == 0) return gated_backward_loop<0>(gate, up, g, dgate, dup, n);
+  if (activation == 1) return gated_backward_loop<1>(gate, up, g, dgate, dup, n);
+  gated_backward_loop<2>(gate, up, g, dgate, dup, n);
+}
+
 XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n,
                                   std::uint32_t k0, std::uint32_t k1, std::uint32_t threshold, float scale) {
   keep_flags(keep, first, n, k0, k1, threshold);

@@ -17,6 +17,12 @@ namespace xgrad::XGRAD_KERNELS_NS {
 void gelu_forward(const float* x, float* y, std::size_t n);
 // dx = g (Phi(x) + x phi(x)).
 void gelu_backward(const float* x, const float* g, float* dx, std::size_t n);
+// Gated units y = act(gate) up, act by `activation`: 0 SiLU (gate sigmoid(gate)), 1 the exact
+// (erf) GELU, 2 the tanh GELU. The sigmoid and tanh are built on fast::exp, so no e^x overflows.
+void gated_forward(const float* gate, const float* up, float* y, std::size_t n, int activation);
+// dgate = g up act'(gate) and dup = g act(gate).
+void gated_backward(const float* gate, const float* up, const float* g, float* dgate, float* dup, std::size_t n,
+                    int activation);
 // Dropout's keep flags and output for elements first .. first + n - 1 of a tensor: keep = 1 when
 // the keyed hash of the element's index is at least `threshold`, y = x keep scale.
 void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n, std::uint32_t k0,
