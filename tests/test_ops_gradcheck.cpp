@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "require_gradcheck.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
@@ -73,15 +74,6 @@ Shape operand_shape(Shape batch, std::size_t rows, std::size_t cols, bool transp
 }
 
 }  // namespace
-
-// Runs gradcheck and requires that it passed and compared at least one element.
-#define REQUIRE_GRADCHECK(...)                           \
-  do {                                                   \
-    const GradcheckResult res_ = gradcheck(__VA_ARGS__); \
-    INFO(res_.report);                                   \
-    REQUIRE(res_.ok);                                    \
-    REQUIRE(res_.checked > 0);                           \
-  } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise binary ops with numpy broadcasting

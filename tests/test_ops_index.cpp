@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fixture.hpp"
+#include "require_gradcheck.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
@@ -51,14 +52,6 @@ A column(A a) {
 }
 
 }  // namespace
-
-#define REQUIRE_GRADCHECK(...)                           \
-  do {                                                   \
-    const GradcheckResult res_ = gradcheck(__VA_ARGS__); \
-    INFO(res_.report);                                   \
-    REQUIRE(res_.ok);                                    \
-    REQUIRE(res_.checked > 0);                           \
-  } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // Values and gradients computed by hand
