@@ -15,8 +15,10 @@
 
 #include "fixture.hpp"
 #include "small_models.hpp"
+#include "test_files.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/nn/weight_decay.hpp"
@@ -615,4 +617,36 @@ TEST_CASE("bad groups are refused naming the optimizer, the group and the value"
   REQUIRE_THROWS_WITH(opt.set_group_lr(0, 0.5f), Contains("AdamW: group 0: learning rate 0.5 cannot be a multiple"));
   opt.set_lr(0.01f);
   CHECK(opt.group_lr(1) == 0.01f * (0.003f / 0.01f));
+}
+
+TEST_CASE("a LanguageModel trained with the decay groups resumes bit for bit from a checkpoint",
+          "[optim][groups][nn]") {
+  const IndexArray ids = {{1, 4, 2, 7, 3}, {9, 0, 5, 5, 10}}, targets = {{4, 2, 7, 3, 8}, {0, 5, 5, 10, 1}};
+  auto step = [&](nn::LanguageModel& model, Optimizer& opt) {
+    opt.zero_grad();
+    model.loss(ids, targets).backward();
+    opt.step();
+  };
+  Generator gen(11);
+  nn::LanguageModel model(testing::small_lm(), gen);
+  AdamW opt(decay_groups(nn::split_for_weight_decay(model), 0.1f), AdamOptions(3e-3f));
+  for (int i = 0; i < 2; ++i) step(model, opt);
+  opt.set_lr(1.5e-3f);
+  testing::TempDir dir("xgrad_optim_groups");
+  nn::save_checkpoint(dir.file("lm.safetensors"), model, opt.state_dict());
+
+  Generator other(12);
+  nn::LanguageModel resumed(testing::small_lm(), other);
+  const nn::Checkpoint c = nn::load_checkpoint(dir.file("lm.safetensors"), resumed);
+  AdamW resumed_opt(decay_groups(nn::split_for_weight_decay(resumed), 0.5f), AdamOptions(1.f));
+  resumed_opt.load_state_dict(c.optimizer_state);
+  CHECK(resumed_opt.lr() == 1.5e-3f);
+  CHECK(resumed_opt.group_options(0).weight_decay() == 0.1f);
+  CHECK(resumed_opt.group_options(1).weight_decay() == 0.f);
+  for (int i = 0; i < 2; ++i) {
+    step(model, opt);
+    step(resumed, resumed_opt);
+  }
+  CHECK(params_equal(model.named_parameters(), resumed.named_parameters()));
+  CHECK(states_equal(opt.state_dict(), resumed_opt.state_dict()));
 }
