@@ -42,7 +42,8 @@ class Adam : public Optimizer {
   /// eps, weight_decay). Throws as above, and for a group the Optimizer base refuses or whose
   /// hyperparameter is out of range, naming the group ("Adam: group 1: beta1 1 is outside [0, 1)").
   Adam(std::vector<ParamGroup> groups, const AdamOptions& options);
-  /// The options given to the constructor (lr as lr() gives it).
+  /// The options (the constructor's, or a loaded state's), lr as lr() gives it; each group runs
+  /// with its group_options.
   AdamOptions options() const { return AdamOptions(options_).lr(lr()); }
   /// The options group g runs with (lr as group_lr(g) gives it); g out of range throws.
   AdamOptions group_options(std::size_t g) const;

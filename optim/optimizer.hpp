@@ -104,7 +104,7 @@ class Optimizer {
   /// (named), unknown names, wrong shapes, an incomplete or invalid set of hyperparameters are
   /// errors and leave everything as it was. A state without group entries is one group, and
   /// loads into an optimizer of one group only. A state saved before hyperparameters were stored
-  /// keeps the current ones, and says so in one line on stderr.
+  /// keeps the current ones and groups (of any number), and says so in one line on stderr.
   void load_state_dict(const NamedArrays& state);
 
   /// The parameters, by name: group 0's, then group 1's, ..., each in the order given.

@@ -43,7 +43,8 @@ class SGD : public Optimizer {
   /// refuses or whose hyperparameter is out of range, naming the group
   /// ("SGD: group 1: momentum 1 is outside [0, 1)").
   SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
-  /// The options given to the constructor (lr as lr() gives it).
+  /// The options (the constructor's, or a loaded state's), lr as lr() gives it; each group runs
+  /// with its group_options.
   SGDOptions options() const { return SGDOptions(options_).lr(lr()); }
   /// The options group g runs with (lr as group_lr(g) gives it); g out of range throws.
   SGDOptions group_options(std::size_t g) const;

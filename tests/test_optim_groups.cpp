@@ -650,3 +650,22 @@ TEST_CASE("a LanguageModel trained with the decay groups resumes bit for bit fro
   CHECK(params_equal(model.named_parameters(), resumed.named_parameters()));
   CHECK(states_equal(opt.state_dict(), resumed_opt.state_dict()));
 }
+
+TEST_CASE("a state without hyperparameters loads into a grouped optimizer, which keeps its groups", "[optim][groups]") {
+  NamedTensors p1 = make_params();
+  AdamW saved(two_groups(p1), AdamOptions(0.01f));
+  train_step(p1, saved);
+  NamedArrays old_state;  // as states were written before hyperparameters were stored
+  for (const auto& e : saved.state_dict()) {
+    if (e.first.find(':') == std::string::npos) old_state.push_back(e);
+  }
+  REQUIRE(old_state.size() == 9);
+  NamedTensors p2 = clone(p1);
+  AdamW resumed(two_groups(p2), AdamOptions(0.01f));
+  resumed.set_group_lr(1, 0.004f);
+  resumed.load_state_dict(old_state);
+  CHECK(resumed.num_groups() == 2);
+  CHECK(resumed.group_lr(1) == 0.004f);
+  CHECK(resumed.group_options(0).weight_decay() == 0.1f);
+  CHECK(entry(resumed.state_dict(), "w.step") == 1.f);
+}
