@@ -40,7 +40,9 @@ const nn::Attention* owning_attention(nn::Module& root, const std::string& point
 // By the point's own name, the last of its dotted path (a root attention's points have no dot).
 Layout layout_of(const std::string& point) {
   const std::string name = point.substr(point.rfind('.') + 1);
-  if (name == "q" || name == "k" || name == "v" || name == "context") return Layout::heads_in_columns;
+  if (name == "q" || name == "k" || name == "v" || name == "rot_q" || name == "rot_k" || name == "context") {
+    return Layout::heads_in_columns;
+  }
   if (name == "pattern" || name == "scores") return Layout::heads_on_axis1;
   return Layout::plain;
 }
@@ -99,9 +101,13 @@ PatchSet::PatchSet(nn::Module& root, const ActivationCache& source, const std::v
     if (patch.head) {
       const nn::Attention* attention = p->layout == Layout::plain ? nullptr : owning_attention(root, patch.point);
       if (!attention) fail("PatchSet: point '", patch.point, "' has no heads (head ", *patch.head, " asked)");
-      p->heads = attention->options().num_heads();
+      // k, v and rot_k hold the key/value heads (fewer than the query heads in grouped-query attention).
+      const std::string name = patch.point.substr(patch.point.rfind('.') + 1);
+      const bool kv = name == "k" || name == "v" || name == "rot_k";
+      p->heads = kv ? attention->options().kv_heads() : attention->options().num_heads();
       if (*patch.head >= p->heads) {
-        fail("PatchSet: head ", *patch.head, " at point '", patch.point, "', whose attention has ", p->heads, " heads");
+        fail("PatchSet: head ", *patch.head, " at point '", patch.point, "', whose attention has ", p->heads,
+             kv ? " key/value heads" : " heads");
       }
     }
     p->regions.push_back({patch.head, patch.position});

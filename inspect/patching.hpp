@@ -16,8 +16,9 @@ namespace xgrad::inspect {
 /// with both, the head's slice at the position.
 struct Patch {
   std::string point;  ///< full name, such as "blocks.0.attn.context"
-  /// The slice of one head h: columns [h D, (h + 1) D) of an attention's q, k, v and context
-  /// points (B, T, C), heads side by side (D = C / H); index h of axis 1 of its pattern and
+  /// The slice of one head h: columns [h D, (h + 1) D) of an attention's q, rot_q and context
+  /// points (B, T, C), heads side by side (D = C / H), and of its k, v and rot_k points
+  /// (B, S, KV D), whose heads are the KV key/value heads; index h of axis 1 of its pattern and
   /// scores points (B, H, T, S). Other points have no heads.
   std::optional<std::size_t> head;
   /// One position: axis 1 of a (B, T, ...) point; the query axis (2) of pattern and scores.

@@ -2,6 +2,8 @@
 // summary.
 #include "xgrad/nn/module.hpp"
 
+#include <unordered_set>
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -61,13 +63,11 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   children_.emplace_back(name, std::move(m));
 }
 
-void Module::collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out) const {
+void Module::collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out,
+                     std::unordered_set<const void*>& seen) const {
   // A tensor registered by two modules (tied embeddings) is listed once, under its first name.
   auto add = [&](const std::string& name, const Tensor& t) {
-    for (const auto& [n, seen] : out) {
-      if (seen.is_same(t)) return;
-    }
-    out.emplace_back(name, t);
+    if (seen.insert(t.node().get()).second) out.emplace_back(name, t);
   };
   if (params) {
     for (const auto& [n, p] : params_) add(prefix + n, p);
@@ -75,24 +75,27 @@ void Module::collect(const std::string& prefix, bool params, bool buffers, Named
   if (buffers) {
     for (const auto& [n, b] : buffers_) add(prefix + n, b);
   }
-  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", params, buffers, out);
+  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", params, buffers, out, seen);
 }
 
 NamedTensors Module::named_parameters() const {
   NamedTensors out;
-  collect("", true, false, out);
+  std::unordered_set<const void*> seen;
+  collect("", true, false, out, seen);
   return out;
 }
 
 NamedTensors Module::named_buffers() const {
   NamedTensors out;
-  collect("", false, true, out);
+  std::unordered_set<const void*> seen;
+  collect("", false, true, out, seen);
   return out;
 }
 
 NamedTensors Module::named_state() const {
   NamedTensors out;
-  collect("", true, true, out);
+  std::unordered_set<const void*> seen;
+  collect("", true, true, out, seen);
   return out;
 }
 

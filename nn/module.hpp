@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -105,7 +106,8 @@ class Module {
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
   void check_new_name(const std::string& name, const char* who) const;
-  void collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out) const;
+  void collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out,
+               std::unordered_set<const void*>& seen) const;
   void collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out);
   template <class F>
   void visit(const std::string& path, F f) const;

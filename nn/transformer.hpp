@@ -50,9 +50,9 @@ class FeedForward : public Module, public RandomStream {
   void check_input(const Tensor& x) const;  ///< throws, naming FeedForward and the shape, unless x is (..., d_model)
   /// The options it was built with.
   const FeedForwardOptions& options() const { return options_; }
-  /// The first projection, C -> F (a gated unit's "up").
-  std::shared_ptr<Linear> linear1, gate,
-      linear2;  ///< the gate (C -> F, gated only; else null) and the second projection, F -> C
+  std::shared_ptr<Linear> linear1;  ///< the first projection, C -> F (a gated unit's "up")
+  std::shared_ptr<Linear> gate;     ///< a gated unit's gate projection, C -> F; null otherwise
+  std::shared_ptr<Linear> linear2;  ///< the second projection, F -> C
 
  private:
   FeedForwardOptions options_;

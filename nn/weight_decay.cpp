@@ -15,11 +15,10 @@ std::pair<NamedTensors, NamedTensors> split_for_weight_decay(Module& model) {
   };
   for (const auto& [path, m] : model.named_modules()) {
     if (auto* l = dynamic_cast<Linear*>(m)) add(l->bias);
-    if (auto* n = dynamic_cast<LayerNorm*>(m)) {
+    if (auto* n = dynamic_cast<NormLayer*>(m)) {
       add(n->weight);
       add(n->bias);
     }
-    if (auto* n = dynamic_cast<RMSNorm*>(m)) add(n->weight);
     if (auto* e = dynamic_cast<Embedding*>(m)) add(e->weight);
     if (auto* e = dynamic_cast<LearnedPositionalEncoding*>(m)) add(e->weight);
   }

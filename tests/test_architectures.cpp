@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,13 @@
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/inspect/activation_cache.hpp"
+#include "xgrad/inspect/patching.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/nn/weight_decay.hpp"
+#include "xgrad/optim/adam.hpp"
 
 #include "module_gradcheck.hpp"
 
@@ -429,4 +434,54 @@ TEST_CASE("architectures: hook points rot_q, rot_k and pre_linear see what the l
   REQUIRE(max_abs_diff(rot_q.value(), rotary_embedding(q, 4, positions).value()) == 0.f);
   REQUIRE(max_abs_diff(rot_k.value(), rotary_embedding(k, 2, positions).value()) == 0.f);
   REQUIRE(up.shape() == Shape{1, 4, 12});
+}
+
+TEST_CASE("architectures: the weight-decay split of a tied Llama-style model decays only the Linear weights",
+          "[nn][arch][optim]") {
+  Generator gen(98);
+  nn::LanguageModel lm(nn::LanguageModelOptions::llama_style(11, 16, 4, 2, 2).tie_embeddings(true).max_len(12), gen);
+  const auto [decay, no_decay] = nn::split_for_weight_decay(lm);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : decay) {
+    INFO(name);
+    names.push_back(name);
+    CHECK(p.ndim() == 2);
+    CHECK(name.rfind("blocks.", 0) == 0);
+  }
+  CHECK(decay.size() == 2 * 7);  // per block: w_q, w_k, w_v, w_o, gate, linear1, linear2
+  std::size_t embedding = 0;
+  for (const auto& [name, p] : no_decay) {
+    INFO(name);
+    embedding += p.is_same(lm.tok_emb->weight) ? 1 : 0;
+    CHECK((name == "tok_emb.weight" || name.find("norm") != std::string::npos));
+  }
+  CHECK(embedding == 1);
+  CHECK(decay.size() + no_decay.size() == lm.named_parameters().size());
+  optim::AdamW opt(optim::decay_groups(nn::split_for_weight_decay(lm), 0.1f), optim::AdamOptions(1e-3f));
+  CHECK(opt.num_groups() == 2);
+}
+
+TEST_CASE("architectures: patching one key/value head of grouped-query attention replaces only its columns",
+          "[nn][arch][inspect]") {
+  Generator gen(99);
+  nn::LanguageModel lm(nn::LanguageModelOptions::llama_style(11, 16, 4, 1, 2).d_ff(12).max_len(12).dropout(0.f), gen);
+  NoGradGuard no_grad;
+  const IndexArray clean = {{1, 2, 3, 4}}, corrupt = {{5, 6, 7, 8}};
+  const auto k_only = inspect::points_ending_with({"attn.k"});
+  const inspect::ActivationCache source = inspect::cache_activations(
+      lm, [&] { lm.forward(clean); }, k_only);
+  const inspect::ActivationCache plain = inspect::cache_activations(
+      lm, [&] { lm.forward(corrupt); }, k_only);
+  inspect::PatchSet patch(lm, source, {{"blocks.0.attn.k", 1, std::nullopt}});
+  const inspect::ActivationCache patched = inspect::cache_activations(
+      lm, [&] { lm.forward(corrupt); }, k_only);
+  const Array &k = patched.at("blocks.0.attn.k"), &want = source.at("blocks.0.attn.k"),
+              &own = plain.at("blocks.0.attn.k");
+  REQUIRE(k.shape() == Shape{1, 4, 8});  // 2 key/value heads of D 4
+  for (std::size_t t = 0; t < 4; ++t) {
+    for (std::size_t c = 0; c < 8; ++c) REQUIRE(k(0, t, c) == (c >= 4 ? want(0, t, c) : own(0, t, c)));
+  }
+  REQUIRE(own(0, 1, 0) != want(0, 1, 0));
+  CHECK_THROWS_WITH(inspect::PatchSet(lm, source, {{"blocks.0.attn.k", 2, std::nullopt}}),
+                    Contains("PatchSet: head 2 at point 'blocks.0.attn.k', whose attention has 2 key/value heads"));
 }

@@ -211,7 +211,7 @@ TEST_CASE("patching refuses what it cannot do, naming the point") {
   REQUIRE_THROWS_WITH(PatchSet(*model, cache, {{"blocks.0.stream_mid", 0, {}}}),
                       Contains("point 'blocks.0.stream_mid' has no heads"));
   REQUIRE_THROWS_WITH(PatchSet(*model, cache, {{"blocks.0.attn.k", 2, {}}}),
-                      Contains("head 2 at point 'blocks.0.attn.k', whose attention has 2 heads"));
+                      Contains("head 2 at point 'blocks.0.attn.k', whose attention has 2 key/value heads"));
   {
     const PatchSet far(*model, cache, {{"blocks.0.attn.k", {}, 8}});
     REQUIRE_THROWS_WITH(model->forward(ids),
