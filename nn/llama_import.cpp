@@ -308,7 +308,9 @@ bool is_rotary_buffer(const std::string& name) {
 
 // Every expected tensor present with its shape, and nothing else (but the skipped buffers and, when
 // tied, an lm_head.weight of the embedding's shape, compared later).
-void check_tensors(const Checkpoint& ck, const std::vector<Expected>& ex, const LlamaConfig& c, const char* who) {
+// `more`, when not empty, replaces the count of the other missing tensors (ex is then cut short).
+void check_tensors(const Checkpoint& ck, const std::vector<Expected>& ex, const LlamaConfig& c, const char* who,
+                   const std::string& more = "") {
   std::vector<const Expected*> missing;
   for (const Expected& e : ex) {
     if (!ck.tensors.count(e.hf)) missing.push_back(&e);
@@ -316,7 +318,9 @@ void check_tensors(const Checkpoint& ck, const std::vector<Expected>& ex, const 
   if (!missing.empty()) {
     const Expected& e = *missing.front();
     fail(who, ": '", ck.source, "' lacks tensor '", e.hf, "' ", shape_str(e.shape), " (xgrad's ", e.xgrad, ")",
-         missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more tensors the model needs" : "");
+         !more.empty()        ? more
+         : missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more tensors the model needs"
+                              : "");
   }
   std::set<std::string> wanted;
   for (const Expected& e : ex) wanted.insert(e.hf);
@@ -352,6 +356,18 @@ std::shared_ptr<LanguageModel> load_llama(const std::string& directory) {
   const char* who = "load_llama";
   const LlamaConfig c = read_config(directory, who);
   Checkpoint ck = open_checkpoint(directory, who);
+  // More layers than the files have tensors for: the first missing one is among the layers they
+  // could hold, so the list of every expected tensor (which could be vast) is never built.
+  const std::size_t per_layer = 9 + (c.attention_bias ? 4 : 0) + (c.mlp_bias ? 3 : 0);
+  const std::size_t layers_held = ck.tensors.size() / per_layer + 1;
+  if (c.L > layers_held) {
+    LlamaConfig first = c;
+    first.L = layers_held;
+    check_tensors(ck, expected_tensors(first), c, who,
+                  "; num_hidden_layers " + std::to_string(c.L) + " needs " + std::to_string(per_layer) +
+                      " tensors per layer, and the checkpoint holds " + std::to_string(ck.tensors.size()) +
+                      " tensors in all");
+  }
   const std::vector<Expected> ex = expected_tensors(c);
   check_tensors(ck, ex, c, who);
 

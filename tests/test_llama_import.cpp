@@ -345,6 +345,16 @@ TEST_CASE("bad input: a tensor missing, unexpected, of the wrong shape or not fi
                           "' lacks tensor 'model.norm.weight' (16) (xgrad's final_norm.weight) and 1 more tensors "
                           "the model needs");
 
+  // A layer count far past the file's: the first missing tensor, without a list of every layer's.
+  save_safetensors(file, state);
+  b.edit("num_hidden_layers", 1000000000000);
+  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+                      "load_llama: '" + file +
+                          "' lacks tensor 'model.layers.2.input_layernorm.weight' (16) (xgrad's "
+                          "blocks.2.attn.norm.weight); num_hidden_layers 1000000000000 needs 9 tensors per layer, and "
+                          "the checkpoint holds 21 tensors in all");
+  b.edit("num_hidden_layers", 2);
+
   NamedArrays extra = state;
   extra.emplace_back("model.layers.2.mlp.up_proj.weight", get(state, "model.layers.1.mlp.up_proj.weight"));
   save_safetensors(file, extra);
