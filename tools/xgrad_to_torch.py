@@ -143,7 +143,7 @@ def check_asked(options, num_heads, activation, layer_norm_eps):
     asked = [("num_heads", num_heads, num_heads is not None and num_heads != options["num_heads"]),
              ("activation", activation, activation is not None and activation != options["activation"]),
              ("layer_norm_eps", layer_norm_eps,
-              layer_norm_eps is not None and np.float32(layer_norm_eps) != np.float32(options["layer_norm_eps"]))]
+              layer_norm_eps is not None and np.float32(layer_norm_eps) != np.float32(options.get("norm_eps", options.get("layer_norm_eps"))))]
     wrong = ["%s %s in the file, %s asked" % (name, options[name], value) for name, value, differs in asked if differs]
     if wrong:
         raise ValueError("the stored model options contradict the ones asked for: " + "; ".join(wrong))
@@ -158,7 +158,7 @@ def load_xgrad_lm(path, num_heads=None, activation=None, layer_norm_eps=None):
         check_asked(options, num_heads, activation, layer_norm_eps)
         o = options
         model = LanguageModel(o["vocab_size"], o["d_model"], o["num_heads"], o["num_layers"], o["d_ff"], o["max_len"],
-                              o["positional"] == "learned", o["activation"], o["norm"] == "pre", o["layer_norm_eps"])
+                              o["positional"] == "learned", o["activation"], o["norm"] == "pre", o.get("norm_eps", o.get("layer_norm_eps")))
     else:
         if num_heads is None:
             raise ValueError("%s stores no model options (a checkpoint from before format 2): give num_heads" % path)
