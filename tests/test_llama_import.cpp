@@ -1,6 +1,7 @@
 // nn/llama_import against tests/fixtures/llama/ (make_llama_fixtures.py: Hugging Face folders of a
 // tiny LlamaForCausalLM and its logits from a float64 torch mirror), and every bad input it refuses.
 // Shapes: B batch, T length, V vocabulary, C hidden_size, H heads, KV key/value heads, F intermediate.
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -479,4 +480,48 @@ TEST_CASE("bad input: an index naming a missing shard, not naming a tensor, or t
   write_index(j);
   REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
                       "load_llama: '" + index + "' lacks tensor 'model.norm.weight' (16) (xgrad's final_norm.weight)");
+}
+
+TEST_CASE("bad input: a model larger than the memory left is refused before it is built", "[llama_import][bad_input]") {
+  // V 2^21, C 2^14, 128 heads of 128, 1 layer, F 16, tied: about 132 GiB as float32. The F16 file's
+  // header is real and its data a hole (a sparse file), so it takes no disk and no time to write.
+  const std::size_t V = std::size_t{1} << 21, C = std::size_t{1} << 14, H = 128, F = 16;
+  testing::TempDir dir("xgrad_llama_big");
+  json cfg = {{"vocab_size", V},        {"hidden_size", C},           {"num_attention_heads", H},
+              {"num_hidden_layers", 1}, {"intermediate_size", F},     {"max_position_embeddings", 64},
+              {"rms_norm_eps", 1e-5},   {"tie_word_embeddings", true}};
+  testing::write_bytes(dir.file("config.json"), cfg.dump());
+  const std::vector<std::pair<std::string, Shape>> tensors = {{"model.embed_tokens.weight", {V, C}},
+                                                              {"model.layers.0.input_layernorm.weight", {C}},
+                                                              {"model.layers.0.self_attn.q_proj.weight", {C, C}},
+                                                              {"model.layers.0.self_attn.k_proj.weight", {C, C}},
+                                                              {"model.layers.0.self_attn.v_proj.weight", {C, C}},
+                                                              {"model.layers.0.self_attn.o_proj.weight", {C, C}},
+                                                              {"model.layers.0.post_attention_layernorm.weight", {C}},
+                                                              {"model.layers.0.mlp.gate_proj.weight", {F, C}},
+                                                              {"model.layers.0.mlp.up_proj.weight", {F, C}},
+                                                              {"model.layers.0.mlp.down_proj.weight", {C, F}},
+                                                              {"model.norm.weight", {C}}};
+  json header = json::object();
+  std::uint64_t offset = 0;
+  for (const auto& [name, shape] : tensors) {
+    std::uint64_t bytes = 2;
+    for (const std::size_t d : shape) bytes *= d;
+    header[name] = {{"dtype", "F16"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  const std::string text = header.dump();
+  std::string head(8, '\0');
+  for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  const std::string file = dir.file("model.safetensors");
+  testing::write_bytes(file, head + text);
+  fs::resize_file(file, 8 + text.size() + offset);
+
+  const std::size_t params = llama_parameters(V, C, H, H, 1, F, true, false);
+  REQUIRE_THROWS_WITH(nn::load_llama(dir.path),
+                      Contains("load_llama: the model in '" + dir.path + "' (" + std::to_string(params) +
+                               " float32 parameters in 1 blocks) needs ") &&
+                          Contains("GiB, more than the ") && Contains(" this process can still allocate"));
+  // The options alone are fine: llama_options reads no weights.
+  CHECK(nn::llama_options(dir.path).d_model() == C);
 }
