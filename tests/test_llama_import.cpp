@@ -483,9 +483,9 @@ TEST_CASE("bad input: an index naming a missing shard, not naming a tensor, or t
 }
 
 TEST_CASE("bad input: a model larger than the memory left is refused before it is built", "[llama_import][bad_input]") {
-  // V 2^21, C 2^14, 128 heads of 128, 1 layer, F 16, tied: about 132 GiB as float32. The F16 file's
+  // V 2^23, C 2^14, 128 heads of 128, 1 layer, F 16, tied: about 516 GiB as float32. The F16 file's
   // header is real and its data a hole (a sparse file), so it takes no disk and no time to write.
-  const std::size_t V = std::size_t{1} << 21, C = std::size_t{1} << 14, H = 128, F = 16;
+  const std::size_t V = std::size_t{1} << 23, C = std::size_t{1} << 14, H = 128, F = 16;
   testing::TempDir dir("xgrad_llama_big");
   json cfg = {{"vocab_size", V},        {"hidden_size", C},           {"num_attention_heads", H},
               {"num_hidden_layers", 1}, {"intermediate_size", F},     {"max_position_embeddings", 64},
