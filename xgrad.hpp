@@ -30,6 +30,7 @@
 #include "xgrad/nn/hook.hpp"
 #include "xgrad/nn/init.hpp"
 #include "xgrad/nn/layers.hpp"
+#include "xgrad/nn/llama_import.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/options.hpp"
 #include "xgrad/nn/probe.hpp"
