@@ -37,6 +37,7 @@
 #include "xgrad/nn/residual.hpp"
 #include "xgrad/nn/torch_import.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/nn/weight_decay.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"

@@ -21,3 +21,17 @@
 #define XGRAD_ARG(T, name, default_value) XGRAD_ARG_ACCESSORS_(T, name) T name##_ = default_value
 /// Option `name` of type T that the struct's constructor sets: getter, setter, private field name_.
 #define XGRAD_REQUIRED_ARG(T, name) XGRAD_ARG_ACCESSORS_(T, name) T name##_
+
+/// Option `name` of type T held by a nested options struct: getter name() returns member.inner(),
+/// setter name(v) sets it and returns the outer struct. An options struct that is composed of
+/// others (a block's of its attention's and feed-forward's) offers their fields this way, so
+/// each field is stored once.
+#define XGRAD_NESTED_ARG(T, name, member, inner)   \
+ public:                                           \
+  auto& name(const T& v) {                         \
+    member.inner(v);                               \
+    return *this;                                  \
+  }                                                \
+  const T& name() const { return member.inner(); } \
+                                                   \
+ private:

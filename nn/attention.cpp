@@ -28,6 +28,15 @@ void check_broadcasts(const char* name, const Shape& ms, const Shape& full) {
          " does not broadcast to (B, H, T, S) = ", shape_str(full));
 }
 
+// x (B, S, KV D) -> (B, S, KV groups D): each key/value head repeated for its group of query heads.
+Tensor repeat_heads(const Tensor& x, std::size_t kv_heads, std::size_t groups, std::size_t D) {
+  if (groups == 1) return x;
+  const auto B = static_cast<std::int64_t>(x.shape()[0]), S = static_cast<std::int64_t>(x.shape()[1]);
+  const auto KV = static_cast<std::int64_t>(kv_heads), d = static_cast<std::int64_t>(D);
+  const Tensor heads = reshape(x, {B, S, KV, 1, d});
+  return reshape(concat(std::vector<Tensor>(groups, heads), 3), {B, S, KV * static_cast<std::int64_t>(groups) * d});
+}
+
 }  // namespace
 
 void Attention::check(const MultiHeadAttentionOptions& o) {
@@ -37,18 +46,47 @@ void Attention::check(const MultiHeadAttentionOptions& o) {
   if (o.d_model() % o.num_heads() != 0) {
     fail("MultiHeadAttention: d_model ", o.d_model(), " is not divisible by num_heads ", o.num_heads());
   }
+  if (o.num_heads() % o.kv_heads() != 0) {
+    fail("MultiHeadAttention: num_heads ", o.num_heads(), " is not divisible by num_kv_heads ", o.kv_heads());
+  }
   if (!(o.dropout() >= 0.f && o.dropout() < 1.f))
     fail("MultiHeadAttention: dropout ", o.dropout(), " is outside [0, 1)");
+  check_norm_options(o.norm_options(), "MultiHeadAttention");
+  if (!(std::isfinite(o.rope_theta()) && o.rope_theta() > 0.f)) {
+    fail("MultiHeadAttention: rope_theta ", o.rope_theta(), " must be finite and > 0");
+  }
+  const std::size_t D = o.head_dim();
+  if (o.rotary_dim() % 2 != 0 || o.rotary_dim() > D) {
+    fail("MultiHeadAttention: rotary_dim ", o.rotary_dim(), " must be even and at most the head size ", D);
+  }
+  if (o.rotary() && D % 2 != 0) fail("MultiHeadAttention: rotary needs an even head size, got ", D);
 }
 
 Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
   check(o);
-  const std::size_t C = o.d_model();
-  w_q = register_module("w_q", std::make_shared<Linear>(C, C, o.bias(), gen));
-  w_k = register_module("w_k", std::make_shared<Linear>(key_width(o), C, o.bias(), gen));
-  w_v = register_module("w_v", std::make_shared<Linear>(value_width(o), C, o.bias(), gen));
-  w_o = register_module("w_o", std::make_shared<Linear>(C, C, o.bias(), gen));
-  declare_hook_points({"q", "k", "v", "scores", "pattern", "context", "out"});
+  const std::size_t C = o.d_model(), KVD = o.kv_heads() * o.head_dim();
+  w_q = register_module("w_q", std::make_shared<Linear>(C, C, o.qkv_bias(), gen));
+  w_k = register_module("w_k", std::make_shared<Linear>(key_width(o), KVD, o.qkv_bias(), gen));
+  w_v = register_module("w_v", std::make_shared<Linear>(value_width(o), KVD, o.qkv_bias(), gen));
+  w_o = register_module("w_o", std::make_shared<Linear>(C, C, o.out_bias(), gen));
+  if (o.qk_norm()) {
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(o.head_dim(), o.norm_options().eps()));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(o.head_dim(), o.norm_options().eps()));
+  }
+  if (o.rotary()) {
+    declare_hook_points({"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "context", "out"});
+  } else {
+    declare_hook_points({"q", "k", "v", "scores", "pattern", "context", "out"});
+  }
+}
+
+// x (B, T, n D) -> norm over each head's D channels, same shape.
+Tensor Attention::norm_heads(const std::shared_ptr<RMSNorm>& norm, const Tensor& x) const {
+  if (!norm) return x;
+  const auto B = static_cast<std::int64_t>(x.shape()[0]), T = static_cast<std::int64_t>(x.shape()[1]);
+  const auto D = static_cast<std::int64_t>(options_.head_dim());
+  const auto C = static_cast<std::int64_t>(x.shape()[2]);
+  return reshape(norm->forward(reshape(x, {B, T, C / D, D})), {B, T, C});
 }
 
 std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::size_t H, std::size_t T, std::size_t S,
@@ -93,30 +131,51 @@ void Attention::check_input(const Tensor& query) const {
   }
 }
 
-AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, KVCache* cache) const {
+AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, KVCache* cache,
+                                   const IndexArray* positions) const {
   check_input(x);
   if (key_width(options_) != options_.d_model() || value_width(options_) != options_.d_model()) {
     fail("MultiHeadAttention: self-attention needs kdim and vdim equal to d_model ", options_.d_model(), " (kdim ",
          key_width(options_), ", vdim ", value_width(options_), "); call forward(query, key, value)");
   }
+  const std::size_t KVD = options_.kv_heads() * options_.head_dim();
   if (cache && cache->k.defined()) {
     const Shape& ks = cache->k.shape();
-    if (ks.size() != 3 || ks[0] != x.shape()[0] || ks[2] != options_.d_model() || !cache->v.defined() ||
-        cache->v.shape() != ks) {
+    if (ks.size() != 3 || ks[0] != x.shape()[0] || ks[2] != KVD || !cache->v.defined() || cache->v.shape() != ks) {
       fail("MultiHeadAttention: the KVCache holds keys ", shape_str(ks), " and values ",
            cache->v.defined() ? shape_str(cache->v.shape()) : std::string("(none)"),
-           ", which do not continue an input of shape ", shape_str(x.shape()));
+           ", which do not continue an input of shape ", shape_str(x.shape()), " (keys (B, P, ", KVD, "))");
     }
   }
-  const Tensor q = hook("q", w_q->forward(x));
-  Tensor k = w_k->forward(x), v = w_v->forward(x);
   const std::size_t offset = cache ? cache->length() : 0;
+  if (positions && offset > 0) {
+    fail("MultiHeadAttention: positions are given with a KVCache holding ", offset,
+         " positions (cached positions continue from its length)");
+  }
+  const Tensor q = hook("q", norm_heads(q_norm, w_q->forward(x)));
+  Tensor k = norm_heads(k_norm, w_k->forward(x)), v = w_v->forward(x);
   if (offset > 0) {
     k = concat({cache->k, k}, 1);
     v = concat({cache->v, v}, 1);
   }
-  const Tensor hooked_k = hook("k", k);  // k before v: hook points fire in forward order
-  AttentionOutput out = attend_heads(q, hooked_k, hook("v", v), mask, offset);
+  Tensor hooked_k = hook("k", k);  // k before v: hook points fire in forward order
+  const Tensor hooked_v = hook("v", v);
+  Tensor rotated_q = q;
+  if (options_.rotary()) {
+    const std::size_t T = x.shape()[1], S = k.shape()[1];
+    auto count_from = [](std::size_t first, std::size_t n) {
+      IndexArray p = IndexArray::from_shape({n});
+      for (std::size_t i = 0; i < n; ++i) p(i) = static_cast<std::int64_t>(first + i);
+      return p;
+    };
+    const IndexArray query_pos = positions ? *positions : count_from(offset, T);
+    const IndexArray key_pos = offset > 0 ? count_from(0, S) : query_pos;
+    const float theta = options_.rope_theta();
+    const std::size_t r = options_.rotary_dim();
+    rotated_q = hook("rot_q", rotary_embedding(q, options_.num_heads(), query_pos, theta, r));
+    hooked_k = hook("rot_k", rotary_embedding(hooked_k, options_.kv_heads(), key_pos, theta, r));
+  }
+  AttentionOutput out = attend_heads(rotated_q, hooked_k, hooked_v, mask, offset);
   if (cache) {
     // Stored as they were before the hooks (a hook sees every position at each step, as without
     // a cache), and only once the step has succeeded.
@@ -140,16 +199,19 @@ AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const
          ") like the key, got ", shape_str(value.shape()));
   }
   if (key.shape()[1] == 0) fail("MultiHeadAttention: key and value have no positions (S = 0)");
-  const Tensor q = hook("q", w_q->forward(query));
-  const Tensor k = hook("k", w_k->forward(key));
+  if (options_.rotary()) fail("MultiHeadAttention: rotary positions apply to self-attention only");
+  const Tensor q = hook("q", norm_heads(q_norm, w_q->forward(query)));
+  const Tensor k = hook("k", norm_heads(k_norm, w_k->forward(key)));
   return attend_heads(q, k, hook("v", w_v->forward(value)), mask, 0);
 }
 
-// q (B, T, C), k and v (B, S, C); queries are positions offset .. offset + T - 1 for the causal mask.
-AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
-                                        std::size_t offset) const {
+// q (B, T, C), k and v (B, S, KV D); queries are positions offset .. offset + T - 1 for the causal mask.
+AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, const Tensor& kv_v,
+                                        const AttentionMask& mask, std::size_t offset) const {
   const std::size_t C = options_.d_model(), H = options_.num_heads(), D = C / H;
-  const std::size_t B = q.shape()[0], T = q.shape()[1], S = k.shape()[1];
+  const std::size_t B = q.shape()[0], T = q.shape()[1], S = kv_k.shape()[1];
+  const Tensor k = repeat_heads(kv_k, options_.kv_heads(), H / options_.kv_heads(), D);
+  const Tensor v = repeat_heads(kv_v, options_.kv_heads(), H / options_.kv_heads(), D);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   AttentionMask m = mask;
   if (m.causal && offset + 1 >= S) m.causal = false;  // the first query already sees every key

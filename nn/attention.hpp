@@ -1,6 +1,7 @@
 // Multi-head attention, the classic module: per-head scaled dot-product attention in subspaces
 // of size D = d_model / H, dropout on the attention weights, masks, and (MultiHeadAttention) the
-// residual connection with LayerNorm placed Pre-Norm or Post-Norm.
+// residual connection with its norm placed Pre-Norm or Post-Norm; grouped-query attention,
+// QK-norm and rotary positions as options.
 //
 //   head_h  = softmax(Q_h K_h^T / sqrt(D) + mask) V_h     with Q_h = query W_q[h], K_h = key W_k[h],
 //                                                           V_h = value W_v[h]
@@ -14,14 +15,18 @@
 //
 // Hook points of Attention (hook.hpp), in forward order:
 //   q          (B, T, C) the query projection, heads side by side (head h is channels hD .. (h+1)D)
-//   k, v       (B, S, C) the key and value projections (with a KVCache: every cached position)
+//   k, v       (B, S, KV D) the key and value projections, after QK-norm (with a KVCache: every
+//              cached position)
+//   rot_q      (B, T, C) q turned by RoPE (rotary only)
+//   rot_k      (B, S, KV D) k turned by RoPE (rotary only)
 //   scores     (B, H, T, S) scale Q_h K_h^T before masks and softmax (formed only while hooked)
 //   pattern    (B, H, T, S) the attention weights, before dropout
 //   context    (B, T, C) each head's output, side by side, before W_o
 //   out        (B, T, C) the attention's output
 //
 // Shapes: B batch, T query length, S key length (S = T: self-attention), C = d_model,
-// H heads, D = C / H.
+// H heads, KV key/value heads (KV divides H; query head h uses key/value head h / (H / KV)),
+// D = C / H.
 #pragma once
 
 #include <memory>
@@ -40,14 +45,36 @@ struct MultiHeadAttentionOptions {
   /// d_model C and num_heads H (H must divide C); the other options at their defaults.
   MultiHeadAttentionOptions(std::size_t d_model, std::size_t num_heads) : d_model_(d_model), num_heads_(num_heads) {}
   XGRAD_REQUIRED_ARG(std::size_t, d_model);    ///< the model width C, of the query and the output
-  XGRAD_REQUIRED_ARG(std::size_t, num_heads);  ///< the number of heads H
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);  ///< the number of query heads H
+  /// The number of key/value heads KV (grouped-query attention; 1 is multi-query): it must divide
+  /// num_heads, and query head h uses key/value head h / (H / KV). 0 means num_heads.
+  XGRAD_ARG(std::size_t, num_kv_heads, 0);
   /// On the attention weights, while training; masks come from the module's RandomStream.
   XGRAD_ARG(float, dropout, 0.1f);
-  XGRAD_ARG(Norm, norm, Norm::pre);         ///< where MultiHeadAttention's LayerNorm sits
-  XGRAD_ARG(bool, bias, true);              ///< biases of the four projections
-  XGRAD_ARG(float, layer_norm_eps, 1e-5f);  ///< the eps of MultiHeadAttention's LayerNorm
-  XGRAD_ARG(std::size_t, kdim, 0);          ///< width of the key input; 0: d_model
-  XGRAD_ARG(std::size_t, vdim, 0);          ///< width of the value input; 0: d_model
+  XGRAD_ARG(Norm, norm, Norm::pre);                       ///< where MultiHeadAttention's norm sits
+  XGRAD_ARG(NormOptions, norm_options, NormOptions());    ///< the norm's kind, eps, weight and bias
+  XGRAD_NESTED_ARG(float, norm_eps, norm_options_, eps);  ///< the norm's eps (in norm_options)
+  XGRAD_ARG(bool, qkv_bias, true);                        ///< biases of w_q, w_k and w_v
+  XGRAD_ARG(bool, out_bias, true);                        ///< the bias of w_o
+  XGRAD_ARG(std::size_t, kdim, 0);                        ///< width of the key input; 0: d_model
+  XGRAD_ARG(std::size_t, vdim, 0);                        ///< width of the value input; 0: d_model
+  /// Rotary position embedding (RoPE) of q and k in self-attention, Hugging Face's rotate_half
+  /// pairing (see rotary_embedding in core/autograd/ops.hpp).
+  XGRAD_ARG(bool, rotary, false);
+  XGRAD_ARG(float, rope_theta, 10000.f);  ///< RoPE's base: finite and > 0
+  /// The channels of each head that RoPE turns (even, at most D; 0 means D): partial rotary.
+  XGRAD_ARG(std::size_t, rotary_dim, 0);
+  /// An RMSNorm (eps from norm_options, with a weight) over each head's q and each key head's k,
+  /// before RoPE (QK-norm).
+  XGRAD_ARG(bool, qk_norm, false);
+
+ public:
+  /// Sets qkv_bias and out_bias together.
+  MultiHeadAttentionOptions& bias(bool on) { return qkv_bias(on).out_bias(on); }
+  /// KV: num_kv_heads, or num_heads when that is 0.
+  std::size_t kv_heads() const { return num_kv_heads_ ? num_kv_heads_ : num_heads_; }
+  /// D = d_model / num_heads.
+  std::size_t head_dim() const { return num_heads_ ? d_model_ / num_heads_ : 0; }
 };
 
 /// Masks for one forward call. In the boolean masks true marks a key that may NOT be attended to.
@@ -66,11 +93,13 @@ struct AttentionMask {
 
 /// The keys and values an Attention has projected so far, for generating one position at a time:
 /// forward(x, mask, &cache) projects only x's positions, appends them, and attends over all.
+/// It holds only the KV key/value heads (grouped-query attention shrinks it by H / KV), after
+/// QK-norm and before RoPE (keys are turned by their positions at each step).
 /// The stored tensors keep their autograd history while gradients are recorded: run cached steps
 /// under NoGradGuard (generate does) unless a backward through every step is wanted.
 struct KVCache {
-  /// The keys, (B, P, C): the P positions seen so far; undefined while empty.
-  Tensor k, v;  ///< the values, (B, P, C); undefined while empty
+  /// The keys, (B, P, KV * D): the P positions seen so far; undefined while empty.
+  Tensor k, v;  ///< the values, (B, P, KV * D); undefined while empty
   /// P, the number of positions held (0 while empty).
   std::size_t length() const { return k.defined() ? k.shape()[1] : 0; }
   /// Empties the cache.
@@ -85,12 +114,13 @@ struct AttentionOutput {
 /// The main tensor of an AttentionOutput, for Residual: its output.
 inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
 
-/// The attention sublayer alone: projections, heads, dropout on the weights, masks. Of the
-/// options it reads d_model, num_heads, dropout, bias, kdim and vdim; norm and layer_norm_eps
-/// belong to the residual connection around it (MultiHeadAttention). Hook points, in forward
-/// order: q (B, T, C), k and v (B, S, C), scores (B, H, T, S; before masks and softmax, formed
-/// only while hooked), pattern (B, H, T, S; the weights before dropout), context (B, T, C; the
-/// heads' outputs side by side, before w_o) and out (B, T, C).
+/// The attention sublayer alone: projections, heads (grouped-query when num_kv_heads < num_heads),
+/// QK-norm and RoPE when asked, dropout on the weights, masks. norm and norm_options belong to the
+/// residual connection around it (MultiHeadAttention). Hook points, in forward order: q (B, T, C),
+/// k and v (B, S, KV * D) (after QK-norm, before RoPE), rot_q and rot_k (with rotary: q and k
+/// turned), scores (B, H, T, S; before masks and softmax, formed only while hooked), pattern
+/// (B, H, T, S; the weights before dropout), context (B, T, C; the heads' outputs side by side,
+/// before w_o) and out (B, T, C).
 class Attention : public Module, public RandomStream {
  public:
   /// Checks the options (check), then draws the four projections from `gen`, from which the
@@ -101,10 +131,14 @@ class Attention : public Module, public RandomStream {
   static void check(const MultiHeadAttentionOptions& options);
   /// Self-attention of x (B, T, d_model). With a cache, x holds the next T positions of sequences
   /// whose earlier positions the cache holds; their keys and values are appended to it.
-  /// Throws unless kdim and vdim are d_model, and for a cache that does not continue x.
-  AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr) const;
+  /// `positions` (B, T) or (T), for RoPE: each query's (and, without a cache, key's) position;
+  /// null means cache length + 0 .. T - 1. Throws unless kdim and vdim are d_model, for a cache
+  /// that does not continue x, and for positions given with a non-empty cache.
+  AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr,
+                          const IndexArray* positions = nullptr) const;
   /// Attention of query (B, T, d_model) over key (B, S, kdim) and value (B, S, vdim).
-  /// Throws naming the input whose shape does not fit, and for S = 0.
+  /// Throws naming the input whose shape does not fit, for S = 0, and with rotary (which has no
+  /// positions to give keys of another sequence).
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
                           const AttentionMask& mask = {}) const;
   /// Throws, naming MultiHeadAttention and the shape, unless query is (B, T, d_model).
@@ -113,30 +147,33 @@ class Attention : public Module, public RandomStream {
   const MultiHeadAttentionOptions& options() const { return options_; }
 
   /// @var w_k
-  /// The key projection, kdim -> d_model.
+  /// The key projection, kdim -> KV * D.
   /// @var w_v
-  /// The value projection, vdim -> d_model.
+  /// The value projection, vdim -> KV * D.
 
   /// The query projection, d_model -> d_model.
   std::shared_ptr<Linear> w_q, w_k, w_v, w_o;  ///< the output projection, d_model -> d_model
+  /// With qk_norm: the RMSNorm over each head's q, (D,) weight; null otherwise.
+  std::shared_ptr<RMSNorm> q_norm, k_norm;  ///< with qk_norm: the RMSNorm over each key head's k
 
  private:
+  Tensor norm_heads(const std::shared_ptr<RMSNorm>& norm, const Tensor& x) const;
   AttentionOutput attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                                std::size_t offset) const;
   MultiHeadAttentionOptions options_;
 };
 
-/// The article's module: Attention inside its residual connection and LayerNorm. Parameters:
-/// w_q, w_k, w_v, w_o (weights (C, C), (C, kdim), (C, vdim), (C, C); biases (C,)) and, unless
-/// norm is none, norm. In cross-attention, forward(query, key, value, mask), the residual path and
-/// the norm are the query's; key and value enter the projections as given (as the memory does in
-/// PyTorch's nn.TransformerDecoderLayer).
+/// The article's module: Attention inside its residual connection and norm. Parameters:
+/// w_q, w_k, w_v, w_o (weights (C, C), (KV D, kdim), (KV D, vdim), (C, C); biases when asked),
+/// q_norm and k_norm with qk_norm, and, unless norm is none, norm. In cross-attention, forward(query, key, value,
+/// mask), the residual path and the norm are the query's; key and value enter the projections as given (as the memory
+/// does in PyTorch's nn.TransformerDecoderLayer).
 class MultiHeadAttention : public Residual<Attention> {
  public:
-  /// Attention(options, gen) with the norm options.norm() places (LayerNorm(d_model,
-  /// layer_norm_eps)).
+  /// Attention(options, gen) with the norm options.norm_options() describe, placed by
+  /// options.norm().
   explicit MultiHeadAttention(const MultiHeadAttentionOptions& options, Generator& gen = default_generator())
-      : Residual<Attention>(options.norm(), options.d_model(), options.layer_norm_eps(), options, gen) {}
+      : Residual<Attention>(options.norm(), options.d_model(), options.norm_options(), options, gen) {}
 };
 
 /// The combined boolean mask (true = blocked) for a (B, H, T, S) score tensor, or nullopt when

@@ -212,20 +212,38 @@ Checkpoint load_split(const std::string& path, Split& s, Module& module, const L
 // (max_len x d_model, not saved) and the bookkeeping of each block's modules and tensors (about
 // 34 KiB, measured at d_model 1: a model of 100000 tiny blocks takes 3.4 GB).
 struct ModelSize {
-  double values, tensors, bytes;
+  double values = 0, tensors = 0, bytes = 0;
+  void add(double n, bool present = true) {
+    if (!present) return;
+    values += n;
+    tensors += 1;
+  }
 };
 
 ModelSize model_size(const LanguageModelOptions& o) {
   const double V = static_cast<double>(o.vocab_size()), C = static_cast<double>(o.d_model()),
                F = static_cast<double>(o.d_ff()), L = static_cast<double>(o.num_layers()),
                P = static_cast<double>(o.max_len());
-  const bool learned = o.positional() == Positional::learned, pre = o.norm() == Norm::pre;
-  // Per block: two norms (2C each), w_q, w_k, w_v, w_o (C x C and C), linear1 (F x C and F), linear2 (C x F and C).
-  const double block = 4 * C + 4 * (C * C + C) + (F * C + F) + (C * F + C);
+  const MultiHeadAttentionOptions& a = o.block().attention();
+  const double D = static_cast<double>(a.head_dim()), KVD = D * static_cast<double>(a.kv_heads());
+  const NormOptions& n = o.norm_options();
+  const bool norm_bias = n.affine() && n.bias() && n.kind() == NormKind::layer_norm;
+  ModelSize block;  // one block's
+  for (int k = 0; k < 2; ++k) block.add(C, n.affine()), block.add(C, norm_bias);
+  block.add(C * C), block.add(C, a.qkv_bias());
+  for (int k = 0; k < 2; ++k) block.add(KVD * C), block.add(KVD, a.qkv_bias());
+  block.add(C * C), block.add(C, a.out_bias());
+  for (int k = 0; k < 2; ++k) block.add(D, a.qk_norm());
+  for (int k = 0; k < (is_gated(o.activation()) ? 2 : 1); ++k) block.add(F * C), block.add(F, o.ffn_bias());
+  block.add(C * F), block.add(C, o.ffn_bias());
   ModelSize m;
-  m.values = V * C + (learned ? P * C : 0) + L * block + (pre ? 2 * C : 0) + (C * V + V);
-  m.tensors = 1 + (learned ? 1 : 0) + L * 16 + (pre ? 2 : 0) + 2;
-  m.bytes = 4 * (m.values + (learned ? 0 : P * C)) + L * 34 * 1024;
+  m.add(V * C);
+  m.add(P * C, o.positional() == Positional::learned);
+  if (o.norm() == Norm::pre) m.add(C, n.affine()), m.add(C, norm_bias);
+  m.add(V * C, !o.tie_embeddings()), m.add(V, !o.tie_embeddings() && o.head_bias());
+  m.values += L * block.values;
+  m.tensors += L * block.tensors;
+  m.bytes = 4 * (m.values + (o.positional() == Positional::sinusoidal ? P * C : 0)) + L * 34 * 1024;
   return m;
 }
 

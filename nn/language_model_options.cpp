@@ -19,18 +19,14 @@ namespace {
 
 using nlohmann::json;
 
-const char* norm_name(Norm n) { return n == Norm::pre ? "pre" : n == Norm::post ? "post" : "none"; }
-const char* activation_name(Activation a) {
-  return a == Activation::gelu ? "gelu" : a == Activation::gelu_tanh ? "gelu_tanh" : "relu";
-}
-const char* positional_name(Positional p) { return p == Positional::learned ? "learned" : "sinusoidal"; }
-
-// One field: how to write it, and how to read it into options (throwing a message on a bad value).
+// One field: how to write it, how to read it into options (throwing a message on a bad value),
+// and the value a file written before the field existed means (null: every file has it).
 struct Field {
   const char* name;
   bool architecture;
   std::function<json(const LanguageModelOptions&)> get;
   std::function<void(LanguageModelOptions&, const json&)> set;
+  json classic = nullptr;
 };
 
 std::size_t as_count(const json& v) {
@@ -49,8 +45,17 @@ float as_float(const json& v) {
   return static_cast<float>(d);
 }
 
+bool as_bool(const json& v) {
+  if (!v.is_boolean()) throw std::invalid_argument("is not true or false");
+  return v.get<bool>();
+}
+
+// An enum's names, in the enum's order.
 template <class E>
-E as_enum(const json& v, std::initializer_list<std::pair<const char*, E>> names) {
+using Names = std::vector<std::pair<const char*, E>>;
+
+template <class E>
+E as_enum(const json& v, const Names<E>& names) {
   if (v.is_string()) {
     for (const auto& [n, e] : names) {
       if (v.get<std::string>() == n) return e;
@@ -61,49 +66,76 @@ E as_enum(const json& v, std::initializer_list<std::pair<const char*, E>> names)
   throw std::invalid_argument("is not one of " + known);
 }
 
-// A field written as its own value and read with `read` (as_count or as_float).
-#define XGRAD_FIELD(f, arch, read)                                                                           \
-  Field {                                                                                                    \
-#f, arch, [](const LanguageModelOptions& o) { return json(o.f()); }, [](LanguageModelOptions & o,        \
-                                                                            const json& v) { o.f(read(v)); } \
+template <class E>
+const char* name_of(E e, const Names<E>& names) {
+  for (const auto& [n, v] : names) {
+    if (v == e) return n;
   }
-#define XGRAD_COUNT_FIELD(f) XGRAD_FIELD(f, true, as_count)
-#define XGRAD_FLOAT_FIELD(f, arch) XGRAD_FIELD(f, arch, as_float)
+  return "?";
+}
+
+const Names<Norm> kNorms = {{"pre", Norm::pre}, {"post", Norm::post}};
+const Names<NormKind> kNormKinds = {{"layer_norm", NormKind::layer_norm}, {"rms_norm", NormKind::rms_norm}};
+const Names<Activation> kActivations = {{"gelu", Activation::gelu},   {"gelu_tanh", Activation::gelu_tanh},
+                                        {"relu", Activation::relu},   {"swiglu", Activation::swiglu},
+                                        {"geglu", Activation::geglu}, {"geglu_tanh", Activation::geglu_tanh}};
+const Names<Positional> kPositionals = {{"learned", Positional::learned},
+                                        {"sinusoidal", Positional::sinusoidal},
+                                        {"none", Positional::none},
+                                        {"rotary", Positional::rotary}};
+const Names<Init> kInits = {{"pytorch", Init::pytorch}, {"gpt2", Init::gpt2}};
+
+// A field written as its own value and read with `read` (as_count, as_float or as_bool).
+#define XGRAD_FIELD(f, arch, read, ...)                                                                                \
+  Field {                                                                                                              \
+#f, arch, [](const LanguageModelOptions& o) { return json(o.f()); }, [](LanguageModelOptions & o,                  \
+                                                                            const json& v) { o.f(read(v)); },          \
+                                                                                                           __VA_ARGS__ \
+  }
+// A field written as its name in `names`.
+#define XGRAD_ENUM_FIELD(f, names, ...)                                                                               \
+  Field {                                                                                                             \
+#f, true,                                                                                                         \
+        [](const LanguageModelOptions&                                                                                \
+               o) { return json(name_of(o.f(), names)); }, [](LanguageModelOptions & o,                               \
+                                                              const json& v) { o.f(as_enum(v, names)); }, __VA_ARGS__ \
+  }
 
 const std::vector<Field>& fields() {
-  static const std::vector<Field> all =
-      {
-          XGRAD_COUNT_FIELD(vocab_size),
-          XGRAD_COUNT_FIELD(d_model),
-          XGRAD_COUNT_FIELD(num_heads),
-          XGRAD_COUNT_FIELD(num_layers),
-          XGRAD_COUNT_FIELD(d_ff),
-          XGRAD_COUNT_FIELD(max_len),
-          XGRAD_FLOAT_FIELD(dropout, false),
-          Field{"norm", true, [](const LanguageModelOptions& o) { return json(norm_name(o.norm())); },
-                [](LanguageModelOptions& o, const json& v) {
-    o.norm(as_enum<Norm>(v, {{"pre", Norm::pre}, {"post", Norm::post}}));
-                }},
-          Field{"activation", true, [](const LanguageModelOptions& o) { return json(activation_name(o.activation())); },
-                [](LanguageModelOptions& o, const json& v) {
-    o.activation(as_enum<Activation>(
-        v, {{"gelu", Activation::gelu}, {"gelu_tanh", Activation::gelu_tanh}, {"relu", Activation::relu}}));
-                }},
-                                  Field{"positional", true,
-                                        [](const LanguageModelOptions& o) {
-    return json(positional_name(o.positional()));
-                                        },
-                                        [](LanguageModelOptions& o, const json& v) {
-    o.positional(as_enum<Positional>(v, {{"learned", Positional::learned}, {"sinusoidal", Positional::sinusoidal}}));
-                                  }},
-                                  XGRAD_FLOAT_FIELD(layer_norm_eps, true),
-                                  };
+  static const std::vector<Field> all = {
+      XGRAD_FIELD(vocab_size, true, as_count),
+      XGRAD_FIELD(d_model, true, as_count),
+      XGRAD_FIELD(num_heads, true, as_count),
+      XGRAD_FIELD(num_kv_heads, true, as_count, 0u),
+      XGRAD_FIELD(num_layers, true, as_count),
+      XGRAD_FIELD(d_ff, true, as_count),
+      XGRAD_FIELD(max_len, true, as_count),
+      XGRAD_FIELD(dropout, false, as_float),
+      XGRAD_ENUM_FIELD(norm, kNorms),
+      XGRAD_ENUM_FIELD(norm_kind, kNormKinds, "layer_norm"),
+      XGRAD_FIELD(norm_eps, true, as_float, 1e-5),
+      XGRAD_FIELD(norm_affine, true, as_bool, true),
+      XGRAD_FIELD(norm_bias, true, as_bool, true),
+      XGRAD_ENUM_FIELD(activation, kActivations),
+      XGRAD_ENUM_FIELD(positional, kPositionals),
+      XGRAD_FIELD(rope_theta, true, as_float, 10000.0),
+      XGRAD_FIELD(rotary_dim, true, as_count, 0u),
+      XGRAD_FIELD(qk_norm, true, as_bool, false),
+      XGRAD_FIELD(qkv_bias, true, as_bool, true),
+      XGRAD_FIELD(out_bias, true, as_bool, true),
+      XGRAD_FIELD(ffn_bias, true, as_bool, true),
+      XGRAD_FIELD(head_bias, true, as_bool, true),
+      XGRAD_FIELD(tie_embeddings, true, as_bool, false),
+      XGRAD_ENUM_FIELD(init, kInits, "pytorch"),
+  };
   return all;
 }
 
-#undef XGRAD_COUNT_FIELD
-#undef XGRAD_FLOAT_FIELD
+#undef XGRAD_ENUM_FIELD
 #undef XGRAD_FIELD
+
+// Files written before norms were an option call the eps "layer_norm_eps".
+constexpr const char* kOldEps = "layer_norm_eps";
 
 }  // namespace
 
@@ -133,14 +165,21 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
   if (!j.is_object()) fail(who, ": the model options are not a JSON object: ", escape_bytes(text.substr(0, 80)));
   std::set<std::string> known;
   LanguageModelOptions o(1, 1, 1, 1);
+  if (j.contains(kOldEps)) {
+    if (j.contains("norm_eps"))
+      fail(who, ": the model options hold both \"norm_eps\" and its old name \"", kOldEps, "\"");
+    j["norm_eps"] = j[kOldEps];
+    j.erase(kOldEps);
+  }
   for (const Field& f : fields()) {
     known.insert(f.name);
     const auto it = j.find(f.name);
-    if (it == j.end()) fail(who, ": the model options have no field \"", f.name, "\"");
+    if (it == j.end() && f.classic.is_null()) fail(who, ": the model options have no field \"", f.name, "\"");
+    const json& value = it == j.end() ? f.classic : *it;
     try {
-      f.set(o, *it);
+      f.set(o, value);
     } catch (const std::invalid_argument& e) {
-      fail(who, ": model option ", f.name, " = ", it->dump().substr(0, 40), " ", e.what());
+      fail(who, ": model option ", f.name, " = ", value.dump().substr(0, 40), " ", e.what());
     }
   }
   for (const auto& [key, value] : j.items()) {
@@ -148,7 +187,7 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
       fail(who, ": unknown model option \"", key, "\" (this xgrad cannot build that architecture)");
   }
   // Values each of the right kind may still describe no model (num_heads 3 for d_model 8, dropout 5,
-  // layer_norm_eps -1): refused here, for every reader, not only by the constructor.
+  // norm_eps -1): refused here, for every reader, not only by the constructor.
   try {
     LanguageModel::check(o);
   } catch (const Error& e) {

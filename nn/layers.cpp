@@ -26,35 +26,64 @@ Tensor Linear::forward(const Tensor& x) const {
   return linear(x, weight, bias);  // (..., in) -> (..., out)
 }
 
-LayerNorm::LayerNorm(std::size_t features, float eps, bool affine) : features_(features), eps_(eps) {
-  if (features == 0) fail("LayerNorm: features must be positive");
-  if (!(eps > 0.f && std::isfinite(eps))) fail("LayerNorm: eps must be finite and positive, got ", eps);
+Linear::Linear(Tensor w, Tensor b) {
+  check_defined(w, "Linear: weight");
+  if (w.ndim() != 2 || w.shape()[0] == 0 || w.shape()[1] == 0) {
+    fail("Linear: weight must be (out, in) with both positive, got ", shape_str(w.shape()));
+  }
+  out_ = w.shape()[0], in_ = w.shape()[1];
+  if (b.defined() && b.shape() != Shape{out_}) {
+    fail("Linear: bias of shape ", shape_str(b.shape()), " does not fit weight ", shape_str(w.shape()));
+  }
+  weight = register_parameter("weight", std::move(w));
+  if (b.defined()) bias = register_parameter("bias", std::move(b));
+}
+
+NormLayer::NormLayer(const char* who, std::size_t features, float eps) : features_(features), eps_(eps) {
+  if (features == 0) fail(who, ": features must be positive");
+  if (!(eps > 0.f && std::isfinite(eps))) fail(who, ": eps must be finite and positive, got ", eps);
+}
+
+void NormLayer::check_input(const Tensor& x, const char* who) const {
+  check_defined(x, who);
+  if (x.ndim() == 0 || x.shape().back() != features_) {
+    fail(who, ": input of shape ", shape_str(x.shape()), " does not end in the normalized size ", features_);
+  }
+}
+
+void check_norm_options(const NormOptions& o, const char* who) {
+  if (o.kind() != NormKind::layer_norm && o.kind() != NormKind::rms_norm) {
+    fail(who, ": unknown norm kind ", static_cast<int>(o.kind()));
+  }
+  if (!(o.eps() > 0.f && std::isfinite(o.eps()))) fail(who, ": norm eps ", o.eps(), " must be finite and > 0");
+}
+
+std::shared_ptr<NormLayer> make_norm(std::size_t features, const NormOptions& o) {
+  check_norm_options(o, "make_norm");
+  if (o.kind() == NormKind::rms_norm) return std::make_shared<RMSNorm>(features, o.eps(), o.affine());
+  return std::make_shared<LayerNorm>(features, o.eps(), o.affine(), o.bias());
+}
+
+LayerNorm::LayerNorm(std::size_t features, float eps, bool affine, bool use_bias)
+    : NormLayer("LayerNorm", features, eps) {
   if (affine) {
     weight = register_parameter("weight", Tensor::ones({features}));
-    bias = register_parameter("bias", Tensor::zeros({features}));
+    if (use_bias) bias = register_parameter("bias", Tensor::zeros({features}));
   }
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  check_defined(x, "LayerNorm");
-  if (x.ndim() == 0 || x.shape().back() != features_) {
-    fail("LayerNorm: input of shape ", shape_str(x.shape()), " does not end in the normalized size ", features_);
-  }
-  return layer_norm(x, weight, bias, eps_);
+  check_input(x, "LayerNorm");
+  return layer_norm(x, weight, bias, eps());
 }
 
-RMSNorm::RMSNorm(std::size_t features, float eps, bool affine) : features_(features), eps_(eps) {
-  if (features == 0) fail("RMSNorm: features must be positive");
-  if (!(eps > 0.f && std::isfinite(eps))) fail("RMSNorm: eps must be finite and positive, got ", eps);
+RMSNorm::RMSNorm(std::size_t features, float eps, bool affine) : NormLayer("RMSNorm", features, eps) {
   if (affine) weight = register_parameter("weight", Tensor::ones({features}));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const {
-  check_defined(x, "RMSNorm");
-  if (x.ndim() == 0 || x.shape().back() != features_) {
-    fail("RMSNorm: input of shape ", shape_str(x.shape()), " does not end in the normalized size ", features_);
-  }
-  return rms_norm(x, weight, eps_);
+  check_input(x, "RMSNorm");
+  return rms_norm(x, weight, eps());
 }
 
 Dropout::Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {

@@ -7,6 +7,7 @@
 
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/module.hpp"
+#include "xgrad/nn/norm.hpp"
 
 namespace xgrad::nn {
 
@@ -16,6 +17,10 @@ class Linear : public Module {
  public:
   /// Draws W (and b, unless `bias` is false) from `gen`; a size of 0 throws.
   Linear(std::size_t in_features, std::size_t out_features, bool bias = true, Generator& gen = default_generator());
+  /// A Linear over existing tensors: weight (out, in) and, when defined, bias (out,); registered
+  /// as its parameters, so a weight shared with another module (tied embeddings) is one parameter.
+  /// Throws naming the shapes when they do not fit.
+  explicit Linear(Tensor weight, Tensor bias = Tensor());
   /// x W^T + b; throws naming the shape when x does not end in in_features.
   Tensor forward(const Tensor& x) const;
   /// The weight, (out, in).
@@ -26,40 +31,24 @@ class Linear : public Module {
 };
 
 /// Normalizes over the last axis: (x - mean) / sqrt(var + eps) * weight + bias.
-/// Init: weight 1, bias 0. Without `affine` it has no parameters.
-class LayerNorm : public Module {
+/// Init: weight 1, bias 0. Without `affine` it has no parameters; without `bias`, no bias.
+class LayerNorm : public NormLayer {
  public:
   /// Throws for 0 features and for an eps that is not finite and positive.
-  explicit LayerNorm(std::size_t features, float eps = 1e-5f, bool affine = true);
+  explicit LayerNorm(std::size_t features, float eps = 1e-5f, bool affine = true, bool bias = true);
   /// The normalized x; throws naming the shape when x does not end in `features`.
-  Tensor forward(const Tensor& x) const;
-  /// The eps added to the variance.
-  float eps() const { return eps_; }
-  /// The scale, (features,); undefined without `affine`.
-  Tensor weight, bias;  ///< the shift, (features,); undefined without `affine`
-
- private:
-  std::size_t features_;
-  float eps_;
+  Tensor forward(const Tensor& x) const override;
 };
 
 /// Root-mean-square norm over the last axis: x / sqrt(mean(x^2) + eps) * weight, with no mean
 /// subtracted and no bias (the norm of Llama-style models). Init: weight 1. Without `affine` it
 /// has no parameters. The default eps, 1e-6, is Hugging Face Llama's `rms_norm_eps` default.
-class RMSNorm : public Module {
+class RMSNorm : public NormLayer {
  public:
   /// Throws for 0 features and for an eps that is not finite and positive.
   explicit RMSNorm(std::size_t features, float eps = 1e-6f, bool affine = true);
   /// The normalized x; throws naming the shape when x does not end in `features`.
-  Tensor forward(const Tensor& x) const;
-  /// The eps added to the mean square.
-  float eps() const { return eps_; }
-  /// The scale, (features,); undefined without `affine`.
-  Tensor weight;
-
- private:
-  std::size_t features_;
-  float eps_;
+  Tensor forward(const Tensor& x) const override;
 };
 
 /// Inverted dropout while training, identity in eval mode. Masks come from `gen`; threads

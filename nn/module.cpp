@@ -62,11 +62,18 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
 }
 
 void Module::collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out) const {
+  // A tensor registered by two modules (tied embeddings) is listed once, under its first name.
+  auto add = [&](const std::string& name, const Tensor& t) {
+    for (const auto& [n, seen] : out) {
+      if (seen.is_same(t)) return;
+    }
+    out.emplace_back(name, t);
+  };
   if (params) {
-    for (const auto& [n, p] : params_) out.emplace_back(prefix + n, p);
+    for (const auto& [n, p] : params_) add(prefix + n, p);
   }
   if (buffers) {
-    for (const auto& [n, b] : buffers_) out.emplace_back(prefix + n, b);
+    for (const auto& [n, b] : buffers_) add(prefix + n, b);
   }
   for (const auto& [n, c] : children_) c->collect(prefix + n + ".", params, buffers, out);
 }

@@ -27,7 +27,8 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   /// Every parameter, depth first in registration order, named by its dotted path
-  /// (such as "blocks.0.attn.w_q.weight").
+  /// (such as "blocks.0.attn.w_q.weight"). A tensor two modules share (tied embeddings) is
+  /// listed once, under the first path that reaches it.
   NamedTensors named_parameters() const;
   /// The tensors of named_parameters(), in its order.
   std::vector<Tensor> parameters() const;

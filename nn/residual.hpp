@@ -1,5 +1,5 @@
 // Residual<Sublayer>: a sublayer f that knows nothing of norms, wrapped in a residual connection
-// with its LayerNorm placed by `placement`:
+// with its norm (LayerNorm or RMSNorm, as NormOptions say) placed by `placement`:
 //   pre:  y = x + f(norm(x))      post: y = norm(x + f(x))      none: y = f(x)
 // It is the sublayer itself (it derives from it), with one child more, "norm", so its parameters
 // read "attn.w_q.weight" and "attn.norm.weight", "ffn.linear1.weight" and "ffn.norm.weight".
@@ -26,22 +26,22 @@ namespace xgrad::nn {
 /// The main tensor of a sublayer's output, for Residual: the output itself when it is a Tensor.
 inline Tensor& residual_output(Tensor& out) { return out; }
 
-/// A sublayer f wrapped in a residual connection with its LayerNorm placed by `placement`
+/// A sublayer f wrapped in a residual connection with its norm placed by `placement`
 /// (pre: y = x + f(norm(x)), post: y = norm(x + f(x)), none: y = f(x)). It is the sublayer
 /// itself, with one child more, "norm" (not for none), and the hook points residual.in,
 /// residual.skip (not for none), residual.branch and residual.out.
 template <class Sublayer>
 class Residual : public Sublayer {
  public:
-  /// Builds Sublayer(sublayer_args...) and, unless placement is Norm::none, a
-  /// LayerNorm(features, layer_norm_eps) registered as "norm".
+  /// Builds Sublayer(sublayer_args...) and, unless placement is Norm::none, the norm
+  /// make_norm(features, norm_options) registered as "norm".
   template <class... Args>
-  Residual(Norm placement, std::size_t features, float layer_norm_eps, Args&&... sublayer_args)
+  Residual(Norm placement, std::size_t features, const NormOptions& norm_options, Args&&... sublayer_args)
       : Sublayer(std::forward<Args>(sublayer_args)...), placement_(placement) {
     if (placement == Norm::none) {
       this->declare_hook_points({"residual.in", "residual.branch", "residual.out"});
     } else {
-      norm = this->register_module("norm", std::make_shared<LayerNorm>(features, layer_norm_eps));
+      norm = this->register_module("norm", make_norm(features, norm_options));
       this->declare_hook_points({"residual.in", "residual.skip", "residual.branch", "residual.out"});
     }
   }
@@ -74,7 +74,7 @@ class Residual : public Sublayer {
   const Sublayer& sublayer() const { return *this; }
   /// Where the norm sits.
   Norm placement() const { return placement_; }
-  std::shared_ptr<LayerNorm> norm;  ///< null for Norm::none
+  std::shared_ptr<NormLayer> norm;  ///< null for Norm::none
 
  private:
   Norm placement_;

@@ -174,12 +174,19 @@ bool is_gpt2_buffer(const std::string& rest) { return rest == "attn.bias" || res
 
 NamedArrays from_torch_multihead_attention(const NamedArrays& state, const MultiHeadAttentionOptions& options) {
   const std::size_t E = options.d_model();
+  if (options.qkv_bias() != options.out_bias() || options.kv_heads() != options.num_heads() || options.qk_norm()) {
+    fail(
+        "from_torch_multihead_attention: torch.nn.MultiheadAttention has one bias switch for all four projections, "
+        "one key/value head per head and no QK-norm; the options ask for qkv_bias ",
+        options.qkv_bias(), ", out_bias ", options.out_bias(), ", num_kv_heads ", options.kv_heads(), ", qk_norm ",
+        options.qk_norm());
+  }
   const auto [kdim, vdim] = key_value_widths(options);
   std::vector<Expected> ex;
-  expect_attention(ex, "", E, kdim, vdim, options.bias());
+  expect_attention(ex, "", E, kdim, vdim, options.qkv_bias());
   const Source s("from_torch_multihead_attention", inputs_of(state), ex);
   NamedArrays out;
-  map_attention(s, state, out, "", "", E, options.bias());
+  map_attention(s, state, out, "", "", E, options.qkv_bias());
   return out;
 }
 
@@ -297,7 +304,7 @@ Gpt2Layout gpt2_layout(const char* who, const std::vector<Input>& inputs, std::s
                                      .norm(Norm::pre)
                                      .activation(Activation::gelu_tanh)
                                      .positional(Positional::learned)
-                                     .layer_norm_eps(1e-5f);
+                                     .norm_eps(1e-5f);
   LanguageModel::check(options);
   return {V, C, P, F, L, has_head, options, std::move(source)};
 }

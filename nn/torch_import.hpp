@@ -53,7 +53,7 @@ struct ImportedLanguageModel {
 
 /// The options and state of the LanguageModel that a GPT-2 state dict becomes.
 /// A GPT-2 (Hugging Face's GPT2Model / GPT2LMHeadModel names, optionally under "transformer.")
-/// -> LanguageModel: Pre-Norm, learned positions, Activation::gelu_tanh, layer_norm_eps 1e-5,
+/// -> LanguageModel: Pre-Norm, learned positions, Activation::gelu_tanh, norm_eps 1e-5,
 /// dropout 0. Conv1D weights are (in, out), the transpose of a Linear's.
 /// @code{.unparsed}
 ///   wte.weight (V, C)                        -> tok_emb.weight, and head.weight (tied; head.bias 0)

@@ -19,9 +19,19 @@ FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : RandomSt
   if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("FeedForward: dropout ", o.dropout(), " is outside [0, 1)");
   if (o.d_model() == 0 || o.d_ff() == 0)
     fail("FeedForward: d_model ", o.d_model(), " and d_ff ", o.d_ff(), " must be positive");
-  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model(), o.d_ff(), true, gen));
-  linear2 = register_module("linear2", std::make_shared<Linear>(o.d_ff(), o.d_model(), true, gen));
-  declare_hook_points({"pre", "hidden", "out"});
+  if (static_cast<int>(o.activation()) < 0 ||
+      static_cast<int>(o.activation()) > static_cast<int>(Activation::geglu_tanh))
+    fail("FeedForward: unknown activation ", static_cast<int>(o.activation()));
+  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model(), o.d_ff(), o.bias(), gen));
+  if (is_gated(o.activation())) {
+    gate = register_module("gate", std::make_shared<Linear>(o.d_model(), o.d_ff(), o.bias(), gen));
+  }
+  linear2 = register_module("linear2", std::make_shared<Linear>(o.d_ff(), o.d_model(), o.bias(), gen));
+  if (gate) {
+    declare_hook_points({"pre", "pre_linear", "hidden", "out"});
+  } else {
+    declare_hook_points({"pre", "hidden", "out"});
+  }
 }
 
 void FeedForward::check_input(const Tensor& x) const {
@@ -33,47 +43,78 @@ void FeedForward::check_input(const Tensor& x) const {
 
 Tensor FeedForward::forward(const Tensor& x) const {
   check_input(x);
-  const Tensor h = hook("pre", linear1->forward(x));
   const float p = options_.dropout();
   Tensor a;
-  switch (options_.activation()) {
-    case Activation::gelu:
-      a = gelu_dropout(h, p, is_training(), generator());
-      break;
-    case Activation::gelu_tanh:
-      a = dropout(gelu(h, GeluApprox::tanh), p, is_training(), generator());
-      break;
-    case Activation::relu:
-      a = dropout(relu(h), p, is_training(), generator());
-      break;
+  if (gate) {
+    const Tensor g = hook("pre", gate->forward(x));
+    const Tensor up = hook("pre_linear", linear1->forward(x));
+    const GatedActivation act = options_.activation() == Activation::swiglu  ? GatedActivation::silu
+                                : options_.activation() == Activation::geglu ? GatedActivation::gelu
+                                                                             : GatedActivation::gelu_tanh;
+    a = dropout(gated_unit(g, up, act), p, is_training(), generator());
+  } else {
+    const Tensor h = hook("pre", linear1->forward(x));
+    switch (options_.activation()) {
+      case Activation::gelu:
+        a = gelu_dropout(h, p, is_training(), generator());
+        break;
+      case Activation::gelu_tanh:
+        a = dropout(gelu(h, GeluApprox::tanh), p, is_training(), generator());
+        break;
+      default:
+        a = dropout(relu(h), p, is_training(), generator());
+        break;
+    }
   }
   return hook("out", linear2->forward(hook("hidden", a)));
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& gen) : options_(o) {
   if (o.norm() == Norm::none) fail("TransformerBlock: norm must be Norm::pre or Norm::post");
-  attn =
-      register_module("attn", std::make_shared<MultiHeadAttention>(MultiHeadAttentionOptions(o.d_model(), o.num_heads())
-                                                                       .dropout(o.dropout())
-                                                                       .norm(o.norm())
-                                                                       .layer_norm_eps(o.layer_norm_eps()),
-                                                                   gen));
+  if (o.feed_forward().d_model() != o.d_model()) {
+    fail("TransformerBlock: the feed-forward's d_model ", o.feed_forward().d_model(), " is not the attention's ",
+         o.d_model());
+  }
+  attn = register_module("attn", std::make_shared<MultiHeadAttention>(o.attention(), gen));
   ffn = register_module(
-      "ffn", std::make_shared<Residual<FeedForward>>(
-                 o.norm(), o.d_model(), o.layer_norm_eps(),
-                 FeedForwardOptions(o.d_model(), o.d_ff()).activation(o.activation()).dropout(o.dropout()), gen));
+      "ffn", std::make_shared<Residual<FeedForward>>(o.norm(), o.d_model(), o.norm_options(), o.feed_forward(), gen));
   declare_hook_points({"stream_in", "stream_mid", "stream_out"});
 }
 
-BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask, KVCache* cache) const {
+BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask, KVCache* cache,
+                                      const IndexArray* positions) const {
   check_defined(x, "TransformerBlock");
   if (x.ndim() != 3 || x.shape()[2] != options_.d_model()) {
     fail("TransformerBlock: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ",
          shape_str(x.shape()));
   }
-  const AttentionOutput a = attn->forward(hook("stream_in", x), mask, cache);
+  const AttentionOutput a = attn->forward(hook("stream_in", x), mask, cache, positions);
   const Tensor y = ffn->forward(hook("stream_mid", a.output));
   return {hook("stream_out", y), a.weights};
+}
+
+LanguageModelOptions LanguageModelOptions::gpt2_style(std::size_t V, std::size_t C, std::size_t H, std::size_t L) {
+  return LanguageModelOptions(V, C, H, L)
+      .positional(Positional::learned)
+      .norm(Norm::pre)
+      .norm_options(NormOptions().kind(NormKind::layer_norm).eps(1e-5f))
+      .activation(Activation::gelu_tanh)
+      .tie_embeddings(true)
+      .init(Init::gpt2);
+}
+
+LanguageModelOptions LanguageModelOptions::llama_style(std::size_t V, std::size_t C, std::size_t H, std::size_t L,
+                                                       std::size_t KV) {
+  const std::size_t hidden = (8 * C / 3 + 7) / 8 * 8;  // 8 C / 3 rounded up to a multiple of 8
+  return LanguageModelOptions(V, C, H, L)
+      .positional(Positional::rotary)
+      .norm(Norm::pre)
+      .norm_options(NormOptions().kind(NormKind::rms_norm).eps(1e-5f))
+      .activation(Activation::swiglu)
+      .d_ff(hidden)
+      .num_kv_heads(KV)
+      .bias(false)
+      .init(Init::gpt2);
 }
 
 void LanguageModel::check(const LanguageModelOptions& o) {
@@ -82,36 +123,72 @@ void LanguageModel::check(const LanguageModelOptions& o) {
          " must be positive");
   }
   if (o.norm() == Norm::none) fail("LanguageModel: norm must be Norm::pre or Norm::post");
-  if (!(std::isfinite(o.layer_norm_eps()) && o.layer_norm_eps() > 0.f)) {
-    fail("LanguageModel: layer_norm_eps ", o.layer_norm_eps(), " must be finite and > 0");
+  if (!(std::isfinite(o.norm_eps()) && o.norm_eps() > 0.f)) {
+    fail("LanguageModel: norm_eps ", o.norm_eps(), " must be finite and > 0");
   }
   if (o.d_ff() == 0) fail("LanguageModel: d_ff 0 must be positive");
-  Attention::check(MultiHeadAttentionOptions(o.d_model(), o.num_heads()).dropout(o.dropout()));
+  if (o.block().feed_forward().d_model() != o.d_model()) {
+    fail("LanguageModel: the feed-forward's d_model ", o.block().feed_forward().d_model(), " is not d_model ",
+         o.d_model());
+  }
+  if (static_cast<int>(o.positional()) < 0 || static_cast<int>(o.positional()) > static_cast<int>(Positional::rotary))
+    fail("LanguageModel: unknown positional ", static_cast<int>(o.positional()));
+  if (o.init() != Init::pytorch && o.init() != Init::gpt2)
+    fail("LanguageModel: unknown init ", static_cast<int>(o.init()));
+  if (o.block().attention().rotary()) {
+    fail("LanguageModel: set positional(Positional::rotary) for RoPE, not the attention's rotary option");
+  }
+  // The attention as the model builds it (rotary from positional), so its checks name the option.
+  MultiHeadAttentionOptions attention = o.block().attention();
+  Attention::check(attention.rotary(o.positional() == Positional::rotary));
 }
+
+namespace {
+
+// GPT-2's init (Init::gpt2): see the enum.
+void init_gpt2(LanguageModel& model, Generator& gen) {
+  const float std = 0.02f, residual_std = std / std::sqrt(2.f * static_cast<float>(model.blocks.size()));
+  auto normal = [&](Tensor& w, float s) { w.mutable_value() = gen.normal(w.shape(), 0.f, s); };
+  auto linear = [&](Linear& l, float s) {
+    normal(l.weight, s);
+    if (l.bias.defined()) l.bias.mutable_value().fill(0.f);
+  };
+  normal(model.tok_emb->weight, std);
+  if (model.pos_emb) normal(model.pos_emb->weight, std);
+  for (auto& block : model.blocks) {
+    Attention& a = *block->attn;
+    linear(*a.w_q, std), linear(*a.w_k, std), linear(*a.w_v, std), linear(*a.w_o, residual_std);
+    FeedForward& f = *block->ffn;
+    linear(*f.linear1, std);
+    if (f.gate) linear(*f.gate, std);
+    linear(*f.linear2, residual_std);
+  }
+  if (!model.options().tie_embeddings()) linear(*model.head, std);
+}
+
+}  // namespace
 
 LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : options_(o) {
   check(o);
   tok_emb = register_module("tok_emb", std::make_shared<Embedding>(o.vocab_size(), o.d_model(), gen));
   if (o.positional() == Positional::learned) {
     pos_emb = register_module("pos_emb", std::make_shared<LearnedPositionalEncoding>(o.max_len(), o.d_model(), gen));
-  } else {
+  } else if (o.positional() == Positional::sinusoidal) {
     pos_table = std::make_shared<SinusoidalPositionalEncoding>(o.max_len(), o.d_model());
   }
+  TransformerBlockOptions block = o.block();
+  block.attention(MultiHeadAttentionOptions(o.block().attention()).rotary(o.positional() == Positional::rotary));
   auto list = register_module("blocks", std::make_shared<ModuleList>());
   for (std::size_t i = 0; i < o.num_layers(); ++i) {
-    blocks.push_back(
-        list->push_back(std::make_shared<TransformerBlock>(TransformerBlockOptions(o.d_model(), o.num_heads())
-                                                               .d_ff(o.d_ff())
-                                                               .dropout(o.dropout())
-                                                               .norm(o.norm())
-                                                               .activation(o.activation())
-                                                               .layer_norm_eps(o.layer_norm_eps()),
-                                                           gen)));
+    blocks.push_back(list->push_back(std::make_shared<TransformerBlock>(block, gen)));
   }
-  if (o.norm() == Norm::pre) {
-    final_norm = register_module("final_norm", std::make_shared<LayerNorm>(o.d_model(), o.layer_norm_eps()));
+  if (o.norm() == Norm::pre) final_norm = register_module("final_norm", make_norm(o.d_model(), o.norm_options()));
+  if (o.tie_embeddings()) {
+    head = register_module("head", std::make_shared<Linear>(tok_emb->weight));  // listed once, as tok_emb.weight
+  } else {
+    head = register_module("head", std::make_shared<Linear>(o.d_model(), o.vocab_size(), o.head_bias(), gen));
   }
-  head = register_module("head", std::make_shared<Linear>(o.d_model(), o.vocab_size(), true, gen));
+  if (o.init() == Init::gpt2) init_gpt2(*this, gen);
   declare_hook_points({"embed", "logits"});
 }
 
@@ -133,10 +210,20 @@ void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
   }
 }
 
-LanguageModelOutput LanguageModel::run_blocks(Tensor h, const AttentionMask& mask, LanguageModelCache* cache) const {
+LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& positions, const Mask* padding,
+                                       LanguageModelCache* cache) const {
+  Tensor h = tok_emb->forward(ids);  // (B, T, C)
+  if (pos_emb) h = h + pos_emb->at(positions);
+  if (pos_table) h = h + pos_table->at(positions);
+  h = hook("embed", h);
+  AttentionMask mask;
+  mask.causal = true;
+  if (padding) mask.key_padding_mask = *padding;
+  // RoPE turns q and k inside attention: by the given positions, or (cached) from the cache's length.
+  const IndexArray* rotary = options_.positional() == Positional::rotary && !cache ? &positions : nullptr;
   LanguageModelOutput out;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    BlockOutput b = blocks[i]->forward(h, mask, cache ? &cache->blocks[i] : nullptr);
+    BlockOutput b = blocks[i]->forward(h, mask, cache ? &cache->blocks[i] : nullptr, rotary);
     h = b.output;
     out.attentions.push_back(b.attention);
   }
@@ -145,13 +232,20 @@ LanguageModelOutput LanguageModel::run_blocks(Tensor h, const AttentionMask& mas
   return out;
 }
 
+namespace {
+
+// Positions first .. first + T - 1, (T).
+IndexArray count_positions(std::size_t first, std::size_t T) {
+  IndexArray p = IndexArray::from_shape({T});
+  for (std::size_t t = 0; t < T; ++t) p(t) = static_cast<std::int64_t>(first + t);
+  return p;
+}
+
+}  // namespace
+
 LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
   check_ids(ids, 0);
-  const std::size_t T = ids.shape()[1];
-  const Tensor pos = pos_emb ? pos_emb->forward(T) : pos_table->forward(T);  // (T, C)
-  AttentionMask mask;
-  mask.causal = true;
-  return run_blocks(hook("embed", tok_emb->forward(ids) + pos), mask, nullptr);  // (B, T, C)
+  return run(ids, count_positions(0, ids.shape()[1]), nullptr, nullptr);
 }
 
 LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& key_padding_mask) const {
@@ -169,11 +263,7 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& ke
       if (!key_padding_mask(b, t)) ++real;
     }
   }
-  const Tensor pos = pos_emb ? pos_emb->at(positions) : pos_table->at(positions);  // (B, T, C)
-  AttentionMask mask;
-  mask.causal = true;
-  mask.key_padding_mask = key_padding_mask;
-  return run_blocks(hook("embed", tok_emb->forward(ids) + pos), mask, nullptr);
+  return run(ids, positions, &key_padding_mask, nullptr);
 }
 
 LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, LanguageModelCache& cache) const {
@@ -190,14 +280,10 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, Languag
            " positions");
     }
   }
-  const std::size_t T = ids.shape()[1];
-  const Tensor pos = pos_emb ? pos_emb->forward(T, first) : pos_table->forward(T, first);
-  AttentionMask mask;
-  mask.causal = true;
   // A failed step leaves the cache as it was (each block would otherwise hold what it reached).
   const std::vector<KVCache> before = cache.blocks;
   try {
-    return run_blocks(hook("embed", tok_emb->forward(ids) + pos), mask, &cache);
+    return run(ids, count_positions(first, ids.shape()[1]), nullptr, &cache);
   } catch (...) {
     cache.blocks = before;
     throw;

@@ -4,11 +4,12 @@
 // both:
 //   Pre-Norm:  x = x + attn(attn.norm(x));  y = x + ffn(ffn.norm(x))
 //   Post-Norm: x = attn.norm(x + attn(x));  y = ffn.norm(x + ffn(x))
-// LanguageModel: h = tok_emb(ids) + pos(T); h = block_1..N(h) with a causal mask;
-//   Pre-Norm adds a final LayerNorm; logits = head(h).
+// LanguageModel: h = tok_emb(ids) + pos(T) (or RoPE inside attention); h = block_1..N(h) with a
+//   causal mask; Pre-Norm adds a final norm; logits = head(h) (head.weight may be tok_emb.weight).
 //
 // Hook points (hook.hpp), besides the attention's and each residual connection's:
-//   FeedForward       pre (linear1's output), hidden (after the activation and dropout), out
+//   FeedForward       pre (the activation's input), pre_linear (gated: the up projection),
+//                     hidden (after the activation, the gate product and dropout), out
 //   TransformerBlock  stream_in, stream_mid, stream_out: the residual stream entering the block,
 //                     between its sublayers, and leaving it
 //   LanguageModel     embed (tokens plus positions), logits
@@ -29,39 +30,69 @@ struct FeedForwardOptions {
   FeedForwardOptions(std::size_t d_model, std::size_t d_ff) : d_model_(d_model), d_ff_(d_ff) {}
   XGRAD_REQUIRED_ARG(std::size_t, d_model);             ///< the input and output width C
   XGRAD_REQUIRED_ARG(std::size_t, d_ff);                ///< the hidden width F
-  XGRAD_ARG(Activation, activation, Activation::gelu);  ///< act, between the two projections
+  XGRAD_ARG(Activation, activation, Activation::gelu);  ///< act (a gated unit adds the gate projection)
   XGRAD_ARG(float, dropout, 0.1f);  ///< on the hidden activations, while training (its RandomStream)
+  XGRAD_ARG(bool, bias, true);      ///< biases of the projections
 };
 
-/// y = linear2(dropout(act(linear1(x)))), x (..., C) -> (..., C).
-/// Hook points: pre (linear1's output), hidden (after the activation and dropout), out.
+/// Plain: y = linear2(dropout(act(linear1(x)))); gated (swiglu, geglu, geglu_tanh):
+/// y = linear2(dropout(act(gate(x)) * linear1(x))), act(gate) * up fused in one op (gated_unit).
+/// x (..., C) -> (..., C). Hook points: pre (the activation's input: linear1's output, or the
+/// gate's), pre_linear (gated only: linear1's output, the "up" projection), hidden (after the
+/// activation, the product and dropout), out.
 class FeedForward : public Module, public RandomStream {
  public:
-  /// Draws linear1 (C -> F) and linear2 (F -> C), both with biases, from `gen`, from which the
-  /// module's RandomStream is also spawned; a dropout outside [0, 1) throws.
+  /// Draws linear1 (C -> F), gate (C -> F, gated only) and linear2 (F -> C) from `gen`, from which
+  /// the module's RandomStream is also spawned; a dropout outside [0, 1) throws.
   explicit FeedForward(const FeedForwardOptions& options, Generator& gen = default_generator());
   /// y; throws (check_input) when x does not end in d_model.
   Tensor forward(const Tensor& x) const;
   void check_input(const Tensor& x) const;  ///< throws, naming FeedForward and the shape, unless x is (..., d_model)
-  /// The first projection, C -> F.
-  std::shared_ptr<Linear> linear1, linear2;  ///< the second projection, F -> C
+  /// The options it was built with.
+  const FeedForwardOptions& options() const { return options_; }
+  /// The first projection, C -> F (a gated unit's "up").
+  std::shared_ptr<Linear> linear1, gate,
+      linear2;  ///< the gate (C -> F, gated only; else null) and the second projection, F -> C
 
  private:
   FeedForwardOptions options_;
 };
 
-/// The options of TransformerBlock.
+/// The options of TransformerBlock: its attention's and its feed-forward's, composed; the norm
+/// placement and norm options are the attention's (attention().norm(), attention().norm_options())
+/// and serve both residual connections. The setters below set the nested fields.
 struct TransformerBlockOptions {
   /// d_model C and num_heads H (H must divide C); d_ff 4 C; the other options at their defaults.
   TransformerBlockOptions(std::size_t d_model, std::size_t num_heads)
-      : d_model_(d_model), num_heads_(num_heads), d_ff_(4 * d_model) {}
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);             ///< the model width C
-  XGRAD_REQUIRED_ARG(std::size_t, num_heads);           ///< the number of attention heads H
-  XGRAD_REQUIRED_ARG(std::size_t, d_ff);                ///< 4 * d_model unless set
-  XGRAD_ARG(float, dropout, 0.1f);                      ///< attention weights and FFN hidden
-  XGRAD_ARG(Norm, norm, Norm::pre);                     ///< pre or post
-  XGRAD_ARG(Activation, activation, Activation::gelu);  ///< the feed-forward's activation
-  XGRAD_ARG(float, layer_norm_eps, 1e-5f);              ///< the eps of both LayerNorms
+      : attention_(d_model, num_heads), feed_forward_(d_model, 4 * d_model) {}
+  XGRAD_REQUIRED_ARG(MultiHeadAttentionOptions, attention);               ///< the attention sublayer's options
+  XGRAD_REQUIRED_ARG(FeedForwardOptions, feed_forward);                   ///< the feed-forward sublayer's options
+  XGRAD_NESTED_ARG(std::size_t, d_ff, feed_forward_, d_ff);               ///< the feed-forward's hidden width F
+  XGRAD_NESTED_ARG(Norm, norm, attention_, norm);                         ///< pre or post, for both sublayers
+  XGRAD_NESTED_ARG(NormOptions, norm_options, attention_, norm_options);  ///< both sublayers' norms
+  XGRAD_NESTED_ARG(Activation, activation, feed_forward_, activation);    ///< the feed-forward's
+  XGRAD_NESTED_ARG(std::size_t, num_kv_heads, attention_, num_kv_heads);  ///< the attention's KV heads
+
+ public:
+  /// The model width C.
+  std::size_t d_model() const { return attention_.d_model(); }
+  /// The number of query heads H.
+  std::size_t num_heads() const { return attention_.num_heads(); }
+  /// The dropout of the attention weights and the FFN hidden (the attention's when they differ).
+  float dropout() const { return attention_.dropout(); }
+  /// Sets both dropouts.
+  TransformerBlockOptions& dropout(float p) {
+    attention_.dropout(p);
+    feed_forward_.dropout(p);
+    return *this;
+  }
+  /// The eps of both norms.
+  float norm_eps() const { return attention_.norm_options().eps(); }
+  /// Sets the eps of both norms.
+  TransformerBlockOptions& norm_eps(float eps) {
+    attention_.norm_eps(eps);
+    return *this;
+  }
 };
 
 /// What TransformerBlock::forward returns.
@@ -70,19 +101,21 @@ struct BlockOutput {
   Tensor attention;  ///< (B, H, T, S), S = T (with a cache: S every cached position)
 };
 
-/// Attention then feed-forward, each in its own residual connection with its LayerNorm, both
-/// placed by options.norm():
+/// Attention then feed-forward, each in its own residual connection with its norm, both placed by
+/// options.norm():
 /// Pre-Norm x = x + attn(attn.norm(x)); y = x + ffn(ffn.norm(x)),
 /// Post-Norm x = attn.norm(x + attn(x)); y = ffn.norm(x + ffn(x)).
 /// Hook points stream_in, stream_mid, stream_out: the residual stream entering the block,
 /// between its sublayers, and leaving it.
 class TransformerBlock : public Module {
  public:
-  /// Builds attn and ffn from `options` and `gen`; norm none throws.
+  /// Builds attn and ffn from `options` and `gen`; norm none, and a feed-forward whose d_model is
+  /// not the attention's, throw.
   explicit TransformerBlock(const TransformerBlockOptions& options, Generator& gen = default_generator());
   /// The block's output for x (B, T, C) and the attention weights. With a cache: x holds the
-  /// next positions after those the cache holds (see Attention).
-  BlockOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr) const;
+  /// next positions after those the cache holds (see Attention); positions: see Attention::forward.
+  BlockOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr,
+                      const IndexArray* positions = nullptr) const;
   std::shared_ptr<MultiHeadAttention> attn;    ///< Residual<Attention>: attn.norm, attn.w_q, ...
   std::shared_ptr<Residual<FeedForward>> ffn;  ///< ffn.norm, ffn.linear1, ffn.linear2
 
@@ -90,31 +123,132 @@ class TransformerBlock : public Module {
   TransformerBlockOptions options_;
 };
 
-/// The positions a LanguageModel adds to its token embeddings: a learned table
-/// (LearnedPositionalEncoding, parameters pos_emb.weight) or the fixed sinusoidal one.
-enum class Positional { learned, sinusoidal };
+/// The positions a LanguageModel gives its tokens: a learned table added to the token embeddings
+/// (LearnedPositionalEncoding, parameters pos_emb.weight), the fixed sinusoidal one, none at
+/// all, or rotary (RoPE on every attention's q and k).
+enum class Positional { learned, sinusoidal, none, rotary };
 
-/// The options of LanguageModel, e.g. LanguageModelOptions(50257, 768, 12, 12).max_len(1024).
+/// How a LanguageModel draws its weights.
+/// pytorch: each module's PyTorch default (Linear U(+-1/sqrt(in)), Embedding N(0, 1)).
+/// gpt2: GPT-2's and Llama's scheme: every Linear weight and embedding table N(0, 0.02), biases
+/// 0, norms 1 (and 0), and the residual output projections (attn.w_o, ffn.linear2) N(0, 0.02 /
+/// sqrt(2 num_layers)).
+enum class Init { pytorch, gpt2 };
+
+/// The options of LanguageModel, e.g. LanguageModelOptions(50257, 768, 12, 12).max_len(1024):
+/// the model's own fields and its blocks' options (block(), composed of the attention's and the
+/// feed-forward's); the setters below set the nested fields.
 struct LanguageModelOptions {
   /// vocab_size V, d_model C, num_heads H (H must divide C) and num_layers; d_ff 4 C; the other
   /// options at their defaults.
   LanguageModelOptions(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads, std::size_t num_layers)
-      : vocab_size_(vocab_size),
-        d_model_(d_model),
-        num_heads_(num_heads),
-        num_layers_(num_layers),
-        d_ff_(4 * d_model) {}
-  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);             ///< the number of token ids V
-  XGRAD_REQUIRED_ARG(std::size_t, d_model);                ///< the model width C
-  XGRAD_REQUIRED_ARG(std::size_t, num_heads);              ///< attention heads per block
-  XGRAD_REQUIRED_ARG(std::size_t, num_layers);             ///< the number of TransformerBlocks
-  XGRAD_REQUIRED_ARG(std::size_t, d_ff);                   ///< 4 * d_model unless set
-  XGRAD_ARG(std::size_t, max_len, 256);                    ///< the most positions a forward takes
-  XGRAD_ARG(float, dropout, 0.1f);                         ///< attention weights and FFN hidden, while training
-  XGRAD_ARG(Norm, norm, Norm::pre);                        ///< pre or post (Pre-Norm adds final_norm)
-  XGRAD_ARG(Activation, activation, Activation::gelu);     ///< the feed-forwards' activation
-  XGRAD_ARG(Positional, positional, Positional::learned);  ///< learned or sinusoidal positions
-  XGRAD_ARG(float, layer_norm_eps, 1e-5f);                 ///< the eps of every LayerNorm
+      : vocab_size_(vocab_size), num_layers_(num_layers), block_(d_model, num_heads) {}
+  /// A GPT-2-style model: learned positions, Pre-Norm LayerNorm (eps 1e-5), GELU (tanh) MLP of
+  /// 4 C, biases, tied embeddings, GPT-2 init.
+  static LanguageModelOptions gpt2_style(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads,
+                                         std::size_t num_layers);
+  /// A Llama-style model: RoPE (theta 10000), Pre-Norm RMSNorm (eps 1e-5), SwiGLU with a hidden
+  /// width of 8 C / 3 rounded up to a multiple of 8 (about the parameters of a 4 C MLP), no
+  /// biases, untied head, grouped-query attention with num_kv_heads, GPT-2 init.
+  static LanguageModelOptions llama_style(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads,
+                                          std::size_t num_layers, std::size_t num_kv_heads);
+
+  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);                        ///< the number of token ids V
+  XGRAD_REQUIRED_ARG(std::size_t, num_layers);                        ///< the number of TransformerBlocks
+  XGRAD_REQUIRED_ARG(TransformerBlockOptions, block);                 ///< every block's options
+  XGRAD_ARG(std::size_t, max_len, 256);                               ///< the most positions a forward takes
+  XGRAD_ARG(Positional, positional, Positional::learned);             ///< the position scheme
+  XGRAD_ARG(bool, tie_embeddings, false);                             ///< head.weight is tok_emb.weight
+  XGRAD_ARG(bool, head_bias, true);                                   ///< the head's bias (none when tied)
+  XGRAD_ARG(Init, init, Init::pytorch);                               ///< how the weights are drawn
+  XGRAD_NESTED_ARG(std::size_t, d_ff, block_, d_ff);                  ///< the feed-forwards' hidden width F
+  XGRAD_NESTED_ARG(Norm, norm, block_, norm);                         ///< pre or post (Pre-Norm adds final_norm)
+  XGRAD_NESTED_ARG(NormOptions, norm_options, block_, norm_options);  ///< every norm's options
+  XGRAD_NESTED_ARG(Activation, activation, block_, activation);       ///< the feed-forwards' activation
+  XGRAD_NESTED_ARG(std::size_t, num_kv_heads, block_, num_kv_heads);  ///< key/value heads; 0: num_heads
+
+ public:
+  /// The model width C.
+  std::size_t d_model() const { return block_.d_model(); }
+  /// Sets the model width C (of the attentions and the feed-forwards).
+  LanguageModelOptions& d_model(std::size_t c) {
+    block_.feed_forward(FeedForwardOptions(block_.feed_forward()).d_model(c));
+    return attention(MultiHeadAttentionOptions(block_.attention()).d_model(c));
+  }
+  /// Attention heads per block.
+  std::size_t num_heads() const { return block_.num_heads(); }
+  /// Sets the attention heads per block.
+  LanguageModelOptions& num_heads(std::size_t h) {
+    return attention(MultiHeadAttentionOptions(block_.attention()).num_heads(h));
+  }
+  /// The attention-weight and FFN-hidden dropout, while training.
+  float dropout() const { return block_.dropout(); }
+  /// Sets both dropouts of every block.
+  LanguageModelOptions& dropout(float p) {
+    block_.dropout(p);
+    return *this;
+  }
+  /// Every norm's kind.
+  NormKind norm_kind() const { return norm_options().kind(); }
+  /// Sets every norm's kind.
+  LanguageModelOptions& norm_kind(NormKind k) { return norm_options(NormOptions(norm_options()).kind(k)); }
+  /// Every norm's eps.
+  float norm_eps() const { return norm_options().eps(); }
+  /// Sets every norm's eps.
+  LanguageModelOptions& norm_eps(float e) { return norm_options(NormOptions(norm_options()).eps(e)); }
+  /// Whether the norms have a weight.
+  bool norm_affine() const { return norm_options().affine(); }
+  /// Sets whether the norms have a weight.
+  LanguageModelOptions& norm_affine(bool on) { return norm_options(NormOptions(norm_options()).affine(on)); }
+  /// Whether the LayerNorms have a bias.
+  bool norm_bias() const { return norm_options().bias(); }
+  /// Sets whether the LayerNorms have a bias.
+  LanguageModelOptions& norm_bias(bool on) { return norm_options(NormOptions(norm_options()).bias(on)); }
+  /// RoPE's base (positional rotary).
+  float rope_theta() const { return block_.attention().rope_theta(); }
+  /// Sets RoPE's base.
+  LanguageModelOptions& rope_theta(float t) {
+    return attention(MultiHeadAttentionOptions(block_.attention()).rope_theta(t));
+  }
+  /// The channels of each head RoPE turns; 0: all.
+  std::size_t rotary_dim() const { return block_.attention().rotary_dim(); }
+  /// Sets the channels of each head RoPE turns.
+  LanguageModelOptions& rotary_dim(std::size_t r) {
+    return attention(MultiHeadAttentionOptions(block_.attention()).rotary_dim(r));
+  }
+  /// Whether the attentions norm each head's q and k.
+  bool qk_norm() const { return block_.attention().qk_norm(); }
+  /// Sets QK-norm.
+  LanguageModelOptions& qk_norm(bool on) {
+    return attention(MultiHeadAttentionOptions(block_.attention()).qk_norm(on));
+  }
+  /// Whether w_q, w_k and w_v have biases.
+  bool qkv_bias() const { return block_.attention().qkv_bias(); }
+  /// Sets the biases of w_q, w_k and w_v.
+  LanguageModelOptions& qkv_bias(bool on) {
+    return attention(MultiHeadAttentionOptions(block_.attention()).qkv_bias(on));
+  }
+  /// Whether w_o has a bias.
+  bool out_bias() const { return block_.attention().out_bias(); }
+  /// Sets the bias of w_o.
+  LanguageModelOptions& out_bias(bool on) {
+    return attention(MultiHeadAttentionOptions(block_.attention()).out_bias(on));
+  }
+  /// Whether the feed-forward projections have biases.
+  bool ffn_bias() const { return block_.feed_forward().bias(); }
+  /// Sets the biases of the feed-forward projections.
+  LanguageModelOptions& ffn_bias(bool on) {
+    block_.feed_forward(FeedForwardOptions(block_.feed_forward()).bias(on));
+    return *this;
+  }
+  /// Sets every bias but the norms': qkv_bias, out_bias, ffn_bias and head_bias.
+  LanguageModelOptions& bias(bool on) { return qkv_bias(on).out_bias(on).ffn_bias(on).head_bias(on); }
+
+ private:
+  LanguageModelOptions& attention(const MultiHeadAttentionOptions& a) {
+    block_.attention(a);
+    return *this;
+  }
 };
 
 /// The options as one JSON object with every field under its own name (enums by name: "pre",
@@ -133,7 +267,7 @@ struct OptionsDifference {
   /// The field's name, e.g. "num_heads".
   std::string field, stored, given;  ///< the given options' value
 };
-/// The architecture fields in which `given` differs from `stored`, in declaration order: every
+/// The architecture fields in which `given` differs from `stored`, in to_json's order: every
 /// field but dropout (a training setting that does not change what the weights compute in eval
 /// mode, so a caller may pick another).
 std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored,
@@ -190,9 +324,11 @@ struct Generation {
   std::vector<Array> attention;
 };
 
-/// A decoder-only language model: h = tok_emb(ids) + positions; h = blocks (causal attention);
-/// Pre-Norm adds final_norm; logits = head(h). Hook points embed (tokens plus positions) and
-/// logits, besides its blocks'.
+/// A decoder-only language model: h = tok_emb(ids) + positions (learned or sinusoidal; none
+/// and rotary add nothing here); h = blocks (causal attention); Pre-Norm adds final_norm;
+/// logits = head(h). With tie_embeddings, head.weight is tok_emb.weight: one parameter (listed
+/// once, as tok_emb.weight) that gets gradients from both uses. Hook points embed (the
+/// embedded tokens, with their positions) and logits, besides its blocks'.
 class LanguageModel : public Module {
  public:
   /// Checks the options (check), then draws every parameter from `gen`.
@@ -238,15 +374,18 @@ class LanguageModel : public Module {
   /// When positional is sinusoidal (not a registered module: the table is not saved).
   std::shared_ptr<SinusoidalPositionalEncoding> pos_table;
   std::vector<std::shared_ptr<TransformerBlock>> blocks;  ///< the blocks, registered as "blocks.0" ...
-  std::shared_ptr<LayerNorm> final_norm;                  ///< Pre-Norm only
-  std::shared_ptr<Linear> head;                           ///< C -> V, with a bias
+  std::shared_ptr<NormLayer> final_norm;                  ///< Pre-Norm only
+  std::shared_ptr<Linear> head;                           ///< C -> V (its weight tok_emb's when tied)
 
  private:
   void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached
   void check_targets(const IndexArray& ids, const IndexArray& targets) const;
   Generation generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& options,
                            Generator& gen, bool keep_attention);
-  LanguageModelOutput run_blocks(Tensor embedded, const AttentionMask& mask, LanguageModelCache* cache) const;
+  // The one path of every forward: embeds ids at `positions` (B, T) or (T), applies the position
+  // scheme, runs the blocks (causal, with the padding mask if given) and the head.
+  LanguageModelOutput run(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,
+                          LanguageModelCache* cache) const;
   LanguageModelOptions options_;
 };
 

@@ -38,22 +38,35 @@ class Adam : public Optimizer {
   Adam(NamedTensors params, const AdamOptions& options);
   /// The same, with the parameters named by their index: "0", "1", ...
   Adam(const std::vector<Tensor>& params, const AdamOptions& options);
-  /// The options in use (lr as lr() gives it).
+  /// Adam over parameter groups, each with the options but those it sets (lr, beta1, beta2,
+  /// eps, weight_decay). Throws as above, and for a group the Optimizer base refuses or whose
+  /// hyperparameter is out of range, naming the group ("Adam: group 1: beta1 1 is outside [0, 1)").
+  Adam(std::vector<ParamGroup> groups, const AdamOptions& options);
+  /// The options (the constructor's, or a loaded state's), lr as lr() gives it; each group runs
+  /// with its group_options.
   AdamOptions options() const { return AdamOptions(options_).lr(lr()); }
+  /// The options group g runs with (lr as group_lr(g) gives it); g out of range throws.
+  AdamOptions group_options(std::size_t g) const;
 
  protected:
   /// Adam (`decoupled` false) or AdamW (true), its type named `who` in messages and state_dict.
   Adam(NamedTensors params, const AdamOptions& options, bool decoupled, const char* who);
   /// The same, with the parameters named by their index.
   Adam(const std::vector<Tensor>& params, const AdamOptions& options, bool decoupled, const char* who);
+  /// The same, over parameter groups.
+  Adam(std::vector<ParamGroup> groups, const AdamOptions& options, bool decoupled, const char* who);
 
  private:
-  void validate(const AdamOptions& o) const;
-  void update(Array& param, const Array& grad, ParamState& state) override;
+  void validate(const AdamOptions& o, const std::string& who) const;
+  void update(Array& param, const Array& grad, ParamState& state, std::size_t group) override;
   void check_slot(const std::string& key, std::size_t k, const Array& value) const override;
-  std::vector<std::pair<std::string, float>> hyperparameters() const override;
-  void set_hyperparameters(const std::map<std::string, float>& values) override;
+  Hyperparameters hyperparameters() const override;
+  Hyperparameters group_hyperparameters(std::size_t g) const override;
+  void check_hyperparameters(const std::map<std::string, float>& values, const std::string& who) const override;
+  void adopt_hyperparameters(const std::map<std::string, float>& options,
+                             const std::vector<std::map<std::string, float>>& groups) override;
   AdamOptions options_;
+  std::vector<AdamOptions> groups_;  // their lr is the base's group_lr
   bool decoupled_;
 };
 
@@ -67,6 +80,10 @@ class AdamW : public Adam {
   AdamW(NamedTensors params, const AdamOptions& options = defaults());
   /// The same, with the parameters named by their index: "0", "1", ...
   AdamW(const std::vector<Tensor>& params, const AdamOptions& options = defaults());
+  /// AdamW over parameter groups (see Adam's group constructor), e.g. the usual rule of no
+  /// decay on norms, biases and embeddings:
+  /// `AdamW(decay_groups(nn::split_for_weight_decay(model), 0.1f), AdamOptions(3e-4f))`.
+  AdamW(std::vector<ParamGroup> groups, const AdamOptions& options = defaults());
 };
 
 }  // namespace xgrad::optim

@@ -38,15 +38,27 @@ class SGD : public Optimizer {
   SGD(NamedTensors params, const SGDOptions& options);
   /// The same, with the parameters named by their index: "0", "1", ...
   SGD(const std::vector<Tensor>& params, const SGDOptions& options);
-  /// The options in use (lr as lr() gives it).
+  /// SGD over parameter groups, each with the options but those it sets (lr, momentum,
+  /// dampening, weight_decay, nesterov). Throws as above, and for a group the Optimizer base
+  /// refuses or whose hyperparameter is out of range, naming the group
+  /// ("SGD: group 1: momentum 1 is outside [0, 1)").
+  SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
+  /// The options (the constructor's, or a loaded state's), lr as lr() gives it; each group runs
+  /// with its group_options.
   SGDOptions options() const { return SGDOptions(options_).lr(lr()); }
+  /// The options group g runs with (lr as group_lr(g) gives it); g out of range throws.
+  SGDOptions group_options(std::size_t g) const;
 
  private:
-  void validate(const SGDOptions& o) const;
-  void update(Array& param, const Array& grad, ParamState& state) override;
-  std::vector<std::pair<std::string, float>> hyperparameters() const override;
-  void set_hyperparameters(const std::map<std::string, float>& values) override;
+  void validate(const SGDOptions& o, const std::string& who) const;
+  void update(Array& param, const Array& grad, ParamState& state, std::size_t group) override;
+  Hyperparameters hyperparameters() const override;
+  Hyperparameters group_hyperparameters(std::size_t g) const override;
+  void check_hyperparameters(const std::map<std::string, float>& values, const std::string& who) const override;
+  void adopt_hyperparameters(const std::map<std::string, float>& options,
+                             const std::vector<std::map<std::string, float>>& groups) override;
   SGDOptions options_;
+  std::vector<SGDOptions> groups_;  // their lr is the base's group_lr
 };
 
 }  // namespace xgrad::optim

@@ -607,9 +607,9 @@ TEST_CASE("MultiHeadAttention rejects a bad dropout and handles empty batches an
                       Contains("MultiHeadAttention") && Contains("dropout -0.5"));
   REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(0, 2)),
                       Contains("MultiHeadAttention") && Contains("d_model 0"));
-  // the LayerNorm it owns checks its eps (and names itself)
-  REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(8, 2).layer_norm_eps(0.f)),
-                      Contains("LayerNorm") && Contains("eps"));
+  // the norm's eps is checked with the other options
+  REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(8, 2).norm_eps(0.f)),
+                      Contains("MultiHeadAttention: norm eps 0 must be finite and > 0"));
 
   Generator gen(8);
   nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f), gen);

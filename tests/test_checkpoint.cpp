@@ -1002,11 +1002,11 @@ TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every fiel
                                          .norm(nn::Norm::post)
                                          .activation(nn::Activation::gelu_tanh)
                                          .positional(nn::Positional::sinusoidal)
-                                         .layer_norm_eps(1e-3f);
+                                         .norm_eps(1e-3f);
   const std::string text = nn::to_json(o);
   for (const char* part : {"\"vocab_size\":13", "\"d_model\":12", "\"num_heads\":3", "\"num_layers\":2", "\"d_ff\":20",
                            "\"max_len\":9", "\"norm\":\"post\"", "\"activation\":\"gelu_tanh\"",
-                           "\"positional\":\"sinusoidal\"", "\"dropout\":0.25", "\"layer_norm_eps\":"}) {
+                           "\"positional\":\"sinusoidal\"", "\"dropout\":0.25", "\"norm_eps\":"}) {
     INFO(text << " holds " << part);
     CHECK(text.find(part) != std::string::npos);
   }
@@ -1014,7 +1014,7 @@ TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every fiel
     return x.vocab_size() == y.vocab_size() && x.d_model() == y.d_model() && x.num_heads() == y.num_heads() &&
            x.num_layers() == y.num_layers() && x.d_ff() == y.d_ff() && x.max_len() == y.max_len() &&
            x.dropout() == y.dropout() && x.norm() == y.norm() && x.activation() == y.activation() &&
-           x.positional() == y.positional() && x.layer_norm_eps() == y.layer_norm_eps();
+           x.positional() == y.positional() && x.norm_eps() == y.norm_eps();
   };
   CHECK(same(nn::language_model_options_from_json(text, "test"), o));
   CHECK(nn::architecture_differences(o, o).empty());
@@ -1049,11 +1049,11 @@ TEST_CASE("stored options that contradict the caller's are named field by field"
   nn::LanguageModel saved(small_lm(), gen);
   nn::save_checkpoint(path, saved);
 
-  const auto wrong = small_lm().num_heads(4).layer_norm_eps(1e-3f).dropout(0.3f);
+  const auto wrong = small_lm().num_heads(4).norm_eps(1e-3f).dropout(0.3f);
   REQUIRE_THROWS_WITH(
       nn::load_language_model(path, wrong),
       Contains("load_language_model: '" + path + "': the stored model options contradict the ones asked for: ") &&
-          Contains("num_heads 2 in the file, 4 asked; layer_norm_eps ") && !Contains("dropout"));
+          Contains("num_heads 2 in the file, 4 asked; norm_eps ") && !Contains("dropout"));
   Generator gen_b(7);
   nn::LanguageModel four_heads(small_lm().num_heads(4), gen_b);
   const NamedArrays before = nn::state_dict(four_heads);
@@ -1088,7 +1088,7 @@ TEST_CASE("model options and checkpoint formats that cannot be read are refused 
       {edited("norm", "sideways"), "model option norm = \"sideways\" is not one of pre, post"},
       {edited("activation", 3), "model option activation = 3 is not one of gelu, gelu_tanh, relu"},
       {edited("dropout", "0.1"), "model option dropout = \"0.1\" is not a number"},
-      {edited("layer_norm_eps", 1e300), "model option layer_norm_eps = 1e+300 is not a finite float"},
+      {edited("norm_eps", 1e300), "model option norm_eps = 1e+300 is not a finite float"},
       {"[1, 2]", "who: the model options are not a JSON object"},
       {"{\"vocab_size\": ", "who: the model options are not valid JSON"},
   };
@@ -1292,14 +1292,14 @@ TEST_CASE(
                       Contains("load_language_model: '" + tampered + "': its model options (") &&
                           Contains(") describe a model of " + want));
   REQUIRE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
-  // A non-positive layer_norm_eps is named with the file (it was LayerNorm's message alone).
+  // A non-positive norm_eps is named with the file (it was LayerNorm's message alone).
   j["num_layers"] = 1;
   for (const double eps : {-1.0, 0.0}) {
-    j["layer_norm_eps"] = eps;
+    j["norm_eps"] = eps;
     c.metadata["xgrad.model_options"] = j.dump();
     save_safetensors(tampered, c.tensors, c.metadata);
     REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
-                        Contains("load_language_model: '" + tampered + "': LanguageModel: layer_norm_eps ") &&
+                        Contains("load_language_model: '" + tampered + "': LanguageModel: norm_eps ") &&
                             Contains(" must be finite and > 0"));
   }
 }
@@ -1320,8 +1320,8 @@ TEST_CASE("stored model options with a field twice or values that describe no mo
   const std::vector<std::pair<std::string, std::string>> cases = {
       {edited("dropout", "5"), "who: MultiHeadAttention: dropout 5 is outside [0, 1)"},
       {edited("dropout", "-0.5"), "who: MultiHeadAttention: dropout -0.5 is outside [0, 1)"},
-      {edited("layer_norm_eps", "-1"), "who: LanguageModel: layer_norm_eps -1 must be finite and > 0"},
-      {edited("layer_norm_eps", "0"), "who: LanguageModel: layer_norm_eps 0 must be finite and > 0"},
+      {edited("norm_eps", "-1"), "who: LanguageModel: norm_eps -1 must be finite and > 0"},
+      {edited("norm_eps", "0"), "who: LanguageModel: norm_eps 0 must be finite and > 0"},
       {edited("vocab_size", "0"), "who: LanguageModel: vocab_size 0, num_layers 2 and max_len 8 must be positive"},
       {edited("d_model", "8.0"), "who: model option d_model = 8.0 is not a whole number up to 2^32"},
       {edited("dropout", "true"), "who: model option dropout = true is not a number"},

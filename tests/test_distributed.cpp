@@ -335,7 +335,7 @@ TEST_CASE("a tensor registered under two names (tied weights) is averaged once, 
   };
   Generator g(7);
   Tied m(g);
-  REQUIRE(m.named_parameters().size() == 4);
+  REQUIRE(m.named_parameters().size() == 2);  // listed once, under "enc"
   DataParallel ddp(m, group(), DataParallelOptions().bucket_bytes(16));
   const Tensor x(Array{{1.f, -2.f, 3.f}});
   sum(m.shared->forward(tanh(m.shared->forward(x)))).backward();

@@ -1064,10 +1064,10 @@ TEST_CASE("attention and feed-forward draw dropout from their own streams, on an
   REQUIRE_THROWS_WITH(a0.set_generator(nullptr), Catch::Contains("set_generator") && Catch::Contains("null"));
 }
 
-TEST_CASE("layer_norm_eps reaches every LayerNorm of a block and a language model", "[nn][module]") {
+TEST_CASE("norm_eps reaches every LayerNorm of a block and a language model", "[nn][module]") {
   Generator gen(63);
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
-    nn::LanguageModel lm(tiny_lm(norm).num_layers(2).layer_norm_eps(1e-3f), gen);
+    nn::LanguageModel lm(tiny_lm(norm).num_layers(2).norm_eps(1e-3f), gen);
     std::size_t norms = 0;
     for (auto& [path, m] : lm.named_modules()) {
       if (auto* ln = dynamic_cast<nn::LayerNorm*>(m)) {
@@ -1077,7 +1077,7 @@ TEST_CASE("layer_norm_eps reaches every LayerNorm of a block and a language mode
       }
     }
     REQUIRE(norms == (norm == nn::Norm::pre ? 5u : 4u));  // two per block, and the final norm
-    nn::TransformerBlock block(nn::TransformerBlockOptions(8, 2).norm(norm).layer_norm_eps(0.5f), gen);
+    nn::TransformerBlock block(nn::TransformerBlockOptions(8, 2).norm(norm).norm_eps(0.5f), gen);
     REQUIRE(block.attn->norm->eps() == 0.5f);
     REQUIRE(block.ffn->norm->eps() == 0.5f);
   }

@@ -61,7 +61,7 @@ nn::LanguageModelOptions options(const Case& c, std::size_t heads = kHeads) {
       .norm(c.norm)
       .positional(c.positional)
       .activation(c.activation)
-      .layer_norm_eps(c.eps);
+      .norm_eps(c.eps);
 }
 
 bool is_norm(const std::string& name) { return name.find("norm.") != std::string::npos; }
@@ -179,9 +179,9 @@ TEST_CASE("torch export: the comparison fails for the wrong options", "[torch][e
     CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(pre.file), four_heads),
                       Catch::Contains("num_heads 2 in the file, 4 in the model") &&
                           Catch::Contains("activation \"gelu\" in the file, \"relu\" in the model"));
-    CHECK_THROWS_WITH(nn::load_language_model(testing::fixture_path(post.file), options(post, 4).layer_norm_eps(1e-5f)),
+    CHECK_THROWS_WITH(nn::load_language_model(testing::fixture_path(post.file), options(post, 4).norm_eps(1e-5f)),
                       Catch::Contains("load_language_model") && Catch::Contains("num_heads 2 in the file, 4 asked") &&
-                          Catch::Contains("layer_norm_eps"));
+                          Catch::Contains("norm_eps"));
   }
   SECTION("the wrong placement is an error for a format-1 file too: final_norm is unexpected") {
     nn::LanguageModel as_post(options(format1).norm(nn::Norm::post));

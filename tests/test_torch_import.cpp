@@ -300,7 +300,7 @@ TEST_CASE("a GPT-2 state dict (F32, and F16 under transformer. with an lm_head) 
     const nn::LanguageModelOptions& o = imported.options;
     REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 &&
              o.max_len() == 16 && o.d_ff() == 32));
-    REQUIRE((o.norm() == nn::Norm::pre && o.activation() == nn::Activation::gelu_tanh && o.layer_norm_eps() == 1e-5f));
+    REQUIRE((o.norm() == nn::Norm::pre && o.activation() == nn::Activation::gelu_tanh && o.norm_eps() == 1e-5f));
     nn::LanguageModel model(o);
     nn::load_state_dict(model, imported.state);
     model.eval();

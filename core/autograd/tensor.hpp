@@ -1,6 +1,7 @@
 /// @file
 /// The tensor handle users hold, and the graph node behind it (value, gradient, hooks).
-/// Ops live in ops.hpp; recording and backward live in tape.hpp.
+/// Ops live in ops.hpp (the handle's op methods call them, from tensor_methods.cpp); recording
+/// and backward live in tape.hpp.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,8 @@ inline double sum_of_squares(const Array& a) {
 using GradHook = std::function<void(Array& grad)>;
 
 struct TapeEntry;
+struct TopK;
+enum class GeluApprox;
 
 /// A value's storage, shared by a tensor and its detach()ed handles. `version` counts the
 /// in-place writes to it (one per Tensor::mutable_value() call): an op records the versions of
@@ -146,6 +149,66 @@ class Tensor {
   /// A new leaf sharing this tensor's storage, cut from the graph (it does not require grad,
   /// and has no name, gradient or hooks).
   Tensor detach() const;
+
+  /// @name Op methods
+  /// x.op(args) is the free function op(x, args) of ops.hpp, called as it is: the same value,
+  /// gradient and errors (which name the op). topk() returns ops.hpp's TopK and gelu(approx) takes
+  /// its GeluApprox, so calling them needs ops.hpp (xgrad.hpp includes it).
+  /// @{
+  Tensor neg() const;                    ///< neg(x): -x
+  Tensor exp() const;                    ///< exp(x): e^x
+  Tensor log() const;                    ///< log(x): the natural logarithm
+  Tensor sqrt() const;                   ///< sqrt(x): the square root
+  Tensor pow(float exponent) const;      ///< pow(x, exponent): x^exponent
+  Tensor tanh() const;                   ///< tanh(x): the hyperbolic tangent
+  Tensor sigmoid() const;                ///< sigmoid(x): 1 / (1 + e^-x)
+  Tensor relu() const;                   ///< relu(x): max(x, 0)
+  Tensor gelu() const;                   ///< gelu(x): the exact (erf) GELU
+  Tensor gelu(GeluApprox approx) const;  ///< gelu(x, approx): GELU in the form approx names
+
+  Tensor sum() const;   ///< sum(x): the sum of all elements, shape ()
+  Tensor mean() const;  ///< mean(x): the mean of all elements, shape ()
+  /// sum(x, axes, keepdims): the sum over the listed axes.
+  Tensor sum(const std::vector<int>& axes, bool keepdims = false) const;
+  /// mean(x, axes, keepdims): the mean over the listed axes.
+  Tensor mean(const std::vector<int>& axes, bool keepdims = false) const;
+  /// max(x, axis, keepdims): the largest element of each slice along axis (the values only).
+  Tensor max(int axis, bool keepdims = false) const;
+
+  /// reshape(x, shape): the elements in row-major order in shape; one entry may be -1.
+  Tensor reshape(const std::vector<std::int64_t>& shape) const;
+  /// transpose(x, axis0, axis1): x with the two axes swapped.
+  Tensor transpose(int axis0, int axis1) const;
+  /// permute(x, axes): axis k of the result is axis axes[k] of x.
+  Tensor permute(const std::vector<int>& axes) const;
+  /// slice(x, axis, start, stop): the elements [start, stop) along axis.
+  Tensor slice(int axis, std::size_t start, std::size_t stop) const;
+  /// split(x, sizes, axis): pieces of the given sizes along axis.
+  std::vector<Tensor> split(const std::vector<std::size_t>& sizes, int axis) const;
+  /// chunk(x, n, axis): pieces of ceil(length / n) elements along axis, as torch.chunk.
+  std::vector<Tensor> chunk(std::size_t n, int axis) const;
+
+  /// gather(x, axis, index): x read at index along axis, as torch.gather.
+  Tensor gather(int axis, const IndexArray& index) const;
+  /// index_select(x, axis, ids): the slices along axis named by the 1-D ids.
+  Tensor index_select(int axis, const IndexArray& ids) const;
+  /// where(mask, x, other): x where mask is true, other where it is false, as torch.Tensor.where.
+  Tensor where(const Mask& mask, const Tensor& other) const;
+  /// argmax(x, axis, keepdims): the position of each slice's largest element (no gradient).
+  IndexArray argmax(int axis, bool keepdims = false) const;
+  /// topk(x, k, axis): the k largest elements of each slice and their positions, largest first.
+  TopK topk(std::size_t k, int axis = -1) const;
+
+  /// matmul(x, other, transpose_a, transpose_b): x @ other, the flags transposing x and other.
+  Tensor matmul(const Tensor& other, bool transpose_a = false, bool transpose_b = false) const;
+
+  Tensor softmax(int axis = -1) const;      ///< softmax(x, axis)
+  Tensor log_softmax(int axis = -1) const;  ///< log_softmax(x, axis)
+  /// masked_fill(x, mask, value): value where mask is true, x elsewhere.
+  Tensor masked_fill(const Mask& mask, float value) const;
+  /// masked_fill(x, mask, values): values (of x's shape) where mask is true, x elsewhere.
+  Tensor masked_fill(const Mask& mask, const Array& values) const;
+  /// @}
 
   /// Reverse-mode sweep from this tensor. Without a seed the tensor must hold one element (the
   /// seed is then 1).
