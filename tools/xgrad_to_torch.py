@@ -59,8 +59,8 @@ COUNTS = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len")
 CHOICES = {"norm": ("pre", "post"), "norm_kind": ("layer_norm", "rms_norm"), "activation": tuple(ACTIVATIONS),
            "positional": ("learned", "sinusoidal", "none", "rotary"), "init": ("pytorch", "gpt2")}
 BOOLS = ("norm_affine", "norm_bias", "qk_norm", "qkv_bias", "out_bias", "ffn_bias", "head_bias", "tie_embeddings")
-# The value a field has in files written before it existed (num_kv_heads: num_heads).
-CLASSIC = {"num_kv_heads": None, "norm_kind": "layer_norm", "norm_eps": 1e-5, "norm_affine": True, "norm_bias": True,
+# The value a field has in files written before it existed (num_kv_heads 0: num_heads).
+CLASSIC = {"num_kv_heads": 0, "norm_kind": "layer_norm", "norm_eps": 1e-5, "norm_affine": True, "norm_bias": True,
            "activation": "gelu", "positional": "learned", "rope_theta": 10000.0, "rotary_dim": 0, "qk_norm": False,
            "qkv_bias": True, "out_bias": True, "ffn_bias": True, "head_bias": True, "tie_embeddings": False,
            "init": "pytorch"}
@@ -103,7 +103,7 @@ def save_safetensors(path, tensors, metadata=None):
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     for name, array in tensors.items():
-        a = np.ascontiguousarray(array)
+        a = np.asarray(array, order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
         a = a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a
         if a.dtype not in names:
             raise ValueError("save_safetensors: tensor %s has dtype %s, which safetensors cannot hold" % (name, a.dtype))
@@ -125,10 +125,9 @@ def complete_options(stored, who):
     out of range is a ValueError naming who and the field."""
     o = dict(stored)
     if "layer_norm_eps" in o:  # files written before norm_eps existed
-        old = o.pop("layer_norm_eps")
-        if "norm_eps" in o and np.float32(o["norm_eps"]) != np.float32(old):
-            raise ValueError("%s: the model options give norm_eps %s and layer_norm_eps %s" % (who, o["norm_eps"], old))
-        o.setdefault("norm_eps", old)
+        if "norm_eps" in o:
+            raise ValueError("%s: the model options hold both norm_eps and its old name layer_norm_eps" % who)
+        o["norm_eps"] = o.pop("layer_norm_eps")
     known = set(COUNTS) | set(CLASSIC) | {"dropout", "norm"}
     unknown = sorted(set(o) - known)
     if unknown:
@@ -138,8 +137,8 @@ def complete_options(stored, who):
             raise ValueError("%s: the model options have no field %s" % (who, name))
     for name, value in CLASSIC.items():
         o.setdefault(name, value)
-    if o["num_kv_heads"] is None:
-        o["num_kv_heads"] = o["num_heads"]
+    if o["num_kv_heads"] is None or type(o["num_kv_heads"]) is int and o["num_kv_heads"] == 0:
+        o["num_kv_heads"] = o["num_heads"]  # 0: one key/value head per query head, as xgrad writes it
     bad = lambda name, why: ValueError("%s: model option %s = %s %s" % (who, name, json.dumps(o[name]), why))
     for name in COUNTS + ("num_kv_heads", "rotary_dim"):
         v = o[name]
