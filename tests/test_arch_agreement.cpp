@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -200,6 +201,14 @@ nn::LanguageModelOptions stored_options(const std::string& name) {
 }  // namespace
 
 TEST_CASE("arch agreement: every architecture gives PyTorch's logits, attention, loss and gradients", "[arch][torch]") {
+  // Every case in the folder is run here, so that one the script adds cannot go untested.
+  std::set<std::string> listed(std::begin(kCases), std::end(kCases)), found;
+  const std::string suffix = ".expected.safetensors";
+  for (const auto& entry : std::filesystem::directory_iterator(testing::fixture_path("arch"))) {
+    const std::string file = entry.path().filename().string();
+    if (ends_with(file, suffix)) found.insert(file.substr(0, file.size() - suffix.size()));
+  }
+  CHECK(found == listed);
   for (const char* name : kCases) {
     DYNAMIC_SECTION(name) { run_case(name); }
   }
