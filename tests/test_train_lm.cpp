@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fixture.hpp"
 #include "run_program.hpp"
 #include "test_files.hpp"
 #include "trainer.hpp"
@@ -324,6 +325,16 @@ TEST_CASE("train_lm refuses a bad architecture flag value naming the flag, befor
                         {"train_lm: error: " + message});
     REQUIRE(dir.entries().count("train_lm_out") == 0);  // no folder made, no text read
     REQUIRE(dir.entries().count("ck") == 0);
+  }
+  // A GPT-2-layout file fixes its architecture: the option flags do not apply to it.
+  const std::string gpt2 = xgrad::testing::fixture_path("import_gpt2.safetensors");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> import_cases = {
+      {{"--norm-kind", "rms_norm"}, "--norm-kind"}, {{"--arch", "llama"}, "--arch"}, {{"--no-bias"}, "--bias"}};
+  for (const auto& [flag, name] : import_cases) {
+    require_usage_error(train_lm(dir, std::vector<std::string>{"--sample", "5", "--checkpoint", gpt2, "--import",
+                                                               "gpt2", "--heads", "2"} +
+                                          flag),
+                        {name + " does not apply to --import gpt2: the GPT-2 layout fixes the architecture"});
   }
 }
 

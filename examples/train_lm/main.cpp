@@ -1,4 +1,5 @@
-// Train a byte-level transformer language model on any text file (or on text from a built-in
+// Train a byte-level transformer language model (the classic model, or a GPT-2-style or
+// Llama-style one: --arch and the option flags) on any text file (or on text from a built-in
 // grammar), with validation, checkpoints, --resume, and sampling from a checkpoint (its own, or
 // a GPT-2-layout one with --import gpt2).
 #include <signal.h>
@@ -157,8 +158,9 @@ int main(int argc, char** argv) {
                      "RMSNorm, SwiGLU of 8/3 x d-model rounded up to a multiple of 8, no biases, an untied head, "
                      "num-kv-heads half the heads (all of them when --heads is odd), GPT-2's init. gpt2 and llama "
                      "decay only the matrices (nn::split_for_weight_decay: no decay on norms, biases and "
-                     "embeddings). The flags from --layers to --init override the preset; with --resume or "
-                     "--sample the checkpoint's architecture is used, and a flag given must agree with it")
+                     "embeddings). --layers, --d-model and --heads size the preset; the flags from --d-ff to --init "
+                     "override it. With --resume or --sample the checkpoint's architecture is used, and a flag given "
+                     "must agree with it")
           ->check(CLI::IsMember(kArchs))
           ->capture_default_str();
   CLI::Option* layers =
