@@ -1,4 +1,5 @@
-// Train a byte-level transformer language model on any text file (or on text from a built-in
+// Train a byte-level transformer language model (the classic model, or a GPT-2-style or
+// Llama-style one: --arch and the option flags) on any text file (or on text from a built-in
 // grammar), with validation, checkpoints, --resume, and sampling from a checkpoint (its own, or
 // a GPT-2-layout one with --import gpt2).
 #include <signal.h>
@@ -117,26 +118,85 @@ void check_files(const std::string& text_path, const std::string& checkpoint, bo
   cli::check_distinct_files(inputs, outputs);
 }
 
+// The enum value `name` stands for in `names` (CLI11 has checked that it is one of them).
+template <class E>
+E value_of(const std::string& name, const Names<E>& names) {
+  for (const auto& [n, e] : names) {
+    if (n == name) return e;
+  }
+  return names.front().second;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"xgrad train_lm: a byte-level transformer language model, trained from C++.", "train_lm"};
   TrainConfig c;
+  // The architecture flags' values (they override the preset, or the checkpoint's on --resume).
+  TrainConfig a;
   std::string text_path, norm = "pre", checkpoint, out = "train_lm_out", prompt = "The ", import_layout;
+  std::string arch = "classic", norm_kind = "layer_norm", positional = "learned", activation = "gelu", init = "pytorch";
   std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0, top_k = 0;
   float temperature = 0.8f;
   bool resume = false, quiet = false, detect_anomaly = false;
   int threads = 1;
   const auto size = cli::count(1, std::size_t{1} << 30), any = cli::count(0, std::size_t{1} << 30),
              steps = cli::count(1, cli::kMaxSteps), interval = cli::count(0, cli::kMaxSteps);
+  auto names_of = [](const auto& names) {
+    std::vector<std::string> out;
+    for (const auto& [name, value] : names) out.push_back(name);
+    return out;
+  };
   app.add_option("text", text_path, "a text file to train on (default: text from a built-in grammar)")
       ->check(cli::not_empty());
+  CLI::Option* arch_flag =
+      app.add_option("--arch", arch,
+                     "the architecture preset. classic: learned positions, LayerNorm, a GELU MLP of 4 x d-model, "
+                     "biases, an untied head, PyTorch's init, weight decay on every parameter. gpt2 "
+                     "(LanguageModelOptions::gpt2_style): learned positions, LayerNorm, a tanh-GELU MLP of "
+                     "4 x d-model, biases, tied embeddings, GPT-2's init. llama (llama_style): rotary positions, "
+                     "RMSNorm, SwiGLU of 8/3 x d-model rounded up to a multiple of 8, no biases, an untied head, "
+                     "num-kv-heads half the heads (all of them when --heads is odd), GPT-2's init. gpt2 and llama "
+                     "decay only the matrices (nn::split_for_weight_decay: no decay on norms, biases and "
+                     "embeddings). --layers, --d-model and --heads size the preset; the flags from --d-ff to --init "
+                     "override it. With --resume or --sample the checkpoint's architecture is used, and a flag given "
+                     "must agree with it")
+          ->check(CLI::IsMember(kArchs))
+          ->capture_default_str();
   CLI::Option* layers =
-      app.add_option("--layers", c.layers, "transformer blocks")->transform(size)->capture_default_str();
-  CLI::Option* d_model = app.add_option("--d-model", c.d_model, "model width")->transform(size)->capture_default_str();
-  CLI::Option* heads = app.add_option("--heads", c.heads, "attention heads")->transform(size)->capture_default_str();
+      app.add_option("--layers", a.layers, "transformer blocks")->transform(size)->capture_default_str();
+  CLI::Option* d_model = app.add_option("--d-model", a.d_model, "model width")->transform(size)->capture_default_str();
+  CLI::Option* heads = app.add_option("--heads", a.heads, "attention heads")->transform(size)->capture_default_str();
   CLI::Option* d_ff =
-      app.add_option("--d-ff", c.d_ff, "feed-forward width (0: 4 x d-model)")->transform(any)->capture_default_str();
+      app.add_option("--d-ff", a.d_ff, "feed-forward width (0: the preset's, 4 x d-model; llama 8/3 x d-model)")
+          ->transform(any)
+          ->capture_default_str();
+  CLI::Option* norm_flag = app.add_option("--norm", norm, "norm placement: Pre-Norm or Post-Norm")
+                               ->check(CLI::IsMember({"pre", "post"}))
+                               ->capture_default_str();
+  CLI::Option* norm_kind_flag = app.add_option("--norm-kind", norm_kind, "every norm: LayerNorm or RMSNorm")
+                                    ->check(CLI::IsMember(names_of(kNormKinds)));
+  CLI::Option* norm_eps = app.add_option("--norm-eps", a.norm_eps, "the norms' eps")->check(cli::real(0, 1, true));
+  CLI::Option* positional_flag =
+      app.add_option("--positional", positional, "positions: a learned table, the sinusoidal one, none, or RoPE")
+          ->check(CLI::IsMember(names_of(kPositionals)));
+  CLI::Option* rope_theta = app.add_option("--rope-theta", a.rope_theta, "RoPE's base (--positional rotary)")
+                                ->check(cli::real(0, 1e30, true));
+  CLI::Option* rotary_dim =
+      app.add_option("--rotary-dim", a.rotary_dim, "channels of each head RoPE turns, even (0: all of them)")
+          ->transform(cli::count(0, 1 << 16));
+  CLI::Option* num_kv_heads =
+      app.add_option("--num-kv-heads", a.num_kv_heads, "key/value heads, dividing --heads (0: --heads)")
+          ->transform(any);
+  CLI::Option* qk_norm = app.add_flag("--qk-norm,!--no-qk-norm", a.qk_norm, "an RMSNorm over each head's q and k");
+  CLI::Option* activation_flag = app.add_option("--activation", activation, "the feed-forward's activation")
+                                     ->check(CLI::IsMember(names_of(kActivations)));
+  CLI::Option* tie = app.add_flag("--tie-embeddings,!--no-tie-embeddings", a.tie_embeddings,
+                                  "the head's weight is the token embedding");
+  CLI::Option* bias = app.add_flag("--bias,!--no-bias", a.bias,
+                                   "biases of the attention, the feed-forward and the head (not the norms)");
+  CLI::Option* init_flag =
+      app.add_option("--init", init, "how the weights are drawn")->check(CLI::IsMember(names_of(kInits)));
   app.add_option("--seq-len", c.seq_len, "context length in bytes")->transform(size)->capture_default_str();
   app.add_option("--batch", c.batch, "sequences per step")->transform(size)->capture_default_str();
   app.add_option("--steps", c.steps, "training steps (with --resume: may extend the run)")
@@ -156,9 +216,6 @@ int main(int argc, char** argv) {
       ->check(cli::real(0, 1e30))
       ->capture_default_str();
   app.add_option("--dropout", c.dropout, "dropout")->check(cli::real(0, 0.999))->capture_default_str();
-  CLI::Option* norm_flag = app.add_option("--norm", norm, "LayerNorm placement")
-                               ->check(CLI::IsMember({"pre", "post"}))
-                               ->capture_default_str();
   app.add_option("--seed", c.seed, "seed")->transform(cli::seed())->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")
@@ -209,7 +266,40 @@ int main(int argc, char** argv) {
 #endif
   // After MPI is up: a rank that stops here (a usage error, --help) ends the whole job.
   if (const auto code = cli::parse(app, argc, argv)) return *code;
-  c.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
+  a.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
+  a.arch = arch;
+  a.norm_kind = value_of(norm_kind, kNormKinds);
+  a.positional = value_of(positional, kPositionals);
+  a.activation = value_of(activation, kActivations);
+  a.init = value_of(init, kInits);
+  // Each architecture flag, and the field it sets; --d-ff 0 keeps the preset's width.
+  const std::vector<std::pair<CLI::Option*, std::function<void(TrainConfig&)>>> arch_flags = {
+      {arch_flag, [&](TrainConfig& t) { t.arch = a.arch; }},
+      {layers, [&](TrainConfig& t) { t.layers = a.layers; }},
+      {d_model, [&](TrainConfig& t) { t.d_model = a.d_model; }},
+      {heads, [&](TrainConfig& t) { t.heads = a.heads; }},
+      {d_ff, [&](TrainConfig& t) { t.d_ff = a.d_ff ? a.d_ff : t.d_ff; }},
+      {norm_flag, [&](TrainConfig& t) { t.norm = a.norm; }},
+      {norm_kind_flag, [&](TrainConfig& t) { t.norm_kind = a.norm_kind; }},
+      {norm_eps, [&](TrainConfig& t) { t.norm_eps = a.norm_eps; }},
+      {positional_flag, [&](TrainConfig& t) { t.positional = a.positional; }},
+      {rope_theta, [&](TrainConfig& t) { t.rope_theta = a.rope_theta; }},
+      {rotary_dim, [&](TrainConfig& t) { t.rotary_dim = a.rotary_dim; }},
+      {num_kv_heads, [&](TrainConfig& t) { t.num_kv_heads = a.num_kv_heads; }},
+      {qk_norm, [&](TrainConfig& t) { t.qk_norm = a.qk_norm; }},
+      {activation_flag, [&](TrainConfig& t) { t.activation = a.activation; }},
+      {tie, [&](TrainConfig& t) { t.tie_embeddings = a.tie_embeddings; }},
+      {bias, [&](TrainConfig& t) { t.bias = a.bias; }},
+      {init_flag, [&](TrainConfig& t) { t.init = a.init; }},
+  };
+  // The flags given, over `base`.
+  auto with_flags = [&](TrainConfig base) {
+    for (const auto& [option, set] : arch_flags) {
+      if (option->count() > 0) set(base);
+    }
+    return base;
+  };
+  c.layers = a.layers, c.d_model = a.d_model, c.heads = a.heads;  // the preset's sizes (also --import's --heads)
   const int rank = sharing->rank();
   const bool lead = rank == 0;
   quiet = quiet || !lead;
@@ -240,6 +330,11 @@ int main(int argc, char** argv) {
       if (sample == 0) cli::usage_error("--import is for --sample: it reads a checkpoint to sample from");
       if (heads->count() == 0)
         cli::usage_error("--import gpt2 needs --heads: the number of attention heads is not in the file");
+      for (CLI::Option* o : {arch_flag, norm_kind_flag, norm_eps, positional_flag, rope_theta, rotary_dim, num_kv_heads,
+                             qk_norm, activation_flag, tie, bias, init_flag}) {
+        if (o->count() > 0)
+          cli::usage_error(o->get_name(), " does not apply to --import gpt2: the GPT-2 layout fixes the architecture");
+      }
     }
     if (sample > 0 && !import_layout.empty()) {
       if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
@@ -259,12 +354,11 @@ int main(int argc, char** argv) {
       // The model the file's options describe (older files: its config's); the architecture
       // flags given with --sample must agree with it.
       const auto loaded = xgrad::nn::load_language_model(checkpoint, model_options(saved));
-      TrainConfig asked = saved;
-      if (layers->count()) asked.layers = c.layers;
-      if (d_model->count()) asked.d_model = c.d_model;
-      if (heads->count()) asked.heads = c.heads;
-      asked.d_ff = d_ff->count() ? c.d_ff : model_options(saved).d_ff();  // not 4 x an asked --d-model
-      if (norm_flag->count()) asked.norm = c.norm;
+      TrainConfig base = saved;
+      base.d_ff = model_options(saved).d_ff();  // not 4 x an asked --d-model
+      const TrainConfig asked = with_flags(base);
+      if (asked.arch != saved.arch)
+        cli::usage_error("--sample: '", checkpoint, "' holds an --arch ", saved.arch, " model, not ", asked.arch);
       cli::as_usage([&] {
         xgrad::nn::check_model_options(loaded.model->options(), model_options(asked), "--sample: '" + checkpoint + "'");
       });
@@ -274,6 +368,21 @@ int main(int argc, char** argv) {
     std::string text;
     cli::as_usage([&] {
       if (resume && checkpoint.empty()) xgrad::fail("--resume needs --checkpoint");
+      // The architecture: the checkpoint's on --resume (a flag given that differs is named by
+      // resume), else the preset's; then the flags given.
+      if (resume) {
+        copy_architecture(checkpoint_config(checkpoint), c);
+      } else {
+        apply_arch(c, arch);
+      }
+      c = with_flags(c);
+      if (c.positional != xgrad::nn::Positional::rotary) {
+        for (CLI::Option* o : {rope_theta, rotary_dim}) {
+          if (o->count() > 0)
+            xgrad::fail(o->get_name(), " is for --positional rotary; this model's positions are ",
+                        kPositionals[static_cast<std::size_t>(c.positional)].first);
+        }
+      }
       validate(c);
       // Every output is checked before training, so a long run is never lost to a typo.
       if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");  // first: the checkpoint may go in it
@@ -325,8 +434,9 @@ int main(int argc, char** argv) {
       std::printf("data-parallel on %d processes, %zu sequences each\n", sharing->size(), c.batch / sharing->size());
     std::printf("text: %s, %zu bytes, unigram entropy %.3f nats/byte\n",
                 text_path.empty() ? "built-in grammar" : text_path.c_str(), text.size(), unigram);
-    std::printf("model: %zu layers, d_model %zu, %zu heads, %zu parameters; %zu steps of %zu x %zu bytes%s\n", c.layers,
-                c.d_model, c.heads, trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
+    std::printf("model: %s%zu layers, d_model %zu, %zu heads, %zu parameters; %zu steps of %zu x %zu bytes%s\n",
+                c.arch == "classic" ? "" : ("--arch " + c.arch + ", ").c_str(), c.layers, c.d_model, c.heads,
+                trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
                 resume ? (", resuming at step " + std::to_string(trainer->step())).c_str() : "");
 
     RunLog run_log(out, resume ? std::optional<std::size_t>(trainer->step()) : std::nullopt);

@@ -16,6 +16,7 @@
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/random_stream.hpp"
+#include "xgrad/nn/weight_decay.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
 
@@ -46,7 +47,42 @@ std::size_t parse_step(const std::string& text, const std::string& path) {
   return static_cast<std::size_t>(*v);
 }
 
+template <class E>
+const char* name_of(E value, const Names<E>& names) {
+  for (const auto& [name, v] : names) {
+    if (v == value) return name.c_str();
+  }
+  fail("train_lm: an option value without a name (", static_cast<int>(value), ")");
+}
+
+// The config's field `key`, or `fallback` when it is missing (a checkpoint written before train_lm
+// had the field): a name of `names`, else an Error naming the key and the value.
+template <class E>
+E enum_field(const nlohmann::json& j, const char* key, const Names<E>& names, E fallback) {
+  if (!j.contains(key)) return fallback;
+  const nlohmann::json& v = j.at(key);
+  if (v.is_string()) {
+    for (const auto& [name, e] : names) {
+      if (v.get<std::string>() == name) return e;
+    }
+  }
+  fail("train_lm: the checkpoint's config has ", key, " ", v.dump().substr(0, 40),
+       ", which this train_lm does not know");
+}
+
 }  // namespace
+
+const Names<nn::NormKind> kNormKinds = {{"layer_norm", nn::NormKind::layer_norm}, {"rms_norm", nn::NormKind::rms_norm}};
+const Names<nn::Positional> kPositionals = {{"learned", nn::Positional::learned},
+                                            {"sinusoidal", nn::Positional::sinusoidal},
+                                            {"none", nn::Positional::none},
+                                            {"rotary", nn::Positional::rotary}};
+const Names<nn::Activation> kActivations = {
+    {"gelu", nn::Activation::gelu},   {"gelu_tanh", nn::Activation::gelu_tanh},
+    {"relu", nn::Activation::relu},   {"swiglu", nn::Activation::swiglu},
+    {"geglu", nn::Activation::geglu}, {"geglu_tanh", nn::Activation::geglu_tanh}};
+const Names<nn::Init> kInits = {{"pytorch", nn::Init::pytorch}, {"gpt2", nn::Init::gpt2}};
+const std::vector<std::string> kArchs = {"classic", "gpt2", "llama"};
 
 DataSource identify(const std::string& name, const std::string& text) {
   std::uint64_t h = 14695981039346656037ull;
@@ -74,6 +110,18 @@ nlohmann::json TrainConfig::to_json() const {
           {"seq_len", seq_len},
           {"dropout", dropout},
           {"norm", norm == nn::Norm::pre ? "pre" : "post"},
+          {"arch", arch},
+          {"norm_kind", name_of(norm_kind, kNormKinds)},
+          {"norm_eps", norm_eps},
+          {"positional", name_of(positional, kPositionals)},
+          {"rope_theta", rope_theta},
+          {"rotary_dim", rotary_dim},
+          {"num_kv_heads", num_kv_heads},
+          {"qk_norm", qk_norm},
+          {"activation", name_of(activation, kActivations)},
+          {"tie_embeddings", tie_embeddings},
+          {"bias", bias},
+          {"init", name_of(init, kInits)},
           {"batch", batch},
           {"steps", steps},
           {"warmup", warmup},
@@ -97,6 +145,23 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.seq_len = j.at("seq_len");
     c.dropout = j.at("dropout");
     c.norm = j.at("norm") == "pre" ? nn::Norm::pre : nn::Norm::post;
+    // The architecture fields: a checkpoint written before they existed holds the classic model.
+    const TrainConfig classic;
+    c.arch = j.value("arch", classic.arch);
+    if (std::find(kArchs.begin(), kArchs.end(), c.arch) == kArchs.end())
+      fail("train_lm: the checkpoint's config has arch \"", c.arch.substr(0, 40),
+           "\", which this train_lm does not know");
+    c.norm_kind = enum_field(j, "norm_kind", kNormKinds, classic.norm_kind);
+    c.norm_eps = j.value("norm_eps", classic.norm_eps);
+    c.positional = enum_field(j, "positional", kPositionals, classic.positional);
+    c.rope_theta = j.value("rope_theta", classic.rope_theta);
+    c.rotary_dim = j.value("rotary_dim", classic.rotary_dim);
+    c.num_kv_heads = j.value("num_kv_heads", classic.num_kv_heads);
+    c.qk_norm = j.value("qk_norm", classic.qk_norm);
+    c.activation = enum_field(j, "activation", kActivations, classic.activation);
+    c.tie_embeddings = j.value("tie_embeddings", classic.tie_embeddings);
+    c.bias = j.value("bias", classic.bias);
+    c.init = enum_field(j, "init", kInits, classic.init);
     c.batch = j.at("batch");
     c.steps = j.at("steps");
     c.warmup = j.at("warmup");
@@ -138,6 +203,24 @@ void validate(const TrainConfig& c) {
   if (!(c.valid_fraction > 0 && c.valid_fraction < 1))
     fail("--valid-fraction ", c.valid_fraction, " is outside (0, 1)");
   if (c.eval_batches == 0) fail("--eval-batches must be at least 1");
+  if (std::find(kArchs.begin(), kArchs.end(), c.arch) == kArchs.end())
+    fail("--arch '", c.arch, "' is not one of classic, gpt2, llama");
+  if (!(std::isfinite(c.norm_eps) && c.norm_eps > 0.f)) fail("--norm-eps ", c.norm_eps, " must be positive and finite");
+  if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0.f))
+    fail("--rope-theta ", c.rope_theta, " must be positive and finite");
+  if (c.num_kv_heads > 0 && (c.num_kv_heads > c.heads || c.heads % c.num_kv_heads != 0))
+    fail("--num-kv-heads ", c.num_kv_heads, " does not divide --heads ", c.heads);
+  // (--heads that does not divide --d-model: LanguageModel::check below names both.)
+  if (c.positional == nn::Positional::rotary && c.heads > 0 && c.d_model % c.heads == 0) {
+    const std::size_t head = c.d_model / c.heads;
+    if (c.rotary_dim % 2 != 0 || c.rotary_dim > head)
+      fail("--rotary-dim ", c.rotary_dim, " must be even and at most the head size ", head, " (--d-model / --heads)");
+    if (c.rotary_dim == 0 && head % 2 != 0)
+      fail("--positional rotary turns pairs of channels: the head size ", head,
+           " (--d-model / --heads) is odd; give an even --rotary-dim below it");
+  } else if (c.positional != nn::Positional::rotary && c.rotary_dim != 0) {
+    fail("--rotary-dim ", c.rotary_dim, " is for --positional rotary");
+  }
   nn::LanguageModel::check(model_options(c));  // --layers, --d-model with --heads, --dropout
   // Each step keeps a log row twice (the trainer's and the log file's) and a point of loss.svg.
   cli::check_memory(training_bytes(c) + cli::per_step_bytes(static_cast<double>(c.steps), 192),
@@ -150,6 +233,9 @@ double training_bytes(const TrainConfig& c) {
   s.d_model = static_cast<double>(c.d_model);
   s.heads = static_cast<double>(c.heads);
   s.d_ff = static_cast<double>(c.d_ff ? c.d_ff : 4 * c.d_model);
+  const bool gated = c.activation == nn::Activation::swiglu || c.activation == nn::Activation::geglu ||
+                     c.activation == nn::Activation::geglu_tanh;
+  if (gated) s.d_ff *= 1.5;  // a third projection of F, and its hidden values
   s.vocab = 256;
   s.batch = static_cast<double>(c.batch);
   s.seq_len = static_cast<double>(c.seq_len);
@@ -161,7 +247,67 @@ nn::LanguageModelOptions model_options(const TrainConfig& c) {
       .d_ff(c.d_ff ? c.d_ff : 4 * c.d_model)
       .max_len(c.seq_len)
       .dropout(c.dropout)
-      .norm(c.norm);
+      .norm(c.norm)
+      .norm_kind(c.norm_kind)
+      .norm_eps(c.norm_eps)
+      .positional(c.positional)
+      .rope_theta(c.rope_theta)
+      .rotary_dim(c.rotary_dim)
+      .num_kv_heads(c.num_kv_heads)
+      .qk_norm(c.qk_norm)
+      .activation(c.activation)
+      .tie_embeddings(c.tie_embeddings)
+      .bias(c.bias)
+      .init(c.init);
+}
+
+void apply_arch(TrainConfig& c, const std::string& arch) {
+  if (std::find(kArchs.begin(), kArchs.end(), arch) == kArchs.end())
+    fail("--arch '", arch, "' is not one of classic, gpt2, llama");
+  c.arch = arch;
+  if (arch == "classic") {
+    TrainConfig classic;
+    classic.layers = c.layers, classic.d_model = c.d_model, classic.heads = c.heads, classic.arch = arch;
+    copy_architecture(classic, c);
+    return;
+  }
+  const nn::LanguageModelOptions o =
+      arch == "gpt2" ? nn::LanguageModelOptions::gpt2_style(256, c.d_model, c.heads, c.layers)
+                     : nn::LanguageModelOptions::llama_style(256, c.d_model, c.heads, c.layers,
+                                                             c.heads % 2 == 0 ? c.heads / 2 : c.heads);
+  c.d_ff = o.d_ff();
+  c.norm = o.norm();
+  c.norm_kind = o.norm_kind();
+  c.norm_eps = o.norm_eps();
+  c.positional = o.positional();
+  c.rope_theta = o.rope_theta();
+  c.rotary_dim = o.rotary_dim();
+  c.num_kv_heads = o.num_kv_heads();
+  c.qk_norm = o.qk_norm();
+  c.activation = o.activation();
+  c.tie_embeddings = o.tie_embeddings();
+  c.bias = o.qkv_bias();
+  c.init = o.init();
+}
+
+void copy_architecture(const TrainConfig& from, TrainConfig& to) {
+  to.layers = from.layers;
+  to.d_model = from.d_model;
+  to.heads = from.heads;
+  to.d_ff = from.d_ff;
+  to.norm = from.norm;
+  to.arch = from.arch;
+  to.norm_kind = from.norm_kind;
+  to.norm_eps = from.norm_eps;
+  to.positional = from.positional;
+  to.rope_theta = from.rope_theta;
+  to.rotary_dim = from.rotary_dim;
+  to.num_kv_heads = from.num_kv_heads;
+  to.qk_norm = from.qk_norm;
+  to.activation = from.activation;
+  to.tie_embeddings = from.tie_embeddings;
+  to.bias = from.bias;
+  to.init = from.init;
 }
 
 Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shared_ptr<Sharing> sharing)
@@ -185,8 +331,14 @@ Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shar
   for (Batch& b : valid_) b = share(b);
   model_ = std::make_unique<nn::LanguageModel>(model_options(c), init_);
   sharing_->wrap(*model_);
-  optimizer_ =
-      std::make_unique<optim::AdamW>(model_->named_parameters(), optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  // The classic run decays every parameter, as it always has; a preset decays the matrices only.
+  if (c.arch == "classic") {
+    optimizer_ = std::make_unique<optim::AdamW>(model_->named_parameters(),
+                                                optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(
+        optim::decay_groups(nn::split_for_weight_decay(*model_), c.weight_decay), optim::AdamOptions(c.lr));
+  }
 }
 
 Batch Trainer::share(const Batch& global) const {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +25,22 @@ struct TrainConfig {
   std::size_t layers = 2, d_model = 128, heads = 4, d_ff = 0, seq_len = 64;  // d_ff 0: 4 * d_model
   float dropout = 0.1f;
   xgrad::nn::Norm norm = xgrad::nn::Norm::pre;
+  // The preset the architecture started from (see apply_arch), which also picks the weight-decay
+  // rule: "classic" decays every parameter; "gpt2" and "llama" decay the matrices only
+  // (nn::split_for_weight_decay). The fields after it are the architecture the preset and the
+  // flags give, as LanguageModelOptions names them; their defaults are the classic model's.
+  std::string arch = "classic";
+  xgrad::nn::NormKind norm_kind = xgrad::nn::NormKind::layer_norm;
+  float norm_eps = 1e-5f;
+  xgrad::nn::Positional positional = xgrad::nn::Positional::learned;
+  float rope_theta = 10000.f;
+  std::size_t rotary_dim = 0;    // 0: the whole head
+  std::size_t num_kv_heads = 0;  // 0: heads
+  bool qk_norm = false;
+  xgrad::nn::Activation activation = xgrad::nn::Activation::gelu;
+  bool tie_embeddings = false;
+  bool bias = true;  // the biases of w_q, w_k, w_v, w_o, the feed-forward and the head
+  xgrad::nn::Init init = xgrad::nn::Init::pytorch;
   // optimization
   std::size_t batch = 16, steps = 600, warmup = 60;
   float lr = 3e-3f, min_lr = 3e-4f, weight_decay = 0.1f, clip = 1.f;  // clip 0: none
@@ -39,6 +56,26 @@ struct TrainConfig {
 // Throws xgrad::Error naming an impossible or absurd setting (by its flag), including one whose
 // model and batches could not fit in this process's memory.
 void validate(const TrainConfig& config);
+
+// The value names of the architecture's enum options, as the flags and the config spell them.
+template <class E>
+using Names = std::vector<std::pair<std::string, E>>;
+extern const Names<xgrad::nn::NormKind> kNormKinds;
+extern const Names<xgrad::nn::Positional> kPositionals;
+extern const Names<xgrad::nn::Activation> kActivations;
+extern const Names<xgrad::nn::Init> kInits;
+extern const std::vector<std::string> kArchs;  // classic, gpt2, llama
+
+// Sets config.arch to `arch` and the architecture fields (d_ff, norm and the fields after arch)
+// to that preset's for config.d_model and config.heads: "classic" the defaults above (the model
+// train_lm trained before it had presets), "gpt2" LanguageModelOptions::gpt2_style, "llama"
+// LanguageModelOptions::llama_style with num_kv_heads half the heads (all of them when the
+// number of heads is odd). An unknown name throws naming --arch.
+void apply_arch(TrainConfig& config, const std::string& arch);
+
+// Copies every architecture field (layers, d_model, heads, d_ff, norm, arch and the fields after
+// it) from `from` into `to`.
+void copy_architecture(const TrainConfig& from, TrainConfig& to);
 
 // The bytes a run trains on, identified by content so that --resume can refuse other data.
 struct DataSource {
@@ -100,6 +137,7 @@ class Trainer {
   std::size_t step() const { return step_; }
   const std::vector<LogEntry>& log() const { return log_; }
   xgrad::nn::LanguageModel& model() { return *model_; }
+  const xgrad::optim::AdamW& optimizer() const { return *optimizer_; }
   const TrainConfig& config() const { return config_; }
 
  private:
