@@ -3,7 +3,9 @@
 
 Each configuration runs in its own process (so peak memory is per configuration), xgrad and
 PyTorch alternating, in `--repeats` rounds that each run every configuration once; the table
-quotes medians. The machines are shared and noisy: only ratios measured in one run mean anything.
+quotes medians, and `paired` is the median over the rounds of each round's xgrad-over-PyTorch
+tokens/s (the two ran one after the other, so a change of load moves it least). The machines are
+shared and noisy: only ratios measured in one run mean anything.
 
     /usr/bin/python3 bench/compare.py --threads 1 2 --repeats 3
 """
@@ -53,13 +55,14 @@ def main():
             med = lambda runs, key: statistics.median(r[key] for r in runs)
             rows.append((config, threads, med(xs, "ms_per_step"), med(ts, "ms_per_step"), med(xs, "tokens_per_s"),
                          med(ts, "tokens_per_s"), med(xs, "peak_rss_mb"), med(ts, "peak_rss_mb"), med(xs, "gflops"),
-                         med(xs, "peak_fraction")))
+                         med(xs, "peak_fraction"),
+                         statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(xs, ts))))
 
     print(f"{'config':14} {'threads':>7} {'xgrad ms':>9} {'torch ms':>9} {'xgrad tok/s':>12} {'torch tok/s':>12} "
-          f"{'speed-up':>8} {'xgrad MB':>9} {'torch MB':>9} {'GFLOP/s':>8} {'of peak':>8}")
-    for c, th, xm, tm, xt, tt, xr, tr, gf, pf in rows:
-        print(f"{c:14} {th:>7} {xm:>9.1f} {tm:>9.1f} {xt:>12.0f} {tt:>12.0f} {xt / tt:>7.2f}x {xr:>9.0f} {tr:>9.0f} "
-              f"{gf:>8.1f} {pf:>7.0%}")
+          f"{'speed-up':>8} {'paired':>7} {'xgrad MB':>9} {'torch MB':>9} {'GFLOP/s':>8} {'of peak':>8}")
+    for c, th, xm, tm, xt, tt, xr, tr, gf, pf, paired in rows:
+        print(f"{c:14} {th:>7} {xm:>9.1f} {tm:>9.1f} {xt:>12.0f} {tt:>12.0f} {xt / tt:>7.2f}x {paired:>6.2f}x "
+              f"{xr:>9.0f} {tr:>9.0f} {gf:>8.1f} {pf:>7.0%}")
     # Each implementation against its own 1-thread run, when the run measured both.
     by_key = {(c, th): (xt, tt) for c, th, xm, tm, xt, tt, *rest in rows}
     scaling = [(c, th, xt / by_key[(c, 1)][0], tt / by_key[(c, 1)][1])
