@@ -12,10 +12,23 @@ so that the benchmark does not depend on test files):
                                                               dropout 0.1 on the attention weights
               x = x + linear2(dropout(GELU(linear1(LN2(x)))))  exact erf GELU, dropout 0.1
   logits = head(final_norm(h))                                 head is a Linear with bias
-Shapes: B batch, T length, C d_model, H heads, D head size (C / H), V vocabulary, F FFN width.
+The llama_ configurations mirror xgrad's LanguageModelOptions::llama_style at the same sizes,
+written with Hugging Face's Llama formulas (no fused kernel either):
+  h = tok_emb(ids)                                             no position table
+  per block:  x = x + w_o(Attn(RMSNorm(x)))                    RMSNorm in float32, eps 1e-5;
+                                                              KV key/value heads; RoPE on q and k
+                                                              (rotate_half, theta 10000, cos and sin
+                                                              tables built once); repeat_kv; the
+                                                              same masked softmax and dropout
+              x = x + linear2(dropout(silu(gate(y)) * linear1(y)))   y = RMSNorm(x); dropout 0.1
+  logits = head(final_norm(h))                                 no biases anywhere; head untied
+  GPT-2 initialization: Linear weights and tok_emb N(0, 0.02), w_o and linear2 N(0, 0.02 / sqrt(2 L)).
+Shapes: B batch, T length, C d_model, H heads, KV key/value heads, D head size (C / H),
+V vocabulary, F FFN width.
 
 Prints exactly one JSON line on stdout:
   {"impl": "pytorch", "config", "threads" (OpenBLAS's), "intra_op_threads" (torch's own),
+   "parameters" (the model's scalar parameters),
    "ms_per_step" (median over the timed steps),
    "tokens_per_s" (B*T / median seconds), "peak_rss_mb" (ru_maxrss / 1024), "gflops"
    (matmul FLOPs of forward + backward / median seconds / 1e9), "torch_version"}
@@ -47,7 +60,12 @@ CONFIGS = {
     "small": (256, 256, 4, 4, 1024, 64, 32),
     "standard": (512, 512, 8, 2, 2048, 128, 8),
     "long": (256, 256, 4, 2, 1024, 1024, 2),
+    # F = 8C/3 rounded up to a multiple of 8 (xgrad's llama_style)
+    "llama_small": (256, 256, 4, 4, 688, 64, 32),
+    "llama_standard": (512, 512, 8, 2, 1368, 128, 8),
 }
+KV_HEADS = {"llama_small": 2, "llama_standard": 2}  # the Llama-style configurations' key/value heads
+ROPE_THETA = 10000.0
 DROPOUT = 0.1     # xgrad's default, on the attention weights and the FFN hidden activation
 EPS = 1e-5        # xgrad's LayerNorm default
 LR = 1e-3         # AdamW; weight decay 0.01, betas (0.9, 0.999), eps 1e-8: PyTorch's and xgrad's defaults
@@ -143,6 +161,129 @@ class LanguageModel(nn.Module):
         return self.head(self.final_norm(h))  # (B, T, V)
 
 
+# ---- the Llama-style model (Hugging Face's formulas; names match xgrad's named_parameters()) ----
+
+class RMSNorm(nn.Module):
+    """LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+
+    def __init__(self, d_model, eps=EPS):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def repeat_kv(x, n_rep):
+    """(B, KV, T, D) -> (B, KV * n_rep, T, D): query head h reads key/value head h // n_rep."""
+    if n_rep == 1:
+        return x
+    b, kv, t, d = x.shape
+    return x[:, :, None, :, :].expand(b, kv, n_rep, t, d).reshape(b, kv * n_rep, t, d)
+
+
+class LlamaAttention(nn.Module):
+    """Pre-Norm y = x + w_o(Attn(RMSNorm(x))) with grouped-query heads and RoPE on q and k."""
+
+    def __init__(self, d_model, num_heads, num_kv_heads):
+        super().__init__()
+        assert d_model % num_heads == 0 and num_heads % num_kv_heads == 0
+        self.h, self.kv = num_heads, num_kv_heads
+        d = d_model // num_heads
+        self.w_q = nn.Linear(d_model, num_heads * d, bias=False)
+        self.w_k = nn.Linear(d_model, num_kv_heads * d, bias=False)
+        self.w_v = nn.Linear(d_model, num_kv_heads * d, bias=False)
+        self.w_o = nn.Linear(num_heads * d, d_model, bias=False)
+        self.norm = RMSNorm(d_model)
+        self.attn_dropout = nn.Dropout(DROPOUT)
+
+    def forward(self, x, blocked, cos, sin):
+        b, t, c = x.shape
+        d = c // self.h
+        inp = self.norm(x)
+        q = self.w_q(inp).reshape(b, t, self.h, d).transpose(1, 2)  # (B, H, T, D)
+        k = self.w_k(inp).reshape(b, t, self.kv, d).transpose(1, 2)  # (B, KV, T, D)
+        v = self.w_v(inp).reshape(b, t, self.kv, d).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin  # cos, sin: (T, D)
+        k = k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k, self.h // self.kv), repeat_kv(v, self.h // self.kv)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # (B, H, T, S)
+        scores = scores.masked_fill(blocked, float("-inf"))
+        weights = F.softmax(scores, dim=-1)
+        attended = self.attn_dropout(weights)
+        context = torch.matmul(attended, v).transpose(1, 2).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
+        return x + self.w_o(context)
+
+
+class GatedFeedForward(nn.Module):
+    """LlamaMLP with dropout on the gated hidden: linear2(dropout(silu(gate(x)) * linear1(x)))."""
+
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=False)  # the "up" projection
+        self.linear2 = nn.Linear(d_ff, d_model, bias=False)  # "down"
+        self.dropout = nn.Dropout(DROPOUT)
+        self.norm = RMSNorm(d_model)  # the residual connection's, applied by the block
+
+    def forward(self, x):
+        return self.linear2(self.dropout(F.silu(self.gate(x)) * self.linear1(x)))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d_model, num_heads, num_kv_heads, d_ff):
+        super().__init__()
+        self.attn = LlamaAttention(d_model, num_heads, num_kv_heads)
+        self.ffn = GatedFeedForward(d_model, d_ff)
+
+    def forward(self, x, blocked, cos, sin):
+        h = self.attn(x, blocked, cos, sin)
+        return h + self.ffn(self.ffn.norm(h))
+
+
+class LlamaLanguageModel(nn.Module):
+    """h = tok_emb(ids); causal Pre-Norm Llama blocks; final_norm (RMSNorm); head (no bias)."""
+
+    def __init__(self, vocab, d_model, num_heads, num_kv_heads, num_layers, d_ff, max_len):
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList([LlamaBlock(d_model, num_heads, num_kv_heads, d_ff) for _ in range(num_layers)])
+        self.final_norm = RMSNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        # Hugging Face's LlamaRotaryEmbedding tables, built once: inv_freq_i = theta^(-2i / D), and
+        # channel i pairs with i + D/2, so both halves of each row carry the same angles.
+        d = d_model // num_heads
+        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (max_len, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, D)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+        for name, p in self.named_parameters():  # GPT-2 initialization, as xgrad's Init::gpt2
+            if name.endswith("norm.weight"):
+                continue
+            std = 0.02 / math.sqrt(2 * num_layers) if name.endswith(("w_o.weight", "linear2.weight")) else 0.02
+            nn.init.normal_(p, 0.0, std)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        h = self.tok_emb(ids)  # (B, T, C)
+        blocked = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)  # (T, S), true = key after query
+        cos, sin = self.cos[:t], self.sin[:t]
+        for block in self.blocks:
+            h = block(h, blocked, cos, sin)
+        return self.head(self.final_norm(h))  # (B, T, V)
+
+
 # ---- the benchmark ----
 
 def set_blas_threads(n):
@@ -160,11 +301,15 @@ def set_blas_threads(n):
     return openblas.openblas_get_num_threads()
 
 
-def step_flops(vocab, c, layers, f, t, b):
-    """Matmul FLOPs of forward + backward (3x the forward): per layer the Q, K, V, O projections,
-    the attention scores and weighted sum (full T x T, the causal mask saves nothing here) and
-    the FFN; plus the head."""
-    per_layer = 4 * 2 * b * t * c * c + 2 * 2 * b * t * t * c + 2 * 2 * b * t * c * f
+def step_flops(vocab, c, heads, layers, f, t, b, kv_heads=None):
+    """Matmul FLOPs of forward + backward (3x the forward): per layer the Q, K, V, O projections
+    (K and V of width KV D with grouped-query heads), the attention scores and weighted sum (full
+    T x T, the causal mask saves nothing here) and the FFN (three projections when gated); plus
+    the head. The same count as bench/train_step.cpp's."""
+    kv_width = kv_heads * (c // heads) if kv_heads else c
+    ffn_products = 3 if kv_heads else 2
+    per_layer = (2 * 2 * b * t * c * c + 2 * 2 * b * t * c * kv_width + 2 * 2 * b * t * t * c
+                 + ffn_products * 2 * b * t * c * f)
     forward = layers * per_layer + 2 * b * t * c * vocab
     return 3 * forward
 
@@ -172,7 +317,10 @@ def step_flops(vocab, c, layers, f, t, b):
 def run(config, steps, warmup, seed, record_loss=False):
     vocab, c, heads, layers, f, t, b = CONFIGS[config]
     torch.manual_seed(seed)  # weights and dropout masks
-    model = LanguageModel(vocab, c, heads, layers, f, t)  # max_len = T, as bench/train_step.cpp
+    if config in KV_HEADS:
+        model = LlamaLanguageModel(vocab, c, heads, KV_HEADS[config], layers, f, t)
+    else:
+        model = LanguageModel(vocab, c, heads, layers, f, t)  # max_len = T, as bench/train_step.cpp
     model.train()  # dropout active
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     data_gen = torch.Generator().manual_seed(seed)  # token ids, a stream of their own
@@ -195,7 +343,7 @@ def run(config, steps, warmup, seed, record_loss=False):
             times.append(elapsed)
         if record_loss:
             losses.append(loss.item())
-    return times, losses
+    return times, losses, sum(p.numel() for p in model.parameters())
 
 
 def main():
@@ -228,7 +376,7 @@ def main():
         print("warning: OpenBLAS threads %r, wanted %d" % (blas_threads, args.threads), file=sys.stderr)
 
     if args.check:
-        _, losses = run("tiny", CHECK_STEPS, 0, args.seed, record_loss=True)
+        _, losses, _ = run("tiny", CHECK_STEPS, 0, args.seed, record_loss=True)
         print("check: tiny, %d steps: first loss %.4f, last loss %.4f (uniform over the vocabulary: %.4f)"
               % (CHECK_STEPS, losses[0], losses[-1], math.log(CONFIGS["tiny"][0])), file=sys.stderr)
         if not losses[-1] < losses[0]:
@@ -236,18 +384,19 @@ def main():
             sys.exit(1)
         return
 
-    times, _ = run(args.config, args.steps, args.warmup, args.seed)
-    vocab, c, _, layers, f, t, b = CONFIGS[args.config]
+    times, _, parameters = run(args.config, args.steps, args.warmup, args.seed)
+    vocab, c, heads, layers, f, t, b = CONFIGS[args.config]
     median = statistics.median(times)
     result = {
         "impl": "pytorch",
         "config": args.config,
         "threads": args.threads,
         "intra_op_threads": args.intra_op_threads,
+        "parameters": parameters,
         "ms_per_step": round(median * 1e3, 3),
         "tokens_per_s": round(b * t / median, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "gflops": round(step_flops(vocab, c, layers, f, t, b) / median / 1e9, 3),
+        "gflops": round(step_flops(vocab, c, heads, layers, f, t, b, KV_HEADS.get(args.config)) / median / 1e9, 3),
         "torch_version": torch.__version__,
     }
     print(json.dumps(result))

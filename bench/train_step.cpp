@@ -4,7 +4,10 @@
 // distributed/) the global batch is split across the ranks, DataParallel averages the gradients,
 // and rank 0 reports the global tokens/s, the time a step waits for the reductions and the
 // bytes each rank reduces per step.
-// Shapes: B batch, T length, C d_model, H heads, F FFN width, V vocabulary, L layers.
+// The classic configurations train GELU models with learned positions and LayerNorm; the llama_
+// ones the same sizes as Llama-style models (RMSNorm, RoPE, SwiGLU, grouped-query attention).
+// Shapes: B batch, T length, C d_model, H heads, KV key/value heads, D head size C / H, F FFN
+// width, V vocabulary, L layers.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -31,6 +34,7 @@ namespace {
 struct BenchConfig {
   std::string name;
   std::size_t vocab, d_model, heads, layers, ffn, seq_len, batch;
+  std::size_t kv_heads = 0;  // 0: a classic model; else a Llama-style one with this many key/value heads
 };
 
 const std::vector<BenchConfig> kConfigs = {
@@ -38,14 +42,40 @@ const std::vector<BenchConfig> kConfigs = {
     {"small", 256, 256, 4, 4, 1024, 64, 32},
     {"standard", 512, 512, 8, 2, 2048, 128, 8},
     {"long", 256, 256, 4, 2, 1024, 1024, 2},  // attention at length: T^2 scores per head
+    // small and standard as Llama-style models; F is llama_style's 8C/3 rounded up to a multiple
+    // of 8, so the SwiGLU's three projections have about the parameters of the 4C MLP's two.
+    {"llama_small", 256, 256, 4, 4, 688, 64, 32, 2},
+    {"llama_standard", 512, 512, 8, 2, 1368, 128, 8, 2},
 };
 
-// Matmul FLOPs of one step: forward (per layer: Q, K, V, O projections 4 * 2BTC^2, scores and
-// weighted sum 2 * 2BT^2C, FFN 2 * 2BTCF; head 2BTCV), times 3 for forward and backward.
+// Matmul FLOPs of one step: forward (per layer: Q and O projections 2 * 2BTC^2, K and V
+// 2 * 2BTC(KV D), scores and weighted sum 2 * 2BT^2C, FFN 2 * 2BTCF, or 3 * 2BTCF gated; head
+// 2BTCV), times 3 for forward and backward.
 double step_flops(const BenchConfig& c) {
   const double B = c.batch, T = c.seq_len, C = c.d_model, F = c.ffn, V = c.vocab;
-  const double layer = 4 * 2 * B * T * C * C + 2 * 2 * B * T * T * C + 2 * 2 * B * T * C * F;
+  const double kv_width = c.kv_heads ? static_cast<double>(c.kv_heads * (c.d_model / c.heads)) : C;
+  const double ffn_products = c.kv_heads ? 3 : 2;
+  const double layer =
+      2 * 2 * B * T * C * C + 2 * 2 * B * T * C * kv_width + 2 * 2 * B * T * T * C + ffn_products * 2 * B * T * C * F;
   return 3 * (c.layers * layer + 2 * B * T * C * V);
+}
+
+// The classic model (Pre-Norm LayerNorm, learned positions, erf GELU, biases, untied head), or
+// llama_style's (RMSNorm, RoPE theta 10000, SwiGLU, grouped-query attention, no biases, untied
+// head); dropout 0.1 on the attention weights and the FFN's hidden activation in both.
+nn::LanguageModelOptions model_options(const BenchConfig& c) {
+  if (c.kv_heads) {
+    return nn::LanguageModelOptions::llama_style(c.vocab, c.d_model, c.heads, c.layers, c.kv_heads)
+        .d_ff(c.ffn)
+        .max_len(c.seq_len)
+        .dropout(0.1f);
+  }
+  return nn::LanguageModelOptions(c.vocab, c.d_model, c.heads, c.layers)
+      .d_ff(c.ffn)
+      .max_len(c.seq_len)
+      .dropout(0.1f)
+      .norm(nn::Norm::pre)
+      .activation(nn::Activation::gelu);
 }
 
 double median(std::vector<double> v) {
@@ -88,13 +118,7 @@ struct Share {
 nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::size_t warmup, const Share& share) {
   Generator init(0), data(1);
   manual_seed(2);
-  nn::LanguageModel model(nn::LanguageModelOptions(c.vocab, c.d_model, c.heads, c.layers)
-                              .d_ff(c.ffn)
-                              .max_len(c.seq_len)
-                              .dropout(0.1f)
-                              .norm(nn::Norm::pre)
-                              .activation(nn::Activation::gelu),
-                          init);
+  nn::LanguageModel model(model_options(c), init);
   model.train();
   if (c.batch % static_cast<std::size_t>(share.ranks) != 0)
     fail("bench: batch ", c.batch, " does not divide among ", share.ranks, " ranks");
@@ -154,6 +178,7 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
                         {"config", c.name},
                         {"threads", threads},
                         {"ranks", share.ranks},
+                        {"parameters", model.num_parameters()},
                         {"ms_per_step", sec * 1e3},
                         {"tokens_per_s", static_cast<double>(c.batch * c.seq_len) / sec},
                         {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0},
@@ -183,8 +208,8 @@ int main(int argc, char** argv) {
   std::string config = "tiny";
   int threads = 1;
   std::size_t steps = 20, warmup = 3;
-  app.add_option("--config", config, "tiny, small, standard or long")
-      ->check(CLI::IsMember({"tiny", "small", "standard", "long"}))
+  app.add_option("--config", config, "tiny, small, standard, long, llama_small or llama_standard")
+      ->check(CLI::IsMember({"tiny", "small", "standard", "long", "llama_small", "llama_standard"}))
       ->capture_default_str();
   cli::add_threads(app, threads);
   app.add_option("--steps", steps, "timed steps")->transform(cli::count(1, 1000000))->capture_default_str();
