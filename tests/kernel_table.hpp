@@ -34,6 +34,8 @@ struct KernelTable {
                             std::size_t);
   void (*add_column_sums)(const float*, std::size_t, std::size_t, float*);
   void (*adam_update)(float*, const float*, float*, float*, std::size_t, const optim::AdamStep&);
+  void (*gelu_tanh_forward)(const float*, float*, std::size_t);
+  void (*gelu_tanh_backward)(const float*, const float*, float*, std::size_t);
 };
 
 KernelTable kernels_avx512_table();

@@ -14,7 +14,8 @@ KernelTable XGRAD_KERNEL_TABLE() {
           &k::gelu_dropout_forward, &k::gelu_dropout_backward, &k::masked_softmax_row,
           &k::softmax_row_backward, &k::log_sum_exp_finite,    &k::add_scaled_softmax,
           &k::layer_norm_forward,   &k::layer_norm_backward,   &k::rms_norm_forward,
-          &k::rms_norm_backward,    &k::add_column_sums,       &xgrad::optim::XGRAD_KERNELS_NS::adam_update};
+          &k::rms_norm_backward,    &k::add_column_sums,       &xgrad::optim::XGRAD_KERNELS_NS::adam_update,
+          &k::gelu_tanh_forward,    &k::gelu_tanh_backward};
 }
 
 }  // namespace xgrad::testing

@@ -99,6 +99,28 @@ TEST_CASE("the gated units (SiLU, GELU, tanh GELU) and their backward give the s
   }
 }
 
+TEST_CASE("the tanh GELU and its backward give the same bits on every target, and agree with gated code 2",
+          "[kernels][targets]") {
+  for (std::size_t n : kLengths) {
+    std::vector<float> x = randoms(n, n + 30, 20.f);
+    const std::vector<float> g = randoms(n, n + 31, 1.f), ones(n, 1.f);
+    if (n > 4) x[0] = -90.f, x[1] = 1e4f, x[2] = -std::numeric_limits<float>::infinity(), x[3] = 1e-30f;
+    require_same_bits("gelu_tanh", [&](const KernelTable& k) {
+      std::vector<float> y(n), dx(n), gated(n), dgate(n), dup(n);
+      k.gelu_tanh_forward(x.data(), y.data(), n);
+      k.gelu_tanh_backward(x.data(), g.data(), dx.data(), n);
+      // act(x) * 1 and g * 1 * act'(x): the gated unit's tanh GELU, bit for bit
+      k.gated_forward(x.data(), ones.data(), gated.data(), n, 2);
+      k.gated_backward(x.data(), ones.data(), g.data(), dgate.data(), dup.data(), n, 2);
+      for (std::size_t i = 0; i < n; ++i) {
+        REQUIRE(std::memcmp(&y[i], &gated[i], sizeof(float)) == 0);
+        REQUIRE(std::memcmp(&dx[i], &dgate[i], sizeof(float)) == 0);
+      }
+      return std::vector<std::vector<float>>{y, dx};
+    });
+  }
+}
+
 TEST_CASE("dropout, alone and after GELU, gives the same flags and values on every target", "[kernels][targets]") {
   for (std::size_t n : kLengths) {
     const std::vector<float> x = randoms(n, n + 2), g = randoms(n, n + 3);

@@ -197,8 +197,6 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor gelu(const Tensor& a, GeluApprox approx) {
-  constexpr float kSqrt2OverPi = 0.79788456080286536f;
-  constexpr float kCoef = 0.044715f;
   if (approx == GeluApprox::exact) {
     // y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x phi(x)
     check_defined(a, "gelu");
@@ -219,15 +217,22 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
   }
   // y = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3);
   // dy/dx = (1 + tanh u) / 2 + x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2
-  return unary<kSavesX>(
-      "gelu_tanh", a, [=](float x) { return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x))); },
-      [=](float x, float, float g) {
-    const float t = std::tanh(kSqrt2OverPi * (x + kCoef * x * x * x));
-    const float sech2 = 1.f - t * t;  // 0 once |u| is large, while du may overflow to inf
-    const float du = kSqrt2OverPi * (1.f + 3.f * kCoef * x * x);
-    return g * (0.5f * (1.f + t) + (sech2 == 0.f ? 0.f : 0.5f * x * sech2 * du));
-      },
-      kGrainCostly);
+  check_defined(a, "gelu_tanh");
+  Array y = Array::from_shape(a.shape());
+  const float* xs = a.value().data();
+  float* ys = y.data();
+  parallel_for(y.size(), kGrainCostly,
+               [=](std::size_t lo, std::size_t hi) { kernels::gelu_tanh_forward(xs + lo, ys + lo, hi - lo); });
+  return record("gelu_tanh", std::move(y), {a}, [](GradContext& ctx) {
+    const float* xs = ctx.input(0).data();
+    const float* gs = ctx.grad_out().data();
+    Array dx = Array::from_shape(ctx.input(0).shape());
+    float* d = dx.data();
+    parallel_for(dx.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) {
+      kernels::gelu_tanh_backward(xs + lo, gs + lo, d + lo, hi - lo);
+    });
+    ctx.accumulate(0, std::move(dx));
+  });
 }
 
 }  // namespace xgrad

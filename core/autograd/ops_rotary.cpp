@@ -48,27 +48,29 @@ RotaryShape check_rotary(const Tensor& x, std::size_t heads, const IndexArray& p
   return {s[0], s[1], heads, D, s[2], r};
 }
 
-// cos and sin of every (row, token, frequency), (B*T, r/2) each. As the Hugging Face float32
+// cos and sin of every position and frequency, (P, r/2) each, P = positions.size(): B*T for positions
+// per row, T for positions every row shares (row q of x reads table row q % P). As the Hugging Face float32
 // reference: inv_freq = 1 / theta^(2i/r) and the angle position * inv_freq are rounded to float;
 // cos and sin of that float angle are evaluated in double and rounded once.
 struct Table {
+  std::size_t rows;
   std::vector<float> cos, sin;
 };
 
 std::shared_ptr<const Table> rotary_table(const RotaryShape& d, const IndexArray& positions, float theta) {
-  const std::size_t half = d.r / 2, rows = d.B * d.T;
+  const std::size_t half = d.r / 2, rows = positions.size();
   std::vector<float> inv_freq(half);
   for (std::size_t i = 0; i < half; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(d.r);
     inv_freq[i] = 1.f / std::pow(theta, e);
   }
   auto t = std::make_shared<Table>();
+  t->rows = rows;
   t->cos.resize(rows * half);
   t->sin.resize(rows * half);
-  const bool per_row = positions.size() == rows;
   parallel_for(rows, grain_for(kGrainCostly, half), [&](std::size_t lo, std::size_t hi) {
     for (std::size_t q = lo; q < hi; ++q) {
-      const float p = static_cast<float>(positions.data()[per_row ? q : q % d.T]);
+      const float p = static_cast<float>(positions.data()[q]);
       for (std::size_t i = 0; i < half; ++i) {
         const double a = static_cast<double>(p * inv_freq[i]);
         t->cos[q * half + i] = static_cast<float>(std::cos(a));
@@ -84,8 +86,8 @@ void rotate(const RotaryShape& d, const Table& t, const float* x, float* y, floa
   const std::size_t half = d.r / 2, rows = d.B * d.T;
   parallel_for(rows, grain_for(kGrainCheap, d.C), [&](std::size_t lo, std::size_t hi) {
     for (std::size_t q = lo; q < hi; ++q) {
-      const float* c = t.cos.data() + q * half;
-      const float* s = t.sin.data() + q * half;
+      const float* c = t.cos.data() + (q % t.rows) * half;
+      const float* s = t.sin.data() + (q % t.rows) * half;
       for (std::size_t h = 0; h < d.H; ++h) {
         const float* xh = x + q * d.C + h * d.D;
         float* yh = y + q * d.C + h * d.D;

@@ -210,6 +210,14 @@ XGRAD_CLONES void gated_backward(const float* gate, const float* up, const float
   gated_backward_loop<2>(gate, up, g, dgate, dup, n);
 }
 
+XGRAD_CLONES void gelu_tanh_forward(const float* x, float* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = activation_of<2>(x[i]);
+}
+
+XGRAD_CLONES void gelu_tanh_backward(const float* x, const float* g, float* dx, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dx[i] = g[i] * activation_slope<2>(x[i]);
+}
+
 XGRAD_CLONES void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n,
                                   std::uint32_t k0, std::uint32_t k1, std::uint32_t threshold, float scale) {
   keep_flags(keep, first, n, k0, k1, threshold);

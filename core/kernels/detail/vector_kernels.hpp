@@ -23,6 +23,10 @@ void gated_forward(const float* gate, const float* up, float* y, std::size_t n, 
 // dgate = g up act'(gate) and dup = g act(gate).
 void gated_backward(const float* gate, const float* up, const float* g, float* dgate, float* dup, std::size_t n,
                     int activation);
+// y = x (1 + tanh u) / 2, u = sqrt(2/pi) (x + 0.044715 x^3), the tanh GELU (tanh on fast::exp, as
+// the gated units' code 2), and its backward dx = g dy/dx.
+void gelu_tanh_forward(const float* x, float* y, std::size_t n);
+void gelu_tanh_backward(const float* x, const float* g, float* dx, std::size_t n);
 // Dropout's keep flags and output for elements first .. first + n - 1 of a tensor: keep = 1 when
 // the keyed hash of the element's index is at least `threshold`, y = x keep scale.
 void dropout_forward(const float* x, float* y, std::uint8_t* keep, std::size_t first, std::size_t n, std::uint32_t k0,
