@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/memory.hpp"
@@ -83,6 +84,27 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
   for (const auto& [name, a] : state) {
     if (!given.emplace(name, &a).second) fail("load_state_dict: '", name, "' appears twice");
   }
+  // A tied parameter's other names (head.weight with tied embeddings), as torch's state_dict
+  // writes them: each entry is the parameter listed under its first name.
+  std::set<std::string> target_names;
+  for (const auto& [name, t] : targets) target_names.insert(name);
+  std::map<std::string, std::vector<std::pair<const std::string*, const Array*>>> aliases;  // first name -> entries
+  std::set<std::string> alias_names;
+  for (const auto& [name, a] : state) {
+    if (target_names.count(name)) continue;
+    Tensor p;
+    try {
+      p = module.parameter(name);
+    } catch (const Error&) {
+      continue;
+    }
+    for (const auto& [first, t] : targets) {
+      if (!t.is_same(p)) continue;
+      aliases[first].emplace_back(&name, &a);
+      alias_names.insert(name);
+      break;
+    }
+  }
   LoadResult result;
   struct Copy {
     const std::string* name;
@@ -95,22 +117,43 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
     const bool parameter = params.count(name) != 0;
     const char* kind = parameter ? "parameter" : "buffer";
     auto it = given.find(name);
-    if (it == given.end()) {
+    const auto tied = aliases.find(name);
+    const std::string* source = &name;  // the state's name for the value loaded
+    const Array* value = nullptr;
+    if (it != given.end()) {
+      value = it->second;
+    } else if (tied != aliases.end()) {
+      std::tie(source, value) = tied->second[0];
+    }
+    if (!value) {
       if (options.strict()) fail("load_state_dict: missing ", kind, " '", name, "'");
       result.missing_keys.push_back(name);
       continue;
     }
-    if (it->second->shape() != t.shape()) {
-      fail("load_state_dict: ", kind, " '", name, "' has shape ", shape_str(it->second->shape()), " in the state but ",
-           shape_str(t.shape()), " in the module");
+    auto check_shape = [&](const std::string& entry, const Array& a) {
+      if (a.shape() != t.shape()) {
+        fail("load_state_dict: ", kind, " '", entry, "' has shape ", shape_str(a.shape()), " in the state but ",
+             shape_str(t.shape()), " in the module");
+      }
+    };
+    check_shape(*source, *value);
+    if (tied != aliases.end()) {
+      for (const auto& [alias, a] : tied->second) {
+        check_shape(*alias, *a);
+        const float *x = a->data(), *y = value->data();
+        std::size_t i = 0;
+        while (i < a->size() && (x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))) ++i;
+        if (i < a->size()) {
+          fail("load_state_dict: '", *alias, "' is the parameter '", name,
+               "' (tied), and the state gives the two names different values (first at flat position ", i, ")");
+        }
+      }
     }
-    plan.push_back({&name, &t, it->second, parameter});
+    plan.push_back({&name, &t, value, parameter});
   }
   if (plan.size() != given.size()) {
-    std::set<std::string> known;
-    for (const auto& [name, t] : targets) known.insert(name);
     for (const auto& [name, a] : state) {
-      if (known.count(name)) continue;
+      if (target_names.count(name) || alias_names.count(name)) continue;
       if (options.strict())
         fail("load_state_dict: unexpected entry '", name, "' (the module has no such parameter or buffer)");
       result.unexpected_keys.push_back(name);

@@ -141,6 +141,19 @@ void LanguageModel::check(const LanguageModelOptions& o) {
   // The attention as the model builds it (rotary from positional), so its checks name the option.
   MultiHeadAttentionOptions attention = o.block().attention();
   Attention::check(attention.rotary(o.positional() == Positional::rotary));
+  if (attention.rotary()) {
+    // RoPE's highest frequency, 1 / theta^((r - 2) / r) for theta < 1, at the last position: a tiny
+    // theta passes float32 there, and the angles' cos and sin would be NaN.
+    const std::size_t r = attention.rotary_dim() ? attention.rotary_dim() : attention.head_dim();
+    float top = 0.f;
+    for (std::size_t i = 0; i < r / 2; ++i) {
+      top = std::max(top, 1.f / std::pow(attention.rope_theta(), static_cast<float>(2 * i) / static_cast<float>(r)));
+    }
+    if (!std::isfinite(static_cast<float>(o.max_len() - 1) * top)) {
+      fail("LanguageModel: rope_theta ", attention.rope_theta(), " with rotary_dim ", r, " gives the frequency ", top,
+           ", and the angle at position max_len - 1 = ", o.max_len() - 1, " passes float32");
+    }
+  }
 }
 
 namespace {
