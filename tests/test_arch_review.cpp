@@ -176,6 +176,10 @@ TEST_CASE("bad input: a learning rate whose group rate passes float32 is refused
   CHECK_THROWS_WITH(opt.set_group_lr(1, 10.f),
                     Contains("Adam: group 1: learning rate 10 over the optimizer's 1e-38 is a factor past 1e30"));
   CHECK(opt.group_lr(1) == 1e-38f * 10.f);
+  // The same factor asked by a group's own lr when the optimizer is built.
+  CHECK_THROWS_WITH(
+      optim::Adam({optim::ParamGroup({{"a", a}}), optim::ParamGroup({{"b", b}}).lr(10.f)}, optim::AdamOptions(1e-38f)),
+      Contains("Adam: group 1: learning rate 10 over the optimizer's 1e-38 is a factor past 1e30"));
 }
 
 TEST_CASE("bad input: positions with an empty KVCache are refused (later steps would turn the keys by others)",
