@@ -17,9 +17,12 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/nn/llama_import.hpp"
 #include "xgrad/nn/torch_import.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
+
+#include "test_files.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;
@@ -64,6 +67,15 @@ TEST_CASE("bad input: a rope_theta whose frequencies or angles pass float32 is r
   CHECK_NOTHROW(nn::LanguageModel::check(copy(small_theta).rope_theta(1e-38f).max_len(8)));
   CHECK_THROWS_WITH(nn::LanguageModel::check(copy(small_theta).rope_theta(1e-38f).max_len(1000000)),
                     Contains("the angle at position max_len - 1 = 999999 passes float32"));
+  // A Llama config.json with such a theta (float32 holds 1e-45 as a denormal) is refused by its reader.
+  testing::TempDir dir("xgrad_arch_review");
+  testing::write_bytes(dir.file("config.json"),
+                       R"({"vocab_size": 11, "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 1,)"
+                       R"( "num_attention_heads": 1, "max_position_embeddings": 8, "rms_norm_eps": 1e-5,)"
+                       R"( "rope_theta": 1e-45})");
+  CHECK_THROWS_WITH(nn::llama_options(dir.path),
+                    Contains("llama_options: '" + dir.file("config.json") +
+                             "' describes a model xgrad refuses: LanguageModel: rope_theta 1.4013e-45"));
   // The op itself, for a caller of rotary_embedding.
   const Tensor x(xt::ones<float>({1, 2, 16}));
   CHECK_THROWS_WITH(rotary_embedding(x, 1, IndexArray{0, 1}, 1e-45f, 16),
