@@ -12,6 +12,7 @@
 #include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/core/random.hpp"
+#include "xgrad/nn/detail/model_size.hpp"
 
 namespace xgrad::nn {
 
@@ -250,46 +251,6 @@ Checkpoint load_split(const std::string& path, Split& s, Module& module, const L
   return std::move(s.rest);
 }
 
-// What a LanguageModel of these options holds: the values and tensors its state saves (every
-// parameter; no buffers), and the bytes it takes when built, which add the sinusoidal table
-// (max_len x d_model, not saved) and the bookkeeping of each block's modules and tensors (about
-// 34 KiB, measured at d_model 1: a model of 100000 tiny blocks takes 3.4 GB).
-struct ModelSize {
-  double values = 0, tensors = 0, bytes = 0;
-  void add(double n, bool present = true) {
-    if (!present) return;
-    values += n;
-    tensors += 1;
-  }
-};
-
-ModelSize model_size(const LanguageModelOptions& o) {
-  const double V = static_cast<double>(o.vocab_size()), C = static_cast<double>(o.d_model()),
-               F = static_cast<double>(o.d_ff()), L = static_cast<double>(o.num_layers()),
-               P = static_cast<double>(o.max_len());
-  const MultiHeadAttentionOptions& a = o.block().attention();
-  const double D = static_cast<double>(a.head_dim()), KVD = D * static_cast<double>(a.kv_heads());
-  const NormOptions& n = o.norm_options();
-  const bool norm_bias = n.affine() && n.bias() && n.kind() == NormKind::layer_norm;
-  ModelSize block;  // one block's
-  for (int k = 0; k < 2; ++k) block.add(C, n.affine()), block.add(C, norm_bias);
-  block.add(C * C), block.add(C, a.qkv_bias());
-  for (int k = 0; k < 2; ++k) block.add(KVD * C), block.add(KVD, a.qkv_bias());
-  block.add(C * C), block.add(C, a.out_bias());
-  for (int k = 0; k < 2; ++k) block.add(D, a.qk_norm());
-  for (int k = 0; k < (is_gated(o.activation()) ? 2 : 1); ++k) block.add(F * C), block.add(F, o.ffn_bias());
-  block.add(C * F), block.add(C, o.ffn_bias());
-  ModelSize m;
-  m.add(V * C);
-  m.add(P * C, o.positional() == Positional::learned);
-  if (o.norm() == Norm::pre) m.add(C, n.affine()), m.add(C, norm_bias);
-  m.add(V * C, !o.tie_embeddings()), m.add(V, !o.tie_embeddings() && o.head_bias());
-  m.values += L * block.values;
-  m.tensors += L * block.tensors;
-  m.bytes = 4 * (m.values + (o.positional() == Positional::sinusoidal ? P * C : 0)) + L * 34 * 1024;
-  return m;
-}
-
 LoadedLanguageModel build_and_load(const std::string& path, const std::optional<LanguageModelOptions>& expected,
                                    const LoadOptions& load_options) {
   const char* who = "load_language_model";
@@ -317,7 +278,7 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
   double file_values = 0;
   for (const auto& [name, a] : s.model) file_values += static_cast<double>(a.size());
   const double file_tensors = static_cast<double>(s.model.size());
-  const ModelSize wanted = model_size(o);
+  const detail::ModelSize wanted = detail::model_size(o);
   if (wanted.values > 4 * file_values + (1 << 20) || wanted.tensors > 4 * file_tensors + 64) {
     const auto whole = [](double v) {
       char buf[48];

@@ -237,11 +237,19 @@ TEST_CASE("bad input: layers whose weights pass size_t or the memory left are re
   // (2^32, 2^32) counts 2^64 elements, which wrapped to 0: a weight of that shape holding nothing.
   CHECK_THROWS_WITH(nn::Linear(big, big, false),
                     Contains("Generator::uniform: an array of shape (4294967296, 4294967296) needs"));
-  CHECK_THROWS_WITH(nn::LanguageModel(nn::LanguageModelOptions(big, big, 1, 1).d_ff(1)),
+  CHECK_THROWS_WITH(nn::Embedding(big, big),
                     Contains("Generator::normal: an array of shape (4294967296, 4294967296) needs"));
+  // A LanguageModel of those sizes (about 1.1e20 values) is refused before its first layer, its size counted whole.
+  CHECK_THROWS_WITH(nn::LanguageModel(nn::LanguageModelOptions(big, big, 1, 1).d_ff(1)),
+                    Contains("LanguageModel: building the model (1 blocks, 1106804") &&
+                        Contains(" float32 values) needs") && !Contains("(1 blocks, 0 float32"));
   // The sinusoidal table was written past its end.
   CHECK_THROWS_WITH(nn::SinusoidalPositionalEncoding(big, big),
                     Contains("SinusoidalPositionalEncoding: a table of shape (4294967296, 4294967296) needs"));
+  // 2^32 tiny blocks (about 34 KiB each): refused before the first one, not built until the process is killed.
+  CHECK_THROWS_WITH(nn::LanguageModel(nn::LanguageModelOptions(11, 2, 1, big).d_ff(2)),
+                    Contains("LanguageModel: building the model (4294967296 blocks, ") &&
+                        Contains("this process can still allocate"));
   // A gated feed-forward 2^40 wide: an Error, not std::bad_alloc.
   CHECK_THROWS_WITH(
       nn::FeedForward(nn::FeedForwardOptions(16, std::size_t{1} << 40).activation(nn::Activation::swiglu)),
