@@ -5,8 +5,22 @@
 #include <sstream>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/memory.hpp"
 
 namespace xgrad {
+
+namespace {
+
+// An array of `shape` to fill, refused (naming `who`) when its size passes size_t or the memory
+// left: a count that wrapped around would give an array of that shape with too few elements.
+Array array_of(const Shape& shape, const char* who) {
+  double n = 1;
+  for (const std::size_t d : shape) n *= static_cast<double>(d);
+  check_available_memory(n * sizeof(float), who, "an array of shape " + shape_str(shape));
+  return Array::from_shape(shape);
+}
+
+}  // namespace
 
 Generator::Generator(const Generator& other) {
   std::lock_guard<std::mutex> lock(other.mutex_);
@@ -96,14 +110,14 @@ std::uint64_t Generator::below(std::uint64_t n) {
 }
 
 Array Generator::uniform(const Shape& shape, float low, float high) {
-  Array a = Array::from_shape(shape);
+  Array a = array_of(shape, "Generator::uniform");
   std::lock_guard<std::mutex> lock(mutex_);
   for (float& v : a) v = draw_uniform(low, high);
   return a;
 }
 
 Array Generator::normal(const Shape& shape, float mean, float stddev) {
-  Array a = Array::from_shape(shape);
+  Array a = array_of(shape, "Generator::normal");
   std::lock_guard<std::mutex> lock(mutex_);
   for (float& v : a) v = mean + stddev * draw_normal();
   return a;

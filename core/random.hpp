@@ -45,8 +45,10 @@ class Generator {
   std::uint64_t below(std::uint64_t n);
 
   /// An array of `shape` with every element drawn as uniform(low, high), in row-major order.
+  /// A shape whose size passes size_t or the memory left throws, naming the shape.
   Array uniform(const Shape& shape, float low, float high);
-  /// An array of `shape` with every element drawn as normal(mean, stddev), in row-major order.
+  /// An array of `shape` with every element drawn as normal(mean, stddev), in row-major order
+  /// (a shape too large throws, as for uniform).
   Array normal(const Shape& shape, float mean, float stddev);
 
   /// The engine's full state as text, to checkpoint and restore a run exactly.

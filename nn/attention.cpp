@@ -148,9 +148,10 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
     }
   }
   const std::size_t offset = cache ? cache->length() : 0;
-  if (positions && offset > 0) {
+  // An empty cache too: its keys are kept before RoPE and turned by 0 .. P - 1 at each later step.
+  if (positions && cache) {
     fail("MultiHeadAttention: positions are given with a KVCache holding ", offset,
-         " positions (cached positions continue from its length)");
+         " positions (cached positions count from 0 and continue from its length)");
   }
   const Tensor q = hook("q", norm_heads(q_norm, w_q->forward(x)));
   Tensor k = norm_heads(k_norm, w_k->forward(x)), v = w_v->forward(x);

@@ -133,7 +133,8 @@ class Attention : public Module, public RandomStream {
   /// whose earlier positions the cache holds; their keys and values are appended to it.
   /// `positions` (B, T) or (T), for RoPE: each query's (and, without a cache, key's) position;
   /// null means cache length + 0 .. T - 1. Throws unless kdim and vdim are d_model, for a cache
-  /// that does not continue x, and for positions given with a non-empty cache.
+  /// that does not continue x, and for positions given with a cache (an empty one too: the cache
+  /// keeps keys before RoPE and later steps turn them by 0 .. P - 1).
   AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr,
                           const IndexArray* positions = nullptr) const;
   /// Attention of query (B, T, d_model) over key (B, S, kdim) and value (B, S, vdim).

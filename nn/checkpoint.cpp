@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/core/random.hpp"
+#include "xgrad/nn/detail/model_size.hpp"
 
 namespace xgrad::nn {
 
@@ -83,6 +85,27 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
   for (const auto& [name, a] : state) {
     if (!given.emplace(name, &a).second) fail("load_state_dict: '", name, "' appears twice");
   }
+  // A tied parameter's other names (head.weight with tied embeddings), as torch's state_dict
+  // writes them: each entry is the parameter listed under its first name.
+  std::set<std::string> target_names;
+  for (const auto& [name, t] : targets) target_names.insert(name);
+  std::map<std::string, std::vector<std::pair<const std::string*, const Array*>>> aliases;  // first name -> entries
+  std::set<std::string> alias_names;
+  for (const auto& [name, a] : state) {
+    if (target_names.count(name)) continue;
+    Tensor p;
+    try {
+      p = module.parameter(name);
+    } catch (const Error&) {
+      continue;
+    }
+    for (const auto& [first, t] : targets) {
+      if (!t.is_same(p)) continue;
+      aliases[first].emplace_back(&name, &a);
+      alias_names.insert(name);
+      break;
+    }
+  }
   LoadResult result;
   struct Copy {
     const std::string* name;
@@ -95,22 +118,43 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
     const bool parameter = params.count(name) != 0;
     const char* kind = parameter ? "parameter" : "buffer";
     auto it = given.find(name);
-    if (it == given.end()) {
+    const auto tied = aliases.find(name);
+    const std::string* source = &name;  // the state's name for the value loaded
+    const Array* value = nullptr;
+    if (it != given.end()) {
+      value = it->second;
+    } else if (tied != aliases.end()) {
+      std::tie(source, value) = tied->second[0];
+    }
+    if (!value) {
       if (options.strict()) fail("load_state_dict: missing ", kind, " '", name, "'");
       result.missing_keys.push_back(name);
       continue;
     }
-    if (it->second->shape() != t.shape()) {
-      fail("load_state_dict: ", kind, " '", name, "' has shape ", shape_str(it->second->shape()), " in the state but ",
-           shape_str(t.shape()), " in the module");
+    auto check_shape = [&](const std::string& entry, const Array& a) {
+      if (a.shape() != t.shape()) {
+        fail("load_state_dict: ", kind, " '", entry, "' has shape ", shape_str(a.shape()), " in the state but ",
+             shape_str(t.shape()), " in the module");
+      }
+    };
+    check_shape(*source, *value);
+    if (tied != aliases.end()) {
+      for (const auto& [alias, a] : tied->second) {
+        check_shape(*alias, *a);
+        const float *x = a->data(), *y = value->data();
+        std::size_t i = 0;
+        while (i < a->size() && (x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))) ++i;
+        if (i < a->size()) {
+          fail("load_state_dict: '", *alias, "' is the parameter '", name,
+               "' (tied), and the state gives the two names different values (first at flat position ", i, ")");
+        }
+      }
     }
-    plan.push_back({&name, &t, it->second, parameter});
+    plan.push_back({&name, &t, value, parameter});
   }
   if (plan.size() != given.size()) {
-    std::set<std::string> known;
-    for (const auto& [name, t] : targets) known.insert(name);
     for (const auto& [name, a] : state) {
-      if (known.count(name)) continue;
+      if (target_names.count(name) || alias_names.count(name)) continue;
       if (options.strict())
         fail("load_state_dict: unexpected entry '", name, "' (the module has no such parameter or buffer)");
       result.unexpected_keys.push_back(name);
@@ -207,46 +251,6 @@ Checkpoint load_split(const std::string& path, Split& s, Module& module, const L
   return std::move(s.rest);
 }
 
-// What a LanguageModel of these options holds: the values and tensors its state saves (every
-// parameter; no buffers), and the bytes it takes when built, which add the sinusoidal table
-// (max_len x d_model, not saved) and the bookkeeping of each block's modules and tensors (about
-// 34 KiB, measured at d_model 1: a model of 100000 tiny blocks takes 3.4 GB).
-struct ModelSize {
-  double values = 0, tensors = 0, bytes = 0;
-  void add(double n, bool present = true) {
-    if (!present) return;
-    values += n;
-    tensors += 1;
-  }
-};
-
-ModelSize model_size(const LanguageModelOptions& o) {
-  const double V = static_cast<double>(o.vocab_size()), C = static_cast<double>(o.d_model()),
-               F = static_cast<double>(o.d_ff()), L = static_cast<double>(o.num_layers()),
-               P = static_cast<double>(o.max_len());
-  const MultiHeadAttentionOptions& a = o.block().attention();
-  const double D = static_cast<double>(a.head_dim()), KVD = D * static_cast<double>(a.kv_heads());
-  const NormOptions& n = o.norm_options();
-  const bool norm_bias = n.affine() && n.bias() && n.kind() == NormKind::layer_norm;
-  ModelSize block;  // one block's
-  for (int k = 0; k < 2; ++k) block.add(C, n.affine()), block.add(C, norm_bias);
-  block.add(C * C), block.add(C, a.qkv_bias());
-  for (int k = 0; k < 2; ++k) block.add(KVD * C), block.add(KVD, a.qkv_bias());
-  block.add(C * C), block.add(C, a.out_bias());
-  for (int k = 0; k < 2; ++k) block.add(D, a.qk_norm());
-  for (int k = 0; k < (is_gated(o.activation()) ? 2 : 1); ++k) block.add(F * C), block.add(F, o.ffn_bias());
-  block.add(C * F), block.add(C, o.ffn_bias());
-  ModelSize m;
-  m.add(V * C);
-  m.add(P * C, o.positional() == Positional::learned);
-  if (o.norm() == Norm::pre) m.add(C, n.affine()), m.add(C, norm_bias);
-  m.add(V * C, !o.tie_embeddings()), m.add(V, !o.tie_embeddings() && o.head_bias());
-  m.values += L * block.values;
-  m.tensors += L * block.tensors;
-  m.bytes = 4 * (m.values + (o.positional() == Positional::sinusoidal ? P * C : 0)) + L * 34 * 1024;
-  return m;
-}
-
 LoadedLanguageModel build_and_load(const std::string& path, const std::optional<LanguageModelOptions>& expected,
                                    const LoadOptions& load_options) {
   const char* who = "load_language_model";
@@ -274,7 +278,7 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
   double file_values = 0;
   for (const auto& [name, a] : s.model) file_values += static_cast<double>(a.size());
   const double file_tensors = static_cast<double>(s.model.size());
-  const ModelSize wanted = model_size(o);
+  const detail::ModelSize wanted = detail::model_size(o);
   if (wanted.values > 4 * file_values + (1 << 20) || wanted.tensors > 4 * file_tensors + 64) {
     const auto whole = [](double v) {
       char buf[48];

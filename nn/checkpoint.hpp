@@ -43,7 +43,9 @@ NamedArrays state_dict(const Module& module);
 /// strict), wrong shapes, a name given twice and (unless allowed) non-finite parameter values
 /// are errors, checked before anything is written, so on error the module is unchanged. States
 /// saved before the block's feed-forward norm moved ("blocks.N.ffn_norm.*", now
-/// "blocks.N.ffn.norm.*") load under the new names, with one line on stderr saying so.
+/// "blocks.N.ffn.norm.*") load under the new names, with one line on stderr saying so. A tied
+/// parameter may also be given under its other names (head.weight with tied embeddings, as
+/// torch's state_dict writes it); all its entries must then hold the same values.
 LoadResult load_state_dict(Module& module, const NamedArrays& state, const LoadOptions& options = {});
 
 /// The tensors and metadata save_checkpoint writes (format 2): state_dict, then the optimizer's

@@ -196,8 +196,27 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
   return o;
 }
 
-std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored,
-                                                        const LanguageModelOptions& given) {
+namespace {
+
+// The options with every field that builds nothing of its own written as in `other`: num_kv_heads
+// 0 as num_heads and rotary_dim 0 as the head size where `other` spells them out, RoPE's fields
+// without rotary positions, the head's bias when tied, the norms' bias where no LayerNorm has a weight.
+LanguageModelOptions canonical(LanguageModelOptions o, const LanguageModelOptions& other) {
+  const bool rotary = o.positional() == Positional::rotary;
+  if (o.num_kv_heads() == 0 && other.num_kv_heads() != 0) o.num_kv_heads(o.num_heads());
+  if (rotary && o.rotary_dim() == 0 && other.rotary_dim() != 0 && other.positional() == Positional::rotary)
+    o.rotary_dim(o.block().attention().head_dim());
+  if (!rotary) o.rotary_dim(0).rope_theta(10000.f);
+  if (o.tie_embeddings()) o.head_bias(false);
+  if (o.norm_kind() == NormKind::rms_norm || !o.norm_affine()) o.norm_bias(false);
+  return o;
+}
+
+}  // namespace
+
+std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored_in,
+                                                        const LanguageModelOptions& given_in) {
+  const LanguageModelOptions stored = canonical(stored_in, given_in), given = canonical(given_in, stored_in);
   std::vector<OptionsDifference> out;
   for (const Field& f : fields()) {
     if (!f.architecture) continue;

@@ -5,6 +5,7 @@
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/memory.hpp"
 
 namespace xgrad::nn {
 
@@ -102,6 +103,9 @@ Tensor Embedding::forward(const IndexArray& ids) const { return embedding(weight
 
 SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(std::size_t max_len, std::size_t dim) {
   if (max_len == 0 || dim == 0) fail("SinusoidalPositionalEncoding: max_len and dim must be positive");
+  // In double: a count that wrapped around would make a table too small for the loop below.
+  check_available_memory(static_cast<double>(max_len) * static_cast<double>(dim) * sizeof(float),
+                         "SinusoidalPositionalEncoding", "a table of shape " + shape_str(Shape{max_len, dim}));
   Array pe = Array::from_shape({max_len, dim});
   for (std::size_t t = 0; t < max_len; ++t) {
     for (std::size_t j = 0; j < dim; ++j) {

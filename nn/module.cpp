@@ -106,10 +106,15 @@ std::vector<Tensor> Module::parameters() const {
 }
 
 Tensor Module::parameter(const std::string& path) const {
-  for (auto& [n, p] : named_parameters()) {
-    if (n == path) return p;
-  }
-  fail("Module::parameter: no parameter named '", path, "'");
+  // Every path that reaches a parameter, so a tied one answers to each of its names.
+  Tensor found;
+  visit("", [&](const std::string& at, const Module& m) {
+    for (const auto& [n, p] : m.params_) {
+      if (!found.defined() && (at.empty() ? n : at + "." + n) == path) found = p;
+    }
+  });
+  if (!found.defined()) fail("Module::parameter: no parameter named '", path, "'");
+  return found;
 }
 
 std::size_t Module::num_parameters() const {

@@ -33,7 +33,8 @@ class Module {
   NamedTensors named_parameters() const;
   /// The tensors of named_parameters(), in its order.
   std::vector<Tensor> parameters() const;
-  /// The parameter at a dotted path; throws if there is none.
+  /// The parameter at a dotted path, any path that reaches it (a tied tensor answers to each
+  /// of its names); throws if there is none.
   Tensor parameter(const std::string& path) const;
   std::size_t num_parameters() const;  ///< total number of scalar values
   /// Zeroes the gradient of every parameter.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <string>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/memory.hpp"
@@ -192,6 +193,28 @@ NamedArrays from_torch_multihead_attention(const NamedArrays& state, const Multi
 
 NamedArrays from_torch_encoder_layer(const NamedArrays& state, const TransformerBlockOptions& options) {
   const std::size_t C = options.d_model(), F = options.d_ff();
+  // The options whose block torch.nn.TransformerEncoderLayer cannot be (the state would not load into it).
+  const MultiHeadAttentionOptions& a = options.attention();
+  const NormOptions& n = options.norm_options();
+  const FeedForwardOptions& f = options.feed_forward();
+  std::string asked;
+  auto unless = [&](bool fits, const std::string& what) {
+    if (!fits) asked += (asked.empty() ? "" : ", ") + what;
+  };
+  unless(n.kind() == NormKind::layer_norm, "norm_kind rms_norm");
+  unless(n.affine() && n.bias(), "norms without a weight or bias");
+  unless(a.qkv_bias() && a.out_bias() && f.bias(), "a projection without a bias");
+  unless(a.kv_heads() == a.num_heads(), "num_kv_heads " + std::to_string(a.kv_heads()));
+  unless(!a.qk_norm(), "qk_norm");
+  unless(!a.rotary(), "rotary positions");
+  unless(!is_gated(f.activation()), "a gated activation");
+  if (!asked.empty()) {
+    fail(
+        "from_torch_encoder_layer: torch.nn.TransformerEncoderLayer has LayerNorms with weights and biases, every "
+        "bias, one key/value head per head, no QK-norm, no rotary positions and an ungated activation; the options "
+        "ask for ",
+        asked);
+  }
   std::vector<Expected> ex;
   expect_attention(ex, "self_attn.", C, C, C, true);
   ex.push_back({"linear1.weight", {F, C}});

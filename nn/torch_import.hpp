@@ -42,7 +42,9 @@ NamedArrays from_torch_multihead_attention(const NamedArrays& state, const Multi
 ///   norm2.weight (C), .bias (C)             -> ffn.norm.*
 /// @endcode
 /// The placements agree: norm_first x = x + sa(norm1(x)); x = x + ff(norm2(x)), otherwise
-/// x = norm1(x + sa(x)); x = norm2(x + ff(x)).
+/// x = norm1(x + sa(x)); x = norm2(x + ff(x)). Options that build another block (RMSNorm, norms
+/// or projections without biases, grouped-query heads, QK-norm, rotary positions, a gated
+/// feed-forward) throw, naming each, before the state is read.
 NamedArrays from_torch_encoder_layer(const NamedArrays& state, const TransformerBlockOptions& options);
 
 /// What from_gpt2 returns: a LanguageModel's options and its state.

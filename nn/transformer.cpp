@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <new>
 #include <numeric>
@@ -12,6 +13,7 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/memory.hpp"
+#include "xgrad/nn/detail/model_size.hpp"
 
 namespace xgrad::nn {
 
@@ -141,6 +143,19 @@ void LanguageModel::check(const LanguageModelOptions& o) {
   // The attention as the model builds it (rotary from positional), so its checks name the option.
   MultiHeadAttentionOptions attention = o.block().attention();
   Attention::check(attention.rotary(o.positional() == Positional::rotary));
+  if (attention.rotary()) {
+    // RoPE's highest frequency, 1 / theta^((r - 2) / r) for theta < 1, at the last position: a tiny
+    // theta passes float32 there, and the angles' cos and sin would be NaN.
+    const std::size_t r = attention.rotary_dim() ? attention.rotary_dim() : attention.head_dim();
+    float top = 0.f;
+    for (std::size_t i = 0; i < r / 2; ++i) {
+      top = std::max(top, 1.f / std::pow(attention.rope_theta(), static_cast<float>(2 * i) / static_cast<float>(r)));
+    }
+    if (!std::isfinite(static_cast<float>(o.max_len() - 1) * top)) {
+      fail("LanguageModel: rope_theta ", attention.rope_theta(), " with rotary_dim ", r, " gives the frequency ", top,
+           ", and the angle at position max_len - 1 = ", o.max_len() - 1, " passes float32");
+    }
+  }
 }
 
 namespace {
@@ -168,8 +183,43 @@ void init_gpt2(LanguageModel& model, Generator& gen) {
 
 }  // namespace
 
+detail::ModelSize detail::model_size(const LanguageModelOptions& o) {
+  const double V = static_cast<double>(o.vocab_size()), C = static_cast<double>(o.d_model()),
+               F = static_cast<double>(o.d_ff()), L = static_cast<double>(o.num_layers()),
+               P = static_cast<double>(o.max_len());
+  const MultiHeadAttentionOptions& a = o.block().attention();
+  const double D = static_cast<double>(a.head_dim()), KVD = D * static_cast<double>(a.kv_heads());
+  const NormOptions& n = o.norm_options();
+  const bool norm_bias = n.affine() && n.bias() && n.kind() == NormKind::layer_norm;
+  detail::ModelSize block;  // one block's
+  for (int k = 0; k < 2; ++k) block.add(C, n.affine()), block.add(C, norm_bias);
+  block.add(C * C), block.add(C, a.qkv_bias());
+  for (int k = 0; k < 2; ++k) block.add(KVD * C), block.add(KVD, a.qkv_bias());
+  block.add(C * C), block.add(C, a.out_bias());
+  for (int k = 0; k < 2; ++k) block.add(D, a.qk_norm());
+  for (int k = 0; k < (is_gated(o.activation()) ? 2 : 1); ++k) block.add(F * C), block.add(F, o.ffn_bias());
+  block.add(C * F), block.add(C, o.ffn_bias());
+  detail::ModelSize m;
+  m.add(V * C);
+  m.add(P * C, o.positional() == Positional::learned);
+  if (o.norm() == Norm::pre) m.add(C, n.affine()), m.add(C, norm_bias);
+  m.add(V * C, !o.tie_embeddings()), m.add(V, !o.tie_embeddings() && o.head_bias());
+  m.values += L * block.values;
+  m.tensors += L * block.tensors;
+  m.bytes = 4 * (m.values + (o.positional() == Positional::sinusoidal ? P * C : 0)) + L * 34 * 1024;
+  return m;
+}
+
 LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : options_(o) {
   check(o);
+  // Refused before the first block: a model too large (a num_layers of 2^32 with tiny blocks
+  // included) would otherwise allocate until the process is killed.
+  const detail::ModelSize size = detail::model_size(o);
+  char values[48];  // a count past 2^64 is printed whole too
+  std::snprintf(values, sizeof values, "%.0f", size.values);
+  check_available_memory(
+      size.bytes, "LanguageModel",
+      "building the model (" + std::to_string(o.num_layers()) + " blocks, " + values + " float32 values)");
   tok_emb = register_module("tok_emb", std::make_shared<Embedding>(o.vocab_size(), o.d_model(), gen));
   if (o.positional() == Positional::learned) {
     pos_emb = register_module("pos_emb", std::make_shared<LearnedPositionalEncoding>(o.max_len(), o.d_model(), gen));

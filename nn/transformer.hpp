@@ -269,7 +269,10 @@ struct OptionsDifference {
 };
 /// The architecture fields in which `given` differs from `stored`, in to_json's order: every
 /// field but dropout (a training setting that does not change what the weights compute in eval
-/// mode, so a caller may pick another).
+/// mode, so a caller may pick another). Two spellings of one model are no difference: num_kv_heads
+/// 0 and num_heads, rotary_dim 0 and the head size; nor are fields that build nothing: rope_theta
+/// and rotary_dim without rotary positions, head_bias with tied embeddings, norm_bias with RMSNorm
+/// or without a norm weight.
 std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored,
                                                         const LanguageModelOptions& given);
 

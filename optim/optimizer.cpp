@@ -155,6 +155,7 @@ void Optimizer::init_groups() {
              "every group's rate by its factor, the group's rate over the optimizer's)");
       }
       factors[g] = v == 0.f ? 0.f : v / lr_;
+      check_factor(who, v, factors[g]);
     }
     check_hyperparameters(resolved[g], who);
   }
@@ -185,6 +186,12 @@ void Optimizer::check_slot(const std::string& key, std::size_t, const Array& val
 
 void Optimizer::set_lr(float lr) {
   if (!(std::isfinite(lr) && lr >= 0.f)) fail(who_, ": learning rate ", lr, " must be finite and >= 0");
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (!std::isfinite(lr * groups_[g].lr_factor)) {
+      fail(group_who(who_, g), ": learning rate ", lr, " times the group's factor ", groups_[g].lr_factor, " is ",
+           lr * groups_[g].lr_factor, ", past float32");
+    }
+  }
   lr_ = lr;
   for (Group& g : groups_) g.lr = lr * g.lr_factor;  // exactly lr for the factor 1
 }
@@ -197,8 +204,17 @@ void Optimizer::set_group_lr(std::size_t g, float lr) {
     fail(who, ": learning rate ", lr, " cannot be a multiple of the optimizer's learning rate 0 (set_lr scales ",
          "every group's rate by its factor, the group's rate over the optimizer's)");
   }
+  const float factor = lr == 0.f ? 0.f : lr / lr_;
+  check_factor(who, lr, factor);
   groups_[g].lr = lr;
-  groups_[g].lr_factor = lr == 0.f ? 0.f : lr / lr_;
+  groups_[g].lr_factor = factor;
+}
+
+// A factor load_state_dict would refuse (or an infinite one) is refused when it is made.
+void Optimizer::check_factor(const std::string& who, float lr, float factor) const {
+  if (!(factor <= 1e30f)) {
+    fail(who, ": learning rate ", lr, " over the optimizer's ", lr_, " is a factor past 1e30 (", factor, ")");
+  }
 }
 
 void Optimizer::step() {

@@ -67,7 +67,8 @@ class Optimizer {
   /// runs at lr() times its factor (group_lr_factor), so this is the rate of every group that
   /// sets no lr of its own.
   float lr() const { return lr_; }
-  /// Sets lr(): finite and >= 0, else throws naming the value. Every group's rate becomes
+  /// Sets lr(): finite and >= 0, else throws naming the value (and the group, when lr times a
+  /// group's factor passes float32; nothing changes then). Every group's rate becomes
   /// lr times its factor, so a schedule driving set_lr scales all groups and keeps their
   /// ratios, as torch's schedulers scale each group's initial lr.
   void set_lr(float lr);
@@ -78,7 +79,7 @@ class Optimizer {
   float group_lr(std::size_t g) const { return group(g).lr; }
   /// Sets group g's rate (finite and >= 0) and makes it that multiple of lr() for later
   /// set_lr calls. A rate of 0 freezes the group (factor 0); a rate above 0 when lr() is 0
-  /// throws, as no factor gives it.
+  /// throws, as no factor gives it, and so does a factor past 1e30 (which a state cannot hold).
   void set_group_lr(std::size_t g, float lr);
   /// Group g's rate divided by lr(): 1 for a group that sets no lr of its own, x / lr for a
   /// group given lr x (0 for x = 0).
@@ -164,6 +165,7 @@ class Optimizer {
     float lr = 0.f, lr_factor = 1.f;
   };
   const Group& group(std::size_t g) const;
+  void check_factor(const std::string& who, float lr, float factor) const;
   bool writes_groups() const;
   NamedTensors params_;
   std::vector<ParamState> state_;

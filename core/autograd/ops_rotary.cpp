@@ -1,7 +1,9 @@
 // Rotary position embedding on the projections' layout (B, T, H*D), heads side by side in the
 // channels as the attention ops take q and k. The pairing is rotate_half's: in each head, channel
 // i < r/2 turns with channel i + r/2 by the angle position * theta^(-2i/r).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -63,6 +65,13 @@ std::shared_ptr<const Table> rotary_table(const RotaryShape& d, const IndexArray
   for (std::size_t i = 0; i < half; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(d.r);
     inv_freq[i] = 1.f / std::pow(theta, e);
+  }
+  // A theta far below 1 gives frequencies (or angles) past float32: cos and sin of them are NaN.
+  const float top_freq = *std::max_element(inv_freq.begin(), inv_freq.end());
+  const std::int64_t top_pos = positions.size() ? *std::max_element(positions.begin(), positions.end()) : 0;
+  if (!std::isfinite(static_cast<float>(top_pos) * top_freq)) {
+    fail("rotary_embedding: theta ", theta, " with rotary_dim ", d.r, " gives the frequency ", top_freq,
+         " and, at position ", top_pos, ", an angle float32 cannot hold");
   }
   auto t = std::make_shared<Table>();
   t->rows = rows;
