@@ -196,43 +196,37 @@ Tensor relu(const Tensor& a) {
       "relu", a, [](float x) { return x > 0.f ? x : 0.f; }, [](float x, float, float g) { return x > 0.f ? g : 0.f; });
 }
 
-Tensor gelu(const Tensor& a, GeluApprox approx) {
-  if (approx == GeluApprox::exact) {
-    // y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x phi(x)
-    check_defined(a, "gelu");
-    Array y = Array::from_shape(a.shape());
-    const float* xs = a.value().data();
-    float* ys = y.data();
-    parallel_for(y.size(), kGrainCostly,
-                 [=](std::size_t lo, std::size_t hi) { kernels::gelu_forward(xs + lo, ys + lo, hi - lo); });
-    return record("gelu", std::move(y), {a}, [](GradContext& ctx) {
-      const float* xs = ctx.input(0).data();
-      const float* gs = ctx.grad_out().data();
-      Array dx = Array::from_shape(ctx.input(0).shape());
-      float* d = dx.data();
-      parallel_for(dx.size(), kGrainCostly,
-                   [=](std::size_t lo, std::size_t hi) { kernels::gelu_backward(xs + lo, gs + lo, d + lo, hi - lo); });
-      ctx.accumulate(0, std::move(dx));
-    });
-  }
-  // y = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3);
-  // dy/dx = (1 + tanh u) / 2 + x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2
-  check_defined(a, "gelu_tanh");
+namespace {
+
+// y = forward(x) and dx = backward(x, g) by one vector kernel each way, split across the kernel threads.
+using VectorForward = void (*)(const float*, float*, std::size_t);
+using VectorBackward = void (*)(const float*, const float*, float*, std::size_t);
+
+Tensor vector_unary(const char* name, const Tensor& a, VectorForward forward, VectorBackward backward) {
+  check_defined(a, name);
   Array y = Array::from_shape(a.shape());
   const float* xs = a.value().data();
   float* ys = y.data();
-  parallel_for(y.size(), kGrainCostly,
-               [=](std::size_t lo, std::size_t hi) { kernels::gelu_tanh_forward(xs + lo, ys + lo, hi - lo); });
-  return record("gelu_tanh", std::move(y), {a}, [](GradContext& ctx) {
+  parallel_for(y.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) { forward(xs + lo, ys + lo, hi - lo); });
+  return record(name, std::move(y), {a}, [backward](GradContext& ctx) {
     const float* xs = ctx.input(0).data();
     const float* gs = ctx.grad_out().data();
     Array dx = Array::from_shape(ctx.input(0).shape());
     float* d = dx.data();
-    parallel_for(dx.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) {
-      kernels::gelu_tanh_backward(xs + lo, gs + lo, d + lo, hi - lo);
-    });
+    parallel_for(dx.size(), kGrainCostly,
+                 [=](std::size_t lo, std::size_t hi) { backward(xs + lo, gs + lo, d + lo, hi - lo); });
     ctx.accumulate(0, std::move(dx));
   });
+}
+
+}  // namespace
+
+Tensor gelu(const Tensor& a, GeluApprox approx) {
+  // exact: y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x phi(x)
+  if (approx == GeluApprox::exact) return vector_unary("gelu", a, kernels::gelu_forward, kernels::gelu_backward);
+  // tanh: y = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3);
+  // dy/dx = (1 + tanh u) / 2 + x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2
+  return vector_unary("gelu_tanh", a, kernels::gelu_tanh_forward, kernels::gelu_tanh_backward);
 }
 
 }  // namespace xgrad
