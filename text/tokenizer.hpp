@@ -1,0 +1,84 @@
+/// @file
+/// The one interface of every tokenizer: text to ids and back, the bytes of each id (and the
+/// readable `to_str_tokens` view of them), the vocabulary size, the special tokens, and an
+/// identity that token files and checkpoints store.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace xgrad::text {
+
+using TokenIds = std::vector<std::int64_t>;
+
+/// The special tokens a tokenizer has; nullopt where it has none.
+struct SpecialTokens {
+  std::optional<std::int64_t> bos, eos, pad, unk;
+};
+
+/// How encode treats the text of a special token (such as `<|endoftext|>`) inside its input.
+enum class SpecialText {
+  ordinary,  ///< as ordinary text, never giving a special id (the default: user text cannot forge one)
+  match,     ///< matched whole, giving the special token's id
+};
+
+/// What a token file or a checkpoint records of the tokenizer that made its ids. Two tokenizers
+/// with the same identity encode every text to the same ids.
+struct TokenizerIdentity {
+  std::string kind;              ///< "bytes", "byte_bpe" or "sentencepiece"
+  std::uint64_t vocab_size = 0;  ///< ids are in [0, vocab_size)
+  std::string digest;            ///< 16 hex digits: FNV-1a 64 of to_json()
+};
+bool operator==(const TokenizerIdentity& a, const TokenizerIdentity& b);
+bool operator!=(const TokenizerIdentity& a, const TokenizerIdentity& b);
+/// "byte_bpe, 50257 ids, digest 0123456789abcdef", for messages.
+std::string describe(const TokenizerIdentity& identity);
+
+/// A tokenizer. Implementations are immutable after construction, so one tokenizer may encode on
+/// several threads at once.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  /// The ids of `text`. Text that is not valid UTF-8 is encoded byte by byte where it is invalid
+  /// (as GPT-2 does), never refused.
+  virtual TokenIds encode(std::string_view text, SpecialText specials = SpecialText::ordinary) const = 0;
+  /// The text of `ids` (bytes, which need not be UTF-8 when the ids cut a character). An id outside
+  /// [0, vocab_size) is an Error naming the id and its position.
+  virtual std::string decode(const TokenIds& ids) const;
+  /// One token's bytes as decode gives them for it alone; an id out of range is an Error.
+  virtual std::string token_bytes(std::int64_t id) const = 0;
+  /// The `to_str_tokens` view: each id's bytes, where bytes that are not valid UTF-8 on their own
+  /// are written as `\xNN` (and a backslash as `\\`), so every string is printable UTF-8.
+  virtual std::vector<std::string> token_strings(const TokenIds& ids) const;
+
+  virtual std::size_t vocab_size() const = 0;
+  virtual SpecialTokens special_tokens() const = 0;
+  /// "bytes", "byte_bpe" or "sentencepiece".
+  virtual std::string kind() const = 0;
+  /// Everything needed to rebuild this tokenizer, as one UTF-8 JSON document with a "kind" field;
+  /// tokenizer_from_json reads it back.
+  virtual std::string to_json() const = 0;
+
+  /// kind, vocab_size and the digest of to_json().
+  TokenizerIdentity identity() const;
+
+ protected:
+  /// Throws the Error decode and token_bytes give for an id outside [0, vocab_size).
+  void check_id(std::int64_t id, std::size_t position, const char* who) const;
+};
+
+/// Bytes as readable UTF-8: valid UTF-8 sequences are kept, every other byte and a backslash are
+/// written as `\xNN` and `\\` (token_strings' form).
+std::string readable_bytes(std::string_view bytes);
+
+/// Rebuilds a tokenizer from Tokenizer::to_json's document; an unknown "kind" or a malformed
+/// document is an Error naming `who` and the field.
+std::unique_ptr<Tokenizer> tokenizer_from_json(std::string_view json, const std::string& who = "tokenizer_from_json");
+
+}  // namespace xgrad::text
