@@ -1,7 +1,7 @@
-// Train a byte-level transformer language model (the classic model, or a GPT-2-style or
-// Llama-style one: --arch and the option flags) on any text file (or on text from a built-in
-// grammar), with validation, checkpoints, --resume, and sampling from a checkpoint (its own, or
-// a GPT-2-layout one with --import gpt2).
+// Train a transformer language model (the classic model, or a GPT-2-style or Llama-style one:
+// --arch and the option flags) on any text file (or on text from a built-in grammar) or token
+// file, through any tokenizer (bytes by default), with validation, checkpoints, --resume, and
+// sampling from a checkpoint (its own, or a GPT-2-layout one with --import gpt2).
 #include <signal.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "common/memory.hpp"
 #include "common/terminal.hpp"
 #include "run_log.hpp"
+#include "tokenizers.hpp"
 #include "trainer.hpp"
 #include "xgrad/inspect/svg.hpp"
 #ifdef XGRAD_HAS_DISTRIBUTED
@@ -55,17 +56,6 @@ void install_stop_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-std::string sample_text(xgrad::nn::LanguageModel& model, const std::string& prompt, std::size_t count,
-                        float temperature, std::size_t top_k, std::uint64_t seed) {
-  std::vector<std::int64_t> ids(prompt.begin(), prompt.end());
-  for (auto& id : ids) id = static_cast<unsigned char>(id);
-  xgrad::Generator gen(seed);
-  const std::vector<std::int64_t> out = model.generate(ids, count, {temperature, top_k}, gen);
-  std::string text;
-  for (std::int64_t id : out) text += static_cast<char>(id);
-  return text;
-}
-
 // The text as it is (a NUL byte included) and a newline.
 void print_line(const std::string& text) {
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -84,7 +74,9 @@ void check_heads(const xgrad::SafetensorsReader& file, std::size_t heads) {
 }
 
 void write_plot(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
-  xgrad::inspect::LinePlot plot{"byte-level language model", "step", "loss (nats per byte)", {}, false, false};
+  const bool bytes = unigram >= 0;  // a byte-level run on text
+  xgrad::inspect::LinePlot plot{bytes ? "byte-level language model" : "language model", "step",
+                                bytes ? "loss (nats per byte)" : "loss (nats per token)", {}, false, false};
   xgrad::inspect::Series train{"train", {}, {}}, valid{"validation", {}, {}}, uni{"unigram entropy", {}, {}};
   for (const LogEntry& e : log) {
     train.x.push_back(static_cast<double>(e.step));
@@ -95,14 +87,16 @@ void write_plot(const std::string& folder, const std::vector<LogEntry>& log, dou
     }
   }
   if (!log.empty()) uni = {"unigram entropy", {1.0, static_cast<double>(log.back().step)}, {unigram, unigram}};
-  plot.series = {train, valid, uni};
+  plot.series = {train, valid};
+  if (bytes) plot.series.push_back(uni);
   xgrad::inspect::write_text_file(folder + "/loss.svg", xgrad::inspect::line_plot_svg(plot));
 }
 
 // Every file the run reads and writes, checked before any work: no output may destroy an input
 // or another output.
-void check_files(const std::string& text_path, const std::string& checkpoint, bool sampling, const std::string& out) {
-  std::vector<cli::RunFile> inputs, outputs;
+void check_files(const std::string& text_path, const std::string& checkpoint, bool sampling, const std::string& out,
+                 const std::vector<cli::RunFile>& more_inputs = {}) {
+  std::vector<cli::RunFile> inputs = more_inputs, outputs;
   if (!text_path.empty() && !sampling) inputs.push_back({"the training text", text_path});
   if (sampling) {
     inputs.push_back({"--checkpoint", checkpoint});
@@ -130,11 +124,13 @@ E value_of(const std::string& name, const Names<E>& names) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"xgrad train_lm: a byte-level transformer language model, trained from C++.", "train_lm"};
+  CLI::App app{"xgrad train_lm: a transformer language model, trained from C++.", "train_lm"};
   TrainConfig c;
   // The architecture flags' values (they override the preset, or the checkpoint's on --resume).
   TrainConfig a;
   std::string text_path, norm = "pre", checkpoint, out = "train_lm_out", prompt = "The ", import_layout;
+  std::string tokens_path, valid_tokens_path;
+  TokenizerChoice tokenizer_choice;
   std::string arch = "classic", norm_kind = "layer_norm", positional = "learned", activation = "gelu", init = "pytorch";
   std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0, top_k = 0;
   float temperature = 0.8f;
@@ -197,7 +193,27 @@ int main(int argc, char** argv) {
                                    "biases of the attention, the feed-forward and the head (not the norms)");
   CLI::Option* init_flag =
       app.add_option("--init", init, "how the weights are drawn")->check(CLI::IsMember(names_of(kInits)));
-  app.add_option("--seq-len", c.seq_len, "context length in bytes")->transform(size)->capture_default_str();
+  CLI::Option* tokenizer_flag =
+      app.add_option("--tokenizer", tokenizer_choice.spec,
+                     "the tokenizer: bytes (the default, 256 ids), gpt2 DIR (GPT-2's vocab.json and merges.txt, or a "
+                     "tokenizer.json), bpe PATH (a byte-level BPE's folder or tokenizer.json), spm FILE (a "
+                     "SentencePiece .model). The checkpoint stores it; --sample and --resume use the checkpoint's")
+          ->expected(1, 2);
+  CLI::Option* train_tokenizer_flag =
+      app.add_option("--train-tokenizer", tokenizer_choice.train_vocab,
+                     "train a byte-level BPE of this many tokens on the training text (after the split), and use it")
+          ->transform(cli::count(257, 1 << 20));
+  app.add_option("--save-tokenizer", tokenizer_choice.save_dir,
+                 "a folder for the vocab.json and merges.txt of the tokenizer --train-tokenizer trains")
+      ->check(cli::not_empty());
+  CLI::Option* tokens_flag =
+      app.add_option("--tokens", tokens_path,
+                     "a token file (xgrad-tokenize encode) to train on instead of text; needs its --tokenizer")
+          ->check(cli::not_empty());
+  app.add_option("--valid-tokens", valid_tokens_path,
+                 "a token file to validate on (default: the last --valid-fraction of --tokens)")
+      ->check(cli::not_empty());
+  app.add_option("--seq-len", c.seq_len, "context length in tokens")->transform(size)->capture_default_str();
   app.add_option("--batch", c.batch, "sequences per step")->transform(size)->capture_default_str();
   app.add_option("--steps", c.steps, "training steps (with --resume: may extend the run)")
       ->transform(steps)
@@ -233,10 +249,11 @@ int main(int argc, char** argv) {
           ->transform(interval);
   app.add_flag("--resume", resume, "continue training from --checkpoint");
   CLI::Option* sample_flag =
-      app.add_option("--sample", sample, "generate this many bytes from --checkpoint, without training")
+      app.add_option("--sample", sample, "generate this many tokens from --checkpoint, without training")
           ->transform(cli::count(1, 1 << 20));
   app.add_option("--import", import_layout,
-                 "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads)")
+                 "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads, "
+                 "and --tokenizer gpt2 DIR unless its vocabulary is 256 bytes)")
       ->check(cli::not_empty());
   app.add_option("--prompt", prompt, "prompt for sampling (and for the sample after training)")
       ->check(cli::not_empty())
@@ -244,7 +261,8 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")
       ->check(cli::real(0, 1e6))
       ->capture_default_str();
-  app.add_option("--top-k", top_k, "sample among the k most likely bytes (0: all)")->transform(cli::count(0, 256));
+  app.add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)")
+      ->transform(cli::count(0, 1 << 24));
   app.add_option("--out", out, "folder for the log and the loss curve")->capture_default_str();
   app.add_flag("--detect-anomaly", detect_anomaly,
                "check every op for NaN and Inf, to name the op behind a non-finite loss (slow)");
@@ -324,7 +342,22 @@ int main(int argc, char** argv) {
     if (sample > 0 && checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
     if (sample > 0 && !text_path.empty())
       cli::usage_error("--sample reads no training text: '", text_path, "' would be unused");
-    check_files(text_path, checkpoint, sample > 0, out);
+    if (!tokens_path.empty() && !text_path.empty())
+      cli::usage_error("--tokens is the training data: the text '", text_path, "' would be unused");
+    if (!valid_tokens_path.empty() && tokens_path.empty())
+      cli::usage_error("--valid-tokens is for training from --tokens");
+    if (tokenizer_choice.train_vocab > 0 && (sample > 0 || !tokens_path.empty() || resume))
+      cli::usage_error("--train-tokenizer trains on the training text: ",
+                       sample > 0 ? "--sample reads none"
+                       : resume   ? "--resume uses the tokenizer the checkpoint stores"
+                                  : "--tokens is already tokenized");
+    if (sample > 0 && import_layout.empty() && tokenizer_flag->count() > 0)
+      cli::usage_error("--sample uses the tokenizer the checkpoint stores: drop --tokenizer");
+    std::vector<cli::RunFile> more_inputs;
+    if (!tokens_path.empty()) more_inputs.push_back({"--tokens", tokens_path});
+    if (!valid_tokens_path.empty()) more_inputs.push_back({"--valid-tokens", valid_tokens_path});
+    if (tokenizer_choice.spec.size() == 2) more_inputs.push_back({"--tokenizer's file", tokenizer_choice.spec[1]});
+    check_files(text_path, checkpoint, sample > 0, out, more_inputs);
     if (!import_layout.empty()) {
       if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");
       if (sample == 0) cli::usage_error("--import is for --sample: it reads a checkpoint to sample from");
@@ -339,13 +372,17 @@ int main(int argc, char** argv) {
     if (sample > 0 && !import_layout.empty()) {
       if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
       check_heads(xgrad::SafetensorsReader(checkpoint), c.heads);
+      std::shared_ptr<const xgrad::text::Tokenizer> tokenizer;
+      cli::as_usage([&] { tokenizer = make_tokenizer(tokenizer_choice, {}); });
       // Read tensor by tensor into the model: the peak is the model's size, not the file's twice.
-      if (const auto options = xgrad::nn::gpt2_options(checkpoint, c.heads); options.vocab_size() != 256) {
+      if (const auto options = xgrad::nn::gpt2_options(checkpoint, c.heads);
+          options.vocab_size() != tokenizer->vocab_size()) {
         cli::usage_error("--import gpt2: '", checkpoint, "' has a vocabulary of ", options.vocab_size(),
-                         " tokens; train_lm reads and writes bytes, so it needs 256");
+                         " tokens and the ", tokenizer->kind(), " tokenizer ", tokenizer->vocab_size(),
+                         options.vocab_size() == 50257 ? ": give --tokenizer gpt2 DIR with GPT-2's files" : "");
       }
       const std::shared_ptr<xgrad::nn::LanguageModel> model = xgrad::nn::load_gpt2(checkpoint, c.heads);
-      if (lead) print_line(sample_text(*model, prompt, sample, temperature, top_k, c.seed));
+      if (lead) print_line(sample_text(*model, *tokenizer, prompt, sample, temperature, top_k, c.seed));
       return;
     }
     if (sample > 0) {
@@ -362,10 +399,15 @@ int main(int argc, char** argv) {
       cli::as_usage([&] {
         xgrad::nn::check_model_options(loaded.model->options(), model_options(asked), "--sample: '" + checkpoint + "'");
       });
-      if (lead) print_line(sample_text(*loaded.model, prompt, sample, temperature, top_k, c.seed));
+      const auto tokenizer = checkpoint_tokenizer(checkpoint);
+      if (tokenizer->vocab_size() != loaded.model->options().vocab_size())
+        xgrad::fail("--sample: '", checkpoint, "' holds a model of ", loaded.model->options().vocab_size(),
+                    " tokens and a tokenizer of ", tokenizer->vocab_size());
+      if (lead) print_line(sample_text(*loaded.model, *tokenizer, prompt, sample, temperature, top_k, c.seed));
       return;
     }
     std::string text;
+    std::shared_ptr<const xgrad::text::Tokenizer> tokenizer;
     cli::as_usage([&] {
       if (resume && checkpoint.empty()) xgrad::fail("--resume needs --checkpoint");
       // The architecture: the checkpoint's on --resume (a flag given that differs is named by
@@ -394,8 +436,11 @@ int main(int argc, char** argv) {
     std::optional<cli::FileLock> lock;
     if (lead && !checkpoint.empty()) lock.emplace(checkpoint, "train_lm: --checkpoint");
     cli::as_usage([&] {
-      const double max_text = cli::memory_limit_bytes() / 8;  // the text is held about four times
-      if (text_path.empty()) {
+      // The text is held about four times, and its tokens in 2 or 4 bytes each.
+      const double max_text = cli::memory_limit_bytes() / 8;
+      if (!tokens_path.empty()) {
+        // A token file is memory-mapped, not read.
+      } else if (text_path.empty()) {
         cli::check_memory(8.0 * static_cast<double>(text_bytes),
                           "the built-in text of --text-bytes " + std::to_string(text_bytes));
         text = grammar_text(text_bytes, 12345);
@@ -403,8 +448,23 @@ int main(int argc, char** argv) {
         text = read_text(text_path, static_cast<std::uint64_t>(max_text));
       }
     });
-    const double unigram = unigram_entropy(text);
-    const DataSource source = identify(text_path.empty() ? "built-in grammar" : text_path, text);
+    Corpus corpus;
+    cli::as_usage([&] {
+      // --resume continues with the checkpoint's tokenizer unless one is named (then the two must agree).
+      if (resume && !tokenizer_choice.given()) {
+        tokenizer = checkpoint_tokenizer(checkpoint);
+      } else {
+        tokenizer = make_tokenizer(tokenizer_choice, training_part(text, c.valid_fraction));
+      }
+      c.vocab_size = tokenizer->vocab_size();
+      validate(c);
+      corpus = tokens_path.empty() ? split(text, c.valid_fraction, c.seq_len, tokenizer)
+                                   : token_corpus(tokens_path, valid_tokens_path, c.valid_fraction, c.seq_len, tokenizer);
+    });
+    // The unigram bar is in nats per byte: it is drawn only for a byte-level run on text.
+    const double unigram = tokenizer->kind() == "bytes" && tokens_path.empty() ? unigram_entropy(text) : -1.0;
+    const DataSource source = !tokens_path.empty() ? identify_file(tokens_path)
+                              : identify(text_path.empty() ? "built-in grammar" : text_path, text);
     std::unique_ptr<Trainer> trainer;
 #ifdef XGRAD_HAS_DISTRIBUTED
     if (mpi) {
@@ -419,7 +479,7 @@ int main(int argc, char** argv) {
     }
 #endif
     cli::as_usage([&] {
-      trainer = std::make_unique<Trainer>(c, split(text, c.valid_fraction, c.seq_len), source, sharing);
+      trainer = std::make_unique<Trainer>(c, std::move(corpus), source, sharing);
       if (resume) trainer->resume(checkpoint);
       trainer->check_saveable();
     });
@@ -432,8 +492,14 @@ int main(int argc, char** argv) {
     }
     if (sharing->size() > 1)
       std::printf("data-parallel on %d processes, %zu sequences each\n", sharing->size(), c.batch / sharing->size());
-    std::printf("text: %s, %zu bytes, unigram entropy %.3f nats/byte\n",
-                text_path.empty() ? "built-in grammar" : text_path.c_str(), text.size(), unigram);
+    if (tokens_path.empty()) {
+      std::printf("text: %s, %zu bytes, unigram entropy %.3f nats/byte\n",
+                  text_path.empty() ? "built-in grammar" : text_path.c_str(), text.size(), unigram);
+    } else {
+      std::printf("tokens: %s\n", source.describe().c_str());
+    }
+    if (tokenizer->kind() != "bytes")
+      std::printf("tokenizer: %s\n", xgrad::text::describe(tokenizer->identity()).c_str());
     std::printf("model: %s%zu layers, d_model %zu, %zu heads, %zu parameters; %zu steps of %zu x %zu bytes%s\n",
                 c.arch == "classic" ? "" : ("--arch " + c.arch + ", ").c_str(), c.layers, c.d_model, c.heads,
                 trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
@@ -489,11 +555,17 @@ int main(int argc, char** argv) {
     if (!checkpoint.empty()) trainer->save(checkpoint);
 
     const float valid = trainer->validation_loss();
-    std::printf("validation loss %.3f nats/byte (unigram entropy %.3f)\n", static_cast<double>(valid), unigram);
+    if (tokenizer->kind() == "bytes" && tokens_path.empty()) {
+      std::printf("validation loss %.3f nats/byte (unigram entropy %.3f)\n", static_cast<double>(valid), unigram);
+    } else {
+      std::printf("validation loss %.3f nats/token, %.4f bits/byte\n", static_cast<double>(valid),
+                  trainer->bits_per_byte(valid));
+    }
     write_plot(out, run_log.entries(), unigram);
     std::printf("log: %s/log.csv, curve: %s/loss.svg%s%s\n", out.c_str(), out.c_str(),
                 checkpoint.empty() ? "" : ", checkpoint: ", checkpoint.c_str());
-    std::printf("sample: %s\n", sample_text(trainer->model(), prompt, 120, temperature, top_k, c.seed).c_str());
+    std::printf("sample: %s\n",
+                sample_text(trainer->model(), *tokenizer, prompt, 120, temperature, top_k, c.seed).c_str());
       },
       end_job);
   // Stopped by a signal: with the files written and the lock let go, end as that signal would.

@@ -12,6 +12,7 @@
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/nn/checkpoint.hpp"
@@ -19,6 +20,7 @@
 #include "xgrad/nn/weight_decay.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
+#include "xgrad/text/bytes_tokenizer.hpp"
 
 namespace lm {
 
@@ -30,7 +32,7 @@ constexpr const char* kFormat = "xgrad-train-lm-1";
 
 // Sizes past these are typos, not plans; they also bound what a checkpoint may ask us to build.
 constexpr std::size_t kMaxLayers = 1024, kMaxWidth = 1 << 16, kMaxSeqLen = 1 << 16, kMaxBatch = 1 << 20,
-                      kMaxSteps = 100'000'000;
+                      kMaxSteps = 100'000'000, kMaxVocab = 1 << 24;
 
 const std::string& meta_field(const Metadata& meta, const std::string& key, const std::string& path) {
   auto it = meta.find(key);
@@ -92,6 +94,18 @@ DataSource identify(const std::string& name, const std::string& text) {
   return {first_invalid_utf8(name) ? escape_bytes(name) : name, text.size(), h};
 }
 
+DataSource identify_file(const std::string& path) {
+  ReadableFile file(path, "train_lm: --tokens");
+  std::uint64_t h = 14695981039346656037ull;
+  std::vector<char> chunk(1 << 20);
+  std::uint64_t total = 0;
+  while (const std::size_t n = file.read_some(chunk.data(), chunk.size())) {
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(chunk[i])) * 1099511628211ull;
+    total += n;
+  }
+  return {first_invalid_utf8(path) ? escape_bytes(path) : path, total, h};
+}
+
 nlohmann::json DataSource::to_json() const {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a));
@@ -104,6 +118,7 @@ std::string DataSource::describe() const {
 
 nlohmann::json TrainConfig::to_json() const {
   return {{"layers", layers},
+          {"vocab_size", vocab_size},
           {"d_model", d_model},
           {"heads", heads},
           {"d_ff", d_ff},
@@ -143,6 +158,7 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.heads = j.at("heads");
     c.d_ff = j.at("d_ff");
     c.seq_len = j.at("seq_len");
+    c.vocab_size = j.value("vocab_size", std::size_t{256});  // a checkpoint of a byte-level run
     c.dropout = j.at("dropout");
     c.norm = j.at("norm") == "pre" ? nn::Norm::pre : nn::Norm::post;
     // The architecture fields: a checkpoint written before they existed holds the classic model.
@@ -191,6 +207,8 @@ void validate(const TrainConfig& c) {
   at_most("--steps", c.steps, kMaxSteps);
   at_most("--eval-batches", c.eval_batches, kMaxBatch);
   if (c.seq_len == 0) fail("--seq-len must be at least 1");
+  if (c.vocab_size < 2 || c.vocab_size > kMaxVocab)
+    fail("the vocabulary of ", c.vocab_size, " tokens is outside [2, ", kMaxVocab, "]");
   if (c.batch == 0) fail("--batch must be at least 1");
   if (c.steps == 0) fail("--steps must be at least 1");
   if (!(std::isfinite(c.lr) && c.lr > 0.f)) fail("--lr ", c.lr, " must be positive and finite");
@@ -236,14 +254,14 @@ double training_bytes(const TrainConfig& c) {
   const bool gated = c.activation == nn::Activation::swiglu || c.activation == nn::Activation::geglu ||
                      c.activation == nn::Activation::geglu_tanh;
   if (gated) s.d_ff *= 1.5;  // a third projection of F, and its hidden values
-  s.vocab = 256;
+  s.vocab = static_cast<double>(c.vocab_size);
   s.batch = static_cast<double>(c.batch);
   s.seq_len = static_cast<double>(c.seq_len);
   return cli::transformer_training_bytes(s);
 }
 
 nn::LanguageModelOptions model_options(const TrainConfig& c) {
-  return nn::LanguageModelOptions(256, c.d_model, c.heads, c.layers)
+  return nn::LanguageModelOptions(c.vocab_size, c.d_model, c.heads, c.layers)
       .d_ff(c.d_ff ? c.d_ff : 4 * c.d_model)
       .max_len(c.seq_len)
       .dropout(c.dropout)
@@ -272,8 +290,8 @@ void apply_arch(TrainConfig& c, const std::string& arch) {
     return;
   }
   const nn::LanguageModelOptions o =
-      arch == "gpt2" ? nn::LanguageModelOptions::gpt2_style(256, c.d_model, c.heads, c.layers)
-                     : nn::LanguageModelOptions::llama_style(256, c.d_model, c.heads, c.layers,
+      arch == "gpt2" ? nn::LanguageModelOptions::gpt2_style(c.vocab_size, c.d_model, c.heads, c.layers)
+                     : nn::LanguageModelOptions::llama_style(c.vocab_size, c.d_model, c.heads, c.layers,
                                                              c.heads % 2 == 0 ? c.heads / 2 : c.heads);
   c.d_ff = o.d_ff();
   c.norm = o.norm();
@@ -325,10 +343,16 @@ Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shar
                     .min_lr(c.min_lr)) {
   const auto ranks = static_cast<std::size_t>(sharing_->size());
   if (c.batch % ranks != 0) fail("train_lm: --batch ", c.batch, " does not divide among ", ranks, " processes");
-  valid_ = eval_batches(corpus_.valid, c.batch, c.seq_len, c.eval_batches);
+  if (!corpus_.tokenizer || !corpus_.train || !corpus_.valid) fail("train_lm: the corpus has no tokens or tokenizer");
+  if (corpus_.tokenizer->vocab_size() != c.vocab_size)
+    fail("train_lm: the ", corpus_.tokenizer->kind(), " tokenizer has ", corpus_.tokenizer->vocab_size(),
+         " tokens, the model ", c.vocab_size);
+  valid_ = text::evaluation_windows(*corpus_.valid, c.batch, c.seq_len, c.eval_batches);
   if (valid_.empty())
-    fail("train_lm: the validation text is shorter than one batch of ", c.batch, " x ", c.seq_len + 1, " bytes");
-  for (Batch& b : valid_) b = share(b);
+    fail("train_lm: the validation text is shorter than one batch of ", c.batch, " x ", c.seq_len + 1, " tokens");
+  valid_tokens_per_byte_ = static_cast<double>(valid_.size() * c.batch * c.seq_len) /
+                           std::max(target_bytes(valid_, *corpus_.tokenizer), 1.0);
+  for (text::TokenBatch& b : valid_) b = share(b);
   model_ = std::make_unique<nn::LanguageModel>(model_options(c), init_);
   sharing_->wrap(*model_);
   // The classic run decays every parameter, as it always has; a preset decays the matrices only.
@@ -341,12 +365,12 @@ Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shar
   }
 }
 
-Batch Trainer::share(const Batch& global) const {
+text::TokenBatch Trainer::share(const text::TokenBatch& global) const {
   const std::size_t ranks = static_cast<std::size_t>(sharing_->size());
   if (ranks == 1) return global;
   const std::size_t rows = global.ids.shape()[0] / ranks, T = global.ids.shape()[1];
   const std::size_t from = static_cast<std::size_t>(sharing_->rank()) * rows;
-  Batch b{IndexArray::from_shape({rows, T}), IndexArray::from_shape({rows, T})};
+  text::TokenBatch b{IndexArray::from_shape({rows, T}), IndexArray::from_shape({rows, T}), {}};
   std::copy_n(global.ids.data() + from * T, rows * T, b.ids.data());
   std::copy_n(global.targets.data() + from * T, rows * T, b.targets.data());
   return b;
@@ -356,10 +380,14 @@ float Trainer::validation_loss() {
   NoGradGuard no_grad;
   model_->eval();
   double total = 0;
-  for (const Batch& b : valid_) total += model_->loss(b.ids, b.targets).item();
+  for (const text::TokenBatch& b : valid_) total += model_->loss(b.ids, b.targets).item();
   model_->train();
   // Every rank holds the same number of rows, so the mean of the ranks' means is the global mean.
   return static_cast<float>(sharing_->mean(total / static_cast<double>(valid_.size())));
+}
+
+double Trainer::bits_per_byte(float validation_loss) const {
+  return static_cast<double>(validation_loss) * valid_tokens_per_byte_ / std::log(2.0);
 }
 
 std::string Trainer::checkpoint_note(const std::string& checkpoint) const {
@@ -381,7 +409,9 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
   bool pending = false;
   while (step_ < until) {
     const std::string data_state = pending ? data_.state() : std::string();
-    const Batch b = share(sample_batch(corpus_.train, config_.batch, config_.seq_len, data_));
+    const text::TokenBatch b = text::random_windows(*corpus_.train, config_.seq_len, config_.batch, data_,
+                                                    static_cast<std::size_t>(sharing_->rank()),
+                                                    static_cast<std::size_t>(sharing_->size()));
     // Dropout masks: the model's streams seeded from (seed, rank, step), so ranks draw different
     // masks and a resumed run draws the same ones as an uninterrupted one.
     nn::seed_dropout(*model_, config_.seed * 0x9E3779B97F4A7C15ull +
@@ -450,7 +480,8 @@ Metadata Trainer::metadata(const std::string& data_state) const {
           {"schedule_steps", std::to_string(schedule_steps_)},
           {"data", source_.to_json().dump()},
           {"config", config_.to_json().dump()},
-          {"data_rng", data_state}};
+          {"data_rng", data_state},
+          {"tokenizer", corpus_.tokenizer->to_json()}};
 }
 
 void Trainer::check_saveable() const {
@@ -487,6 +518,17 @@ TrainConfig checkpoint_config(const std::string& checkpoint) {
     fail("train_lm: '", checkpoint, "' holds a configuration that cannot be used: ", e.what());
   }
   return c;
+}
+
+std::shared_ptr<const text::Tokenizer> checkpoint_tokenizer(const std::string& checkpoint) {
+  const SafetensorsReader file(checkpoint);
+  const auto it = file.metadata().find("tokenizer");
+  if (it == file.metadata().end()) return std::make_shared<text::BytesTokenizer>();
+  try {
+    return text::tokenizer_from_json(it->second, "train_lm: the tokenizer of '" + checkpoint + "'");
+  } catch (const Error& e) {
+    fail(e.what());
+  }
 }
 
 void Trainer::resume(const std::string& checkpoint) {
@@ -529,6 +571,13 @@ void Trainer::resume(const std::string& checkpoint) {
       fail("train_lm: --resume with other data than the checkpoint was trained on: ", theirs_data.describe(), " then, ",
            source_.describe(), " now");
     }
+  }
+  if (meta.count("tokenizer")) {
+    const auto theirs_tokenizer = checkpoint_tokenizer(checkpoint);
+    if (theirs_tokenizer->identity() != corpus_.tokenizer->identity())
+      fail("train_lm: --resume with another tokenizer than the checkpoint was trained with: ",
+           text::describe(theirs_tokenizer->identity()), " then, ", text::describe(corpus_.tokenizer->identity()),
+           " now");
   }
   Generator data = data_;
   data.set_state(meta_field(meta, "data_rng", checkpoint));

@@ -23,6 +23,7 @@ namespace lm {
 struct TrainConfig {
   // model
   std::size_t layers = 2, d_model = 128, heads = 4, d_ff = 0, seq_len = 64;  // d_ff 0: 4 * d_model
+  std::size_t vocab_size = 256;  // the tokenizer's (256: bytes)
   float dropout = 0.1f;
   xgrad::nn::Norm norm = xgrad::nn::Norm::pre;
   // The preset the architecture started from (see apply_arch), which also picks the weight-decay
@@ -85,6 +86,8 @@ struct DataSource {
   std::string describe() const;  // "'a.txt' (1234 bytes, FNV-1a 0123abcd...)"
 };
 DataSource identify(const std::string& name, const std::string& text);
+// The same for a file, read in pieces (a token file is never held whole).
+DataSource identify_file(const std::string& path);
 
 struct LogEntry {
   std::size_t step = 0;  // 1-based: the step just taken
@@ -127,7 +130,10 @@ class Trainer {
   // Asked after every step: true ends run() there (a checkpoint given is then written, checked
   // by a validation pass like any other). For a graceful stop on SIGINT or SIGTERM.
   void set_stop_request(std::function<bool()> stop) { stop_request_ = std::move(stop); }
-  float validation_loss();
+  float validation_loss();  // nats per token
+  // A validation loss as bits per byte of the text its targets decode to, so that models with
+  // different tokenizers compare.
+  double bits_per_byte(float validation_loss) const;
   // Writes a checkpoint (on rank 0 only; the other ranks' state is the same).
   void save(const std::string& path);
   // Before the first step: throws the Error a save would meet on its metadata (a name that is not
@@ -139,9 +145,10 @@ class Trainer {
   xgrad::nn::LanguageModel& model() { return *model_; }
   const xgrad::optim::AdamW& optimizer() const { return *optimizer_; }
   const TrainConfig& config() const { return config_; }
+  const xgrad::text::Tokenizer& tokenizer() const { return *corpus_.tokenizer; }
 
  private:
-  Batch share(const Batch& global) const;  // this rank's rows
+  xgrad::text::TokenBatch share(const xgrad::text::TokenBatch& global) const;  // this rank's rows
   xgrad::Metadata metadata(const std::string& data_state) const;
   void save(const std::string& path, const std::string& data_state);
   std::string checkpoint_note(const std::string& checkpoint) const;  // what the file holds, for a stop
@@ -150,7 +157,8 @@ class Trainer {
   std::size_t schedule_steps_;  // the schedule's length: the first run's steps, kept on resume
   DataSource source_;
   Corpus corpus_;
-  std::vector<Batch> valid_;
+  std::vector<xgrad::text::TokenBatch> valid_;
+  double valid_tokens_per_byte_ = 1;  // over the global validation batches
   xgrad::Generator init_, data_;  // the same on every rank: every rank draws the whole batch
   std::unique_ptr<xgrad::nn::LanguageModel> model_;
   std::unique_ptr<xgrad::optim::AdamW> optimizer_;
@@ -166,6 +174,10 @@ xgrad::nn::LanguageModelOptions model_options(const TrainConfig& config);
 // Reads the training config stored in a checkpoint (to rebuild its model for sampling), refusing
 // one that validate() refuses.
 TrainConfig checkpoint_config(const std::string& checkpoint);
+
+// The tokenizer a checkpoint stores (the bytes tokenizer for one written before train_lm had
+// tokenizers); an Error names the file when its tokenizer cannot be read.
+std::shared_ptr<const xgrad::text::Tokenizer> checkpoint_tokenizer(const std::string& checkpoint);
 
 // The estimated bytes a training step of this config needs (parameters, optimizer state,
 // activations and their gradients).

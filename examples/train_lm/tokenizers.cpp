@@ -1,0 +1,47 @@
+// Choosing, training and using a run's tokenizer.
+#include "tokenizers.hpp"
+
+#include <chrono>
+#include <cstdio>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
+#include "xgrad/text/bpe_trainer.hpp"
+#include "xgrad/text/byte_level_bpe.hpp"
+#include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/load_tokenizer.hpp"
+
+namespace lm {
+
+std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoice& choice,
+                                                             std::string_view training_text) {
+  if (!choice.spec.empty() && choice.train_vocab > 0)
+    xgrad::fail("--tokenizer and --train-tokenizer both name the tokenizer: give one");
+  if (!choice.save_dir.empty() && choice.train_vocab == 0)
+    xgrad::fail("--save-tokenizer saves the tokenizer --train-tokenizer trains");
+  if (choice.train_vocab > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    const xgrad::text::BpeVocabulary vocabulary = xgrad::text::train_byte_level_bpe(
+        {std::string(training_text)}, xgrad::text::BpeTrainerOptions().vocab_size(choice.train_vocab));
+    auto tokenizer = std::make_shared<xgrad::text::ByteLevelBpe>(vocabulary);
+    std::printf("tokenizer: a byte-level BPE of %zu tokens trained on %zu bytes in %.1f s\n", tokenizer->vocab_size(),
+                training_text.size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (!choice.save_dir.empty()) xgrad::text::save_gpt2_vocabulary(vocabulary, choice.save_dir);
+    return tokenizer;
+  }
+  if (choice.spec.empty()) return std::make_shared<xgrad::text::BytesTokenizer>();
+  if (choice.spec.size() > 2) xgrad::fail("--tokenizer takes a kind and a path, not ", choice.spec.size(), " values");
+  return xgrad::text::load_tokenizer(choice.spec[0], choice.spec.size() > 1 ? choice.spec[1] : "", "--tokenizer");
+}
+
+std::string sample_text(xgrad::nn::LanguageModel& model, const xgrad::text::Tokenizer& tokenizer,
+                        const std::string& prompt, std::size_t count, float temperature, std::size_t top_k,
+                        std::uint64_t seed) {
+  const xgrad::text::TokenIds ids = tokenizer.encode(prompt);
+  if (ids.empty()) xgrad::fail("--prompt '", prompt, "' encodes to no tokens");
+  xgrad::Generator gen(seed);
+  return tokenizer.decode(model.generate(ids, count, {temperature, top_k}, gen));
+}
+
+}  // namespace lm
