@@ -399,7 +399,7 @@ TEST_CASE("train_lm --import: bad usage and unusable files are refused in one li
   }
   xgrad::save_safetensors(dir.file("v200.safetensors"), tensors);
   one_line(sample(dir.file("v200.safetensors"), {"--import", "gpt2", "--heads", "2"}), 2,
-           {"vocabulary of 200", "needs 256"});
+           {"vocabulary of 200", "the bytes tokenizer 256"});
   tensors = xgrad::load_safetensors(gpt2).tensors;
   tensors.erase(
       std::find_if(tensors.begin(), tensors.end(), [](const auto& e) { return e.first == "h.1.mlp.c_fc.bias"; }));
