@@ -68,18 +68,30 @@ TEST_CASE("the corpus holds the sentence's words, and sentences encode and decod
     REQUIRE(vocab.contains(w));
   }
   REQUIRE(vocab.word(Vocabulary::kBos) == "<s>");
-  for (const Sentence& s : every) REQUIRE(vocab.decode(vocab.encode(s)) == s);
+  for (const Sentence& s : every) REQUIRE(vocab.words(vocab.encode(s)) == s);
   REQUIRE(split_words("我  昨天 去 了 北京 出差") == probe_sentence());
   REQUIRE(join_words(probe_sentence()) == "我 昨天 去 了 北京 出差");
   REQUIRE_THROWS_WITH(vocab.encode({"我", "火星"}), Catch::Contains("'火星' is not in the vocabulary"));
-  REQUIRE_THROWS_WITH(vocab.decode({1, static_cast<std::int64_t>(vocab.size())}), Catch::Contains("outside [0, "));
+  REQUIRE_THROWS_WITH(vocab.words({1, static_cast<std::int64_t>(vocab.size())}), Catch::Contains("outside [0, "));
+
+  // The tokenizer interface: words split at spaces, joined without them.
+  const xgrad::text::TokenIds probe = vocab.encode(std::string_view("我 昨天 去 了 北京 出差"));
+  REQUIRE(probe == vocab.encode(probe_sentence()));
+  REQUIRE(vocab.decode(probe) == "我昨天去了北京出差");
+  REQUIRE(vocab.token_strings(probe) == probe_sentence());
+  REQUIRE(vocab.vocab_size() == vocab.size());
+  REQUIRE(vocab.special_tokens().bos == Vocabulary::kBos);
+  REQUIRE(vocab.special_tokens().eos == Vocabulary::kEos);
+  REQUIRE(vocab.identity() == Vocabulary(every).identity());
+  REQUIRE_THROWS_WITH(vocab.encode(std::string_view("我 </s>")), Catch::Contains("'</s>' is a special token"));
+  REQUIRE(vocab.encode(std::string_view("<s> 我"), xgrad::text::SpecialText::match)[0] == Vocabulary::kBos);
 
   // <s> w1 .. wn <pad>: targets w1 .. wn </s> ignore.
   const Sentence shorter = {"我", "去"};
   const Batch b = make_batch(vocab, {&probe_sentence(), &shorter});
   REQUIRE(b.ids.shape() == xgrad::Shape{2, 7});
   REQUIRE(b.ids(1, 0) == Vocabulary::kBos);
-  REQUIRE(b.targets(1, 1) == vocab.encode({"去"})[0]);
+  REQUIRE(b.targets(1, 1) == vocab.encode(Sentence{"去"})[0]);
   REQUIRE(b.targets(1, 2) == Vocabulary::kEos);
   REQUIRE(b.ids(1, 3) == Vocabulary::kPad);
   REQUIRE(b.targets(1, 3) == xgrad::kIgnoreIndex);

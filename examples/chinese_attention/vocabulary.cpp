@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
 
@@ -36,7 +38,20 @@ const std::string& Vocabulary::word(std::int64_t id) const {
   return words_[static_cast<std::size_t>(id)];
 }
 
-Sentence Vocabulary::decode(const std::vector<std::int64_t>& ids) const {
+xgrad::text::TokenIds Vocabulary::encode(std::string_view text, xgrad::text::SpecialText specials) const {
+  const Sentence words = split_words(std::string(text));
+  if (specials == xgrad::text::SpecialText::ordinary) {
+    for (const std::string& w : words) {
+      if (w == words_[kPad] || w == words_[kBos] || w == words_[kEos])
+        xgrad::fail("Vocabulary: '", w, "' is a special token, not a word of the text");
+    }
+  }
+  return encode(words);
+}
+
+std::string Vocabulary::to_json() const { return nlohmann::json{{"kind", "words"}, {"words", words_}}.dump(); }
+
+Sentence Vocabulary::words(const std::vector<std::int64_t>& ids) const {
   Sentence words;
   for (std::int64_t id : ids) words.push_back(word(id));
   return words;

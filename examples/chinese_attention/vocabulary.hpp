@@ -1,4 +1,5 @@
-// A word vocabulary with three special tokens, and sentences as model inputs and targets.
+// A word vocabulary with three special tokens, behind the library's tokenizer interface (text
+// in, words split at spaces; ids out, words joined), and sentences as model inputs and targets.
 #pragma once
 
 #include <map>
@@ -7,10 +8,11 @@
 
 #include "corpus.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/text/tokenizer.hpp"
 
 namespace zh {
 
-class Vocabulary {
+class Vocabulary : public xgrad::text::Tokenizer {
  public:
   static constexpr std::int64_t kPad = 0, kBos = 1, kEos = 2;  // <pad>, <s>, </s>
 
@@ -22,8 +24,19 @@ class Vocabulary {
   // Throws xgrad::Error naming a word that is not in the vocabulary.
   std::vector<std::int64_t> encode(const Sentence& words) const;
   // Throws xgrad::Error naming an id outside [0, size()).
-  Sentence decode(const std::vector<std::int64_t>& ids) const;
+  Sentence words(const std::vector<std::int64_t>& ids) const;
   const std::string& word(std::int64_t id) const;
+
+  // The tokenizer interface: text is split into words at spaces; an unknown word is an Error,
+  // and so is a special token's text unless `specials` is match. Decoding joins the words
+  // without spaces ("我昨天去了"), as the sentence is written.
+  xgrad::text::TokenIds encode(std::string_view text,
+                               xgrad::text::SpecialText specials = xgrad::text::SpecialText::ordinary) const override;
+  std::string token_bytes(std::int64_t id) const override { return word(id); }
+  std::size_t vocab_size() const override { return size(); }
+  xgrad::text::SpecialTokens special_tokens() const override { return {kBos, kEos, kPad, std::nullopt}; }
+  std::string kind() const override { return "words"; }
+  std::string to_json() const override;  // {"kind": "words", "words": [...]}, for its identity
 
  private:
   std::vector<std::string> words_;
