@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs xgrad from a build tree into a scratch prefix, then builds and runs the README's tour
-# (a first model, which must write back the phrase it learned) as an outside project with
+# (a first model, which must write back the phrase it learned) and a program on xgrad::text (the
+# tokenizers) as an outside project with
 # find_package(xgrad); then the same against the build tree itself (xgrad_DIR=BUILD_DIR). Where
 # MPI is installed, both also ask for the distributed component (find_package(xgrad REQUIRED
 # COMPONENTS distributed)) and run its program alone and on two ranks: a component that does not
@@ -33,7 +34,7 @@ if [ ! -s "$work/consumer/tour.cpp" ]; then
   echo "check_install: no tour code found in README.md" >&2
   exit 1
 fi
-cp "$src/tests/install/CMakeLists.txt" "$src/tests/install/data_parallel.cpp" "$work/consumer/"
+cp "$src/tests/install/CMakeLists.txt" "$src/tests/install/data_parallel.cpp" "$src/tests/install/text_tokens.cpp" "$work/consumer/"
 
 # MPI is installed when the build found its library or its compiler wrapper is on PATH (the
 # development files; mpirun alone is not enough to build against).
@@ -58,6 +59,8 @@ consumer() {
   cmake --build "$out" > "$out.build.log" 2>&1 || { cat "$out.build.log" >&2; echo "check_install: the consumer in $out does not build" >&2; exit 1; }
   "$out/tour" > "$out.tour.out"
   grep -q "sample: hello world hello world" "$out.tour.out"
+  "$out/text_tokens" | tee "$out.text.out"
+  grep -q "text: 5 pieces, 21 byte tokens" "$out.text.out"
   if [ "$distributed" = ON ]; then
     "$out/data_parallel" | tee "$out.dp1.out"
     grep -q "data-parallel gradient agrees on 1 process(es)" "$out.dp1.out"
