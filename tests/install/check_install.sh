@@ -60,7 +60,7 @@ consumer() {
   "$out/tour" > "$out.tour.out"
   grep -q "sample: hello world hello world" "$out.tour.out"
   "$out/text_tokens" | tee "$out.text.out"
-  grep -q "text: 5 pieces, 21 byte tokens" "$out.text.out"
+  grep -q "text: 5 pieces, 20 byte tokens" "$out.text.out"
   if [ "$distributed" = ON ]; then
     "$out/data_parallel" | tee "$out.dp1.out"
     grep -q "data-parallel gradient agrees on 1 process(es)" "$out.dp1.out"
