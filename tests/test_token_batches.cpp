@@ -33,14 +33,18 @@ TokenVector counting(std::size_t n) {
 }
 std::int64_t token_at(std::size_t i) { return static_cast<std::int64_t>((i * 7 + 3) % 1000); }
 
-// A source of 2^33 + 5 tokens that holds none in memory: token i is i mod 1009.
+// A source of 2^33 + 5 tokens (or `size`) that holds none in memory: token i is i mod 1009.
 class HugeSource : public TokenSource {
  public:
-  std::size_t size() const override { return (std::size_t{1} << 33) + 5; }
+  explicit HugeSource(std::size_t size = (std::size_t{1} << 33) + 5) : size_(size) {}
+  std::size_t size() const override { return size_; }
   void read(std::size_t offset, std::size_t n, std::int64_t* out) const override {
     check_range(offset, n, "HugeSource::read");
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::int64_t>((offset + i) % 1009);
   }
+
+ private:
+  std::size_t size_;
 };
 
 // The offset a row starts at, from its first id (for the counting source, whose ids repeat every
@@ -137,6 +141,15 @@ TEST_CASE("bad input: random_windows refuses windows past the data and bad shard
   REQUIRE_THROWS_WITH(random_windows(data, 4, 4, gen, 0, 0), Contains("world 0"));
   REQUIRE_THROWS_WITH(random_windows(data, 4, 4, gen, 2, 2), Contains("rank 2 is not below world 2"));
   REQUIRE_THROWS_WITH(random_windows(data, 4, 5, gen, 0, 2), Contains("batch of 5 rows does not divide among 2"));
+  // Batches past the memory left are refused before anything is allocated or drawn.
+  const HugeSource huge;
+  REQUIRE_THROWS_WITH(random_windows(huge, std::size_t{1} << 20, std::size_t{1} << 30, gen),
+                      Contains("random_windows: a batch of 1073741824 x 1048576 needs"));
+  REQUIRE_THROWS_WITH(
+      evaluation_windows(HugeSource(std::size_t{1} << 40), std::size_t{1} << 16, std::size_t{1} << 20, 1000),
+      Contains("evaluation_windows: a batch of 65536 x 1048576 (15 of them) needs"));
+  REQUIRE_THROWS_WITH(SequentialWindows(HugeSource(std::size_t{1} << 50), 1, 0),
+                      Contains("the visiting order of 1125899906842623 windows needs"));
   CHECK(gen.state() == before);
 }
 

@@ -135,6 +135,24 @@ TEST_CASE("xgrad-tokenize encode --separator splits files into documents at the 
   CHECK(text_of(dir.file("t.bin")) == "one<|sep|>two<|sep|>three");
 }
 
+TEST_CASE("bad input: xgrad-tokenize encode on a full disk exits 1, leaving the earlier file and no temporary",
+          "[text][tool]") {
+  TempDir dir("xgrad_tokenize");
+  write_bytes(dir.file("big.txt"), std::string(3 << 20, 'a'));
+  write_bytes(dir.file("t.bin"), "earlier");
+  xgrad::testing::Limits limits;
+  limits.file_size = 1 << 20;  // writes past 1 MiB fail with EFBIG, as on a full disk
+  const Outcome o = xgrad::testing::run_program(
+      dir, XGRAD_TOKENIZE_EXE, {"encode", "--tokenizer", "bytes", "--out", "t.bin", "big.txt"}, limits);
+  INFO(o);
+  CHECK(o.exited);
+  CHECK(o.code == 1);
+  CHECK_THAT(o.err,
+             Contains("xgrad-tokenize") && Contains("t.bin") && Contains("File too large") && Contains("unchanged"));
+  CHECK(read_bytes(dir.file("t.bin")) == "earlier");
+  CHECK(dir.entries() == std::set<std::string>{"big.txt", "t.bin", ".stdout", ".stderr"});
+}
+
 TEST_CASE("xgrad-tokenize ids and decode: text to a JSON array of ids and back to the raw bytes", "[text][tool]") {
   TempDir dir("xgrad_tokenize");
   Outcome o = tool(dir, {"ids", "--tokenizer", "bytes", "h\xc3\xa9!"});

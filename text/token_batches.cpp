@@ -2,10 +2,12 @@
 #include "xgrad/text/token_batches.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/memory.hpp"
 
 namespace xgrad::text {
 
@@ -17,6 +19,17 @@ void check_sharding(std::size_t global_batch, std::size_t rank, std::size_t worl
   if (rank >= world) fail(who, ": rank ", rank, " is not below world ", world);
   if (global_batch % world != 0)
     fail(who, ": the batch of ", global_batch, " rows does not divide among ", world, " processes");
+}
+
+// Refuses `count` batches of (rows, seq_len) ids, targets and mask, plus `extra` bytes, that cannot fit
+// in memory, before anything is allocated.
+void check_memory(double count, double rows, double seq_len, double extra, const char* who) {
+  const double bytes = count * rows * seq_len * (2 * sizeof(std::int64_t) + sizeof(bool)) + extra;
+  check_available_memory(
+      bytes, who,
+      "a batch of " + std::to_string(static_cast<unsigned long long>(rows)) + " x " +
+          std::to_string(static_cast<unsigned long long>(seq_len)) +
+          (count > 1 ? " (" + std::to_string(static_cast<unsigned long long>(count)) + " of them)" : std::string()));
 }
 
 // Fills row `row` of b from the window of seq_len + 1 tokens starting at `window`.
@@ -50,6 +63,8 @@ TokenBatch random_windows(const TokenSource& data, std::size_t seq_len, std::siz
   if (data.size() <= seq_len)
     fail(who, ": windows of ", seq_len, " + 1 tokens do not fit in the ", data.size(), " tokens of the data");
   const std::size_t rows = global_batch / world, first = rank * rows;
+  check_memory(1, static_cast<double>(rows), static_cast<double>(seq_len),
+               static_cast<double>(global_batch) * sizeof(std::size_t), who);
   std::vector<std::size_t> offsets(global_batch);
   for (std::size_t& at : offsets) at = static_cast<std::size_t>(draw_below(gen, data.size() - seq_len));
   TokenBatch b = empty_batch(rows, seq_len);
@@ -67,6 +82,11 @@ std::vector<TokenBatch> evaluation_windows(const TokenSource& data, std::size_t 
   check_sharding(batch, rank, world, who);
   if (seq_len == 0) fail(who, ": seq_len is 0");
   const std::size_t rows = batch / world, first = rank * rows;
+  const double per_batch = static_cast<double>(batch) * static_cast<double>(seq_len);
+  if (per_batch + 1 > static_cast<double>(data.size())) return {};
+  const double batches = std::min(static_cast<double>(max_batches), static_cast<double>(data.size() - 1) / per_batch);
+  check_memory(std::floor(batches), static_cast<double>(rows), static_cast<double>(seq_len),
+               (per_batch + 1) * sizeof(std::int64_t), who);
   std::vector<TokenBatch> out;
   std::vector<std::int64_t> tokens(batch * seq_len + 1);
   std::size_t at = 0;
@@ -89,6 +109,8 @@ SequentialWindows::SequentialWindows(const TokenSource& data, std::size_t seq_le
   windows_ = data.size() == 0 ? 0 : (data.size() - 1) / seq_len;
   if (windows_ == 0)
     fail("SequentialWindows: the data's ", data.size(), " tokens hold no window of ", seq_len, " + 1 tokens");
+  check_available_memory(static_cast<double>(windows_) * 2 * sizeof(std::size_t), "SequentialWindows",
+                         "the visiting order of " + std::to_string(windows_) + " windows");
   order_ = epoch_order(0);
 }
 
@@ -110,6 +132,7 @@ TokenBatch SequentialWindows::next(std::size_t global_batch, std::size_t rank, s
   if (global_batch > windows_)
     fail(who, ": a batch of ", global_batch, " windows is more than the ", windows_, " windows of an epoch");
   const std::size_t rows = global_batch / world, first = rank * rows;
+  check_memory(1, static_cast<double>(rows), static_cast<double>(seq_len_), 0, who);
   TokenBatch b = empty_batch(rows, seq_len_);
   std::vector<std::int64_t> window(seq_len_ + 1);
   // Read first, then move: an Error from the data leaves the position unchanged.
@@ -216,6 +239,7 @@ TokenBatch padded_batch(const std::vector<TokenIds>& documents, std::int64_t pad
     width = std::max(width, max_len > 0 ? std::min(max_len, documents[d].size()) : documents[d].size());
   }
   const std::size_t rows = documents.size();
+  check_memory(1, static_cast<double>(rows), static_cast<double>(width), 0, who);
   TokenBatch b{IndexArray::from_shape({rows, width}), IndexArray::from_shape({rows, width}),
                Mask::from_shape({rows, width})};
   for (std::size_t d = 0; d < rows; ++d) {
@@ -244,6 +268,7 @@ TokenBatch packed_batch(const std::vector<TokenIds>& documents, std::size_t seq_
     fail(who, ": the documents joined hold ", stream.size(), " tokens, fewer than the 2 one target needs");
   const std::size_t positions = stream.size() - 1, rows = (positions + seq_len - 1) / seq_len;
   const bool padded = positions % seq_len != 0;
+  check_memory(1, static_cast<double>(rows), static_cast<double>(seq_len), 0, who);
   TokenBatch b = empty_batch(rows, seq_len);
   if (padded) b.key_padding_mask = Mask::from_shape({rows, seq_len});
   for (std::size_t r = 0; r < rows; ++r) {
