@@ -36,7 +36,7 @@ std::uint64_t draw_below(Generator& gen, std::uint64_t n);
 
 /// `global_batch` windows of seq_len + 1 tokens at offsets draw_below(gen, size - seq_len),
 /// drawn in row order (ids: the first seq_len tokens, targets: the last seq_len), of which this
-/// rank's rows are returned (see Sharing above); all global_batch offsets are drawn on every rank.
+/// rank's rows are returned (see Sharding in the file comment); all global_batch offsets are drawn on every rank.
 /// seq_len 0, global_batch 0, world 0, rank >= world, a global_batch world does not divide, or a
 /// source of seq_len tokens or fewer is an Error naming the values.
 TokenBatch random_windows(const TokenSource& data, std::size_t seq_len, std::size_t global_batch, Generator& gen,
