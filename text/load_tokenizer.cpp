@@ -8,7 +8,8 @@ namespace xgrad::text {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& kind, const std::string& path, const std::string& who) {
   if (kind == "bytes") {
-    if (!path.empty()) throw Error(who + ": the bytes tokenizer takes no path (\"" + readable_bytes(path) + "\" given)");
+    if (!path.empty())
+      throw Error(who + ": the bytes tokenizer takes no path (\"" + readable_bytes(path) + "\" given)");
     return std::make_unique<BytesTokenizer>();
   }
   if (kind != "gpt2" && kind != "bpe" && kind != "spm")

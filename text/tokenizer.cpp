@@ -33,7 +33,7 @@ std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
     n = 2;
   } else if (c >= 0xE0 && c <= 0xEF) {
     n = 3;
-    if (c == 0xE0) low = 0xA0;  // no overlong forms
+    if (c == 0xE0) low = 0xA0;   // no overlong forms
     if (c == 0xED) high = 0x9F;  // no surrogates
   } else if (c >= 0xF0 && c <= 0xF4) {
     n = 4;
