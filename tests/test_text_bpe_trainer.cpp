@@ -13,6 +13,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/text/bpe_trainer.hpp"
+#include "xgrad/text/detail/pretokenize_in_chunks.hpp"
 #include "xgrad/text/pretokenizer.hpp"
 
 using namespace xgrad;
@@ -212,6 +213,60 @@ TEST_CASE("the incremental trainer gives the naive trainer's merges on English, 
       std::vector<std::string> texts;
       for (int i = 0; i < 4; ++i) texts.push_back(random_text(gen, alphabet, 20 + gen.below(300)));
       check_against_reference(texts, 256 + 1000, 1 + trial % 3);
+    }
+  }
+}
+
+TEST_CASE("pre-tokenizing a long text in chunks gives the pieces of the whole text") {
+  // Fragments where GPT-2's pattern looks ahead: whitespace runs before a word, contractions,
+  // characters of 2 to 4 bytes, a character cut short, bytes that are not UTF-8, long runs.
+  const std::vector<std::string> fragments = {" ",
+                                              "  ",
+                                              "\n",
+                                              "\t",
+                                              "\r\n",
+                                              "\xC2\xA0",
+                                              "'s",
+                                              "'re",
+                                              "'ll",
+                                              "'",
+                                              "a",
+                                              "bc",
+                                              "Word",
+                                              "\xE4\xB8\xAD",
+                                              "\xF0\x9F\x98\x80",
+                                              "\xFF",
+                                              "\xE4\xB8",
+                                              "\x80",
+                                              "1",
+                                              "23",
+                                              "!",
+                                              "?!",
+                                              "...",
+                                              std::string(300, 'x'),
+                                              std::string(200, ' '),
+                                              std::string(150, '\n')};
+  Gpt2Pretokenizer pretokenizer;
+  Generator gen(3);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string text;
+    const std::size_t parts = 1 + gen.below(400);
+    for (std::size_t i = 0; i < parts; ++i) {
+      const std::size_t f = gen.below(fragments.size());
+      if (fragments[f].size() > 100 && gen.below(8) != 0) continue;  // long runs now and then
+      text += fragments[f];
+    }
+    const std::vector<std::string_view> whole = pretokenizer.split(text);
+    std::vector<std::string_view> chunked;
+    const std::size_t chunk_bytes = 1 + gen.below(400);
+    detail::pretokenize_in_chunks(pretokenizer, text, chunk_bytes, [&](const std::vector<std::string_view>& pieces) {
+      chunked.insert(chunked.end(), pieces.begin(), pieces.end());
+    });
+    INFO("trial " << trial << ", chunk_bytes " << chunk_bytes << ", " << text.size() << " bytes");
+    REQUIRE(chunked.size() == whole.size());
+    for (std::size_t i = 0; i < whole.size(); ++i) {
+      REQUIRE(chunked[i].data() == whole[i].data());
+      REQUIRE(chunked[i].size() == whole[i].size());
     }
   }
 }

@@ -1,6 +1,7 @@
 #include "xgrad/text/bpe_trainer.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <queue>
 #include <string_view>
 #include <unordered_map>
@@ -10,13 +11,15 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/utf8.hpp"
+#include "xgrad/text/detail/pretokenize_in_chunks.hpp"
 #include "xgrad/text/pretokenizer.hpp"
 
 namespace xgrad::text {
 
 namespace {
 
-constexpr std::size_t kLargestVocabSize = 2147483647;  // ids fit an int32 (and the words' uint32 symbols)
+constexpr std::size_t kLargestVocabSize = 2147483647;      // ids fit an int32 (and the words' uint32 symbols)
+constexpr std::size_t kChunkBytes = std::size_t{1} << 20;  // text pre-tokenized at a time
 
 void check_options(const BpeTrainerOptions& options, const char* who) {
   if (options.min_frequency() == 0)
@@ -74,7 +77,10 @@ class WordCounter {
  private:
   void add_ordinary(std::string_view part) {
     if (part.empty()) return;
-    for (std::string_view piece : pretokenizer_.split(part)) ++counts[std::string(piece)];
+    detail::pretokenize_in_chunks(pretokenizer_, part, kChunkBytes,
+                                  [this](const std::vector<std::string_view>& pieces) {
+      for (std::string_view piece : pieces) ++counts[std::string(piece)];
+    });
   }
 
   const std::vector<std::string>& specials_;
@@ -102,6 +108,8 @@ class Trainer {
   Trainer(const std::unordered_map<std::string, std::uint64_t>& counts, const BpeTrainerOptions& options)
       : options_(options), heap_(Order{&tokens_}) {
     for (int b = 0; b < 256; ++b) add_token(std::string(1, static_cast<char>(b)));
+    if (counts.size() > UINT32_MAX)
+      fail("train_byte_level_bpe: ", counts.size(), " distinct words, more than 2^32 - 1");
     words_.reserve(counts.size());
     for (const auto& [text, frequency] : counts) {
       Word w;
