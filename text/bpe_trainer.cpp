@@ -89,48 +89,51 @@ class WordCounter {
 
 using PairKey = std::uint64_t;
 PairKey pair_key(std::uint32_t left, std::uint32_t right) { return (PairKey{left} << 32) | right; }
+std::uint32_t left_of(PairKey k) { return static_cast<std::uint32_t>(k >> 32); }
+std::uint32_t right_of(PairKey k) { return static_cast<std::uint32_t>(k); }
 
-struct Word {
-  std::vector<std::uint32_t> symbols;
-  std::uint64_t frequency = 0;
-};
+constexpr std::uint32_t kNone = UINT32_MAX;  // no neighbour (a word's end); a merged-away symbol
 
 struct Candidate {
   std::uint64_t count;
   std::uint32_t left, right;
 };
 
-// The BPE merges on counted words, with pair counts kept up to date merge by merge: the words
-// holding a pair are indexed (an index entry may be stale: the word is checked when merged), and
-// the most frequent pair comes from a heap whose stale entries are fixed when they reach its top.
+// The BPE merges on counted words, with pair counts kept up to date merge by merge. All words'
+// symbols sit in one array as doubly linked lists (a merge links its left symbol past the right
+// one), and each pair indexes the positions where it starts, so a merge visits its occurrences
+// only, however long the word (an index entry may be stale: it is checked when visited). The
+// most frequent pair comes from a heap whose stale entries are fixed when they reach its top.
 class Trainer {
  public:
   Trainer(const std::unordered_map<std::string, std::uint64_t>& counts, const BpeTrainerOptions& options)
       : options_(options), heap_(Order{&tokens_}) {
     for (int b = 0; b < 256; ++b) add_token(std::string(1, static_cast<char>(b)));
-    if (counts.size() > UINT32_MAX)
-      fail("train_byte_level_bpe: ", counts.size(), " distinct words, more than 2^32 - 1");
-    words_.reserve(counts.size());
+    std::size_t total = 0;
+    for (const auto& entry : counts) total += entry.first.size();
+    if (total >= kNone) fail("train_byte_level_bpe: the distinct words hold ", total, " bytes, more than 2^32 - 2");
+    symbols_.reserve(total);
+    next_.reserve(total);
+    previous_.reserve(total);
+    frequency_.reserve(total);
     for (const auto& [text, frequency] : counts) {
-      Word w;
-      w.frequency = frequency;
-      w.symbols.reserve(text.size());
-      for (unsigned char c : text) w.symbols.push_back(c);
-      words_.push_back(std::move(w));
-    }
-    visited_.assign(words_.size(), 0);
-    for (std::uint32_t i = 0; i < words_.size(); ++i) {
-      const Word& w = words_[i];
-      for (std::size_t j = 0; j + 1 < w.symbols.size(); ++j) {
-        const PairKey k = pair_key(w.symbols[j], w.symbols[j + 1]);
-        pair_counts_[k] += w.frequency;
-        index_word(k, i);
+      const auto begin = static_cast<std::uint32_t>(symbols_.size());
+      for (std::size_t i = 0; i < text.size(); ++i) {
+        const auto at = static_cast<std::uint32_t>(begin + i);
+        symbols_.push_back(static_cast<unsigned char>(text[i]));
+        previous_.push_back(i > 0 ? at - 1 : kNone);
+        next_.push_back(i + 1 < text.size() ? at + 1 : kNone);
+        frequency_.push_back(frequency);
+        if (i > 0) {
+          const PairKey k = pair_key(symbols_[at - 1], symbols_[at]);
+          pair_counts_[k] += frequency;
+          pair_positions_[k].push_back(at - 1);
+        }
       }
     }
     std::vector<Candidate> all;
     all.reserve(pair_counts_.size());
-    for (const auto& [k, count] : pair_counts_)
-      all.push_back({count, static_cast<std::uint32_t>(k >> 32), static_cast<std::uint32_t>(k)});
+    for (const auto& [k, count] : pair_counts_) all.push_back({count, left_of(k), right_of(k)});
     heap_ = Heap(Order{&tokens_}, std::move(all));
   }
 
@@ -139,8 +142,7 @@ class Trainer {
     while (tokens_.size() < target && !heap_.empty()) {
       const Candidate top = heap_.top();
       heap_.pop();
-      const PairKey k = pair_key(top.left, top.right);
-      const auto found = pair_counts_.find(k);
+      const auto found = pair_counts_.find(pair_key(top.left, top.right));
       const std::uint64_t count = found == pair_counts_.end() ? 0 : found->second;
       if (count != top.count) {
         // A count only falls while its entry waits, except when a merge rebuilds an older token
@@ -182,11 +184,6 @@ class Trainer {
     return id;
   }
 
-  void index_word(PairKey k, std::uint32_t word) {
-    auto& words = pair_words_[k];
-    if (words.empty() || words.back() != word) words.push_back(word);
-  }
-
   void merge(std::uint32_t left, std::uint32_t right) {
     const PairKey k = pair_key(left, right);
     std::string bytes = tokens_[left] + tokens_[right];
@@ -194,64 +191,60 @@ class Trainer {
     const std::uint32_t merged = existing != token_ids_.end() ? existing->second : add_token(std::move(bytes));
     if (merged_pairs_.insert(k).second) merges_.emplace_back(left, right);
 
-    std::vector<std::uint32_t> words;
-    if (const auto it = pair_words_.find(k); it != pair_words_.end()) {
-      words = std::move(it->second);
-      pair_words_.erase(it);
+    std::vector<std::uint32_t> positions;
+    if (const auto it = pair_positions_.find(k); it != pair_positions_.end()) {
+      positions = std::move(it->second);
+      pair_positions_.erase(it);
     }
-    ++step_;
+    // In position order, so that in each word the occurrences are merged left to right: the
+    // left neighbour of an occurrence is the word as merged so far (the merged token when
+    // occurrences touch), the right one the word not merged yet, and touching occurrences'
+    // changes to the counts cancel as they should.
+    std::sort(positions.begin(), positions.end());
     touched_.clear();
-    for (std::uint32_t w : words) {
-      if (visited_[w] == step_) continue;
-      visited_[w] = step_;
-      merge_in_word(w, left, right, merged);
+    for (const std::uint32_t at : positions) {
+      if (symbols_[at] != left) continue;  // stale: merged away, or merged into another token
+      const std::uint32_t second = next_[at];
+      if (second == kNone || symbols_[second] != right) continue;
+      const std::uint64_t f = frequency_[at];
+      if (const std::uint32_t before = previous_[at]; before != kNone) {
+        decrease(pair_key(symbols_[before], left), f);
+        increase(pair_key(symbols_[before], merged), f, before);
+      }
+      const std::uint32_t after = next_[second];
+      if (after != kNone) {
+        decrease(pair_key(right, symbols_[after]), f);
+        increase(pair_key(merged, symbols_[after]), f, at);
+        previous_[after] = at;
+      }
+      symbols_[at] = merged;
+      symbols_[second] = kNone;
+      next_[at] = after;
     }
-    pair_counts_.erase(k);  // every occurrence is merged: its count is 0
+    pair_counts_.erase(k);  // every occurrence is merged
 
     // Pairs with the new token are the only ones whose counts grew: they get fresh entries.
     std::sort(touched_.begin(), touched_.end());
     touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
-    for (PairKey t : touched_) {
+    for (const PairKey t : touched_) {
       const auto it = pair_counts_.find(t);
-      if (it != pair_counts_.end() && it->second > 0)
-        heap_.push({it->second, static_cast<std::uint32_t>(t >> 32), static_cast<std::uint32_t>(t)});
-    }
-  }
-
-  void merge_in_word(std::uint32_t index, std::uint32_t left, std::uint32_t right, std::uint32_t merged) {
-    Word& w = words_[index];
-    auto& s = w.symbols;
-    const std::size_t n = s.size();
-    std::size_t first = 0;
-    while (first + 1 < n && !(s[first] == left && s[first + 1] == right)) ++first;
-    if (first + 1 >= n) return;  // a stale index entry: the word no longer holds the pair
-
-    // Only the pairs from the one before the first occurrence on can change.
-    const std::size_t from = first > 0 ? first - 1 : 0;
-    for (std::size_t j = from; j + 1 < n; ++j) decrease(pair_key(s[j], s[j + 1]), w.frequency);
-    std::size_t out = first;
-    for (std::size_t j = first; j < n;) {
-      if (j + 1 < n && s[j] == left && s[j + 1] == right) {
-        s[out++] = merged;
-        j += 2;
-      } else {
-        s[out++] = s[j++];
-      }
-    }
-    s.resize(out);
-    for (std::size_t j = from; j + 1 < out; ++j) {
-      const PairKey p = pair_key(s[j], s[j + 1]);
-      pair_counts_[p] += w.frequency;
-      if (s[j] == merged || s[j + 1] == merged) {
-        index_word(p, index);
-        touched_.push_back(p);
-      }
+      if (it != pair_counts_.end()) heap_.push({it->second, left_of(t), right_of(t)});
     }
   }
 
   void decrease(PairKey k, std::uint64_t by) {
-    auto it = pair_counts_.find(k);
-    it->second -= by;  // the pair was counted from this word
+    const auto it = pair_counts_.find(k);
+    if (it == pair_counts_.end()) return;  // never: the pair was counted from this word
+    it->second -= by;
+    if (it->second == 0) pair_counts_.erase(it);
+  }
+
+  // A pair with the merged token, starting at `at`: counted, indexed, and given a fresh heap
+  // entry after the merge.
+  void increase(PairKey k, std::uint64_t by, std::uint32_t at) {
+    pair_counts_[k] += by;
+    pair_positions_[k].push_back(at);
+    touched_.push_back(k);
   }
 
   const BpeTrainerOptions& options_;
@@ -259,11 +252,12 @@ class Trainer {
   std::unordered_map<std::string, std::uint32_t> token_ids_;
   std::vector<std::pair<std::int64_t, std::int64_t>> merges_;
   std::unordered_set<PairKey> merged_pairs_;
-  std::vector<Word> words_;
-  std::vector<std::uint32_t> visited_;  // the step that last merged in each word
-  std::uint32_t step_ = 0;
+  // Every word's symbols, one position per byte of the distinct words: the token there (kNone
+  // once merged into the symbol before it), the neighbours, and the word's frequency.
+  std::vector<std::uint32_t> symbols_, next_, previous_;
+  std::vector<std::uint64_t> frequency_;
   std::unordered_map<PairKey, std::uint64_t> pair_counts_;
-  std::unordered_map<PairKey, std::vector<std::uint32_t>> pair_words_;
+  std::unordered_map<PairKey, std::vector<std::uint32_t>> pair_positions_;
   std::vector<PairKey> touched_;
   Heap heap_;
 };
