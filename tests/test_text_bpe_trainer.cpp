@@ -215,6 +215,11 @@ TEST_CASE("the incremental trainer gives the naive trainer's merges on English, 
       check_against_reference(texts, 256 + 1000, 1 + trial % 3);
     }
   }
+  SECTION("one long piece (letters without a space), merged in many places at every step") {
+    Generator gen(4);
+    check_against_reference({random_text(gen, "abcd", 6000)}, 256 + 300, 2);
+    check_against_reference({std::string(3000, 'a') + random_text(gen, "ab", 3000)}, 256 + 100, 1);
+  }
 }
 
 TEST_CASE("pre-tokenizing a long text in chunks gives the pieces of the whole text") {
