@@ -45,9 +45,10 @@ void require_fails(const Outcome& o, int code, const std::vector<std::string>& p
   for (const std::string& p : parts) REQUIRE_THAT(o.err, Catch::Contains(p));
 }
 
-std::vector<std::string> tiny(std::vector<std::string> more) {
-  std::vector<std::string> a = {"--layers", "1",  "--d-model", "16", "--heads",        "2", "--seq-len", "16",
-                                "--batch",  "4",  "--steps",   "6",  "--warmup",       "1", "--eval-interval", "3",
+// A tiny model of `steps` steps, so each run takes well under a second.
+std::vector<std::string> tiny(std::vector<std::string> more, const std::string& steps = "6") {
+  std::vector<std::string> a = {"--layers",       "1", "--d-model", "16",  "--heads",  "2", "--seq-len",       "16",
+                                "--batch",        "4", "--steps",   steps, "--warmup", "1", "--eval-interval", "3",
                                 "--eval-batches", "2", "--quiet"};
   a.insert(a.end(), more.begin(), more.end());
   return a;
@@ -114,10 +115,10 @@ TEST_CASE("train_lm trains through GPT-2's tokenizer, stores it, and --sample de
   CHECK(sampled.out == gpt2->decode(ids) + "\n");
 
   // --resume continues with the stored tokenizer, and refuses another one.
-  require_ok(run(dir, tiny({dir.file("a.txt"), "--steps", "8", "--resume", "--checkpoint", ck, "--out", dir.path})));
+  require_ok(run(dir, tiny({dir.file("a.txt"), "--resume", "--checkpoint", ck, "--out", dir.path}, "8")));
   CHECK(lm::checkpoint_tokenizer(ck)->identity() == gpt2->identity());
-  const Outcome other = run(dir, tiny({dir.file("a.txt"), "--steps", "10", "--resume", "--checkpoint", ck, "--out",
-                                       dir.path, "--tokenizer", "bytes"}));
+  const Outcome other = run(
+      dir, tiny({dir.file("a.txt"), "--resume", "--checkpoint", ck, "--out", dir.path, "--tokenizer", "bytes"}, "10"));
   INFO(other);
   CHECK(other.code == 2);
   CHECK_THAT(other.err, Catch::Contains("vocab") || Catch::Contains("tokenizer"));
@@ -167,8 +168,8 @@ TEST_CASE("train_lm --sample --import gpt2 with GPT-2's vocabulary samples what 
   const std::string path = dir.file("gpt2_vocab.safetensors");
   xgrad::save_safetensors(path, tensors);
   const std::string prompt = "Hello, world! 北京";
-  const Outcome o = run(dir, {"--sample", "20", "--checkpoint", path, "--import", "gpt2", "--heads", "2",
-                              "--tokenizer", "gpt2", gpt2_dir(), "--temperature", "0", "--prompt", prompt});
+  const Outcome o = run(dir, {"--sample", "20", "--checkpoint", path, "--import", "gpt2", "--heads", "2", "--tokenizer",
+                              "gpt2", gpt2_dir(), "--temperature", "0", "--prompt", prompt});
   require_ok(o);
   const auto tokenizer = xgrad::text::load_tokenizer("gpt2", gpt2_dir());
   const xgrad::nn::ImportedLanguageModel imported = xgrad::nn::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
@@ -190,7 +191,8 @@ TEST_CASE("train_lm refuses tokenizer and token-file flags that cannot work toge
   const xgrad::text::BytesTokenizer bytes;
   xgrad::text::write_token_file(dir.file("a.bin"), bytes.encode(some_text()), bytes.identity());
   require_fails(run(dir, tiny({dir.file("a.txt"), "--tokens", dir.file("a.bin")})), 2, {"--tokens", "unused"});
-  require_fails(run(dir, tiny({"--valid-tokens", dir.file("a.bin")})), 2, {"--valid-tokens is for training from --tokens"});
+  require_fails(run(dir, tiny({"--valid-tokens", dir.file("a.bin")})), 2,
+                {"--valid-tokens is for training from --tokens"});
   require_fails(run(dir, tiny({"--tokens", dir.file("a.bin"), "--train-tokenizer", "300"})), 2,
                 {"--train-tokenizer", "already tokenized"});
   require_fails(run(dir, tiny({dir.file("a.txt"), "--tokenizer", "gpt2", gpt2_dir(), "--train-tokenizer", "300"})), 2,

@@ -103,13 +103,13 @@ void check_window(const xgrad::text::TokenSource& part, const char* what, std::s
 }  // namespace
 
 std::shared_ptr<const xgrad::text::TokenSource> compact_tokens(const xgrad::text::TokenIds& ids,
-                                                                 std::size_t vocab_size) {
+                                                               std::size_t vocab_size) {
   if (vocab_size <= 65536) return std::make_shared<CompactTokens<std::uint16_t>>(ids);
   return std::make_shared<CompactTokens<std::uint32_t>>(ids);
 }
 
 std::shared_ptr<const xgrad::text::TokenSource> token_slice(std::shared_ptr<const xgrad::text::TokenSource> data,
-                                                              std::size_t begin, std::size_t end) {
+                                                            std::size_t begin, std::size_t end) {
   if (begin > end || end > data->size())
     xgrad::fail("train_lm: tokens [", begin, ", ", end, ") are not within the ", data->size(), " tokens");
   return std::make_shared<TokenSlice>(std::move(data), begin, end);
@@ -168,7 +168,8 @@ Corpus token_corpus(const std::string& train_path, const std::string& valid_path
 
 double target_bytes(const std::vector<xgrad::text::TokenBatch>& batches, const xgrad::text::Tokenizer& tokenizer) {
   std::vector<std::size_t> length(tokenizer.vocab_size(), 0);
-  for (std::size_t id = 0; id < length.size(); ++id) length[id] = tokenizer.token_bytes(static_cast<std::int64_t>(id)).size();
+  for (std::size_t id = 0; id < length.size(); ++id)
+    length[id] = tokenizer.token_bytes(static_cast<std::int64_t>(id)).size();
   double bytes = 0;
   for (const auto& b : batches) {
     for (const std::int64_t t : b.targets) {

@@ -51,11 +51,11 @@ Corpus token_corpus(const std::string& train_path, const std::string& valid_path
 // The tokens of `ids` in 2 bytes each when the vocabulary allows it (4 otherwise): a byte-level
 // corpus held as int64 would take eight times its text.
 std::shared_ptr<const xgrad::text::TokenSource> compact_tokens(const xgrad::text::TokenIds& ids,
-                                                                 std::size_t vocab_size);
+                                                               std::size_t vocab_size);
 
 // Tokens [begin, end) of `data`, without a copy.
 std::shared_ptr<const xgrad::text::TokenSource> token_slice(std::shared_ptr<const xgrad::text::TokenSource> data,
-                                                              std::size_t begin, std::size_t end);
+                                                            std::size_t begin, std::size_t end);
 
 // The bytes the target tokens of `batches` decode to (padding and ignored targets left out): the
 // denominator of a validation loss in bits per byte.

@@ -75,8 +75,12 @@ void check_heads(const xgrad::SafetensorsReader& file, std::size_t heads) {
 
 void write_plot(const std::string& folder, const std::vector<LogEntry>& log, double unigram) {
   const bool bytes = unigram >= 0;  // a byte-level run on text
-  xgrad::inspect::LinePlot plot{bytes ? "byte-level language model" : "language model", "step",
-                                bytes ? "loss (nats per byte)" : "loss (nats per token)", {}, false, false};
+  xgrad::inspect::LinePlot plot{bytes ? "byte-level language model" : "language model",
+                                "step",
+                                bytes ? "loss (nats per byte)" : "loss (nats per token)",
+                                {},
+                                false,
+                                false};
   xgrad::inspect::Series train{"train", {}, {}}, valid{"validation", {}, {}}, uni{"unigram entropy", {}, {}};
   for (const LogEntry& e : log) {
     train.x.push_back(static_cast<double>(e.step));
@@ -199,17 +203,15 @@ int main(int argc, char** argv) {
                      "tokenizer.json), bpe PATH (a byte-level BPE's folder or tokenizer.json), spm FILE (a "
                      "SentencePiece .model). The checkpoint stores it; --sample and --resume use the checkpoint's")
           ->expected(1, 2);
-  CLI::Option* train_tokenizer_flag =
-      app.add_option("--train-tokenizer", tokenizer_choice.train_vocab,
-                     "train a byte-level BPE of this many tokens on the training text (after the split), and use it")
-          ->transform(cli::count(257, 1 << 20));
+  app.add_option("--train-tokenizer", tokenizer_choice.train_vocab,
+                 "train a byte-level BPE of this many tokens on the training text (after the split), and use it")
+      ->transform(cli::count(257, 1 << 20));
   app.add_option("--save-tokenizer", tokenizer_choice.save_dir,
                  "a folder for the vocab.json and merges.txt of the tokenizer --train-tokenizer trains")
       ->check(cli::not_empty());
-  CLI::Option* tokens_flag =
-      app.add_option("--tokens", tokens_path,
-                     "a token file (xgrad-tokenize encode) to train on instead of text; needs its --tokenizer")
-          ->check(cli::not_empty());
+  app.add_option("--tokens", tokens_path,
+                 "a token file (xgrad-tokenize encode) to train on instead of text; needs its --tokenizer")
+      ->check(cli::not_empty());
   app.add_option("--valid-tokens", valid_tokens_path,
                  "a token file to validate on (default: the last --valid-fraction of --tokens)")
       ->check(cli::not_empty());
@@ -261,8 +263,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")
       ->check(cli::real(0, 1e6))
       ->capture_default_str();
-  app.add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)")
-      ->transform(cli::count(0, 1 << 24));
+  app.add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)")->transform(cli::count(0, 1 << 24));
   app.add_option("--out", out, "folder for the log and the loss curve")->capture_default_str();
   app.add_flag("--detect-anomaly", detect_anomaly,
                "check every op for NaN and Inf, to name the op behind a non-finite loss (slow)");
@@ -458,13 +459,14 @@ int main(int argc, char** argv) {
       }
       c.vocab_size = tokenizer->vocab_size();
       validate(c);
-      corpus = tokens_path.empty() ? split(text, c.valid_fraction, c.seq_len, tokenizer)
-                                   : token_corpus(tokens_path, valid_tokens_path, c.valid_fraction, c.seq_len, tokenizer);
+      corpus = tokens_path.empty()
+                   ? split(text, c.valid_fraction, c.seq_len, tokenizer)
+                   : token_corpus(tokens_path, valid_tokens_path, c.valid_fraction, c.seq_len, tokenizer);
     });
     // The unigram bar is in nats per byte: it is drawn only for a byte-level run on text.
     const double unigram = tokenizer->kind() == "bytes" && tokens_path.empty() ? unigram_entropy(text) : -1.0;
     const DataSource source = !tokens_path.empty() ? identify_file(tokens_path)
-                              : identify(text_path.empty() ? "built-in grammar" : text_path, text);
+                                                   : identify(text_path.empty() ? "built-in grammar" : text_path, text);
     std::unique_ptr<Trainer> trainer;
 #ifdef XGRAD_HAS_DISTRIBUTED
     if (mpi) {

@@ -9,6 +9,7 @@
 #include "xgrad/text/bpe_trainer.hpp"
 #include "xgrad/text/byte_level_bpe.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/gpt2_files.hpp"
 #include "xgrad/text/load_tokenizer.hpp"
 
 namespace lm {
@@ -22,11 +23,11 @@ std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoi
   if (choice.train_vocab > 0) {
     const auto start = std::chrono::steady_clock::now();
     const xgrad::text::BpeVocabulary vocabulary = xgrad::text::train_byte_level_bpe(
-        {std::string(training_text)}, xgrad::text::BpeTrainerOptions().vocab_size(choice.train_vocab));
+        {std::string(training_text)},
+        xgrad::text::BpeTrainerOptions(choice.train_vocab).special_tokens({"<|endoftext|>"}));
     auto tokenizer = std::make_shared<xgrad::text::ByteLevelBpe>(vocabulary);
     std::printf("tokenizer: a byte-level BPE of %zu tokens trained on %zu bytes in %.1f s\n", tokenizer->vocab_size(),
-                training_text.size(),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+                training_text.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (!choice.save_dir.empty()) xgrad::text::save_gpt2_vocabulary(vocabulary, choice.save_dir);
     return tokenizer;
   }

@@ -409,9 +409,9 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
   bool pending = false;
   while (step_ < until) {
     const std::string data_state = pending ? data_.state() : std::string();
-    const text::TokenBatch b = text::random_windows(*corpus_.train, config_.seq_len, config_.batch, data_,
-                                                    static_cast<std::size_t>(sharing_->rank()),
-                                                    static_cast<std::size_t>(sharing_->size()));
+    const text::TokenBatch b =
+        text::random_windows(*corpus_.train, config_.seq_len, config_.batch, data_,
+                             static_cast<std::size_t>(sharing_->rank()), static_cast<std::size_t>(sharing_->size()));
     // Dropout masks: the model's streams seeded from (seed, rank, step), so ranks draw different
     // masks and a resumed run draws the same ones as an uninterrupted one.
     nn::seed_dropout(*model_, config_.seed * 0x9E3779B97F4A7C15ull +

@@ -23,7 +23,7 @@ namespace lm {
 struct TrainConfig {
   // model
   std::size_t layers = 2, d_model = 128, heads = 4, d_ff = 0, seq_len = 64;  // d_ff 0: 4 * d_model
-  std::size_t vocab_size = 256;  // the tokenizer's (256: bytes)
+  std::size_t vocab_size = 256;                                              // the tokenizer's (256: bytes)
   float dropout = 0.1f;
   xgrad::nn::Norm norm = xgrad::nn::Norm::pre;
   // The preset the architecture started from (see apply_arch), which also picks the weight-decay
@@ -159,7 +159,7 @@ class Trainer {
   Corpus corpus_;
   std::vector<xgrad::text::TokenBatch> valid_;
   double valid_tokens_per_byte_ = 1;  // over the global validation batches
-  xgrad::Generator init_, data_;  // the same on every rank: every rank draws the whole batch
+  xgrad::Generator init_, data_;      // the same on every rank: every rank draws the whole batch
   std::unique_ptr<xgrad::nn::LanguageModel> model_;
   std::unique_ptr<xgrad::optim::AdamW> optimizer_;
   xgrad::optim::LrSchedule schedule_;
