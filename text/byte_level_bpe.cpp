@@ -166,6 +166,9 @@ struct ByteLevelBpe::Impl {
   }
 
   void merge_long(std::string_view piece, TokenIds& out) const {
+    if (piece.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+      throw Error("ByteLevelBpe::encode: a piece of " + std::to_string(piece.size()) +
+                  " bytes (one run of one character class), more than 2^31 - 1");
     const auto n = static_cast<std::int32_t>(piece.size());
     std::vector<std::int32_t> id(n), next(n), prev(n);
     for (std::int32_t i = 0; i < n; ++i) {
