@@ -2,6 +2,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/gpt2_files.hpp"
 #include "xgrad/text/sentencepiece_tokenizer.hpp"
 
 namespace xgrad::text {
@@ -16,7 +17,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& kind, const std::st
     throw Error(who + ": unknown tokenizer \"" + readable_bytes(kind) + "\" (bytes, gpt2 DIR, bpe PATH, spm FILE)");
   if (path.empty()) throw Error(who + ": the " + kind + " tokenizer needs a path");
   if (kind == "spm") return load_sentencepiece(path);
-  throw Error(who + ": the " + kind + " tokenizer is not built into this xgrad");
+  return load_byte_level_bpe(path);  // gpt2 and bpe: a folder of vocab.json + merges.txt, or a tokenizer.json
 }
 
 }  // namespace xgrad::text

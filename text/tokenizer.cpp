@@ -6,6 +6,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/utf8.hpp"
+#include "xgrad/text/byte_level_bpe.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/sentencepiece_tokenizer.hpp"
 
@@ -133,6 +134,7 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(std::string_view json, const std:
     throw Error(who + ": the tokenizer document has no string field \"kind\"");
   const std::string kind = doc["kind"].get<std::string>();
   if (kind == "bytes") return std::make_unique<BytesTokenizer>();
+  if (kind == "byte_bpe") return ByteLevelBpe::from_json(json, who);
   if (kind == "sentencepiece") return SentencePieceTokenizer::from_json(json, who);
   throw Error(who + ": unknown tokenizer kind \"" + readable_bytes(kind) + "\" (bytes, byte_bpe, sentencepiece)");
 }
