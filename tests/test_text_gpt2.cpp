@@ -233,7 +233,12 @@ TEST_CASE("bytes that are not UTF-8 encode byte by byte through the byte tokens 
   };
   CHECK(t.encode("\xFF") == TokenIds{byte_id(0xFF)});
   CHECK(t.encode("\xC0\xAF") == TokenIds{byte_id(0xC0), byte_id(0xAF)});
+  CHECK(t.encode("\xE4\xB8\xAD") == TokenIds{40792});                     // "中" whole, as js-tiktoken gives it
+  CHECK(t.encode("\xE4\xB8") == TokenIds{byte_id(0xE4), byte_id(0xB8)});  // cut: not GPT-2's token 10310 "\xE4\xB8"
+  CHECK(t.token_bytes(10310) == "\xE4\xB8");
   const std::string cut = "a\xE4\xB8 b\xED\xA0\x80 \xF5\x80\x80\x80z\x80";
+  CHECK(t.encode(cut) == TokenIds{64, byte_id(0xE4), byte_id(0xB8), 275, byte_id(0xED), byte_id(0xA0), byte_id(0x80),
+                                  220, byte_id(0xF5), byte_id(0x80), byte_id(0x80), byte_id(0x80), 89, byte_id(0x80)});
   CHECK(t.decode(t.encode(cut)) == cut);
   std::mt19937 gen(7);
   for (int round = 0; round < 300; ++round) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/utf8.hpp"
 #include "xgrad/text/bpe_tables.hpp"
 #include "xgrad/text/gpt2_byte_encoding.hpp"
 #include "xgrad/text/pretokenizer.hpp"
@@ -166,6 +167,9 @@ struct ByteLevelBpe::Impl {
   }
 
   void merge_long(std::string_view piece, TokenIds& out) const {
+    if (piece.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+      throw Error("ByteLevelBpe::encode: a piece of " + std::to_string(piece.size()) +
+                  " bytes (one run of one character class), more than 2^31 - 1");
     const auto n = static_cast<std::int32_t>(piece.size());
     std::vector<std::int32_t> id(n), next(n), prev(n);
     for (std::int32_t i = 0; i < n; ++i) {
@@ -204,6 +208,13 @@ struct ByteLevelBpe::Impl {
   void encode_piece(std::string_view piece, TokenIds& out) const {
     if (piece.size() == 1) {
       out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
+      return;
+    }
+    // The pre-tokenizer's pieces are valid UTF-8 but for the runs of invalid bytes between them,
+    // which go byte by byte.
+    if (std::any_of(piece.begin(), piece.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; }) &&
+        first_invalid_utf8(piece)) {
+      for (const char c : piece) out.push_back(byte_id[static_cast<unsigned char>(c)]);
       return;
     }
     const std::int32_t whole = index.find(piece);

@@ -26,8 +26,9 @@ void check_bpe_vocabulary(const BpeVocabulary& vocabulary, const std::string& wh
 /// texts matched whole, the earliest occurrence first and the longest at one position), then into
 /// GPT-2's pieces (Gpt2Pretokenizer), and merges each piece's bytes: the adjacent pair of lowest
 /// merge rank first (the leftmost of equals), until no pair is a merge. Bytes that are not UTF-8
-/// are pieces of their own and merge the same way. Immutable: encode may run on several threads
-/// at once.
+/// are pieces of their own and give one byte token each, never merged (as the Tokenizer interface
+/// says: byte by byte where the text is invalid). Immutable: encode may run on several threads at
+/// once.
 ///
 /// special_tokens() gives roles by the special tokens' texts: bos `<s>`, `<bos>`, `<|bos|>`,
 /// `<|startoftext|>`, `<|begin_of_text|>`, `[BOS]`; eos `</s>`, `<eos>`, `<|eos|>`, `<|end_of_text|>`,
