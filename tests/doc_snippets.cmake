@@ -2,7 +2,8 @@
 # program, extracted at configure time into doc_snippets/, built against xgrad and run by ctest
 # as "doc_snippet: PAGE:LINE" (the line of its opening fence). Editing a page re-configures.
 # A block that includes xgrad/distributed/ links xgrad::distributed, runs alone and on two ranks
-# (mpirun), and is left out without the distributed library.
+# (mpirun), and is left out without the distributed library; one that includes xgrad/text/
+# links xgrad::text.
 
 cmake_policy(SET CMP0110 NEW)  # test names with spaces and colons
 set(XGRAD_SNIPPET_DIR ${CMAKE_CURRENT_BINARY_DIR}/doc_snippets)
@@ -56,6 +57,10 @@ foreach(page ${XGRAD_DOC_PAGES})
     list(APPEND XGRAD_SNIPPET_SOURCES ${source})
 
     set(libraries xgrad::xgrad)
+    string(FIND "${code}" "xgrad/text/" uses_text)
+    if(NOT uses_text EQUAL -1)
+      set(libraries xgrad::text)
+    endif()
     string(FIND "${code}" "xgrad/distributed/" distributed)
     if(NOT distributed EQUAL -1)
       if(NOT TARGET xgrad_distributed)

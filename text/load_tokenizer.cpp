@@ -2,19 +2,22 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/gpt2_files.hpp"
+#include "xgrad/text/sentencepiece_tokenizer.hpp"
 
 namespace xgrad::text {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& kind, const std::string& path, const std::string& who) {
   if (kind == "bytes") {
-    if (!path.empty()) throw Error(who + ": the bytes tokenizer takes no path (\"" + readable_bytes(path) + "\" given)");
+    if (!path.empty())
+      throw Error(who + ": the bytes tokenizer takes no path (\"" + readable_bytes(path) + "\" given)");
     return std::make_unique<BytesTokenizer>();
   }
   if (kind != "gpt2" && kind != "bpe" && kind != "spm")
     throw Error(who + ": unknown tokenizer \"" + readable_bytes(kind) + "\" (bytes, gpt2 DIR, bpe PATH, spm FILE)");
   if (path.empty()) throw Error(who + ": the " + kind + " tokenizer needs a path");
-  // gpt2/bpe and spm are joined here as their loaders land.
-  throw Error(who + ": the " + kind + " tokenizer is not built into this xgrad");
+  if (kind == "spm") return load_sentencepiece(path);
+  return load_byte_level_bpe(path);  // gpt2 and bpe: a folder of vocab.json + merges.txt, or a tokenizer.json
 }
 
 }  // namespace xgrad::text

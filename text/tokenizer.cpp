@@ -6,7 +6,9 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/utf8.hpp"
+#include "xgrad/text/byte_level_bpe.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/sentencepiece_tokenizer.hpp"
 
 namespace xgrad::text {
 
@@ -32,7 +34,7 @@ std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
     n = 2;
   } else if (c >= 0xE0 && c <= 0xEF) {
     n = 3;
-    if (c == 0xE0) low = 0xA0;  // no overlong forms
+    if (c == 0xE0) low = 0xA0;   // no overlong forms
     if (c == 0xED) high = 0x9F;  // no surrogates
   } else if (c >= 0xF0 && c <= 0xF4) {
     n = 4;
@@ -132,7 +134,8 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(std::string_view json, const std:
     throw Error(who + ": the tokenizer document has no string field \"kind\"");
   const std::string kind = doc["kind"].get<std::string>();
   if (kind == "bytes") return std::make_unique<BytesTokenizer>();
-  // byte_bpe and sentencepiece are added by their files' owners.
+  if (kind == "byte_bpe") return ByteLevelBpe::from_json(json, who);
+  if (kind == "sentencepiece") return SentencePieceTokenizer::from_json(json, who);
   throw Error(who + ": unknown tokenizer kind \"" + readable_bytes(kind) + "\" (bytes, byte_bpe, sentencepiece)");
 }
 

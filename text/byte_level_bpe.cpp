@@ -1,0 +1,374 @@
+#include "xgrad/text/byte_level_bpe.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/io/utf8.hpp"
+#include "xgrad/text/bpe_tables.hpp"
+#include "xgrad/text/gpt2_byte_encoding.hpp"
+#include "xgrad/text/pretokenizer.hpp"
+
+namespace xgrad::text {
+
+namespace {
+
+using detail::kNoRank;
+using detail::MergeTable;
+using detail::TokenIndex;
+
+std::string in_quotes(std::string_view bytes) { return "\"" + readable_bytes(bytes) + "\""; }
+
+// Pieces up to this many bytes merge in arrays with a linear search for the lowest rank; longer
+// ones (long runs of one class) through a heap, so that a huge piece costs n log n, not n^2.
+constexpr std::size_t kShortPiece = 96;
+
+}  // namespace
+
+void check_bpe_vocabulary(const BpeVocabulary& v, const std::string& who) {
+  const std::size_t n = v.tokens.size();
+  if (n > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+    throw Error(who + ": " + std::to_string(n) + " tokens, more than 2^31 - 1");
+  std::vector<bool> special(n, false);
+  for (std::size_t i = 0; i < v.special_tokens.size(); ++i) {
+    const std::int64_t id = v.special_tokens[i];
+    if (id < 0 || static_cast<std::uint64_t>(id) >= n)
+      throw Error(who + ": special token " + std::to_string(i) + " has the id " + std::to_string(id) +
+                  ", outside the vocabulary [0, " + std::to_string(n) + ")");
+    if (special[id]) throw Error(who + ": the id " + std::to_string(id) + " is listed twice as a special token");
+    special[id] = true;
+  }
+  std::unordered_map<std::string_view, std::size_t> id_of;
+  id_of.reserve(n);
+  for (std::size_t id = 0; id < n; ++id) {
+    if (v.tokens[id].empty()) throw Error(who + ": the token of id " + std::to_string(id) + " is empty");
+    if (special[id]) continue;
+    const auto [it, inserted] = id_of.emplace(v.tokens[id], id);
+    if (!inserted)
+      throw Error(who + ": ids " + std::to_string(it->second) + " and " + std::to_string(id) + " are both the bytes " +
+                  in_quotes(v.tokens[id]));
+  }
+  for (int b = 0; b < 256; ++b) {
+    if (!id_of.count(std::string(1, static_cast<char>(b)))) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", b);
+      throw Error(who + ": no ordinary token is the single byte " + hex + " (byte-level BPE needs all 256)");
+    }
+  }
+  std::vector<std::int64_t> made_by(n, -1);  // the lowest rank whose merge gives the token
+  for (std::size_t rank = 0; rank < v.merges.size(); ++rank) {
+    const auto [left, right] = v.merges[rank];
+    if (left < 0 || right < 0 || static_cast<std::uint64_t>(std::max(left, right)) >= n) continue;  // refused below
+    const auto result = id_of.find(v.tokens[left] + v.tokens[right]);
+    if (result != id_of.end() && made_by[result->second] < 0) made_by[result->second] = static_cast<std::int64_t>(rank);
+  }
+  std::unordered_map<std::uint64_t, std::size_t> rank_of_pair;
+  rank_of_pair.reserve(v.merges.size());
+  for (std::size_t rank = 0; rank < v.merges.size(); ++rank) {
+    const auto [left, right] = v.merges[rank];
+    const std::string where = who + ": the merge of rank " + std::to_string(rank);
+    for (const std::int64_t part : {left, right}) {
+      if (part < 0 || static_cast<std::uint64_t>(part) >= n)
+        throw Error(where + " names the id " + std::to_string(part) + ", outside the vocabulary [0, " +
+                    std::to_string(n) + ")");
+      if (special[part]) throw Error(where + " names the special token " + std::to_string(part));
+      if (v.tokens[part].size() > 1 && (made_by[part] < 0 || made_by[part] >= static_cast<std::int64_t>(rank))) {
+        throw Error(where + " uses the id " + std::to_string(part) + " " + in_quotes(v.tokens[part]) + ", which " +
+                    (made_by[part] < 0 ? std::string("no merge makes")
+                                       : "only the later merge of rank " + std::to_string(made_by[part]) + " makes") +
+                    ": the ranks do not match");
+      }
+    }
+    const std::string joined = v.tokens[left] + v.tokens[right];
+    const auto result = id_of.find(joined);
+    if (result == id_of.end())
+      throw Error(where + " (ids " + std::to_string(left) + " + " + std::to_string(right) + ") gives " +
+                  in_quotes(joined) + ", which is no ordinary token");
+    const std::uint64_t key = (static_cast<std::uint64_t>(left) << 32) | static_cast<std::uint64_t>(right);
+    const auto [it, inserted] = rank_of_pair.emplace(key, rank);
+    if (!inserted) throw Error(where + " repeats the merge of rank " + std::to_string(it->second));
+  }
+}
+
+struct ByteLevelBpe::Impl {
+  BpeVocabulary vocabulary;
+  std::vector<bool> special;
+  std::array<std::int32_t, 256> byte_id{};
+  TokenIndex index;
+  MergeTable merges;
+  std::vector<std::pair<std::string, std::int64_t>> specials_longest_first;
+  // Whether the merges make the token of its own bytes, so that a piece equal to it may skip them
+  // (for GPT-2 every token; a vocabulary can hold a token its merges reach only through others).
+  std::vector<bool> merges_to_itself;
+  Gpt2Pretokenizer pretokenizer;
+
+  static std::vector<bool> special_flags(const BpeVocabulary& v) {
+    std::vector<bool> flags(v.tokens.size(), false);
+    for (const std::int64_t id : v.special_tokens) flags[id] = true;
+    return flags;
+  }
+
+  explicit Impl(BpeVocabulary v)
+      : vocabulary(std::move(v)),
+        special(special_flags(vocabulary)),
+        index(vocabulary.tokens, special),
+        merges(vocabulary, index) {
+    for (int b = 0; b < 256; ++b) byte_id[b] = index.find(std::string(1, static_cast<char>(b)));
+    for (const std::int64_t id : vocabulary.special_tokens)
+      specials_longest_first.emplace_back(vocabulary.tokens[id], id);
+    std::stable_sort(specials_longest_first.begin(), specials_longest_first.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    merges_to_itself.assign(vocabulary.tokens.size(), false);
+    TokenIds ids;
+    for (std::size_t id = 0; id < vocabulary.tokens.size(); ++id) {
+      if (special[id]) continue;
+      ids.clear();
+      merge(vocabulary.tokens[id], ids);
+      merges_to_itself[id] = ids.size() == 1 && ids[0] == static_cast<std::int64_t>(id);
+    }
+  }
+
+  void merge_short(std::string_view piece, TokenIds& out) const {
+    std::int32_t part[kShortPiece];
+    std::uint32_t rank[kShortPiece];
+    std::int32_t result[kShortPiece];
+    std::size_t n = piece.size();
+    for (std::size_t i = 0; i < n; ++i) part[i] = byte_id[static_cast<unsigned char>(piece[i])];
+    const auto rate = [&](std::size_t i) {
+      const MergeTable::Merge m = merges.find(part[i], part[i + 1]);
+      rank[i] = m.rank;
+      result[i] = m.result;
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) rate(i);
+    while (n > 1) {
+      std::size_t best = 0;
+      for (std::size_t i = 1; i + 1 < n; ++i)
+        if (rank[i] < rank[best]) best = i;
+      if (rank[best] == kNoRank) break;
+      part[best] = result[best];
+      for (std::size_t i = best + 1; i + 1 < n; ++i) {
+        part[i] = part[i + 1];
+        rank[i] = rank[i + 1];
+        result[i] = result[i + 1];
+      }
+      --n;
+      if (best > 0) rate(best - 1);
+      if (best + 1 < n) rate(best);
+    }
+    out.insert(out.end(), part, part + n);
+  }
+
+  void merge_long(std::string_view piece, TokenIds& out) const {
+    if (piece.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+      throw Error("ByteLevelBpe::encode: a piece of " + std::to_string(piece.size()) +
+                  " bytes (one run of one character class), more than 2^31 - 1");
+    const auto n = static_cast<std::int32_t>(piece.size());
+    std::vector<std::int32_t> id(n), next(n), prev(n);
+    for (std::int32_t i = 0; i < n; ++i) {
+      id[i] = byte_id[static_cast<unsigned char>(piece[i])];
+      next[i] = i + 1 < n ? i + 1 : -1;
+      prev[i] = i - 1;
+    }
+    struct Candidate {
+      std::uint32_t rank;
+      std::int32_t at, left, right, result;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : at > o.at; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+    const auto offer = [&](std::int32_t at) {
+      if (at < 0 || next[at] < 0) return;
+      const MergeTable::Merge m = merges.find(id[at], id[next[at]]);
+      if (m.rank != kNoRank) heap.push({m.rank, at, id[at], id[next[at]], m.result});
+    };
+    for (std::int32_t i = 0; i + 1 < n; ++i) offer(i);
+    while (!heap.empty()) {
+      const Candidate c = heap.top();
+      heap.pop();
+      // A node keeps its start position, so the same ids at the same place are the same pair.
+      if (id[c.at] != c.left || next[c.at] < 0 || id[next[c.at]] != c.right) continue;
+      const std::int32_t gone = next[c.at];
+      id[c.at] = c.result;
+      id[gone] = -1;
+      next[c.at] = next[gone];
+      if (next[gone] >= 0) prev[next[gone]] = c.at;
+      offer(prev[c.at]);
+      offer(c.at);
+    }
+    for (std::int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
+  }
+
+  void encode_piece(std::string_view piece, TokenIds& out) const {
+    if (piece.size() == 1) {
+      out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
+      return;
+    }
+    // The pre-tokenizer's pieces are valid UTF-8 but for the runs of invalid bytes between them,
+    // which go byte by byte.
+    if (std::any_of(piece.begin(), piece.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; }) &&
+        first_invalid_utf8(piece)) {
+      for (const char c : piece) out.push_back(byte_id[static_cast<unsigned char>(c)]);
+      return;
+    }
+    const std::int32_t whole = index.find(piece);
+    if (whole >= 0 && merges_to_itself[whole]) {
+      out.push_back(whole);
+      return;
+    }
+    merge(piece, out);
+  }
+
+  void merge(std::string_view piece, TokenIds& out) const {
+    if (piece.size() <= kShortPiece)
+      merge_short(piece, out);
+    else
+      merge_long(piece, out);
+  }
+
+  void encode_ordinary(std::string_view text, TokenIds& out) const {
+    if (text.empty()) return;
+    for (const std::string_view piece : pretokenizer.split(text)) encode_piece(piece, out);
+  }
+};
+
+ByteLevelBpe::ByteLevelBpe(BpeVocabulary vocabulary) {
+  check_bpe_vocabulary(vocabulary, "ByteLevelBpe");
+  impl_ = std::make_unique<Impl>(std::move(vocabulary));
+}
+
+ByteLevelBpe::~ByteLevelBpe() = default;
+
+TokenIds ByteLevelBpe::encode(std::string_view text, SpecialText specials) const {
+  TokenIds ids;
+  ids.reserve(text.size() / 3 + 1);
+  const auto& list = impl_->specials_longest_first;
+  if (specials != SpecialText::match || list.empty()) {
+    impl_->encode_ordinary(text, ids);
+    return ids;
+  }
+  std::vector<std::size_t> found(list.size(), 0);  // each special's next occurrence at or after `start`
+  std::vector<bool> searched(list.size(), false);
+  std::size_t start = 0;
+  while (true) {
+    std::size_t best = list.size(), best_at = std::string_view::npos;
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      if (!searched[k] || (found[k] != std::string_view::npos && found[k] < start)) {
+        found[k] = text.find(list[k].first, start);
+        searched[k] = true;
+      }
+      if (found[k] < best_at) {  // strict: at one position the longest (listed first) wins
+        best_at = found[k];
+        best = k;
+      }
+    }
+    if (best == list.size()) {
+      impl_->encode_ordinary(text.substr(start), ids);
+      return ids;
+    }
+    impl_->encode_ordinary(text.substr(start, best_at - start), ids);
+    ids.push_back(list[best].second);
+    start = best_at + list[best].first.size();
+  }
+}
+
+std::string ByteLevelBpe::token_bytes(std::int64_t id) const {
+  check_id(id, 0, "ByteLevelBpe::token_bytes");
+  return impl_->vocabulary.tokens[id];
+}
+
+std::size_t ByteLevelBpe::vocab_size() const { return impl_->vocabulary.tokens.size(); }
+
+const BpeVocabulary& ByteLevelBpe::vocabulary() const { return impl_->vocabulary; }
+
+SpecialTokens ByteLevelBpe::special_tokens() const {
+  const auto first_of = [&](std::initializer_list<const char*> texts) -> std::optional<std::int64_t> {
+    for (const char* text : texts)
+      for (const std::int64_t id : impl_->vocabulary.special_tokens)
+        if (impl_->vocabulary.tokens[id] == text) return id;
+    return std::nullopt;
+  };
+  SpecialTokens roles;
+  roles.bos = first_of({"<s>", "<bos>", "<|bos|>", "<|startoftext|>", "<|begin_of_text|>", "[BOS]"});
+  roles.eos = first_of({"</s>", "<eos>", "<|eos|>", "<|end_of_text|>", "[EOS]"});
+  roles.pad = first_of({"<pad>", "<|pad|>", "<|padding|>", "[PAD]"});
+  roles.unk = first_of({"<unk>", "<|unk|>", "[UNK]"});
+  const std::optional<std::int64_t> end_of_text = first_of({"<|endoftext|>"});
+  if (!roles.bos) roles.bos = end_of_text;
+  if (!roles.eos) roles.eos = end_of_text;
+  return roles;
+}
+
+std::string ByteLevelBpe::to_json() const {
+  const BpeVocabulary& v = impl_->vocabulary;
+  std::string out = R"({"kind":"byte_bpe","tokens":[)";
+  for (std::size_t id = 0; id < v.tokens.size(); ++id) {
+    if (id) out += ',';
+    out += nlohmann::json(gpt2_printable_from_bytes(v.tokens[id])).dump();
+  }
+  out += R"(],"merges":[)";
+  for (std::size_t rank = 0; rank < v.merges.size(); ++rank) {
+    if (rank) out += ',';
+    out += '[' + std::to_string(v.merges[rank].first) + ',' + std::to_string(v.merges[rank].second) + ']';
+  }
+  out += R"(],"special_tokens":[)";
+  for (std::size_t i = 0; i < v.special_tokens.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(v.special_tokens[i]);
+  }
+  out += "]}";
+  return out;
+}
+
+std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, const std::string& who) {
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(json.begin(), json.end());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(who + ": the byte_bpe tokenizer document is not JSON (" + e.what() + ")");
+  }
+  if (!doc.is_object()) throw Error(who + ": the byte_bpe tokenizer document is not a JSON object");
+  const auto field = [&](const char* name) -> const nlohmann::json& {
+    if (!doc.contains(name) || !doc[name].is_array())
+      throw Error(who + ": the byte_bpe tokenizer document has no array field \"" + name + "\"");
+    return doc[name];
+  };
+  if (!doc.contains("kind") || doc["kind"] != "byte_bpe")
+    throw Error(who + ": the document's field \"kind\" is " + (doc.contains("kind") ? doc["kind"].dump() : "missing") +
+                ", not \"byte_bpe\"");
+  const auto integer = [&](const nlohmann::json& j, const std::string& where) {
+    if (!j.is_number_integer()) throw Error(who + ": " + where + " is " + j.dump() + ", not an integer id");
+    return j.get<std::int64_t>();
+  };
+  BpeVocabulary v;
+  const nlohmann::json& tokens = field("tokens");
+  v.tokens.reserve(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::string where = "\"tokens\"[" + std::to_string(i) + "]";
+    if (!tokens[i].is_string()) throw Error(who + ": " + where + " is " + tokens[i].dump() + ", not a string");
+    std::optional<std::string> bytes = gpt2_bytes_from_printable(tokens[i].get_ref<const std::string&>());
+    if (!bytes) throw Error(who + ": " + where + " " + tokens[i].dump() + " is not in GPT-2's printable byte form");
+    v.tokens.push_back(std::move(*bytes));
+  }
+  const nlohmann::json& merges = field("merges");
+  v.merges.reserve(merges.size());
+  for (std::size_t r = 0; r < merges.size(); ++r) {
+    const std::string where = "\"merges\"[" + std::to_string(r) + "]";
+    if (!merges[r].is_array() || merges[r].size() != 2)
+      throw Error(who + ": " + where + " is " + merges[r].dump() + ", not a pair of ids");
+    v.merges.emplace_back(integer(merges[r][0], where + "[0]"), integer(merges[r][1], where + "[1]"));
+  }
+  const nlohmann::json& specials = field("special_tokens");
+  for (std::size_t i = 0; i < specials.size(); ++i)
+    v.special_tokens.push_back(integer(specials[i], "\"special_tokens\"[" + std::to_string(i) + "]"));
+  check_bpe_vocabulary(v, who);
+  return std::make_unique<ByteLevelBpe>(std::move(v));
+}
+
+}  // namespace xgrad::text
