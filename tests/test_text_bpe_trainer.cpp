@@ -11,9 +11,12 @@
 
 #include "test_files.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/utf8.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/text/bpe_trainer.hpp"
+#include "xgrad/text/byte_level_bpe.hpp"
 #include "xgrad/text/detail/pretokenize_in_chunks.hpp"
+#include "xgrad/text/gpt2_files.hpp"
 #include "xgrad/text/pretokenizer.hpp"
 
 using namespace xgrad;
@@ -52,7 +55,8 @@ ReferenceVocabulary reference_train(const std::vector<std::string>& texts, std::
   std::map<std::string, std::uint64_t> word_counts;
   for (const auto& text : texts)
     for (const auto& part : ordinary_parts(text, specials))
-      for (auto piece : pretokenizer.split(part)) ++word_counts[std::string(piece)];
+      for (auto piece : pretokenizer.split(part))
+        if (!first_invalid_utf8(piece)) ++word_counts[std::string(piece)];  // invalid bytes never merge
   std::vector<std::pair<std::vector<std::string>, std::uint64_t>> words;
   for (const auto& [word, count] : word_counts) {
     std::vector<std::string> symbols;
@@ -115,6 +119,7 @@ void check_against_reference(const std::vector<std::string>& texts, std::size_t 
   }
   REQUIRE(v.special_tokens.size() == specials.size());
   REQUIRE(merge_bytes(v) == r.merges);
+  CHECK_NOTHROW(ByteLevelBpe(v));  // a vocabulary the tokenizer takes (check_bpe_vocabulary)
   // On these texts, as on every text tried, merge r made the new token 256 + r.
   for (std::size_t rank = 0; rank < v.merges.size(); ++rank)
     REQUIRE(v.tokens.at(256 + rank) == v.tokens[v.merges[rank].first] + v.tokens[v.merges[rank].second]);
@@ -292,6 +297,17 @@ TEST_CASE("the trainer cuts out special tokens, the longest at a position, and m
   check_against_reference({"hello<|endoftext|>hello<|endoftext|><|endoftext|>world hello"}, 300, 1, {"<|endoftext|>"});
 }
 
+TEST_CASE("the runs of bytes that are not UTF-8 are not learnt from: the tokenizer never merges them") {
+  CHECK(train_byte_level_bpe({std::string(100, '\xFF'), "\xE4\xB8\xE4\xB8\xE4\xB8"}, BpeTrainerOptions(400))
+            .merges.empty());
+  const BpeVocabulary v = train_byte_level_bpe({"ab\xFF\xFF"
+                                                "ab\xFF\xFF"
+                                                " ab"},
+                                               BpeTrainerOptions(400));
+  using P = std::vector<std::pair<std::string, std::string>>;
+  CHECK(merge_bytes(v) == P{{"a", "b"}});  // "ab" twice, " ab" once; "\xFF\xFF" twice but not UTF-8
+}
+
 TEST_CASE("training is deterministic and does not depend on the order of the texts") {
   std::vector<std::string> texts = kEnglish;
   texts.insert(texts.end(), kUnicode.begin(), kUnicode.end());
@@ -357,4 +373,125 @@ TEST_CASE("bad input: train_byte_level_bpe_files names a missing file and a fold
   CHECK_THROWS_WITH(train_byte_level_bpe_files({dir.path}, options),
                     Catch::Contains("train_byte_level_bpe_files: cannot read '" + dir.path + "'") &&
                         Catch::Contains("it is a folder, not a regular file"));
+}
+
+namespace {
+
+// Random UTF-8 text: ASCII words and spaces, Latin-1, Cyrillic, CJK, emoji and combining marks.
+std::string random_utf8(Generator& gen, std::size_t characters) {
+  const std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges = {
+      {0x20, 0x7E},   {0x20, 0x20},     {0x61, 0x7A},       {0xA0, 0xFF},     {0x400, 0x4FF},
+      {0x300, 0x36F}, {0x4E00, 0x9FFF}, {0x1F600, 0x1F64F}, {0x3040, 0x30FF}, {0x0A, 0x0A}};
+  std::string s;
+  for (std::size_t i = 0; i < characters; ++i) {
+    const auto& [lo, hi] = ranges[gen.below(ranges.size())];
+    const std::uint32_t c = lo + static_cast<std::uint32_t>(gen.below(hi - lo + 1));
+    if (c < 0x80) {
+      s += static_cast<char>(c);
+    } else if (c < 0x800) {
+      s += static_cast<char>(0xC0 | (c >> 6));
+      s += static_cast<char>(0x80 | (c & 0x3F));
+    } else if (c < 0x10000) {
+      s += static_cast<char>(0xE0 | (c >> 12));
+      s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (c & 0x3F));
+    } else {
+      s += static_cast<char>(0xF0 | (c >> 18));
+      s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+      s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  return s;
+}
+
+// A vocabulary trained on English, Unicode and random bytes, with two special tokens.
+BpeVocabulary trained_vocabulary() {
+  std::vector<std::string> texts = kEnglish;
+  texts.insert(texts.end(), kUnicode.begin(), kUnicode.end());
+  Generator gen(5);
+  for (int i = 0; i < 4; ++i) texts.push_back(random_text(gen, all_bytes(), 300));
+  for (int i = 0; i < 4; ++i) texts.push_back(random_utf8(gen, 300));
+  texts.push_back("one<|endoftext|>two<|endoftext|><pad>");
+  return train_byte_level_bpe(texts,
+                              BpeTrainerOptions(900).min_frequency(2).special_tokens({"<|endoftext|>", "<pad>"}));
+}
+
+}  // namespace
+
+TEST_CASE("a trained vocabulary's tokenizer gives back every byte sequence and UTF-8 text it encodes") {
+  const BpeVocabulary v = trained_vocabulary();
+  REQUIRE(v.merges.size() > 200);
+  const ByteLevelBpe tokenizer(v);
+  CHECK(tokenizer.vocab_size() == v.tokens.size());
+  const std::set<std::int64_t> specials(v.special_tokens.begin(), v.special_tokens.end());
+  Generator gen(6);
+  const std::vector<std::string> alphabets = {all_bytes(), "ab \n", "the quick, brown",
+                                              "\xC3\xA9\xE4\xB8\xAD\xFF\x80 a"};
+  auto check_round_trip = [&](const std::string& x) {
+    const TokenIds ids = tokenizer.encode(x);
+    for (const std::int64_t id : ids) {
+      REQUIRE(id >= 0);
+      REQUIRE(id < static_cast<std::int64_t>(v.tokens.size()));
+      REQUIRE(specials.count(id) == 0);  // ordinary text never gives a special id
+    }
+    REQUIRE(tokenizer.decode(ids) == x);
+  };
+  for (int trial = 0; trial < 3000; ++trial) {
+    INFO("trial " << trial);
+    check_round_trip(random_text(gen, alphabets[trial % alphabets.size()], gen.below(200)));
+    check_round_trip(random_utf8(gen, gen.below(100)));
+  }
+  check_round_trip(all_bytes());
+  check_round_trip("");
+  check_round_trip("a<|endoftext|>b<pad>");  // special texts as ordinary text
+  for (const std::string& text : kEnglish) {
+    check_round_trip(text);
+    CHECK(tokenizer.encode(text).size() < text.size());  // trained on it: some merges apply
+  }
+}
+
+TEST_CASE("a trained vocabulary's special tokens are single ids when matched, and only then") {
+  const BpeVocabulary v = trained_vocabulary();
+  const ByteLevelBpe tokenizer(v);
+  REQUIRE(v.special_tokens.size() == 2);
+  const std::int64_t eot = v.special_tokens[0], pad = v.special_tokens[1];
+  CHECK(v.tokens[eot] == "<|endoftext|>");
+  CHECK(v.tokens[pad] == "<pad>");
+  CHECK(tokenizer.encode("<|endoftext|>", SpecialText::match) == TokenIds{eot});
+  CHECK(tokenizer.encode("<pad>", SpecialText::match) == TokenIds{pad});
+  const std::string a = "Hello world", b = " and more";
+  TokenIds expected = tokenizer.encode(a);
+  expected.push_back(eot);
+  const TokenIds tail = tokenizer.encode(b);
+  expected.insert(expected.end(), tail.begin(), tail.end());
+  expected.push_back(pad);
+  const std::string text = a + "<|endoftext|>" + b + "<pad>";
+  CHECK(tokenizer.encode(text, SpecialText::match) == expected);
+  CHECK(tokenizer.decode(expected) == text);
+  const TokenIds ordinary = tokenizer.encode(text);
+  CHECK(std::find(ordinary.begin(), ordinary.end(), eot) == ordinary.end());
+  CHECK(std::find(ordinary.begin(), ordinary.end(), pad) == ordinary.end());
+  CHECK(tokenizer.decode(ordinary) == text);
+  CHECK(tokenizer.special_tokens().eos == eot);  // ByteLevelBpe gives <|endoftext|> its role
+}
+
+TEST_CASE("a trained vocabulary saved as vocab.json + merges.txt loads back to the same tokenizer") {
+  const BpeVocabulary v = trained_vocabulary();
+  testing::TempDir dir("xgrad_bpe_trainer");
+  const std::string folder = dir.file("trained");
+  save_gpt2_vocabulary(v, folder);
+  const BpeVocabulary loaded = load_gpt2_vocabulary(folder + "/vocab.json", folder + "/merges.txt");
+  CHECK(loaded.tokens == v.tokens);
+  CHECK(loaded.merges == v.merges);
+  CHECK(loaded.special_tokens == v.special_tokens);
+  const ByteLevelBpe original(v), reloaded(loaded);
+  CHECK(original.identity() == reloaded.identity());
+  Generator gen(7);
+  std::string text = kEnglish[1] + "<|endoftext|>" + kUnicode[3] + random_text(gen, all_bytes(), 200) + "<pad>";
+  for (const SpecialText mode : {SpecialText::ordinary, SpecialText::match}) {
+    const TokenIds ids = original.encode(text, mode);
+    CHECK(reloaded.encode(text, mode) == ids);
+    CHECK(reloaded.decode(ids) == text);
+  }
 }

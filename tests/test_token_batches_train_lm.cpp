@@ -1,6 +1,6 @@
-// random_windows and evaluation_windows against train_lm's own sample_batch, share() and
-// eval_batches on the same bytes and generator: bit-identical batches, so train_lm on a token
-// source trains on what it trained on before.
+// random_windows and evaluation_windows against the sample_batch, share() and eval_batches that
+// train_lm had before it took its batches from the library (kept here as they were), on the same
+// bytes and generator: bit-identical batches, so train_lm trains on what it trained on before.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -28,13 +28,50 @@ xgrad::IndexArray share(const xgrad::IndexArray& global, std::size_t rank, std::
   return out;
 }
 
+// train_lm's batches before the library, as they were written.
+struct Batch {
+  xgrad::IndexArray ids, targets;
+};
+
+Batch sample_batch(const std::vector<std::uint8_t>& data, std::size_t batch, std::size_t seq_len,
+                   xgrad::Generator& gen) {
+  Batch b{xgrad::IndexArray::from_shape({batch, seq_len}), xgrad::IndexArray::from_shape({batch, seq_len})};
+  for (std::size_t s = 0; s < batch; ++s) {
+    const std::size_t at = gen.below(data.size() - seq_len);
+    for (std::size_t t = 0; t < seq_len; ++t) {
+      b.ids(s, t) = data[at + t];
+      b.targets(s, t) = data[at + t + 1];
+    }
+  }
+  return b;
+}
+
+std::vector<Batch> eval_batches(const std::vector<std::uint8_t>& data, std::size_t batch, std::size_t seq_len,
+                                std::size_t max_batches) {
+  std::vector<Batch> out;
+  std::size_t at = 0;
+  while (out.size() < max_batches && at + batch * seq_len + 1 <= data.size()) {
+    Batch b{xgrad::IndexArray::from_shape({batch, seq_len}), xgrad::IndexArray::from_shape({batch, seq_len})};
+    for (std::size_t s = 0; s < batch; ++s, at += seq_len) {
+      for (std::size_t t = 0; t < seq_len; ++t) {
+        b.ids(s, t) = data[at + t];
+        b.targets(s, t) = data[at + t + 1];
+      }
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("random_windows gives train_lm's sample_batch, bit for bit, from a vector and from a token file",
           "[text][batches][train_lm]") {
   const std::string text = lm::grammar_text(20000, 3);
   const lm::Corpus corpus = lm::split(text, 0.1, 32);
-  const TokenIds ids(corpus.train.begin(), corpus.train.end());
+  const TokenIds ids = corpus.train->read_ids(0, corpus.train->size());
+  const std::vector<std::uint8_t> train(ids.begin(), ids.end());
+  REQUIRE(std::string(train.begin(), train.end()) == text.substr(0, train.size()));  // bytes: the ids are the text
   xgrad::testing::TempDir dir("xgrad_tokbatch");
   write_token_file(dir.file("train.bin"), ids, BytesTokenizer().identity());
   const TokenVector vec(ids);
@@ -42,7 +79,7 @@ TEST_CASE("random_windows gives train_lm's sample_batch, bit for bit, from a vec
   for (const TokenSource* source : std::vector<const TokenSource*>{&vec, &file}) {
     xgrad::Generator theirs(8), ours(8);
     for (int step = 0; step < 20; ++step) {
-      const lm::Batch want = lm::sample_batch(corpus.train, 8, 32, theirs);
+      const Batch want = sample_batch(train, 8, 32, theirs);
       const TokenBatch got = random_windows(*source, 32, 8, ours);
       REQUIRE(same(got.ids, want.ids));
       REQUIRE(same(got.targets, want.targets));
@@ -52,7 +89,7 @@ TEST_CASE("random_windows gives train_lm's sample_batch, bit for bit, from a vec
     for (std::size_t rank = 0; rank < 4; ++rank) {
       xgrad::Generator g_theirs(21), g_ours(21);
       for (int step = 0; step < 5; ++step) {
-        const lm::Batch want = lm::sample_batch(corpus.train, 8, 32, g_theirs);
+        const Batch want = sample_batch(train, 8, 32, g_theirs);
         const TokenBatch got = random_windows(*source, 32, 8, g_ours, rank, 4);
         REQUIRE(same(got.ids, share(want.ids, rank, 4)));
         REQUIRE(same(got.targets, share(want.targets, rank, 4)));
@@ -67,7 +104,7 @@ TEST_CASE("evaluation_windows gives train_lm's eval_batches, bit for bit", "[tex
   const std::vector<std::uint8_t> bytes(text.begin(), text.end());
   const TokenVector vec(TokenIds(bytes.begin(), bytes.end()));
   for (std::size_t max_batches : {1, 3, 100}) {
-    const std::vector<lm::Batch> want = lm::eval_batches(bytes, 6, 16, max_batches);
+    const std::vector<Batch> want = eval_batches(bytes, 6, 16, max_batches);
     const std::vector<TokenBatch> got = evaluation_windows(vec, 6, 16, max_batches);
     REQUIRE(got.size() == want.size());
     for (std::size_t b = 0; b < got.size(); ++b) {

@@ -44,7 +44,9 @@ void check_options(const BpeTrainerOptions& options, const char* who) {
          " special token", specials.size() == 1 ? "" : "s", " (", 256 + specials.size(), ")");
 }
 
-// The distinct pre-tokenized pieces of the texts and how often each occurs.
+// The distinct pre-tokenized pieces of the texts and how often each occurs. The runs of bytes
+// that are not UTF-8 (pieces of their own) are left out: ByteLevelBpe encodes them byte by byte,
+// never merged, so a merge learnt from them would never be used.
 class WordCounter {
  public:
   explicit WordCounter(const std::vector<std::string>& specials) : specials_(specials) {}
@@ -79,7 +81,8 @@ class WordCounter {
     if (part.empty()) return;
     detail::pretokenize_in_chunks(pretokenizer_, part, kChunkBytes,
                                   [this](const std::vector<std::string_view>& pieces) {
-      for (std::string_view piece : pieces) ++counts[std::string(piece)];
+      for (std::string_view piece : pieces)
+        if (!first_invalid_utf8(piece)) ++counts[std::string(piece)];
     });
   }
 

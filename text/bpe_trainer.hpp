@@ -40,11 +40,12 @@ struct BpeTrainerOptions {
 ///
 /// Each text is cut at the special tokens' texts (at each position the leftmost occurrence, the
 /// longest when several start there), each part is split by Gpt2Pretokenizer, and the distinct
-/// pieces (words) are counted. Every step then merges, in every word, the adjacent pair of tokens
-/// that occurs most often (each occurrence in a word counted with the word's frequency), its
-/// occurrences taken left to right without overlap. Ties go to the pair whose left token's bytes
-/// come first in lexicographic order of unsigned bytes, then the pair whose right token's bytes
-/// do: the same texts give the same vocabulary on every platform.
+/// pieces (words) are counted, but for the runs of bytes that are not UTF-8 (pieces of their own,
+/// which ByteLevelBpe encodes byte by byte, never merged). Every step then merges, in every word, the adjacent pair of
+/// tokens that occurs most often (each occurrence in a word counted with the word's frequency), its occurrences taken
+/// left to right without overlap. Ties go to the pair whose left token's bytes come first in lexicographic order of
+/// unsigned bytes, then the pair whose right token's bytes do: the same texts give the same vocabulary on every
+/// platform.
 ///
 /// Merge r gives the id 256 + r in every text tried (random searches included). Should a merge's
 /// bytes be a token already (a·bc after ab·c), it would be recorded with that token's id and add
@@ -54,7 +55,7 @@ struct BpeTrainerOptions {
 /// times.
 ///
 /// Bad options are an Error naming the function, the option and its value. Texts need not be
-/// UTF-8.
+/// UTF-8: only their UTF-8 parts are learnt from.
 BpeVocabulary train_byte_level_bpe(const std::vector<std::string>& texts, const BpeTrainerOptions& options);
 
 /// train_byte_level_bpe on the contents of the files at `paths` (each file one text), read with

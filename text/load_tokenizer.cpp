@@ -16,8 +16,13 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& kind, const std::st
   if (kind != "gpt2" && kind != "bpe" && kind != "spm")
     throw Error(who + ": unknown tokenizer \"" + readable_bytes(kind) + "\" (bytes, gpt2 DIR, bpe PATH, spm FILE)");
   if (path.empty()) throw Error(who + ": the " + kind + " tokenizer needs a path");
-  if (kind == "spm") return load_sentencepiece(path);
-  return load_byte_level_bpe(path);  // gpt2 and bpe: a folder of vocab.json + merges.txt, or a tokenizer.json
+  // The loaders' messages name the file and the entry; this one adds who asked and for which kind.
+  try {
+    if (kind == "spm") return load_sentencepiece(path);
+    return load_byte_level_bpe(path);  // gpt2 and bpe: a folder of vocab.json + merges.txt, or a tokenizer.json
+  } catch (const Error& e) {
+    throw Error(who + ": the " + kind + " tokenizer: " + e.what());
+  }
 }
 
 }  // namespace xgrad::text
