@@ -45,9 +45,24 @@
 #include "xgrad/optim/optimizer.hpp"
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
+// Tokenizers and token files: declared here, defined in the xgrad::text library (link it to use them).
+#include "xgrad/text/bpe_trainer.hpp"
+#include "xgrad/text/bpe_vocabulary.hpp"
+#include "xgrad/text/byte_level_bpe.hpp"
+#include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/gpt2_byte_encoding.hpp"
+#include "xgrad/text/gpt2_files.hpp"
+#include "xgrad/text/load_tokenizer.hpp"
+#include "xgrad/text/pretokenizer.hpp"
+#include "xgrad/text/sentencepiece_tokenizer.hpp"
+#include "xgrad/text/token_batches.hpp"
+#include "xgrad/text/token_file.hpp"
+#include "xgrad/text/token_source.hpp"
+#include "xgrad/text/tokenizer.hpp"
 
 /// @namespace xgrad
 /// All of xgrad's API. Directly in it: tensors and the tape, the differentiable ops, gradient
 /// checking, random numbers, threads, errors and file I/O (the headers under core/; matrix
 /// products are in xgrad::blas). Modules are in xgrad::nn, optimizers in xgrad::optim, tools that
-/// look inside a model in xgrad::inspect, and data-parallel training in xgrad::distributed.
+/// look inside a model in xgrad::inspect, tokenizers and token files in xgrad::text, and
+/// data-parallel training in xgrad::distributed.

@@ -13,7 +13,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/utf8.hpp"
-#include "xgrad/text/bpe_tables.hpp"
+#include "xgrad/text/detail/bpe_tables.hpp"
 #include "xgrad/text/gpt2_byte_encoding.hpp"
 #include "xgrad/text/pretokenizer.hpp"
 

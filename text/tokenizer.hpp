@@ -45,8 +45,9 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  /// The ids of `text`. Text that is not valid UTF-8 is encoded byte by byte where it is invalid
-  /// (as GPT-2 does), never refused.
+  /// The ids of `text`. Text that is not valid UTF-8 is never refused: the bytes and byte-level
+  /// BPE tokenizers encode it byte by byte where it is invalid (as GPT-2 does); SentencePiece
+  /// reads such bytes as U+FFFD, as the SentencePiece library does.
   virtual TokenIds encode(std::string_view text, SpecialText specials = SpecialText::ordinary) const = 0;
   /// The text of `ids` (bytes, which need not be UTF-8 when the ids cut a character). An id outside
   /// [0, vocab_size) is an Error naming the id and its position.
