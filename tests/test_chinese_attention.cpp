@@ -86,15 +86,17 @@ TEST_CASE("the corpus holds the sentence's words, and sentences encode and decod
   REQUIRE_THROWS_WITH(vocab.encode(std::string_view("我 </s>")), Catch::Contains("'</s>' is a special token"));
   REQUIRE(vocab.encode(std::string_view("<s> 我"), xgrad::text::SpecialText::match)[0] == Vocabulary::kBos);
 
-  // <s> w1 .. wn <pad>: targets w1 .. wn </s> ignore.
+  // <s> w1 .. wn </s> <pad>: targets w1 .. wn </s> ignore ignore.
   const Sentence shorter = {"我", "去"};
   const Batch b = make_batch(vocab, {&probe_sentence(), &shorter});
   REQUIRE(b.ids.shape() == xgrad::Shape{2, 7});
   REQUIRE(b.ids(1, 0) == Vocabulary::kBos);
   REQUIRE(b.targets(1, 1) == vocab.encode(Sentence{"去"})[0]);
   REQUIRE(b.targets(1, 2) == Vocabulary::kEos);
-  REQUIRE(b.ids(1, 3) == Vocabulary::kPad);
+  REQUIRE(b.ids(1, 3) == Vocabulary::kEos);
   REQUIRE(b.targets(1, 3) == xgrad::kIgnoreIndex);
+  REQUIRE(b.ids(1, 4) == Vocabulary::kPad);
+  REQUIRE(b.targets(1, 4) == xgrad::kIgnoreIndex);
   REQUIRE(b.targets(0, 6) == Vocabulary::kEos);
 }
 

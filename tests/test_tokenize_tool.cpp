@@ -12,6 +12,7 @@
 #include "test_files.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/load_tokenizer.hpp"
 #include "xgrad/text/token_batches.hpp"
 #include "xgrad/text/token_file.hpp"
 
@@ -151,6 +152,35 @@ TEST_CASE("bad input: xgrad-tokenize encode on a full disk exits 1, leaving the 
              Contains("xgrad-tokenize") && Contains("t.bin") && Contains("File too large") && Contains("unchanged"));
   CHECK(read_bytes(dir.file("t.bin")) == "earlier");
   CHECK(dir.entries() == std::set<std::string>{"big.txt", "t.bin", ".stdout", ".stderr"});
+}
+
+TEST_CASE("xgrad-tokenize with GPT-2's tokenizer: documents joined by its end-of-text id, ids as the library gives",
+          "[text][tool]") {
+  TempDir dir("xgrad_tokenize_gpt2");
+  const std::string gpt2 = std::string(XGRAD_FIXTURE_DIR) + "/gpt2_tokenizer";
+  const auto tokenizer = load_tokenizer("gpt2", gpt2);
+  const std::string a = "Hello world, 北京!\n", b = "It's <|endoftext|> as text.";
+  write_bytes(dir.file("a.txt"), a);
+  write_bytes(dir.file("b.txt"), b);
+  const Outcome o = tool(dir, {"encode", "--tokenizer", "gpt2", gpt2, "--out", "train.bin", "a.txt", "b.txt"});
+  INFO(o);
+  REQUIRE(o.code == 0);
+  const TokenFile file(dir.file("train.bin"));
+  file.check_tokenizer(tokenizer->identity());
+  CHECK(file.header().eos == 50256);
+  CHECK(file.header().documents == 2);
+  TokenIds want = tokenizer->encode(a);
+  want.push_back(50256);
+  for (std::int64_t id : tokenizer->encode(b)) want.push_back(id);  // its <|endoftext|> is text, not 50256
+  CHECK(file.read_ids(0, file.size()) == want);
+  CHECK(std::count(want.begin(), want.end(), 50256) == 1);
+
+  Outcome ids = tool(dir, {"ids", "--tokenizer", "gpt2", gpt2, "Hello world"});
+  CHECK(ids.out == "[15496,995]\n");
+  ids = tool(dir, {"ids", "--tokenizer", "gpt2", gpt2, "--special", "match", "a<|endoftext|>b"});
+  CHECK(ids.out == "[64,50256,65]\n");
+  const Outcome text = tool(dir, {"decode", "--tokenizer", "gpt2", gpt2, "[15496,995]"});
+  CHECK(text.out == "Hello world");
 }
 
 TEST_CASE("xgrad-tokenize ids and decode: text to a JSON array of ids and back to the raw bytes", "[text][tool]") {

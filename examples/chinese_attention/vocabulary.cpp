@@ -8,6 +8,7 @@
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/text/token_batches.hpp"
 
 namespace zh {
 
@@ -58,18 +59,20 @@ Sentence Vocabulary::words(const std::vector<std::int64_t>& ids) const {
 }
 
 Batch make_batch(const Vocabulary& vocab, const std::vector<const Sentence*>& sentences) {
+  // Each sentence is the document <s> w1 .. wn </s>, which the library pads with next-word targets.
+  // Cut to the longest sentence's n + 1 positions, the longest ends at wn (target </s>); a shorter
+  // one's </s> sits where its target is ignored, which a causal model never lets the others see.
+  std::vector<xgrad::text::TokenIds> documents;
   std::size_t longest = 0;
-  for (const Sentence* s : sentences) longest = std::max(longest, s->size());
-  const std::size_t B = sentences.size(), T = longest + 1;
-  Batch b{xgrad::IndexArray::from_shape({B, T}), xgrad::IndexArray::from_shape({B, T})};
-  for (std::size_t i = 0; i < B; ++i) {
-    const std::vector<std::int64_t> ids = vocab.encode(*sentences[i]);
-    for (std::size_t t = 0; t < T; ++t) {
-      b.ids(i, t) = t == 0 ? Vocabulary::kBos : t <= ids.size() ? ids[t - 1] : Vocabulary::kPad;
-      b.targets(i, t) = t < ids.size() ? ids[t] : t == ids.size() ? Vocabulary::kEos : xgrad::kIgnoreIndex;
-    }
+  for (const Sentence* s : sentences) {
+    xgrad::text::TokenIds doc = {Vocabulary::kBos};
+    for (const std::int64_t id : vocab.encode(*s)) doc.push_back(id);
+    doc.push_back(Vocabulary::kEos);
+    documents.push_back(std::move(doc));
+    longest = std::max(longest, s->size());
   }
-  return b;
+  xgrad::text::TokenBatch b = xgrad::text::padded_batch(documents, Vocabulary::kPad, longest + 1);
+  return {std::move(b.ids), std::move(b.targets)};
 }
 
 xgrad::IndexArray model_input(const Vocabulary& vocab, const Sentence& words) {

@@ -43,8 +43,9 @@ class Vocabulary : public xgrad::text::Tokenizer {
   std::map<std::string, std::int64_t> ids_;
 };
 
-// Next-word prediction on whole sentences: ids (B, T) are <s> w1 .. wn then <pad>, targets (B, T)
-// are w1 .. wn </s> then kIgnoreIndex; T is the longest sentence's length + 1.
+// Next-word prediction on whole sentences (text::padded_batch of <s> w1 .. wn </s>): ids (B, T)
+// are <s> w1 .. wn, then </s> and <pad> for a shorter sentence; targets (B, T) are w1 .. wn </s>
+// then kIgnoreIndex; T is the longest sentence's length + 1.
 struct Batch {
   xgrad::IndexArray ids, targets;
 };
