@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <xgrad/xgrad.hpp>
+#include <xgrad/xgrad.hpp>  // with the xgrad::text library for the bytes tokenizer and the batches
 
 using namespace xgrad;
 
@@ -45,42 +45,21 @@ std::size_t parse_steps(const std::string& s) {
   return n;
 }
 
-// Next-byte prediction: ids (B, T) are windows of the text, targets (B, T) the byte after each id.
-struct Batch {
-  IndexArray ids, targets;
-};
-
-Batch windows(const std::string& text, const std::vector<std::size_t>& starts) {
-  Batch b{IndexArray::from_shape({starts.size(), kContext}), IndexArray::from_shape({starts.size(), kContext})};
-  for (std::size_t i = 0; i < starts.size(); ++i) {
-    for (std::size_t t = 0; t < kContext; ++t) {
-      b.ids(i, t) = static_cast<unsigned char>(text[starts[i] + t]);
-      b.targets(i, t) = static_cast<unsigned char>(text[starts[i] + t + 1]);
-    }
-  }
-  return b;
-}
-
-// B windows at random offsets of the training text.
-Batch random_batch(const std::string& text, Generator& gen) {
-  std::vector<std::size_t> starts(kBatch);
-  for (std::size_t& s : starts) s = gen.below(text.size() - kContext);
-  return windows(text, starts);
-}
-
 // Trains on all but the last n_valid bytes of the text, then samples from the model.
 int run(const std::string& text, std::size_t n_valid, std::size_t steps) {
-  const std::string train = text.substr(0, text.size() - n_valid), held_out = text.substr(text.size() - n_valid);
-  std::vector<std::size_t> valid_starts;
-  for (std::size_t s = 0; s + kContext < held_out.size() && valid_starts.size() < kMaxValid; s += kContext) {
-    valid_starts.push_back(s);
-  }
-  const Batch valid = windows(held_out, valid_starts);
+  // Tokens are bytes. Batches come from the text library: windows of T + 1 ids, whose first T are
+  // the ids (B, T) and whose last T the targets (B, T), the byte after each id.
+  const text::BytesTokenizer bytes;
+  const text::TokenVector train(bytes.encode(std::string_view(text).substr(0, text.size() - n_valid)));
+  const text::TokenVector held_out(bytes.encode(std::string_view(text).substr(text.size() - n_valid)));
+  // Validation: one batch of the held-out text's first consecutive windows (up to kMaxValid).
+  const std::size_t windows = std::min(kMaxValid, (held_out.size() - 1) / kContext);
+  const text::TokenBatch valid = text::evaluation_windows(held_out, windows, kContext, 1).at(0);
 
   // The model: 256 byte embeddings plus learned positions, 2 Pre-Norm blocks of 4 heads, a head to
   // 256 logits per position. No dropout (its default is 0.1): both losses measure the same function.
   Generator gen(kSeed);  // initial weights, batches and the sample: same seed, same output
-  nn::LanguageModel model(nn::LanguageModelOptions(256, 64, 4, 2).max_len(kContext).dropout(0.f), gen);
+  nn::LanguageModel model(nn::LanguageModelOptions(bytes.vocab_size(), 64, 4, 2).max_len(kContext).dropout(0.f), gen);
   optim::AdamW optimizer(model.named_parameters(), optim::AdamW::defaults(3e-3f));
   // Warm up for a tenth of the run, then decay the learning rate along a cosine to a tenth.
   const optim::LrSchedule schedule(optim::ScheduleOptions(3e-3f)
@@ -95,7 +74,7 @@ int run(const std::string& text, std::size_t n_valid, std::size_t steps) {
   // batch loss (before its update) and the held-out loss (after it).
   const std::size_t every = std::max<std::size_t>(1, steps / 10);
   for (std::size_t step = 1; step <= steps; ++step) {
-    const Batch b = random_batch(train, gen);
+    const text::TokenBatch b = text::random_windows(train, kContext, kBatch, gen);  // at random offsets
     const Tensor loss = model.loss(b.ids, b.targets);  // mean cross-entropy of the (B, T, V) logits
     optimizer.zero_grad();
     loss.backward();
@@ -113,13 +92,13 @@ int run(const std::string& text, std::size_t n_valid, std::size_t steps) {
   }
 
   // Generation: the first bytes of the text, continued by sampling one byte at a time.
-  std::vector<std::int64_t> bytes;
-  for (std::size_t i = 0; i < kPrompt; ++i) bytes.push_back(static_cast<unsigned char>(text[i]));
   nn::GenerateOptions sampling;
   sampling.temperature = 0.8f;
-  bytes = model.generate(bytes, kSampleBytes, sampling, gen);
+  const std::vector<std::int64_t> ids =
+      model.generate(bytes.encode(std::string_view(text).substr(0, kPrompt)), kSampleBytes, sampling, gen);
   std::printf("sample (%zu bytes of prompt, %zu generated):\n", kPrompt, kSampleBytes);
-  for (std::int64_t b : bytes) std::putchar(static_cast<int>(b));
+  const std::string sample = bytes.decode(ids);
+  std::fwrite(sample.data(), 1, sample.size(), stdout);
   std::putchar('\n');
   flush();
   return 0;

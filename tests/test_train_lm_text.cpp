@@ -202,6 +202,8 @@ TEST_CASE("train_lm refuses tokenizer and token-file flags that cannot work toge
   require_fails(run(dir, tiny({dir.file("a.txt"), "--tokenizer", "wordpiece", "x"})), 2, {"unknown tokenizer"});
   require_fails(run(dir, tiny({dir.file("a.txt"), "--tokenizer", "gpt2"})), 2, {"needs a path"});
   require_fails(run(dir, tiny({dir.file("a.txt"), "--tokenizer", "gpt2", dir.file("missing")})), 2, {"missing"});
+  require_fails(run(dir, {"--sample", "5", "--checkpoint", dir.file("ck.safetensors"), "--tokenizer", "bytes"}), 2,
+                {"--sample uses the tokenizer the checkpoint stores"});
   // A token file made by another tokenizer than the one named.
   require_fails(run(dir, tiny({"--tokens", dir.file("a.bin"), "--tokenizer", "gpt2", gpt2_dir()})), 2,
                 {"a.bin", "bytes"});
