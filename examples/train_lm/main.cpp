@@ -470,7 +470,10 @@ int main(int argc, char** argv) {
     std::unique_ptr<Trainer> trainer;
 #ifdef XGRAD_HAS_DISTRIBUTED
     if (mpi) {
-      nlohmann::json settings = {{"text", source.describe()}, {"--resume", resume}, {"--checkpoint", checkpoint}};
+      nlohmann::json settings = {{"text", source.describe()},
+                                 {"--resume", resume},
+                                 {"--checkpoint", checkpoint},
+                                 {"tokenizer", xgrad::text::describe(tokenizer->identity())}};
       const nlohmann::json config = c.to_json();
       for (const auto& [key, value] : config.items()) {
         std::string flag = "--" + key;
