@@ -5,7 +5,7 @@ fixture corpus and the licence texts in /usr/share/common-licenses; each round g
 median over --repeats encodes, and the table gives the median of the rounds and the ratio. The two
 must also agree on every file's token count.
 
-    NODE_PATH=/work/npmfix/node_modules python3 bench/compare_tokenize.py [--build build] [--rounds 5]
+    NODE_PATH=~/xgrad-node/node_modules python3 bench/compare_tokenize.py [--build build] [--rounds 5]
 """
 import argparse
 import json

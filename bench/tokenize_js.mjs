@@ -1,7 +1,7 @@
 // Encoding speed of js-tiktoken 1.0.21's GPT-2 encoder, measured as bench/tokenize.cpp measures
 // xgrad's: each file encoded `--repeats` times after one untimed encode (which also warms the JIT),
 // the median in MB/s (10^6 bytes of UTF-8 input a second). The text is read as UTF-8.
-//     NODE_PATH=/work/npmfix/node_modules node bench/tokenize_js.mjs [--repeats 15] [--json] FILE...
+//     NODE_PATH=~/xgrad-node/node_modules node bench/tokenize_js.mjs [--repeats 15] [--json] FILE...
 import { createRequire } from "node:module";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
