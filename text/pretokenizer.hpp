@@ -10,11 +10,11 @@
 
 namespace xgrad::text {
 
-/// GPT-2's pattern: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+/// GPT-2's pattern: @verbatim 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ @endverbatim
 class Gpt2Pretokenizer {
  public:
-  Gpt2Pretokenizer();  ///< compiles the pattern (JIT where PCRE2 has it)
-  ~Gpt2Pretokenizer();
+  Gpt2Pretokenizer();   ///< compiles the pattern (JIT where PCRE2 has it)
+  ~Gpt2Pretokenizer();  ///< frees the compiled pattern
   Gpt2Pretokenizer(const Gpt2Pretokenizer&) = delete;
   Gpt2Pretokenizer& operator=(const Gpt2Pretokenizer&) = delete;
 

@@ -105,6 +105,7 @@ std::unique_ptr<SentencePieceTokenizer> load_sentencepiece(const std::string& pa
 /// docs/options.md), checked before training. Defaults are SentencePiece's, except num_threads (1,
 /// so that training is deterministic).
 struct SentencePieceTrainerOptions {
+  /// The options for `vocab_size` pieces, every other option at its default.
   explicit SentencePieceTrainerOptions(std::size_t vocab_size) : vocab_size_(vocab_size) {}
 
   /// The number of pieces, specials and byte pieces included; at least 1. SentencePiece refuses

@@ -24,8 +24,9 @@ namespace xgrad::text {
 /// none to predict), and a key_padding_mask (B, T), true at padding, that is empty (shape (0))
 /// unless the batch is padded.
 struct TokenBatch {
-  IndexArray ids, targets;
-  Mask key_padding_mask = Mask::from_shape({0});
+  IndexArray ids;                                 ///< (B, T)
+  IndexArray targets;                             ///< (B, T): the next id, or kIgnoreIndex
+  Mask key_padding_mask = Mask::from_shape({0});  ///< (B, T), true at padding; shape (0) unless padded
   /// Whether key_padding_mask is set: give it to LanguageModel::loss then.
   bool padded() const { return key_padding_mask.size() > 0; }
 };

@@ -42,12 +42,12 @@ constexpr std::uint32_t kTokenFileVersion = 1;
 
 /// The fields of a token file's header (see the file comment for the layout).
 struct TokenFileHeader {
-  std::uint32_t version = kTokenFileVersion;
-  std::uint32_t dtype = 2;          ///< bytes per token: 2 (uint16) or 4 (uint32)
-  std::uint64_t tokens = 0;         ///< how many ids follow the header
-  std::uint64_t documents = 0;      ///< how many documents they hold (0: not counted)
-  TokenizerIdentity tokenizer;      ///< the tokenizer that made the ids
-  std::optional<std::int64_t> eos;  ///< the id separating documents, if the tokenizer has one
+  std::uint32_t version = kTokenFileVersion;  ///< the format's version (1)
+  std::uint32_t dtype = 2;                    ///< bytes per token: 2 (uint16) or 4 (uint32)
+  std::uint64_t tokens = 0;                   ///< how many ids follow the header
+  std::uint64_t documents = 0;                ///< how many documents they hold (0: not counted)
+  TokenizerIdentity tokenizer;                ///< the tokenizer that made the ids
+  std::optional<std::int64_t> eos;            ///< the id separating documents, if the tokenizer has one
 };
 
 /// The dtype a token file of this vocabulary is written with: 2 up to 65536 ids, else 4.
@@ -128,8 +128,8 @@ class TokenFile : public TokenSource {
   /// Copies tokens [offset, offset + n); an id >= vocab_size among them is an Error naming the
   /// file, the token's position and byte offset, and the id.
   void read(std::size_t offset, std::size_t n, std::int64_t* out) const override;
-  const TokenFileHeader& header() const { return header_; }
-  const std::string& path() const { return path_; }
+  const TokenFileHeader& header() const { return header_; }  ///< the header, as checked when opening
+  const std::string& path() const { return path_; }          ///< the path it was opened by
   /// Throws an Error naming the file and both identities when the file's tokenizer is not `expected`.
   void check_tokenizer(const TokenizerIdentity& expected) const;
   /// Reads every id once, throwing read()'s Error at the first one outside the vocabulary.

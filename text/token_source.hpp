@@ -32,7 +32,7 @@ class TokenSource {
 /// A TokenSource over ids held in memory.
 class TokenVector : public TokenSource {
  public:
-  explicit TokenVector(TokenIds ids);
+  explicit TokenVector(TokenIds ids);  ///< takes the ids
   std::size_t size() const override { return ids_.size(); }
   void read(std::size_t offset, std::size_t n, std::int64_t* out) const override;
   /// The ids themselves.

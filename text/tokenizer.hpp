@@ -14,11 +14,14 @@
 
 namespace xgrad::text {
 
-using TokenIds = std::vector<std::int64_t>;
+using TokenIds = std::vector<std::int64_t>;  ///< token ids, as every tokenizer gives them
 
 /// The special tokens a tokenizer has; nullopt where it has none.
 struct SpecialTokens {
-  std::optional<std::int64_t> bos, eos, pad, unk;
+  std::optional<std::int64_t> bos;  ///< beginning of sequence
+  std::optional<std::int64_t> eos;  ///< end of sequence (end of text): separates documents in token files
+  std::optional<std::int64_t> pad;  ///< padding
+  std::optional<std::int64_t> unk;  ///< what text outside the vocabulary becomes
 };
 
 /// How encode treats the text of a special token (such as `<|endoftext|>`) inside its input.
@@ -34,8 +37,8 @@ struct TokenizerIdentity {
   std::uint64_t vocab_size = 0;  ///< ids are in [0, vocab_size)
   std::string digest;            ///< 16 hex digits: FNV-1a 64 of to_json()
 };
-bool operator==(const TokenizerIdentity& a, const TokenizerIdentity& b);
-bool operator!=(const TokenizerIdentity& a, const TokenizerIdentity& b);
+bool operator==(const TokenizerIdentity& a, const TokenizerIdentity& b);  ///< kind, vocab_size and digest all equal
+bool operator!=(const TokenizerIdentity& a, const TokenizerIdentity& b);  ///< not ==
 /// "byte_bpe, 50257 ids, digest 0123456789abcdef", for messages.
 std::string describe(const TokenizerIdentity& identity);
 
@@ -58,7 +61,9 @@ class Tokenizer {
   /// are written as `\xNN` (and a backslash as `\\`), so every string is printable UTF-8.
   virtual std::vector<std::string> token_strings(const TokenIds& ids) const;
 
+  /// How many ids there are: every id is in [0, vocab_size).
   virtual std::size_t vocab_size() const = 0;
+  /// The special tokens' ids (nullopt for a role the tokenizer has no token for).
   virtual SpecialTokens special_tokens() const = 0;
   /// "bytes", "byte_bpe" or "sentencepiece".
   virtual std::string kind() const = 0;
