@@ -20,6 +20,8 @@
 #include "run_program.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/token_file.hpp"
 
 using xgrad::testing::Limits;
 using xgrad::testing::Outcome;
@@ -173,6 +175,26 @@ TEST_CASE("two ranks follow one process's trajectory on the same global batch", 
   const double over_tcp = max_relative_difference(read_log(dir.file("tcp/log.csv")), one);
   std::printf("max relative difference of the losses after 100 steps, 2 ranks (TCP) vs 1 process: %.3g\n", over_tcp);
   REQUIRE(over_tcp <= 1e-4);
+}
+
+TEST_CASE("two ranks follow one process through a trained BPE and through a token file", "[distributed]") {
+  TempDir dir("xgrad_ddp_text");
+  // Every rank trains the same BPE on the same text (the ranks' settings include its identity).
+  const std::vector<std::string> bpe = small({"--steps", "30", "--warmup", "3", "--train-tokenizer", "300"});
+  require_ok(run_program(dir, kTrainLm, concat(bpe, {"--out", "one"}), mpi_limits()));
+  const Outcome two = mpirun(dir, 2, concat(bpe, {"--out", "two"}));
+  require_ok(two);
+  REQUIRE(max_relative_difference(read_log(dir.file("two/log.csv")), read_log(dir.file("one/log.csv"))) <= 1e-4);
+
+  // A token file, memory-mapped by every rank.
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of the token file.\n";
+  const xgrad::text::BytesTokenizer bytes;
+  xgrad::text::write_token_file(dir.file("t.bin"), bytes.encode(text), bytes.identity());
+  const std::vector<std::string> tokens = small({"--steps", "30", "--warmup", "3", "--tokens", dir.file("t.bin")});
+  require_ok(run_program(dir, kTrainLm, concat(tokens, {"--out", "t1"}), mpi_limits()));
+  require_ok(mpirun(dir, 2, concat(tokens, {"--out", "t2"})));
+  REQUIRE(max_relative_difference(read_log(dir.file("t2/log.csv")), read_log(dir.file("t1/log.csv"))) <= 1e-4);
 }
 
 TEST_CASE("a checkpoint written by one process resumes on two, and one of two on one", "[distributed]") {
