@@ -495,16 +495,19 @@ int main(int argc, char** argv) {
     if (sharing->size() > 1)
       std::printf("data-parallel on %d processes, %zu sequences each\n", sharing->size(), c.batch / sharing->size());
     if (tokens_path.empty()) {
-      std::printf("text: %s, %zu bytes, unigram entropy %.3f nats/byte\n",
-                  text_path.empty() ? "built-in grammar" : text_path.c_str(), text.size(), unigram);
+      // The unigram entropy is of bytes: a run of other tokens has none to show.
+      std::printf("text: %s, %zu bytes", text_path.empty() ? "built-in grammar" : text_path.c_str(), text.size());
+      if (unigram >= 0) std::printf(", unigram entropy %.3f nats/byte", unigram);
+      std::printf("\n");
     } else {
       std::printf("tokens: %s\n", source.describe().c_str());
     }
     if (tokenizer->kind() != "bytes")
       std::printf("tokenizer: %s\n", xgrad::text::describe(tokenizer->identity()).c_str());
-    std::printf("model: %s%zu layers, d_model %zu, %zu heads, %zu parameters; %zu steps of %zu x %zu bytes%s\n",
+    std::printf("model: %s%zu layers, d_model %zu, %zu heads, %zu parameters; %zu steps of %zu x %zu %s%s\n",
                 c.arch == "classic" ? "" : ("--arch " + c.arch + ", ").c_str(), c.layers, c.d_model, c.heads,
                 trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
+                tokenizer->kind() == "bytes" ? "bytes" : "tokens",
                 resume ? (", resuming at step " + std::to_string(trainer->step())).c_str() : "");
 
     RunLog run_log(out, resume ? std::optional<std::size_t>(trainer->step()) : std::nullopt);

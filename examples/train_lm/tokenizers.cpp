@@ -26,7 +26,7 @@ std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoi
         {std::string(training_text)},
         xgrad::text::BpeTrainerOptions(choice.train_vocab).special_tokens({"<|endoftext|>"}));
     auto tokenizer = std::make_shared<xgrad::text::ByteLevelBpe>(vocabulary);
-    std::printf("tokenizer: a byte-level BPE of %zu tokens trained on %zu bytes in %.1f s\n", tokenizer->vocab_size(),
+    std::printf("tokenizer: a byte-level BPE of %zu tokens trained on %zu bytes in %.2f s\n", tokenizer->vocab_size(),
                 training_text.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (!choice.save_dir.empty()) xgrad::text::save_gpt2_vocabulary(vocabulary, choice.save_dir);
     return tokenizer;
