@@ -1,7 +1,8 @@
 // train_lm with tokenizers and token files: a token file of a text's bytes trains exactly as the
 // text does, the checkpoint keeps its tokenizer for --sample and --resume, a BPE trained by
 // --train-tokenizer is stored and saved, and --import gpt2 samples GPT-2 text through GPT-2's
-// own vocabulary as the library's generate does.
+// own vocabulary as the library's generate does; a run of other tokens than bytes
+// says tokens, not bytes, and shows no byte entropy.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -211,4 +212,19 @@ TEST_CASE("train_lm refuses tokenizer and token-file flags that cannot work toge
   const std::string before = read_bytes(dir.file("a.bin"));
   require_fails(run(dir, tiny({"--tokens", dir.file("a.bin"), "--checkpoint", dir.file("a.bin")})), 2, {"a.bin"});
   CHECK(read_bytes(dir.file("a.bin")) == before);
+}
+
+TEST_CASE("train_lm's summary speaks of tokens, and of no byte entropy, for a tokenizer other than bytes") {
+  TempDir dir("xgrad_lm_token_words");
+  write_bytes(dir.file("a.txt"), some_text());
+  const Outcome bpe = run(dir, tiny({dir.file("a.txt"), "--train-tokenizer", "300", "--out", dir.path}));
+  require_ok(bpe);
+  CHECK_THAT(bpe.out, Catch::Contains("6 steps of 4 x 16 tokens\n"));
+  CHECK_THAT(bpe.out, !Catch::Contains("unigram entropy"));
+  CHECK_THAT(bpe.out,
+             Catch::Contains("text: " + dir.file("a.txt") + ", " + std::to_string(some_text().size()) + " bytes\n"));
+  const Outcome bytes = run(dir, tiny({dir.file("a.txt"), "--out", dir.path}));
+  require_ok(bytes);
+  CHECK_THAT(bytes.out, Catch::Contains("6 steps of 4 x 16 bytes\n"));
+  CHECK_THAT(bytes.out, Catch::Contains(" bytes, unigram entropy "));
 }
