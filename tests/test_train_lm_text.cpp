@@ -210,3 +210,17 @@ TEST_CASE("train_lm refuses tokenizer and token-file flags that cannot work toge
   require_fails(run(dir, tiny({"--tokens", dir.file("a.bin"), "--checkpoint", dir.file("a.bin")})), 2, {"a.bin"});
   CHECK(read_bytes(dir.file("a.bin")) == before);
 }
+
+TEST_CASE("train_lm --train-tokenizer on a text with fewer pairs than asked says so and trains the smaller vocabulary",
+          "[bad_input]") {
+  TempDir dir("xgrad_lm_text_few_pairs");
+  // Every piece of GPT-2's pattern is one byte ("a", "!", "b", "?"): no pair to merge at all.
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "a!b?";
+  write_bytes(dir.file("a.txt"), text);
+  const Outcome o = run(dir, tiny({dir.file("a.txt"), "--train-tokenizer", "400", "--checkpoint", dir.file("c.st")}));
+  require_ok(o);
+  // 256 bytes and <|endoftext|>.
+  CHECK_THAT(o.out, Catch::Contains("tokenizer: 257 tokens, fewer than the 400 --train-tokenizer asked"));
+  CHECK(lm::checkpoint_tokenizer(dir.file("c.st"))->vocab_size() == 257);
+}

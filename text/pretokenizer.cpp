@@ -11,7 +11,11 @@ namespace xgrad::text {
 
 namespace {
 
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// GPT-2's pattern, with GPT-2's (Python regex's) \s: Unicode's White_Space. PCRE2's \s also matches
+// U+180E MONGOLIAN VOWEL SEPARATOR (a format character since Unicode 6.3), so here \s is
+// [^\S\x{180E}], \S is [\S\x{180E}], and U+180E goes with the punctuation as in GPT-2.
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?(?:[^\s\p{L}\p{N}]|\x{180E})+|[^\S\x{180E}]+(?![\S\x{180E}])|[^\S\x{180E}]+)";
 
 // One match block and JIT stack per thread, so split() may run on several threads at once.
 struct ThreadMatchState {

@@ -14,6 +14,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
+#include "xgrad/text/detail/json_excerpt.hpp"
 
 namespace xgrad::text {
 
@@ -307,7 +308,7 @@ std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_json(std::s
   if (!doc.is_object()) throw Error(who + ": the tokenizer document is not a JSON object");
   if (!doc.contains("kind") || !doc["kind"].is_string() || doc["kind"].get<std::string>() != "sentencepiece")
     throw Error(who + ": field \"kind\" of the tokenizer document must be \"sentencepiece\", got " +
-                (doc.contains("kind") ? shown(doc["kind"].dump()) : std::string("nothing")));
+                (doc.contains("kind") ? shown(detail::json_excerpt(doc["kind"])) : std::string("nothing")));
   if (!doc.contains("model") || !doc["model"].is_string())
     throw Error(who + ": the tokenizer document has no string field \"model\" (the serialized model, base64)");
   std::string model, error;

@@ -28,6 +28,11 @@ std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoi
     auto tokenizer = std::make_shared<xgrad::text::ByteLevelBpe>(vocabulary);
     std::printf("tokenizer: a byte-level BPE of %zu tokens trained on %zu bytes in %.1f s\n", tokenizer->vocab_size(),
                 training_text.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (tokenizer->vocab_size() < choice.train_vocab)
+      std::printf(
+          "tokenizer: %zu tokens, fewer than the %zu --train-tokenizer asked: the text has no more pairs to "
+          "merge; the model has %zu\n",
+          tokenizer->vocab_size(), choice.train_vocab, tokenizer->vocab_size());
     if (!choice.save_dir.empty()) xgrad::text::save_gpt2_vocabulary(vocabulary, choice.save_dir);
     return tokenizer;
   }
