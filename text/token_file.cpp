@@ -1,9 +1,8 @@
 // Token files: the header's encoding and checks, the atomic and the streaming writers, and the
-// memory-mapped reader.
+// reader (pread, a window at a time).
 #include "xgrad/text/token_file.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -321,67 +320,65 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
            "-byte header");
     }
   }
-  // The mapping is made from its own descriptor; the size checked is that of the mapped file.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd < 0) fail(who, ": cannot open '", path, "': ", std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(who, ": '", path, "' changed while being opened");
-  }
-  file_size = static_cast<std::uint64_t>(st.st_size);
-  if (file_size < kTokenFileHeaderBytes) {
-    ::close(fd);
-    fail(who, ": '", path, "' is truncated: it holds ", file_size, " bytes, fewer than the ", kTokenFileHeaderBytes,
-         "-byte header");
-  }
-  if (file_size > SIZE_MAX) {
-    ::close(fd);
-    fail(who, ": '", path, "' holds ", file_size, " bytes, more than this process can map");
-  }
-  map_bytes_ = static_cast<std::size_t>(file_size);
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    fail(who, ": cannot map '", path, "' (", file_size, " bytes): ", std::strerror(err));
-  }
+  // The ids are read through this descriptor (pread), so that a file truncated while open gives
+  // an Error from read(), where a mapping would give SIGBUS; the size checked is that of this file.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd_ < 0) fail(who, ": cannot open '", path, "': ", std::strerror(errno));
   try {
-    header_ = decode_header(static_cast<const unsigned char*>(map_), file_size, path);
+    struct stat st;
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) fail(who, ": '", path, "' changed while being opened");
+    file_size = static_cast<std::uint64_t>(st.st_size);
+    if (file_size < kTokenFileHeaderBytes)
+      fail(who, ": '", path, "' is truncated: it holds ", file_size, " bytes, fewer than the ", kTokenFileHeaderBytes,
+           "-byte header");
+    unsigned char header[kTokenFileHeaderBytes];
+    read_bytes_at(0, header, sizeof header, who);
+    header_ = decode_header(header, file_size, path);
   } catch (...) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
     throw;
   }
-  ids_ = static_cast<const unsigned char*>(map_) + kTokenFileHeaderBytes;
 }
 
 TokenFile::~TokenFile() {
-  if (map_) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TokenFile::read_bytes_at(std::uint64_t offset, unsigned char* out, std::size_t n, const std::string& who) const {
+  for (std::size_t done = 0; done < n;) {
+    const ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail(who, ": reading '", path_, "' at byte ", offset + done, " failed: ", std::strerror(errno));
+    if (got == 0) {
+      struct stat st;
+      const std::uint64_t now = ::fstat(fd_, &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : offset + done;
+      fail(who, ": '", path_, "' ends at byte ", now, ", before byte ", offset + n, " that its header promises: the ",
+           "file was truncated while open (", kTokenFileHeaderBytes + header_.tokens * header_.dtype,
+           " bytes when opened)");
+    }
+    done += static_cast<std::size_t>(got);
+  }
 }
 
 void TokenFile::read(std::size_t offset, std::size_t n, std::int64_t* out) const {
   check_range(offset, n, "TokenFile::read: '" + path_ + "'");
   const std::uint64_t vocab = header_.tokenizer.vocab_size;
-  auto bad = [&](std::size_t i, std::uint64_t id) {
-    fail("TokenFile::read: '", path_, "': the token at position ", offset + i, " (byte ",
-         kTokenFileHeaderBytes + (offset + i) * header_.dtype, ") is ", id, ", outside the vocabulary [0, ", vocab,
-         ") of its tokenizer");
-  };
-  if (header_.dtype == 2) {
-    const unsigned char* p = ids_ + offset * 2;
-    for (std::size_t i = 0; i < n; ++i, p += 2) {
-      const std::uint64_t id = static_cast<std::uint64_t>(p[0]) | (static_cast<std::uint64_t>(p[1]) << 8);
-      if (id >= vocab) bad(i, id);
-      out[i] = static_cast<std::int64_t>(id);
-    }
-  } else {
-    const unsigned char* p = ids_ + offset * 4;
-    for (std::size_t i = 0; i < n; ++i, p += 4) {
-      const std::uint64_t id = get_u32(p);
-      if (id >= vocab) bad(i, id);
-      out[i] = static_cast<std::int64_t>(id);
+  const std::uint32_t dtype = header_.dtype;
+  constexpr std::size_t kChunkTokens = 4096;
+  unsigned char bytes[kChunkTokens * 4];
+  for (std::size_t at = 0; at < n; at += kChunkTokens) {
+    const std::size_t count = std::min(kChunkTokens, n - at);
+    read_bytes_at(kTokenFileHeaderBytes + (offset + at) * dtype, bytes, count * dtype, "TokenFile::read");
+    const unsigned char* p = bytes;
+    for (std::size_t i = 0; i < count; ++i, p += dtype) {
+      const std::uint64_t id =
+          dtype == 2 ? (static_cast<std::uint64_t>(p[0]) | (static_cast<std::uint64_t>(p[1]) << 8)) : get_u32(p);
+      if (id >= vocab)
+        fail("TokenFile::read: '", path_, "': the token at position ", offset + at + i, " (byte ",
+             kTokenFileHeaderBytes + (offset + at + i) * dtype, ") is ", id, ", outside the vocabulary [0, ", vocab,
+             ") of its tokenizer");
+      out[at + i] = static_cast<std::int64_t>(id);
     }
   }
 }
