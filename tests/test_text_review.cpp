@@ -161,3 +161,62 @@ TEST_CASE("bad input: JSON nested a million deep is refused with a message, neve
   CHECK_THROWS_WITH(ByteLevelBpe::from_json("{\"kind\":\"" + std::string(5000, 'k') + "\"}", "reader"),
                     Contains("kkk...,"));
 }
+
+namespace {
+
+// Where the payload of normalizer_spec.precompiled_charsmap (ModelProto field 3, its field 2)
+// starts in a serialized SentencePiece model, and its length: a protobuf walk of two levels.
+std::pair<std::size_t, std::size_t> charsmap_at(const std::string& model) {
+  const auto varint = [&](std::size_t& pos) {
+    std::uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const auto c = static_cast<unsigned char>(model.at(pos++));
+      v |= static_cast<std::uint64_t>(c & 0x7F) << shift;
+      if (!(c & 0x80)) return v;
+    }
+  };
+  const auto find = [&](std::size_t begin, std::size_t end, std::uint64_t wanted) {
+    for (std::size_t pos = begin; pos < end;) {
+      const std::uint64_t key = varint(pos);
+      const std::uint64_t wire = key & 7;
+      std::size_t length = wire == 0 ? (varint(pos), 0) : wire == 1 ? 8 : wire == 5 ? 4 : varint(pos);
+      if (key >> 3 == wanted && wire == 2) return std::make_pair(pos, length);
+      pos += length;
+    }
+    FAIL("no field " << wanted);
+    return std::make_pair(std::size_t{0}, std::size_t{0});
+  };
+  const auto [spec, spec_length] = find(0, model.size(), 3);
+  return find(spec, spec + spec_length, 2);
+}
+
+void put_u32(std::string& s, std::size_t at, std::uint32_t v) {
+  for (int k = 0; k < 4; ++k) s[at + k] = static_cast<char>(v >> (8 * k));
+}
+
+}  // namespace
+
+TEST_CASE("bad input: a SentencePiece model whose normalization trie points outside itself is refused on load",
+          "[text][bad_input]") {
+  const std::string model = testing::read_bytes(testing::fixture_path("sentencepiece/unigram.model"));
+  const auto [at, length] = charsmap_at(model);
+  REQUIRE(length == 237561);  // nmt_nfkc's rules: a 4-byte size, the trie, the strings
+  CHECK_NOTHROW(SentencePieceTokenizer(model, "reader", "the model"));
+  // The root's offset sends the first step 4 M units past a trie of 44288 (SentencePiece 0.1.97
+  // reads there without a check: SIGSEGV, or garbage rules, in encode).
+  std::string bad = model;
+  put_u32(bad, at + 4, 0x3FFFFFu << 10);
+  CHECK_THROWS_WITH(SentencePieceTokenizer(bad, "reader", "the model"),
+                    Contains("reader: the model is not a SentencePiece model: normalizer_spec.precompiled_charsmap: "
+                             "trie unit 0 leads to unit 4194303, past its 44288 units"));
+  // A trie size past the blob.
+  bad = model;
+  put_u32(bad, at, 0xFFFFFFF0u);
+  CHECK_THROWS_WITH(SentencePieceTokenizer(bad, "reader", "the model"),
+                    Contains("its trie size 4294967280 does not fit in its 237561 bytes"));
+  // The replacement strings not NUL-terminated: strlen would run past them.
+  bad = model;
+  bad[at + length - 1] = 'x';
+  CHECK_THROWS_WITH(SentencePieceTokenizer(bad, "reader", "the model"),
+                    Contains("its replacement strings do not end with a NUL byte"));
+}
