@@ -58,6 +58,23 @@ TEST_CASE("review: U+180E is punctuation to GPT-2's pattern, not whitespace as P
   CHECK(pieces(p, "a\u3000\u2028\u0085 b") == std::vector<std::string>{"a", "\u3000\u2028\u0085", " b"});
 }
 
+TEST_CASE("review: runs of 200000 characters of one class split and encode, within PCRE2's JIT stack", "[text]") {
+  // A pattern whose class is an alternation repeated per character ((?:[...]|\x{180E})+) takes a
+  // JIT stack frame per character: PCRE2 gave "JIT stack limit reached" from 100000 '!' on.
+  const Gpt2Pretokenizer p;
+  std::string marks, separators;
+  for (int i = 0; i < 200000; ++i) marks += "\u0301", separators += "\u180E";
+  for (const std::string& run : {std::string(200000, '!'), " " + std::string(200000, '?'), marks, separators,
+                                 std::string(200000, ' ') + "x", std::string(200000, 'a'), std::string(200000, '7')}) {
+    INFO(readable_bytes(run.substr(0, 8)) << " x " << run.size());
+    std::vector<std::string_view> pieces;
+    REQUIRE_NOTHROW(pieces = p.split(run));
+    CHECK(pieces.size() <= 2);
+    const TokenIds ids = gpt2().encode(run);
+    CHECK(gpt2().decode(ids) == run);
+  }
+}
+
 TEST_CASE("review: U+FEFF is punctuation as in GPT-2's encoder.py (js-tiktoken's JavaScript \\s differs)", "[text]") {
   // JavaScript's \s holds U+FEFF, Python's regex and Rust's (tiktoken) do not; these ids are GPT-2's
   // encoder.py's, which js-tiktoken does not give (it gives 220 171 119 123 87 for the first).
