@@ -3,11 +3,13 @@
 // mark, and JSON nested past any stack in every file and document the loaders read.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "fixture.hpp"
+#include "peak_memory.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/text/byte_level_bpe.hpp"
@@ -236,4 +238,21 @@ TEST_CASE("bad input: a SentencePiece model whose normalization trie points outs
   bad[at + length - 1] = 'x';
   CHECK_THROWS_WITH(SentencePieceTokenizer(bad, "reader", "the model"),
                     Contains("its replacement strings do not end with a NUL byte"));
+}
+
+TEST_CASE("review: encoding 32 MB holds its ids, not every piece of the text at once", "[text]") {
+  std::string text;
+  while (text.size() < (std::size_t{32} << 20)) text += "hello world, the quick brown fox. ";
+  const TokenIds reference = gpt2().encode(text.substr(0, 34 * 1000 - 1));
+  REQUIRE(testing::reset_peak_rss());
+  const long baseline = testing::status_kib("VmRSS");
+  const TokenIds ids = gpt2().encode(text);
+  const long rise = testing::peak_rise_kib(baseline);
+  // The ids encode reserves (a third of the bytes, 8 bytes each: 89 MB) and a few MB more; all
+  // pieces at once were 16 bytes for each of 7.9 M pieces more (126 MB).
+  const long ids_kib = static_cast<long>((text.size() / 3 + 1) * sizeof(std::int64_t) / 1024);
+  INFO("peak rise " << rise << " KiB, the ids' reserve " << ids_kib << " KiB");
+  CHECK(rise < ids_kib + 24 * 1024);
+  CHECK(std::equal(reference.begin(), reference.end(), ids.begin()));
+  CHECK(gpt2().decode(ids) == text);
 }

@@ -15,6 +15,7 @@
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/text/bpe_tables.hpp"
 #include "xgrad/text/detail/json_excerpt.hpp"
+#include "xgrad/text/detail/pretokenize_in_chunks.hpp"
 #include "xgrad/text/gpt2_byte_encoding.hpp"
 #include "xgrad/text/pretokenizer.hpp"
 
@@ -31,6 +32,8 @@ std::string in_quotes(std::string_view bytes) { return "\"" + readable_bytes(byt
 // Pieces up to this many bytes merge in arrays with a linear search for the lowest rank; longer
 // ones (long runs of one class) through a heap, so that a huge piece costs n log n, not n^2.
 constexpr std::size_t kShortPiece = 96;
+// The text encode pre-tokenizes at once (pretokenize_in_chunks).
+constexpr std::size_t kChunkBytes = std::size_t{1} << 20;
 
 }  // namespace
 
@@ -233,9 +236,13 @@ struct ByteLevelBpe::Impl {
       merge_long(piece, out);
   }
 
+  // A chunk at a time, so that the pieces of a long text (16 bytes each, about 4 a word) are never
+  // all held at once: only its ids are.
   void encode_ordinary(std::string_view text, TokenIds& out) const {
     if (text.empty()) return;
-    for (const std::string_view piece : pretokenizer.split(text)) encode_piece(piece, out);
+    detail::pretokenize_in_chunks(pretokenizer, text, kChunkBytes, [&](const std::vector<std::string_view>& pieces) {
+      for (const std::string_view piece : pieces) encode_piece(piece, out);
+    });
   }
 };
 
