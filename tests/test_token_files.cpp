@@ -1,7 +1,8 @@
 // Token files: the bytes of the documented format (built here by hand from the table in
-// text/token_file.hpp, not by the writer), the atomic and streaming writers, the memory-mapped
-// reader and every bad file it refuses, and that mapping a large file costs no memory.
+// text/token_file.hpp, not by the writer), the atomic and streaming writers, the reader and every
+// bad file it refuses (and a file truncated while open), and that a large file costs no memory.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -269,7 +270,7 @@ TEST_CASE("token files: check_tokenizer names both identities when they differ",
                       Contains("digest 0000000000000000"));
 }
 
-TEST_CASE("token files: a 2 GB file is mapped, not read: opening and reading windows cost almost no memory",
+TEST_CASE("token files: a 2 GB file is mapped, never read whole: opening and reading cost almost no memory",
           "[text][tokens]") {
   TempDir dir("xgrad_tokfile");
   const std::string path = dir.file("big.bin");
@@ -301,4 +302,50 @@ TEST_CASE("token sources: TokenVector reads by range and refuses a range past it
                       Contains("TokenVector::read: tokens [2, 2 + 2) pass the end of the source's 3 tokens"));
   CHECK(out[0] == -1);
   REQUIRE_THROWS_WITH(v.read(4, 0, out), Contains("[4, 4 + 0)"));
+}
+
+TEST_CASE("bad input: a token file truncated or replaced while open: read() names the file, never SIGBUS",
+          "[text][tokens][bad_input]") {
+  TempDir dir("xgrad_tokfile_shrink");
+  const std::string path = dir.file("t.bin");
+  std::vector<std::int64_t> ids(100000);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>(i % 251);
+  write_token_file(path, ids, kBytes);
+  // In a child process, so that a SIGBUS (what reading a mapping past a new end gives) fails the
+  // test instead of ending the suite.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int code = 10;
+    try {
+      const TokenFile f(path);
+      std::vector<std::int64_t> window(1000);
+      f.read(90000, window.size(), window.data());
+      code = window[0] == 90000 % 251 ? 11 : 12;
+      if (::truncate(path.c_str(), 128 + 2 * 4096) != 0) ::_exit(13);
+      f.read(4000, 50, window.data());  // still inside the file
+      if (window[0] != 4000 % 251) ::_exit(14);
+      f.read(90000, window.size(), window.data());
+      code = 15;  // read past the new end without an Error
+    } catch (const xgrad::Error& e) {
+      const std::string m = e.what();
+      code = m.find("TokenFile::read: '" + path + "' ends at byte 8320, before byte 182128") != std::string::npos &&
+                     m.find("truncated while open (200128 bytes when opened)") != std::string::npos
+                 ? 0
+                 : 16;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO("child " << (WIFSIGNALED(status) ? "killed by signal " : "exited with ")
+                << (WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+
+  // A file replaced by an atomic write while open: the reader keeps reading the old one.
+  write_token_file(path, ids, kBytes);
+  const TokenFile f(path);
+  write_token_file(path, std::vector<std::int64_t>(10, 7), kBytes);
+  CHECK(f.read_ids(99990, 10) == std::vector<std::int64_t>(ids.end() - 10, ids.end()));
+  CHECK(TokenFile(path).size() == 10);
 }

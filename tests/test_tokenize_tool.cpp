@@ -270,3 +270,11 @@ TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", 
   CHECK(tool(dir, {"info", "bad.bin"}).code == 0);
   check_refused(dir, {"info", "--check", "bad.bin"}, "the token at position 2 (byte 132) is 259");
 }
+
+TEST_CASE("bad input: xgrad-tokenize decode of ids nested a million deep exits 1, not with a stack overflow",
+          "[text][tool][bad_input]") {
+  TempDir dir("xgrad_tokenize_deep");
+  write_bytes(dir.file("deep.json"), "[1, " + std::string(1000000, '[') + std::string(1000000, ']') + "]");
+  check_refused(dir, {"decode", "--tokenizer", "bytes", "--file", "deep.json"},
+                "the element at position 1 is an array of 1 elements, not an integer");
+}

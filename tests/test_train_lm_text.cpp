@@ -228,3 +228,17 @@ TEST_CASE("train_lm's summary speaks of tokens, and of no byte entropy, for a to
   CHECK_THAT(bytes.out, Catch::Contains("6 steps of 4 x 16 bytes\n"));
   CHECK_THAT(bytes.out, Catch::Contains(" bytes, unigram entropy "));
 }
+
+TEST_CASE("train_lm --train-tokenizer on a text with fewer pairs than asked says so and trains the smaller vocabulary",
+          "[bad_input]") {
+  TempDir dir("xgrad_lm_text_few_pairs");
+  // Every piece of GPT-2's pattern is one byte ("a", "!", "b", "?"): no pair to merge at all.
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "a!b?";
+  write_bytes(dir.file("a.txt"), text);
+  const Outcome o = run(dir, tiny({dir.file("a.txt"), "--train-tokenizer", "400", "--checkpoint", dir.file("c.st")}));
+  require_ok(o);
+  // 256 bytes and <|endoftext|>.
+  CHECK_THAT(o.out, Catch::Contains("a byte-level BPE of 257 tokens (of 400 asked: no pair left occurs twice)"));
+  CHECK(lm::checkpoint_tokenizer(dir.file("c.st"))->vocab_size() == 257);
+}

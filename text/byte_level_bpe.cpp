@@ -14,6 +14,8 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/text/detail/bpe_tables.hpp"
+#include "xgrad/text/detail/json_excerpt.hpp"
+#include "xgrad/text/detail/pretokenize_in_chunks.hpp"
 #include "xgrad/text/gpt2_byte_encoding.hpp"
 #include "xgrad/text/pretokenizer.hpp"
 
@@ -30,6 +32,8 @@ std::string in_quotes(std::string_view bytes) { return "\"" + readable_bytes(byt
 // Pieces up to this many bytes merge in arrays with a linear search for the lowest rank; longer
 // ones (long runs of one class) through a heap, so that a huge piece costs n log n, not n^2.
 constexpr std::size_t kShortPiece = 96;
+// The text encode pre-tokenizes at once (pretokenize_in_chunks).
+constexpr std::size_t kChunkBytes = std::size_t{1} << 20;
 
 }  // namespace
 
@@ -232,9 +236,13 @@ struct ByteLevelBpe::Impl {
       merge_long(piece, out);
   }
 
+  // A chunk at a time, so that the pieces of a long text (16 bytes each, about 4 a word) are never
+  // all held at once: only its ids are.
   void encode_ordinary(std::string_view text, TokenIds& out) const {
     if (text.empty()) return;
-    for (const std::string_view piece : pretokenizer.split(text)) encode_piece(piece, out);
+    detail::pretokenize_in_chunks(pretokenizer, text, kChunkBytes, [&](const std::vector<std::string_view>& pieces) {
+      for (const std::string_view piece : pieces) encode_piece(piece, out);
+    });
   }
 };
 
@@ -340,10 +348,11 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, con
     return doc[name];
   };
   if (!doc.contains("kind") || doc["kind"] != "byte_bpe")
-    throw Error(who + ": the document's field \"kind\" is " + (doc.contains("kind") ? doc["kind"].dump() : "missing") +
-                ", not \"byte_bpe\"");
+    throw Error(who + ": the document's field \"kind\" is " +
+                (doc.contains("kind") ? detail::json_excerpt(doc["kind"]) : "missing") + ", not \"byte_bpe\"");
   const auto integer = [&](const nlohmann::json& j, const std::string& where) {
-    if (!j.is_number_integer()) throw Error(who + ": " + where + " is " + j.dump() + ", not an integer id");
+    if (!j.is_number_integer())
+      throw Error(who + ": " + where + " is " + detail::json_excerpt(j) + ", not an integer id");
     return j.get<std::int64_t>();
   };
   BpeVocabulary v;
@@ -351,9 +360,12 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, con
   v.tokens.reserve(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::string where = "\"tokens\"[" + std::to_string(i) + "]";
-    if (!tokens[i].is_string()) throw Error(who + ": " + where + " is " + tokens[i].dump() + ", not a string");
+    if (!tokens[i].is_string())
+      throw Error(who + ": " + where + " is " + detail::json_excerpt(tokens[i]) + ", not a string");
     std::optional<std::string> bytes = gpt2_bytes_from_printable(tokens[i].get_ref<const std::string&>());
-    if (!bytes) throw Error(who + ": " + where + " " + tokens[i].dump() + " is not in GPT-2's printable byte form");
+    if (!bytes)
+      throw Error(who + ": " + where + " " + detail::json_excerpt(tokens[i]) +
+                  " is not in GPT-2's printable byte form");
     v.tokens.push_back(std::move(*bytes));
   }
   const nlohmann::json& merges = field("merges");
@@ -361,7 +373,7 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, con
   for (std::size_t r = 0; r < merges.size(); ++r) {
     const std::string where = "\"merges\"[" + std::to_string(r) + "]";
     if (!merges[r].is_array() || merges[r].size() != 2)
-      throw Error(who + ": " + where + " is " + merges[r].dump() + ", not a pair of ids");
+      throw Error(who + ": " + where + " is " + detail::json_excerpt(merges[r]) + ", not a pair of ids");
     v.merges.emplace_back(integer(merges[r][0], where + "[0]"), integer(merges[r][1], where + "[1]"));
   }
   const nlohmann::json& specials = field("special_tokens");

@@ -11,7 +11,14 @@ namespace xgrad::text {
 
 namespace {
 
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// GPT-2's pattern, with GPT-2's \s (Python regex's: Unicode White_Space). PCRE2's \s (with UCP:
+// \p{Z}, \h and \v) also holds U+180E MONGOLIAN VOWEL SEPARATOR, a format character since Unicode
+// 6.3 that GPT-2 counts as punctuation, so \s is spelled out without it: [\p{Z}\t\n\x0B\f\r\x{85}].
+// Each stays one character class (an alternation repeated per character would take a JIT stack
+// frame per character and fail on a long run).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\p{Z}\t\n\x0B\f\r\x{85}\p{L}\p{N}]+)"
+    R"(|[\p{Z}\t\n\x0B\f\r\x{85}]+(?![^\p{Z}\t\n\x0B\f\r\x{85}])|[\p{Z}\t\n\x0B\f\r\x{85}]+)";
 
 // One match block and JIT stack per thread, so split() may run on several threads at once.
 struct ThreadMatchState {

@@ -7,13 +7,16 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
+#include "xgrad/text/detail/json_excerpt.hpp"
 
 namespace xgrad::text {
 
@@ -97,6 +100,95 @@ std::string model_proto_problem(std::string_view b) {
   if (!has[1]) return "it holds no pieces (field 1)";
   if (!has[2]) return "it lacks the trainer_spec (field 2): cut short after the pieces?";
   if (!has[3]) return "it lacks the normalizer_spec (field 3): cut short after the trainer_spec?";
+  return "";
+}
+
+// The fields of one protobuf message, in order, as (field number, wire type, payload: the bytes of
+// a length-delimited field, else empty); false when the bytes are not a message.
+bool message_fields(std::string_view b, std::vector<std::tuple<std::uint64_t, std::uint64_t, std::string_view>>& out) {
+  std::size_t pos = 0;
+  const auto varint = [&](std::uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos >= b.size()) return false;
+      const auto c = static_cast<unsigned char>(b[pos++]);
+      v |= static_cast<std::uint64_t>(c & 0x7F) << shift;
+      if (!(c & 0x80)) return true;
+    }
+    return false;
+  };
+  while (pos < b.size()) {
+    std::uint64_t key = 0, length = 0;
+    if (!varint(key)) return false;
+    const std::uint64_t wire = key & 7;
+    if (wire == 0) {
+      if (!varint(length)) return false;
+      length = 0;
+    } else if (wire == 1 || wire == 5) {
+      length = wire == 1 ? 8 : 4;
+    } else if (wire != 2 || !varint(length)) {
+      return false;
+    }
+    if (length > b.size() - pos) return false;
+    out.emplace_back(key >> 3, wire, wire == 2 ? b.substr(pos, length) : std::string_view());
+    pos += static_cast<std::size_t>(length);
+  }
+  return true;
+}
+
+// What is wrong with a precompiled_charsmap (SentencePiece's normalization rules: a uint32 size, a
+// Darts double-array trie of that many bytes, then the NUL-terminated replacement strings), or "".
+// SentencePiece walks the trie without bounds checks, so a corrupt one makes encode read outside
+// it; this checks every index a walk can reach: from each node unit i, its children i ^ offset ^ c
+// for every byte c (all below (i ^ offset) | 0xFF), and each leaf's value inside the strings.
+std::string charsmap_problem(std::string_view blob) {
+  if (blob.empty()) return "";  // no rules: the identity
+  const auto u32 = [&](std::size_t at) {
+    std::uint32_t v = 0;
+    for (int k = 3; k >= 0; --k) v = (v << 8) | static_cast<unsigned char>(blob[at + k]);
+    return v;
+  };
+  if (blob.size() <= 4) return "it holds " + std::to_string(blob.size()) + " bytes, fewer than a trie";
+  const std::uint32_t trie_bytes = u32(0);
+  if (trie_bytes < 4 || trie_bytes >= blob.size() - 4)
+    return "its trie size " + std::to_string(trie_bytes) + " does not fit in its " + std::to_string(blob.size()) +
+           " bytes with the strings after it";
+  const std::size_t units = trie_bytes / 4, strings = blob.size() - 4 - trie_bytes;
+  if (blob.back() != '\0') return "its replacement strings do not end with a NUL byte";
+  const auto unit = [&](std::size_t i) { return u32(4 + 4 * i); };
+  for (std::size_t i = 0; i < units; ++i) {
+    const std::uint32_t u = unit(i);
+    if (i != 0 && (u >> 31)) continue;  // a value unit, never walked through
+    const std::size_t base = i ^ ((u >> 10) << ((u & (1u << 9)) >> 6));
+    if ((base | 0xFF) >= units)
+      return "trie unit " + std::to_string(i) + " leads to unit " + std::to_string(base) + ", past its " +
+             std::to_string(units) + " units";
+    if (((u >> 8) & 1) && (unit(base) & 0x7FFFFFFFu) >= strings)
+      return "trie unit " + std::to_string(i) + " names the replacement string at " +
+             std::to_string(unit(base) & 0x7FFFFFFFu) + ", past its " + std::to_string(strings) + " bytes";
+  }
+  return "";
+}
+
+// The first problem of the charsmaps of normalizer_spec (field 3) and denormalizer_spec (field 5)
+// of a ModelProto, as "normalizer_spec.precompiled_charsmap: ...", or "". Messages that are not
+// protobuf are left to SentencePiece's parser.
+std::string model_charsmap_problem(std::string_view model) {
+  std::vector<std::tuple<std::uint64_t, std::uint64_t, std::string_view>> top, spec;
+  if (!message_fields(model, top)) return "";
+  for (const std::uint64_t which : {3, 5}) {
+    std::string_view charsmap;  // protobuf: the last one wins, across every copy of the message
+    for (const auto& [field, wire, payload] : top) {
+      if (field != which || wire != 2) continue;
+      spec.clear();
+      if (!message_fields(payload, spec)) return "";
+      for (const auto& [f, w, p] : spec)
+        if (f == 2 && w == 2) charsmap = p;
+    }
+    const std::string problem = charsmap_problem(charsmap);
+    if (!problem.empty())
+      return std::string(which == 3 ? "normalizer_spec" : "denormalizer_spec") + ".precompiled_charsmap: " + problem;
+  }
   return "";
 }
 
@@ -184,7 +276,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string serialized_model, con
                                                const std::string& source)
     : serialized_model_(std::move(serialized_model)),
       processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  const std::string problem = model_proto_problem(serialized_model_);
+  std::string problem = model_proto_problem(serialized_model_);
+  if (problem.empty()) problem = model_charsmap_problem(serialized_model_);
   if (!problem.empty()) throw Error(who + ": " + source + " is not a SentencePiece model: " + problem);
   const auto status = processor_->LoadFromSerializedProto(serialized_model_);
   if (!status.ok())
@@ -307,7 +400,7 @@ std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_json(std::s
   if (!doc.is_object()) throw Error(who + ": the tokenizer document is not a JSON object");
   if (!doc.contains("kind") || !doc["kind"].is_string() || doc["kind"].get<std::string>() != "sentencepiece")
     throw Error(who + ": field \"kind\" of the tokenizer document must be \"sentencepiece\", got " +
-                (doc.contains("kind") ? shown(doc["kind"].dump()) : std::string("nothing")));
+                (doc.contains("kind") ? shown(detail::json_excerpt(doc["kind"])) : std::string("nothing")));
   if (!doc.contains("model") || !doc["model"].is_string())
     throw Error(who + ": the tokenizer document has no string field \"model\" (the serialized model, base64)");
   std::string model, error;

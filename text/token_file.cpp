@@ -321,68 +321,78 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
            "-byte header");
     }
   }
-  // The mapping is made from its own descriptor; the size checked is that of the mapped file.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd < 0) fail(who, ": cannot open '", path, "': ", std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(who, ": '", path, "' changed while being opened");
-  }
-  file_size = static_cast<std::uint64_t>(st.st_size);
-  if (file_size < kTokenFileHeaderBytes) {
-    ::close(fd);
-    fail(who, ": '", path, "' is truncated: it holds ", file_size, " bytes, fewer than the ", kTokenFileHeaderBytes,
-         "-byte header");
-  }
-  if (file_size > SIZE_MAX) {
-    ::close(fd);
-    fail(who, ": '", path, "' holds ", file_size, " bytes, more than this process can map");
-  }
-  map_bytes_ = static_cast<std::size_t>(file_size);
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    fail(who, ": cannot map '", path, "' (", file_size, " bytes): ", std::strerror(err));
-  }
+  // The mapping is made from this descriptor, which stays open so that read() can check the size
+  // of the very file mapped before it touches the mapping.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd_ < 0) fail(who, ": cannot open '", path, "': ", std::strerror(errno));
   try {
-    header_ = decode_header(static_cast<const unsigned char*>(map_), file_size, path);
+    struct stat st;
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) fail(who, ": '", path, "' changed while being opened");
+    file_size = static_cast<std::uint64_t>(st.st_size);
+    if (file_size < kTokenFileHeaderBytes)
+      fail(who, ": '", path, "' is truncated: it holds ", file_size, " bytes, fewer than the ", kTokenFileHeaderBytes,
+           "-byte header");
+    unsigned char header[kTokenFileHeaderBytes];
+    read_bytes_at(0, header, sizeof header, who);
+    header_ = decode_header(header, file_size, path);
+    if (file_size > SIZE_MAX) fail(who, ": '", path, "' holds ", file_size, " bytes, more than this process can map");
+    map_bytes_ = static_cast<std::size_t>(file_size);
+    void* map = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (map == MAP_FAILED) fail(who, ": cannot map '", path, "' (", file_size, " bytes): ", std::strerror(errno));
+    map_ = map;
+    ids_ = static_cast<const unsigned char*>(map_) + kTokenFileHeaderBytes;
   } catch (...) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
     throw;
   }
-  ids_ = static_cast<const unsigned char*>(map_) + kTokenFileHeaderBytes;
 }
 
 TokenFile::~TokenFile() {
-  if (map_) ::munmap(map_, map_bytes_);
+  if (map_) ::munmap(const_cast<void*>(map_), map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TokenFile::check_still_holds(std::uint64_t end, const std::string& who) const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) fail(who, ": cannot stat '", path_, "': ", std::strerror(errno));
+  const auto now = static_cast<std::uint64_t>(st.st_size);
+  if (now < end)
+    fail(who, ": '", path_, "' ends at byte ", now, ", before byte ", end, " that its header promises: the ",
+         "file was truncated while open (", kTokenFileHeaderBytes + header_.tokens * header_.dtype,
+         " bytes when opened)");
+}
+
+void TokenFile::read_bytes_at(std::uint64_t offset, unsigned char* out, std::size_t n, const std::string& who) const {
+  for (std::size_t done = 0; done < n;) {
+    const ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail(who, ": reading '", path_, "' at byte ", offset + done, " failed: ", std::strerror(errno));
+    if (got == 0) {
+      struct stat st;
+      const std::uint64_t now = ::fstat(fd_, &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : offset + done;
+      fail(who, ": '", path_, "' ends at byte ", now, ", before byte ", offset + n, " that its header promises: the ",
+           "file was truncated while open (", kTokenFileHeaderBytes + header_.tokens * header_.dtype,
+           " bytes when opened)");
+    }
+    done += static_cast<std::size_t>(got);
+  }
 }
 
 void TokenFile::read(std::size_t offset, std::size_t n, std::int64_t* out) const {
   check_range(offset, n, "TokenFile::read: '" + path_ + "'");
+  const std::uint32_t dtype = header_.dtype;
+  check_still_holds(kTokenFileHeaderBytes + (static_cast<std::uint64_t>(offset) + n) * dtype, "TokenFile::read");
   const std::uint64_t vocab = header_.tokenizer.vocab_size;
-  auto bad = [&](std::size_t i, std::uint64_t id) {
-    fail("TokenFile::read: '", path_, "': the token at position ", offset + i, " (byte ",
-         kTokenFileHeaderBytes + (offset + i) * header_.dtype, ") is ", id, ", outside the vocabulary [0, ", vocab,
-         ") of its tokenizer");
-  };
-  if (header_.dtype == 2) {
-    const unsigned char* p = ids_ + offset * 2;
-    for (std::size_t i = 0; i < n; ++i, p += 2) {
-      const std::uint64_t id = static_cast<std::uint64_t>(p[0]) | (static_cast<std::uint64_t>(p[1]) << 8);
-      if (id >= vocab) bad(i, id);
-      out[i] = static_cast<std::int64_t>(id);
-    }
-  } else {
-    const unsigned char* p = ids_ + offset * 4;
-    for (std::size_t i = 0; i < n; ++i, p += 4) {
-      const std::uint64_t id = get_u32(p);
-      if (id >= vocab) bad(i, id);
-      out[i] = static_cast<std::int64_t>(id);
-    }
+  const unsigned char* p = ids_ + offset * dtype;
+  for (std::size_t i = 0; i < n; ++i, p += dtype) {
+    const std::uint64_t id =
+        dtype == 2 ? (static_cast<std::uint64_t>(p[0]) | (static_cast<std::uint64_t>(p[1]) << 8)) : get_u32(p);
+    if (id >= vocab)
+      fail("TokenFile::read: '", path_, "': the token at position ", offset + i, " (byte ",
+           kTokenFileHeaderBytes + (offset + i) * dtype, ") is ", id, ", outside the vocabulary [0, ", vocab,
+           ") of its tokenizer");
+    out[i] = static_cast<std::int64_t>(id);
   }
 }
 

@@ -1,6 +1,6 @@
 /// @file
-/// Token files: a corpus tokenized once (nanoGPT's train.bin and val.bin), read back by memory
-/// mapping so that a file of any size costs no memory until its windows are read.
+/// Token files: a corpus tokenized once (nanoGPT's train.bin and val.bin), read back a window at a
+/// time (pread) so that a file of any size costs no memory until its windows are read.
 ///
 /// The format, version 1. Every integer is little-endian; the header is 128 bytes, so the tokens
 /// start 8-byte aligned (at byte 128):
@@ -105,20 +105,21 @@ class TokenFileWriter {
   std::vector<unsigned char> buffer_;
 };
 
-/// A token file mapped read-only into memory (mmap): opening it reads and checks the header and
-/// the file's size, and maps the ids without reading them, so a file of gigabytes costs no
-/// resident memory until windows of it are read (the kernel pages them in, and may drop them
-/// again). Ids are checked against vocab_size as read() reads them, not when opening (a full
-/// scan of a large file would read all of it): check_ids() scans the whole file on request.
-/// A file replaced by an atomic write (rename) while mapped is harmless: the mapping keeps the
-/// old file. Truncating the mapped file in place makes reads past its new end fail with SIGBUS,
-/// as with any mapped file.
+/// A token file open for reading, memory-mapped: opening it reads and checks the header and the
+/// file's size and maps the file read-only without reading the ids, so a file of gigabytes costs
+/// no memory until windows of it are read. Ids are checked against vocab_size as read() reads them,
+/// not when opening (a full scan of a large file would read all of it): check_ids() scans the
+/// whole file on request. A file replaced by an atomic write (rename) while open is harmless: the
+/// mapping keeps the old file. A file truncated in place while open: read() checks the file's size
+/// (fstat) before it touches the mapping, so tokens past the new end are an Error naming the file
+/// and both sizes, not SIGBUS; only a truncation in the microseconds between that check and the
+/// copy could still end the process with SIGBUS, as for any mapped file.
 class TokenFile : public TokenSource {
  public:
-  /// Opens and maps `path`. A missing file, a folder or other non-regular file, an empty file, a
+  /// Opens `path`. A missing file, a folder or other non-regular file, an empty file, a
   /// file shorter than the header, a wrong magic, an unknown version, a bad dtype, vocab_size,
   /// eos, kind, digest or reserved byte, and a size other than 128 + tokens * dtype are each an
-  /// Error naming the file and the field or the byte offset; nothing is mapped then.
+  /// Error naming the file and the field or the byte offset.
   explicit TokenFile(const std::string& path);
   ~TokenFile() override;
   TokenFile(const TokenFile&) = delete;
@@ -136,11 +137,18 @@ class TokenFile : public TokenSource {
   void check_ids() const;
 
  private:
+  // Reads exactly n bytes at `offset`; an Error naming the file when it has become shorter.
+  void read_bytes_at(std::uint64_t offset, unsigned char* out, std::size_t n, const std::string& who) const;
+
+  // Throws when the file now holds fewer than `end` bytes (it was truncated while open).
+  void check_still_holds(std::uint64_t end, const std::string& who) const;
+
   std::string path_;
   TokenFileHeader header_;
-  void* map_ = nullptr;
+  int fd_ = -1;                // kept open for the size checks
+  const void* map_ = nullptr;  // the whole file, read-only
   std::size_t map_bytes_ = 0;
-  const unsigned char* ids_ = nullptr;
+  const unsigned char* ids_ = nullptr;  // map_ + the header
 };
 
 }  // namespace xgrad::text

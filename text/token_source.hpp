@@ -1,6 +1,6 @@
 /// @file
 /// A run of token ids that can be read a window at a time: an owned vector (TokenVector) or a
-/// memory-mapped token file (TokenFile, in token_file.hpp). The batch samplers read through it.
+/// token file read a window at a time (TokenFile, in token_file.hpp). The batch samplers read through it.
 #pragma once
 
 #include <cstddef>

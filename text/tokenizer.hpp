@@ -58,7 +58,8 @@ class Tokenizer {
   /// One token's bytes as decode gives them for it alone; an id out of range is an Error.
   virtual std::string token_bytes(std::int64_t id) const = 0;
   /// The `to_str_tokens` view: each id's bytes, where bytes that are not valid UTF-8 on their own
-  /// are written as `\xNN` (and a backslash as `\\`), so every string is printable UTF-8.
+  /// are written as `\xNN` (and a backslash as `\\`), so every string is valid UTF-8 (control
+  /// characters such as a newline or ESC are valid UTF-8 and kept as they are).
   virtual std::vector<std::string> token_strings(const TokenIds& ids) const;
 
   /// How many ids there are: every id is in [0, vocab_size).

@@ -43,7 +43,7 @@ std::string_view training_part(const std::string& text, double valid_fraction);
 Corpus split(const std::string& text, double valid_fraction, std::size_t seq_len,
              std::shared_ptr<const xgrad::text::Tokenizer> tokenizer = nullptr);
 
-// A token file to train on, memory-mapped, with its validation part: `valid_path`'s file when
+// A token file to train on, read a window at a time, with its validation part: `valid_path`'s file when
 // given, else the last `valid_fraction` of the tokens. Both files must name `tokenizer`.
 Corpus token_corpus(const std::string& train_path, const std::string& valid_path, double valid_fraction,
                     std::size_t seq_len, std::shared_ptr<const xgrad::text::Tokenizer> tokenizer);

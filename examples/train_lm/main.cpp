@@ -440,7 +440,7 @@ int main(int argc, char** argv) {
       // The text is held about four times, and its tokens in 2 or 4 bytes each.
       const double max_text = cli::memory_limit_bytes() / 8;
       if (!tokens_path.empty()) {
-        // A token file is memory-mapped, not read.
+        // A token file is read a window at a time, not whole.
       } else if (text_path.empty()) {
         cli::check_memory(8.0 * static_cast<double>(text_bytes),
                           "the built-in text of --text-bytes " + std::to_string(text_bytes));

@@ -20,6 +20,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/random.hpp"
+#include "xgrad/text/detail/json_excerpt.hpp"
 #include "xgrad/text/load_tokenizer.hpp"
 #include "xgrad/text/token_batches.hpp"
 #include "xgrad/text/token_file.hpp"
@@ -249,8 +250,9 @@ TokenIds parse_ids(const std::string& json) {
   for (std::size_t i = 0; i < doc.size(); ++i) {
     const nlohmann::json& v = doc[i];
     if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-      fail(kProgram, ": id ", v.dump(), " at position ", i, " is past 2^63 - 1");
-    if (!v.is_number_integer()) fail(kProgram, ": the element at position ", i, " is ", v.dump(), ", not an integer");
+      fail(kProgram, ": id ", xgrad::text::detail::json_excerpt(v), " at position ", i, " is past 2^63 - 1");
+    if (!v.is_number_integer())
+      fail(kProgram, ": the element at position ", i, " is ", xgrad::text::detail::json_excerpt(v), ", not an integer");
     ids.push_back(v.get<std::int64_t>());
   }
   return ids;
