@@ -43,6 +43,19 @@ std::string shown(std::string_view s) {
 
 std::string quoted(const std::string& s) { return "'" + shown(s) + "'"; }
 
+// A protobuf varint at b[pos], moving pos past it; false when b ends inside it or it is longer
+// than 64 bits.
+bool read_varint(std::string_view b, std::size_t& pos, std::uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (pos >= b.size()) return false;
+    const auto c = static_cast<unsigned char>(b[pos++]);
+    v |= static_cast<std::uint64_t>(c & 0x7F) << shift;
+    if (!(c & 0x80)) return true;
+  }
+  return false;
+}
+
 // What is wrong with `b` as a serialized ModelProto, or "" when nothing is. Walks the top-level
 // fields by protobuf's wire format: a cut-short file ends inside a field, and the fields SentencePiece
 // writes last (trainer_spec 2, normalizer_spec 3) after the pieces (1) must all be there, since a
@@ -50,16 +63,7 @@ std::string quoted(const std::string& s) { return "'" + shown(s) + "'"; }
 std::string model_proto_problem(std::string_view b) {
   if (b.empty()) return "it holds no bytes";
   std::size_t pos = 0;
-  const auto varint = [&](std::uint64_t& v) {
-    v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (pos >= b.size()) return false;
-      const auto c = static_cast<unsigned char>(b[pos++]);
-      v |= static_cast<std::uint64_t>(c & 0x7F) << shift;
-      if (!(c & 0x80)) return true;
-    }
-    return false;
-  };
+  const auto varint = [&](std::uint64_t& v) { return read_varint(b, pos, v); };
   bool has[4] = {false, false, false, false};
   while (pos < b.size()) {
     const std::size_t start = pos;
@@ -107,16 +111,7 @@ std::string model_proto_problem(std::string_view b) {
 // a length-delimited field, else empty); false when the bytes are not a message.
 bool message_fields(std::string_view b, std::vector<std::tuple<std::uint64_t, std::uint64_t, std::string_view>>& out) {
   std::size_t pos = 0;
-  const auto varint = [&](std::uint64_t& v) {
-    v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (pos >= b.size()) return false;
-      const auto c = static_cast<unsigned char>(b[pos++]);
-      v |= static_cast<std::uint64_t>(c & 0x7F) << shift;
-      if (!(c & 0x80)) return true;
-    }
-    return false;
-  };
+  const auto varint = [&](std::uint64_t& v) { return read_varint(b, pos, v); };
   while (pos < b.size()) {
     std::uint64_t key = 0, length = 0;
     if (!varint(key)) return false;
