@@ -252,7 +252,7 @@ TEST_CASE("review: encoding 32 MB holds its ids, not every piece of the text at 
   // pieces at once were 16 bytes for each of 7.9 M pieces more (126 MB).
   const long ids_kib = static_cast<long>((text.size() / 3 + 1) * sizeof(std::int64_t) / 1024);
   INFO("peak rise " << rise << " KiB, the ids' reserve " << ids_kib << " KiB");
-  CHECK(rise < ids_kib + 24 * 1024);
+  if (!testing::kAddressSanitizer) CHECK(rise < ids_kib + 24 * 1024);
   CHECK(std::equal(reference.begin(), reference.end(), ids.begin()));
   CHECK(gpt2().decode(ids) == text);
 }
