@@ -20,15 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include "peak_memory.hpp"  // kAddressSanitizer
 #include "test_files.hpp"
 
 namespace xgrad::testing {
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
 
 struct Limits {
   int seconds = 60;
