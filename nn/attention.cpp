@@ -60,6 +60,9 @@ void Attention::check(const MultiHeadAttentionOptions& o) {
     fail("MultiHeadAttention: rotary_dim ", o.rotary_dim(), " must be even and at most the head size ", D);
   }
   if (o.rotary() && D % 2 != 0) fail("MultiHeadAttention: rotary needs an even head size, got ", D);
+  if (o.attention_tile() < 1 || o.attention_tile() > 1024) {
+    fail("MultiHeadAttention: attention_tile ", o.attention_tile(), " is outside [1, 1024]");
+  }
 }
 
 Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
@@ -206,6 +209,14 @@ AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const
   return attend_heads(q, k, hook("v", w_v->forward(value)), mask, 0);
 }
 
+bool Attention::tiled(const AttentionMask& m, std::size_t T, std::size_t S, std::size_t offset) const {
+  const AttentionKernel kernel = options_.kernel();
+  if (kernel == AttentionKernel::full || m.need_weights || hooked("scores") || hooked("pattern")) return false;
+  if (m.attn_mask || m.key_padding_mask || m.additive_mask) return false;
+  if (m.causal && offset + T != S) return false;  // flash_attention's causal mask is bottom-right aligned
+  return kernel == AttentionKernel::tiled || S >= kTiledFromKeys;
+}
+
 // q (B, T, C), k and v (B, S, KV D); queries are positions offset .. offset + T - 1 for the causal mask.
 AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, const Tensor& kv_v,
                                         const AttentionMask& mask, std::size_t offset) const {
@@ -216,6 +227,16 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   AttentionMask m = mask;
   if (m.causal && offset + 1 >= S) m.causal = false;  // the first query already sees every key
+  const float p = is_training() ? options_.dropout() : 0.f;
+  if (tiled(m, T, S, offset)) {
+    FlashAttentionOptions f;
+    f.query_tile = f.key_tile = options_.attention_tile();
+    f.dropout = p;
+    f.generator = &generator();
+    // flash_attention's causal mask ends each query's keys at S - T + t, which is offset + t here
+    const Tensor context = hook("context", flash_attention(q, k, v, H, scale, m.causal, f));
+    return {hook("out", w_o->forward(context)), Tensor()};
+  }
   // A causal mask alone is applied inside the fused kernel; any other mask is combined in full.
   const bool causal_only = m.causal && offset == 0 && !m.attn_mask && !m.key_padding_mask && !m.additive_mask;
   const bool unfused = hooked("scores") || m.additive_mask;
@@ -235,8 +256,7 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
     weights = attention_weights(q, k, H, scale, causal_only, blocked ? &*blocked : nullptr);
   }
   weights = hook("pattern", weights);
-  const Tensor context =
-      hook("context", attend(dropout(weights, options_.dropout(), is_training(), generator()), v, H));  // (B, T, C)
+  const Tensor context = hook("context", attend(dropout(weights, p, p > 0.f, generator()), v, H));  // (B, T, C)
   return {hook("out", w_o->forward(context)), weights};
 }
 

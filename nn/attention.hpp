@@ -39,6 +39,22 @@
 
 namespace xgrad::nn {
 
+/// Which kernel computes the attention (the context, and the weights when they are formed).
+///  - full: the weights (B, H, T, S) are formed and kept for backward (attention_weights, attend).
+///  - tiled: flash_attention, tile by tile with an online softmax; memory grows as T, not T S.
+///    No weights are formed, so AttentionOutput::weights is undefined.
+///  - automatic: tiled from kTiledFromKeys keys on, full below (measured: bench_attention_kernels).
+/// Whatever the choice, the full kernel runs when the weights are needed: AttentionMask's
+/// need_weights, a hook on scores or pattern, or a mask other than causal (attn_mask,
+/// key_padding_mask, additive_mask). The kernels agree within fp32 rounding, dropout included
+/// (tiled regenerates the mask the full kernel draws, from the same generator draw).
+enum class AttentionKernel { automatic, tiled, full };
+
+/// Where automatic switches to the tiled kernel. A training step of the benchmark's long model
+/// (T 1024) ran faster tiled; at T 64 and 128 (small, standard) the two were within noise and the
+/// full kernel's weights come for free (docs/engine.md, "Tiled attention").
+inline constexpr std::size_t kTiledFromKeys = 512;
+
 /// The options of Attention and MultiHeadAttention:
 /// MultiHeadAttentionOptions(512, 8).dropout(0.1f).norm(Norm::post), for example.
 struct MultiHeadAttentionOptions {
@@ -67,6 +83,10 @@ struct MultiHeadAttentionOptions {
   /// An RMSNorm (eps from norm_options, with a weight) over each head's q and each key head's k,
   /// before RoPE (QK-norm).
   XGRAD_ARG(bool, qk_norm, false);
+  /// The attention kernel (see AttentionKernel); a runtime choice that checkpoints do not store.
+  XGRAD_ARG(AttentionKernel, kernel, AttentionKernel::automatic);
+  /// The tiled kernel's query and key tile, 1 .. 1024.
+  XGRAD_ARG(std::size_t, attention_tile, 64);
 
  public:
   /// Sets qkv_bias and out_bias together.
@@ -89,6 +109,9 @@ struct AttentionMask {
   /// Added to the scaled scores before the softmax, broadcastable to (B, H, T, S), as PyTorch's
   /// float attn_mask; -inf blocks a key, and +inf or NaN is an error.
   std::optional<Array> additive_mask;
+  /// Whether the caller reads AttentionOutput::weights. false lets the tiled kernel run (see
+  /// AttentionKernel), and weights is then undefined whenever it does.
+  bool need_weights = true;
 };
 
 /// The keys and values an Attention has projected so far, for generating one position at a time:
@@ -108,8 +131,10 @@ struct KVCache {
 
 /// What Attention::forward returns.
 struct AttentionOutput {
-  Tensor output;   ///< (B, T, C)
-  Tensor weights;  ///< (B, H, T, S), before dropout; a query whose keys are all masked gets zeros
+  Tensor output;  ///< (B, T, C)
+  /// (B, H, T, S), before dropout; a query whose keys are all masked gets zeros. Undefined when
+  /// the tiled kernel ran (need_weights false).
+  Tensor weights;
 };
 /// The main tensor of an AttentionOutput, for Residual: its output.
 inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
@@ -159,6 +184,8 @@ class Attention : public Module, public RandomStream {
 
  private:
   Tensor norm_heads(const std::shared_ptr<RMSNorm>& norm, const Tensor& x) const;
+  // Whether the tiled kernel computes this call (see AttentionKernel).
+  bool tiled(const AttentionMask& mask, std::size_t T, std::size_t S, std::size_t offset) const;
   AttentionOutput attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                                std::size_t offset) const;
   MultiHeadAttentionOptions options_;

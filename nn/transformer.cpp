@@ -261,7 +261,7 @@ void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
 }
 
 LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& positions, const Mask* padding,
-                                       LanguageModelCache* cache) const {
+                                       LanguageModelCache* cache, Attentions attentions) const {
   Tensor h = tok_emb->forward(ids);  // (B, T, C)
   if (pos_emb) h = h + pos_emb->at(positions);
   if (pos_table) h = h + pos_table->at(positions);
@@ -269,13 +269,14 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
   AttentionMask mask;
   mask.causal = true;
   if (padding) mask.key_padding_mask = *padding;
+  mask.need_weights = attentions == Attentions::keep;
   // RoPE turns q and k inside attention: by the given positions, or (cached) from the cache's length.
   const IndexArray* rotary = options_.positional() == Positional::rotary && !cache ? &positions : nullptr;
   LanguageModelOutput out;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     BlockOutput b = blocks[i]->forward(h, mask, cache ? &cache->blocks[i] : nullptr, rotary);
     h = b.output;
-    out.attentions.push_back(b.attention);
+    if (mask.need_weights) out.attentions.push_back(b.attention);
   }
   if (final_norm) h = final_norm->forward(h);
   out.logits = hook("logits", head->forward(h));
@@ -293,12 +294,13 @@ IndexArray count_positions(std::size_t first, std::size_t T) {
 
 }  // namespace
 
-LanguageModelOutput LanguageModel::forward(const IndexArray& ids) const {
+LanguageModelOutput LanguageModel::forward(const IndexArray& ids, Attentions attentions) const {
   check_ids(ids, 0);
-  return run(ids, count_positions(0, ids.shape()[1]), nullptr, nullptr);
+  return run(ids, count_positions(0, ids.shape()[1]), nullptr, nullptr, attentions);
 }
 
-LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& key_padding_mask) const {
+LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& key_padding_mask,
+                                           Attentions attentions) const {
   check_ids(ids, 0);
   if (key_padding_mask.shape() != ids.shape()) {
     fail("LanguageModel: key_padding_mask of shape ", shape_str(key_padding_mask.shape()),
@@ -313,10 +315,11 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& ke
       if (!key_padding_mask(b, t)) ++real;
     }
   }
-  return run(ids, positions, &key_padding_mask, nullptr);
+  return run(ids, positions, &key_padding_mask, nullptr, attentions);
 }
 
-LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, LanguageModelCache& cache) const {
+LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, LanguageModelCache& cache,
+                                                  Attentions attentions) const {
   const std::size_t first = cache.length();
   check_ids(ids, first);
   if (cache.blocks.empty()) cache.blocks.resize(blocks.size());
@@ -333,7 +336,7 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, Languag
   // A failed step leaves the cache as it was (each block would otherwise hold what it reached).
   const std::vector<KVCache> before = cache.blocks;
   try {
-    return run(ids, count_positions(first, ids.shape()[1]), nullptr, &cache);
+    return run(ids, count_positions(first, ids.shape()[1]), nullptr, &cache, attentions);
   } catch (...) {
     cache.blocks = before;
     throw;
@@ -342,7 +345,7 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, Languag
 
 Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets) const {
   check_targets(ids, targets);
-  return cross_entropy(forward(ids).logits, targets);
+  return cross_entropy(forward(ids, Attentions::none).logits, targets);
 }
 
 void LanguageModel::check_targets(const IndexArray& ids, const IndexArray& targets) const {
@@ -361,7 +364,7 @@ void LanguageModel::check_targets(const IndexArray& ids, const IndexArray& targe
 
 Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets, const Mask& key_padding_mask) const {
   check_targets(ids, targets);
-  return cross_entropy(forward(ids, key_padding_mask).logits, targets);
+  return cross_entropy(forward(ids, key_padding_mask, Attentions::none).logits, targets);
 }
 
 namespace {
@@ -503,8 +506,10 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
         begin = tokens.size() - 1 - keep;  // the context's last `keep` tokens and the new one
         cache.clear();
       }
-      LanguageModelOutput run = use_cache ? forward_cached(row_of(tokens, begin + cache.length(), tokens.size()), cache)
-                                          : forward(row_of(tokens, begin, tokens.size()));
+      const Attentions kept = out.attention.empty() ? Attentions::none : Attentions::keep;
+      LanguageModelOutput run = use_cache
+                                    ? forward_cached(row_of(tokens, begin + cache.length(), tokens.size()), cache, kept)
+                                    : forward(row_of(tokens, begin, tokens.size()), kept);
       keep_rows(run.attentions, begin);
       const std::size_t n = run.logits.shape()[1];
       tokens.push_back(pick_token(run.logits.value().data() + (n - 1) * V, V, opt, gen, step));

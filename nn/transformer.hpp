@@ -65,13 +65,15 @@ struct TransformerBlockOptions {
   /// d_model C and num_heads H (H must divide C); d_ff 4 C; the other options at their defaults.
   TransformerBlockOptions(std::size_t d_model, std::size_t num_heads)
       : attention_(d_model, num_heads), feed_forward_(d_model, 4 * d_model) {}
-  XGRAD_REQUIRED_ARG(MultiHeadAttentionOptions, attention);               ///< the attention sublayer's options
-  XGRAD_REQUIRED_ARG(FeedForwardOptions, feed_forward);                   ///< the feed-forward sublayer's options
-  XGRAD_NESTED_ARG(std::size_t, d_ff, feed_forward_, d_ff);               ///< the feed-forward's hidden width F
-  XGRAD_NESTED_ARG(Norm, norm, attention_, norm);                         ///< pre or post, for both sublayers
-  XGRAD_NESTED_ARG(NormOptions, norm_options, attention_, norm_options);  ///< both sublayers' norms
-  XGRAD_NESTED_ARG(Activation, activation, feed_forward_, activation);    ///< the feed-forward's
-  XGRAD_NESTED_ARG(std::size_t, num_kv_heads, attention_, num_kv_heads);  ///< the attention's KV heads
+  XGRAD_REQUIRED_ARG(MultiHeadAttentionOptions, attention);                   ///< the attention sublayer's options
+  XGRAD_REQUIRED_ARG(FeedForwardOptions, feed_forward);                       ///< the feed-forward sublayer's options
+  XGRAD_NESTED_ARG(std::size_t, d_ff, feed_forward_, d_ff);                   ///< the feed-forward's hidden width F
+  XGRAD_NESTED_ARG(Norm, norm, attention_, norm);                             ///< pre or post, for both sublayers
+  XGRAD_NESTED_ARG(NormOptions, norm_options, attention_, norm_options);      ///< both sublayers' norms
+  XGRAD_NESTED_ARG(Activation, activation, feed_forward_, activation);        ///< the feed-forward's
+  XGRAD_NESTED_ARG(std::size_t, num_kv_heads, attention_, num_kv_heads);      ///< the attention's KV heads
+  XGRAD_NESTED_ARG(AttentionKernel, attention_kernel, attention_, kernel);    ///< see AttentionKernel
+  XGRAD_NESTED_ARG(std::size_t, attention_tile, attention_, attention_tile);  ///< the tiled kernel's tile
 
  public:
   /// The model width C.
@@ -166,6 +168,9 @@ struct LanguageModelOptions {
   XGRAD_NESTED_ARG(NormOptions, norm_options, block_, norm_options);  ///< every norm's options
   XGRAD_NESTED_ARG(Activation, activation, block_, activation);       ///< the feed-forwards' activation
   XGRAD_NESTED_ARG(std::size_t, num_kv_heads, block_, num_kv_heads);  ///< key/value heads; 0: num_heads
+  /// Every attention's kernel (see AttentionKernel); not stored in checkpoints.
+  XGRAD_NESTED_ARG(AttentionKernel, attention_kernel, block_, attention_kernel);
+  XGRAD_NESTED_ARG(std::size_t, attention_tile, block_, attention_tile);  ///< the tiled kernel's tile
 
  public:
   /// The model width C.
@@ -276,10 +281,16 @@ struct OptionsDifference {
 std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored,
                                                         const LanguageModelOptions& given);
 
+/// Whether LanguageModel::forward returns the attention weights. keep forms them in every block
+/// (the full kernel); none lets long inputs take the tiled kernel, which forms none (see
+/// AttentionKernel), and returns no attentions. loss runs with none.
+enum class Attentions { keep, none };
+
 /// What LanguageModel::forward returns.
 struct LanguageModelOutput {
-  Tensor logits;                   ///< (B, T, V)
-  std::vector<Tensor> attentions;  ///< one (B, H, T, T) per block (forward_cached: (B, H, T, S))
+  Tensor logits;  ///< (B, T, V)
+  /// One (B, H, T, T) per block (forward_cached: (B, H, T, S)); empty with Attentions::none.
+  std::vector<Tensor> attentions;
 };
 
 /// What generate does when the sequence outgrows max_len.
@@ -341,18 +352,20 @@ class LanguageModel : public Module {
   static void check(const LanguageModelOptions& options);
   /// The logits for ids (B, T) with T <= max_len; causal attention. An id outside the
   /// vocabulary throws.
-  LanguageModelOutput forward(const IndexArray& ids) const;
+  LanguageModelOutput forward(const IndexArray& ids, Attentions attentions = Attentions::keep) const;
   /// A batch of sequences of different lengths: key_padding_mask (B, T) marks padding tokens (true),
   /// anywhere in a row, which no query attends to. Positions count each row's tokens that are not
   /// padding, so a row gets the logits it gets alone whether it is padded on the left or the
   /// right. A padding token's own logits mean nothing; give its target kIgnoreIndex.
-  LanguageModelOutput forward(const IndexArray& ids, const Mask& key_padding_mask) const;
+  LanguageModelOutput forward(const IndexArray& ids, const Mask& key_padding_mask,
+                              Attentions attentions = Attentions::keep) const;
   /// ids (B, n): the next n positions after the cache.length() positions whose keys and values
   /// `cache` holds (empty: positions 0 .. n-1); appends theirs (a failed call appends nothing).
   /// logits (B, n, V); attentions (B, H, n, cache.length()) per block (the length after the
   /// call), over every cached position. Hook points see the n new positions only, except k and
   /// v (every position).
-  LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache) const;
+  LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache,
+                                     Attentions attentions = Attentions::keep) const;
   /// Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
   /// Targets of another shape than ids, or outside the vocabulary (and not kIgnoreIndex), throw.
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
@@ -388,7 +401,7 @@ class LanguageModel : public Module {
   // The one path of every forward: embeds ids at `positions` (B, T) or (T), applies the position
   // scheme, runs the blocks (causal, with the padding mask if given) and the head.
   LanguageModelOutput run(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,
-                          LanguageModelCache* cache) const;
+                          LanguageModelCache* cache, Attentions attentions) const;
   LanguageModelOptions options_;
 };
 

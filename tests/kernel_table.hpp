@@ -36,6 +36,8 @@ struct KernelTable {
   void (*adam_update)(float*, const float*, float*, float*, std::size_t, const optim::AdamStep&);
   void (*gelu_tanh_forward)(const float*, float*, std::size_t);
   void (*gelu_tanh_backward)(const float*, const float*, float*, std::size_t);
+  float (*online_softmax_row)(float*, std::size_t, std::size_t, float*, bool*);
+  void (*exp_shifted_row)(float*, std::size_t, std::size_t, float);
 };
 
 KernelTable kernels_avx512_table();

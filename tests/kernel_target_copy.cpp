@@ -15,7 +15,8 @@ KernelTable XGRAD_KERNEL_TABLE() {
           &k::softmax_row_backward, &k::log_sum_exp_finite,    &k::add_scaled_softmax,
           &k::layer_norm_forward,   &k::layer_norm_backward,   &k::rms_norm_forward,
           &k::rms_norm_backward,    &k::add_column_sums,       &xgrad::optim::XGRAD_KERNELS_NS::adam_update,
-          &k::gelu_tanh_forward,    &k::gelu_tanh_backward};
+          &k::gelu_tanh_forward,    &k::gelu_tanh_backward,    &k::online_softmax_row,
+          &k::exp_shifted_row};
 }
 
 }  // namespace xgrad::testing

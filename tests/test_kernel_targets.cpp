@@ -177,6 +177,27 @@ TEST_CASE("cross-entropy's log-sum-exp and softmax gradient give the same bits o
   }
 }
 
+TEST_CASE("the tiled attention's online softmax rows give the same bits on every target", "[kernels][targets]") {
+  for (std::size_t n : kLengths) {
+    const std::vector<float> x = randoms(n, n + 14, 8.f);
+    require_same_bits("online_softmax_row", [&](const KernelTable& k) {
+      std::vector<float> first = x, again = x, shifted = x, with_nan = x;
+      float m = -std::numeric_limits<float>::infinity();
+      bool nan = false;
+      const float sum = k.online_softmax_row(first.data(), n, (n + 1) / 2, &m, &nan);
+      REQUIRE_FALSE(nan);
+      float m2 = m + 1.f;  // a running max above this row's: every exp below 1
+      const float sum2 = k.online_softmax_row(again.data(), n, n, &m2, &nan);
+      k.exp_shifted_row(shifted.data(), n, n - n / 3, 2.f);
+      with_nan[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      float m3 = -std::numeric_limits<float>::infinity();
+      k.online_softmax_row(with_nan.data(), n, n, &m3, &nan);
+      REQUIRE(nan);
+      return std::vector<std::vector<float>>{first, again, shifted, {sum, m, sum2, m2}};
+    });
+  }
+}
+
 TEST_CASE("layer norm forward and backward give the same bits on every target", "[kernels][targets]") {
   for (std::size_t C : kLengths) {
     const std::size_t rows = 3;

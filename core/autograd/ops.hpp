@@ -149,6 +149,28 @@ Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, flo
 /// out[b, :, hD:(h+1)D] = P[b, h] v_h.
 Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);
 
+// ---- tiled attention (ops_flash_attention.cpp): the context without the (B, H, T, S) weights ----
+/// Tiles and dropout of flash_attention.
+struct FlashAttentionOptions {
+  std::size_t query_tile = 64;  ///< queries per tile, 1 .. 1024
+  std::size_t key_tile = 64;    ///< keys per tile, 1 .. 1024
+  /// Dropout on the weights (in [0, 1); 0: none): the mask dropout(weights, p, true, *generator)
+  /// would draw on (B, H, T, S), from one draw of the generator (default_generator() when null),
+  /// regenerated tile by tile in backward and never stored.
+  float dropout = 0.f;
+  Generator* generator = nullptr;
+};
+/// attend(dropout(attention_weights(q, k, heads, scale, causal)), v, heads) without forming the
+/// weights: q (B, T, C), k and v (B, S, C) -> (B, T, C). An online softmax runs over tiles of
+/// keys, keeping one log-sum-exp per query row; backward recomputes the weights tile by tile.
+/// Memory is O(B T C) rather than O(B H T S). Causal here is bottom-right aligned: query t is
+/// position S - T + t and sees keys 0 .. S - T + t (T = S: the usual mask; a KV cache's next T
+/// positions otherwise), and tiles wholly above that diagonal are skipped. A query with no key
+/// gets a context of zero. Agrees with the unfused ops within fp32 rounding; the same bits on any
+/// thread count. An Error names the op for shapes that do not fit and tiles out of range.
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t heads, float scale,
+                       bool causal = false, const FlashAttentionOptions& options = {});
+
 // ---- rotary position embedding (ops_rotary.cpp) ----
 /// Rotates each head of q or k by its token's position (RoPE), on the attention ops' layout:
 /// x (B, T, C) with `heads` heads of width D = C / heads side by side in the channels.

@@ -11,6 +11,7 @@
 
 #include "xgrad/core/autograd/detail/axis_view.hpp"
 #include "xgrad/core/autograd/detail/broadcast.hpp"
+#include "xgrad/core/autograd/detail/dropout_key.hpp"
 #include "xgrad/core/autograd/detail/keep_flags.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
@@ -289,22 +290,9 @@ namespace {
 // element index, keyed by one 64-bit draw from gen): the same generator state gives the same mask
 // on every platform, and the loop vectorizes, where one mt19937 draw per element took a quarter
 // of a small training step.
-struct DropoutKey {
-  std::uint32_t k0, k1, threshold;
-  float scale;
-};
-
-DropoutKey draw_dropout_key(float p, Generator& gen) {
-  // One locked draw of both halves, so threads sharing gen never interleave inside a key.
-  const std::uint64_t key = gen.next_u64();
-  return {static_cast<std::uint32_t>(key >> 32), static_cast<std::uint32_t>(key),
-          static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0),  // P(h < t) = p
-          1.f / (1.f - p)};
-}
-
-void check_dropout_probability(const char* op, float p) {
-  if (!(p >= 0.f && p < 1.f)) fail(op, ": probability ", p, " is outside [0, 1)");
-}
+using detail::check_dropout_probability;
+using detail::draw_dropout_key;
+using detail::DropoutKey;
 
 }  // namespace
 

@@ -284,6 +284,26 @@ XGRAD_CLONES void softmax_row_backward(const float* p, const float* g, float* dz
   for (std::size_t s = 0; s < n; ++s) dz[s] = p[s] * (g[s] - dot);
 }
 
+XGRAD_CLONES float online_softmax_row(float* z, std::size_t n, std::size_t kept, float* m, bool* nan) {
+  std::uint32_t nans = 0;
+  for (std::size_t s = 0; s < kept; ++s) nans += z[s] != z[s];
+  if (nans) *nan = true;
+  const float mx = std::max(*m, max32(kept, [&](std::size_t s) { return z[s]; }));
+  *m = mx;
+  if (!(mx > -std::numeric_limits<float>::infinity())) {  // nothing kept yet
+    std::fill(z, z + n, 0.f);
+    return 0.f;
+  }
+  for (std::size_t s = 0; s < kept; ++s) z[s] = z[s] - mx >= -87.f ? fast::exp(z[s] - mx) : 0.f;
+  std::fill(z + kept, z + n, 0.f);
+  return sum32(kept, [&](std::size_t s) { return z[s]; });
+}
+
+XGRAD_CLONES void exp_shifted_row(float* z, std::size_t n, std::size_t live, float shift) {
+  for (std::size_t s = 0; s < live; ++s) z[s] = z[s] - shift >= -87.f ? fast::exp(z[s] - shift) : 0.f;
+  std::fill(z + live, z + n, 0.f);
+}
+
 XGRAD_CLONES bool log_sum_exp_finite(const float* x, std::size_t n, float* max, float* log_sum) {
   // x * 0 is 0 for a finite x and NaN for NaN and +-inf
   std::uint32_t non_finite = 0;

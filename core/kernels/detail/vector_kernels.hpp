@@ -47,6 +47,14 @@ void masked_softmax_row(float* row, std::size_t n, std::size_t end, const std::u
 // dz = p (g - sum_s g p) for one row of softmax output p.
 void softmax_row_backward(const float* p, const float* g, float* dz, std::size_t n);
 
+// The tiled attention's online softmax on one row of a tile (ops_flash_attention.cpp): with *m the
+// row's running max (-inf before its first keys), m' = max(*m, max z[0, kept)); z[s] becomes
+// e^(z[s] - m') for s < kept and 0 for kept <= s < n; *m = m' and the sum of the exps is
+// returned. NaN among z[0, kept) sets *nan (max skips it, and fast::exp would hide it).
+float online_softmax_row(float* z, std::size_t n, std::size_t kept, float* m, bool* nan);
+// z[s] = e^(z[s] - shift) for s < live, 0 for live <= s < n (the tiled backward's weights).
+void exp_shifted_row(float* z, std::size_t n, std::size_t live, float shift);
+
 // Cross-entropy's row of n logits: when every logit is finite, writes m = max_j x_j and
 // l = log sum_j exp(x_j - m) (exp being fast::exp) and returns true; log sum_j exp(x_j) is m + l,
 // kept apart because m + l rounds to m's ulp. Otherwise returns false and leaves the row to the

@@ -1,0 +1,239 @@
+// flash_attention, the tiled kernel that never forms the (B, H, T, S) weights: agreement with
+// attend(dropout(attention_weights(...))) forward and backward (with causal masks, ragged tiles,
+// dropout regenerated in backward, rows with no key), finite differences, thread counts and bad
+// options.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "require_gradcheck.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
+#include "xgrad/core/random.hpp"
+
+using namespace xgrad;
+
+namespace {
+
+using Ins = std::vector<Tensor>;
+
+Tensor randn(const Shape& shape, std::uint64_t seed, float scale = 1.f) {
+  Generator g(seed);
+  return Tensor(g.normal(shape, 0.f, scale), true);
+}
+
+// The blocked keys of a bottom-right causal mask: query t sees keys s <= S - T + t.
+Mask causal_mask(std::size_t T, std::size_t S) {
+  Mask m = xt::zeros<bool>(Shape{1, 1, T, S});
+  for (std::size_t t = 0; t < T; ++t)
+    for (std::size_t s = 0; s < S; ++s) m(0, 0, t, s) = s + T > S + t;
+  return m;
+}
+
+// The unfused formula flash_attention computes.
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t heads, float scale, bool causal,
+                 float p = 0.f, Generator* gen = nullptr) {
+  const std::size_t T = q.shape()[1], S = k.shape()[1];
+  Tensor w;
+  if (causal && T != S) {
+    const Mask m = causal_mask(T, S);
+    w = attention_weights(q, k, heads, scale, false, &m);
+  } else {
+    w = attention_weights(q, k, heads, scale, causal);
+  }
+  if (p > 0.f) w = dropout(w, p, true, *gen);
+  return attend(w, v, heads);
+}
+
+double max_abs_diff(const Array& a, const Array& b) {
+  REQUIRE(a.shape() == b.shape());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a.data()[i]) - b.data()[i]));
+  return m;
+}
+
+struct Run {
+  Array out, dq, dk, dv;
+};
+
+// Forward and the gradients of sum(out * r) for a fixed r.
+template <class F>
+Run run(F f, const Tensor& q, const Tensor& k, const Tensor& v) {
+  Tensor q1(q.value(), true), k1(k.value(), true), v1(v.value(), true);
+  const Tensor out = f(q1, k1, v1);
+  Generator g(99);
+  const Tensor r(g.normal(out.shape(), 0.f, 1.f));
+  sum(out * r).backward();
+  return {out.value(), q1.grad(), k1.grad(), v1.grad()};
+}
+
+void require_close(const Run& a, const Run& b, double tol) {
+  CHECK(max_abs_diff(a.out, b.out) < tol);
+  CHECK(max_abs_diff(a.dq, b.dq) < tol);
+  CHECK(max_abs_diff(a.dk, b.dk) < tol);
+  CHECK(max_abs_diff(a.dv, b.dv) < tol);
+}
+
+struct KernelThreads {
+  explicit KernelThreads(int n) : previous(num_threads()) { set_num_threads(n); }
+  ~KernelThreads() { set_num_threads(previous); }
+  int previous;
+};
+
+}  // namespace
+
+TEST_CASE("flash_attention agrees with the unfused ops forward and backward, over tile shapes and masks",
+          "[flash_attention]") {
+  struct Case {
+    std::size_t B, T, S, H, C, tq, tk;
+    bool causal;
+  };
+  const std::vector<Case> cases = {
+      {2, 7, 7, 2, 8, 3, 2, true},      // ragged tiles on the diagonal
+      {2, 7, 7, 2, 8, 64, 64, false},   // one tile
+      {1, 33, 33, 4, 16, 8, 16, true},  // tiles of unequal sizes
+      {2, 5, 9, 1, 4, 2, 4, false},     // cross-attention, S > T
+      {1, 4, 10, 2, 8, 1, 3, true},     // a cache's next 4 positions: query t sees 0 .. 6 + t
+      {1, 130, 130, 2, 16, 64, 64, true},
+  };
+  for (const Case& c : cases) {
+    INFO("B " << c.B << " T " << c.T << " S " << c.S << " H " << c.H << " tiles " << c.tq << "x" << c.tk
+              << (c.causal ? " causal" : ""));
+    const Tensor q = randn({c.B, c.T, c.C}, 1), k = randn({c.B, c.S, c.C}, 2), v = randn({c.B, c.S, c.C}, 3);
+    const float scale = 1.f / std::sqrt(float(c.C / c.H));
+    FlashAttentionOptions o;
+    o.query_tile = c.tq;
+    o.key_tile = c.tk;
+    const Run tiled =
+        run([&](auto& a, auto& b, auto& d) { return flash_attention(a, b, d, c.H, scale, c.causal, o); }, q, k, v);
+    const Run full = run([&](auto& a, auto& b, auto& d) { return reference(a, b, d, c.H, scale, c.causal); }, q, k, v);
+    require_close(tiled, full, 2e-5);
+  }
+}
+
+TEST_CASE("flash_attention's dropout is the mask dropout draws on the weights, regenerated in backward",
+          "[flash_attention]") {
+  const Tensor q = randn({2, 19, 8}, 4), k = randn({2, 19, 8}, 5), v = randn({2, 19, 8}, 6);
+  for (bool causal : {false, true}) {
+    Generator g1(7), g2(7);
+    FlashAttentionOptions o;
+    o.query_tile = 4;
+    o.key_tile = 8;
+    o.dropout = 0.3f;
+    o.generator = &g1;
+    const Run tiled =
+        run([&](auto& a, auto& b, auto& d) { return flash_attention(a, b, d, 2, 0.5f, causal, o); }, q, k, v);
+    const Run full =
+        run([&](auto& a, auto& b, auto& d) { return reference(a, b, d, 2, 0.5f, causal, 0.3f, &g2); }, q, k, v);
+    require_close(tiled, full, 2e-5);
+    CHECK(g1.next_u64() == g2.next_u64());  // one draw each
+    // and the mask is not all ones: without dropout the output differs
+    const Run plain =
+        run([&](auto& a, auto& b, auto& d) { return flash_attention(a, b, d, 2, 0.5f, causal); }, q, k, v);
+    CHECK(max_abs_diff(plain.out, tiled.out) > 1e-2);
+  }
+}
+
+TEST_CASE("flash_attention passes finite differences, causal, cross and with q, k and v one tensor",
+          "[flash_attention][gradcheck]") {
+  const Tensor q = randn({2, 5, 4}, 8), k = randn({2, 6, 4}, 9), v = randn({2, 6, 4}, 10);
+  FlashAttentionOptions o;
+  o.query_tile = 2;
+  o.key_tile = 4;
+  REQUIRE_GRADCHECK([&](const Ins& in) { return flash_attention(in[0], in[1], in[2], 2, 0.7f, false, o); }, {q, k, v});
+  REQUIRE_GRADCHECK([&](const Ins& in) { return flash_attention(in[0], in[1], in[2], 2, 0.7f, true, o); }, {q, k, v});
+  REQUIRE_GRADCHECK([&](const Ins& in) { return flash_attention(in[0], in[0], in[0], 1, 0.5f, true, o); }, {q});
+  // dropout with a fresh generator of one seed at every call: a fixed mask, so a function
+  REQUIRE_GRADCHECK(
+      [&](const Ins& in) {
+    Generator g(11);
+    FlashAttentionOptions d = o;
+    d.dropout = 0.25f;
+    d.generator = &g;
+    return flash_attention(in[0], in[1], in[2], 2, 0.7f, true, d);
+      },
+      {q, k, v});
+}
+
+TEST_CASE("flash_attention gives a query with no key a zero context and no gradient, never NaN", "[flash_attention]") {
+  // T > S with the bottom-right causal mask: queries 0 .. T - S - 1 see no key.
+  const Tensor q = randn({1, 6, 4}, 12), k = randn({1, 3, 4}, 13), v = randn({1, 3, 4}, 14);
+  FlashAttentionOptions o;
+  o.query_tile = 4;
+  o.key_tile = 2;
+  const Run tiled = run([&](auto& a, auto& b, auto& d) { return flash_attention(a, b, d, 2, 0.5f, true, o); }, q, k, v);
+  const Run full = run([&](auto& a, auto& b, auto& d) { return reference(a, b, d, 2, 0.5f, true); }, q, k, v);
+  require_close(tiled, full, 2e-5);
+  for (std::size_t t = 0; t < 3; ++t)
+    for (std::size_t c = 0; c < 4; ++c) {
+      CHECK(tiled.out(0, t, c) == 0.f);
+      CHECK(tiled.dq(0, t, c) == 0.f);
+    }
+  for (float x : tiled.out) CHECK(std::isfinite(x));
+}
+
+TEST_CASE("flash_attention gives NaN where a query's scores hold NaN, as the unfused softmax does",
+          "[flash_attention]") {
+  Tensor q = randn({1, 3, 4}, 15);
+  const Tensor k = randn({1, 3, 4}, 16), v = randn({1, 3, 4}, 17);
+  q.mutable_value()(0, 1, 0) = std::numeric_limits<float>::quiet_NaN();
+  const Tensor out = flash_attention(q, k, v, 2, 0.5f, false);
+  const Tensor ref = reference(q, k, v, 2, 0.5f, false);
+  for (std::size_t c = 0; c < 2; ++c) {
+    CHECK(std::isnan(out.value()(0, 1, c)));  // head 0 of query 1
+    CHECK(std::isnan(ref.value()(0, 1, c)));
+  }
+  CHECK(std::isfinite(out.value()(0, 0, 0)));
+  CHECK(std::isfinite(out.value()(0, 1, 2)));  // head 1 never sees the NaN
+}
+
+TEST_CASE("flash_attention gives the same bits on one and two threads", "[flash_attention][threads]") {
+  const Tensor q = randn({2, 100, 32}, 18), k = randn({2, 100, 32}, 19), v = randn({2, 100, 32}, 20);
+  FlashAttentionOptions o;
+  o.query_tile = 16;
+  o.key_tile = 32;
+  o.dropout = 0.1f;
+  auto f = [&](auto& a, auto& b, auto& d) {
+    Generator g(21);
+    FlashAttentionOptions p = o;
+    p.generator = &g;
+    return flash_attention(a, b, d, 4, 0.3f, true, p);
+  };
+  Run one, two;
+  {
+    KernelThreads threads(1);
+    one = run(f, q, k, v);
+  }
+  {
+    KernelThreads threads(2);
+    two = run(f, q, k, v);
+  }
+  CHECK(max_abs_diff(one.out, two.out) == 0);
+  CHECK(max_abs_diff(one.dq, two.dq) == 0);
+  CHECK(max_abs_diff(one.dk, two.dk) == 0);
+  CHECK(max_abs_diff(one.dv, two.dv) == 0);
+}
+
+TEST_CASE("flash_attention names itself and the value for shapes, tiles and dropout out of range",
+          "[flash_attention][bad_input]") {
+  const Tensor q = randn({1, 4, 8}, 22), k = randn({1, 5, 8}, 23), v = randn({1, 5, 8}, 24);
+  using Catch::Matchers::Contains;
+  FlashAttentionOptions o;
+  o.query_tile = 0;
+  CHECK_THROWS_WITH(flash_attention(q, k, v, 2, 1.f, false, o), Contains("flash_attention: query_tile 0"));
+  o.query_tile = 64;
+  o.key_tile = 1025;
+  CHECK_THROWS_WITH(flash_attention(q, k, v, 2, 1.f, false, o), Contains("key_tile 1025") && Contains("[1, 1024]"));
+  o.key_tile = 64;
+  o.dropout = 1.f;
+  CHECK_THROWS_WITH(flash_attention(q, k, v, 2, 1.f, false, o), Contains("flash_attention: dropout: probability 1"));
+  CHECK_THROWS_WITH(flash_attention(q, k, v, 3, 1.f), Contains("flash_attention: 8 channels do not split into 3"));
+  CHECK_THROWS_WITH(flash_attention(q, k, randn({1, 4, 8}, 25), 2, 1.f), Contains("flash_attention: k of shape"));
+  CHECK_THROWS_WITH(flash_attention(q, Tensor(), v, 2, 1.f), Contains("flash_attention: input is an undefined"));
+  CHECK_THROWS_WITH(flash_attention(q, k, v, 2, std::numeric_limits<float>::infinity()),
+                    Contains("flash_attention: scale inf"));
+}
