@@ -116,10 +116,11 @@ void for_each_batch(const Plan& p, std::size_t nb, bool disjoint, F gemm) {
 }
 
 // The products of matmul's forward and backward, written once for both precisions: `gemm` is
-// sgemm on float32 operands (T float) or gemm_bf16 on bf16 ones (T std::uint16_t), called as
+// sgemm on float32 operands or gemm_bf16, whose operands are bf16 (std::uint16_t: a parameter's
+// cached copy) or float32 (rounded on the fly), called as
 // gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc) with alpha 1.
-template <class T, class Gemm>
-void matmul_forward(const Plan& p, std::size_t nb, const T* A, const T* B, float* C, Gemm gemm) {
+template <class TA, class TB, class Gemm>
+void matmul_forward(const Plan& p, std::size_t nb, const TA* A, const TB* B, float* C, Gemm gemm) {
   if (p.folded) {
     // (batch*M, K) @ op(B) in one call
     gemm(false, p.tb, nb * p.m, p.n, p.k, A, p.lda, B, p.ldb, 0.f, C, p.n);
@@ -131,8 +132,8 @@ void matmul_forward(const Plan& p, std::size_t nb, const T* A, const T* B, float
 }
 
 // d op(A) = dC op(B)^T, added to dA
-template <class T, class Gemm>
-void matmul_grad_a(const Plan& p, std::size_t nb, const T* G, const T* B, float* dA, Gemm gemm) {
+template <class TB, class Gemm>
+void matmul_grad_a(const Plan& p, std::size_t nb, const float* G, const TB* B, float* dA, Gemm gemm) {
   const std::size_t mn = p.m * p.n;
   if (p.folded) {
     gemm(false, !p.tb, nb * p.m, p.k, p.n, G, p.n, B, p.ldb, 1.f, dA, p.lda);
@@ -148,8 +149,8 @@ void matmul_grad_a(const Plan& p, std::size_t nb, const T* G, const T* B, float*
 }
 
 // d op(B) = op(A)^T dC, added to dB
-template <class T, class Gemm>
-void matmul_grad_b(const Plan& p, std::size_t nb, const T* G, const T* A, float* dB, Gemm gemm) {
+template <class TA, class Gemm>
+void matmul_grad_b(const Plan& p, std::size_t nb, const float* G, const TA* A, float* dB, Gemm gemm) {
   const std::size_t mn = p.m * p.n;
   if (p.folded) {
     if (!p.tb) {  // dB (K x N) = A^T dC over all batch rows
@@ -172,17 +173,21 @@ constexpr auto kSgemm = [](bool ta, bool tb, std::size_t m, std::size_t n, std::
                            std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
                            std::size_t ldc) { blas::sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc); };
 
-constexpr auto kGemmBf16 = [](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* a,
-                              std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c,
+constexpr auto kGemmBf16 = [](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const auto* a,
+                              std::size_t lda, const auto* b, std::size_t ldb, float beta, float* c,
                               std::size_t ldc) { blas::gemm_bf16(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc); };
 
 using Bf16Copy = std::shared_ptr<const std::vector<std::uint16_t>>;
 
-// A value rounded to bf16, freshly converted (activations, gradients).
-Bf16Copy converted(const Array& value) {
-  auto out = std::make_shared<std::vector<std::uint16_t>>(value.size());
-  blas::to_bf16(value.data(), value.size(), out->data());
-  return out;
+// Runs f(pointer) with a parameter's bf16 copy when there is one, else with its float32 values
+// (which gemm_bf16 rounds on the fly).
+template <class F>
+void with_operand(const Bf16Copy& copy, const Array& value, F f) {
+  if (copy) {
+    f(copy->data());
+  } else {
+    f(value.data());
+  }
 }
 
 // Parameters (leaves that require grad) are converted once per update, through the cache;
@@ -206,31 +211,40 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   if (precision == Precision::fp32) {
     matmul_forward(p, nb, a.value().data(), b.value().data(), c.data(), kSgemm);
   } else {
-    // operands rounded to bf16 (parameters through the cache), products accumulated in fp32
+    // operands rounded to bf16 (parameters' copies from the cache), products accumulated in fp32
     if (cached_operand(a)) a_kept = detail::bf16_copy(*a.node());
     if (cached_operand(b)) b_kept = detail::bf16_copy(*b.node());
-    const Bf16Copy a16 = a_kept ? a_kept : converted(a.value()), b16 = b_kept ? b_kept : converted(b.value());
-    matmul_forward(p, nb, a16->data(), b16->data(), c.data(), kGemmBf16);
+    with_operand(a_kept, a.value(), [&](const auto* A) {
+      with_operand(b_kept, b.value(), [&](const auto* B) { matmul_forward(p, nb, A, B, c.data(), kGemmBf16); });
+    });
   }
   return record("matmul", std::move(c), {a, b}, [p, nb, precision, a_kept, b_kept](GradContext& ctx) {
     // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC, at the forward's precision
     // dA reads only B and dB only A: a value is read (and checked) only where it is used
     const float* A = ctx.needs(1) ? ctx.input(0).data() : nullptr;
     const float* B = ctx.needs(0) ? ctx.input(1).data() : nullptr;
+    const float* G = ctx.grad_out().data();
     if (precision == Precision::fp32) {
-      const float* G = ctx.grad_out().data();
       if (ctx.needs(0)) matmul_grad_a(p, nb, G, B, ctx.grad_buffer(0).data(), kSgemm);
       if (ctx.needs(1)) matmul_grad_b(p, nb, G, A, ctx.grad_buffer(1).data(), kSgemm);
       return;
     }
-    const Bf16Copy g16 = converted(ctx.grad_out());
+    // bf16: G and activations rounded on the fly, parameters' copies reused from forward
     if (ctx.needs(0)) {
-      const Bf16Copy b16 = b_kept ? b_kept : converted(ctx.input(1));
-      matmul_grad_a(p, nb, g16->data(), b16->data(), ctx.grad_buffer(0).data(), kGemmBf16);
+      float* dA = ctx.grad_buffer(0).data();
+      if (b_kept) {
+        matmul_grad_a(p, nb, G, b_kept->data(), dA, kGemmBf16);
+      } else {
+        matmul_grad_a(p, nb, G, B, dA, kGemmBf16);
+      }
     }
     if (ctx.needs(1)) {
-      const Bf16Copy a16 = a_kept ? a_kept : converted(ctx.input(0));
-      matmul_grad_b(p, nb, g16->data(), a16->data(), ctx.grad_buffer(1).data(), kGemmBf16);
+      float* dB = ctx.grad_buffer(1).data();
+      if (a_kept) {
+        matmul_grad_b(p, nb, G, a_kept->data(), dB, kGemmBf16);
+      } else {
+        matmul_grad_b(p, nb, G, A, dB, kGemmBf16);
+      }
     }
   });
 }
@@ -256,29 +270,33 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const float* b_data = bias.defined() ? bias.value().data() : nullptr;
   // The precision is the forward's, recorded with the op: backward uses it even after the guard closed.
   const Precision precision = autocast_precision();
-  Bf16Copy w16;  // bf16: the weight's copy (a parameter's from the cache), kept for backward
+  Bf16Copy w16;  // bf16: a leaf weight's copy from the cache, kept for backward
   if (precision == Precision::fp32) {
     // Y (rows x out) = X (rows x in) W^T + b
     blas::linear(rows, out, in, x.value().data(), weight.value().data(), b_data, y.data());
   } else {
     // the same from bf16-rounded X and W, accumulated in fp32; the bias is added in fp32
-    w16 = weight.node()->has_creator ? converted(weight.value()) : detail::bf16_copy(*weight.node());
-    blas::linear_bf16(rows, out, in, x.value().data(), w16->data(), b_data, y.data());
+    if (!weight.node()->has_creator) w16 = detail::bf16_copy(*weight.node());
+    if (w16) {
+      blas::linear_bf16(rows, out, in, x.value().data(), w16->data(), b_data, y.data());
+    } else {
+      blas::linear_bf16(rows, out, in, x.value().data(), weight.value().data(), b_data, y.data());
+    }
   }
   return record("linear", std::move(y), {x, weight, bias}, [rows, in, out, precision, w16](GradContext& ctx) {
     // dX = G W,  dW = G^T X,  db = sum over rows of G  (the products at the forward's precision;
     // in bf16, G, W and X rounded to bf16 and the products accumulated in fp32)
     const float* G = ctx.grad_out().data();
     const bool bf16 = precision == Precision::bf16;
-    Bf16Copy g16;
-    if (bf16 && (ctx.needs(0) || ctx.needs(1))) g16 = converted(ctx.grad_out());
     if (ctx.needs(0)) {
       const float* W = ctx.input(1).data();  // checks that W was not written since forward
       const auto dx = ctx.grad_target(0);
       if (!bf16) {
         blas::sgemm(false, false, rows, in, out, 1.f, G, out, W, in, dx.beta, dx.data, in);
+      } else if (w16) {
+        blas::gemm_bf16(false, false, rows, in, out, 1.f, G, out, w16->data(), in, dx.beta, dx.data, in);
       } else {
-        blas::gemm_bf16(false, false, rows, in, out, 1.f, g16->data(), out, w16->data(), in, dx.beta, dx.data, in);
+        blas::gemm_bf16(false, false, rows, in, out, 1.f, G, out, W, in, dx.beta, dx.data, in);
       }
     }
     if (ctx.needs(1)) {
@@ -287,7 +305,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       if (!bf16) {
         blas::sgemm(true, false, out, in, rows, 1.f, G, out, X, in, dw.beta, dw.data, in);
       } else {
-        blas::gemm_bf16(true, false, out, in, rows, 1.f, g16->data(), out, X, in, dw.beta, dw.data, in);
+        blas::gemm_bf16(true, false, out, in, rows, 1.f, G, out, X, in, dw.beta, dw.data, in);
       }
     }
     if (ctx.needs(2)) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
@@ -101,9 +102,12 @@ void say_emulated() {
 }
 
 // On the hardware path, products of fewer multiply-adds than this are emulated anyway (rounded
-// values through sgemm): oneDNN's per-call cost dominates small products. See kBf16MinWork's
-// measurement in docs/speed.md ("bf16 mixed precision"); the rule reads the product's size only.
-constexpr std::size_t kBf16MinWork = std::size_t{1} << 15;
+// values through sgemm): oneDNN's per-call cost dominates small products. Measured on one core
+// with bench_gemm's bf16 table (Zen 5 class EPYC, brg:avx512_core_bf16), oneDNN's bf16 matmul
+// against the emulated product, both from fp32 operands: 32 x 32 x 16 15 vs 21 GFLOP/s, 32^3 29 vs
+// 35, 64 x 64 x 32 95 vs 68, 64^3 156 vs 82; from 128 x 128 x 64 up bf16 runs at 1.5x to 2x
+// fp32's rate. The rule reads the product's size only.
+constexpr std::size_t kBf16MinWork = std::size_t{1} << 16;
 
 // One operand as stored: float32 or bf16, rows x cols with row stride ld.
 struct Operand {
@@ -112,41 +116,49 @@ struct Operand {
   std::size_t ld = 0;
 };
 
-// The stored operand of op(X) (rows x cols, rows = k for A^T...) copied contiguous as rounded
-// float32 values (the emulated path).
-std::vector<float> rounded_f32(const Operand& x, std::size_t rows, std::size_t cols) {
-  std::vector<float> out(rows * cols);
-  float* o = out.data();
+// Scratch for the rounded copies of the operands, one pair per thread and kept between calls: a
+// fresh buffer per product cost more than the rounding (its pages are faulted in on each call;
+// 256^3 ran at 169 GFLOP/s against 206 with the buffers kept). Buffers past kKeptElements are
+// freed after the call, so a thread never holds more than 2 x 64 MB.
+constexpr std::size_t kKeptElements = std::size_t{1} << 24;
+
+template <class T>
+struct Scratch {
+  std::vector<T>& buffer;
+  explicit Scratch(std::vector<T>& b, std::size_t n) : buffer(b) {
+    if (buffer.size() < n) buffer.resize(n);
+  }
+  ~Scratch() {
+    if (buffer.size() > kKeptElements) std::vector<T>().swap(buffer);
+  }
+  T* data() { return buffer.data(); }
+};
+
+// Copies the stored operand (rows x cols, row stride x.ld) contiguous into `out`: as rounded
+// float32 values (the emulated path) or as bf16 (the hardware path, float32 operands only).
+template <class T>
+void pack(const Operand& x, std::size_t rows, std::size_t cols, T* out) {
   const std::size_t ld = x.ld;
   split(rows * cols, [&](std::size_t lo, std::size_t hi) {
     // elements lo..hi of the contiguous copy, a row piece at a time
     for (std::size_t i = lo; i < hi;) {
       const std::size_t r = i / cols, c = i % cols, len = std::min(hi - i, cols - c);
-      if (x.f) {
-        round_serial(x.f + r * ld + c, len, o + i);
+      if constexpr (std::is_same_v<T, float>) {
+        if (x.f) {
+          round_serial(x.f + r * ld + c, len, out + i);
+        } else {
+          from_bf16_serial(x.h + r * ld + c, len, out + i);
+        }
       } else {
-        from_bf16_serial(x.h + r * ld + c, len, o + i);
+        to_bf16_serial(x.f + r * ld + c, len, out + i);
       }
       i += len;
     }
   });
-  return out;
 }
 
-// The stored float32 operand converted to contiguous bf16 (the hardware path).
-std::vector<std::uint16_t> packed_bf16(const Operand& x, std::size_t rows, std::size_t cols) {
-  std::vector<std::uint16_t> out(rows * cols);
-  std::uint16_t* o = out.data();
-  const std::size_t ld = x.ld;
-  split(rows * cols, [&](std::size_t lo, std::size_t hi) {
-    for (std::size_t i = lo; i < hi;) {
-      const std::size_t r = i / cols, c = i % cols, len = std::min(hi - i, cols - c);
-      to_bf16_serial(x.f + r * ld + c, len, o + i);
-      i += len;
-    }
-  });
-  return out;
-}
+thread_local std::vector<float> scratch_f32[2];
+thread_local std::vector<std::uint16_t> scratch_bf16[2];
 
 #ifdef XGRAD_HAS_ONEDNN
 // The hardware product, split across the kernel threads as sgemm splits fp32 ones (by rows of C
@@ -185,17 +197,18 @@ void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float al
   const std::size_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
 #ifdef XGRAD_HAS_ONEDNN
   if (path == Bf16Path::hardware && m * n * k >= kBf16MinWork) {
-    std::vector<std::uint16_t> a_copy, b_copy;
     const std::uint16_t* ah = a.h;
     const std::uint16_t* bh = b.h;
     std::size_t lda = a.ld, ldb = b.ld;
+    Scratch<std::uint16_t> a_copy(scratch_bf16[0], ah ? 0 : a_rows * a_cols),
+        b_copy(scratch_bf16[1], bh ? 0 : b_rows * b_cols);
     if (!ah) {
-      a_copy = packed_bf16(a, a_rows, a_cols);
+      pack(a, a_rows, a_cols, a_copy.data());
       ah = a_copy.data();
       lda = a_cols;
     }
     if (!bh) {
-      b_copy = packed_bf16(b, b_rows, b_cols);
+      pack(b, b_rows, b_cols, b_copy.data());
       bh = b_copy.data();
       ldb = b_cols;
     }
@@ -203,7 +216,9 @@ void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float al
   }
 #endif
   if (path == Bf16Path::emulated) say_emulated();
-  const std::vector<float> af = rounded_f32(a, a_rows, a_cols), bf = rounded_f32(b, b_rows, b_cols);
+  Scratch<float> af(scratch_f32[0], a_rows * a_cols), bf(scratch_f32[1], b_rows * b_cols);
+  pack(a, a_rows, a_cols, af.data());
+  pack(b, b_rows, b_cols, bf.data());
   sgemm(ta, tb, m, n, k, alpha, af.data(), a_cols, bf.data(), b_cols, beta, c, ldc);
 }
 
