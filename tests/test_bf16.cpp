@@ -151,12 +151,13 @@ TEST_CASE("gemm_bf16 is the product of the rounded operands accumulated in fp32"
     float alpha, beta;
     int threads;
   };
-  // small (emulated even on the hardware path), hardware-sized, and large enough to be split
+  // small (emulated even on the hardware path: below 2^18 multiply-adds), hardware-sized, and large enough to be split
   // across two kernel threads; every transpose; padded leading dimensions; alpha and beta
   const std::vector<Case> cases = {
-      {5, 7, 3, false, false, 0, 1.f, 0.f, 1},     {64, 48, 40, false, true, 3, 1.f, 1.f, 1},
-      {48, 64, 40, true, false, 0, 0.5f, 0.f, 1},  {33, 65, 70, true, true, 2, -1.f, 2.f, 1},
-      {300, 200, 64, false, true, 0, 1.f, 0.f, 2}, {96, 512, 64, true, false, 1, 1.f, 1.f, 2}};
+      {5, 7, 3, false, false, 0, 1.f, 0.f, 1},    {64, 48, 40, false, true, 3, 1.f, 1.f, 1},
+      {128, 64, 40, false, true, 3, 1.f, 1.f, 1}, {128, 96, 40, true, false, 0, 0.5f, 0.f, 1},
+      {72, 80, 65, true, true, 2, -1.f, 2.f, 1},  {300, 200, 64, false, true, 0, 1.f, 0.f, 2},
+      {96, 512, 64, true, false, 1, 1.f, 1.f, 2}, {256, 96, 64, false, false, 0, 1.f, 0.f, 2}};
   for (blas::Bf16Path path : runnable_paths()) {
     PathScope scope(path);
     for (const Case& p : cases) {
@@ -368,10 +369,11 @@ std::vector<Array> matmul_run(const Array& av, const Array& bv, const Array& cv,
 }  // namespace
 
 TEST_CASE("linear and matmul under a bf16 guard agree with fp32 to bf16's rounding", "[bf16][ops]") {
-  const Array x = random_array({3, 20, 48}, 11), w = random_array({40, 48}, 12), bias = random_array({40}, 13);
-  const Array seed = random_array({3, 20, 40}, 14);
-  const Array a = random_array({2, 30, 24}, 15), b = random_array({24, 36}, 16), c = random_array({2, 30, 28}, 17);
-  const Array mseed = random_array({2, 36, 28}, 18);
+  // every product at least 2^18 multiply-adds, so the hardware path (where there is one) runs them
+  const Array x = random_array({3, 40, 96}, 11), w = random_array({80, 96}, 12), bias = random_array({80}, 13);
+  const Array seed = random_array({3, 40, 80}, 14);
+  const Array a = random_array({2, 64, 48}, 15), b = random_array({48, 96}, 16), c = random_array({2, 64, 56}, 17);
+  const Array mseed = random_array({2, 96, 56}, 18);
   const auto fp32 = linear_run(x, w, bias, seed);
   const auto mfp32 = matmul_run(a, b, c, mseed);
   for (blas::Bf16Path path : runnable_paths()) {

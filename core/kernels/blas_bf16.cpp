@@ -12,20 +12,26 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/detail/gemm_engines.hpp"
+#include "xgrad/core/kernels/detail/target_clones.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 
 namespace xgrad::blas {
 
-namespace {
+// The conversion loops, compiled per target (detail/target_clones.hpp): integer operations only,
+// so every copy gives the same bits. The baseline copy (SSE2, no 32-to-16-bit pack) ran at about
+// 0.7 ns per element; the AVX2 one at a fraction of that.
+namespace detail {
 
-// Branch-free forms of to_bf16 that GCC vectorizes (the NaN case as a select).
+namespace {
+// Branch-free to_bf16 that GCC vectorizes (the NaN case as a select).
 inline std::uint16_t round_bits(std::uint32_t u) {
   const std::uint32_t nan = (u >> 16) | 0x40u;
   const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
+}  // namespace
 
-void to_bf16_serial(const float* x, std::size_t n, std::uint16_t* out) {
+XGRAD_CLONES void to_bf16_serial(const float* x, std::size_t n, std::uint16_t* out) {
   for (std::size_t i = 0; i < n; ++i) {
     std::uint32_t u;
     std::memcpy(&u, x + i, sizeof u);
@@ -33,14 +39,14 @@ void to_bf16_serial(const float* x, std::size_t n, std::uint16_t* out) {
   }
 }
 
-void from_bf16_serial(const std::uint16_t* x, std::size_t n, float* out) {
+XGRAD_CLONES void from_bf16_serial(const std::uint16_t* x, std::size_t n, float* out) {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t u = static_cast<std::uint32_t>(x[i]) << 16;
     std::memcpy(out + i, &u, sizeof u);
   }
 }
 
-void round_serial(const float* x, std::size_t n, float* out) {
+XGRAD_CLONES void round_serial(const float* x, std::size_t n, float* out) {
   for (std::size_t i = 0; i < n; ++i) {
     std::uint32_t u;
     std::memcpy(&u, x + i, sizeof u);
@@ -48,6 +54,14 @@ void round_serial(const float* x, std::size_t n, float* out) {
     std::memcpy(out + i, &r, sizeof r);
   }
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::from_bf16_serial;
+using detail::round_serial;
+using detail::to_bf16_serial;
 
 template <class F>
 void split(std::size_t n, F f) {
@@ -102,12 +116,12 @@ void say_emulated() {
 }
 
 // On the hardware path, products of fewer multiply-adds than this are emulated anyway (rounded
-// values through sgemm): oneDNN's per-call cost dominates small products. Measured on one core
-// with bench_gemm's bf16 table (Zen 5 class EPYC, brg:avx512_core_bf16), oneDNN's bf16 matmul
-// against the emulated product, both from fp32 operands: 32 x 32 x 16 15 vs 21 GFLOP/s, 32^3 29 vs
-// 35, 64 x 64 x 32 95 vs 68, 64^3 156 vs 82; from 128 x 128 x 64 up bf16 runs at 1.5x to 2x
-// fp32's rate. The rule reads the product's size only.
-constexpr std::size_t kBf16MinWork = std::size_t{1} << 16;
+// values through sgemm): below it, oneDNN's per-call cost outweighs its faster kernel. Measured on
+// one core with bench_gemm's bf16 table (an EPYC with AVX512-BF16, brg:avx512_core_bf16), both
+// from fp32 operands, hardware against emulated in GFLOP/s: 64 x 64 x 32 86 vs 109, 64^3 127 vs
+// 121, 128 x 128 x 64 253 vs 162, 256^3 348 vs 189 (fp32 sgemm: 160, 181, 198, 208). The rule
+// reads the product's size only.
+constexpr std::size_t kBf16MinWork = std::size_t{1} << 18;
 
 // One operand as stored: float32 or bf16, rows x cols with row stride ld.
 struct Operand {
