@@ -159,7 +159,7 @@ TEST_CASE("every program: a usage error exits 2 with a first line naming the pro
 }
 
 #ifdef XGRAD_BENCH_DIR
-TEST_CASE("bench_train_step --precision bf16 says so in its JSON; fp16 is refused naming the flag",
+TEST_CASE("bench_train_step --precision bf16 says so in its JSON, and fp16 is refused naming the flag",
           "[examples][bad_input][bf16]") {
   TempDir dir("xgrad_runs_bench_precision");
   const std::string path = std::string(XGRAD_BENCH_DIR) + "/bench_train_step";

@@ -398,7 +398,7 @@ TEST_CASE("the default train_lm run keeps its classic model and its weight decay
               .empty());
 }
 
-TEST_CASE("train_lm --precision bf16 trains and keeps the precision out of its checkpoint; fp16 is refused",
+TEST_CASE("train_lm --precision bf16 trains and keeps the precision out of its checkpoint, and fp16 is refused",
           "[examples][bf16][bad_input]") {
   TempDir dir("xgrad_train_lm_precision");
   const std::string ck = dir.file("ck.safetensors");
