@@ -169,7 +169,8 @@ TEST_CASE("bench_train_step --precision bf16 says so in its JSON, and fp16 is re
   REQUIRE(bad.code == 2);
   REQUIRE_THAT(bad.err, Catch::StartsWith("bench_train_step: error: ") && Catch::Contains("--precision"));
   for (const std::string precision : {"fp32", "bf16"}) {
-    const Outcome o = xgrad::testing::run_program(dir, path, {"--precision", precision, "--steps", "1", "--warmup", "0"});
+    const Outcome o =
+        xgrad::testing::run_program(dir, path, {"--precision", precision, "--steps", "1", "--warmup", "0"});
     INFO(o);
     REQUIRE(o.exited);
     REQUIRE(o.code == 0);

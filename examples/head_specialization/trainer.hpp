@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "offset_model.hpp"
-#include "xgrad/core/autograd/precision.hpp"
 #include "task.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 
 namespace headspec {
 

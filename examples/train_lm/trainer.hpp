@@ -172,8 +172,8 @@ class Trainer {
   std::size_t step_ = 0;
   std::vector<LogEntry> log_;
   std::function<bool()> stop_request_;
-  std::optional<std::size_t> saved_step_;
-  xgrad::Precision precision_ = xgrad::Precision::fp32;  // the step in the checkpoint written (or resumed from) by this run
+  std::optional<std::size_t> saved_step_;  // the step in the checkpoint written (or resumed from) by this run
+  xgrad::Precision precision_ = xgrad::Precision::fp32;  // of each step and of validation; not in checkpoints
 };
 
 xgrad::nn::LanguageModelOptions model_options(const TrainConfig& config);
