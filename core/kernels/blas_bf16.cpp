@@ -108,6 +108,9 @@ void say_emulated() {
     if (forced_emulated.load()) {
       std::cerr << "xgrad: bf16 products are emulated (XGRAD_BF16=emulated or set_bf16_path): operands are rounded "
                    "to bf16 and multiplied in fp32, which is not faster than fp32\n";
+    } else if (!kHaveOnednn) {
+      std::cerr << "xgrad: bf16 products are emulated (this xgrad was built without oneDNN): operands are rounded to "
+                   "bf16 and multiplied in fp32, which is not faster than fp32\n";
     } else {
       std::cerr << "xgrad: bf16 products are emulated on this CPU (no AVX512-BF16 / oneDNN refused bf16): operands "
                    "are rounded to bf16 and multiplied in fp32, which is not faster than fp32\n";
