@@ -8,6 +8,7 @@
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/gradient_ready.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/core/error.hpp"

@@ -3,8 +3,11 @@
 // small ones. Engines alternate within each shape and the table quotes medians; this is the
 // measurement behind blas.cpp's rule for `auto`. A second table times attention's per-head
 // products of each benchmark configuration as one blas::sgemm_batched call against a loop of
-// blas::sgemm (both under `auto`), the measurement behind blas.cpp's rule for batches.
-//     build/bench/bench_gemm [--reps 15]
+// blas::sgemm (both under `auto`), the measurement behind blas.cpp's rule for batches. A third
+// table times bf16 products (blas::gemm_bf16) against fp32 ones: oneDNN's bf16 matmul alone on
+// bf16 operands, gemm_bf16 from fp32 operands (rounding included) on each path, the measurement
+// behind blas_bf16.cpp's rule for small products (--bf16-only prints this table alone).
+//     build/bench/bench_gemm [--reps 15] [--bf16-only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "xgrad/core/kernels/detail/gemm_engines.hpp"
 #include "xgrad/xgrad.hpp"
 
 using namespace xgrad;
@@ -112,6 +116,75 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// bf16 against fp32: the shapes the bf16 rule was measured on (small ones for its threshold) and
+// larger products.
+// clang-format off
+const std::vector<Product> kBf16Shapes = {
+    {16, 16, 16, false, false},   {32, 32, 16, false, true},    {32, 32, 32, false, false},
+    {64, 64, 32, false, false},   {64, 64, 64, false, false},   {128, 128, 64, false, true},
+    {256, 256, 256, false, false}, {2048, 256, 64, false, true}, {1024, 256, 2048, true, false},
+    {2048, 256, 1024, false, false}, {1024, 1024, 1024, false, false}, {1024, 1024, 1024, false, true},
+    {1024, 1024, 1024, true, false},
+};
+// clang-format on
+
+// Seconds of one product of `s` by `run` (repeated for small products as in seconds_of).
+template <class F>
+double seconds_by(const Product& s, F run) {
+  const std::size_t calls = std::max<std::size_t>(1, (1u << 18) / (s.m * s.n * s.k / 64 + 1));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < calls; ++i) run();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(calls);
+}
+
+void bf16_table(std::size_t reps, Generator& gen) {
+  const bool hardware = blas::bf16_hardware_available();
+  std::printf("\nbf16 products, one thread (hardware path %s on this CPU)\n", hardware ? "available" : "not available");
+  std::printf("%-22s %9s %11s %11s %11s %7s %7s\n", "M x N x K (op)", "fp32", "oneDNN bf16", "gemm_bf16 hw", "emulated",
+              "hw/fp32", "gb/fp32");
+  const blas::Bf16Path before = blas::bf16_path();
+  for (const Product& s : kBf16Shapes) {
+    const std::size_t lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+    std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n);
+    for (auto& x : a) x = gen.uniform(-1.f, 1.f);
+    for (auto& x : b) x = gen.uniform(-1.f, 1.f);
+    std::vector<std::uint16_t> a16(a.size()), b16(b.size());
+    blas::to_bf16(a.data(), a.size(), a16.data());
+    blas::to_bf16(b.data(), b.size(), b16.data());
+    std::vector<double> t32, tdirect, thw, temu;
+    for (std::size_t r = 0; r < reps + 2; ++r) {
+      const double f = seconds_by(
+          s, [&] { blas::sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n); });
+      double d = 0, h = 0;
+#ifdef XGRAD_BENCH_HAS_ONEDNN
+      if (hardware) {
+        // oneDNN's bf16 matmul on bf16 operands, whatever the size (no rule, no rounding)
+        d = seconds_by(s, [&] {
+          blas::detail::onednn_gemm_bf16(s.ta, s.tb, s.m, s.n, s.k, 1.f, a16.data(), lda, b16.data(), ldb, 0.f,
+                                         c.data(), s.n);
+        });
+        blas::set_bf16_path(blas::Bf16Path::hardware);
+        h = seconds_by(s, [&] {
+          blas::gemm_bf16(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n);
+        });
+      }
+#endif
+      blas::set_bf16_path(blas::Bf16Path::emulated);
+      const double e = seconds_by(s, [&] {
+        blas::gemm_bf16(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n);
+      });
+      if (r >= 2) t32.push_back(f), tdirect.push_back(d), thw.push_back(h), temu.push_back(e);
+    }
+    const double flop = 2.0 * s.m * s.n * s.k;
+    const auto rate = [&](const std::vector<double>& t) { return median(t) > 0 ? flop / median(t) / 1e9 : 0.0; };
+    const double g32 = rate(t32), gd = rate(tdirect), gh = rate(thw), ge = rate(temu);
+    char name[64];
+    std::snprintf(name, sizeof name, "%zu x %zu x %zu (%c%c)", s.m, s.n, s.k, s.ta ? 'T' : 'N', s.tb ? 'T' : 'N');
+    std::printf("%-22s %9.1f %11.1f %11.1f %11.1f %6.2fx %6.2fx\n", name, g32, gd, gh, ge, gd / g32, gh / g32);
+  }
+  blas::set_bf16_path(before);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,13 +196,16 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timings per engine and shape")
       ->transform(cli::count(1, 10000))
       ->capture_default_str();
+  bool bf16_only = false;
+  app.add_flag("--bf16-only", bf16_only, "print the bf16 table alone");
   if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_gemm", [&] {
     set_num_threads(1);
     if (!blas::has_engine(blas::Engine::onednn)) fail("this xgrad was built without oneDNN: nothing to compare");
     const blas::Engine before = blas::engine();
-    std::printf("%-22s %10s %10s %7s %8s\n", "M x N x K (op)", "OpenBLAS", "oneDNN", "ratio", "auto");
     Generator gen(1);
+    if (bf16_only) return bf16_table(reps, gen);
+    std::printf("%-22s %10s %10s %7s %8s\n", "M x N x K (op)", "OpenBLAS", "oneDNN", "ratio", "auto");
     for (const Product& s : kShapes) {
       std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n);
       for (auto& x : a) x = gen.uniform(-1.f, 1.f);
@@ -174,5 +250,6 @@ int main(int argc, char** argv) {
       }
     }
     blas::set_engine(before);
+    bf16_table(reps, gen);
   });
 }

@@ -115,7 +115,8 @@ struct Share {
 #endif
 };
 
-nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::size_t warmup, const Share& share) {
+nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::size_t warmup, const Share& share,
+                   Precision precision) {
   Generator init(0), data(1);
   manual_seed(2);
   nn::LanguageModel model(model_options(c), init);
@@ -146,9 +147,11 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
       }
     }
     const auto t0 = Clock::now();
+    AutocastGuard autocast(precision);  // forward, loss and backward; closed before the step
     const Tensor loss = model.loss(ids, targets);
     opt.zero_grad();
     loss.backward();
+    autocast.close();
     opt.step();
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step >= warmup) times.push_back(s);
@@ -183,6 +186,7 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
                         {"tokens_per_s", static_cast<double>(c.batch * c.seq_len) / sec},
                         {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0},
                         {"gflops", gflops},
+                        {"precision", precision_name(precision)},
                         {"gemm_engine", blas::engine_name(blas::engine())},
                         {"gemm_peak_gflops", peak},
                         {"gemm_peak_gflops_by_engine", peaks},
@@ -212,6 +216,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tiny", "small", "standard", "long", "llama_small", "llama_standard"}))
       ->capture_default_str();
   cli::add_threads(app, threads);
+  Precision precision = Precision::fp32;
+  cli::add_precision(app, precision);
   app.add_option("--steps", steps, "timed steps")->transform(cli::count(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->transform(cli::count(0, 1000000))->capture_default_str();
   Share share;
@@ -234,7 +240,8 @@ int main(int argc, char** argv) {
     set_num_threads(threads);
     for (const BenchConfig& c : kConfigs) {
       if (c.name != config) continue;
-      const nlohmann::json result = run(c, threads, steps, warmup, share);
+      nlohmann::json result = run(c, threads, steps, warmup, share, precision);
+      if (precision == Precision::bf16) result["bf16_path"] = blas::bf16_path_name(blas::bf16_path());
       if (share.rank == 0) std::printf("%s\n", result.dump().c_str());
     }
       },

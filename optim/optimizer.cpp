@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/utf8.hpp"
 
@@ -218,6 +219,10 @@ void Optimizer::check_factor(const std::string& who, float lr, float factor) con
 }
 
 void Optimizer::step() {
+  // Parameters stay fp32 and are updated in fp32; a step inside a bf16 scope is a misplaced guard.
+  if (autocast_precision() == Precision::bf16) {
+    fail("Optimizer::step: called inside a bf16 AutocastGuard; close the guard after backward and before the step");
+  }
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     for (std::size_t i = groups_[g].begin; i < groups_[g].end; ++i) {
       Tensor& p = params_[i].second;

@@ -59,6 +59,7 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   /// One update of every parameter that has a gradient (parameters without one are skipped).
+  /// Inside a bf16 AutocastGuard on the calling thread it is an Error that changes nothing.
   void step();
   /// Forgets every parameter's gradient (the next backward starts from zero).
   void zero_grad();

@@ -113,6 +113,16 @@ TEST_CASE("every example takes --threads and refuses 0 and -1", "[examples][bad_
   }
 }
 
+// Every training program takes --precision fp32|bf16 through one option (examples/common/cli.hpp).
+TEST_CASE("every training example refuses an unknown --precision, naming the flag", "[examples][bad_input][bf16]") {
+  TempDir dir("xgrad_fail_precision");
+  for (const char* program : {"train_lm", "head_specialization"}) {
+    INFO(program);
+    require_fails(run(dir, program, {"--precision", "fp16"}), 2, {"--precision", "fp16"});
+    require_fails(run(dir, program, {"--precision", ""}), 2, {"--precision"});
+  }
+}
+
 TEST_CASE("a leading zero is decimal, not octal", "[examples][bad_input]") {
   TempDir dir("xgrad_fail_octal");
   // With CLI11 alone "010" is 8: the refusal names 10 steps.

@@ -158,6 +158,29 @@ TEST_CASE("every program: a usage error exits 2 with a first line naming the pro
 #endif
 }
 
+#ifdef XGRAD_BENCH_DIR
+TEST_CASE("bench_train_step --precision bf16 says so in its JSON, and fp16 is refused naming the flag",
+          "[examples][bad_input][bf16]") {
+  TempDir dir("xgrad_runs_bench_precision");
+  const std::string path = std::string(XGRAD_BENCH_DIR) + "/bench_train_step";
+  const Outcome bad = xgrad::testing::run_program(dir, path, {"--precision", "fp16"});
+  INFO(bad);
+  REQUIRE(bad.exited);
+  REQUIRE(bad.code == 2);
+  REQUIRE_THAT(bad.err, Catch::StartsWith("bench_train_step: error: ") && Catch::Contains("--precision"));
+  for (const std::string precision : {"fp32", "bf16"}) {
+    const Outcome o =
+        xgrad::testing::run_program(dir, path, {"--precision", precision, "--steps", "1", "--warmup", "0"});
+    INFO(o);
+    REQUIRE(o.exited);
+    REQUIRE(o.code == 0);
+    const nlohmann::json j = nlohmann::json::parse(o.out);
+    CHECK(j.at("precision") == precision);
+    CHECK(std::isfinite(j.at("last_loss").get<double>()));
+  }
+}
+#endif
+
 TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "[examples][bad_input]") {
   TempDir dir("xgrad_runs_reals");
   struct Case {

@@ -78,6 +78,12 @@ TEST_CASE("Post-Norm heads specialize, one offset each") {
   require_specialized(run_experiment(c), c);
 }
 
+TEST_CASE("with bf16 products the heads still specialize, one offset each", "[bf16]") {
+  ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 0);
+  c.train.precision = xgrad::Precision::bf16;  // training steps and the measurements
+  require_specialized(run_experiment(c), c);
+}
+
 TEST_CASE("the two entropies tell a sharp offset head from a diffuse one") {
   const ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 2);
   const ExperimentResult r = run_experiment(c);
@@ -117,6 +123,9 @@ TEST_CASE("the example's command line rejects bad input with a non-zero exit") {
   CHECK(run("--offsets 1,16 --seq-len 16") != 0);
   CHECK(run("--steps 0") != 0);
   CHECK(run("--norm sideways") != 0);
+  CHECK(run("--precision fp16") == 2);  // a usage error (the message is checked in test_examples_fail_well)
+  CHECK(run("--precision bf16 --steps 2 --eval-batches 1 --quiet --out " +
+            (std::filesystem::temp_directory_path() / "xgrad_test_head_specialization_bf16").string()) == 0);
 }
 
 TEST_CASE("two runs of the example with the same seed and one thread write identical reports") {

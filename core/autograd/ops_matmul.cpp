@@ -1,12 +1,17 @@
-// Batched matrix multiply through blas::sgemm (core/kernels/blas.hpp). Transposed operands are passed to BLAS as
+// Batched matrix multiply and linear through blas::sgemm (core/kernels/blas.hpp), or blas::gemm_bf16
+// while a bf16 AutocastGuard is open (precision.hpp). Transposed operands are passed to BLAS as
 // flags, never copied; backward accumulates straight into the gradient buffers (beta = 1), which
 // also sums over broadcast batch axes.
 #include <algorithm>
+#include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "xgrad/core/autograd/detail/bf16_cache.hpp"
 #include "xgrad/core/autograd/detail/broadcast.hpp"
 #include "xgrad/core/autograd/detail/strided_offsets.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/blas.hpp"
@@ -110,6 +115,85 @@ void for_each_batch(const Plan& p, std::size_t nb, bool disjoint, F gemm) {
   });
 }
 
+// The products of matmul's forward and backward, written once for both precisions: `gemm` is
+// sgemm on float32 operands or gemm_bf16, whose operands are bf16 (std::uint16_t: a parameter's
+// cached copy) or float32 (rounded on the fly), called as
+// gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc) with alpha 1.
+template <class TA, class TB, class Gemm>
+void matmul_forward(const Plan& p, std::size_t nb, const TA* A, const TB* B, float* C, Gemm gemm) {
+  if (p.folded) {
+    // (batch*M, K) @ op(B) in one call
+    gemm(false, p.tb, nb * p.m, p.n, p.k, A, p.lda, B, p.ldb, 0.f, C, p.n);
+  } else {
+    for_each_batch(p, nb, true, [&](std::size_t q) {
+      gemm(p.ta, p.tb, p.m, p.n, p.k, A + p.a_off[q], p.lda, B + p.b_off[q], p.ldb, 0.f, C + q * p.m * p.n, p.n);
+    });
+  }
+}
+
+// d op(A) = dC op(B)^T, added to dA
+template <class TB, class Gemm>
+void matmul_grad_a(const Plan& p, std::size_t nb, const float* G, const TB* B, float* dA, Gemm gemm) {
+  const std::size_t mn = p.m * p.n;
+  if (p.folded) {
+    gemm(false, !p.tb, nb * p.m, p.k, p.n, G, p.n, B, p.ldb, 1.f, dA, p.lda);
+  } else {
+    for_each_batch(p, nb, p.a_whole, [&](std::size_t q) {
+      if (!p.ta) {  // dA (M x K) = dC op(B)^T
+        gemm(false, !p.tb, p.m, p.k, p.n, G + q * mn, p.n, B + p.b_off[q], p.ldb, 1.f, dA + p.a_off[q], p.lda);
+      } else {  // dA (K x M) = op(B) dC^T
+        gemm(p.tb, true, p.k, p.m, p.n, B + p.b_off[q], p.ldb, G + q * mn, p.n, 1.f, dA + p.a_off[q], p.lda);
+      }
+    });
+  }
+}
+
+// d op(B) = op(A)^T dC, added to dB
+template <class TA, class Gemm>
+void matmul_grad_b(const Plan& p, std::size_t nb, const float* G, const TA* A, float* dB, Gemm gemm) {
+  const std::size_t mn = p.m * p.n;
+  if (p.folded) {
+    if (!p.tb) {  // dB (K x N) = A^T dC over all batch rows
+      gemm(true, false, p.k, p.n, nb * p.m, A, p.lda, G, p.n, 1.f, dB, p.ldb);
+    } else {  // dB (N x K) = dC^T A
+      gemm(true, false, p.n, p.k, nb * p.m, G, p.n, A, p.lda, 1.f, dB, p.ldb);
+    }
+  } else {
+    for_each_batch(p, nb, p.b_whole, [&](std::size_t q) {
+      if (!p.tb) {  // dB (K x N) = op(A)^T dC
+        gemm(!p.ta, false, p.k, p.n, p.m, A + p.a_off[q], p.lda, G + q * mn, p.n, 1.f, dB + p.b_off[q], p.ldb);
+      } else {  // dB (N x K) = dC^T op(A)
+        gemm(true, p.ta, p.n, p.k, p.m, G + q * mn, p.n, A + p.a_off[q], p.lda, 1.f, dB + p.b_off[q], p.ldb);
+      }
+    });
+  }
+}
+
+constexpr auto kSgemm = [](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a,
+                           std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                           std::size_t ldc) { blas::sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc); };
+
+constexpr auto kGemmBf16 = [](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const auto* a,
+                              std::size_t lda, const auto* b, std::size_t ldb, float beta, float* c,
+                              std::size_t ldc) { blas::gemm_bf16(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc); };
+
+using Bf16Copy = std::shared_ptr<const std::vector<std::uint16_t>>;
+
+// Runs f(pointer) with a parameter's bf16 copy when there is one, else with its float32 values
+// (which gemm_bf16 rounds on the fly).
+template <class F>
+void with_operand(const Bf16Copy& copy, const Array& value, F f) {
+  if (copy) {
+    f(copy->data());
+  } else {
+    f(value.data());
+  }
+}
+
+// Parameters (leaves that require grad) are converted once per update, through the cache;
+// anything else is converted for each product.
+bool cached_operand(const Tensor& t) { return !t.node()->has_creator && t.requires_grad(); }
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
@@ -120,60 +204,46 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   os.push_back(p.n);
   // beta = 0 overwrites C, so it needs no zero-fill (unless K = 0, when BLAS may leave C as is).
   Array c = p.k == 0 ? Array(xt::zeros<float>(os)) : Array::from_shape(os);
-  const float* A = a.value().data();
-  const float* B = b.value().data();
   const std::size_t nb = batch_count(p);
-  if (p.folded) {
-    // (batch*M, K) @ op(B) in one call
-    blas::sgemm(false, p.tb, nb * p.m, p.n, p.k, 1.f, A, p.lda, B, p.ldb, 0.f, c.data(), p.n);
+  // The precision is the forward's, recorded with the op: backward uses it even after the guard closed.
+  const Precision precision = autocast_precision();
+  Bf16Copy a_kept, b_kept;  // bf16: parameters' copies, kept for backward
+  if (precision == Precision::fp32) {
+    matmul_forward(p, nb, a.value().data(), b.value().data(), c.data(), kSgemm);
   } else {
-    float* C = c.data();
-    for_each_batch(p, nb, true, [&](std::size_t q) {
-      blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, 1.f, A + p.a_off[q], p.lda, B + p.b_off[q], p.ldb, 0.f, C + q * p.m * p.n,
-                  p.n);
+    // operands rounded to bf16 (parameters' copies from the cache), products accumulated in fp32
+    if (cached_operand(a)) a_kept = detail::bf16_copy(*a.node());
+    if (cached_operand(b)) b_kept = detail::bf16_copy(*b.node());
+    with_operand(a_kept, a.value(), [&](const auto* A) {
+      with_operand(b_kept, b.value(), [&](const auto* B) { matmul_forward(p, nb, A, B, c.data(), kGemmBf16); });
     });
   }
-  return record("matmul", std::move(c), {a, b}, [p, nb](GradContext& ctx) {
-    // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC
+  return record("matmul", std::move(c), {a, b}, [p, nb, precision, a_kept, b_kept](GradContext& ctx) {
+    // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC, at the forward's precision
     // dA reads only B and dB only A: a value is read (and checked) only where it is used
-    const float* G = ctx.grad_out().data();
     const float* A = ctx.needs(1) ? ctx.input(0).data() : nullptr;
     const float* B = ctx.needs(0) ? ctx.input(1).data() : nullptr;
-    const std::size_t mn = p.m * p.n;
+    const float* G = ctx.grad_out().data();
+    if (precision == Precision::fp32) {
+      if (ctx.needs(0)) matmul_grad_a(p, nb, G, B, ctx.grad_buffer(0).data(), kSgemm);
+      if (ctx.needs(1)) matmul_grad_b(p, nb, G, A, ctx.grad_buffer(1).data(), kSgemm);
+      return;
+    }
+    // bf16: G and activations rounded on the fly, parameters' copies reused from forward
     if (ctx.needs(0)) {
       float* dA = ctx.grad_buffer(0).data();
-      if (p.folded) {
-        blas::sgemm(false, !p.tb, nb * p.m, p.k, p.n, 1.f, G, p.n, B, p.ldb, 1.f, dA, p.lda);
+      if (b_kept) {
+        matmul_grad_a(p, nb, G, b_kept->data(), dA, kGemmBf16);
       } else {
-        for_each_batch(p, nb, p.a_whole, [&](std::size_t q) {
-          if (!p.ta) {  // dA (M x K) = dC op(B)^T
-            blas::sgemm(false, !p.tb, p.m, p.k, p.n, 1.f, G + q * mn, p.n, B + p.b_off[q], p.ldb, 1.f, dA + p.a_off[q],
-                        p.lda);
-          } else {  // dA (K x M) = op(B) dC^T
-            blas::sgemm(p.tb, true, p.k, p.m, p.n, 1.f, B + p.b_off[q], p.ldb, G + q * mn, p.n, 1.f, dA + p.a_off[q],
-                        p.lda);
-          }
-        });
+        matmul_grad_a(p, nb, G, B, dA, kGemmBf16);
       }
     }
     if (ctx.needs(1)) {
       float* dB = ctx.grad_buffer(1).data();
-      if (p.folded) {
-        if (!p.tb) {  // dB (K x N) = A^T dC over all batch rows
-          blas::sgemm(true, false, p.k, p.n, nb * p.m, 1.f, A, p.lda, G, p.n, 1.f, dB, p.ldb);
-        } else {  // dB (N x K) = dC^T A
-          blas::sgemm(true, false, p.n, p.k, nb * p.m, 1.f, G, p.n, A, p.lda, 1.f, dB, p.ldb);
-        }
+      if (a_kept) {
+        matmul_grad_b(p, nb, G, a_kept->data(), dB, kGemmBf16);
       } else {
-        for_each_batch(p, nb, p.b_whole, [&](std::size_t q) {
-          if (!p.tb) {  // dB (K x N) = op(A)^T dC
-            blas::sgemm(!p.ta, false, p.k, p.n, p.m, 1.f, A + p.a_off[q], p.lda, G + q * mn, p.n, 1.f, dB + p.b_off[q],
-                        p.ldb);
-          } else {  // dB (N x K) = dC^T op(A)
-            blas::sgemm(true, p.ta, p.n, p.k, p.m, 1.f, G + q * mn, p.n, A + p.a_off[q], p.lda, 1.f, dB + p.b_off[q],
-                        p.ldb);
-          }
-        });
+        matmul_grad_b(p, nb, G, A, dB, kGemmBf16);
       }
     }
   });
@@ -197,19 +267,46 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape ys = xs;
   ys.back() = out;
   Array y = Array::from_shape(ys);
-  // Y (rows x out) = X (rows x in) W^T + b
-  blas::linear(rows, out, in, x.value().data(), weight.value().data(), bias.defined() ? bias.value().data() : nullptr,
-               y.data());
-  return record("linear", std::move(y), {x, weight, bias}, [rows, in, out](GradContext& ctx) {
-    // dX = G W,  dW = G^T X,  db = sum over rows of G
+  const float* b_data = bias.defined() ? bias.value().data() : nullptr;
+  // The precision is the forward's, recorded with the op: backward uses it even after the guard closed.
+  const Precision precision = autocast_precision();
+  Bf16Copy w16;  // bf16: a leaf weight's copy from the cache, kept for backward
+  if (precision == Precision::fp32) {
+    // Y (rows x out) = X (rows x in) W^T + b
+    blas::linear(rows, out, in, x.value().data(), weight.value().data(), b_data, y.data());
+  } else {
+    // the same from bf16-rounded X and W, accumulated in fp32; the bias is added in fp32
+    if (!weight.node()->has_creator) w16 = detail::bf16_copy(*weight.node());
+    if (w16) {
+      blas::linear_bf16(rows, out, in, x.value().data(), w16->data(), b_data, y.data());
+    } else {
+      blas::linear_bf16(rows, out, in, x.value().data(), weight.value().data(), b_data, y.data());
+    }
+  }
+  return record("linear", std::move(y), {x, weight, bias}, [rows, in, out, precision, w16](GradContext& ctx) {
+    // dX = G W,  dW = G^T X,  db = sum over rows of G  (the products at the forward's precision;
+    // in bf16, G, W and X rounded to bf16 and the products accumulated in fp32)
     const float* G = ctx.grad_out().data();
+    const bool bf16 = precision == Precision::bf16;
     if (ctx.needs(0)) {
+      const float* W = ctx.input(1).data();  // checks that W was not written since forward
       const auto dx = ctx.grad_target(0);
-      blas::sgemm(false, false, rows, in, out, 1.f, G, out, ctx.input(1).data(), in, dx.beta, dx.data, in);
+      if (!bf16) {
+        blas::sgemm(false, false, rows, in, out, 1.f, G, out, W, in, dx.beta, dx.data, in);
+      } else if (w16) {
+        blas::gemm_bf16(false, false, rows, in, out, 1.f, G, out, w16->data(), in, dx.beta, dx.data, in);
+      } else {
+        blas::gemm_bf16(false, false, rows, in, out, 1.f, G, out, W, in, dx.beta, dx.data, in);
+      }
     }
     if (ctx.needs(1)) {
+      const float* X = ctx.input(0).data();
       const auto dw = ctx.grad_target(1);
-      blas::sgemm(true, false, out, in, rows, 1.f, G, out, ctx.input(0).data(), in, dw.beta, dw.data, in);
+      if (!bf16) {
+        blas::sgemm(true, false, out, in, rows, 1.f, G, out, X, in, dw.beta, dw.data, in);
+      } else {
+        blas::gemm_bf16(true, false, out, in, rows, 1.f, G, out, X, in, dw.beta, dw.data, in);
+      }
     }
     if (ctx.needs(2)) {
       // Rows in fixed chunks, each summed into its own partial row, the partials then added in

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 /// The one door to matrix products (OpenBLAS, and oneDNN when built with it): sgemm, its batched
@@ -51,6 +53,81 @@ struct Strided {
 void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
                    std::size_t k, float alpha, Strided<const float> a, Strided<const float> b, float beta,
                    Strided<float> c);
+
+/// @name bf16 products
+/// bfloat16 numbers are held as their 16 bits (`std::uint16_t`): the top half of a float32 (sign,
+/// 8 exponent bits, 7 mantissa bits). A bf16 product rounds its operands to bf16 (to nearest,
+/// ties to even; NaN stays NaN) and accumulates in float32 into a float32 C, on one of two paths
+/// (Bf16Path): oneDNN's bf16 matmul where it runs, else the same rounding followed by sgemm on
+/// the rounded values, which gives the same numbers (up to the order of the fp32 additions) but
+/// is no faster than fp32.
+/// @{
+
+/// x rounded to the nearest bf16 (ties to even); NaN stays a (quiet) NaN of the same sign, inf
+/// stays inf, subnormals are rounded like any other value (not flushed).
+inline std::uint16_t to_bf16(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/// The float32 a bf16 stands for (exact).
+inline float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+/// out[i] = to_bf16(x[i]) for i < n (a vectorizable loop, split across the kernel threads when long).
+void to_bf16(const float* x, std::size_t n, std::uint16_t* out);
+/// out[i] = from_bf16(x[i]) for i < n.
+void from_bf16(const std::uint16_t* x, std::size_t n, float* out);
+/// out[i] = from_bf16(to_bf16(x[i])): x rounded to bf16, kept in float32 (out may be x).
+void round_to_bf16(const float* x, std::size_t n, float* out);
+
+/// How bf16 products run. `hardware`: oneDNN's matmul primitive with bf16 inputs and float32
+/// output (AVX512-BF16 or AMX kernels). `emulated`: operands rounded to bf16 in float32 buffers,
+/// then sgemm; the same numerics, not faster than fp32.
+enum class Bf16Path { hardware, emulated };
+
+/// Whether this build and CPU have the hardware path: oneDNN is built in and creates a bf16
+/// matmul primitive (probed once, then cached).
+bool bf16_hardware_available();
+/// The path bf16 products take: XGRAD_BF16 (hardware, emulated or auto; read on the first call)
+/// or set_bf16_path, else hardware when available. XGRAD_BF16=hardware where the hardware path
+/// cannot run, and a value that names no path, are Errors naming the variable. The first bf16
+/// product on the emulated path prints one line on stderr saying so.
+Bf16Path bf16_path();
+/// Sets the path of every later bf16 product; hardware where it cannot run is an Error.
+void set_bf16_path(Bf16Path path);
+/// "hardware" or "emulated".
+std::string bf16_path_name(Bf16Path path);
+
+/// sgemm with bf16 operands: C (m x n, float32) = alpha op(A) op(B) + beta C, op(A) m x k and
+/// op(B) k x n as in sgemm, the products accumulated in float32. Each operand is either bf16
+/// (std::uint16_t) or float32, which is rounded to bf16 on the fly (into a scratch buffer).
+void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+               const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c,
+               std::size_t ldc);
+/// gemm_bf16 with both operands float32, rounded to bf16 on the fly.
+void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+               std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
+/// gemm_bf16 with A float32 (rounded on the fly) and B bf16.
+void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+               std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
+/// gemm_bf16 with A bf16 and B float32 (rounded on the fly).
+void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+               const std::uint16_t* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+               std::size_t ldc);
+
+/// linear() with bf16 products: Y (rows x out, float32) = X W^T + bias, X float32 (rounded on the
+/// fly), W (out x in) bf16, bias (float32, may be null) added in float32.
+void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const std::uint16_t* w,
+                 const float* bias, float* y);
+/// linear_bf16 with W float32, rounded on the fly.
+void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
+                 float* y);
+/// @}
 
 /// Which library computes the products. `automatic` picks per call by size (see engine_for); the
 /// others force one engine for every call, for comparison and debugging. The environment variable

@@ -49,6 +49,14 @@ void add_threads(CLI::App& app, int& threads) {
       ->capture_default_str();
 }
 
+CLI::Option* add_precision(CLI::App& app, xgrad::Precision& precision) {
+  return app
+      .add_option_function<std::string>(
+          "--precision", [&precision](const std::string& name) { precision = xgrad::parse_precision(name); },
+          "matrix products of forward and backward: fp32, or bf16 operands with fp32 accumulation (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+}
+
 std::optional<double> parse_real(const std::string& s, bool allow_inf) {
   if (allow_inf && s == "inf") return std::numeric_limits<double>::infinity();
   // [-] digits [. digits] [e [+-] digits], or [-] . digits [...]: no blank, hex, nan or inf.

@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/error.hpp"
 
 namespace cli {
@@ -57,6 +58,11 @@ CLI::Validator not_empty();
 // Every program's --threads (default 1, up to 256): xgrad's kernel threads, which split the matrix
 // products and the other kernels; the program passes it to xgrad::set_num_threads.
 void add_threads(CLI::App& app, int& threads);
+
+// Every training program's --precision fp32|bf16 (default fp32): the precision of the matrix
+// products of forward, loss and backward (xgrad::AutocastGuard; see docs/speed.md). Any other
+// value is a usage error naming the flag. `precision` holds the choice once parsed.
+CLI::Option* add_precision(CLI::App& app, xgrad::Precision& precision);
 
 // Parses argv. Returns the exit code when main should end now: 0 after --help, 2 for a usage
 // error (printed with the flag's name); std::nullopt to go on.

@@ -3,6 +3,7 @@
 
 #include <xtensor/xview.hpp>
 
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 
@@ -48,6 +49,8 @@ ExperimentResult run_experiment(const ExperimentConfig& c, const ProgressFn& on_
   Generator weights(c.seed), batches(c.seed + 1);
   OffsetModel model(model_options(c, c.heads), weights);
   r.training = train(model, c.task, c.train, batches, report("multi-head"));
+  // The measurements run at the training's precision.
+  AutocastGuard autocast(c.train.precision);
   r.accuracy = evaluate(model, c.task, data);
   r.heads = analyze_heads(model, c.task, data);
   r.every_offset_owned = every_offset_owned(c.task, r.heads);
@@ -66,7 +69,9 @@ ExperimentResult run_experiment(const ExperimentConfig& c, const ProgressFn& on_
   if (c.single_head && c.heads != 1) {
     Generator weights1(c.seed), batches1(c.seed + 1);
     OffsetModel single(model_options(c, 1), weights1);
+    autocast.close();  // training refuses to step inside a bf16 guard
     r.single_training = train(single, c.task, c.train, batches1, report("single-head"));
+    const AutocastGuard measure(c.train.precision);
     r.single_accuracy = evaluate(single, c.task, data);
   } else if (c.heads == 1) {
     r.single_training = r.training;

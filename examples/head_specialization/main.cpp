@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
       ->transform(cli::count(1, 1 << 16))
       ->capture_default_str();
   cli::add_threads(app, threads);
+  cli::add_precision(app, c.train.precision);
   app.add_option("--out", out, "folder for the images")->capture_default_str();
   app.add_option("--report", report_path, "write the JSON report here")->check(cli::not_empty());
   app.add_option("--sweep-heads", sweep, "instead: train each head count, e.g. 1,2,4,8")

@@ -41,10 +41,12 @@ TrainResult train(OffsetModel& model, const ShiftTask& task, const TrainOptions&
   const auto start = clock::now();
   for (std::size_t step = 0; step < o.steps; ++step) {
     const ShiftBatch batch = make_batch(task, o.batch, data);
+    AutocastGuard autocast(o.precision);  // forward, loss and backward; closed before the step
     const OffsetOutput out = model.forward(batch.tokens);
     const Tensor loss = shift_loss(out.logits, batch.targets);
     opt.zero_grad();
     loss.backward();
+    autocast.close();
     try {
       optim::check_finite(step + 1, loss.item(), model.named_parameters());
     } catch (const Error& e) {

@@ -7,6 +7,7 @@
 
 #include "offset_model.hpp"
 #include "task.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 
 namespace headspec {
 
@@ -16,6 +17,9 @@ struct TrainOptions {
   float lr = 3e-3f;
   float weight_decay = 0.01f;
   std::size_t warmup = 0;  // linear warm-up steps, then constant
+  // The precision of each step's forward, loss and backward (an AutocastGuard closed before the
+  // optimizer step) and of the measurements after training.
+  xgrad::Precision precision = xgrad::Precision::fp32;
 };
 
 struct Progress {

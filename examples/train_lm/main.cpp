@@ -25,6 +25,7 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/torch_import.hpp"
@@ -236,6 +237,8 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", c.dropout, "dropout")->check(cli::real(0, 0.999))->capture_default_str();
   app.add_option("--seed", c.seed, "seed")->transform(cli::seed())->capture_default_str();
   cli::add_threads(app, threads);
+  xgrad::Precision precision = xgrad::Precision::fp32;
+  cli::add_precision(app, precision);
   app.add_option("--valid-fraction", c.valid_fraction, "share of the text held out")
       ->check(cli::real(0, 1, true))
       ->capture_default_str();
@@ -485,6 +488,7 @@ int main(int argc, char** argv) {
 #endif
     cli::as_usage([&] {
       trainer = std::make_unique<Trainer>(c, std::move(corpus), source, sharing);
+      trainer->set_precision(precision);
       if (resume) trainer->resume(checkpoint);
       trainer->check_saveable();
     });
@@ -512,6 +516,10 @@ int main(int argc, char** argv) {
                 trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
                 tokenizer->kind() == "bytes" ? "bytes" : "tokens",
                 resume ? (", resuming at step " + std::to_string(trainer->step())).c_str() : "");
+    if (precision == xgrad::Precision::bf16) {
+      std::printf("precision: bf16 products (%s), fp32 accumulation, fp32 weights and optimizer\n",
+                  xgrad::blas::bf16_path_name(xgrad::blas::bf16_path()).c_str());
+    }
 
     RunLog run_log(out, resume ? std::optional<std::size_t>(trainer->step()) : std::nullopt);
     viz::ProgressLine line(quiet, c.eval_interval ? c.eval_interval : std::max<std::size_t>(c.steps / 10, 1));

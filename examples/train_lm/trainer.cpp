@@ -378,6 +378,7 @@ text::TokenBatch Trainer::share(const text::TokenBatch& global) const {
 
 float Trainer::validation_loss() {
   NoGradGuard no_grad;
+  const AutocastGuard autocast(precision_);
   model_->eval();
   double total = 0;
   for (const text::TokenBatch& b : valid_) total += model_->loss(b.ids, b.targets).item();
@@ -418,9 +419,11 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
                                   static_cast<std::uint64_t>(sharing_->rank()) * 1000003ull + step_);
     float loss = 0;
     try {
+      AutocastGuard autocast(precision_);  // forward, loss and backward; closed before the step
       const Tensor local = model_->loss(b.ids, b.targets);
       optimizer_->zero_grad();
       local.backward();
+      autocast.close();
       loss = static_cast<float>(sharing_->mean(local.item()));
       optim::check_finite(step_ + 1, loss, optimizer_->params());
     } catch (const Error& e) {

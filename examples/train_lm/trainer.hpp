@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "corpus.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
@@ -127,6 +128,11 @@ class Trainer {
   // wrote none).
   void run(std::size_t step, const std::function<void(const LogEntry&)>& on_step = {},
            const std::string& checkpoint = "", std::size_t checkpoint_interval = 0);
+  // The precision of each step's forward, loss and backward, and of validation (fp32 unless set):
+  // under bf16 they run inside an AutocastGuard, closed before clipping and the optimizer step.
+  // Not part of the config, so never in a checkpoint: a run may resume at another precision.
+  void set_precision(xgrad::Precision precision) { precision_ = precision; }
+  xgrad::Precision precision() const { return precision_; }
   // Asked after every step: true ends run() there (a checkpoint given is then written, checked
   // by a validation pass like any other). For a graceful stop on SIGINT or SIGTERM.
   void set_stop_request(std::function<bool()> stop) { stop_request_ = std::move(stop); }
@@ -167,6 +173,7 @@ class Trainer {
   std::vector<LogEntry> log_;
   std::function<bool()> stop_request_;
   std::optional<std::size_t> saved_step_;  // the step in the checkpoint written (or resumed from) by this run
+  xgrad::Precision precision_ = xgrad::Precision::fp32;  // of each step and of validation; not in checkpoints
 };
 
 xgrad::nn::LanguageModelOptions model_options(const TrainConfig& config);

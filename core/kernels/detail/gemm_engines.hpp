@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "xgrad/core/kernels/blas.hpp"
 
@@ -21,6 +22,15 @@ void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std:
 bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
                           std::size_t n, std::size_t k, float alpha, Strided<const float> a, Strided<const float> b,
                           float beta, Strided<float> c);
+
+// Whether oneDNN creates a bf16 matmul primitive (bf16 inputs, float32 output) on this CPU: probed
+// once, on the first call, then cached (gemm_onednn_bf16.cpp). Defined only with oneDNN.
+bool onednn_bf16_available();
+// C = alpha op(A) op(B) + beta C with bf16 A and B and float32 C, on oneDNN's matmul primitive
+// (k > 0), serially on the calling thread. Defined only with oneDNN.
+void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                      const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta,
+                      float* c, std::size_t ldc);
 
 // How many calls of oneDNN's matmul primitive blas::sgemm_batched has made so far (0 without
 // oneDNN); tests check that the path runs.

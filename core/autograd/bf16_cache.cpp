@@ -1,0 +1,98 @@
+// The bf16 copies of parameters, one per (storage, version), least recently used first out
+// (detail/bf16_cache.hpp).
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "xgrad/core/autograd/detail/bf16_cache.hpp"
+#include "xgrad/core/kernels/blas.hpp"
+
+namespace xgrad::detail {
+
+namespace {
+
+struct Entry {
+  const Storage* key;
+  std::weak_ptr<Storage> storage;  // expired, or another storage at the same address: stale
+  std::uint64_t version;
+  std::shared_ptr<const std::vector<std::uint16_t>> copy;
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::list<Entry> lru;  // most recently used first
+  std::unordered_map<const Storage*, std::list<Entry>::iterator> index;
+  std::size_t bytes = 0;
+  std::size_t conversions = 0;
+
+  void erase(std::list<Entry>::iterator it) {
+    bytes -= it->copy->size() * sizeof(std::uint16_t);
+    index.erase(it->key);
+    lru.erase(it);
+  }
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+}  // namespace
+
+std::shared_ptr<const std::vector<std::uint16_t>> bf16_copy(const Node& node) {
+  const std::shared_ptr<Storage>& storage = node.storage;
+  Cache& c = cache();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  const auto found = c.index.find(storage.get());
+  if (found != c.index.end()) {
+    const auto it = found->second;
+    if (it->storage.lock() == storage && it->version == storage->version) {
+      c.lru.splice(c.lru.begin(), c.lru, it);
+      return it->copy;
+    }
+    c.erase(it);  // an older version, or a dead storage whose address was reused
+  }
+  const Array& value = storage->array;
+  auto copy = std::make_shared<std::vector<std::uint16_t>>(value.size());
+  blas::to_bf16(value.data(), value.size(), copy->data());
+  ++c.conversions;
+  const std::size_t bytes = copy->size() * sizeof(std::uint16_t);
+  if (bytes > kBf16CacheBytes) return copy;  // larger than the whole cache: used once, not kept
+  // Make room: copies of dead storages first, then the least recently used.
+  for (auto it = c.lru.begin(); it != c.lru.end();) {
+    auto next = std::next(it);
+    if (it->storage.expired()) c.erase(it);
+    it = next;
+  }
+  while (!c.lru.empty() && (c.lru.size() >= kBf16CacheEntries || c.bytes + bytes > kBf16CacheBytes))
+    c.erase(std::prev(c.lru.end()));
+  c.lru.push_front({storage.get(), storage, storage->version, copy});
+  c.index[storage.get()] = c.lru.begin();
+  c.bytes += bytes;
+  return copy;
+}
+
+std::size_t bf16_conversions() {
+  const std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().conversions;
+}
+
+std::size_t bf16_cache_entries() {
+  const std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().lru.size();
+}
+
+std::size_t bf16_cache_bytes() {
+  const std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().bytes;
+}
+
+void clear_bf16_cache() {
+  Cache& c = cache();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  c.lru.clear();
+  c.index.clear();
+  c.bytes = 0;
+}
+
+}  // namespace xgrad::detail

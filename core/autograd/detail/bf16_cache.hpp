@@ -1,0 +1,32 @@
+// The bf16 copies of parameters that bf16 products read (ops_matmul.cpp), made once per update
+// of the parameter rather than once per product. Not API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "xgrad/core/autograd/tensor.hpp"
+
+namespace xgrad::detail {
+
+/// The bf16 copy of `node`'s value. A copy is keyed by the node's storage and the storage's
+/// version (which every in-place write bumps: Tensor::mutable_value, so every optimizer step), so
+/// products with the same parameter between two updates share one conversion. The cache holds at
+/// most kBf16CacheEntries copies and kBf16CacheBytes bytes (least recently used go first), and is
+/// safe to use from several threads.
+std::shared_ptr<const std::vector<std::uint16_t>> bf16_copy(const Node& node);
+
+inline constexpr std::size_t kBf16CacheEntries = 1024;                ///< copies kept at most
+inline constexpr std::size_t kBf16CacheBytes = std::size_t{1} << 29;  ///< bytes of copies kept at most (512 MB)
+
+/// How many conversions bf16_copy has made so far (tests check that a copy is reused).
+std::size_t bf16_conversions();
+/// Copies held now, and their bytes.
+std::size_t bf16_cache_entries();
+std::size_t bf16_cache_bytes();
+/// Drops every copy.
+void clear_bf16_cache();
+
+}  // namespace xgrad::detail

@@ -1,0 +1,133 @@
+// bf16 products on oneDNN's matmul primitive: bf16 src and weights, float32 dst, float32
+// accumulation (brg:avx512_core_bf16 on CPUs with AVX512-BF16, AMX where there is AMX). On a CPU
+// without them (AVX2 only, e.g. Zen 3) Debian's oneDNN 2.6.3 refuses to create the primitive; the
+// probe below finds that out once and blas_bf16.cpp then emulates. As in gemm_onednn_batched.cpp,
+// a primitive is built (JIT-compiled) once per shape, strides, alpha and beta and kept, and runs
+// with a scratchpad of the calling thread's. Built only with oneDNN.
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <dnnl.hpp>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/kernels/detail/gemm_engines.hpp"
+
+namespace xgrad::blas::detail {
+
+namespace {
+
+struct Built {
+  bool ok = false;
+  dnnl::matmul matmul;
+  dnnl::memory::desc src, weights, dst, scratch;
+};
+
+using Key = std::array<std::int64_t, 10>;
+
+// A program's products have a handful of shapes (and the pieces the kernel threads split them
+// into); the cache is emptied past this many, so it cannot grow without bound.
+constexpr std::size_t kMaxBuilt = 512;
+
+dnnl::engine& cpu() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+std::int64_t bits_of(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// A (rows x cols) matrix stored row-major with row stride ld, or its transpose stored so.
+dnnl::memory::desc matrix(std::int64_t rows, std::int64_t cols, bool trans, std::int64_t ld,
+                          dnnl::memory::data_type type) {
+  return dnnl::memory::desc({rows, cols}, type, trans ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
+}
+
+Built build(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb,
+            std::int64_t ldc, float alpha, float beta) {
+  using dt = dnnl::memory::data_type;
+  Built built;
+  try {
+    built.src = matrix(m, k, ta, lda, dt::bf16);
+    built.weights = matrix(k, n, tb, ldb, dt::bf16);
+    built.dst = matrix(m, n, false, ldc, dt::f32);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.f) {
+      dnnl::post_ops sum;
+      sum.append_sum(beta);
+      attr.set_post_ops(sum);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.src, built.weights, built.dst), attr, cpu());
+    // oneDNN's reference kernels are a loop in C, far slower than emulating: not a hardware path
+    const std::string impl = pd.impl_info_str();
+    if (impl.rfind("ref", 0) == 0) return built;
+    built.matmul = dnnl::matmul(pd);
+    built.scratch = pd.scratchpad_desc();
+    built.ok = true;
+  } catch (const dnnl::error&) {
+    built.ok = false;
+  }
+  return built;
+}
+
+Built built_for(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb,
+                std::int64_t ldc, float alpha, float beta) {
+  static std::mutex mutex;
+  static std::map<Key, Built> cache;
+  const Key key = {ta, tb, m, n, k, lda, ldb, ldc, bits_of(alpha), bits_of(beta)};
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= kMaxBuilt) cache.clear();
+  return cache.emplace(key, build(ta, tb, m, n, k, lda, ldb, ldc, alpha, beta)).first->second;
+}
+
+}  // namespace
+
+bool onednn_bf16_available() {
+  // Two small products, plain and with both operands transposed, accumulating into C: the forms
+  // the autograd ops use.
+  static const bool available = [] {
+    const OnednnOnThisThread serial;
+    return build(false, false, 16, 16, 16, 16, 16, 16, 1.f, 0.f).ok &&
+           build(true, true, 16, 16, 16, 16, 16, 16, 1.f, 1.f).ok;
+  }();
+  return available;
+}
+
+void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                      const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta,
+                      float* c, std::size_t ldc) {
+  const OnednnOnThisThread serial;
+  const auto M = static_cast<std::int64_t>(m), N = static_cast<std::int64_t>(n), K = static_cast<std::int64_t>(k);
+  try {
+    const Built use = built_for(trans_a, trans_b, M, N, K, static_cast<std::int64_t>(lda),
+                                static_cast<std::int64_t>(ldb), static_cast<std::int64_t>(ldc), alpha, beta);
+    if (!use.ok) {
+      fail("blas::gemm_bf16: oneDNN has no bf16 matmul for ", m, " x ", n, " x ", k, (trans_a ? " (A^T)" : ""),
+           (trans_b ? " (B^T)" : ""), " on this CPU; set XGRAD_BF16=emulated");
+    }
+    thread_local dnnl::stream stream(cpu());
+    thread_local std::vector<std::uint8_t> scratch;
+    if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
+    dnnl::memory src(use.src, cpu(), const_cast<std::uint16_t*>(a)),
+        weights(use.weights, cpu(), const_cast<std::uint16_t*>(b)), dst(use.dst, cpu(), c),
+        pad(use.scratch, cpu(), scratch.data());
+    use.matmul.execute(
+        stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, pad}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    fail("blas::gemm_bf16: oneDNN's bf16 matmul failed (", e.what(), ") on ", m, " x ", n, " x ", k);
+  }
+}
+
+}  // namespace xgrad::blas::detail
