@@ -1,13 +1,20 @@
 #!/usr/bin/python3
 """Times one full PyTorch training step of the language model that xgrad's train-step benchmark
 times (forward, mean next-token cross-entropy, backward, AdamW step, zero_grad), so the two can be
-compared side by side under the same environment (OPENBLAS_CORETYPE included: leave it as it is).
+compared side by side. bench/compare.py runs it with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+removed from its environment, so that OpenBLAS chooses its own kernel for the CPU (on this
+machine's AVX-512 EPYC: Cooperlake, whose 512^3 sgemm ran at about 200 GFLOP/s on one thread,
+against about 104 for the Haswell kernel that OPENBLAS_CORETYPE=Haswell forces); the kernel that
+ran is in the output line.
 
 The model mirrors xgrad's nn/transformer.cpp LanguageModel with Pre-Norm placement and learned
 positions (the same modules as tests/fixtures/make_nn_fixtures.py, copied here with dropout added
 so that the benchmark does not depend on test files):
   h = tok_emb(ids) + pos_emb[:T]
-  per block:  x = x + W_o(Attn(LN1(x)))                       separate w_q, w_k, w_v, w_o Linears,
+  per block:  x = x + W_o(Attn(LN1(x)))                       q, k, v from three Linears w_q, w_k,
+                                                              w_v (--formulation separate) or one
+                                                              Linear `qkv` (C, 3C) split in three
+                                                              (fused_qkv, as nanoGPT); then w_o,
                                                               softmax(QK^T / sqrt(D) + causal mask),
                                                               dropout 0.1 on the attention weights
               x = x + linear2(dropout(GELU(linear1(LN2(x)))))  exact erf GELU, dropout 0.1
@@ -26,12 +33,33 @@ written with Hugging Face's Llama formulas (no fused kernel either):
 Shapes: B batch, T length, C d_model, H heads, KV key/value heads, D head size (C / H),
 V vocabulary, F FFN width.
 
+--precision bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) and
+backward outside it, with float32 parameters and AdamW (PyTorch's recipe for CPU mixed precision);
+its products run in oneDNN's bfloat16 kernels (torch 1.13's mkldnn), on torch's intra-op threads.
+
+--formulation: fused_qkv builds the three projections as separate does (same random draws) and
+concatenates their weights and biases by rows into `qkv`, so both formulations start from the same
+weights and, for one seed, give the same losses (first_loss and last_loss agree to a few float32
+ulps). The default is separate, the faster here: PyTorch fp32 on one thread, the two alternating
+in 12 rounds (6, 10 and 20 timed steps) on the shared 2-core machine, load average 1.9 to 6.6,
+OpenBLAS's Cooperlake kernel; the median over the rounds of separate's step time over fused's
+was 0.995 on small and 0.96 on standard (single rounds ranged 0.72 to 1.56 and 0.79 to 1.18:
+the machine's noise is larger than the difference). Fusing saves nothing measurable here:
+the one wider product is no faster in OpenBLAS, and its backward concatenates the three
+gradients into one (3C)-wide tensor, a copy the three Linears do not make.
+torch 1.13 has no torch.nn.functional.scaled_dot_product_attention (it came in 2.0), so the
+attention is written out; the output line says whether the running torch has it.
+
 Prints exactly one JSON line on stdout:
-  {"impl": "pytorch", "config", "threads" (OpenBLAS's), "intra_op_threads" (torch's own),
-   "parameters" (the model's scalar parameters),
+  {"impl": "pytorch", "config", "precision", "formulation", "threads" (OpenBLAS's),
+   "intra_op_threads" (torch's own), "parameters" (the model's scalar parameters),
    "ms_per_step" (median over the timed steps),
-   "tokens_per_s" (B*T / median seconds), "peak_rss_mb" (ru_maxrss / 1024), "gflops"
-   (matmul FLOPs of forward + backward / median seconds / 1e9), "torch_version"}
+   "tokens_per_s" (B*T / median seconds), "peak_rss_mb" (the process's resident peak, ru_maxrss /
+   1024, as bench_train_step reports it), "gflops" (matmul FLOPs of forward + backward / median
+   seconds / 1e9), "gemm_peak_gflops" (the best of 50 512^3 torch.matmul in the precision's dtype,
+   after the step's measurements), "peak_fraction" (gflops over it), "first_loss", "last_loss",
+   "openblas_corename" (the kernel the loaded OpenBLAS chose), "scaled_dot_product_attention"
+   (whether this torch has it), "torch_version"}
 Anything else goes to stderr.
 
 Run one configuration per process, so peak memory is per configuration (Debian's python3-torch;
@@ -384,7 +412,7 @@ def step_flops(vocab, c, heads, layers, f, t, b, kv_heads=None):
     return 3 * forward
 
 
-def run(config, steps, warmup, seed, precision="fp32", formulation="fused_qkv", record_loss=False):
+def run(config, steps, warmup, seed, precision="fp32", formulation="separate", record_loss=False):
     vocab, c, heads, layers, f, t, b = CONFIGS[config]
     torch.manual_seed(seed)  # weights and dropout masks
     if config in KV_HEADS:
@@ -432,9 +460,9 @@ def main():
                         help="torch's own intra-op threads (default 1: its fastest setting here, see below)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                         help="fp32, or bf16: forward and loss under CPU autocast to bfloat16 (default fp32)")
-    parser.add_argument("--formulation", choices=("separate", "fused_qkv"), default="fused_qkv",
+    parser.add_argument("--formulation", choices=("separate", "fused_qkv"), default="separate",
                         help="q, k and v from three Linears, or from one (C, 3C) Linear split in three "
-                             "(default fused_qkv: the faster, see below)")
+                             "(default separate: no slower on small and 4%% faster on standard, see the top)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--seed", type=int, default=1234, help="weights, dropout and data (default 1234)")
