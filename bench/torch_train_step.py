@@ -1,13 +1,20 @@
 #!/usr/bin/python3
 """Times one full PyTorch training step of the language model that xgrad's train-step benchmark
 times (forward, mean next-token cross-entropy, backward, AdamW step, zero_grad), so the two can be
-compared side by side under the same environment (OPENBLAS_CORETYPE included: leave it as it is).
+compared side by side. bench/compare.py runs it with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+removed from its environment, so that OpenBLAS chooses its own kernel for the CPU (on this
+machine's AVX-512 EPYC: Cooperlake, whose 512^3 sgemm ran at about 200 GFLOP/s on one thread,
+against about 104 for the Haswell kernel that OPENBLAS_CORETYPE=Haswell forces); the kernel that
+ran is in the output line.
 
 The model mirrors xgrad's nn/transformer.cpp LanguageModel with Pre-Norm placement and learned
 positions (the same modules as tests/fixtures/make_nn_fixtures.py, copied here with dropout added
 so that the benchmark does not depend on test files):
   h = tok_emb(ids) + pos_emb[:T]
-  per block:  x = x + W_o(Attn(LN1(x)))                       separate w_q, w_k, w_v, w_o Linears,
+  per block:  x = x + W_o(Attn(LN1(x)))                       q, k, v from three Linears w_q, w_k,
+                                                              w_v (--formulation separate) or one
+                                                              Linear `qkv` (C, 3C) split in three
+                                                              (fused_qkv, as nanoGPT); then w_o,
                                                               softmax(QK^T / sqrt(D) + causal mask),
                                                               dropout 0.1 on the attention weights
               x = x + linear2(dropout(GELU(linear1(LN2(x)))))  exact erf GELU, dropout 0.1
@@ -26,12 +33,33 @@ written with Hugging Face's Llama formulas (no fused kernel either):
 Shapes: B batch, T length, C d_model, H heads, KV key/value heads, D head size (C / H),
 V vocabulary, F FFN width.
 
+--precision bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) and
+backward outside it, with float32 parameters and AdamW (PyTorch's recipe for CPU mixed precision);
+its products run in oneDNN's bfloat16 kernels (torch 1.13's mkldnn), on torch's intra-op threads.
+
+--formulation: fused_qkv builds the three projections as separate does (same random draws) and
+concatenates their weights and biases by rows into `qkv`, so both formulations start from the same
+weights and, for one seed, give the same losses (first_loss and last_loss agree to a few float32
+ulps). The default is separate, the faster here: PyTorch fp32 on one thread, the two alternating
+in 12 rounds (6, 10 and 20 timed steps) on the shared 2-core machine, load average 1.9 to 6.6,
+OpenBLAS's Cooperlake kernel; the median over the rounds of separate's step time over fused's
+was 0.995 on small and 0.96 on standard (single rounds ranged 0.72 to 1.56 and 0.79 to 1.18:
+the machine's noise is larger than the difference). Fusing saves nothing measurable here:
+the one wider product is no faster in OpenBLAS, and its backward concatenates the three
+gradients into one (3C)-wide tensor, a copy the three Linears do not make.
+torch 1.13 has no torch.nn.functional.scaled_dot_product_attention (it came in 2.0), so the
+attention is written out; the output line says whether the running torch has it.
+
 Prints exactly one JSON line on stdout:
-  {"impl": "pytorch", "config", "threads" (OpenBLAS's), "intra_op_threads" (torch's own),
-   "parameters" (the model's scalar parameters),
+  {"impl": "pytorch", "config", "precision", "formulation", "threads" (OpenBLAS's),
+   "intra_op_threads" (torch's own), "parameters" (the model's scalar parameters),
    "ms_per_step" (median over the timed steps),
-   "tokens_per_s" (B*T / median seconds), "peak_rss_mb" (ru_maxrss / 1024), "gflops"
-   (matmul FLOPs of forward + backward / median seconds / 1e9), "torch_version"}
+   "tokens_per_s" (B*T / median seconds), "peak_rss_mb" (the process's resident peak, ru_maxrss /
+   1024, as bench_train_step reports it), "gflops" (matmul FLOPs of forward + backward / median
+   seconds / 1e9), "gemm_peak_gflops" (the best of 50 512^3 torch.matmul in the precision's dtype,
+   after the step's measurements), "peak_fraction" (gflops over it), "first_loss", "last_loss",
+   "openblas_corename" (the kernel the loaded OpenBLAS chose), "scaled_dot_product_attention"
+   (whether this torch has it), "torch_version"}
 Anything else goes to stderr.
 
 Run one configuration per process, so peak memory is per configuration (Debian's python3-torch;
@@ -41,6 +69,7 @@ the python3 on PATH has no torch):
 """
 
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -60,6 +89,7 @@ CONFIGS = {
     "small": (256, 256, 4, 4, 1024, 64, 32),
     "standard": (512, 512, 8, 2, 2048, 128, 8),
     "long": (256, 256, 4, 2, 1024, 1024, 2),
+    "long4k": (256, 256, 4, 2, 1024, 4096, 1),  # 16M scores per head: memory at length
     # F = 8C/3 rounded up to a multiple of 8 (xgrad's llama_style)
     "llama_small": (256, 256, 4, 4, 688, 64, 32),
     "llama_standard": (512, 512, 8, 2, 1368, 128, 8),
@@ -87,16 +117,20 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Linear(d_model, d_model)
         self.norm = nn.LayerNorm(d_model, eps=EPS)
         self.attn_dropout = nn.Dropout(DROPOUT)
+        self.qkv = None  # fuse_qkv() sets it
 
     def forward(self, x, blocked):
         b, t, c = x.shape
         h, d = self.h, c // self.h
         inp = self.norm(x)
 
-        def heads(proj):  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
-            return proj(inp).reshape(b, t, h, d).permute(0, 2, 1, 3)
+        def heads(y):  # (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
+            return y.reshape(b, t, h, d).permute(0, 2, 1, 3)
 
-        q, k, v = heads(self.w_q), heads(self.w_k), heads(self.w_v)
+        if self.qkv is not None:  # one (C, 3C) product, split as nanoGPT does
+            q, k, v = (heads(y) for y in self.qkv(inp).split(c, dim=-1))
+        else:
+            q, k, v = heads(self.w_q(inp)), heads(self.w_k(inp)), heads(self.w_v(inp))
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # (B, H, T, S)
         scores = scores.masked_fill(blocked, float("-inf"))
         weights = F.softmax(scores, dim=-1)
@@ -206,14 +240,19 @@ class LlamaAttention(nn.Module):
         self.w_o = nn.Linear(num_heads * d, d_model, bias=False)
         self.norm = RMSNorm(d_model)
         self.attn_dropout = nn.Dropout(DROPOUT)
+        self.qkv = None  # fuse_qkv() sets it
 
     def forward(self, x, blocked, cos, sin):
         b, t, c = x.shape
         d = c // self.h
         inp = self.norm(x)
-        q = self.w_q(inp).reshape(b, t, self.h, d).transpose(1, 2)  # (B, H, T, D)
-        k = self.w_k(inp).reshape(b, t, self.kv, d).transpose(1, 2)  # (B, KV, T, D)
-        v = self.w_v(inp).reshape(b, t, self.kv, d).transpose(1, 2)
+        if self.qkv is not None:  # one (C, (H + 2 KV) D) product, split
+            q, k, v = self.qkv(inp).split((self.h * d, self.kv * d, self.kv * d), dim=-1)
+        else:
+            q, k, v = self.w_q(inp), self.w_k(inp), self.w_v(inp)
+        q = q.reshape(b, t, self.h, d).transpose(1, 2)  # (B, H, T, D)
+        k = k.reshape(b, t, self.kv, d).transpose(1, 2)  # (B, KV, T, D)
+        v = v.reshape(b, t, self.kv, d).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin  # cos, sin: (T, D)
         k = k * cos + rotate_half(k) * sin
         k, v = repeat_kv(k, self.h // self.kv), repeat_kv(v, self.h // self.kv)
@@ -284,21 +323,80 @@ class LlamaLanguageModel(nn.Module):
         return self.head(self.final_norm(h))  # (B, T, V)
 
 
+def fuse_qkv(model):
+    """Replaces every attention's w_q, w_k and w_v with one Linear `qkv` whose weight (and bias)
+    is theirs concatenated by rows, so the fused model computes the same function from the same
+    initial weights (and the same seed gives the same first loss in both formulations)."""
+    for module in model.modules():
+        if isinstance(module, (MultiHeadAttention, LlamaAttention)):
+            parts = (module.w_q, module.w_k, module.w_v)
+            bias = parts[0].bias is not None
+            # skip_init: no random draws, so the dropout masks that follow are the same as well
+            fused = torch.nn.utils.skip_init(nn.Linear, parts[0].in_features, sum(p.out_features for p in parts),
+                                             bias=bias)
+            with torch.no_grad():
+                fused.weight.copy_(torch.cat([p.weight for p in parts], dim=0))
+                if bias:
+                    fused.bias.copy_(torch.cat([p.bias for p in parts], dim=0))
+            del module.w_q, module.w_k, module.w_v
+            module.qkv = fused
+
+
 # ---- the benchmark ----
 
-def set_blas_threads(n):
-    """Debian's torch runs its float32 matmuls in the system OpenBLAS (the pthread build), and
-    torch.set_num_threads does not reach it: with --threads 1 its GEMMs still ran on every core
-    (user + sys time was about 1.8x wall on 2 cores). So set OpenBLAS's own thread count as well,
-    at run time (the environment is left as it is). libblas.so.3 is a thin wrapper around this
-    libopenblas.so.0, so there is one OpenBLAS in the process. Returns its thread count, or None
-    when no OpenBLAS is loaded."""
+def loaded_openblas():
+    """The OpenBLAS that torch loaded (found in /proc/self/maps, so it is the very library torch
+    calls), or None. Debian's torch runs its float32 matmuls in the system OpenBLAS (the pthread
+    build); libblas.so.3 is a thin wrapper around it, so there is one OpenBLAS in the process."""
     try:
-        openblas = ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libopenblas" in line and line.split()[-1].startswith("/")}
     except OSError:
-        return None  # not loaded by torch: nothing to set
+        paths = set()
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        except OSError:
+            pass
+    try:
+        return ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        return None  # not loaded by torch
+
+
+def set_blas_threads(openblas, n):
+    """torch.set_num_threads does not reach OpenBLAS: with --threads 1 its GEMMs still ran on
+    every core (user + sys time was about 1.8x wall on 2 cores). So set OpenBLAS's own thread
+    count as well, at run time (the environment is left as it is). Returns its thread count, or
+    None when no OpenBLAS is loaded."""
+    if openblas is None:
+        return None
     openblas.openblas_set_num_threads(ctypes.c_int(n))
     return openblas.openblas_get_num_threads()
+
+
+def openblas_corename(openblas):
+    """The kernel OpenBLAS chose at load time (DYNAMIC_ARCH: from the CPU, or OPENBLAS_CORETYPE
+    when the environment sets it), e.g. "Cooperlake" or "Haswell"; None without OpenBLAS."""
+    if openblas is None:
+        return None
+    openblas.openblas_get_corename.restype = ctypes.c_char_p
+    return openblas.openblas_get_corename().decode()
+
+
+def gemm_peak(dtype, n=512, reps=50):
+    """The best GFLOP/s of an n x n x n torch.matmul in dtype over reps repetitions, at the
+    process's thread settings: float32 runs in OpenBLAS, bfloat16 in oneDNN (mkldnn), which is
+    where the step's products in that precision run."""
+    gen = torch.Generator().manual_seed(1)
+    a = (torch.rand(n, n, generator=gen) * 2 - 1).to(dtype)
+    b = (torch.rand(n, n, generator=gen) * 2 - 1).to(dtype)
+    best = 0.0
+    for _ in range(reps):  # a busy neighbour can only slow a repetition down
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        best = max(best, 2.0 * n ** 3 / (time.perf_counter() - start) / 1e9)
+    return best
 
 
 def step_flops(vocab, c, heads, layers, f, t, b, kv_heads=None):
@@ -314,16 +412,22 @@ def step_flops(vocab, c, heads, layers, f, t, b, kv_heads=None):
     return 3 * forward
 
 
-def run(config, steps, warmup, seed, record_loss=False):
+def run(config, steps, warmup, seed, precision="fp32", formulation="separate", record_loss=False):
     vocab, c, heads, layers, f, t, b = CONFIGS[config]
     torch.manual_seed(seed)  # weights and dropout masks
     if config in KV_HEADS:
         model = LlamaLanguageModel(vocab, c, heads, KV_HEADS[config], layers, f, t)
     else:
         model = LanguageModel(vocab, c, heads, layers, f, t)  # max_len = T, as bench/train_step.cpp
+    if formulation == "fused_qkv":
+        fuse_qkv(model)  # the same initial weights as "separate", in one (C, 3C) Linear per block
     model.train()  # dropout active
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)  # float32 weights and moments in both precisions
     data_gen = torch.Generator().manual_seed(seed)  # token ids, a stream of their own
+    # bf16: PyTorch's CPU mixed precision as its documentation recommends: forward and loss under
+    # autocast (the products in bfloat16, the ops autocast keeps in float32 in float32), backward
+    # outside it (it follows the forward's dtypes), float32 parameters and optimizer.
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
 
     times, losses = [], []
     for i in range(warmup + steps):
@@ -332,8 +436,9 @@ def run(config, steps, warmup, seed, record_loss=False):
         ids, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
         start = time.perf_counter()
-        logits = model(ids)
-        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))  # mean
+        with autocast():
+            logits = model(ids)
+            loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))  # mean
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -341,7 +446,7 @@ def run(config, steps, warmup, seed, record_loss=False):
 
         if i >= warmup:
             times.append(elapsed)
-        if record_loss:
+        if record_loss or i == 0 or i == warmup + steps - 1:
             losses.append(loss.item())
     return times, losses, sum(p.numel() for p in model.parameters())
 
@@ -353,6 +458,11 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="OpenBLAS threads, which run the GEMMs (default 1)")
     parser.add_argument("--intra-op-threads", type=int, default=1,
                         help="torch's own intra-op threads (default 1: its fastest setting here, see below)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="fp32, or bf16: forward and loss under CPU autocast to bfloat16 (default fp32)")
+    parser.add_argument("--formulation", choices=("separate", "fused_qkv"), default="separate",
+                        help="q, k and v from three Linears, or from one (C, 3C) Linear split in three "
+                             "(default separate: no slower on small and 4%% faster on standard, see the top)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--seed", type=int, default=1234, help="weights, dropout and data (default 1234)")
@@ -371,12 +481,13 @@ def main():
     # 2-thread setting (small: 437 ms per step, against 715-831 ms with both at 2 and 584-661 ms
     # with torch at 2 and OpenBLAS at 1): the two pools' spinning threads fight over the cores.
     torch.set_num_threads(args.intra_op_threads)
-    blas_threads = set_blas_threads(args.threads)
+    openblas = loaded_openblas()
+    blas_threads = set_blas_threads(openblas, args.threads)
     if blas_threads != args.threads:
         print("warning: OpenBLAS threads %r, wanted %d" % (blas_threads, args.threads), file=sys.stderr)
 
     if args.check:
-        _, losses, _ = run("tiny", CHECK_STEPS, 0, args.seed, record_loss=True)
+        _, losses, _ = run("tiny", CHECK_STEPS, 0, args.seed, args.precision, args.formulation, record_loss=True)
         print("check: tiny, %d steps: first loss %.4f, last loss %.4f (uniform over the vocabulary: %.4f)"
               % (CHECK_STEPS, losses[0], losses[-1], math.log(CONFIGS["tiny"][0])), file=sys.stderr)
         if not losses[-1] < losses[0]:
@@ -384,19 +495,34 @@ def main():
             sys.exit(1)
         return
 
-    times, _, parameters = run(args.config, args.steps, args.warmup, args.seed)
+    times, losses, parameters = run(args.config, args.steps, args.warmup, args.seed, args.precision,
+                                    args.formulation)
+    # The process's resident peak (as xgrad's bench_train_step reports it), read before the GEMM
+    # peak below touches anything.
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     vocab, c, heads, layers, f, t, b = CONFIGS[args.config]
     median = statistics.median(times)
+    gflops = step_flops(vocab, c, heads, layers, f, t, b, KV_HEADS.get(args.config)) / median / 1e9
+    peak = gemm_peak(torch.bfloat16 if args.precision == "bf16" else torch.float32)
     result = {
         "impl": "pytorch",
         "config": args.config,
+        "precision": args.precision,
+        "formulation": args.formulation,
         "threads": args.threads,
         "intra_op_threads": args.intra_op_threads,
         "parameters": parameters,
         "ms_per_step": round(median * 1e3, 3),
         "tokens_per_s": round(b * t / median, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "gflops": round(step_flops(vocab, c, heads, layers, f, t, b, KV_HEADS.get(args.config)) / median / 1e9, 3),
+        "peak_rss_mb": round(peak_rss_mb, 1),
+        "gflops": round(gflops, 3),
+        "gemm_peak_gflops": round(peak, 1),  # a 512^3 torch.matmul in this precision, best of 50
+        "peak_fraction": round(gflops / peak, 4),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "openblas_corename": openblas_corename(openblas),
+        # torch 1.13 has no fused attention; a later torch would offer it here
+        "scaled_dot_product_attention": hasattr(F, "scaled_dot_product_attention"),
         "torch_version": torch.__version__,
     }
     print(json.dumps(result))

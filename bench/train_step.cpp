@@ -41,7 +41,8 @@ const std::vector<BenchConfig> kConfigs = {
     {"tiny", 16, 64, 4, 2, 256, 32, 64},
     {"small", 256, 256, 4, 4, 1024, 64, 32},
     {"standard", 512, 512, 8, 2, 2048, 128, 8},
-    {"long", 256, 256, 4, 2, 1024, 1024, 2},  // attention at length: T^2 scores per head
+    {"long", 256, 256, 4, 2, 1024, 1024, 2},    // attention at length: T^2 scores per head
+    {"long4k", 256, 256, 4, 2, 1024, 4096, 1},  // 16M scores per head: memory at length
     // small and standard as Llama-style models; F is llama_style's 8C/3 rounded up to a multiple
     // of 8, so the SwiGLU's three projections have about the parameters of the 4C MLP's two.
     {"llama_small", 256, 256, 4, 4, 688, 64, 32, 2},
@@ -212,8 +213,8 @@ int main(int argc, char** argv) {
   std::string config = "tiny";
   int threads = 1;
   std::size_t steps = 20, warmup = 3;
-  app.add_option("--config", config, "tiny, small, standard, long, llama_small or llama_standard")
-      ->check(CLI::IsMember({"tiny", "small", "standard", "long", "llama_small", "llama_standard"}))
+  app.add_option("--config", config, "tiny, small, standard, long, long4k, llama_small or llama_standard")
+      ->check(CLI::IsMember({"tiny", "small", "standard", "long", "long4k", "llama_small", "llama_standard"}))
       ->capture_default_str();
   cli::add_threads(app, threads);
   Precision precision = Precision::fp32;
