@@ -22,6 +22,12 @@ bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::
                           std::size_t n, std::size_t k, float alpha, Strided<const float> a, Strided<const float> b,
                           float beta, Strided<float> c);
 
+// Y (rows x out) = act(X W^T + bias) in one call of oneDNN's matmul primitive, the bias (may be
+// null) and the activation fused (blas::linear_activation; in > 0). Returns false, computing
+// nothing, when oneDNN has no primitive for it.
+bool onednn_linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
+                   float* y, Epilogue act);
+
 // How many calls of oneDNN's matmul primitive blas::sgemm_batched has made so far (0 without
 // oneDNN); tests check that the path runs.
 std::size_t onednn_batched_calls();
