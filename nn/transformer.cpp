@@ -17,6 +17,17 @@
 
 namespace xgrad::nn {
 
+namespace {
+
+// Whether FeedForward computes act(linear1(x)) as one linear_activation. Measured with
+// bench_fused_products (docs/speed.md, "Fused products"): RULE_PLACEHOLDER
+bool fused_linear1(Activation a) {
+  (void)a;
+  return false;
+}
+
+}  // namespace
+
 FeedForward::FeedForward(const FeedForwardOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
   if (!(o.dropout() >= 0.f && o.dropout() < 1.f)) fail("FeedForward: dropout ", o.dropout(), " is outside [0, 1)");
   if (o.d_model() == 0 || o.d_ff() == 0)
@@ -54,6 +65,13 @@ Tensor FeedForward::forward(const Tensor& x) const {
                                 : options_.activation() == Activation::geglu ? GatedActivation::gelu
                                                                              : GatedActivation::gelu_tanh;
     a = dropout(gated_unit(g, up, act), p, is_training(), generator());
+  } else if (fused_linear1(options_.activation()) && !hooked("pre")) {
+    // act(linear1(x)) as one op: "pre" (linear1's output) is never formed, so only while no hook
+    // reads or replaces it
+    const LinearActivation act = options_.activation() == Activation::gelu        ? LinearActivation::gelu
+                                 : options_.activation() == Activation::gelu_tanh ? LinearActivation::gelu_tanh
+                                                                                  : LinearActivation::relu;
+    a = dropout(linear_activation(x, linear1->weight, linear1->bias, act), p, is_training(), generator());
   } else {
     const Tensor h = hook("pre", linear1->forward(x));
     switch (options_.activation()) {
