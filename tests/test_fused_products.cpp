@@ -223,5 +223,27 @@ TEST_CASE("FeedForward gives the same values and gradients with and without a ho
     require_close(x1.grad(), x2.grad(), 2e-6, "dx");
     require_close(plain.linear1->weight.grad(), hooked.linear1->weight.grad(), 2e-6, "linear1.weight");
     require_close(plain.linear1->bias.grad(), hooked.linear1->bias.grad(), 2e-6, "linear1.bias");
+    // evaluation without grad mode (where the tanh GELU is fused too)
+    plain.eval();
+    hooked.eval();
+    const NoGradGuard off;
+    require_close(plain.forward(x1).value(), hooked.forward(x2).value(), 2e-6, "y in evaluation");
   }
+}
+
+TEST_CASE("a ReLU TransformerBlock gives the same output with a hook on ffn.pre, attached by its full name",
+          "[fused][hooks]") {
+  // the hook attached from the block, by the point's full name
+  Generator g(6);
+  nn::TransformerBlock block(nn::TransformerBlockOptions(16, 2).activation(nn::Activation::relu).dropout(0.f), g);
+  const Tensor x = randn({2, 5, 16}, 51);
+  const Array free_y = block.forward(x).output.value();
+  int calls = 0;
+  const nn::HookHandle h = block.add_forward_hook("ffn.pre", [&](const Tensor&) {
+    ++calls;
+    return Tensor();
+  });
+  const Array hooked_y = block.forward(x).output.value();
+  REQUIRE(calls == 1);
+  require_close(free_y, hooked_y, 2e-6, "block output");
 }
