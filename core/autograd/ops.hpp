@@ -136,11 +136,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 /// relu and gelu's GeluApprox::exact and GeluApprox::tanh).
 enum class LinearActivation { relu, gelu, gelu_tanh };
 /// act(linear(x, weight, bias)) as one op (ops_fused.cpp), shapes as in linear, bias undefined for
-/// none. Forward: under oneDNN one matmul primitive with the bias (and, for ReLU, the activation)
-/// fused; else linear's product, then the activation. Backward: dz = g act'(z) and db = the column
-/// sums of dz in one pass over g, then dx = dz W and dW = dz^T x. ReLU keeps its output (z > 0 is
-/// y > 0), the GELUs keep z. The same values as the unfused ops up to rounding (oneDNN's erf and
-/// tanh are its own).
+/// none. Forward: blas::linear_activation, under oneDNN one matmul primitive with the bias and the
+/// activation as post-ops. ReLU keeps its output for backward (z > 0 is y > 0); a GELU keeps z, so
+/// while recording its product fuses the bias only and the GELU runs in a pass of its own (without
+/// grad mode it is fused too). Backward: dz = g act'(z) and db = the column sums of dz in one pass
+/// over g, then dx = dz W and dW = dz^T x. The values of the unfused ops up to rounding (oneDNN's
+/// erf and tanh are its own); nn::FeedForward uses it where it measured faster.
 Tensor linear_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, LinearActivation a);
 
 // ---- multi-head attention (ops_attention.cpp), heads side by side in the channels ----

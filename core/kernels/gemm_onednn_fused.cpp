@@ -2,7 +2,10 @@
 // and the activation applied by the primitive (an eltwise post-op) while each tile of Y is still in
 // registers, so Y is written once and never read back. A primitive is built (and JIT-compiled)
 // once per shape, bias and activation, and kept, as in gemm_onednn_batched.cpp, with a scratchpad
-// per thread (scratchpad_mode::user). Built only with oneDNN.
+// per thread (scratchpad_mode::user). The primitive chooses its weights' layout and W is reordered
+// into it on each call: on W as stored ((out, in), the transposed operand) the primitive ran at
+// half of dnnl_sgemm's rate (2048 x 256 -> 1024: 10.8 ms against 5.5 blocked, one thread), and the
+// reorder costs 0.2 ms there (1 ms for standard's 2048 x 512). Built only with oneDNN.
 #include <array>
 #include <cstdint>
 #include <map>
