@@ -20,14 +20,15 @@ namespace xgrad::nn {
 namespace {
 
 // Whether FeedForward computes act(linear1(x)) as one linear_activation. Measured with
-// bench_fused_products (docs/speed.md, "Fused products"; medians of 15 alternating runs, linear1
-// and the activation with dropout 0.1 after it, forward and backward, the benchmark's FFN shapes):
-// - ReLU: fused 1.00x to 1.10x the unfused, never slower (oneDNN's ReLU post-op, and no z kept).
-// - exact GELU: 0.95x to 0.97x in training, since the unfused path is gelu_dropout (GELU and
-//   dropout in one pass) and the fused one must keep z; the forward alone 0.95x (oneDNN's erf
-//   post-op is slower than xgrad's GELU kernel). Never fused.
-// - tanh GELU: 0.94x to 1.10x in training, no clear winner, so not fused there; without grad mode
-//   (evaluation, generation) the one product with the tanh GELU post-op is 1.03x to 1.13x.
+// bench_fused_products (docs/speed.md, "Fused products"): linear1 and the activation with dropout
+// 0.1 after it, forward and backward, on the benchmark's FFN shapes; unfused time over fused,
+// median and range of 18 (six runs of three shapes, 1 and 2 threads, medians of 15 each):
+// - ReLU: 1.02x (0.97 to 1.10), and 1.07x forward alone without grad mode. Fused.
+// - exact GELU: 0.95x (0.90 to 1.03): the unfused path is gelu_dropout (GELU and dropout in one
+//   pass) and the fused one must keep z; without grad mode 0.97x (oneDNN's erf post-op is slower
+//   than xgrad's GELU kernel). Never fused.
+// - tanh GELU: 1.00x (0.94 to 1.10) in training, not fused there; without grad mode (evaluation,
+//   generation) 1.10x (0.98 to 1.16), fused.
 bool fused_linear1(Activation a) { return a == Activation::relu || (a == Activation::gelu_tanh && !grad_enabled()); }
 
 }  // namespace
