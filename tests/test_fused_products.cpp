@@ -151,6 +151,25 @@ TEST_CASE("linear_activation: ReLU's gradient is 0 at z = 0, as relu's", "[fused
   REQUIRE(x.grad() == Array{{1.f, 1.f}, {1.f, 1.f}});
 }
 
+TEST_CASE("linear_activation: NaN in x gives the unfused ops' NaN (GELU) or 0 (ReLU, as relu) on every engine",
+          "[fused][bad_input]") {
+  const EngineScope restore;
+  for (const blas::Engine e : engines()) {
+    blas::set_engine(e);
+    Generator g(7);
+    Array xa = g.normal({64, 32}, 0.f, 1.f);
+    xa(3, 5) = std::nanf("");
+    const Tensor x(xa), w(g.normal({48, 32}, 0.f, 0.2f)), b(g.normal({48}, 0.f, 1.f));
+    for (const LinearActivation a : {LinearActivation::relu, LinearActivation::gelu, LinearActivation::gelu_tanh}) {
+      INFO(blas::engine_name(e) << " " << name_of(a));
+      const Array f = linear_activation(x, w, b, a).value(), u = unfused(x, w, b, a).value();
+      for (std::size_t i = 0; i < f.size(); ++i) REQUIRE(std::isnan(f.data()[i]) == std::isnan(u.data()[i]));
+      // row 3 is all NaN before the activation
+      REQUIRE(std::isnan(f(3, 0)) == (a != LinearActivation::relu));
+    }
+  }
+}
+
 TEST_CASE("linear_activation with in_features 0 gives act(bias), and with no rows an empty result", "[fused]") {
   const Tensor x(Array::from_shape({2, 0}), true), w(Array::from_shape({3, 0}), true);
   const Tensor b(Array{-1.f, 2.f, 3.f}, true);
