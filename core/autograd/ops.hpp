@@ -132,6 +132,17 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool t
 /// y = x weight^T + bias for x (..., in), weight (out, in), bias (out,) or undefined: the affine
 /// map of nn::Linear as one call of blas::linear (one GEMM, then the bias added to its rows).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+/// The activation linear_activation applies: max(z, 0), the exact (erf) GELU or its tanh form (as
+/// relu and gelu's GeluApprox::exact and GeluApprox::tanh).
+enum class LinearActivation { relu, gelu, gelu_tanh };
+/// act(linear(x, weight, bias)) as one op (ops_fused.cpp), shapes as in linear, bias undefined for
+/// none. Forward: blas::linear_activation, under oneDNN one matmul primitive with the bias and the
+/// activation as post-ops. ReLU keeps its output for backward (z > 0 is y > 0); a GELU keeps z, so
+/// while recording its product fuses the bias only and the GELU runs in a pass of its own (without
+/// grad mode it is fused too). Backward: dz = g act'(z) and db = the column sums of dz in one pass
+/// over g, then dx = dz W and dW = dz^T x. The values of the unfused ops up to rounding (oneDNN's
+/// erf and tanh are its own); nn::FeedForward uses it where it measured faster.
+Tensor linear_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, LinearActivation a);
 
 // ---- multi-head attention (ops_attention.cpp), heads side by side in the channels ----
 /// The attention weights of `heads` heads of width D = C / heads: q (B, T, C), k (B, S, C) ->

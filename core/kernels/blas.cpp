@@ -9,6 +9,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/detail/gemm_engines.hpp"
+#include "xgrad/core/kernels/detail/vector_kernels.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 
 namespace xgrad::blas {
@@ -131,7 +132,47 @@ void linear_rows(Engine e, std::size_t lo, std::size_t hi, std::size_t out, std:
   }
 }
 
+// act over n elements of y in place, with the kernels the activation ops use.
+void apply_epilogue(Epilogue act, float* y, std::size_t n) {
+  switch (act) {
+    case Epilogue::none:
+      return;
+    case Epilogue::relu:
+      for (std::size_t i = 0; i < n; ++i) y[i] = y[i] > 0.f ? y[i] : 0.f;
+      return;
+    case Epilogue::gelu:
+      return kernels::gelu_forward(y, y, n);
+    case Epilogue::gelu_tanh:
+      return kernels::gelu_tanh_forward(y, y, n);
+  }
+}
+
+// Rows lo..hi of Y = act(X W^T + bias) on the calling thread.
+void linear_activation_rows(Engine e, std::size_t lo, std::size_t hi, std::size_t out, std::size_t in, const float* x,
+                            const float* w, const float* bias, float* y, Epilogue act) {
+#ifdef XGRAD_HAS_ONEDNN
+  if (e == Engine::onednn && in > 0 && detail::onednn_linear(hi - lo, out, in, x + lo * in, w, bias, y + lo * out, act))
+    return;
+#endif
+  if (bias) {
+    linear_rows(e, lo, hi, out, in, x, w, bias, y);
+  } else {
+    run_engine(e, false, true, hi - lo, out, in, 1.f, x + lo * in, in, w, in, 0.f, y + lo * out, out);
+  }
+  apply_epilogue(act, y + lo * out, (hi - lo) * out);
+}
+
 }  // namespace
+
+void linear_activation(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w,
+                       const float* bias, float* y, Epilogue act) {
+  if (rows == 0 || out == 0) return;
+  const Engine e = engine_for(rows, out, in);
+  const std::size_t work = rows * out * std::max<std::size_t>(in, 1);
+  if (work < 2 * kGrainGemm) return linear_activation_rows(e, 0, rows, out, in, x, w, bias, y, act);
+  parallel_for(rows, grain_for(kGrainGemm, work / rows),
+               [=](std::size_t lo, std::size_t hi) { linear_activation_rows(e, lo, hi, out, in, x, w, bias, y, act); });
+}
 
 void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
             float* y) {

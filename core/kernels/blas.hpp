@@ -28,6 +28,18 @@ void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t
 void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
             float* y);
 
+/// What blas::linear_activation applies to the product plus bias: nothing, max(z, 0), the erf GELU
+/// z Phi(z) or its tanh form (as xgrad::gelu's exact and tanh).
+enum class Epilogue { none, relu, gelu, gelu_tanh };
+
+/// Y (rows x out) = act(X W^T + bias), shapes as in linear; bias may be null. Under oneDNN (when
+/// engine_for picks it for the product) one call of its matmul primitive per range of rows, the
+/// bias and the activation applied as post-ops while Y's tiles are in registers (primitives kept
+/// per shape); otherwise linear's product and bias, then the activation over each range of rows
+/// while it is in cache. The two agree to rounding (oneDNN's erf and tanh are its own).
+void linear_activation(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w,
+                       const float* bias, float* y, Epilogue act);
+
 /// One operand of a batch of products over (b, h): matrix (b, h) starts at
 /// data + b * batch_stride + h * head_stride and has row stride ld. Attention's heads sit side by
 /// side in the channels, so the heads of a (B, T, H D) tensor are {data, H D, T H D, D}.

@@ -32,6 +32,12 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
                       const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta,
                       float* c, std::size_t ldc);
 
+// Y (rows x out) = act(X W^T + bias) in one call of oneDNN's matmul primitive, the bias (may be
+// null) and the activation fused (blas::linear_activation; in > 0). Returns false, computing
+// nothing, when oneDNN has no primitive for it.
+bool onednn_linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
+                   float* y, Epilogue act);
+
 // How many calls of oneDNN's matmul primitive blas::sgemm_batched has made so far (0 without
 // oneDNN); tests check that the path runs.
 std::size_t onednn_batched_calls();
