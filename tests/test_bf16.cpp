@@ -708,3 +708,50 @@ TEST_CASE("on a CPU without bf16 hardware the products are emulated, said once",
   blas::sgemm(false, true, 64, 64, 64, 1.f, xr.data(), 64, wr.data(), 64, 0.f, ref.data(), 64);
   CHECK(c == ref);  // exactly the rounded operands through sgemm
 }
+
+TEST_CASE("linear_activation under a bf16 guard takes linear's bf16 products, then the activation", "[bf16][ops]") {
+  const Array x = random_array({4, 64, 96}, 31), w = random_array({80, 96}, 32), bias = random_array({80}, 33);
+  for (LinearActivation a : {LinearActivation::relu, LinearActivation::gelu, LinearActivation::gelu_tanh}) {
+    CAPTURE(static_cast<int>(a));
+    AutocastGuard guard(Precision::bf16);
+    Tensor x1(x, true), w1(w, true), b1(bias, true), x2(x, true), w2(w, true), b2(bias, true);
+    const Tensor fused = linear_activation(x1, w1, b1, a);
+    const Tensor z = linear(x2, w2, b2);
+    const Tensor plain = a == LinearActivation::relu   ? relu(z)
+                         : a == LinearActivation::gelu ? gelu(z)
+                                                       : gelu(z, GeluApprox::tanh);
+    CHECK(same_bits(fused.value(), plain.value()));
+    sum(fused).backward();
+    sum(plain).backward();
+    guard.close();
+    CHECK(same_bits(w1.grad(), w2.grad()));
+    CHECK(same_bits(x1.grad(), x2.grad()));
+  }
+}
+
+TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and backward", "[bf16][ops][flash_attention]") {
+  // tiles of 64 x 64 x 64 multiply-adds: 2^18, where the hardware path takes them
+  const Array q = random_array({2, 128, 128}, 41), k = random_array({2, 128, 128}, 42), v = random_array({2, 128, 128}, 43);
+  const Array seed = random_array({2, 128, 128}, 44);
+  auto run = [&](Precision precision) {
+    Tensor q1(q, true), k1(k, true), v1(v, true);
+    Tensor out;
+    {
+      AutocastGuard guard(precision);
+      out = flash_attention(q1, k1, v1, 2, 0.125f, true);
+    }
+    out.backward(seed);  // after the guard closed: the forward's precision still holds
+    return std::vector<Array>{out.value(), q1.grad(), k1.grad(), v1.grad()};
+  };
+  const auto fp32 = run(Precision::fp32);
+  for (blas::Bf16Path path : runnable_paths()) {
+    PathScope scope(path);
+    CAPTURE(blas::bf16_path_name(path));
+    const auto lo = run(Precision::bf16);
+    for (std::size_t i = 0; i < lo.size(); ++i) {
+      CAPTURE(i);
+      CHECK(relative_error(lo[i], fp32[i]) < 3e-2);
+      CHECK_FALSE(same_bits(lo[i], fp32[i]));
+    }
+  }
+}

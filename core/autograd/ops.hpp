@@ -178,7 +178,9 @@ struct FlashAttentionOptions {
 /// position S - T + t and sees keys 0 .. S - T + t (T = S: the usual mask; a KV cache's next T
 /// positions otherwise), and tiles wholly above that diagonal are skipped. A query with no key
 /// gets a context of zero. Agrees with the unfused ops within fp32 rounding; the same bits on any
-/// thread count. An Error names the op for shapes that do not fit and tiles out of range.
+/// thread count. Under a bf16 AutocastGuard its tile products take bf16 operands (fp32
+/// accumulation, fp32 softmax and gradients), the forward's precision holding for backward. An
+/// Error names the op for shapes that do not fit and tiles out of range.
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t heads, float scale,
                        bool causal = false, const FlashAttentionOptions& options = {});
 

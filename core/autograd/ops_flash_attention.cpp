@@ -12,6 +12,9 @@
 //   dK += scale dZ^T Q
 // (M the mask over (1 - p), all ones without dropout).
 //
+// Under a bf16 AutocastGuard the tile products take bf16 operands and accumulate in fp32, as
+// linear's do; the online softmax, the log-sum-exps and every gradient stay fp32.
+//
 // Shapes: B batch, T queries, S keys, H heads, D head width, C = H D; tiles Tq x Tk.
 #include <algorithm>
 #include <cmath>
@@ -20,6 +23,7 @@
 
 #include "xgrad/core/autograd/detail/dropout_key.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/blas.hpp"
@@ -78,22 +82,49 @@ struct Saved {
   std::vector<float> lse;  // (B, H, T); -inf for a row with no key, NaN for a row whose scores had NaN
   bool dropout;
   detail::DropoutKey key;
+  Precision precision;  // the forward's, for backward's products too
 };
 
+// An operand of the tile products: float32 values, and under a bf16 AutocastGuard their bf16
+// copy (q, k, v and dO are rounded once per call; the tiles of P and dZ on the fly).
+struct Operand {
+  const float* f;
+  const std::uint16_t* h = nullptr;
+  Operand at(std::size_t offset) const { return {f + offset, h ? h + offset : nullptr}; }
+};
+
+// The bf16 copy of x when the precision asks for one (else empty).
+std::vector<std::uint16_t> bf16_copy(Precision precision, const Array& x) {
+  if (precision != Precision::bf16) return {};
+  std::vector<std::uint16_t> h(x.size());
+  blas::to_bf16(x.data(), x.size(), h.data());
+  return h;
+}
+Operand operand(const Array& x, const std::vector<std::uint16_t>& h) {
+  return {x.data(), h.empty() ? nullptr : h.data()};
+}
+
+// C = alpha op(A) op(B) + beta C: sgemm, or gemm_bf16 (fp32 accumulation) when B has bf16 values.
+void product(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, Operand a, std::size_t lda,
+             Operand b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  if (!b.h) return blas::sgemm(ta, tb, m, n, k, alpha, a.f, lda, b.f, ldb, beta, c, ldc);
+  if (a.h) return blas::gemm_bf16(ta, tb, m, n, k, alpha, a.h, lda, b.h, ldb, beta, c, ldc);
+  blas::gemm_bf16(ta, tb, m, n, k, alpha, a.f, lda, b.h, ldb, beta, c, ldc);
+}
+
 // Rows t0 .. t0 + nq - 1 of head h of entry b: writes their context into O and their lse.
-void forward_tile(const Dims& d, std::size_t b, std::size_t h, std::size_t t0, float scale, const float* Q,
-                  const float* K, const float* V, float* O, float* lse, const Saved& sv) {
+void forward_tile(const Dims& d, std::size_t b, std::size_t h, std::size_t t0, float scale, Operand Q, Operand K,
+                  Operand V, float* O, float* lse, const Saved& sv) {
   const std::size_t nq = std::min(d.Tq, d.T - t0);
   std::vector<float> z(nq * d.Tk), acc(nq * d.D, 0.f), m(nq, kNegInf), l(nq, 0.f);
   std::vector<std::uint8_t> keep(d.Tk);
   std::vector<std::uint8_t> nan(nq, 0);
-  const float* q = Q + (b * d.T + t0) * d.C + h * d.D;
+  const Operand q = Q.at((b * d.T + t0) * d.C + h * d.D);
   const std::size_t last = d.end(t0 + nq - 1);  // keys any row of the tile sees
   for (std::size_t s0 = 0; s0 < last; s0 += d.Tk) {
     const std::size_t n = std::min(d.Tk, last - s0);
-    const float* k = K + (b * d.S + s0) * d.C + h * d.D;
-    const float* v = V + (b * d.S + s0) * d.C + h * d.D;
-    blas::sgemm(false, true, nq, n, d.D, scale, q, d.C, k, d.C, 0.f, z.data(), d.Tk);
+    const Operand k = K.at((b * d.S + s0) * d.C + h * d.D), v = V.at((b * d.S + s0) * d.C + h * d.D);
+    product(false, true, nq, n, d.D, scale, q, d.C, k, d.C, 0.f, z.data(), d.Tk);
     for (std::size_t i = 0; i < nq; ++i) {
       float* zi = z.data() + i * d.Tk;
       const std::size_t e = d.end(t0 + i), kept = e > s0 ? std::min(n, e - s0) : 0;
@@ -109,7 +140,7 @@ void forward_tile(const Dims& d, std::size_t b, std::size_t h, std::size_t t0, f
       }
       if (sv.dropout) drop_tile_row(zi, n, (b * d.H + h) * d.T + t0 + i, d.S, s0, sv.key, keep.data());
     }
-    blas::sgemm(false, false, nq, d.D, n, 1.f, z.data(), d.Tk, v, d.C, 1.f, acc.data(), d.D);
+    product(false, false, nq, d.D, n, 1.f, {z.data()}, d.Tk, v, d.C, 1.f, acc.data(), d.D);
   }
   for (std::size_t i = 0; i < nq; ++i) {
     float* o = O + (b * d.T + t0 + i) * d.C + h * d.D;
@@ -134,14 +165,14 @@ struct Grads {
 
 // Head h of entry b, every tile: adds its gradients into g (columns hD .. (h+1)D, which no other
 // head writes).
-void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, const float* Q, const float* K,
-                   const float* V, const float* O, const float* G, const Saved& sv, const Grads& g) {
+void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Operand Q, Operand K, Operand V,
+                   const float* O, Operand G, const Saved& sv, const Grads& g) {
   std::vector<float> p(d.Tq * d.Tk), dp(d.Tq * d.Tk), pm(sv.dropout ? d.Tq * d.Tk : 0), delta(d.T);
   std::vector<std::uint8_t> keep(d.Tk);
   const std::size_t hd = h * d.D;
   for (std::size_t t = 0; t < d.T; ++t) {
     const float* o = O + (b * d.T + t) * d.C + hd;
-    const float* go = G + (b * d.T + t) * d.C + hd;
+    const float* go = G.f + (b * d.T + t) * d.C + hd;
     float s = 0.f;
     for (std::size_t c = 0; c < d.D; ++c) s += o[c] * go[c];
     delta[t] = s;
@@ -154,8 +185,8 @@ void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, con
       const std::size_t nq = std::min(d.Tq, d.T - t0);
       if (d.end(t0 + nq - 1) <= s0) continue;  // above the causal diagonal
       const std::size_t qo = (b * d.T + t0) * d.C + hd;
-      blas::sgemm(false, true, nq, n, d.D, scale, Q + qo, d.C, K + kv, d.C, 0.f, p.data(), d.Tk);
-      blas::sgemm(false, true, nq, n, d.D, 1.f, G + qo, d.C, V + kv, d.C, 0.f, dp.data(), d.Tk);
+      product(false, true, nq, n, d.D, scale, Q.at(qo), d.C, K.at(kv), d.C, 0.f, p.data(), d.Tk);
+      product(false, true, nq, n, d.D, 1.f, G.at(qo), d.C, V.at(kv), d.C, 0.f, dp.data(), d.Tk);
       for (std::size_t i = 0; i < nq; ++i) {
         float* pi = p.data() + i * d.Tk;
         float* dpi = dp.data() + i * d.Tk;
@@ -175,10 +206,10 @@ void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, con
       }
       if (g.dV) {
         const float* pd = sv.dropout ? pm.data() : p.data();
-        blas::sgemm(true, false, n, d.D, nq, 1.f, pd, d.Tk, G + qo, d.C, 1.f, g.dV + kv, d.C);
+        product(true, false, n, d.D, nq, 1.f, {pd}, d.Tk, G.at(qo), d.C, 1.f, g.dV + kv, d.C);
       }
-      if (g.dQ) blas::sgemm(false, false, nq, d.D, n, scale, dp.data(), d.Tk, K + kv, d.C, 1.f, g.dQ + qo, d.C);
-      if (g.dK) blas::sgemm(true, false, n, d.D, nq, scale, dp.data(), d.Tk, Q + qo, d.C, 1.f, g.dK + kv, d.C);
+      if (g.dQ) product(false, false, nq, d.D, n, scale, {dp.data()}, d.Tk, K.at(kv), d.C, 1.f, g.dQ + qo, d.C);
+      if (g.dK) product(true, false, n, d.D, nq, scale, {dp.data()}, d.Tk, Q.at(qo), d.C, 1.f, g.dK + kv, d.C);
     }
   }
 }
@@ -190,6 +221,7 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   const Dims d = check_inputs(q, k, v, heads, scale, causal, options);
   auto saved = std::make_shared<Saved>();
   saved->dropout = options.dropout > 0.f;
+  saved->precision = autocast_precision();
   if (saved->dropout) {
     saved->key =
         detail::draw_dropout_key(options.dropout, options.generator ? *options.generator : default_generator());
@@ -197,9 +229,10 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   saved->lse.assign(d.B * d.H * d.T, kNegInf);
   Array out = Array::from_shape({d.B, d.T, d.C});
   std::fill(out.begin(), out.end(), 0.f);
-  const float* Q = q.value().data();
-  const float* K = k.value().data();
-  const float* V = v.value().data();
+  const std::vector<std::uint16_t> qh = bf16_copy(saved->precision, q.value()),
+                                   kh = bf16_copy(saved->precision, k.value()),
+                                   vh = bf16_copy(saved->precision, v.value());
+  const Operand Q = operand(q.value(), qh), K = operand(k.value(), kh), V = operand(v.value(), vh);
   float* O = out.data();
   const std::size_t tiles = (d.T + d.Tq - 1) / d.Tq, tasks = d.B * d.H * tiles;
   if (d.D > 0 && d.S > 0) {
@@ -212,10 +245,11 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
     });
   }
   return record("flash_attention", std::move(out), {q, k, v}, [d, scale, saved](GradContext& ctx) {
-    const float* G = ctx.grad_out().data();
-    const float* Q = ctx.input(0).data();
-    const float* K = ctx.input(1).data();
-    const float* V = ctx.input(2).data();
+    const Precision precision = saved->precision;
+    const std::vector<std::uint16_t> gh = bf16_copy(precision, ctx.grad_out()), qh = bf16_copy(precision, ctx.input(0)),
+                                     kh = bf16_copy(precision, ctx.input(1)), vh = bf16_copy(precision, ctx.input(2));
+    const Operand G = operand(ctx.grad_out(), gh), Q = operand(ctx.input(0), qh), K = operand(ctx.input(1), kh),
+                  V = operand(ctx.input(2), vh);
     const float* O = ctx.output().data();
     // grad_buffer zeroes and accumulates in place, so q, k and v may be one tensor.
     const Grads g{ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr,

@@ -9,6 +9,7 @@
 
 #include "xgrad/core/autograd/detail/linear_activation.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/blas.hpp"
@@ -90,6 +91,11 @@ Tensor linear_activation(const Tensor& x, const Tensor& weight, const Tensor& bi
   }
   if (bias.defined() && bias.shape() != Shape{out}) {
     fail("linear_activation: bias of shape ", shape_str(bias.shape()), " is not (out,) = (", out, ",)");
+  }
+  if (autocast_precision() == Precision::bf16) {
+    // bf16 products are linear's (its weight cache, its recorded precision); the activation after
+    const Tensor z = linear(x, weight, bias);
+    return a == LinearActivation::relu ? relu(z) : a == LinearActivation::gelu ? gelu(z) : gelu(z, GeluApprox::tanh);
   }
   std::size_t rows = 1;
   for (std::size_t k = 0; k + 1 < xs.size(); ++k) rows *= xs[k];
