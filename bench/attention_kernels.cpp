@@ -89,7 +89,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t reps = 7, threads = 1, tile = 64;
+  std::size_t reps = 7, threads = 1, tile = 128;
   std::string only;
   CLI::App app{"a training step with the tiled attention kernel against the full one", "bench_attention_kernels"};
   app.add_option("--reps", reps, "steps of each")->transform(cli::count(1, 10000))->capture_default_str();

@@ -50,9 +50,10 @@ namespace xgrad::nn {
 /// (tiled regenerates the mask the full kernel draws, from the same generator draw).
 enum class AttentionKernel { automatic, tiled, full };
 
-/// Where automatic switches to the tiled kernel. A training step of the benchmark's long model
-/// (T 1024) ran faster tiled; at T 64 and 128 (small, standard) the two were within noise and the
-/// full kernel's weights come for free (docs/engine.md, "Tiled attention").
+/// Where automatic switches to the tiled kernel. In a training step of the benchmark's shapes
+/// (bench_attention_kernels, one thread) the tiled kernel ran 1.08 times faster at T 512, 1.14 at
+/// T 1024 and 1.42 at T 4096, and 0.94 to 1.01 at T 64, 128 and 256, where the weights the full
+/// kernel forms come for free (docs/speed.md, "Tiled attention").
 inline constexpr std::size_t kTiledFromKeys = 512;
 
 /// The options of Attention and MultiHeadAttention:
@@ -85,8 +86,8 @@ struct MultiHeadAttentionOptions {
   XGRAD_ARG(bool, qk_norm, false);
   /// The attention kernel (see AttentionKernel); a runtime choice that checkpoints do not store.
   XGRAD_ARG(AttentionKernel, kernel, AttentionKernel::automatic);
-  /// The tiled kernel's query and key tile, 1 .. 1024.
-  XGRAD_ARG(std::size_t, attention_tile, 64);
+  /// The tiled kernel's query and key tile, 1 .. 1024 (128 ran long's step 1.1 times faster than 64).
+  XGRAD_ARG(std::size_t, attention_tile, 128);
 
  public:
   /// Sets qkv_bias and out_bias together.

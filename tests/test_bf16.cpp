@@ -730,7 +730,7 @@ TEST_CASE("linear_activation under a bf16 guard takes linear's bf16 products, th
 }
 
 TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and backward", "[bf16][ops][flash_attention]") {
-  // tiles of 64 x 64 x 64 multiply-adds: 2^18, where the hardware path takes them
+  // tiles of 128 x 128 x 64 multiply-adds: 2^20, which the hardware path takes
   const Array q = random_array({2, 128, 128}, 41), k = random_array({2, 128, 128}, 42), v = random_array({2, 128, 128}, 43);
   const Array seed = random_array({2, 128, 128}, 44);
   auto run = [&](Precision precision) {

@@ -163,8 +163,8 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);
 // ---- tiled attention (ops_flash_attention.cpp): the context without the (B, H, T, S) weights ----
 /// Tiles and dropout of flash_attention.
 struct FlashAttentionOptions {
-  std::size_t query_tile = 64;  ///< queries per tile, 1 .. 1024
-  std::size_t key_tile = 64;    ///< keys per tile, 1 .. 1024
+  std::size_t query_tile = 128;  ///< queries per tile, 1 .. 1024
+  std::size_t key_tile = 128;    ///< keys per tile, 1 .. 1024
   /// Dropout on the weights (in [0, 1); 0: none): the mask dropout(weights, p, true, *generator)
   /// would draw on (B, H, T, S), from one draw of the generator (default_generator() when null),
   /// regenerated tile by tile in backward and never stored.
