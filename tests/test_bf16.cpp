@@ -731,7 +731,8 @@ TEST_CASE("linear_activation under a bf16 guard takes linear's bf16 products, th
 
 TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and backward", "[bf16][ops][flash_attention]") {
   // tiles of 128 x 128 x 64 multiply-adds: 2^20, which the hardware path takes
-  const Array q = random_array({2, 128, 128}, 41), k = random_array({2, 128, 128}, 42), v = random_array({2, 128, 128}, 43);
+  const Array q = random_array({2, 128, 128}, 41), k = random_array({2, 128, 128}, 42),
+              v = random_array({2, 128, 128}, 43);
   const Array seed = random_array({2, 128, 128}, 44);
   auto run = [&](Precision precision) {
     Tensor q1(q, true), k1(k, true), v1(v, true);
