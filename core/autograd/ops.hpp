@@ -169,7 +169,7 @@ struct FlashAttentionOptions {
   /// would draw on (B, H, T, S), from one draw of the generator (default_generator() when null),
   /// regenerated tile by tile in backward and never stored.
   float dropout = 0.f;
-  Generator* generator = nullptr;
+  Generator* generator = nullptr;  ///< dropout's key is drawn from it (default_generator() when null)
 };
 /// attend(dropout(attention_weights(q, k, heads, scale, causal)), v, heads) without forming the
 /// weights: q (B, T, C), k and v (B, S, C) -> (B, T, C). An online softmax runs over tiles of
