@@ -1,9 +1,10 @@
 /// @file
 /// bf16 mixed precision, opt-in and scoped (in the spirit of torch.autocast): while an
-/// AutocastGuard(Precision::bf16) is open on a thread, the `linear` and `matmul` ops that thread
-/// runs compute their products from bf16-rounded operands with fp32 accumulation, fp32 outputs and
-/// fp32 gradients (backward uses the precision its forward saw). Everything else (attention's
-/// inner products, norms, softmax, losses, reductions, optimizers) stays fp32. Outside a guard, or
+/// AutocastGuard(Precision::bf16) is open on a thread, the `linear`, `matmul` and
+/// `linear_activation` ops that thread runs, and `flash_attention`'s tile products, compute their
+/// products from bf16-rounded operands with fp32 accumulation, fp32 outputs and fp32 gradients
+/// (backward uses the precision its forward saw). Everything else (the full attention kernel's
+/// products, norms, softmax, losses, reductions, optimizers) stays fp32. Outside a guard, or
 /// under AutocastGuard(Precision::fp32), every op computes exactly as before (the same bits).
 #pragma once
 
@@ -14,7 +15,8 @@
 
 namespace xgrad {
 
-/// The precision of the matrix products of `linear` and `matmul`.
+/// The precision of the matrix products of `linear`, `matmul`, `linear_activation` and
+/// `flash_attention`.
 enum class Precision {
   fp32,  ///< float32 operands (the default)
   bf16,  ///< operands rounded to bfloat16 (round to nearest even), accumulated in float32
