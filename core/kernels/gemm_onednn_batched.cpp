@@ -10,15 +10,13 @@
 // (tests/test_gemm_engines.cpp fails that way).
 #include <array>
 #include <cstdint>
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include <dnnl.hpp>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/detail/gemm_engines.hpp"
+#include "xgrad/core/kernels/detail/onednn_primitives.hpp"
 
 namespace xgrad::blas::detail {
 
@@ -35,18 +33,6 @@ using Key = std::array<std::int64_t, 18>;
 // Shapes seen by one program are few (a model has a handful); the cache is emptied if a program
 // cycles through more than this many, so it cannot grow without bound.
 constexpr std::size_t kMaxBuilt = 512;
-
-dnnl::engine& cpu() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-std::int64_t bits_of(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
 // Dims (B, H, rows, cols) of an operand stored row-major with row stride ld, or transposed.
 dnnl::memory::desc operand(std::int64_t B, std::int64_t H, std::int64_t rows, std::int64_t cols, bool trans,
                            const Strided<const float>& s) {
@@ -72,7 +58,7 @@ Built build(bool ta, bool tb, std::int64_t B, std::int64_t H, std::int64_t m, st
       sum.append_sum(beta);
       attr.set_post_ops(sum);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.src, built.weights, built.dst), attr, cpu());
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.src, built.weights, built.dst), attr, onednn_cpu());
     built.matmul = dnnl::matmul(pd);
     built.scratch = pd.scratchpad_desc();
     built.ok = true;
@@ -82,18 +68,11 @@ Built build(bool ta, bool tb, std::int64_t B, std::int64_t H, std::int64_t m, st
   return built;
 }
 
-// A copy (dnnl objects are reference-counted handles), taken under the lock: another thread may
-// empty the cache as soon as it is released.
 Built built_for(const Key& key, bool ta, bool tb, std::int64_t B, std::int64_t H, std::int64_t m, std::int64_t n,
                 std::int64_t k, float alpha, const Strided<const float>& a, const Strided<const float>& b, float beta,
                 const Strided<float>& c) {
-  static std::mutex mutex;
-  static std::map<Key, Built> cache;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (cache.size() >= kMaxBuilt) cache.clear();
-  return cache.emplace(key, build(ta, tb, B, H, m, n, k, alpha, a, b, beta, c)).first->second;
+  static PrimitiveCache<Key, Built> cache(kMaxBuilt);
+  return cache.get(key, [&] { return build(ta, tb, B, H, m, n, k, alpha, a, b, beta, c); });
 }
 
 }  // namespace
@@ -120,17 +99,17 @@ bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::
                    static_cast<std::int64_t>(c.ld),
                    static_cast<std::int64_t>(c.batch_stride),
                    static_cast<std::int64_t>(c.head_stride),
-                   bits_of(alpha),
-                   bits_of(beta)};
+                   float_bits(alpha),
+                   float_bits(beta)};
   try {
     const Built use = built_for(key, trans_a, trans_b, B, H, M, N, K, alpha, a, b, beta, c);
     if (!use.ok) return false;
-    thread_local dnnl::stream stream(cpu());
+    thread_local dnnl::stream stream(onednn_cpu());
     thread_local std::vector<std::uint8_t> scratch;
     if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
-    dnnl::memory src(use.src, cpu(), const_cast<float*>(a.data)),
-        weights(use.weights, cpu(), const_cast<float*>(b.data)), dst(use.dst, cpu(), c.data),
-        pad(use.scratch, cpu(), scratch.data());
+    dnnl::memory src(use.src, onednn_cpu(), const_cast<float*>(a.data)),
+        weights(use.weights, onednn_cpu(), const_cast<float*>(b.data)), dst(use.dst, onednn_cpu(), c.data),
+        pad(use.scratch, onednn_cpu(), scratch.data());
     use.matmul.execute(
         stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, pad}});
     stream.wait();

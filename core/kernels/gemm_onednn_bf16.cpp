@@ -6,9 +6,6 @@
 // with a scratchpad of the calling thread's. Built only with oneDNN.
 #include <array>
 #include <cstdint>
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +13,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/detail/gemm_engines.hpp"
+#include "xgrad/core/kernels/detail/onednn_primitives.hpp"
 
 namespace xgrad::blas::detail {
 
@@ -32,17 +30,6 @@ using Key = std::array<std::int64_t, 10>;
 // A program's products have a handful of shapes (and the pieces the kernel threads split them
 // into); the cache is emptied past this many, so it cannot grow without bound.
 constexpr std::size_t kMaxBuilt = 512;
-
-dnnl::engine& cpu() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-std::int64_t bits_of(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
 
 // A (rows x cols) matrix stored row-major with row stride ld, or its transpose stored so.
 dnnl::memory::desc matrix(std::int64_t rows, std::int64_t cols, bool trans, std::int64_t ld,
@@ -66,7 +53,7 @@ Built build(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, st
       sum.append_sum(beta);
       attr.set_post_ops(sum);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.src, built.weights, built.dst), attr, cpu());
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.src, built.weights, built.dst), attr, onednn_cpu());
     // oneDNN's reference kernels are a loop in C, far slower than emulating: not a hardware path
     const std::string impl = pd.impl_info_str();
     if (impl.rfind("ref", 0) == 0) return built;
@@ -81,14 +68,9 @@ Built build(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, st
 
 Built built_for(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb,
                 std::int64_t ldc, float alpha, float beta) {
-  static std::mutex mutex;
-  static std::map<Key, Built> cache;
-  const Key key = {ta, tb, m, n, k, lda, ldb, ldc, bits_of(alpha), bits_of(beta)};
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (cache.size() >= kMaxBuilt) cache.clear();
-  return cache.emplace(key, build(ta, tb, m, n, k, lda, ldb, ldc, alpha, beta)).first->second;
+  static PrimitiveCache<Key, Built> cache(kMaxBuilt);
+  const Key key = {ta, tb, m, n, k, lda, ldb, ldc, float_bits(alpha), float_bits(beta)};
+  return cache.get(key, [&] { return build(ta, tb, m, n, k, lda, ldb, ldc, alpha, beta); });
 }
 
 }  // namespace
@@ -116,12 +98,12 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
       fail("blas::gemm_bf16: oneDNN has no bf16 matmul for ", m, " x ", n, " x ", k, (trans_a ? " (A^T)" : ""),
            (trans_b ? " (B^T)" : ""), " on this CPU; set XGRAD_BF16=emulated");
     }
-    thread_local dnnl::stream stream(cpu());
+    thread_local dnnl::stream stream(onednn_cpu());
     thread_local std::vector<std::uint8_t> scratch;
     if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
-    dnnl::memory src(use.src, cpu(), const_cast<std::uint16_t*>(a)),
-        weights(use.weights, cpu(), const_cast<std::uint16_t*>(b)), dst(use.dst, cpu(), c),
-        pad(use.scratch, cpu(), scratch.data());
+    dnnl::memory src(use.src, onednn_cpu(), const_cast<std::uint16_t*>(a)),
+        weights(use.weights, onednn_cpu(), const_cast<std::uint16_t*>(b)), dst(use.dst, onednn_cpu(), c),
+        pad(use.scratch, onednn_cpu(), scratch.data());
     use.matmul.execute(
         stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, pad}});
     stream.wait();

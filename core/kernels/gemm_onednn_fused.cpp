@@ -8,14 +8,13 @@
 // reorder costs 0.2 ms there (1 ms for standard's 2048 x 512). Built only with oneDNN.
 #include <array>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include <dnnl.hpp>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/detail/gemm_engines.hpp"
+#include "xgrad/core/kernels/detail/onednn_primitives.hpp"
 
 namespace xgrad::blas::detail {
 
@@ -34,12 +33,6 @@ using Key = std::array<std::int64_t, 5>;  // rows, out, in, bias, activation
 // A model has a handful of shapes (times the thread counts' row ranges); the cache is emptied if a
 // program cycles through more than this many, so it cannot grow without bound.
 constexpr std::size_t kMaxBuilt = 256;
-
-dnnl::engine& cpu() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
 Built build(std::int64_t M, std::int64_t N, std::int64_t K, bool with_bias, Epilogue act) {
   using dt = dnnl::memory::data_type;
   Built built;
@@ -62,12 +55,13 @@ Built build(std::int64_t M, std::int64_t N, std::int64_t K, bool with_bias, Epil
     }
     const dnnl::matmul::desc desc = with_bias ? dnnl::matmul::desc(built.src, any, built.bias, built.dst)
                                               : dnnl::matmul::desc(built.src, any, built.dst);
-    const dnnl::matmul::primitive_desc pd(desc, attr, cpu());
+    const dnnl::matmul::primitive_desc pd(desc, attr, onednn_cpu());
     built.matmul = dnnl::matmul(pd);
     built.scratch = pd.scratchpad_desc();
     built.weights = pd.weights_desc();
     if (built.weights != built.stored) {
-      built.to_blocked = dnnl::reorder(dnnl::reorder::primitive_desc(cpu(), built.stored, cpu(), built.weights));
+      built.to_blocked =
+          dnnl::reorder(dnnl::reorder::primitive_desc(onednn_cpu(), built.stored, onednn_cpu(), built.weights));
     }
     built.ok = true;
   } catch (const dnnl::error&) {
@@ -76,15 +70,9 @@ Built build(std::int64_t M, std::int64_t N, std::int64_t K, bool with_bias, Epil
   return built;
 }
 
-// A copy (dnnl objects are reference-counted handles), taken under the lock.
 Built built_for(const Key& key, std::int64_t M, std::int64_t N, std::int64_t K, bool with_bias, Epilogue act) {
-  static std::mutex mutex;
-  static std::map<Key, Built> cache;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (cache.size() >= kMaxBuilt) cache.clear();
-  return cache.emplace(key, build(M, N, K, with_bias, act)).first->second;
+  static PrimitiveCache<Key, Built> cache(kMaxBuilt);
+  return cache.get(key, [&] { return build(M, N, K, with_bias, act); });
 }
 
 }  // namespace
@@ -97,22 +85,22 @@ bool onednn_linear(std::size_t rows, std::size_t out, std::size_t in, const floa
   try {
     const Built use = built_for(key, M, N, K, bias != nullptr, act);
     if (!use.ok) return false;
-    thread_local dnnl::stream stream(cpu());
+    thread_local dnnl::stream stream(onednn_cpu());
     thread_local std::vector<std::uint8_t> scratch;
     if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
-    dnnl::memory src(use.src, cpu(), const_cast<float*>(x)), dst(use.dst, cpu(), y),
-        pad(use.scratch, cpu(), scratch.data());
-    dnnl::memory weights(use.stored, cpu(), const_cast<float*>(w));
+    dnnl::memory src(use.src, onednn_cpu(), const_cast<float*>(x)), dst(use.dst, onednn_cpu(), y),
+        pad(use.scratch, onednn_cpu(), scratch.data());
+    dnnl::memory weights(use.stored, onednn_cpu(), const_cast<float*>(w));
     thread_local std::vector<float> blocked;
     if (use.weights != use.stored) {
       const std::size_t need = use.weights.get_size() / sizeof(float) + 1;
       if (blocked.size() < need) blocked.resize(need);
-      dnnl::memory to(use.weights, cpu(), blocked.data());
+      dnnl::memory to(use.weights, onednn_cpu(), blocked.data());
       use.to_blocked.execute(stream, weights, to);
       weights = to;
     }
     if (bias) {
-      dnnl::memory b(use.bias, cpu(), const_cast<float*>(bias));
+      dnnl::memory b(use.bias, onednn_cpu(), const_cast<float*>(bias));
       use.matmul.execute(stream, {{DNNL_ARG_SRC, src},
                                   {DNNL_ARG_WEIGHTS, weights},
                                   {DNNL_ARG_BIAS, b},
