@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "random_tensors.hpp"
 #include "require_gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
@@ -21,10 +22,7 @@ namespace {
 
 using Ins = std::vector<Tensor>;
 
-Tensor randn(const Shape& shape, std::uint64_t seed, float scale = 1.f) {
-  Generator g(seed);
-  return Tensor(g.normal(shape, 0.f, scale), true);
-}
+using testing::randn;
 
 // The blocked keys of a bottom-right causal mask: query t sees keys s <= S - T + t.
 Mask causal_mask(std::size_t T, std::size_t S) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "random_tensors.hpp"
 #include "require_gradcheck.hpp"
 #include "xgrad/core/autograd/detail/linear_activation.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
@@ -25,10 +26,7 @@ namespace {
 
 using Ins = std::vector<Tensor>;
 
-Tensor randn(const Shape& shape, std::uint64_t seed, float scale = 1.f) {
-  Generator g(seed);
-  return Tensor(g.normal(shape, 0.f, scale), true);
-}
+using testing::randn;
 
 Tensor unfused(const Tensor& x, const Tensor& w, const Tensor& b, LinearActivation a) {
   const Tensor z = linear(x, w, b);

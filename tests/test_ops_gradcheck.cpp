@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "random_tensors.hpp"
 #include "require_gradcheck.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
@@ -22,11 +23,7 @@ namespace {
 
 using Ins = std::vector<Tensor>;
 
-// N(0, scale^2) values from a fixed seed, as a leaf that requires grad.
-Tensor randn(const Shape& shape, std::uint64_t seed, float scale = 1.f) {
-  Generator g(seed);
-  return Tensor(g.normal(shape, 0.f, scale), true);
-}
+using testing::randn;
 
 // U(low, high) values from a fixed seed, as a leaf that requires grad.
 Tensor randu(const Shape& shape, std::uint64_t seed, float low, float high) {
