@@ -64,13 +64,14 @@ double step_flops(const BenchConfig& c) {
 // The classic model (Pre-Norm LayerNorm, learned positions, erf GELU, biases, untied head), or
 // llama_style's (RMSNorm, RoPE theta 10000, SwiGLU, grouped-query attention, no biases, untied
 // head); dropout 0.1 on the attention weights and the FFN's hidden activation in both.
-nn::LanguageModelOptions model_options(const BenchConfig& c, nn::AttentionKernel kernel) {
+nn::LanguageModelOptions model_options(const BenchConfig& c, nn::AttentionKernel kernel, std::size_t tile) {
   if (c.kv_heads) {
     return nn::LanguageModelOptions::llama_style(c.vocab, c.d_model, c.heads, c.layers, c.kv_heads)
         .d_ff(c.ffn)
         .max_len(c.seq_len)
         .dropout(0.1f)
-        .attention_kernel(kernel);
+        .attention_kernel(kernel)
+        .attention_tile(tile);
   }
   return nn::LanguageModelOptions(c.vocab, c.d_model, c.heads, c.layers)
       .d_ff(c.ffn)
@@ -78,7 +79,8 @@ nn::LanguageModelOptions model_options(const BenchConfig& c, nn::AttentionKernel
       .dropout(0.1f)
       .norm(nn::Norm::pre)
       .activation(nn::Activation::gelu)
-      .attention_kernel(kernel);
+      .attention_kernel(kernel)
+      .attention_tile(tile);
 }
 
 double median(std::vector<double> v) {
@@ -119,10 +121,10 @@ struct Share {
 };
 
 nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::size_t warmup, const Share& share,
-                   Precision precision, nn::AttentionKernel kernel) {
+                   Precision precision, nn::AttentionKernel kernel, std::size_t tile) {
   Generator init(0), data(1);
   manual_seed(2);
-  nn::LanguageModel model(model_options(c, kernel), init);
+  nn::LanguageModel model(model_options(c, kernel, tile), init);
   model.train();
   if (c.batch % static_cast<std::size_t>(share.ranks) != 0)
     fail("bench: batch ", c.batch, " does not divide among ", share.ranks, " ranks");
@@ -225,6 +227,10 @@ int main(int argc, char** argv) {
   app.add_option("--attention", attention, "the attention kernel: automatic, tiled or full")
       ->check(CLI::IsMember({"automatic", "tiled", "full"}))
       ->capture_default_str();
+  std::size_t tile = nn::MultiHeadAttentionOptions(1, 1).attention_tile();
+  app.add_option("--attention-tile", tile, "the tiled attention kernel's query and key tile")
+      ->transform(cli::count(1, 1024))
+      ->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->transform(cli::count(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->transform(cli::count(0, 1000000))->capture_default_str();
   Share share;
@@ -250,8 +256,9 @@ int main(int argc, char** argv) {
       const nn::AttentionKernel kernel = attention == "tiled"  ? nn::AttentionKernel::tiled
                                          : attention == "full" ? nn::AttentionKernel::full
                                                                : nn::AttentionKernel::automatic;
-      nlohmann::json result = run(c, threads, steps, warmup, share, precision, kernel);
+      nlohmann::json result = run(c, threads, steps, warmup, share, precision, kernel, tile);
       result["attention"] = attention;
+      result["attention_tile"] = tile;
       if (precision == Precision::bf16) result["bf16_path"] = blas::bf16_path_name(blas::bf16_path());
       if (share.rank == 0) std::printf("%s\n", result.dump().c_str());
     }

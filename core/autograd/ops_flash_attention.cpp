@@ -168,6 +168,7 @@ struct Grads {
 void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Operand Q, Operand K, Operand V,
                    const float* O, Operand G, const Saved& sv, const Grads& g) {
   std::vector<float> p(d.Tq * d.Tk), dp(d.Tq * d.Tk), pm(sv.dropout ? d.Tq * d.Tk : 0), delta(d.T);
+  std::vector<std::uint16_t> dz16(Q.h ? d.Tq * d.Tk : 0);
   std::vector<std::uint8_t> keep(d.Tk);
   const std::size_t hd = h * d.D;
   for (std::size_t t = 0; t < d.T; ++t) {
@@ -195,11 +196,12 @@ void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Ope
         const std::size_t live = std::isfinite(li) ? kept : 0;  // no key, or NaN scores: no gradient
         kernels::exp_shifted_row(pi, n, live, li);
         if (sv.dropout) {
+          // the row's flags drawn once, then applied to P (for dV) and to dP
           const std::size_t r = (b * d.H + h) * d.T + t0 + i;
           float* pmi = pm.data() + i * d.Tk;
-          std::copy(pi, pi + n, pmi);
-          drop_tile_row(pmi, n, r, d.S, s0, sv.key, keep.data());
-          drop_tile_row(dpi, n, r, d.S, s0, sv.key, keep.data());
+          kernels::dropout_forward(pi, pmi, keep.data(), r * d.S + s0, n, sv.key.k0, sv.key.k1, sv.key.threshold,
+                                   sv.key.scale);
+          kernels::dropout_backward(dpi, keep.data(), dpi, n, sv.key.scale);
         }
         const float di = delta[t0 + i];
         for (std::size_t j = 0; j < n; ++j) dpi[j] = pi[j] * (dpi[j] - di);  // dZ, in dp
@@ -208,8 +210,14 @@ void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Ope
         const float* pd = sv.dropout ? pm.data() : p.data();
         product(true, false, n, d.D, nq, 1.f, {pd}, d.Tk, G.at(qo), d.C, 1.f, g.dV + kv, d.C);
       }
-      if (g.dQ) product(false, false, nq, d.D, n, scale, {dp.data()}, d.Tk, K.at(kv), d.C, 1.f, g.dQ + qo, d.C);
-      if (g.dK) product(true, false, n, d.D, nq, scale, {dp.data()}, d.Tk, Q.at(qo), d.C, 1.f, g.dK + kv, d.C);
+      // dZ feeds two products: in bf16 it is rounded once for both
+      Operand dz{dp.data()};
+      if (K.h && g.dQ && g.dK) {
+        blas::to_bf16(dp.data(), nq * d.Tk, dz16.data());
+        dz.h = dz16.data();
+      }
+      if (g.dQ) product(false, false, nq, d.D, n, scale, dz, d.Tk, K.at(kv), d.C, 1.f, g.dQ + qo, d.C);
+      if (g.dK) product(true, false, n, d.D, nq, scale, dz, d.Tk, Q.at(qo), d.C, 1.f, g.dK + kv, d.C);
     }
   }
 }

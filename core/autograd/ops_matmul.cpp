@@ -288,24 +288,31 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     // in bf16, G, W and X rounded to bf16 and the products accumulated in fp32)
     const float* G = ctx.grad_out().data();
     const bool bf16 = precision == Precision::bf16;
-    if (ctx.needs(0)) {
-      const float* W = ctx.input(1).data();  // checks that W was not written since forward
-      const auto dx = ctx.grad_target(0);
-      if (!bf16) {
-        blas::sgemm(false, false, rows, in, out, 1.f, G, out, W, in, dx.beta, dx.data, in);
-      } else if (w16) {
-        blas::gemm_bf16(false, false, rows, in, out, 1.f, G, out, w16->data(), in, dx.beta, dx.data, in);
-      } else {
-        blas::gemm_bf16(false, false, rows, in, out, 1.f, G, out, W, in, dx.beta, dx.data, in);
+    if (bf16 && (ctx.needs(0) || ctx.needs(1))) {
+      // G feeds both products: rounded to bf16 once (the same bits each product would round to)
+      std::vector<std::uint16_t> g16(rows * out);
+      blas::to_bf16(G, g16.size(), g16.data());
+      if (ctx.needs(0)) {
+        const Array& W = ctx.input(1);  // checks that W was not written since forward
+        const auto dx = ctx.grad_target(0);
+        with_operand(w16, W, [&](const auto* w) {
+          blas::gemm_bf16(false, false, rows, in, out, 1.f, g16.data(), out, w, in, dx.beta, dx.data, in);
+        });
       }
-    }
-    if (ctx.needs(1)) {
-      const float* X = ctx.input(0).data();
-      const auto dw = ctx.grad_target(1);
-      if (!bf16) {
-        blas::sgemm(true, false, out, in, rows, 1.f, G, out, X, in, dw.beta, dw.data, in);
-      } else {
-        blas::gemm_bf16(true, false, out, in, rows, 1.f, G, out, X, in, dw.beta, dw.data, in);
+      if (ctx.needs(1)) {
+        const auto dw = ctx.grad_target(1);
+        blas::gemm_bf16(true, false, out, in, rows, 1.f, g16.data(), out, ctx.input(0).data(), in, dw.beta, dw.data,
+                        in);
+      }
+    } else {
+      if (ctx.needs(0)) {
+        const float* W = ctx.input(1).data();  // checks that W was not written since forward
+        const auto dx = ctx.grad_target(0);
+        blas::sgemm(false, false, rows, in, out, 1.f, G, out, W, in, dx.beta, dx.data, in);
+      }
+      if (ctx.needs(1)) {
+        const auto dw = ctx.grad_target(1);
+        blas::sgemm(true, false, out, in, rows, 1.f, G, out, ctx.input(0).data(), in, dw.beta, dw.data, in);
       }
     }
     if (ctx.needs(2)) {

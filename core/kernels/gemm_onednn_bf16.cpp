@@ -66,11 +66,10 @@ Built build(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, st
   return built;
 }
 
-Built built_for(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb,
-                std::int64_t ldc, float alpha, float beta) {
+Built built_for(const Key& key, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                float beta) {
   static PrimitiveCache<Key, Built> cache(kMaxBuilt);
-  const Key key = {ta, tb, m, n, k, lda, ldb, ldc, float_bits(alpha), float_bits(beta)};
-  return cache.get(key, [&] { return build(ta, tb, m, n, k, lda, ldb, ldc, alpha, beta); });
+  return cache.get(key, [&] { return build(ta, tb, m, n, k, key[5], key[6], key[7], alpha, beta); });
 }
 
 }  // namespace
@@ -92,21 +91,29 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
   const OnednnOnThisThread serial;
   const auto M = static_cast<std::int64_t>(m), N = static_cast<std::int64_t>(n), K = static_cast<std::int64_t>(k);
   try {
-    const Built use = built_for(trans_a, trans_b, M, N, K, static_cast<std::int64_t>(lda),
-                                static_cast<std::int64_t>(ldb), static_cast<std::int64_t>(ldc), alpha, beta);
-    if (!use.ok) {
-      fail("blas::gemm_bf16: oneDNN has no bf16 matmul for ", m, " x ", n, " x ", k, (trans_a ? " (A^T)" : ""),
-           (trans_b ? " (B^T)" : ""), " on this CPU; set XGRAD_BF16=emulated");
-    }
-    thread_local dnnl::stream stream(onednn_cpu());
-    thread_local std::vector<std::uint8_t> scratch;
-    if (scratch.size() < use.scratch.get_size()) scratch.resize(use.scratch.get_size());
-    dnnl::memory src(use.src, onednn_cpu(), const_cast<std::uint16_t*>(a)),
-        weights(use.weights, onednn_cpu(), const_cast<std::uint16_t*>(b)), dst(use.dst, onednn_cpu(), c),
-        pad(use.scratch, onednn_cpu(), scratch.data());
-    use.matmul.execute(
-        stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, pad}});
-    stream.wait();
+    thread_local BoundOnThisThread<Key> bound(kMaxBuilt);
+    const Key key = {trans_a,
+                     trans_b,
+                     M,
+                     N,
+                     K,
+                     static_cast<std::int64_t>(lda),
+                     static_cast<std::int64_t>(ldb),
+                     static_cast<std::int64_t>(ldc),
+                     float_bits(alpha),
+                     float_bits(beta)};
+    BoundPrimitive& matmul = bound.get(key, [&] {
+      const Built use = built_for(key, trans_a, trans_b, M, N, K, alpha, beta);
+      if (!use.ok) {
+        fail("blas::gemm_bf16: oneDNN has no bf16 matmul for ", m, " x ", n, " x ", k, (trans_a ? " (A^T)" : ""),
+             (trans_b ? " (B^T)" : ""), " on this CPU; set XGRAD_BF16=emulated");
+      }
+      return BoundPrimitive(use.matmul, {{DNNL_ARG_SRC, use.src},
+                                         {DNNL_ARG_WEIGHTS, use.weights},
+                                         {DNNL_ARG_DST, use.dst},
+                                         {DNNL_ARG_SCRATCHPAD, use.scratch}});
+    });
+    matmul.run({a, b, c});
   } catch (const dnnl::error& e) {
     fail("blas::gemm_bf16: oneDNN's bf16 matmul failed (", e.what(), ") on ", m, " x ", n, " x ", k);
   }
