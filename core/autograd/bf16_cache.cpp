@@ -1,5 +1,6 @@
-// The bf16 copies of parameters, one per (storage, version), least recently used first out
-// (detail/bf16_cache.hpp).
+// The bf16 copies of parameters, one per (storage, version), least recently used first out, and
+// of activations, on their storage (detail/bf16_cache.hpp).
+#include <atomic>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -70,6 +71,21 @@ std::shared_ptr<const std::vector<std::uint16_t>> bf16_copy(const Node& node) {
   c.index[storage.get()] = c.lru.begin();
   c.bytes += bytes;
   return copy;
+}
+
+std::shared_ptr<const std::vector<std::uint16_t>> activation_bf16(const Node& node) {
+  const std::shared_ptr<Storage>& storage = node.storage;
+  // Two threads may both convert one value; either copy is the same bits.
+  std::shared_ptr<const Bf16Value> held = std::atomic_load(&storage->bf16);
+  if (!held || held->version != storage->version) {
+    auto made = std::make_shared<Bf16Value>();
+    made->version = storage->version;
+    made->bits.resize(storage->array.size());
+    blas::to_bf16(storage->array.data(), storage->array.size(), made->bits.data());
+    held = made;
+    std::atomic_store(&storage->bf16, held);
+  }
+  return {held, &held->bits};  // shares ownership with the held value
 }
 
 std::size_t bf16_conversions() {

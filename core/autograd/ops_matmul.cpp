@@ -270,20 +270,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const float* b_data = bias.defined() ? bias.value().data() : nullptr;
   // The precision is the forward's, recorded with the op: backward uses it even after the guard closed.
   const Precision precision = autocast_precision();
-  Bf16Copy w16;  // bf16: a leaf weight's copy from the cache, kept for backward
+  Bf16Copy w16, x16;  // bf16: a leaf weight's copy from the cache, and X's from its storage
   if (precision == Precision::fp32) {
     // Y (rows x out) = X (rows x in) W^T + b
     blas::linear(rows, out, in, x.value().data(), weight.value().data(), b_data, y.data());
   } else {
     // the same from bf16-rounded X and W, accumulated in fp32; the bias is added in fp32
     if (!weight.node()->has_creator) w16 = detail::bf16_copy(*weight.node());
-    if (w16) {
-      blas::linear_bf16(rows, out, in, x.value().data(), w16->data(), b_data, y.data());
-    } else {
-      blas::linear_bf16(rows, out, in, x.value().data(), weight.value().data(), b_data, y.data());
-    }
+    x16 = detail::activation_bf16(*x.node());
+    with_operand(w16, weight.value(),
+                 [&](const auto* w) { blas::linear_bf16(rows, out, in, x16->data(), w, b_data, y.data()); });
+    if (!weight.requires_grad()) x16.reset();  // backward's dW reads it, and nothing else does
   }
-  return record("linear", std::move(y), {x, weight, bias}, [rows, in, out, precision, w16](GradContext& ctx) {
+  return record("linear", std::move(y), {x, weight, bias}, [rows, in, out, precision, w16, x16](GradContext& ctx) {
     // dX = G W,  dW = G^T X,  db = sum over rows of G  (the products at the forward's precision;
     // in bf16, G, W and X rounded to bf16 and the products accumulated in fp32)
     const float* G = ctx.grad_out().data();
@@ -300,9 +299,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         });
       }
       if (ctx.needs(1)) {
+        const Array& X = ctx.input(0);  // checks that X was not written since forward (x16 is its copy)
         const auto dw = ctx.grad_target(1);
-        blas::gemm_bf16(true, false, out, in, rows, 1.f, g16.data(), out, ctx.input(0).data(), in, dw.beta, dw.data,
-                        in);
+        with_operand(x16, X, [&](const auto* x) {
+          blas::gemm_bf16(true, false, out, in, rows, 1.f, g16.data(), out, x, in, dw.beta, dw.data, in);
+        });
       }
     } else {
       if (ctx.needs(0)) {

@@ -139,6 +139,12 @@ void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float*
 /// linear_bf16 with W float32, rounded on the fly.
 void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
                  float* y);
+/// linear_bf16 with X already bf16.
+void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const std::uint16_t* w,
+                 const float* bias, float* y);
+/// linear_bf16 with X bf16 and W float32, rounded on the fly.
+void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const float* w,
+                 const float* bias, float* y);
 /// @}
 
 /// Which library computes the products. `automatic` picks per call by size (see engine_for); the

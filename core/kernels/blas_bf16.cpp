@@ -323,4 +323,16 @@ void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float*
   add_bias(rows, out, bias, y);
 }
 
+void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const std::uint16_t* w,
+                 const float* bias, float* y) {
+  gemm_bf16(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  add_bias(rows, out, bias, y);
+}
+
+void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const float* w,
+                 const float* bias, float* y) {
+  gemm_bf16(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  add_bias(rows, out, bias, y);
+}
+
 }  // namespace xgrad::blas

@@ -1,5 +1,5 @@
 // The bf16 copies of parameters that bf16 products read (ops_matmul.cpp), made once per update
-// of the parameter rather than once per product. Not API.
+// of the parameter rather than once per product, and of activations, made once per value. Not API.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +20,18 @@ std::shared_ptr<const std::vector<std::uint16_t>> bf16_copy(const Node& node);
 
 inline constexpr std::size_t kBf16CacheEntries = 1024;                ///< copies kept at most
 inline constexpr std::size_t kBf16CacheBytes = std::size_t{1} << 29;  ///< bytes of copies kept at most (512 MB)
+
+/// A value's bf16 bits and the storage version they were made from.
+struct Bf16Value {
+  std::uint64_t version;
+  std::vector<std::uint16_t> bits;
+};
+
+/// The bf16 copy of an activation's value (any node: parameters too, though they are better
+/// served by bf16_copy), kept on its storage: the products that read one activation (q, k and v
+/// of one input, and each Linear's dW = G^T X in backward) round it once. Made again after an
+/// in-place write. Safe when several threads read one value.
+std::shared_ptr<const std::vector<std::uint16_t>> activation_bf16(const Node& node);
 
 /// How many conversions bf16_copy has made so far (tests check that a copy is reused).
 std::size_t bf16_conversions();
