@@ -237,20 +237,37 @@ TEST_CASE("gemm_bf16 with beta 0 overwrites C, NaN included, and K = 0 scales C"
 }
 
 TEST_CASE("linear_bf16 adds the bias in fp32 to the bf16 product", "[bf16][gemm]") {
-  const std::size_t rows = 40, out = 24, in = 36;
-  const Array x = random_array({rows, in}, 1), w = random_array({out, in}, 2), bias = random_array({out}, 3);
-  std::vector<std::uint16_t> w16(w.size());
-  blas::to_bf16(w.data(), w.size(), w16.data());
-  for (blas::Bf16Path path : runnable_paths()) {
-    PathScope scope(path);
-    std::vector<float> y(rows * out), y2(rows * out), ref(rows * out);
-    blas::linear_bf16(rows, out, in, x.data(), w16.data(), bias.data(), y.data());
-    blas::linear_bf16(rows, out, in, x.data(), w.data(), bias.data(), y2.data());
-    blas::gemm_bf16(false, true, rows, out, in, 1.f, x.data(), in, w16.data(), in, 0.f, ref.data(), out);
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t j = 0; j < out; ++j) ref[r * out + j] += bias[j];
-    CHECK(y == ref);
-    CHECK(y2 == ref);
+  // Small (emulated on every path), above kBf16MinWork (the hardware path adds the bias inside
+  // oneDNN's primitive), and wide enough that two threads split it by columns (each piece with
+  // its own part of the bias); X float32 and bf16, W float32 and bf16.
+  struct Case {
+    std::size_t rows, out, in;
+    int threads;
+  };
+  for (const Case& c : {Case{40, 24, 36, 1}, Case{96, 80, 72, 1}, Case{64, 1024, 128, 2}, Case{256, 96, 128, 2}}) {
+    const Array x = random_array({c.rows, c.in}, 1), w = random_array({c.out, c.in}, 2),
+                bias = random_array({c.out}, 3);
+    std::vector<std::uint16_t> w16(w.size()), x16(x.size());
+    blas::to_bf16(w.data(), w.size(), w16.data());
+    blas::to_bf16(x.data(), x.size(), x16.data());
+    for (blas::Bf16Path path : runnable_paths()) {
+      PathScope scope(path);
+      ThreadScope threads(c.threads);
+      CAPTURE(blas::bf16_path_name(path), c.rows, c.out, c.in, c.threads);
+      const std::size_t n = c.rows * c.out;
+      std::vector<float> y(n), y2(n), y3(n), y4(n), ref(n);
+      blas::linear_bf16(c.rows, c.out, c.in, x.data(), w16.data(), bias.data(), y.data());
+      blas::linear_bf16(c.rows, c.out, c.in, x.data(), w.data(), bias.data(), y2.data());
+      blas::linear_bf16(c.rows, c.out, c.in, x16.data(), w16.data(), bias.data(), y3.data());
+      blas::linear_bf16(c.rows, c.out, c.in, x16.data(), w.data(), bias.data(), y4.data());
+      blas::gemm_bf16(false, true, c.rows, c.out, c.in, 1.f, x.data(), c.in, w16.data(), c.in, 0.f, ref.data(), c.out);
+      for (std::size_t r = 0; r < c.rows; ++r)
+        for (std::size_t j = 0; j < c.out; ++j) ref[r * c.out + j] += bias[j];
+      CHECK(y == ref);
+      CHECK(y2 == ref);
+      CHECK(y3 == ref);
+      CHECK(y4 == ref);
+    }
   }
 }
 

@@ -139,6 +139,9 @@ struct Operand {
 // freed after the call, so a thread never holds more than 2 x 64 MB.
 constexpr std::size_t kKeptElements = std::size_t{1} << 24;
 
+Operand operand(const float* x, std::size_t ld) { return {x, nullptr, ld}; }
+Operand operand(const std::uint16_t* x, std::size_t ld) { return {nullptr, x, ld}; }
+
 template <class T>
 struct Scratch {
   std::vector<T>& buffer;
@@ -181,25 +184,40 @@ thread_local std::vector<std::uint16_t> scratch_bf16[2];
 // The hardware product, split across the kernel threads as sgemm splits fp32 ones (by rows of C
 // when it is tall, by columns when it is wide; each piece over the full K).
 void hardware(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const std::uint16_t* a,
-              std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+              std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc,
+              const float* bias) {
   const std::size_t work = m * n * k;
-  if (work < 2 * kGrainGemm) return detail::onednn_gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (work < 2 * kGrainGemm)
+    return detail::onednn_gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
   if (m >= n) {
     parallel_for(m, grain_for(kGrainGemm, work / m), [=](std::size_t lo, std::size_t hi) {
       const std::uint16_t* a_part = ta ? a + lo : a + lo * lda;
-      detail::onednn_gemm_bf16(ta, tb, hi - lo, n, k, alpha, a_part, lda, b, ldb, beta, c + lo * ldc, ldc);
+      detail::onednn_gemm_bf16(ta, tb, hi - lo, n, k, alpha, a_part, lda, b, ldb, beta, c + lo * ldc, ldc, bias);
     });
   } else {
     parallel_for(n, grain_for(kGrainGemm, work / n), [=](std::size_t lo, std::size_t hi) {
       const std::uint16_t* b_part = tb ? b + lo * ldb : b + lo;
-      detail::onednn_gemm_bf16(ta, tb, m, hi - lo, k, alpha, a, lda, b_part, ldb, beta, c + lo, ldc);
+      detail::onednn_gemm_bf16(ta, tb, m, hi - lo, k, alpha, a, lda, b_part, ldb, beta, c + lo, ldc,
+                               bias ? bias + lo : nullptr);
     });
   }
 }
 #endif
 
+void add_bias(std::size_t rows, std::size_t out, const float* bias, float* y) {
+  if (!bias) return;
+  parallel_for(rows, grain_for(kGrainCheap, out), [=](std::size_t lo, std::size_t hi) {
+    for (std::size_t r = lo; r < hi; ++r) {
+      float* row = y + r * out;
+      for (std::size_t j = 0; j < out; ++j) row[j] += bias[j];
+    }
+  });
+}
+
+// C = alpha op(A) op(B) + beta C, plus `bias` on every row when given (linear's form: alpha 1,
+// beta 0).
 void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, Operand a, Operand b, float beta,
-         float* c, std::size_t ldc) {
+         float* c, std::size_t ldc, const float* bias = nullptr) {
   const Bf16Path path = bf16_path();  // read (and XGRAD_BF16 checked) even for an empty product
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -207,7 +225,7 @@ void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float al
       float* row = c + i * ldc;
       for (std::size_t j = 0; j < n; ++j) row[j] = beta == 0.f ? 0.f : beta * row[j];
     }
-    return;
+    return add_bias(m, n, bias, c);
   }
   a.ld = std::max<std::size_t>(a.ld, 1);
   b.ld = std::max<std::size_t>(b.ld, 1);
@@ -229,7 +247,7 @@ void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float al
       bh = b_copy.data();
       ldb = b_cols;
     }
-    return hardware(ta, tb, m, n, k, alpha, ah, lda, bh, ldb, beta, c, ldc);
+    return hardware(ta, tb, m, n, k, alpha, ah, lda, bh, ldb, beta, c, ldc, bias);  // the bias added in the product
   }
 #endif
   if (path == Bf16Path::emulated) say_emulated();
@@ -237,16 +255,7 @@ void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float al
   pack(a, a_rows, a_cols, af.data());
   pack(b, b_rows, b_cols, bf.data());
   sgemm(ta, tb, m, n, k, alpha, af.data(), a_cols, bf.data(), b_cols, beta, c, ldc);
-}
-
-void add_bias(std::size_t rows, std::size_t out, const float* bias, float* y) {
-  if (!bias) return;
-  parallel_for(rows, grain_for(kGrainCheap, out), [=](std::size_t lo, std::size_t hi) {
-    for (std::size_t r = lo; r < hi; ++r) {
-      float* row = y + r * out;
-      for (std::size_t j = 0; j < out; ++j) row[j] += bias[j];
-    }
-  });
+  add_bias(m, n, bias, c);
 }
 
 }  // namespace
@@ -313,26 +322,22 @@ void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::si
 
 void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const std::uint16_t* w,
                  const float* bias, float* y) {
-  gemm_bf16(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
-  add_bias(rows, out, bias, y);
+  run(false, true, rows, out, in, 1.f, operand(x, in), operand(w, in), 0.f, y, out, bias);
 }
 
 void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
                  float* y) {
-  gemm_bf16(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
-  add_bias(rows, out, bias, y);
+  run(false, true, rows, out, in, 1.f, operand(x, in), operand(w, in), 0.f, y, out, bias);
 }
 
 void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const std::uint16_t* w,
                  const float* bias, float* y) {
-  gemm_bf16(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
-  add_bias(rows, out, bias, y);
+  run(false, true, rows, out, in, 1.f, operand(x, in), operand(w, in), 0.f, y, out, bias);
 }
 
 void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const float* w,
                  const float* bias, float* y) {
-  gemm_bf16(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
-  add_bias(rows, out, bias, y);
+  run(false, true, rows, out, in, 1.f, operand(x, in), operand(w, in), 0.f, y, out, bias);
 }
 
 }  // namespace xgrad::blas

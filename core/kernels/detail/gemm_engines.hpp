@@ -27,10 +27,11 @@ bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::
 // once, on the first call, then cached (gemm_onednn_bf16.cpp). Defined only with oneDNN.
 bool onednn_bf16_available();
 // C = alpha op(A) op(B) + beta C with bf16 A and B and float32 C, on oneDNN's matmul primitive
-// (k > 0), serially on the calling thread. Defined only with oneDNN.
+// (k > 0), serially on the calling thread; with `bias` (n floats, alpha 1 and beta 0 only) the
+// primitive adds it to every row of C as it writes C. Defined only with oneDNN.
 void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
                       const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta,
-                      float* c, std::size_t ldc);
+                      float* c, std::size_t ldc, const float* bias = nullptr);
 
 // Y (rows x out) = act(X W^T + bias) in one call of oneDNN's matmul primitive, the bias (may be
 // null) and the activation fused (blas::linear_activation; in > 0). Returns false, computing
