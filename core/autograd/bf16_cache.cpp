@@ -16,7 +16,7 @@ struct Entry {
   const Storage* key;
   std::weak_ptr<Storage> storage;  // expired, or another storage at the same address: stale
   std::uint64_t version;
-  std::shared_ptr<const std::vector<std::uint16_t>> copy;
+  std::shared_ptr<const blas::Bf16Vector> copy;
 };
 
 struct Cache {
@@ -40,7 +40,7 @@ Cache& cache() {
 
 }  // namespace
 
-std::shared_ptr<const std::vector<std::uint16_t>> bf16_copy(const Node& node) {
+std::shared_ptr<const blas::Bf16Vector> bf16_copy(const Node& node) {
   const std::shared_ptr<Storage>& storage = node.storage;
   Cache& c = cache();
   const std::lock_guard<std::mutex> lock(c.mutex);
@@ -54,7 +54,7 @@ std::shared_ptr<const std::vector<std::uint16_t>> bf16_copy(const Node& node) {
     c.erase(it);  // an older version, or a dead storage whose address was reused
   }
   const Array& value = storage->array;
-  auto copy = std::make_shared<std::vector<std::uint16_t>>(value.size());
+  auto copy = std::make_shared<blas::Bf16Vector>(value.size());
   blas::to_bf16(value.data(), value.size(), copy->data());
   ++c.conversions;
   const std::size_t bytes = copy->size() * sizeof(std::uint16_t);
@@ -73,7 +73,7 @@ std::shared_ptr<const std::vector<std::uint16_t>> bf16_copy(const Node& node) {
   return copy;
 }
 
-std::shared_ptr<const std::vector<std::uint16_t>> activation_bf16(const Node& node) {
+std::shared_ptr<const blas::Bf16Vector> activation_bf16(const Node& node) {
   const std::shared_ptr<Storage>& storage = node.storage;
   // Two threads may both convert one value; either copy is the same bits.
   std::shared_ptr<const Bf16Value> held = std::atomic_load(&storage->bf16);

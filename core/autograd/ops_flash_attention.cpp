@@ -94,13 +94,13 @@ struct Operand {
 };
 
 // The bf16 copy of x when the precision asks for one (else empty).
-std::vector<std::uint16_t> bf16_copy(Precision precision, const Array& x) {
+blas::Bf16Vector bf16_copy(Precision precision, const Array& x) {
   if (precision != Precision::bf16) return {};
-  std::vector<std::uint16_t> h(x.size());
+  blas::Bf16Vector h(x.size());
   blas::to_bf16(x.data(), x.size(), h.data());
   return h;
 }
-Operand operand(const Array& x, const std::vector<std::uint16_t>& h) {
+Operand operand(const Array& x, const blas::Bf16Vector& h) {
   return {x.data(), h.empty() ? nullptr : h.data()};
 }
 
@@ -168,7 +168,7 @@ struct Grads {
 void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Operand Q, Operand K, Operand V,
                    const float* O, Operand G, const Saved& sv, const Grads& g) {
   std::vector<float> p(d.Tq * d.Tk), dp(d.Tq * d.Tk), pm(sv.dropout ? d.Tq * d.Tk : 0), delta(d.T);
-  std::vector<std::uint16_t> dz16(Q.h ? d.Tq * d.Tk : 0);
+  blas::Bf16Vector dz16(Q.h ? d.Tq * d.Tk : 0);
   std::vector<std::uint8_t> keep(d.Tk);
   const std::size_t hd = h * d.D;
   for (std::size_t t = 0; t < d.T; ++t) {
@@ -237,7 +237,7 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   saved->lse.assign(d.B * d.H * d.T, kNegInf);
   Array out = Array::from_shape({d.B, d.T, d.C});
   std::fill(out.begin(), out.end(), 0.f);
-  const std::vector<std::uint16_t> qh = bf16_copy(saved->precision, q.value()),
+  const blas::Bf16Vector qh = bf16_copy(saved->precision, q.value()),
                                    kh = bf16_copy(saved->precision, k.value()),
                                    vh = bf16_copy(saved->precision, v.value());
   const Operand Q = operand(q.value(), qh), K = operand(k.value(), kh), V = operand(v.value(), vh);
@@ -254,7 +254,7 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   }
   return record("flash_attention", std::move(out), {q, k, v}, [d, scale, saved](GradContext& ctx) {
     const Precision precision = saved->precision;
-    const std::vector<std::uint16_t> gh = bf16_copy(precision, ctx.grad_out()), qh = bf16_copy(precision, ctx.input(0)),
+    const blas::Bf16Vector gh = bf16_copy(precision, ctx.grad_out()), qh = bf16_copy(precision, ctx.input(0)),
                                      kh = bf16_copy(precision, ctx.input(1)), vh = bf16_copy(precision, ctx.input(2));
     const Operand G = operand(ctx.grad_out(), gh), Q = operand(ctx.input(0), qh), K = operand(ctx.input(1), kh),
                   V = operand(ctx.input(2), vh);

@@ -177,7 +177,7 @@ constexpr auto kGemmBf16 = [](bool ta, bool tb, std::size_t m, std::size_t n, st
                               std::size_t lda, const auto* b, std::size_t ldb, float beta, float* c,
                               std::size_t ldc) { blas::gemm_bf16(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc); };
 
-using Bf16Copy = std::shared_ptr<const std::vector<std::uint16_t>>;
+using Bf16Copy = std::shared_ptr<const blas::Bf16Vector>;
 
 // Runs f(pointer) with a parameter's bf16 copy when there is one, else with its float32 values
 // (which gemm_bf16 rounds on the fly).
@@ -289,7 +289,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     const bool bf16 = precision == Precision::bf16;
     if (bf16 && (ctx.needs(0) || ctx.needs(1))) {
       // G feeds both products: rounded to bf16 once (the same bits each product would round to)
-      std::vector<std::uint16_t> g16(rows * out);
+      blas::Bf16Vector g16(rows * out);
       blas::to_bf16(G, g16.size(), g16.data());
       if (ctx.needs(0)) {
         const Array& W = ctx.input(1);  // checks that W was not written since forward

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 
 namespace xgrad::detail {
 
@@ -16,7 +17,7 @@ namespace xgrad::detail {
 /// products with the same parameter between two updates share one conversion. The cache holds at
 /// most kBf16CacheEntries copies and kBf16CacheBytes bytes (least recently used go first), and is
 /// safe to use from several threads.
-std::shared_ptr<const std::vector<std::uint16_t>> bf16_copy(const Node& node);
+std::shared_ptr<const blas::Bf16Vector> bf16_copy(const Node& node);
 
 inline constexpr std::size_t kBf16CacheEntries = 1024;                ///< copies kept at most
 inline constexpr std::size_t kBf16CacheBytes = std::size_t{1} << 29;  ///< bytes of copies kept at most (512 MB)
@@ -24,14 +25,14 @@ inline constexpr std::size_t kBf16CacheBytes = std::size_t{1} << 29;  ///< bytes
 /// A value's bf16 bits and the storage version they were made from.
 struct Bf16Value {
   std::uint64_t version;
-  std::vector<std::uint16_t> bits;
+  blas::Bf16Vector bits;
 };
 
 /// The bf16 copy of an activation's value (any node: parameters too, though they are better
 /// served by bf16_copy), kept on its storage: the products that read one activation (q, k and v
 /// of one input, and each Linear's dW = G^T X in backward) round it once. Made again after an
 /// in-place write. Safe when several threads read one value.
-std::shared_ptr<const std::vector<std::uint16_t>> activation_bf16(const Node& node);
+std::shared_ptr<const blas::Bf16Vector> activation_bf16(const Node& node);
 
 /// How many conversions bf16_copy has made so far (tests check that a copy is reused).
 std::size_t bf16_conversions();
