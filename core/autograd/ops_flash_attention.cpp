@@ -100,9 +100,7 @@ blas::Bf16Vector bf16_copy(Precision precision, const Array& x) {
   blas::to_bf16(x.data(), x.size(), h.data());
   return h;
 }
-Operand operand(const Array& x, const blas::Bf16Vector& h) {
-  return {x.data(), h.empty() ? nullptr : h.data()};
-}
+Operand operand(const Array& x, const blas::Bf16Vector& h) { return {x.data(), h.empty() ? nullptr : h.data()}; }
 
 // C = alpha op(A) op(B) + beta C: sgemm, or gemm_bf16 (fp32 accumulation) when B has bf16 values.
 void product(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, Operand a, std::size_t lda,
@@ -237,9 +235,8 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   saved->lse.assign(d.B * d.H * d.T, kNegInf);
   Array out = Array::from_shape({d.B, d.T, d.C});
   std::fill(out.begin(), out.end(), 0.f);
-  const blas::Bf16Vector qh = bf16_copy(saved->precision, q.value()),
-                                   kh = bf16_copy(saved->precision, k.value()),
-                                   vh = bf16_copy(saved->precision, v.value());
+  const blas::Bf16Vector qh = bf16_copy(saved->precision, q.value()), kh = bf16_copy(saved->precision, k.value()),
+                         vh = bf16_copy(saved->precision, v.value());
   const Operand Q = operand(q.value(), qh), K = operand(k.value(), kh), V = operand(v.value(), vh);
   float* O = out.data();
   const std::size_t tiles = (d.T + d.Tq - 1) / d.Tq, tasks = d.B * d.H * tiles;
@@ -255,7 +252,7 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   return record("flash_attention", std::move(out), {q, k, v}, [d, scale, saved](GradContext& ctx) {
     const Precision precision = saved->precision;
     const blas::Bf16Vector gh = bf16_copy(precision, ctx.grad_out()), qh = bf16_copy(precision, ctx.input(0)),
-                                     kh = bf16_copy(precision, ctx.input(1)), vh = bf16_copy(precision, ctx.input(2));
+                           kh = bf16_copy(precision, ctx.input(1)), vh = bf16_copy(precision, ctx.input(2));
     const Operand G = operand(ctx.grad_out(), gh), Q = operand(ctx.input(0), qh), K = operand(ctx.input(1), kh),
                   V = operand(ctx.input(2), vh);
     const float* O = ctx.output().data();
