@@ -595,6 +595,50 @@ TEST_CASE("a parameter is converted to bf16 once per update", "[bf16][cache]") {
   CHECK(detail::bf16_cache_bytes() <= detail::kBf16CacheBytes);
 }
 
+TEST_CASE("an activation is converted to bf16 once for the products that read it", "[bf16][cache]") {
+  Tensor x(random_array({6, 16}, 71), true);
+  Tensor w1(random_array({8, 16}, 72), true), w2(random_array({8, 16}, 73), true);
+  AutocastGuard guard(Precision::bf16);
+  const Tensor h = x * 2.f;  // an activation: q and k read it, and so do their dW in backward
+  const std::size_t before = detail::activation_bf16_conversions();
+  const Tensor q = linear(h, w1), k = linear(h, w2);
+  CHECK(detail::activation_bf16_conversions() - before == 1);
+  (q * k).sum().backward();
+  CHECK(detail::activation_bf16_conversions() - before == 1);
+  // the products read the copy of h's values: q = h w1^T, dW1 = (dq)^T h = k^T h, both rounded
+  std::vector<float> ref(6 * 8), dw1(8 * 16, 0.f);
+  blas::gemm_bf16(false, true, 6, 8, 16, 1.f, h.value().data(), 16, w1.value().data(), 16, 0.f, ref.data(), 8);
+  CHECK(std::vector<float>(q.value().begin(), q.value().end()) == ref);
+  blas::gemm_bf16(true, false, 8, 16, 6, 1.f, k.value().data(), 8, h.value().data(), 16, 0.f, dw1.data(), 16);
+  CHECK(std::vector<float>(w1.grad().begin(), w1.grad().end()) == dw1);
+  // an in-place write makes the copy stale: the next product converts the new values
+  h.detach().mutable_value() *= 3.f;
+  const Tensor q2 = linear(h, w1);
+  CHECK(detail::activation_bf16_conversions() - before == 2);
+  blas::gemm_bf16(false, true, 6, 8, 16, 1.f, h.value().data(), 16, w1.value().data(), 16, 0.f, ref.data(), 8);
+  CHECK(std::vector<float>(q2.value().begin(), q2.value().end()) == ref);
+}
+
+TEST_CASE("threads that read one activation under bf16 share its copy safely", "[bf16][cache][threads]") {
+  const Tensor x(random_array({8, 32}, 84));  // one storage, read by every thread
+  const Tensor w(random_array({64, 32}, 85), true);
+  std::vector<float> ref(8 * 64);
+  blas::gemm_bf16(false, true, 8, 64, 32, 1.f, x.value().data(), 32, w.value().data(), 32, 0.f, ref.data(), 64);
+  std::vector<int> ok(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      AutocastGuard guard(Precision::bf16);
+      for (int i = 0; i < 50; ++i) {
+        const Tensor y = linear(x, w);
+        ok[t] += std::vector<float>(y.value().begin(), y.value().end()) == ref;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int v : ok) CHECK(v == 50);
+}
+
 TEST_CASE("the bf16 cache forgets dead tensors and stays within its bounds", "[bf16][cache]") {
   detail::clear_bf16_cache();
   AutocastGuard guard(Precision::bf16);

@@ -73,20 +73,27 @@ std::shared_ptr<const blas::Bf16Vector> bf16_copy(const Node& node) {
   return copy;
 }
 
+namespace {
+std::atomic<std::size_t> activation_conversions{0};
+}  // namespace
+
 std::shared_ptr<const blas::Bf16Vector> activation_bf16(const Node& node) {
   const std::shared_ptr<Storage>& storage = node.storage;
   // Two threads may both convert one value; either copy is the same bits.
-  std::shared_ptr<const Bf16Value> held = std::atomic_load(&storage->bf16);
+  std::shared_ptr<const Bf16Value> held = std::static_pointer_cast<const Bf16Value>(std::atomic_load(&storage->bf16));
   if (!held || held->version != storage->version) {
     auto made = std::make_shared<Bf16Value>();
     made->version = storage->version;
     made->bits.resize(storage->array.size());
     blas::to_bf16(storage->array.data(), storage->array.size(), made->bits.data());
     held = made;
-    std::atomic_store(&storage->bf16, held);
+    std::atomic_store(&storage->bf16, std::shared_ptr<const void>(held));
+    activation_conversions.fetch_add(1, std::memory_order_relaxed);
   }
   return {held, &held->bits};  // shares ownership with the held value
 }
+
+std::size_t activation_bf16_conversions() { return activation_conversions.load(); }
 
 std::size_t bf16_conversions() {
   const std::lock_guard<std::mutex> lock(cache().mutex);

@@ -42,9 +42,6 @@ using GradHook = std::function<void(Array& grad)>;
 struct TapeEntry;
 struct TopK;
 enum class GeluApprox;
-namespace detail {
-struct Bf16Value;
-}
 
 /// A value's storage, shared by a tensor and its detach()ed handles. `version` counts the
 /// in-place writes to it (one per Tensor::mutable_value() call): an op records the versions of
@@ -55,8 +52,9 @@ struct Storage {
   Array array;                ///< the value
   std::uint64_t version = 0;  ///< in-place writes so far
   /// An activation's bf16 copy for the bf16 products that read it, made by the first and dropped
-  /// with the value (detail/bf16_cache.hpp; parameters' copies live in a cache instead).
-  std::shared_ptr<const detail::Bf16Value> bf16;
+  /// with the value: a detail::Bf16Value (detail/bf16_cache.hpp), held untyped so this header
+  /// declares nothing of it. Parameters' copies live in a cache instead.
+  std::shared_ptr<const void> bf16;
 };
 
 /// One vertex of the graph. Tensor handles share it; tape entries keep their inputs alive.

@@ -34,6 +34,8 @@ struct Bf16Value {
 /// in-place write. Safe when several threads read one value.
 std::shared_ptr<const blas::Bf16Vector> activation_bf16(const Node& node);
 
+/// How many conversions activation_bf16 has made so far (tests check that a copy is reused).
+std::size_t activation_bf16_conversions();
 /// How many conversions bf16_copy has made so far (tests check that a copy is reused).
 std::size_t bf16_conversions();
 /// Copies held now, and their bytes.
