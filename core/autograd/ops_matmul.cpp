@@ -15,6 +15,7 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/blas.hpp"
+#include "xgrad/core/kernels/detail/bf16_vector.hpp"
 #include "xgrad/core/kernels/detail/vector_kernels.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 

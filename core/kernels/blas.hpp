@@ -7,9 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <string>
-#include <vector>
 
 /// The one door to matrix products (OpenBLAS, and oneDNN when built with it): sgemm, its batched
 /// form, the Linear layer's product, and the choice of engine.
@@ -92,30 +90,6 @@ inline float from_bf16(std::uint16_t h) {
   std::memcpy(&x, &u, sizeof x);
   return x;
 }
-/// An allocator whose elements start uninitialized (a resize writes nothing): for buffers that
-/// are filled whole right after, as bf16 copies are by to_bf16, where zeroing them first cost a
-/// third as much as the conversion.
-template <class T>
-struct UninitializedAllocator : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = UninitializedAllocator<U>;
-  };
-  UninitializedAllocator() = default;
-  template <class U>
-  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-/// bf16 values (their bits), as the bf16 products read them.
-using Bf16Vector = std::vector<std::uint16_t, UninitializedAllocator<std::uint16_t>>;
-
 /// out[i] = to_bf16(x[i]) for i < n (a vectorizable loop, split across the kernel threads when long).
 void to_bf16(const float* x, std::size_t n, std::uint16_t* out);
 /// out[i] = from_bf16(x[i]) for i < n.

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "xgrad/core/autograd/tensor.hpp"
-#include "xgrad/core/kernels/blas.hpp"
+#include "xgrad/core/kernels/detail/bf16_vector.hpp"
 
 namespace xgrad::detail {
 
