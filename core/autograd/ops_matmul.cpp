@@ -180,8 +180,8 @@ constexpr auto kGemmBf16 = [](bool ta, bool tb, std::size_t m, std::size_t n, st
 
 using Bf16Copy = std::shared_ptr<const blas::Bf16Vector>;
 
-// Runs f(pointer) with a parameter's bf16 copy when there is one, else with its float32 values
-// (which gemm_bf16 rounds on the fly).
+// Runs f(pointer) with a bf16 copy (a parameter's from the cache, an activation's from its
+// storage) when there is one, else with the float32 values (which gemm_bf16 rounds on the fly).
 template <class F>
 void with_operand(const Bf16Copy& copy, const Array& value, F f) {
   if (copy) {
