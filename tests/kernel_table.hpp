@@ -36,7 +36,7 @@ struct KernelTable {
   void (*adam_update)(float*, const float*, float*, float*, std::size_t, const optim::AdamStep&);
   void (*gelu_tanh_forward)(const float*, float*, std::size_t);
   void (*gelu_tanh_backward)(const float*, const float*, float*, std::size_t);
-  float (*online_softmax_row)(float*, std::size_t, std::size_t, float*, bool*);
+  float (*online_softmax_row)(float*, std::size_t, std::size_t, float*, bool*, float*);
   void (*exp_shifted_row)(float*, std::size_t, std::size_t, float);
 };
 

@@ -1,9 +1,10 @@
 // The vector kernels give the same bits whichever copy the CPU runs: core/kernels/vector_kernels.cpp is
-// compiled here once for AVX-512, once for AVX2 and once for the baseline (kernel_target_copy.cpp),
+// compiled here once for AVX-512, once for AVX2 with FMA and once for the baseline (kernel_target_copy.cpp),
 // and every kernel's output is compared bit for bit on inputs with awkward lengths (tails of 1 to
 // 15 elements), masks, and values from -8 to 8.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -26,7 +27,7 @@ struct Target {
 std::vector<Target> targets() {
   std::vector<Target> t = {{"baseline", testing::kernels_baseline_table()}};
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  if (__builtin_cpu_supports("avx2")) t.push_back({"avx2", testing::kernels_avx2_table()});
+  if (__builtin_cpu_supports("x86-64-v3")) t.push_back({"x86-64-v3", testing::kernels_avx2_table()});
   if (__builtin_cpu_supports("x86-64-v4")) t.push_back({"x86-64-v4", testing::kernels_avx512_table()});
 #endif
   return t;
@@ -56,13 +57,13 @@ void require_same_bits(const char* kernel, Run run) {
   }
 }
 
-const std::size_t kLengths[] = {1, 7, 8, 15, 16, 17, 31, 64, 100, 1023};
+const std::size_t kLengths[] = {1, 7, 8, 15, 16, 17, 31, 32, 64, 100, 128, 1023};
 
 }  // namespace
 
 TEST_CASE("this CPU runs more than the baseline copy, so the comparison compares something", "[kernels][targets]") {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  if (__builtin_cpu_supports("avx2")) REQUIRE(targets().size() >= 2);
+  if (__builtin_cpu_supports("x86-64-v3")) REQUIRE(targets().size() >= 2);
 #endif
   REQUIRE(!targets().empty());
 }
@@ -156,6 +157,31 @@ TEST_CASE("masked softmax and its backward give the same bits on every target", 
   }
 }
 
+TEST_CASE("softmax rows of 32, 64 and 128 (each a fixed-length path) give the general path's bits",
+          "[kernels][targets]") {
+  // A row one longer, its last key masked, takes the general path: the masked key adds +0 to the
+  // first partial sum, which changes no bit, so the first n weights must match exactly.
+  for (std::size_t n : {32, 64, 128}) {
+    const std::vector<float> z = randoms(n + 1, n + 20), g = randoms(n + 1, n + 21, 1.f);
+    for (const Target& t : targets()) {
+      INFO(t.name << ", rows of " << n);
+      for (std::size_t end : {n, n / 2 + 1, std::size_t{1}}) {
+        std::vector<float> fixed(z.begin(), z.begin() + n), general = z;
+        t.table.masked_softmax_row(fixed.data(), n, end, nullptr);
+        t.table.masked_softmax_row(general.data(), n + 1, end, nullptr);
+        general.resize(n);
+        REQUIRE(same_bits(fixed, general));
+      }
+      std::vector<float> p = z, dz_fixed(n), dz_general(n + 1);
+      t.table.masked_softmax_row(p.data(), n + 1, n, nullptr);  // p[n] is 0: it adds +0 to the dot
+      t.table.softmax_row_backward(p.data(), g.data(), dz_fixed.data(), n);
+      t.table.softmax_row_backward(p.data(), g.data(), dz_general.data(), n + 1);
+      dz_general.resize(n);
+      REQUIRE(same_bits(dz_fixed, dz_general));
+    }
+  }
+}
+
 TEST_CASE("cross-entropy's log-sum-exp and softmax gradient give the same bits on every target", "[kernels][targets]") {
   for (std::size_t n : kLengths) {
     const std::vector<float> x = randoms(n, n + 12, 8.f), d0 = randoms(n, n + 13, 1.f);
@@ -184,16 +210,20 @@ TEST_CASE("the tiled attention's online softmax rows give the same bits on every
       std::vector<float> first = x, again = x, shifted = x, with_nan = x;
       float m = -std::numeric_limits<float>::infinity();
       bool nan = false;
-      const float sum = k.online_softmax_row(first.data(), n, (n + 1) / 2, &m, &nan);
+      float c1 = -1.f, c2 = -1.f, c3 = -1.f;
+      const float sum = k.online_softmax_row(first.data(), n, (n + 1) / 2, &m, &nan, &c1);
       REQUIRE_FALSE(nan);
-      float m2 = m + 1.f;  // a running max above this row's: every exp below 1
-      const float sum2 = k.online_softmax_row(again.data(), n, n, &m2, &nan);
+      REQUIRE(c1 == 0.f);            // nothing was summed before
+      const float before = m + 1.f;  // a running max above this row's: every exp below 1
+      float m2 = before;
+      const float sum2 = k.online_softmax_row(again.data(), n, n, &m2, &nan, &c2);
+      REQUIRE(c2 == Approx(std::exp(static_cast<double>(before) - m2)).epsilon(1e-6));
       k.exp_shifted_row(shifted.data(), n, n - n / 3, 2.f);
       with_nan[n / 2] = std::numeric_limits<float>::quiet_NaN();
       float m3 = -std::numeric_limits<float>::infinity();
-      k.online_softmax_row(with_nan.data(), n, n, &m3, &nan);
+      k.online_softmax_row(with_nan.data(), n, n, &m3, &nan, &c3);
       REQUIRE(nan);
-      return std::vector<std::vector<float>>{first, again, shifted, {sum, m, sum2, m2}};
+      return std::vector<std::vector<float>>{first, again, shifted, {sum, m, sum2, m2, c1, c2}};
     });
   }
 }

@@ -28,7 +28,6 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/detail/bf16_vector.hpp"
-#include "xgrad/core/kernels/detail/fast_math.hpp"
 #include "xgrad/core/kernels/detail/vector_kernels.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 
@@ -127,12 +126,11 @@ void forward_tile(const Dims& d, std::size_t b, std::size_t h, std::size_t t0, f
     for (std::size_t i = 0; i < nq; ++i) {
       float* zi = z.data() + i * d.Tk;
       const std::size_t e = d.end(t0 + i), kept = e > s0 ? std::min(n, e - s0) : 0;
-      const float before = m[i];
       bool seen_nan = false;
-      const float sum = kernels::online_softmax_row(zi, n, kept, &m[i], &seen_nan);
+      float correction = 0.f;
+      const float sum = kernels::online_softmax_row(zi, n, kept, &m[i], &seen_nan, &correction);
       if (seen_nan) nan[i] = true;
       if (m[i] == kNegInf) continue;  // no key yet: z is zeros, nothing to add
-      const float correction = before == kNegInf ? 0.f : fast::exp(before - m[i]);
       l[i] = l[i] * correction + sum;
       if (correction != 1.f) {
         for (std::size_t c = 0; c < d.D; ++c) acc[i * d.D + c] *= correction;

@@ -1,5 +1,5 @@
-// XGRAD_CLONES marks a hot loop that GCC compiles once per target (AVX-512 as x86-64-v4, AVX2,
-// the baseline) and resolves once, at load time, from the CPU's features (see
+// XGRAD_CLONES marks a hot loop that GCC compiles once per target (AVX-512 as x86-64-v4, AVX2
+// with FMA as x86-64-v3, the baseline) and resolves once, at load time, from the CPU's features (see
 // core/kernels/vector_kernels.cpp for the measurements). tests/test_kernel_targets.cpp compiles the
 // files that use it once per target, each copy in a namespace of its own (XGRAD_KERNELS_NS,
 // XGRAD_KERNELS_ONLY_<target>), and checks that the copies give the same bits.
@@ -8,11 +8,11 @@
 #if defined(XGRAD_KERNELS_ONLY_AVX512)
 #define XGRAD_CLONES __attribute__((target("arch=x86-64-v4")))
 #elif defined(XGRAD_KERNELS_ONLY_AVX2)
-#define XGRAD_CLONES __attribute__((target("avx2")))
+#define XGRAD_CLONES __attribute__((target("arch=x86-64-v3")))
 #elif defined(XGRAD_KERNELS_ONLY_BASELINE)
 #define XGRAD_CLONES
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define XGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#define XGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define XGRAD_CLONES
 #endif

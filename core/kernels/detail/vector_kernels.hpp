@@ -51,7 +51,9 @@ void softmax_row_backward(const float* p, const float* g, float* dz, std::size_t
 // row's running max (-inf before its first keys), m' = max(*m, max z[0, kept)); z[s] becomes
 // e^(z[s] - m') for s < kept and 0 for kept <= s < n; *m = m' and the sum of the exps is
 // returned. NaN among z[0, kept) sets *nan (max skips it, and fast::exp would hide it).
-float online_softmax_row(float* z, std::size_t n, std::size_t kept, float* m, bool* nan);
+// *correction = e^(m - m'), the factor for what was summed before (0 when m was -inf); computed
+// here so the exp runs in this file's per-target copies, with their fused multiply-adds.
+float online_softmax_row(float* z, std::size_t n, std::size_t kept, float* m, bool* nan, float* correction);
 // z[s] = e^(z[s] - shift) for s < live, 0 for live <= s < n (the tiled backward's weights).
 void exp_shifted_row(float* z, std::size_t n, std::size_t live, float shift);
 
