@@ -17,8 +17,9 @@ which; `--keep-openblas-env` passes them on); xgrad gets the environment as it i
 
 `of peak` divides a step's matmul GFLOP/s by its precision's peak at the same thread count: the
 best 512^3 GEMM of that precision that either process measured (xgrad's fastest engine's sgemm or
-PyTorch's torch.matmul for fp32; PyTorch's bfloat16 torch.matmul, or xgrad's bf16 peak when its
-line reports one, for bf16).
+PyTorch's torch.matmul for fp32; PyTorch's bfloat16 torch.matmul or xgrad's 512^3 bf16 product,
+which its bf16 line reports, for bf16: at two threads that is xgrad's, since PyTorch's intra-op
+pool stays at one thread).
 
     /usr/bin/python3 bench/compare.py --threads 1 2 --repeats 3
 """

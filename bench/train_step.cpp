@@ -1,6 +1,6 @@
 // Times one full training step of the language model (forward, cross-entropy, backward, AdamW
 // update) for the benchmark configurations, and the machine's GEMM peak (the fastest engine's
-// 512^3 sgemm), and prints one JSON line per configuration. Under mpirun (when xgrad has
+// 512^3 sgemm; in bf16, the 512^3 bf16 product's), and prints one JSON line per configuration. Under mpirun (when xgrad has
 // distributed/) the global batch is split across the ranks, DataParallel averages the gradients,
 // and rank 0 reports the global tokens/s, the time a step waits for the reductions and the
 // bytes each rank reduces per step.
@@ -112,6 +112,25 @@ double gemm_peak(std::size_t n, blas::Engine engine) {
   return best;
 }
 
+// The best GFLOP/s of a square bf16 product of size n (operands already bf16, accumulated in fp32:
+// gemm_bf16 on its current path), as gemm_peak measures sgemm.
+double gemm_bf16_peak(std::size_t n) {
+  Generator gen(1);
+  const Array a = gen.uniform({n, n}, -1.f, 1.f), b = gen.uniform({n, n}, -1.f, 1.f);
+  std::vector<std::uint16_t> a16(n * n), b16(n * n);
+  blas::to_bf16(a.data(), a.size(), a16.data());
+  blas::to_bf16(b.data(), b.size(), b16.data());
+  Array c = xt::zeros<float>({n, n});
+  double best = 0;
+  for (int rep = 0; rep < 50; ++rep) {
+    const auto t0 = Clock::now();
+    blas::gemm_bf16(false, false, n, n, n, 1.f, a16.data(), n, b16.data(), n, 0.f, c.data(), n);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * n / s / 1e9);
+  }
+  return best;
+}
+
 // How the step is shared: rank `rank` of `ranks` takes rows [rank B / ranks, (rank + 1) B / ranks).
 struct Share {
   int rank = 0, ranks = 1;
@@ -173,14 +192,19 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   const double gflops = step_flops(c) / sec / 1e9;
-  // "Of peak" is against the fastest engine this build has.
+  // "Of peak" is against the fastest engine this build has in the step's precision: in bf16, the
+  // bf16 product's peak (the fp32 engines' are reported too).
   nlohmann::json peaks;
   double peak = 0;
   for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn}) {
     if (!blas::has_engine(e)) continue;
     const double p = gemm_peak(512, e);
     peaks[blas::engine_name(e)] = p;
-    peak = std::max(peak, p);
+    if (precision == Precision::fp32) peak = std::max(peak, p);
+  }
+  if (precision == Precision::bf16) {
+    peak = gemm_bf16_peak(512);
+    peaks["bf16"] = peak;
   }
   nlohmann::json out = {{"impl", "xgrad"},
                         {"config", c.name},
