@@ -1,11 +1,13 @@
 // Times one full training step of the language model (forward, cross-entropy, backward, AdamW
 // update) for the benchmark configurations, and the machine's GEMM peak (the fastest engine's
-// 512^3 sgemm; in bf16, the 512^3 bf16 product's), and prints one JSON line per configuration. Under mpirun (when xgrad
-// has distributed/) the global batch is split across the ranks, DataParallel averages the gradients, and rank 0 reports
-// the global tokens/s, the time a step waits for the reductions and the bytes each rank reduces per step. The classic
-// configurations train GELU models with learned positions and LayerNorm; the llama_ ones the same sizes as Llama-style
-// models (RMSNorm, RoPE, SwiGLU, grouped-query attention). Shapes: B batch, T length, C d_model, H heads, KV key/value
-// heads, D head size C / H, F FFN width, V vocabulary, L layers.
+// 512^3 sgemm; in bf16, the 512^3 bf16 product's), and prints one JSON line per configuration.
+// Under mpirun (when xgrad has distributed/) the global batch is split across the ranks,
+// DataParallel averages the gradients, and rank 0 reports the global tokens/s, the time a step
+// waits for the reductions and the bytes each rank reduces per step.
+// The classic configurations train GELU models with learned positions and LayerNorm; the llama_
+// ones the same sizes as Llama-style models (RMSNorm, RoPE, SwiGLU, grouped-query attention).
+// Shapes: B batch, T length, C d_model, H heads, KV key/value heads, D head size C / H, F FFN
+// width, V vocabulary, L layers.
 #include <sys/resource.h>
 
 #include <algorithm>
