@@ -91,29 +91,36 @@ double median(std::vector<double> v) {
 
 using Clock = std::chrono::steady_clock;
 
-// The best GFLOP/s of a square sgemm of size n through one engine, over a few repetitions, at
-// the current thread count (blas::sgemm splits it as it splits the step's products).
+// The best GFLOP/s of `product` (an n x n x n product), over 50 calls: a busy neighbour can only
+// slow a call down, and a low peak would flatter the step's fraction of it.
+template <class Product>
+double best_gflops(std::size_t n, Product product) {
+  double best = 0;
+  for (int rep = 0; rep < 50; ++rep) {
+    const auto t0 = Clock::now();
+    product();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * n / s / 1e9);
+  }
+  return best;
+}
+
+// The peak of a square sgemm of size n through one engine, at the current thread count
+// (blas::sgemm splits it as it splits the step's products).
 double gemm_peak(std::size_t n, blas::Engine engine) {
   const blas::Engine before = blas::engine();
   blas::set_engine(engine);
   Generator gen(1);
   const Array a = gen.uniform({n, n}, -1.f, 1.f), b = gen.uniform({n, n}, -1.f, 1.f);
   Array c = xt::zeros<float>({n, n});
-  double best = 0;
-  // Best of 50: a busy neighbour can only slow a repetition down, and a low peak would flatter the
-  // step's fraction of it.
-  for (int rep = 0; rep < 50; ++rep) {
-    const auto t0 = Clock::now();
-    blas::sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::max(best, 2.0 * n * n * n / s / 1e9);
-  }
+  const double best =
+      best_gflops(n, [&] { blas::sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
   blas::set_engine(before);
   return best;
 }
 
-// The best GFLOP/s of a square bf16 product of size n (operands already bf16, accumulated in fp32:
-// gemm_bf16 on its current path), as gemm_peak measures sgemm.
+// The peak of a square bf16 product of size n (operands already bf16, accumulated in fp32:
+// gemm_bf16 on its current path).
 double gemm_bf16_peak(std::size_t n) {
   Generator gen(1);
   const Array a = gen.uniform({n, n}, -1.f, 1.f), b = gen.uniform({n, n}, -1.f, 1.f);
@@ -121,14 +128,8 @@ double gemm_bf16_peak(std::size_t n) {
   blas::to_bf16(a.data(), a.size(), a16.data());
   blas::to_bf16(b.data(), b.size(), b16.data());
   Array c = xt::zeros<float>({n, n});
-  double best = 0;
-  for (int rep = 0; rep < 50; ++rep) {
-    const auto t0 = Clock::now();
-    blas::gemm_bf16(false, false, n, n, n, 1.f, a16.data(), n, b16.data(), n, 0.f, c.data(), n);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::max(best, 2.0 * n * n * n / s / 1e9);
-  }
-  return best;
+  return best_gflops(
+      n, [&] { blas::gemm_bf16(false, false, n, n, n, 1.f, a16.data(), n, b16.data(), n, 0.f, c.data(), n); });
 }
 
 // How the step is shared: rank `rank` of `ranks` takes rows [rank B / ranks, (rank + 1) B / ranks).
