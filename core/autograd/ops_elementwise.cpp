@@ -71,9 +71,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
       "add", a, b, [](float x, float z) { return x + z; },
       [](const Array& x, const Array& z) -> Array { return x + z; });
   return record("add", std::move(y), {a, b}, [](GradContext& ctx) {
-    // da = g, db = g (each summed over its broadcast axes)
-    if (ctx.needs(0)) ctx.accumulate_reduced(0, ctx.grad_out());
+    // da = g, db = g (each summed over its broadcast axes); g moves on to a, the last use
     if (ctx.needs(1)) ctx.accumulate_reduced(1, ctx.grad_out());
+    if (ctx.needs(0)) ctx.pass_grad_out(0);
   });
 }
 
@@ -83,9 +83,9 @@ Tensor sub(const Tensor& a, const Tensor& b) {
       "sub", a, b, [](float x, float z) { return x - z; },
       [](const Array& x, const Array& z) -> Array { return x - z; });
   return record("sub", std::move(y), {a, b}, [](GradContext& ctx) {
-    // da = g, db = -g
-    if (ctx.needs(0)) ctx.accumulate_reduced(0, ctx.grad_out());
+    // da = g, db = -g; g moves on to a, the last use
     if (ctx.needs(1)) ctx.accumulate_reduced(1, Array(-ctx.grad_out()));
+    if (ctx.needs(0)) ctx.pass_grad_out(0);
   });
 }
 

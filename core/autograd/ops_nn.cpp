@@ -302,23 +302,24 @@ namespace {
 Tensor dropout_training(const char* op, const Tensor& a, float p, Generator& gen, bool with_gelu) {
   const DropoutKey key = draw_dropout_key(p, gen);
   const std::size_t n = a.size(), grain = with_gelu ? kGrainCostly : kGrainCheap;
-  std::vector<std::uint8_t> keep(n);
+  // every flag is written below: left uninitialized (zeroing n bytes ran serially, on one thread)
+  const std::shared_ptr<std::uint8_t[]> keep(new std::uint8_t[n]);
   Array y = Array::from_shape(a.shape());
   const float* x = a.value().data();
   float* out = y.data();
-  std::uint8_t* kp = keep.data();
+  std::uint8_t* kp = keep.get();
   parallel_for(n, grain, [=](std::size_t lo, std::size_t hi) {
     const auto forward = with_gelu ? kernels::gelu_dropout_forward : kernels::dropout_forward;
     forward(x + lo, out + lo, kp + lo, lo, hi - lo, key.k0, key.k1, key.threshold, key.scale);
   });
-  return record(op, std::move(y), {a}, [keep = std::move(keep), scale = key.scale, grain, with_gelu](GradContext& ctx) {
+  return record(op, std::move(y), {a}, [keep, n, scale = key.scale, grain, with_gelu](GradContext& ctx) {
     // dx = g * keep / (1 - p), times (Phi(x) + x phi(x)) with GELU
     Array dx = Array::from_shape(ctx.grad_out().shape());
     const float* x = with_gelu ? ctx.input(0).data() : nullptr;  // plain dropout saves no value
     const float* g = ctx.grad_out().data();
     float* d = dx.data();
-    const std::uint8_t* kp = keep.data();
-    parallel_for(keep.size(), grain, [=](std::size_t lo, std::size_t hi) {
+    const std::uint8_t* kp = keep.get();
+    parallel_for(n, grain, [=](std::size_t lo, std::size_t hi) {
       if (with_gelu) {
         kernels::gelu_dropout_backward(x + lo, g + lo, kp + lo, d + lo, hi - lo, scale);
       } else {

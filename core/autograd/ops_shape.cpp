@@ -42,7 +42,7 @@ Array permute_array(const Array& in, const std::vector<std::size_t>& perm) {
 
 Tensor identity(const Tensor& a) {
   check_defined(a, "identity");
-  return record("identity", a.value(), {a}, [](GradContext& ctx) { ctx.accumulate(0, Array(ctx.grad_out())); });
+  return record("identity", a.value(), {a}, [](GradContext& ctx) { ctx.pass_grad_out(0); });
 }
 
 Tensor reshape(const Tensor& a, const std::vector<std::int64_t>& shape) {
@@ -74,7 +74,7 @@ Tensor reshape(const Tensor& a, const std::vector<std::int64_t>& shape) {
   Array y = a.value();
   y.reshape(target);
   return record("reshape", std::move(y), {a}, [](GradContext& ctx) {
-    Array g = ctx.grad_out();
+    Array g = ctx.take_grad_out();
     g.reshape(ctx.input_shape(0));
     ctx.accumulate(0, std::move(g));
   });

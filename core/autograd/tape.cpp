@@ -320,14 +320,31 @@ GradContext::GradTarget GradContext::grad_target(std::size_t i) {
 }
 
 void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
-  if (g.shape() == entry_.inputs.at(i).node->value().shape()) {
+  Node& n = prepare(i);
+  if (g.shape() == n.value().shape()) {
+    if (Array* pending = pending_of(n)) {
+      add_into(*pending, g);
+      return;
+    }
     Array copy = Array::from_shape(g.shape());
     const float* s = g.data();
     float* d = copy.data();
     parallel_for(g.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) { std::copy(s + lo, s + hi, d + lo); });
-    accumulate(i, std::move(copy));
+    start_pending(entry_.inputs[i].node, std::move(copy));
   } else {
     add_reduced(grad_buffer(i), g);
+  }
+}
+
+void GradContext::pass_grad_out(std::size_t i) {
+  Node& n = prepare(i);
+  Array g = take_grad_out();
+  if (g.shape() != n.value().shape()) {
+    add_reduced(grad_buffer(i), g);
+  } else if (Array* pending = pending_of(n)) {
+    add_into(*pending, g);
+  } else {
+    start_pending(entry_.inputs[i].node, std::move(g));
   }
 }
 
@@ -376,8 +393,9 @@ void run_entry(TapeEntry& e, bool retain_graph) {
   out->has_pending = false;
   arrive(*out, grad);
   keep(*out, grad, false);  // its backward still reads grad
+  const bool grad_finite = !anomaly_mode || first_non_finite(grad) == grad.size();
   GradContext ctx(e, grad, *out);
-  e.backward(ctx);
+  e.backward(ctx);  // may move grad on (pass_grad_out)
   if (anomaly_mode) {
     for (std::size_t i = 0; i < e.inputs.size(); ++i) {
       const auto& in = e.inputs[i].node;
@@ -387,8 +405,7 @@ void run_entry(TapeEntry& e, bool retain_graph) {
       if (bad < pending->size()) {
         fail("anomaly: backward of ", e.op, " produced ", pending->data()[bad], " in the gradient of its input ", i,
              " (", describe(*in), ", shape ", shape_str(pending->shape()), ") at flat position ", bad,
-             "; the gradient arriving at its output was ",
-             first_non_finite(grad) < grad.size() ? "not finite" : "finite");
+             "; the gradient arriving at its output was ", grad_finite ? "finite" : "not finite");
       }
     }
   }

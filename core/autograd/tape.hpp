@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "xgrad/core/autograd/tensor.hpp"
@@ -61,11 +62,14 @@ struct TapeEntry {
 class GradContext {
  public:
   /// The context of `entry`'s backward, with `grad_out` arriving at its `output`.
-  GradContext(const TapeEntry& entry, const Array& grad_out, const Node& output)
+  GradContext(const TapeEntry& entry, Array& grad_out, const Node& output)
       : entry_(entry), grad_out_(grad_out), output_(output) {}
 
   /// The gradient arriving at the op's output (the output's shape).
   const Array& grad_out() const { return grad_out_; }
+  /// Moves the gradient arriving at the output out of the context, for a closure that hands it
+  /// on unchanged or reshaped; grad_out() is then empty, so it is the closure's last use of it.
+  Array take_grad_out() { return std::exchange(grad_out_, Array()); }
   /// The op's output value; an Error if it was written in place since the op ran.
   const Array& output() const {
     if (output_.storage->version != entry_.output_version) changed(-1);
@@ -88,6 +92,9 @@ class GradContext {
   void accumulate(std::size_t i, Array&& g);
   /// Adds g, which has the broadcast output shape, summed back to input i's shape.
   void accumulate_reduced(std::size_t i, const Array& g);
+  /// Adds grad_out, summed back to input i's shape, to input i's gradient, moving it there when
+  /// it is input i's first gradient and of its shape. grad_out is then empty: call it last.
+  void pass_grad_out(std::size_t i);
   /// Input i's gradient buffer (zeros the first time), for kernels that add in place.
   Array& grad_buffer(std::size_t i);
   /// Where a kernel that writes every element of an input's gradient once writes it (see grad_target).
@@ -106,7 +113,7 @@ class GradContext {
   Node& prepare(std::size_t i);
   [[noreturn]] void changed(long input) const;  // input -1: the output
   const TapeEntry& entry_;
-  const Array& grad_out_;
+  Array& grad_out_;
   const Node& output_;
 };
 
