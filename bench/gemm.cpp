@@ -85,20 +85,29 @@ struct HeadForm {
 };
 const HeadForm kHeadForms[] = {{"scores (NT)", false, true}, {"P v (NN)", false, false}, {"P^T dO (TN)", true, false}};
 
-// Seconds of one batch of form f: all heads in one sgemm_batched call, or a loop of sgemm.
-double head_seconds(const HeadBatch& h, const HeadForm& f, bool batched, const std::vector<float>& x,
-                    const std::vector<float>& scores, std::vector<float>& out) {
+// How one batch of heads runs: a loop of sgemm, one sgemm_batched call, or one gemm_bf16_batched
+// call on operands already in bf16 (as attention's are under a bf16 guard).
+enum class HeadRun { loop, batched, batched_bf16 };
+
+// Seconds of one batch of form f run as `run`; x16 and scores16 are x and scores in bf16.
+double head_seconds(const HeadBatch& h, const HeadForm& f, HeadRun run, const std::vector<float>& x,
+                    const std::vector<float>& scores, const std::vector<std::uint16_t>& x16,
+                    const std::vector<std::uint16_t>& scores16, std::vector<float>& out) {
   const std::size_t C = h.H * h.D, TT = h.T * h.T;
   // NT: (T x D) (T x D)^T -> T x T;  NN: (T x T) (T x D) -> T x D;  TN: (T x T)^T (T x D) -> T x D
   const bool to_scores = f.tb;
   const std::size_t m = h.T, n = to_scores ? h.T : h.D, k = to_scores ? h.D : h.T;
   const blas::Strided<const float> heads{x.data(), C, h.T * C, h.D}, blocks{scores.data(), h.T, h.H * TT, TT};
   const blas::Strided<const float> a = to_scores ? heads : blocks;
+  const blas::Strided<const std::uint16_t> heads16{x16.data(), C, h.T * C, h.D},
+      blocks16{scores16.data(), h.T, h.H * TT, TT};
   const blas::Strided<float> c = to_scores ? blas::Strided<float>{out.data(), h.T, h.H * TT, TT}
                                            : blas::Strided<float>{out.data(), C, h.T * C, h.D};
   const auto t0 = std::chrono::steady_clock::now();
-  if (batched) {
+  if (run == HeadRun::batched) {
     blas::sgemm_batched(f.ta, f.tb, h.B, h.H, m, n, k, 1.f, a, heads, 0.f, c);
+  } else if (run == HeadRun::batched_bf16) {
+    blas::gemm_bf16_batched(f.ta, f.tb, h.B, h.H, m, n, k, 1.f, to_scores ? heads16 : blocks16, heads16, 0.f, c);
   } else {
     for (std::size_t b = 0; b < h.B; ++b) {
       for (std::size_t i = 0; i < h.H; ++i) {
@@ -227,26 +236,43 @@ int main(int argc, char** argv) {
                   blas::engine_name(blas::engine_for(s.m, s.n, s.k)).c_str());
     }
     // Attention's heads under auto: one sgemm_batched call (oneDNN's matmul primitive where
-    // blas.cpp's rule sends it) against the loop of sgemm it replaced.
-    std::printf("\n%-9s %-4s %-16s %-12s %10s %10s %7s\n", "config", "B H", "T x D", "product", "loop", "batched",
-                "ratio");
+    // blas.cpp's rule sends it) against the loop of sgemm it replaced, and one gemm_bf16_batched
+    // call (bf16 operands: the products under a bf16 guard; "n/a" without the hardware path).
+    const bool bf16_hardware = blas::bf16_path() == blas::Bf16Path::hardware;
+    std::printf("\n%-9s %-4s %-16s %-12s %10s %10s %7s %10s %9s\n", "config", "B H", "T x D", "product", "loop",
+                "batched", "ratio", "bf16", "bf16/fp32");
     blas::set_engine(blas::Engine::automatic);
     for (const HeadBatch& h : kHeadBatches) {
       std::vector<float> x(h.B * h.T * h.H * h.D), scores(h.B * h.H * h.T * h.T), out(scores.size());
       for (auto& v : x) v = gen.uniform(-1.f, 1.f);
       for (auto& v : scores) v = gen.uniform(0.f, 1.f);
+      std::vector<std::uint16_t> x16(x.size()), scores16(scores.size());
+      blas::to_bf16(x.data(), x.size(), x16.data());
+      blas::to_bf16(scores.data(), scores.size(), scores16.data());
       for (const HeadForm& f : kHeadForms) {
-        std::vector<double> t_loop, t_batched;
+        std::vector<double> t_loop, t_batched, t_bf16;
         for (std::size_t r = 0; r < reps + 2; ++r) {
-          const double l = head_seconds(h, f, false, x, scores, out), b = head_seconds(h, f, true, x, scores, out);
-          if (r >= 2) t_loop.push_back(l), t_batched.push_back(b);
+          const double l = head_seconds(h, f, HeadRun::loop, x, scores, x16, scores16, out),
+                       b = head_seconds(h, f, HeadRun::batched, x, scores, x16, scores16, out),
+                       b16 = bf16_hardware ? head_seconds(h, f, HeadRun::batched_bf16, x, scores, x16, scores16, out)
+                                           : 0.0;
+          if (r >= 2) t_loop.push_back(l), t_batched.push_back(b), t_bf16.push_back(b16);
         }
         const double flop = 2.0 * h.B * h.H * h.T * h.T * h.D;
         const double gl = flop / median(t_loop) / 1e9, gb = flop / median(t_batched) / 1e9;
-        char bh[32], td[32];
+        char bh[32], td[32], g16[32], r16[32];
         std::snprintf(bh, sizeof bh, "%zu %zu", h.B, h.H);
         std::snprintf(td, sizeof td, "%zu x %zu", h.T, h.D);
-        std::printf("%-9s %-4s %-16s %-12s %10.1f %10.1f %6.2fx\n", h.what, bh, td, f.name, gl, gb, gb / gl);
+        if (bf16_hardware) {
+          const double gh = flop / median(t_bf16) / 1e9;
+          std::snprintf(g16, sizeof g16, "%.1f", gh);
+          std::snprintf(r16, sizeof r16, "%.2fx", gh / gb);
+        } else {
+          std::snprintf(g16, sizeof g16, "n/a");
+          std::snprintf(r16, sizeof r16, "n/a");
+        }
+        std::printf("%-9s %-4s %-16s %-12s %10.1f %10.1f %6.2fx %10s %9s\n", h.what, bh, td, f.name, gl, gb, gb / gl,
+                    g16, r16);
       }
     }
     blas::set_engine(before);

@@ -1,7 +1,8 @@
-// bf16 mixed precision: rounding to bf16, gemm_bf16 against a double reference of the rounded
-// operands and against fp32, linear and matmul under AutocastGuard (forward and backward, the
-// backward's precision recorded at forward), fp32 unchanged bit for bit, the guard's nesting and
-// threads, the optimizer's refusal, the weight cache, and a small model trained under bf16.
+// bf16 mixed precision: rounding to bf16, gemm_bf16 and gemm_bf16_batched against a double
+// reference of the rounded operands and against fp32, linear, matmul and the attention ops under
+// AutocastGuard (forward and backward, the backward's precision recorded at forward), fp32
+// unchanged bit for bit, the guard's nesting and threads, the optimizer's refusal, the weight
+// cache, and a small model trained under bf16.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -23,6 +24,7 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/blas.hpp"
+#include "xgrad/core/kernels/detail/gemm_engines.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/transformer.hpp"
@@ -762,6 +764,88 @@ TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and back
     }
     out.backward(seed);  // after the guard closed: the forward's precision still holds
     return std::vector<Array>{out.value(), q1.grad(), k1.grad(), v1.grad()};
+  };
+  const auto fp32 = run(Precision::fp32);
+  for (blas::Bf16Path path : runnable_paths()) {
+    PathScope scope(path);
+    CAPTURE(blas::bf16_path_name(path));
+    const auto lo = run(Precision::bf16);
+    for (std::size_t i = 0; i < lo.size(); ++i) {
+      CAPTURE(i);
+      CHECK(relative_error(lo[i], fp32[i]) < 3e-2);
+      CHECK_FALSE(same_bits(lo[i], fp32[i]));
+    }
+  }
+}
+
+TEST_CASE("gemm_bf16_batched is each product's gemm_bf16, in one oneDNN call where it runs", "[bf16][gemm]") {
+  // attention's layouts: heads side by side in (B, L, H D) rows, and (B, H, T, S) blocks
+  struct Case {
+    std::size_t batches, heads, m, n, k;
+    bool ta, tb;
+    float alpha, beta;
+    int threads;
+  };
+  const std::vector<Case> cases = {{3, 2, 32, 32, 16, false, true, 0.25f, 0.f, 1},  // scores q k^T
+                                   {3, 2, 32, 16, 32, false, false, 1.f, 0.f, 2},   // P v
+                                   {4, 2, 32, 16, 32, true, false, 1.f, 1.f, 2},    // P^T dO, added
+                                   {2, 3, 5, 4, 3, false, false, 1.f, 0.f, 1}};     // below the primitive's range
+  for (blas::Bf16Path path : runnable_paths()) {
+    PathScope scope(path);
+    for (const Case& p : cases) {
+      ThreadScope threads(p.threads);
+      CAPTURE(blas::bf16_path_name(path), p.batches, p.heads, p.m, p.n, p.k, p.ta, p.tb, p.alpha, p.beta);
+      // A and B with heads side by side (row stride heads * cols), C in blocks of m x n
+      const std::size_t a_rows = p.ta ? p.k : p.m, a_cols = p.ta ? p.m : p.k;
+      const std::size_t b_rows = p.tb ? p.n : p.k, b_cols = p.tb ? p.k : p.n;
+      const Array a = random_array({p.batches, a_rows, p.heads * a_cols}, 51);
+      const Array b = random_array({p.batches, b_rows, p.heads * b_cols}, 52);
+      const Array c0 = random_array({p.batches, p.heads, p.m, p.n}, 53);
+      std::vector<std::uint16_t> a16(a.size()), b16(b.size());
+      blas::to_bf16(a.data(), a.size(), a16.data());
+      blas::to_bf16(b.data(), b.size(), b16.data());
+      const std::size_t lda = p.heads * a_cols, ldb = p.heads * b_cols;
+      std::vector<float> c(c0.begin(), c0.end()), want = c;
+      const std::size_t calls_before = blas::detail::onednn_batched_calls();
+      blas::gemm_bf16_batched(p.ta, p.tb, p.batches, p.heads, p.m, p.n, p.k, p.alpha,
+                              {a16.data(), lda, a_rows * lda, a_cols}, {b16.data(), ldb, b_rows * ldb, b_cols}, p.beta,
+                              {c.data(), p.n, p.heads * p.m * p.n, p.m * p.n});
+      const bool batched_call = blas::detail::onednn_batched_calls() > calls_before;
+      double worst = 0, scale = 0;
+      for (std::size_t i = 0; i < p.batches; ++i) {
+        for (std::size_t h = 0; h < p.heads; ++h) {
+          float* w = want.data() + (i * p.heads + h) * p.m * p.n;
+          blas::gemm_bf16(p.ta, p.tb, p.m, p.n, p.k, p.alpha, a16.data() + i * a_rows * lda + h * a_cols, lda,
+                          b16.data() + i * b_rows * ldb + h * b_cols, ldb, p.beta, w, p.n);
+        }
+      }
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        worst = std::max(worst, std::abs(static_cast<double>(c[i]) - want[i]));
+        scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+      }
+      CHECK(worst <= 1e-6 * static_cast<double>(p.k) * scale);  // the same products, summed in fp32
+      const bool in_range = p.m * p.n * p.k >= (1u << 12) && p.m * p.n * p.k <= (1u << 21);
+      CHECK(batched_call == (path == blas::Bf16Path::hardware && in_range));
+    }
+  }
+}
+
+TEST_CASE("attention_weights, attention_scores and attend follow a bf16 guard, forward and backward",
+          "[bf16][ops][attention]") {
+  // heads of 32 x 32 x 32 multiply-adds (2^15): the batched primitive's range
+  const Array q = random_array({2, 32, 64}, 61), k = random_array({2, 32, 64}, 62), v = random_array({2, 32, 64}, 63);
+  const Array seed = random_array({2, 32, 64}, 64), scores_seed = random_array({2, 2, 32, 32}, 65);
+  auto run = [&](Precision precision) {
+    Tensor q1(q, true), k1(k, true), v1(v, true), q2(q, true), k2(k, true);
+    Tensor out, scores;
+    {
+      AutocastGuard guard(precision);
+      out = attend(attention_weights(q1, k1, 2, 0.17f, true), v1, 2);
+      scores = attention_scores(q2, k2, 2, 0.17f);
+    }
+    out.backward(seed);  // after the guard closed: the forward's precision still holds
+    scores.backward(scores_seed);
+    return std::vector<Array>{out.value(), q1.grad(), k1.grad(), v1.grad(), scores.value(), q2.grad(), k2.grad()};
   };
   const auto fp32 = run(Precision::fp32);
   for (blas::Bf16Path path : runnable_paths()) {

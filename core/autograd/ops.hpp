@@ -158,6 +158,10 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
 Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, float scale);
 /// The weighted sum of values with heads side by side: P (B, H, T, S), v (B, S, C) -> (B, T, C),
 /// out[b, :, hD:(h+1)D] = P[b, h] v_h.
+///
+/// attention_weights, attention_scores and attend under a bf16 AutocastGuard: their products,
+/// forward and backward, take bf16 operands and accumulate in fp32 (blas::gemm_bf16_batched), as
+/// linear's do; softmax and its backward stay fp32.
 Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);
 
 // ---- tiled attention (ops_flash_attention.cpp): the context without the (B, H, T, S) weights ----

@@ -4,11 +4,20 @@
 // block of heads are one call (blas::sgemm_batched), blocks are tasks for the kernel threads, and
 // the tasks write disjoint parts of the outputs.
 //
+// Under a bf16 AutocastGuard the products take bf16 operands and accumulate in fp32, as Linear's
+// do: q, k, v and the weights are rounded once each (their copies kept on their storage, for
+// backward too), the incoming gradient once, and the scores' gradient block by block while it is
+// in cache; softmax and its backward stay fp32.
+//
 // Shapes: B batch, T query length, S key length, H heads, D head width, C = H*D.
 #include <algorithm>
+#include <cstdint>
+#include <memory>
 
+#include "xgrad/core/autograd/detail/bf16_cache.hpp"
 #include "xgrad/core/autograd/detail/keep_flags.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/blas.hpp"
@@ -74,18 +83,51 @@ void for_each_head_block(const Heads& d, std::size_t work_per_head, F task) {
 }
 
 // The block's heads of a (B, L, C) tensor: head h of entry b is L x D at row stride C.
-blas::Strided<const float> heads_of(const float* x, const Heads& d, std::size_t L, const HeadBlock& k) {
-  return {x + k.b0 * L * d.C + k.h0 * d.D, d.C, L * d.C, d.D};
-}
-blas::Strided<float> heads_of(float* x, const Heads& d, std::size_t L, const HeadBlock& k) {
+template <class T>
+blas::Strided<T> heads_of(T* x, const Heads& d, std::size_t L, const HeadBlock& k) {
   return {x + k.b0 * L * d.C + k.h0 * d.D, d.C, L * d.C, d.D};
 }
 // The block's scores or weights in (B, H, T, S): contiguous T x S blocks.
-blas::Strided<const float> scores_of(const float* w, const Heads& d, const HeadBlock& k) {
+template <class T>
+blas::Strided<T> scores_of(T* w, const Heads& d, const HeadBlock& k) {
   return {w + (k.b0 * d.H + k.h0) * d.T * d.S, d.S, d.H * d.T * d.S, d.T * d.S};
 }
-blas::Strided<float> scores_of(float* w, const Heads& d, const HeadBlock& k) {
-  return {w + (k.b0 * d.H + k.h0) * d.T * d.S, d.S, d.H * d.T * d.S, d.T * d.S};
+// The block's first element in (B, H, T, S) and its count (a block is contiguous there).
+std::size_t block_offset(const Heads& d, const HeadBlock& k) { return (k.b0 * d.H + k.h0) * d.T * d.S; }
+std::size_t block_size(const Heads& d, const HeadBlock& k) {
+  return ((k.b1 - 1) * d.H + k.h1) * d.T * d.S - block_offset(d, k);
+}
+
+// A product operand: its float32 values, and under bf16 their bf16 copy (else null).
+struct Operand {
+  const float* f;
+  const std::uint16_t* h;
+};
+using Bf16Copy = std::shared_ptr<const blas::Bf16Vector>;
+
+// An input's operand at `precision`: in bf16 with its copy, made once per value (kept on its
+// storage, so backward finds it).
+Operand operand_of(const Tensor& t, Precision precision, Bf16Copy& keep) {
+  if (precision == Precision::bf16) keep = detail::activation_bf16(*t.node());
+  return {t.value().data(), keep ? keep->data() : nullptr};
+}
+Operand operand_of(const Array& value, const Node& node, Precision precision, Bf16Copy& keep) {
+  if (precision == Precision::bf16) keep = detail::activation_bf16(node);
+  return {value.data(), keep ? keep->data() : nullptr};
+}
+
+// One batched product of the block, in bf16 when both operands have bf16 copies (a, b: where the
+// block's first matrix starts in each, with the strides `as` and `bs` of the float32 layout).
+void batched(bool ta, bool tb, const HeadBlock& k, std::size_t m, std::size_t n, std::size_t depth, float alpha,
+             Operand a, const blas::Strided<const float>& as, Operand b, const blas::Strided<const float>& bs,
+             float beta, const blas::Strided<float>& c) {
+  const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
+  if (a.h && b.h) {
+    const blas::Strided<const std::uint16_t> ah{a.h + (as.data - a.f), as.ld, as.batch_stride, as.head_stride},
+        bh{b.h + (bs.data - b.f), bs.ld, bs.batch_stride, bs.head_stride};
+    return blas::gemm_bf16_batched(ta, tb, nb, nh, m, n, depth, alpha, ah, bh, beta, c);
+  }
+  blas::sgemm_batched(ta, tb, nb, nh, m, n, depth, alpha, as, bs, beta, c);
 }
 
 // Runs row(r) for every score row r (index into (B, H, T)) of the block.
@@ -101,24 +143,32 @@ void for_each_row(const Heads& d, const HeadBlock& k, F row) {
 namespace {
 
 // The block's scores, scale q_h k_h^T (T x S) for each of its heads, into W.
-void block_scores(const Heads& d, const HeadBlock& k, float scale, const float* Q, const float* K, float* W) {
-  blas::sgemm_batched(false, true, k.b1 - k.b0, k.h1 - k.h0, d.T, d.S, d.D, scale, heads_of(Q, d, d.T, k),
-                      heads_of(K, d, d.S, k), 0.f, scores_of(W, d, k));
+void block_scores(const Heads& d, const HeadBlock& k, float scale, Operand Q, Operand K, float* W) {
+  batched(false, true, k, d.T, d.S, d.D, scale, Q, heads_of(Q.f, d, d.T, k), K, heads_of(K.f, d, d.S, k), 0.f,
+          scores_of(W, d, k));
 }
 
 // The scores' backward for one block, from dZ (the gradient at the scores): dq_h = scale dZ k_h,
 // dk_h = scale dZ^T q_h; dQ or dK may be null.
-void block_scores_backward(const Heads& d, const HeadBlock& k, float scale, const float* dZ, const float* Q,
-                           const float* K, float* dQ, float dq_beta, float* dK) {
-  const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
+void block_scores_backward(const Heads& d, const HeadBlock& k, float scale, Operand dZ, Operand Q, Operand K, float* dQ,
+                           float dq_beta, float* dK) {
   if (dQ) {
-    blas::sgemm_batched(false, false, nb, nh, d.T, d.D, d.S, scale, scores_of(dZ, d, k), heads_of(K, d, d.S, k),
-                        dq_beta, heads_of(dQ, d, d.T, k));
+    batched(false, false, k, d.T, d.D, d.S, scale, dZ, scores_of(dZ.f, d, k), K, heads_of(K.f, d, d.S, k), dq_beta,
+            heads_of(dQ, d, d.T, k));
   }
   if (dK) {
-    blas::sgemm_batched(true, false, nb, nh, d.S, d.D, d.T, scale, scores_of(dZ, d, k), heads_of(Q, d, d.T, k), 1.f,
-                        heads_of(dK, d, d.S, k));
+    batched(true, false, k, d.S, d.D, d.T, scale, dZ, scores_of(dZ.f, d, k), Q, heads_of(Q.f, d, d.T, k), 1.f,
+            heads_of(dK, d, d.S, k));
   }
+}
+
+// The gradient at the scores as a product operand: in bf16 (bits != null) each block is rounded
+// into `bits` when its gradient is complete, while in cache.
+Operand round_block(const float* dz, std::uint16_t* bits, const Heads& d, const HeadBlock& k) {
+  if (!bits) return {dz, nullptr};
+  const std::size_t at = block_offset(d, k);
+  blas::to_bf16(dz + at, block_size(d, k), bits + at);  // serial inside a parallel_for body
+  return {dz, bits};
 }
 
 // dQ's and dK's targets: dK's buffer first, so that when q and k are one tensor dQ's target is
@@ -138,19 +188,24 @@ ScoresGradTargets scores_grad_targets(GradContext& ctx) {
 
 Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, float scale) {
   const Heads d = check_heads("attention_scores", q, k, heads, "q", "k");
+  const Precision precision = autocast_precision();  // the forward's, for backward's products too
   Array w = Array::from_shape({d.B, d.H, d.T, d.S});
-  const float* Q = q.value().data();
-  const float* K = k.value().data();
+  Bf16Copy q16, k16;
+  const Operand Q = operand_of(q, precision, q16), K = operand_of(k, precision, k16);
   float* W = w.data();
   if (d.D == 0) std::fill(W, W + w.size(), 0.f);  // K = 0: BLAS may leave the scores unwritten
   for_each_head_block(d, d.T * d.S * d.D, [&](const HeadBlock& k) { block_scores(d, k, scale, Q, K, W); });
-  return record("attention_scores", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
-    const float* G = ctx.grad_out().data();
-    const float* Q = ctx.needs(1) ? ctx.input(0).data() : nullptr;  // dk reads q, dq reads k
-    const float* K = ctx.needs(0) ? ctx.input(1).data() : nullptr;
+  return record("attention_scores", std::move(w), {q, k}, [d, scale, precision](GradContext& ctx) {
+    const bool bf16 = precision == Precision::bf16;
+    Bf16Copy q16, k16;  // dk reads q, dq reads k
+    const Operand Q = ctx.needs(1) ? operand_of(ctx.input(0), ctx.input_node(0), precision, q16) : Operand{};
+    const Operand K = ctx.needs(0) ? operand_of(ctx.input(1), ctx.input_node(1), precision, k16) : Operand{};
+    const Array& G = ctx.grad_out();
+    blas::Bf16Vector g16(bf16 ? G.size() : 0);
     const ScoresGradTargets t = scores_grad_targets(ctx);
     for_each_head_block(d, 2 * d.T * d.S * d.D, [&](const HeadBlock& k) {
-      block_scores_backward(d, k, scale, G, Q, K, t.dQ, t.dq_beta, t.dK);
+      const Operand dZ = round_block(G.data(), bf16 ? g16.data() : nullptr, d, k);
+      block_scores_backward(d, k, scale, dZ, Q, K, t.dQ, t.dq_beta, t.dK);
     });
   });
 }
@@ -158,12 +213,13 @@ Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, flo
 Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal,
                          const Mask* mask) {
   const Heads d = check_heads("attention_weights", q, k, heads, "q", "k");
+  const Precision precision = autocast_precision();  // the forward's, for backward's products too
   const Shape ws = {d.B, d.H, d.T, d.S};
   std::shared_ptr<std::vector<std::uint8_t>> keep;
   if (mask) keep = keep_flags(*mask, ws, "attention_weights");
   Array w = Array::from_shape(ws);
-  const float* Q = q.value().data();
-  const float* K = k.value().data();
+  Bf16Copy q16, k16;
+  const Operand Q = operand_of(q, precision, q16), K = operand_of(k, precision, k16);
   float* W = w.data();
   if (d.D == 0) std::fill(W, W + w.size(), 0.f);  // K = 0: BLAS may leave the scores unwritten
   const std::uint8_t* kp = keep ? keep->data() : nullptr;
@@ -175,20 +231,24 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
       kernels::masked_softmax_row(W + r * d.S, d.S, causal ? std::min(d.S, t + 1) : d.S, kp ? kp + r * d.S : nullptr);
     });
   });
-  return record("attention_weights", std::move(w), {q, k}, [d, scale](GradContext& ctx) {
+  return record("attention_weights", std::move(w), {q, k}, [d, scale, precision](GradContext& ctx) {
     // dZ = P (dP - rowsum(dP P)) (zero where P is, so masked keys get nothing), then the scores'
     // backward from dZ
+    const bool bf16 = precision == Precision::bf16;
     const float* P = ctx.output().data();
     const float* G = ctx.grad_out().data();
-    const float* Q = ctx.needs(1) ? ctx.input(0).data() : nullptr;  // dk reads q, dq reads k
-    const float* K = ctx.needs(0) ? ctx.input(1).data() : nullptr;
+    Bf16Copy q16, k16;  // dk reads q, dq reads k
+    const Operand Q = ctx.needs(1) ? operand_of(ctx.input(0), ctx.input_node(0), precision, q16) : Operand{};
+    const Operand K = ctx.needs(0) ? operand_of(ctx.input(1), ctx.input_node(1), precision, k16) : Operand{};
     const ScoresGradTargets t = scores_grad_targets(ctx);
     Array dz_all = Array::from_shape(ctx.output().shape());
+    blas::Bf16Vector dz16(bf16 ? dz_all.size() : 0);
     float* DZ = dz_all.data();
     for_each_head_block(d, d.T * d.S * (2 * d.D + 4), [&](const HeadBlock& k) {
       for_each_row(d, k,
                    [&](std::size_t r) { kernels::softmax_row_backward(P + r * d.S, G + r * d.S, DZ + r * d.S, d.S); });
-      block_scores_backward(d, k, scale, DZ, Q, K, t.dQ, t.dq_beta, t.dK);
+      const Operand dZ = round_block(DZ, bf16 ? dz16.data() : nullptr, d, k);
+      block_scores_backward(d, k, scale, dZ, Q, K, t.dQ, t.dq_beta, t.dK);
     });
   });
 }
@@ -207,35 +267,40 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
   }
   const std::size_t T = ws[2];
   const Heads d{vs[0], T, vs[1], heads, vs[2] / heads, vs[2]};
+  const Precision precision = autocast_precision();  // the forward's, for backward's products too
   Array out = Array::from_shape({d.B, T, d.C});
-  const float* W = weights.value().data();
-  const float* V = v.value().data();
+  Bf16Copy w16, v16;
+  const Operand W = operand_of(weights, precision, w16), V = operand_of(v, precision, v16);
   float* O = out.data();
   if (d.S == 0) std::fill(O, O + out.size(), 0.f);
   for_each_head_block(d, d.T * d.S * d.D, [&](const HeadBlock& k) {
     // out_h = P v_h  (T x D), written into its column block of out
-    blas::sgemm_batched(false, false, k.b1 - k.b0, k.h1 - k.h0, d.T, d.D, d.S, 1.f, scores_of(W, d, k),
-                        heads_of(V, d, d.S, k), 0.f, heads_of(O, d, d.T, k));
+    batched(false, false, k, d.T, d.D, d.S, 1.f, W, scores_of(W.f, d, k), V, heads_of(V.f, d, d.S, k), 0.f,
+            heads_of(O, d, d.T, k));
   });
-  return record("attend", std::move(out), {weights, v}, [d](GradContext& ctx) {
+  return record("attend", std::move(out), {weights, v}, [d, precision](GradContext& ctx) {
     // dP = dout_h v_h^T,  dv_h = P^T dout_h
-    const float* G = ctx.grad_out().data();
-    const float* W = ctx.needs(1) ? ctx.input(0).data() : nullptr;  // dv reads the weights, dP reads v
-    const float* V = ctx.needs(0) ? ctx.input(1).data() : nullptr;
+    Bf16Copy w16, v16;  // dv reads the weights, dP reads v
+    const Operand W = ctx.needs(1) ? operand_of(ctx.input(0), ctx.input_node(0), precision, w16) : Operand{};
+    const Operand V = ctx.needs(0) ? operand_of(ctx.input(1), ctx.input_node(1), precision, v16) : Operand{};
+    // G feeds both products: in bf16 it is rounded once
+    const Array& g = ctx.grad_out();
+    blas::Bf16Vector g16(precision == Precision::bf16 ? g.size() : 0);
+    if (!g16.empty()) blas::to_bf16(g.data(), g.size(), g16.data());
+    const Operand G{g.data(), g16.empty() ? nullptr : g16.data()};
     // Each head writes its own blocks of dW and dV once: new buffers need no zeros. (The weights
     // (B, H, T, S) and v (B, S, C) cannot be one tensor.)
     const auto none = GradContext::GradTarget{nullptr, 0.f};
     const auto dw = ctx.needs(0) ? ctx.grad_target(0) : none;
     const auto dv = ctx.needs(1) ? ctx.grad_target(1) : none;
     for_each_head_block(d, 2 * d.T * d.S * d.D, [&](const HeadBlock& k) {
-      const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
       if (dw.data) {
-        blas::sgemm_batched(false, true, nb, nh, d.T, d.S, d.D, 1.f, heads_of(G, d, d.T, k), heads_of(V, d, d.S, k),
-                            dw.beta, scores_of(dw.data, d, k));
+        batched(false, true, k, d.T, d.S, d.D, 1.f, G, heads_of(G.f, d, d.T, k), V, heads_of(V.f, d, d.S, k), dw.beta,
+                scores_of(dw.data, d, k));
       }
       if (dv.data) {
-        blas::sgemm_batched(true, false, nb, nh, d.S, d.D, d.T, 1.f, scores_of(W, d, k), heads_of(G, d, d.T, k),
-                            dv.beta, heads_of(dv.data, d, d.S, k));
+        batched(true, false, k, d.S, d.D, d.T, 1.f, W, scores_of(W.f, d, k), G, heads_of(G.f, d, d.T, k), dv.beta,
+                heads_of(dv.data, d, d.S, k));
       }
     });
   });

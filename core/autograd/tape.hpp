@@ -81,6 +81,8 @@ class GradContext {
     if (in.node->storage->version != in.version) changed(static_cast<long>(i));
     return in.node->value();
   }
+  /// Input i's node, for what is kept on its storage (its bf16 copy); input(i) checks its value.
+  const Node& input_node(std::size_t i) const { return *entry_.inputs[i].node; }
   /// Input i's shape, for closures that need only that (reading it is not a use of the value).
   const Shape& input_shape(std::size_t i) const { return entry_.inputs[i].node->value().shape(); }
   /// The number of inputs the op recorded, undefined ones included.

@@ -278,35 +278,73 @@ Strided<T> from_batch(Strided<T> s, std::size_t b) {
 
 }  // namespace
 
-void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
-                   std::size_t k, float alpha, Strided<const float> a, Strided<const float> b, float beta,
-                   Strided<float> c) {
+namespace {
+
+// The batch as ranges of b split across the kernel threads: each range one call of `batched`
+// (oneDNN's primitive) when `primitive` and it takes the call, else a loop of `single` over its
+// products.
+template <class T, class Batched, class Single>
+void run_batched(std::size_t batches, std::size_t heads, std::size_t m, std::size_t n, std::size_t k, bool primitive,
+                 Strided<const T> a, Strided<const T> b, Strided<float> c, Batched batched, Single single) {
   if (batches == 0 || heads == 0 || m == 0 || n == 0) return;
   const std::size_t per_product = m * n * std::max<std::size_t>(k, 1), work = per_product * heads * batches;
-  const bool primitive = kHaveOnednn && engine() != Engine::openblas && k > 0 && per_product >= kBatchedMinWork &&
-                         per_product <= kBatchedMaxWork;
+  primitive = primitive && k > 0 && per_product >= kBatchedMinWork && per_product <= kBatchedMaxWork;
   auto range = [=](std::size_t lo, std::size_t hi) {
-#ifdef XGRAD_HAS_ONEDNN
-    if (primitive && detail::onednn_sgemm_batched(trans_a, trans_b, hi - lo, heads, m, n, k, alpha, from_batch(a, lo),
-                                                  from_batch(b, lo), beta, from_batch(c, lo))) {
+    if (primitive && batched(hi - lo, from_batch(a, lo), from_batch(b, lo), from_batch(c, lo))) {
       primitive_calls.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-#else
-    (void)primitive;
-#endif
-    // sgemm, not the engine directly: it applies the tall A^T B swap (inside this range it runs
-    // on the calling thread)
     for (std::size_t i = lo; i < hi; ++i) {
       for (std::size_t h = 0; h < heads; ++h) {
-        sgemm(trans_a, trans_b, m, n, k, alpha, a.data + i * a.batch_stride + h * a.head_stride, a.ld,
-              b.data + i * b.batch_stride + h * b.head_stride, b.ld, beta,
-              c.data + i * c.batch_stride + h * c.head_stride, c.ld);
+        single(a.data + i * a.batch_stride + h * a.head_stride, b.data + i * b.batch_stride + h * b.head_stride,
+               c.data + i * c.batch_stride + h * c.head_stride);
       }
     }
   };
   if (work < 2 * kGrainGemm) return range(0, batches);
   parallel_for(batches, grain_for(kGrainGemm, per_product * heads), range);
+}
+
+}  // namespace
+
+void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
+                   std::size_t k, float alpha, Strided<const float> a, Strided<const float> b, float beta,
+                   Strided<float> c) {
+  const bool primitive = kHaveOnednn && engine() != Engine::openblas;
+  run_batched(
+      batches, heads, m, n, k, primitive, a, b, c,
+      [=](std::size_t count, Strided<const float> ra, Strided<const float> rb, Strided<float> rc) {
+#ifdef XGRAD_HAS_ONEDNN
+    return detail::onednn_sgemm_batched(trans_a, trans_b, count, heads, m, n, k, alpha, ra, rb, beta, rc);
+#else
+    (void)count, (void)ra, (void)rb, (void)rc;
+    return false;
+#endif
+      },
+      // sgemm, not the engine directly: it applies the tall A^T B swap (inside a range it runs on
+      // the calling thread)
+      [=](const float* pa, const float* pb, float* pc) {
+    sgemm(trans_a, trans_b, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, c.ld);
+  });
+}
+
+void gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
+                       std::size_t k, float alpha, Strided<const std::uint16_t> a, Strided<const std::uint16_t> b,
+                       float beta, Strided<float> c) {
+  const bool primitive = bf16_path() == Bf16Path::hardware;  // else emulated: gemm_bf16 says so once
+  run_batched(
+      batches, heads, m, n, k, primitive, a, b, c,
+      [=](std::size_t count, Strided<const std::uint16_t> ra, Strided<const std::uint16_t> rb, Strided<float> rc) {
+#ifdef XGRAD_HAS_ONEDNN
+    return detail::onednn_gemm_bf16_batched(trans_a, trans_b, count, heads, m, n, k, alpha, ra, rb, beta, rc);
+#else
+    (void)count, (void)ra, (void)rb, (void)rc;
+    return false;
+#endif
+      },
+      [=](const std::uint16_t* pa, const std::uint16_t* pb, float* pc) {
+    gemm_bf16(trans_a, trans_b, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, c.ld);
+  });
 }
 
 namespace detail {

@@ -132,6 +132,14 @@ void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::si
                const std::uint16_t* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
                std::size_t ldc);
 
+/// sgemm_batched with bf16 operands, accumulated in float32: under the hardware path, products of
+/// 2^12 to 2^21 multiply-adds are one call of oneDNN's bf16 matmul primitive per range of b (as
+/// sgemm_batched's are of its float32 one), others a loop of gemm_bf16; emulated, a loop of
+/// gemm_bf16.
+void gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
+                       std::size_t k, float alpha, Strided<const std::uint16_t> a, Strided<const std::uint16_t> b,
+                       float beta, Strided<float> c);
+
 /// linear() with bf16 products: Y (rows x out, float32) = X W^T + bias, X float32 (rounded on the
 /// fly), W (out x in) bf16, bias (float32, may be null) added in float32.
 void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const std::uint16_t* w,

@@ -22,6 +22,10 @@ void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std:
 bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
                           std::size_t n, std::size_t k, float alpha, Strided<const float> a, Strided<const float> b,
                           float beta, Strided<float> c);
+// The same with bf16 operands (C float32), for blas::gemm_bf16_batched.
+bool onednn_gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
+                              std::size_t n, std::size_t k, float alpha, Strided<const std::uint16_t> a,
+                              Strided<const std::uint16_t> b, float beta, Strided<float> c);
 
 // Whether oneDNN creates a bf16 matmul primitive (bf16 inputs, float32 output) on this CPU: probed
 // once, on the first call, then cached (gemm_onednn_bf16.cpp). Defined only with oneDNN.
