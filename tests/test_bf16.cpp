@@ -90,6 +90,23 @@ double relative_error(const Array& a, const Array& b) {
   return scale > 0 ? diff / scale : diff;
 }
 
+// run(precision) gives an op's outputs and gradients, forward under a guard of that precision:
+// on every runnable path, bf16 agrees with fp32 to bf16's rounding and is not fp32 in disguise.
+template <class Run>
+void check_follows_guard(Run run) {
+  const std::vector<Array> fp32 = run(Precision::fp32);
+  for (blas::Bf16Path path : runnable_paths()) {
+    PathScope scope(path);
+    CAPTURE(blas::bf16_path_name(path));
+    const std::vector<Array> lo = run(Precision::bf16);
+    for (std::size_t i = 0; i < lo.size(); ++i) {
+      CAPTURE(i);
+      CHECK(relative_error(lo[i], fp32[i]) < 3e-2);
+      CHECK_FALSE(same_bits(lo[i], fp32[i]));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("to_bf16 rounds to nearest, ties to even, and keeps NaN, inf and subnormals", "[bf16]") {
@@ -765,17 +782,7 @@ TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and back
     out.backward(seed);  // after the guard closed: the forward's precision still holds
     return std::vector<Array>{out.value(), q1.grad(), k1.grad(), v1.grad()};
   };
-  const auto fp32 = run(Precision::fp32);
-  for (blas::Bf16Path path : runnable_paths()) {
-    PathScope scope(path);
-    CAPTURE(blas::bf16_path_name(path));
-    const auto lo = run(Precision::bf16);
-    for (std::size_t i = 0; i < lo.size(); ++i) {
-      CAPTURE(i);
-      CHECK(relative_error(lo[i], fp32[i]) < 3e-2);
-      CHECK_FALSE(same_bits(lo[i], fp32[i]));
-    }
-  }
+  check_follows_guard(run);
 }
 
 TEST_CASE("gemm_bf16_batched is each product's gemm_bf16, in one oneDNN call where it runs", "[bf16][gemm]") {
@@ -847,15 +854,5 @@ TEST_CASE("attention_weights, attention_scores and attend follow a bf16 guard, f
     scores.backward(scores_seed);
     return std::vector<Array>{out.value(), q1.grad(), k1.grad(), v1.grad(), scores.value(), q2.grad(), k2.grad()};
   };
-  const auto fp32 = run(Precision::fp32);
-  for (blas::Bf16Path path : runnable_paths()) {
-    PathScope scope(path);
-    CAPTURE(blas::bf16_path_name(path));
-    const auto lo = run(Precision::bf16);
-    for (std::size_t i = 0; i < lo.size(); ++i) {
-      CAPTURE(i);
-      CHECK(relative_error(lo[i], fp32[i]) < 3e-2);
-      CHECK_FALSE(same_bits(lo[i], fp32[i]));
-    }
-  }
+  check_follows_guard(run);
 }
