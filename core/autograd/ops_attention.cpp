@@ -107,13 +107,12 @@ using Bf16Copy = std::shared_ptr<const blas::Bf16Vector>;
 
 // An input's operand at `precision`: in bf16 with its copy, made once per value (kept on its
 // storage, so backward finds it).
-Operand operand_of(const Tensor& t, Precision precision, Bf16Copy& keep) {
-  if (precision == Precision::bf16) keep = detail::activation_bf16(*t.node());
-  return {t.value().data(), keep ? keep->data() : nullptr};
-}
 Operand operand_of(const Array& value, const Node& node, Precision precision, Bf16Copy& keep) {
   if (precision == Precision::bf16) keep = detail::activation_bf16(node);
   return {value.data(), keep ? keep->data() : nullptr};
+}
+Operand operand_of(const Tensor& t, Precision precision, Bf16Copy& keep) {
+  return operand_of(t.value(), *t.node(), precision, keep);
 }
 
 // One batched product of the block, in bf16 when both operands have bf16 copies (a, b: where the
