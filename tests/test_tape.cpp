@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xgrad/core/autograd/ops.hpp"
@@ -253,6 +255,37 @@ TEST_CASE("a hook on an intermediate sees the gradient arriving there", "[tape][
   require_close(seen, Array{2.f, 8.f, 18.f});
   require_close(x.grad(), Array{4.f, 32.f, 108.f});
   REQUIRE_FALSE(h.has_grad());  // a hook does not make the tensor keep its gradient
+}
+
+TEST_CASE("ops that write their input's gradient over the arriving one leave a kept copy intact", "[tape][hooks]") {
+  // Elementwise backwards compute dx in the buffer of the gradient arriving at their output; what
+  // retain_grad keeps and what a hook saw of that gradient must stay the arriving values.
+  Generator gen(3);
+  const Mask masked = {false, true, false, false};
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops = {
+      {"gelu", [](const Tensor& t) { return gelu(t); }},
+      {"gelu_tanh", [](const Tensor& t) { return gelu(t, GeluApprox::tanh); }},
+      {"relu", [](const Tensor& t) { return relu(t); }},
+      {"tanh", [](const Tensor& t) { return tanh(t); }},
+      {"gelu_dropout", [&](const Tensor& t) { return gelu_dropout(t, 0.25f, true, gen); }},
+      {"dropout", [&](const Tensor& t) { return dropout(t, 0.25f, true, gen); }},
+      {"masked_fill", [&](const Tensor& t) { return masked_fill(t, masked, 0.f); }},
+  };
+  for (const auto& [name, op] : ops) {
+    DYNAMIC_SECTION(name) {
+      Tensor x(Array{0.5f, -1.f, 2.f, 0.25f}, true);
+      Tensor h = op(x);
+      h.retain_grad();
+      Array seen;
+      h.register_hook([&](Array& g) { seen = g; });
+      // L = sum(h * c): the gradient arriving at h is c
+      const Array c{1.f, -2.f, 3.f, 0.5f};
+      sum(h * Tensor(c)).backward();
+      require_close(h.grad(), c);
+      require_close(seen, c);
+      REQUIRE(x.has_grad());
+    }
+  }
 }
 
 TEST_CASE("a hook that scales the gradient in place changes the leaf gradient, remove_hook stops it", "[tape][hooks]") {

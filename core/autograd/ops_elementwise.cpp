@@ -31,11 +31,12 @@ Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd, std::size_t grai
     for (std::size_t i = lo; i < hi; ++i) ys[i] = fwd(xs[i]);
   });
   return record(op, std::move(y), {a}, [bwd, grain](GradContext& ctx) {
-    const float* gs = ctx.grad_out().data();
+    // dx written over g, element by element (see dropout's backward)
+    Array dx = ctx.take_grad_out();
+    const float* gs = dx.data();
     // an argument that is not saved points at g, and bwd ignores it
     const float* xs = (saves & kSavesX) ? ctx.input(0).data() : gs;
     const float* ys = (saves & kSavesY) ? ctx.output().data() : gs;
-    Array dx = Array::from_shape(ctx.grad_out().shape());
     float* d = dx.data();
     parallel_for(dx.size(), grain, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t i = lo; i < hi; ++i) d[i] = bwd(xs[i], ys[i], gs[i]);
@@ -210,8 +211,8 @@ Tensor vector_unary(const char* name, const Tensor& a, VectorForward forward, Ve
   parallel_for(y.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) { forward(xs + lo, ys + lo, hi - lo); });
   return record(name, std::move(y), {a}, [backward](GradContext& ctx) {
     const float* xs = ctx.input(0).data();
-    const float* gs = ctx.grad_out().data();
-    Array dx = Array::from_shape(ctx.input(0).shape());
+    Array dx = ctx.take_grad_out();  // dx written over g, element by element
+    const float* gs = dx.data();
     float* d = dx.data();
     parallel_for(dx.size(), kGrainCostly,
                  [=](std::size_t lo, std::size_t hi) { backward(xs + lo, gs + lo, d + lo, hi - lo); });
