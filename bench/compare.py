@@ -36,9 +36,11 @@ CONFIGS = ["tiny", "small", "standard", "long", "long4k", "llama_small", "llama_
 OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
-def run(cmd, env=None):
-    """The last stdout line of cmd as JSON; raises CalledProcessError when cmd fails."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+def run(cmd, env=None, cpu=None):
+    """The last stdout line of cmd as JSON, cmd pinned to `cpu` when given; raises
+    CalledProcessError when cmd fails."""
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=pin)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -75,6 +77,9 @@ def main():
                     help="pass OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE on to PyTorch as well")
     ap.add_argument("--torch-intra-op-threads", type=int, default=1,
                     help="torch's own intra-op threads in every PyTorch run (default 1)")
+    ap.add_argument("--pin-one-thread", type=int, metavar="CPU",
+                    help="run every one-thread run of both programs on this CPU (see docs/speed.md: on the "
+                         "2-vCPU machines one vCPU can be up to a quarter slower than the other for minutes)")
     ap.add_argument("--xgrad", default=os.path.join(ROOT, "build", "bench", "bench_train_step"))
     ap.add_argument("--json", help="also write every measurement here")
     args = ap.parse_args()
@@ -85,6 +90,13 @@ def main():
         removed = [f"{k}={torch_env.pop(k)}" for k in OPENBLAS_ENV if k in torch_env]
     xgrad_bf16 = "bf16" in args.precisions  # until bench_train_step rejects --precision
     raw, rows, kernels = [], [], set()
+
+    if args.pin_one_thread is not None and args.pin_one_thread not in os.sched_getaffinity(0):
+        sys.exit(f"compare.py: --pin-one-thread {args.pin_one_thread}: not a CPU this process may run on "
+                 f"({sorted(os.sched_getaffinity(0))})")
+
+    def pinned(threads):
+        return args.pin_one_thread if threads == 1 else None
 
     def steps_for(config):
         return (args.long4k_steps, 1) if config == "long4k" else (args.steps, 3)
@@ -98,7 +110,7 @@ def main():
                 return None
             cmd += ["--precision", "bf16"]
         try:
-            r = run(cmd)
+            r = run(cmd, cpu=pinned(threads))
         except subprocess.CalledProcessError as e:
             if precision == "bf16" and e.returncode == 2 and "--precision" in e.stderr:
                 print(f"xgrad: {args.xgrad} has no --precision: xgrad bf16 is n/a", file=sys.stderr)
@@ -124,7 +136,7 @@ def main():
                str(threads), "--intra-op-threads", str(intra), "--steps", str(steps), "--warmup", str(warmup),
                "--precision", precision]
         try:
-            r = run(cmd, env=torch_env)
+            r = run(cmd, env=torch_env, cpu=pinned(threads))
         except subprocess.CalledProcessError as e:
             print(f"pytorch {config} {precision} threads {threads} failed ({e.returncode}): {e.stderr.strip()}",
                   file=sys.stderr)
@@ -167,6 +179,8 @@ def main():
 
     env_note = f" ({' and '.join(removed)} removed for it)" if removed else ""
     print(f"PyTorch's OpenBLAS kernel: {', '.join(sorted(str(k) for k in kernels)) or 'n/a'}{env_note}")
+    if args.pin_one_thread is not None:
+        print(f"one-thread runs of both programs pinned to CPU {args.pin_one_thread}")
     cell = lambda row, impl, p, key: row.get((impl, p), {}).get(key)
     print(f"{'':14} {'':>7} {'tokens/s':^43} {'xgrad/torch':^15} {'xgrad':>6} {'peak MB fp32/bf16':^21}"
           f" {'of peak':^23}")
