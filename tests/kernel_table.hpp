@@ -44,4 +44,11 @@ KernelTable kernels_avx512_table();
 KernelTable kernels_avx2_table();
 KernelTable kernels_baseline_table();
 
+// The small-product kernel (core/kernels/small_gemm.cpp) of one target (small_gemm_target_copy.cpp).
+using SmallGemm = void (*)(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
+                           const float*, std::size_t, float, float*, std::size_t);
+SmallGemm small_gemm_avx512();
+SmallGemm small_gemm_avx2();
+SmallGemm small_gemm_baseline();
+
 }  // namespace xgrad::testing

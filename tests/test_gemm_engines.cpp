@@ -389,6 +389,17 @@ TEST_CASE("batched products agree with the reference on every engine, layout, tr
       {2, 2, 3, 4, 0, false, false, 1.f, 0.5f, true, 0},       // K = 0: C = beta C
       {3, 4, 64, 32, 64, true, false, 0.125f, 1.f, false, 0},  // primitive with alpha and beta (attention's dK)
       {2, 2, 48, 40, 16, false, true, -2.f, 0.25f, false, 1},
+      // the small-product kernel's edges: widths around its 16-float vectors, rows around its
+      // blocks of 8, 6 and 4, one row, K = 1
+      {2, 2, 13, 1, 5, false, false, 1.f, 0.f, true, 0},
+      {2, 3, 7, 15, 16, true, true, 0.5f, 1.f, false, 1},
+      {1, 2, 9, 17, 33, false, true, 1.f, 0.f, false, 2},
+      {3, 1, 11, 31, 16, true, false, -1.f, 0.5f, true, 0},
+      {2, 2, 5, 47, 17, false, true, 1.f, 1.f, false, 1},
+      {1, 3, 1, 64, 20, true, true, 2.f, 0.f, false, 0},
+      {2, 1, 4, 65, 8, false, false, 1.f, 0.f, false, 3},  // one wider: not the kernel's
+      {1, 2, 31, 33, 1, false, true, 1.f, 0.5f, true, 0},
+      {2, 2, 64, 48, 32, true, true, 0.125f, 0.f, false, 0},
   };
   for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn, blas::Engine::automatic}) {
     if (!blas::has_engine(e)) continue;
@@ -404,7 +415,8 @@ TEST_CASE("batched products agree with the reference on every engine, layout, tr
         BatchedOperand c = p.blocks ? in_blocks(p.batches, p.heads, p.m, p.n, gen)
                                     : side_by_side(p.batches, p.heads, p.m, p.n, p.pad, gen);
         const std::vector<float> c_before = c.data;
-        const std::size_t calls_before = blas::detail::onednn_batched_calls();
+        const std::size_t calls_before = blas::detail::onednn_batched_calls(),
+                          small_before = blas::detail::small_kernel_products();
         blas::sgemm_batched(p.ta, p.tb, p.batches, p.heads, p.m, p.n, p.k, p.alpha,
                             {a.data.data(), a.ld, a.batch_stride, a.head_stride},
                             {b.data.data(), b.ld, b.batch_stride, b.head_stride}, p.beta,
@@ -435,11 +447,14 @@ TEST_CASE("batched products agree with the reference on every engine, layout, tr
         for (std::size_t i = 0; i < c.data.size(); ++i) {
           if (!written[i]) REQUIRE(c.data[i] == c_before[i]);  // padding between heads is never written
         }
-        // oneDNN's primitive computes exactly the products of 2^12 to 2^21 multiply-adds
+        // Under auto the small-product kernel computes exactly the products with C at most 64
+        // wide; oneDNN's primitive the rest of those of 2^12 to 2^21 multiply-adds.
         const std::size_t work = p.m * p.n * p.k;
-        const bool primitive = blas::has_engine(blas::Engine::onednn) && e != blas::Engine::openblas &&
+        const bool small = e == blas::Engine::automatic && p.n <= 64 && work <= (1u << 21);
+        const bool primitive = !small && blas::has_engine(blas::Engine::onednn) && e != blas::Engine::openblas &&
                                work >= (1u << 12) && work <= (1u << 21);
         CHECK((blas::detail::onednn_batched_calls() > calls_before) == primitive);
+        CHECK(blas::detail::small_kernel_products() - small_before == (small ? p.batches * p.heads : 0));
       }
     }
   }
@@ -481,9 +496,53 @@ TEST_CASE("two threads running oneDNN's batched products at once get the same bi
   CHECK(mismatches[1] == 0);
 }
 
+TEST_CASE("the small-product kernel gives the same bits on one thread, two, and two callers at once",
+          "[gemm][engines][threads]") {
+  EngineScope scope(blas::Engine::automatic);
+  const std::size_t B = 6, H = 4, T = 32, D = 16;
+  Generator gen(29);
+  const BatchedOperand q = side_by_side(B, H, T, D, 0, gen), k = side_by_side(B, H, T, D, 0, gen);
+  // scores q k^T (B^T), then their product with k (plain) and their transpose's (A^T), each
+  // accumulating into C
+  auto attention = [&](std::vector<float>& out) {
+    std::vector<float> scores(B * H * T * T);
+    const blas::Strided<const float> qs{q.data.data(), q.ld, q.batch_stride, q.head_stride},
+        ks{k.data.data(), k.ld, k.batch_stride, k.head_stride}, ss{scores.data(), T, H * T * T, T * T};
+    blas::sgemm_batched(false, true, B, H, T, T, D, 0.25f, qs, ks, 0.f, {scores.data(), T, H * T * T, T * T});
+    out.assign(B * T * H * D, 0.5f);
+    const blas::Strided<float> os{out.data(), H * D, T * H * D, D};
+    blas::sgemm_batched(false, false, B, H, T, D, T, 1.f, ss, ks, 1.f, os);
+    blas::sgemm_batched(true, false, B, H, T, D, T, 1.f, ss, qs, 1.f, os);
+  };
+  const std::size_t before = blas::detail::small_kernel_products();
+  std::vector<float> one, two;
+  set_num_threads(1);
+  attention(one);
+  REQUIRE(blas::detail::small_kernel_products() - before == 3 * B * H);
+  set_num_threads(2);
+  attention(two);
+  set_num_threads(1);
+  CHECK(two == one);
+  // two threads calling at once, each with its own copy of op(B)
+  std::vector<int> mismatches(2, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<float> mine;
+      for (int rep = 0; rep < 50; ++rep) {
+        attention(mine);
+        if (mine != one) ++mismatches[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(mismatches[0] == 0);
+  CHECK(mismatches[1] == 0);
+}
+
 TEST_CASE("beta 0 ignores NaN in C, on the transposed tall product and on batches", "[gemm][engines]") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn}) {
+  for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn, blas::Engine::automatic}) {
     if (!blas::has_engine(e)) continue;
     EngineScope scope(e);
     INFO(blas::engine_name(e));
@@ -502,7 +561,7 @@ TEST_CASE("beta 0 ignores NaN in C, on the transposed tall product and on batche
 }
 
 TEST_CASE("a batch whose operand repeats (batch stride 0) is computed right on every engine", "[gemm][engines]") {
-  for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn}) {
+  for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn, blas::Engine::automatic}) {
     if (!blas::has_engine(e)) continue;
     EngineScope scope(e);
     INFO(blas::engine_name(e));

@@ -1,9 +1,12 @@
 // The vector kernels give the same bits whichever copy the CPU runs: core/kernels/vector_kernels.cpp is
 // compiled here once for AVX-512, once for AVX2 with FMA and once for the baseline (kernel_target_copy.cpp),
 // and every kernel's output is compared bit for bit on inputs with awkward lengths (tails of 1 to
-// 15 elements), masks, and values from -8 to 8.
+// 15 elements), masks, and values from -8 to 8. The small-product kernel (core/kernels/small_gemm.cpp)
+// fuses its multiply-adds where the target has FMA, so its copies are each checked against a
+// double reference instead.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -285,6 +288,65 @@ TEST_CASE("the Adam and AdamW update gives the same bits on every target", "[ker
         for (int step = 0; step < 3; ++step) k.adam_update(p.data(), grad.data(), m.data(), v.data(), n, s);
         return std::vector<std::vector<float>>{p, m, v};
       });
+    }
+  }
+}
+
+TEST_CASE("the small-product kernel agrees with a double reference on every target", "[kernels][targets][gemm]") {
+  struct Copy {
+    std::string name;
+    testing::SmallGemm gemm;
+  };
+  std::vector<Copy> copies = {{"baseline", testing::small_gemm_baseline()}};
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (__builtin_cpu_supports("x86-64-v3")) copies.push_back({"x86-64-v3", testing::small_gemm_avx2()});
+  if (__builtin_cpu_supports("x86-64-v4")) copies.push_back({"x86-64-v4", testing::small_gemm_avx512()});
+#endif
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Copy& copy : copies) {
+    for (int form = 0; form < 4; ++form) {
+      const bool ta = form & 1, tb = form & 2;
+      for (std::size_t n : {1, 15, 16, 17, 33, 48, 64}) {
+        for (std::size_t m : {1, 5, 8, 13}) {
+          for (std::size_t k : {0, 1, 16, 37}) {
+            for (float beta : {0.f, 0.5f}) {
+              INFO(copy.name << ": " << m << " x " << n << " x " << k << (ta ? " T" : " N") << (tb ? "T" : "N")
+                             << ", beta " << beta);
+              const std::size_t pad = 3, lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+              const std::vector<float> a = randoms((ta ? k : m) * lda, m * 100 + k, 1.f),
+                                       b = randoms((tb ? n : k) * ldb, n * 100 + k + 1, 1.f);
+              std::vector<float> c = randoms(m * ldc, m + n + k, 1.f);
+              if (beta == 0.f) {
+                for (std::size_t i = 0; i < m; ++i) c[i * ldc] = nan;  // beta 0 ignores what C held
+              }
+              const std::vector<float> before = c;
+              const float alpha = -0.75f;
+              copy.gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+              double worst = 0;
+              for (std::size_t i = 0; i < m; ++i) {
+                for (std::size_t j = 0; j < ldc; ++j) {
+                  const std::size_t at = i * ldc + j;
+                  if (j >= n) {  // past C's columns: never written
+                    REQUIRE(same_bits({c[at]}, {before[at]}));
+                    continue;
+                  }
+                  double sum = 0, mag = 0;
+                  for (std::size_t l = 0; l < k; ++l) {
+                    const double x = ta ? a[l * lda + i] : a[i * lda + l], y = tb ? b[j * ldb + l] : b[l * ldb + j];
+                    sum += x * y;
+                    mag += std::fabs(x * y);
+                  }
+                  const double old = beta == 0.f ? 0.0 : before[at];
+                  const double want = alpha * sum + beta * old;
+                  const double bound = 4e-7 * (static_cast<double>(k) + 2) * (std::fabs(alpha) * mag + 1);
+                  worst = std::max(worst, std::fabs(c[at] - want) / bound);
+                }
+              }
+              CHECK(worst <= 1.0);
+            }
+          }
+        }
+      }
     }
   }
 }

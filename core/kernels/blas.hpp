@@ -56,9 +56,12 @@ struct Strided {
 };
 
 /// C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h) for b < batches and h < heads, each as
-/// in sgemm. Under oneDNN, products of 2^12 to 2^21 multiply-adds are one call of its matmul
-/// primitive per range of b (attention's heads in the benchmarks ran 1.1x to 2.7x faster than a
-/// loop of sgemm; see blas.cpp); others, and OpenBLAS, a loop of sgemm. Which engine computes a
+/// in sgemm. Under the automatic engine, products with C at most 64 wide and at most 2^21
+/// multiply-adds run on xgrad's own small-product kernel, which keeps a block of C in vector
+/// registers (attention's short heads: tiny's training step 6.5% faster; see blas.cpp). Otherwise,
+/// under oneDNN, products of 2^12 to 2^21 multiply-adds are one call of its matmul primitive per
+/// range of b (attention's heads in the benchmarks ran 1.1x to 2.7x faster than a loop of sgemm);
+/// others, and OpenBLAS, a loop of sgemm. Which engine computes a
 /// product depends on its size only, so splitting a batch differently changes no bit. Ranges of b
 /// are split across the kernel threads; a call from inside a parallel_for body runs on its own
 /// thread.

@@ -46,6 +46,8 @@ bool onednn_linear(std::size_t rows, std::size_t out, std::size_t in, const floa
 // How many calls of oneDNN's matmul primitive blas::sgemm_batched has made so far (0 without
 // oneDNN); tests check that the path runs.
 std::size_t onednn_batched_calls();
+// How many products blas::sgemm_batched has given xgrad's small-product kernel so far.
+std::size_t small_kernel_products();
 
 // While alive, holds the calling thread's OpenMP thread count at 1 (see gemm_onednn.cpp).
 class OnednnOnThisThread {

@@ -1,0 +1,22 @@
+// xgrad's own kernel for products whose rows of C fit in vector registers, compiled for AVX-512,
+// AVX2 with FMA and the baseline like the vector kernels (target_clones.hpp), but with its
+// multiply-adds fused where the target has FMA: the copies agree to rounding, as the GEMM engines
+// do, not to the bit. blas::sgemm_batched sends attention's short per-head products here.
+#pragma once
+
+#include <cstddef>
+
+#include "xgrad/core/kernels/detail/target_clones.hpp"
+
+namespace xgrad::XGRAD_KERNELS_NS {
+
+// The widest op(B) (columns of C) the kernel takes: four 16-float vectors per row.
+constexpr std::size_t kSmallGemmMaxN = 64;
+
+// Row-major C (m x n) = alpha op(A) op(B) + beta C, as blas::sgemm (beta 0 ignores what C held, NaN
+// included; k 0 gives beta C), for n <= kSmallGemmMaxN (the caller checks), serially on the calling
+// thread. Writes only C's m x n elements.
+void small_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
+
+}  // namespace xgrad::XGRAD_KERNELS_NS

@@ -1,0 +1,207 @@
+// See small_gemm.hpp. Products whose rows of C fit in a few vector registers (n <= 64):
+// attention's per-head products at short lengths (tiny's 32 x 32 x 16 heads), where oneDNN's
+// batched primitive spent more time copying its operands than multiplying them. op(B) is copied once per product into k
+// rows of 16-float vectors (zero-padded past n); then each block of R rows of C is R x NV vector accumulators, and each
+// step p adds op(A)[i, p] times row p of the copy:
+//   acc[r][v] += A(i0 + r, p) * Bp[p][v],   v < NV = ceil(n / 16)
+// All in registers, so every multiply-add is one FMA and nothing but op(A) and the copy is read.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "xgrad/core/kernels/detail/small_gemm.hpp"
+
+namespace xgrad::XGRAD_KERNELS_NS {
+
+namespace {
+
+// 16 floats; GCC lowers it to one AVX-512 register or two AVX2 ones. Passed only between inlined
+// helpers of this file, so GCC's note that the ABI differs between targets does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float Floats16 __attribute__((vector_size(64)));
+constexpr std::size_t kLanes = 16;
+
+#define XGRAD_INLINE __attribute__((always_inline)) inline
+
+// One vector of row `row` of C: y times alpha plus beta times what C held (beta 0 ignores it, NaN
+// included, as BLAS does); only the n - v * 16 columns that are C's are written.
+template <int V>
+XGRAD_INLINE void store(Floats16 y, float* row, std::size_t n, float alpha, float beta) {
+  float* out = row + V * kLanes;
+  y *= alpha;
+  if ((V + 1) * kLanes <= n) {
+    if (beta != 0.f) {
+      Floats16 old;
+      std::memcpy(&old, out, sizeof old);
+      y += beta * old;
+    }
+    std::memcpy(out, &y, sizeof y);
+    return;
+  }
+  float part[kLanes];
+  std::memcpy(part, &y, sizeof y);
+  const std::size_t left = (n - V * kLanes) % kLanes;
+  for (std::size_t j = 0; j < left; ++j) out[j] = beta == 0.f ? part[j] : part[j] + beta * out[j];
+}
+
+// Rows i0 .. i0 + R - 1 of C = alpha op(A) Bp + beta C; Bp is k x NV vectors. The R x NV
+// accumulators are indexed by constants (I = r NV + v, the pack expansions below) so that they
+// live in registers: as loops over arrays, GCC kept those of 6 x 2 on the stack.
+template <bool TA, int NV, int R, std::size_t... I, std::size_t... Rs, std::size_t... Vs>
+XGRAD_INLINE void row_block(std::index_sequence<I...>, std::index_sequence<Rs...>, std::index_sequence<Vs...>,
+                            const float* a, std::size_t lda, const float* bp, std::size_t k, std::size_t n,
+                            std::size_t i0, float alpha, float beta, float* c, std::size_t ldc) {
+  Floats16 acc[R * NV] = {};
+  for (std::size_t p = 0; p < k; ++p) {
+    Floats16 b[NV];
+    (std::memcpy(&b[Vs], bp + (p * NV + Vs) * kLanes, sizeof(Floats16)), ...);
+    const float x[R] = {(TA ? a[p * lda + i0 + Rs] : a[(i0 + Rs) * lda + p])...};
+    ((acc[I] += x[I / NV] * b[I % NV]), ...);
+  }
+  (store<I % NV>(acc[I], c + (i0 + I / NV) * ldc, n, alpha, beta), ...);
+}
+
+template <bool TA, int NV, int R>
+XGRAD_INLINE void row_block(const float* a, std::size_t lda, const float* bp, std::size_t k, std::size_t n,
+                            std::size_t i0, float alpha, float beta, float* c, std::size_t ldc) {
+  row_block<TA, NV, R>(std::make_index_sequence<R * NV>{}, std::make_index_sequence<R>{},
+                       std::make_index_sequence<NV>{}, a, lda, bp, k, n, i0, alpha, beta, c, ldc);
+}
+
+// Every row of C, in blocks of R and then one remainder block.
+template <bool TA, int NV, int R>
+XGRAD_INLINE void all_rows(const float* a, std::size_t lda, const float* bp, std::size_t m, std::size_t k,
+                           std::size_t n, float alpha, float beta, float* c, std::size_t ldc) {
+  std::size_t i = 0;
+  for (; i + R <= m; i += R) row_block<TA, NV, R>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
+  switch (m - i) {
+    case 0:
+      return;
+    case 1:
+      return row_block<TA, NV, 1>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
+    case 2:
+      return row_block<TA, NV, 2>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
+    case 3:
+      return row_block<TA, NV, 3>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
+    case 4:
+      return row_block<TA, NV, 4>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
+    case 5:
+      return row_block<TA, NV, 5>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
+    case 6:
+      return row_block<TA, NV, 6>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
+    default:
+      for (; i < m; ++i) row_block<TA, NV, 1>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
+  }
+}
+
+// R x NV accumulators, NV vectors of B and a broadcast: 8 x 1, 6 x 2 and 4 x 3 or 4 leave room in
+// AVX-512's 32 registers and keep enough FMAs in flight to hide their latency.
+template <bool TA>
+XGRAD_INLINE void dispatch(const float* a, std::size_t lda, const float* bp, std::size_t m, std::size_t k,
+                           std::size_t n, float alpha, float beta, float* c, std::size_t ldc) {
+  switch ((n + kLanes - 1) / kLanes) {
+    case 1:
+      return all_rows<TA, 1, 8>(a, lda, bp, m, k, n, alpha, beta, c, ldc);
+    case 2:
+      return all_rows<TA, 2, 6>(a, lda, bp, m, k, n, alpha, beta, c, ldc);
+    case 3:
+      return all_rows<TA, 3, 4>(a, lda, bp, m, k, n, alpha, beta, c, ldc);
+    default:
+      return all_rows<TA, 4, 4>(a, lda, bp, m, k, n, alpha, beta, c, ldc);
+  }
+}
+
+// 16 x 16 floats transposed in registers: tile row j (16 floats from src + j * ld) becomes column j
+// of the 16 rows written at dst + p * dst_ld. Four stages, each swapping the off-diagonal b x b
+// blocks of every 2b x 2b block (b = 8, 4, 2, 1): rows r and r + b exchange X's odd column blocks
+// of width b for Y's even ones.
+XGRAD_INLINE void transpose16(const float* src, std::size_t ld, float* dst, std::size_t dst_ld) {
+  Floats16 x[16];
+  for (int j = 0; j < 16; ++j) std::memcpy(&x[j], src + j * ld, sizeof x[j]);
+#define XGRAD_STAGE(b, ...)                                   \
+  for (int r = 0; r < 16; ++r) {                              \
+    if (r & b) continue;                                      \
+    const Floats16 lo = x[r], hi = x[r + b];                  \
+    x[r] = __builtin_shufflevector(lo, hi, XGRAD_LO_##b);     \
+    x[r + b] = __builtin_shufflevector(lo, hi, XGRAD_HI_##b); \
+  }
+#define XGRAD_LO_8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define XGRAD_HI_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define XGRAD_LO_4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define XGRAD_HI_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define XGRAD_LO_2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define XGRAD_HI_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define XGRAD_LO_1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define XGRAD_HI_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+#pragma GCC unroll 16
+  XGRAD_STAGE(8)
+#pragma GCC unroll 16
+  XGRAD_STAGE(4)
+#pragma GCC unroll 16
+  XGRAD_STAGE(2)
+#pragma GCC unroll 16
+  XGRAD_STAGE(1)
+  for (int p = 0; p < 16; ++p) std::memcpy(dst + p * dst_ld, &x[p], sizeof x[p]);
+}
+
+// op(B) as k rows of nv vectors (row stride nv * 16 floats), zeros past n.
+XGRAD_INLINE void pack_b(bool trans_b, std::size_t n, std::size_t k, const float* b, std::size_t ldb, std::size_t nv,
+                         float* bp) {
+  const std::size_t width = nv * kLanes;
+  if (!trans_b) {  // B is k x n: rows copied, a vector at a time
+    for (std::size_t p = 0; p < k; ++p) {
+      const float* src = b + p * ldb;
+      float* row = bp + p * width;
+      std::size_t j = 0;
+      for (; j + kLanes <= n; j += kLanes) std::memcpy(row + j, src + j, kLanes * sizeof(float));
+      for (; j < n; ++j) row[j] = src[j];
+      for (; j < width; ++j) row[j] = 0.f;
+    }
+    return;
+  }
+  // B is n x k: 16 x 16 tiles transposed in registers, the edges element by element
+  const std::size_t n16 = n / kLanes * kLanes, k16 = k / kLanes * kLanes;
+  for (std::size_t j0 = 0; j0 < n16; j0 += kLanes) {
+    for (std::size_t p0 = 0; p0 < k16; p0 += kLanes) transpose16(b + j0 * ldb + p0, ldb, bp + p0 * width + j0, width);
+    for (std::size_t p = k16; p < k; ++p) {
+      for (std::size_t j = j0; j < j0 + kLanes; ++j) bp[p * width + j] = b[j * ldb + p];
+    }
+  }
+  for (std::size_t p = 0; p < k; ++p) {
+    float* row = bp + p * width;
+    for (std::size_t j = n16; j < n; ++j) row[j] = b[j * ldb + p];
+    for (std::size_t j = n; j < width; ++j) row[j] = 0.f;
+  }
+}
+
+// The copy of op(B). A vector of floats, read with memcpy: the AVX-512 copy of this file may not
+// assume the 64-byte alignment of Floats16 for memory the baseline code allocated.
+thread_local std::vector<float> packed;
+
+}  // namespace
+
+XGRAD_CLONES void small_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                             const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                             std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  const std::size_t nv = (n + kLanes - 1) / kLanes;
+  if (packed.size() < k * nv * kLanes) packed.resize(k * nv * kLanes);
+  float* bp = packed.data();
+  pack_b(trans_b, n, k, b, ldb, nv, bp);
+  if (trans_a) return dispatch<true>(a, lda, bp, m, k, n, alpha, beta, c, ldc);
+  dispatch<false>(a, lda, bp, m, k, n, alpha, beta, c, ldc);
+}
+
+#undef XGRAD_INLINE
+#undef XGRAD_STAGE
+#undef XGRAD_LO_8
+#undef XGRAD_HI_8
+#undef XGRAD_LO_4
+#undef XGRAD_HI_4
+#undef XGRAD_LO_2
+#undef XGRAD_HI_2
+#undef XGRAD_LO_1
+#undef XGRAD_HI_1
+
+}  // namespace xgrad::XGRAD_KERNELS_NS
