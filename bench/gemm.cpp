@@ -2,8 +2,9 @@
 // (xgrad's pool at one thread), for the product shapes of the train-step benchmark and a few
 // small ones. Engines alternate within each shape and the table quotes medians; this is the
 // measurement behind blas.cpp's rule for `auto`. A second table times attention's per-head
-// products of each benchmark configuration as one blas::sgemm_batched call against a loop of
-// blas::sgemm (both under `auto`), the measurement behind blas.cpp's rule for batches. A third
+// products of each benchmark configuration as one blas::sgemm_batched call (with oneDNN forced,
+// and under `auto`) against a loop of blas::sgemm, the measurement behind blas.cpp's rules for
+// batches. A third
 // table times bf16 products (blas::gemm_bf16) against fp32 ones: oneDNN's bf16 matmul alone on
 // bf16 operands, gemm_bf16 from fp32 operands (rounding included) on each path, the measurement
 // behind blas_bf16.cpp's rule for small products (--bf16-only prints this table alone).
@@ -235,12 +236,15 @@ int main(int argc, char** argv) {
       std::printf("%-22s %10.1f %10.1f %6.2fx %8s\n", name, go, gd, gd / go,
                   blas::engine_name(blas::engine_for(s.m, s.n, s.k)).c_str());
     }
-    // Attention's heads under auto: one sgemm_batched call (oneDNN's matmul primitive where
-    // blas.cpp's rule sends it) against the loop of sgemm it replaced, and one gemm_bf16_batched
-    // call (bf16 operands: the products under a bf16 guard; "n/a" without the hardware path).
+    // Attention's heads: the loop of sgemm under auto; one sgemm_batched call with oneDNN forced
+    // (its matmul primitive, for products of 2^12 to 2^21 multiply-adds); one sgemm_batched call
+    // under auto (the small-product kernel for C at most 64 wide, else as forced), which `ratio`
+    // compares with the loop; and one gemm_bf16_batched call (bf16 operands: the products under a
+    // bf16 guard; "n/a" without the hardware path).
     const bool bf16_hardware = blas::bf16_path() == blas::Bf16Path::hardware;
-    std::printf("\n%-9s %-4s %-16s %-12s %10s %10s %7s %10s %9s\n", "config", "B H", "T x D", "product", "loop",
-                "batched", "ratio", "bf16", "bf16/fp32");
+    const bool onednn = blas::has_engine(blas::Engine::onednn);
+    std::printf("\n%-9s %-4s %-16s %-12s %10s %10s %10s %7s %10s %9s\n", "config", "B H", "T x D", "product", "loop",
+                "primitive", "batched", "ratio", "bf16", "bf16/fp32");
     blas::set_engine(blas::Engine::automatic);
     for (const HeadBatch& h : kHeadBatches) {
       std::vector<float> x(h.B * h.T * h.H * h.D), scores(h.B * h.H * h.T * h.T), out(scores.size());
@@ -250,17 +254,28 @@ int main(int argc, char** argv) {
       blas::to_bf16(x.data(), x.size(), x16.data());
       blas::to_bf16(scores.data(), scores.size(), scores16.data());
       for (const HeadForm& f : kHeadForms) {
-        std::vector<double> t_loop, t_batched, t_bf16;
+        std::vector<double> t_loop, t_primitive, t_batched, t_bf16;
         for (std::size_t r = 0; r < reps + 2; ++r) {
+          double p = 0;
+          if (onednn) {
+            blas::set_engine(blas::Engine::onednn);
+            p = head_seconds(h, f, HeadRun::batched, x, scores, x16, scores16, out);
+            blas::set_engine(blas::Engine::automatic);
+          }
           const double l = head_seconds(h, f, HeadRun::loop, x, scores, x16, scores16, out),
                        b = head_seconds(h, f, HeadRun::batched, x, scores, x16, scores16, out),
                        b16 = bf16_hardware ? head_seconds(h, f, HeadRun::batched_bf16, x, scores, x16, scores16, out)
                                            : 0.0;
-          if (r >= 2) t_loop.push_back(l), t_batched.push_back(b), t_bf16.push_back(b16);
+          if (r >= 2) t_loop.push_back(l), t_primitive.push_back(p), t_batched.push_back(b), t_bf16.push_back(b16);
         }
         const double flop = 2.0 * h.B * h.H * h.T * h.T * h.D;
         const double gl = flop / median(t_loop) / 1e9, gb = flop / median(t_batched) / 1e9;
-        char bh[32], td[32], g16[32], r16[32];
+        char bh[32], td[32], g16[32], r16[32], gp[32];
+        if (onednn) {
+          std::snprintf(gp, sizeof gp, "%.1f", flop / median(t_primitive) / 1e9);
+        } else {
+          std::snprintf(gp, sizeof gp, "n/a");
+        }
         std::snprintf(bh, sizeof bh, "%zu %zu", h.B, h.H);
         std::snprintf(td, sizeof td, "%zu x %zu", h.T, h.D);
         if (bf16_hardware) {
@@ -271,8 +286,8 @@ int main(int argc, char** argv) {
           std::snprintf(g16, sizeof g16, "n/a");
           std::snprintf(r16, sizeof r16, "n/a");
         }
-        std::printf("%-9s %-4s %-16s %-12s %10.1f %10.1f %6.2fx %10s %9s\n", h.what, bh, td, f.name, gl, gb, gb / gl,
-                    g16, r16);
+        std::printf("%-9s %-4s %-16s %-12s %10.1f %10s %10.1f %6.2fx %10s %9s\n", h.what, bh, td, f.name, gl, gp, gb,
+                    gb / gl, g16, r16);
       }
     }
     blas::set_engine(before);
