@@ -1,8 +1,8 @@
 // See small_gemm.hpp. Products whose rows of C fit in a few vector registers (n <= 64):
 // attention's per-head products at short lengths (tiny's 32 x 32 x 16 heads), where oneDNN's
-// batched primitive spent more time copying its operands than multiplying them. op(B) is copied once per product into k
-// rows of 16-float vectors (zero-padded past n); then each block of R rows of C is R x NV vector accumulators, and each
-// step p adds op(A)[i, p] times row p of the copy:
+// batched primitive spent more time copying its operands than multiplying them. op(B) is copied
+// once per product into k rows of 16-float vectors (zero-padded past n); then each block of R rows
+// of C is R x NV vector accumulators, and each step p adds op(A)[i, p] times row p of the copy:
 //   acc[r][v] += A(i0 + r, p) * Bp[p][v],   v < NV = ceil(n / 16)
 // All in registers, so every multiply-add is one FMA and nothing but op(A) and the copy is read.
 #include <algorithm>
