@@ -1,7 +1,8 @@
 // GFLOP/s of one product through each GEMM engine behind blas::sgemm, on the calling thread
 // (xgrad's pool at one thread), for the product shapes of the train-step benchmark and a few
-// small ones. Engines alternate within each shape and the table quotes medians; this is the
-// measurement behind blas.cpp's rule for `auto`. A second table times attention's per-head
+// small ones, and under `auto` (which may run xgrad's small-product kernel instead). Engines
+// alternate within each shape and the table quotes medians; this is the measurement behind
+// blas.cpp's rule for `auto`. A second table times attention's per-head
 // products of each benchmark configuration as one blas::sgemm_batched call (with oneDNN forced,
 // and under `auto`) against a loop of blas::sgemm, the measurement behind blas.cpp's rules for
 // batches. A third
@@ -215,26 +216,32 @@ int main(int argc, char** argv) {
     const blas::Engine before = blas::engine();
     Generator gen(1);
     if (bf16_only) return bf16_table(reps, gen);
-    std::printf("%-22s %10s %10s %7s %8s\n", "M x N x K (op)", "OpenBLAS", "oneDNN", "ratio", "auto");
+    // `auto`: what the default rule runs (an engine, or "small": xgrad's small-product kernel) and
+    // its GFLOP/s
+    std::printf("%-22s %10s %10s %7s %8s %8s\n", "M x N x K (op)", "OpenBLAS", "oneDNN", "ratio", "auto", "GFLOP/s");
     for (const Product& s : kShapes) {
       std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n);
       for (auto& x : a) x = gen.uniform(-1.f, 1.f);
       for (auto& x : b) x = gen.uniform(-1.f, 1.f);
-      std::vector<double> t_open, t_dnnl;
+      std::vector<double> t_open, t_dnnl, t_auto;
       for (std::size_t r = 0; r < reps + 2; ++r) {
         blas::set_engine(blas::Engine::openblas);
         const double o = seconds_of(s, a, b, c);
         blas::set_engine(blas::Engine::onednn);
         const double d = seconds_of(s, a, b, c);
-        if (r >= 2) t_open.push_back(o), t_dnnl.push_back(d);  // two warm-up rounds
+        blas::set_engine(blas::Engine::automatic);
+        const double u = seconds_of(s, a, b, c);
+        if (r >= 2) t_open.push_back(o), t_dnnl.push_back(d), t_auto.push_back(u);  // two warm-up rounds
       }
-      blas::set_engine(blas::Engine::automatic);
       const double flop = 2.0 * s.m * s.n * s.k;
-      const double go = flop / median(t_open) / 1e9, gd = flop / median(t_dnnl) / 1e9;
+      const double go = flop / median(t_open) / 1e9, gd = flop / median(t_dnnl) / 1e9, gu = flop / median(t_auto) / 1e9;
       char name[64];
       std::snprintf(name, sizeof name, "%zu x %zu x %zu (%c%c)", s.m, s.n, s.k, s.ta ? 'T' : 'N', s.tb ? 'T' : 'N');
-      std::printf("%-22s %10.1f %10.1f %6.2fx %8s\n", name, go, gd, gd / go,
-                  blas::engine_name(blas::engine_for(s.m, s.n, s.k)).c_str());
+      // `auto`: the engine the rule picks, or "small" for xgrad's small-product kernel
+      const std::string chosen = blas::small_kernel_takes_plain(s.ta, s.m, s.n, s.k)
+                                     ? "small"
+                                     : blas::engine_name(blas::engine_for(s.m, s.n, s.k));
+      std::printf("%-22s %10.1f %10.1f %6.2fx %8s %8.1f\n", name, go, gd, gd / go, chosen.c_str(), gu);
     }
     // Attention's heads: the loop of sgemm under auto; one sgemm_batched call with oneDNN forced
     // (its matmul primitive, for products of 2^12 to 2^21 multiply-adds); one sgemm_batched call

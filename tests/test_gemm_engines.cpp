@@ -540,6 +540,106 @@ TEST_CASE("the small-product kernel gives the same bits on one thread, two, and 
   CHECK(mismatches[1] == 0);
 }
 
+TEST_CASE("auto sends tall plain products with C at most 256 wide to the small-product kernel, in column blocks",
+          "[gemm][engines]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // {m, n, k, ta, tb, pad, alpha, beta}; beta 0 runs over a C of NaN
+  const std::vector<Product> taken = {
+      {1024, 64, 64, false, true, 0, 1.f, 0.f},      {1024, 64, 64, false, false, 0, 1.f, 0.f},
+      {1500, 256, 37, false, true, 3, 0.5f, 0.f},    {1500, 256, 37, false, false, 3, 0.5f, 0.7f},
+      {1025, 65, 1, false, true, 1, -1.f, 1.f},      {1024, 1, 1024, false, false, 2, 1.f, 0.f},
+      {2048, 200, 256, false, true, 0, 0.25f, 0.5f}, {1031, 129, 70, false, false, 5, 1.f, 0.f}};
+  const std::vector<Product> not_taken = {{1023, 64, 64, false, true, 0, 1.f, 0.f},     // too short
+                                          {1024, 257, 64, false, true, 0, 1.f, 0.f},    // too wide
+                                          {1024, 64, 1025, false, false, 0, 1.f, 0.f},  // K too long
+                                          {1024, 64, 64, true, false, 0, 1.f, 0.f}};    // A^T
+  auto check = [&](const Product& p, bool expect_kernel, blas::Engine e) {
+    INFO(blas::engine_name(e) << ": " << p.m << " x " << p.n << " x " << p.k << (p.ta ? " T" : " N")
+                              << (p.tb ? "T" : "N") << " pad " << p.pad << " alpha " << p.alpha << " beta " << p.beta);
+    Operands o = operands(p);
+    if (p.beta == 0.f)
+      for (std::size_t i = 0; i < p.m; ++i)
+        for (std::size_t j = 0; j < p.n; ++j) o.c[i * o.ldc + j] = nan;
+    std::vector<double> ref, scale;
+    reference(p, o, ref, scale);
+    const std::size_t before = blas::detail::small_kernel_plain_calls();
+    const std::vector<float> got = run(e, p, o);
+    CHECK((blas::detail::small_kernel_plain_calls() > before) == expect_kernel);
+    double worst = 0;
+    for (std::size_t i = 0; i < p.m; ++i) {
+      for (std::size_t j = 0; j < o.ldc; ++j) {
+        const std::size_t at = i * o.ldc + j;
+        if (j >= p.n) {  // the padding past each row of C is never written
+          REQUIRE(got[at] == o.c[at]);
+          continue;
+        }
+        const double bound = 4e-7 * (static_cast<double>(p.k) + 2) * scale[at] + 1e-30;
+        worst = std::max(worst, std::fabs(got[at] - ref[at]) / bound);  // NaN fails
+        if (!(worst <= 1.0)) break;
+      }
+    }
+    CHECK(worst <= 1.0);
+  };
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (const Product& p : taken) check(p, true, blas::Engine::automatic);
+    for (const Product& p : not_taken) check(p, false, blas::Engine::automatic);
+    // a forced engine takes every product itself
+    for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn})
+      if (blas::has_engine(e)) check(taken[2], false, e);
+  }
+  // each row of C depends only on its row of A: the same bits on one thread and on two
+  const Product p = taken[6];
+  const Operands o = operands(p);
+  set_num_threads(1);
+  const std::vector<float> one = run(blas::Engine::automatic, p, o);
+  set_num_threads(2);
+  const std::vector<float> two = run(blas::Engine::automatic, p, o);
+  set_num_threads(1);
+  CHECK(one == two);
+}
+
+TEST_CASE("linear_activation on the small-product kernel's shapes agrees with the reference, each activation",
+          "[gemm][engines]") {
+  EngineScope scope(blas::Engine::automatic);
+  Generator gen(31);
+  const std::size_t rows = 1100, in = 48;
+  for (std::size_t out : {64, 100, 256}) {
+    for (blas::Epilogue act :
+         {blas::Epilogue::none, blas::Epilogue::relu, blas::Epilogue::gelu, blas::Epilogue::gelu_tanh}) {
+      for (bool with_bias : {true, false}) {
+        INFO("out " << out << ", activation " << static_cast<int>(act) << (with_bias ? ", bias" : ", no bias"));
+        std::vector<float> x(rows * in), w(out * in), bias(out), y(rows * out, 99.f);
+        for (float& v : x) v = gen.uniform(-1.f, 1.f);
+        for (float& v : w) v = gen.uniform(-1.f, 1.f);
+        for (float& v : bias) v = gen.uniform(-1.f, 1.f);
+        const std::size_t before = blas::detail::small_kernel_plain_calls();
+        blas::linear_activation(rows, out, in, x.data(), w.data(), with_bias ? bias.data() : nullptr, y.data(), act);
+        CHECK(blas::detail::small_kernel_plain_calls() > before);
+        double worst = 0;
+        for (std::size_t r = 0; r < rows; ++r) {
+          for (std::size_t o = 0; o < out; ++o) {
+            double z = with_bias ? bias[o] : 0.0, mag = 1;
+            for (std::size_t i = 0; i < in; ++i) {
+              z += static_cast<double>(x[r * in + i]) * w[o * in + i];
+              mag += std::fabs(static_cast<double>(x[r * in + i]) * w[o * in + i]);
+            }
+            double want = z;
+            if (act == blas::Epilogue::relu) want = std::max(z, 0.0);
+            if (act == blas::Epilogue::gelu) want = 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+            if (act == blas::Epilogue::gelu_tanh)
+              want = 0.5 * z * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z)));
+            // the product's rounding, then the activation's (its slope is at most about 1.13)
+            const double bound = 1.2 * 4e-7 * (static_cast<double>(in) + 2) * mag + 1e-6 * (std::fabs(want) + 1);
+            worst = std::max(worst, std::fabs(y[r * out + o] - want) / bound);
+          }
+        }
+        CHECK(worst <= 1.0);
+      }
+    }
+  }
+}
+
 TEST_CASE("beta 0 ignores NaN in C, on the transposed tall product and on batches", "[gemm][engines]") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn, blas::Engine::automatic}) {

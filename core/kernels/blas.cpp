@@ -70,6 +70,30 @@ void run_engine(Engine e, bool trans_a, bool trans_b, std::size_t m, std::size_t
   detail::openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// Under `automatic`, plain products (op(A) = A, either op(B)) at least 1024 rows tall with C at most
+// 256 wide and K at most 1024 go to xgrad's small-product kernel (kernels/small_gemm.cpp), in
+// column blocks of 64: the linear layers of the narrow models, forward (X W^T) and the input
+// gradient (dY W). One core, warm, best of 8 (GFLOP/s, oneDNN's sgemm against the kernel):
+// 2048 x 64 x 64 NT 190 -> 212, 2048 x 256 x 64 NT 172 -> 187, 2048 x 64 x 256 NN 184 -> 210,
+// 2048 x 256 x 1024 NN 178 -> 194; C 1024 wide lost (2048 x 1024 x 256 198 -> 192) and 512 wide
+// tied. The A^T products (weight gradients) stay with oneDNN: 2048 x 64 x 256 TN lost (166 -> 134).
+// The rule reads the whole product, so how sgemm splits its rows across threads never changes it.
+constexpr std::size_t kPlainMinRows = 1024, kPlainMaxN = 4 * kernels::kSmallGemmMaxN, kPlainMaxK = 1024;
+std::atomic<std::size_t> small_plain_calls{0};
+
+// The small-product kernel over C's columns in blocks it takes, on the calling thread.
+void small_gemm_columns(bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                        std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  if (m == 0) return;
+  small_plain_calls.fetch_add(1, std::memory_order_relaxed);
+  for (std::size_t j = 0; j < n; j += kernels::kSmallGemmMaxN) {
+    const std::size_t width = std::min(kernels::kSmallGemmMaxN, n - j);
+    // columns j..j+width of op(B): B is k x n stored (trans: n x k)
+    const float* b_part = trans_b ? b + j * ldb : b + j;
+    kernels::small_gemm(false, trans_b, m, width, k, alpha, a, lda, b_part, ldb, beta, c + j, ldc);
+  }
+}
+
 }  // namespace
 
 void set_engine(Engine engine) {
@@ -86,6 +110,10 @@ Engine engine() {
     e = chosen.load();
   }
   return static_cast<Engine>(e);
+}
+
+bool small_kernel_takes_plain(bool trans_a, std::size_t m, std::size_t n, std::size_t k) {
+  return engine() == Engine::automatic && !trans_a && m >= kPlainMinRows && n <= kPlainMaxN && k > 0 && k <= kPlainMaxK;
 }
 
 bool has_engine(Engine engine) { return engine != Engine::onednn || kHaveOnednn; }
@@ -118,6 +146,14 @@ Engine parse_engine(const std::string& name) {
 
 namespace {
 
+// y (rows x out) += bias in every row.
+void add_bias_rows(std::size_t rows, std::size_t out, const float* bias, float* y) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* row = y + r * out;
+    for (std::size_t j = 0; j < out; ++j) row[j] += bias[j];
+  }
+}
+
 // Rows lo..hi of Y = X W^T + bias on the calling thread.
 void linear_rows(Engine e, std::size_t lo, std::size_t hi, std::size_t out, std::size_t in, const float* x,
                  const float* w, const float* bias, float* y) {
@@ -127,10 +163,7 @@ void linear_rows(Engine e, std::size_t lo, std::size_t hi, std::size_t out, std:
   // The product first, then the bias added while the rows are in cache (copying the bias rows
   // first, one memmove per row, measured the same).
   run_engine(e, false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
-  for (std::size_t r = 0; r < rows; ++r) {
-    float* row = y + r * out;
-    for (std::size_t j = 0; j < out; ++j) row[j] += bias[j];
-  }
+  add_bias_rows(rows, out, bias, y);
 }
 
 // act over n elements of y in place, with the kernels the activation ops use.
@@ -148,9 +181,15 @@ void apply_epilogue(Epilogue act, float* y, std::size_t n) {
   }
 }
 
-// Rows lo..hi of Y = act(X W^T + bias) on the calling thread.
-void linear_activation_rows(Engine e, std::size_t lo, std::size_t hi, std::size_t out, std::size_t in, const float* x,
-                            const float* w, const float* bias, float* y, Epilogue act) {
+// Rows lo..hi of Y = act(X W^T + bias) on the calling thread; `small` sends the product to the
+// small-product kernel (small_kernel_takes_plain, read on the whole product).
+void linear_activation_rows(Engine e, bool small, std::size_t lo, std::size_t hi, std::size_t out, std::size_t in,
+                            const float* x, const float* w, const float* bias, float* y, Epilogue act) {
+  if (small) {
+    small_gemm_columns(true, hi - lo, out, in, 1.f, x + lo * in, in, w, in, 0.f, y + lo * out, out);
+    if (bias) add_bias_rows(hi - lo, out, bias, y + lo * out);
+    return apply_epilogue(act, y + lo * out, (hi - lo) * out);
+  }
 #ifdef XGRAD_HAS_ONEDNN
   if (e == Engine::onednn && in > 0 && detail::onednn_linear(hi - lo, out, in, x + lo * in, w, bias, y + lo * out, act))
     return;
@@ -169,15 +208,19 @@ void linear_activation(std::size_t rows, std::size_t out, std::size_t in, const 
                        const float* bias, float* y, Epilogue act) {
   if (rows == 0 || out == 0) return;
   const Engine e = engine_for(rows, out, in);
+  const bool small = small_kernel_takes_plain(false, rows, out, in);
   const std::size_t work = rows * out * std::max<std::size_t>(in, 1);
-  if (work < 2 * kGrainGemm) return linear_activation_rows(e, 0, rows, out, in, x, w, bias, y, act);
-  parallel_for(rows, grain_for(kGrainGemm, work / rows),
-               [=](std::size_t lo, std::size_t hi) { linear_activation_rows(e, lo, hi, out, in, x, w, bias, y, act); });
+  if (work < 2 * kGrainGemm) return linear_activation_rows(e, small, 0, rows, out, in, x, w, bias, y, act);
+  parallel_for(rows, grain_for(kGrainGemm, work / rows), [=](std::size_t lo, std::size_t hi) {
+    linear_activation_rows(e, small, lo, hi, out, in, x, w, bias, y, act);
+  });
 }
 
 void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
             float* y) {
   if (!bias) return sgemm(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  if (small_kernel_takes_plain(false, rows, out, in))
+    return linear_activation(rows, out, in, x, w, bias, y, Epilogue::none);
   const Engine e = engine_for(rows, out, in);
   const std::size_t work = rows * out * std::max<std::size_t>(in, 1);
   if (work < 2 * kGrainGemm) return linear_rows(e, 0, rows, out, in, x, w, bias, y);
@@ -237,6 +280,13 @@ void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t
   // saves. An engine may round some elements of a piece differently from the whole product (by an
   // ulp), so results agree across thread counts to rounding, not to the bit.
   const std::size_t work = m * n * std::max<std::size_t>(k, 1);
+  if (small_kernel_takes_plain(trans_a, m, n, k)) {
+    // m >= 1024 >= 4 n: split by rows
+    if (work < 2 * kGrainGemm) return small_gemm_columns(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return parallel_for(m, grain_for(kGrainGemm, work / m), [=](std::size_t lo, std::size_t hi) {
+      small_gemm_columns(trans_b, hi - lo, n, k, alpha, a + lo * lda, lda, b, ldb, beta, c + lo * ldc, ldc);
+    });
+  }
   const Engine e = engine_for(m, n, k);
   if (work < 2 * kGrainGemm) return run_engine(e, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (m >= n) {
@@ -372,6 +422,7 @@ void gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::siz
 namespace detail {
 std::size_t onednn_batched_calls() { return primitive_calls.load(); }
 std::size_t small_kernel_products() { return small_kernel_calls.load(); }
+std::size_t small_kernel_plain_calls() { return small_plain_calls.load(); }
 }  // namespace detail
 
 }  // namespace xgrad::blas

@@ -17,6 +17,8 @@ namespace xgrad::blas {
 /// op(X) = X^T when the flag is set. lda/ldb/ldc are the row strides of the stored matrices.
 /// Large products are split across xgrad's kernel threads (parallel.hpp); a call from inside a
 /// parallel_for body runs on its own thread. Every engine call runs on the thread that makes it.
+/// Under the automatic engine, products that small_kernel_takes_plain names run on xgrad's own
+/// small-product kernel instead of either engine.
 void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
            std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 
@@ -28,12 +30,19 @@ void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t
 void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
             float* y);
 
+/// Whether sgemm, linear and linear_activation give a product (op(A) m x k, C m x n) to xgrad's
+/// small-product kernel (core/kernels/small_gemm.cpp) in column blocks of 64: under the automatic
+/// engine, op(A) = A, m at least 1024, n at most 256 and k from 1 to 1024 (the linear layers of
+/// narrow models, forward and input gradient; the measurements are in blas.cpp).
+bool small_kernel_takes_plain(bool trans_a, std::size_t m, std::size_t n, std::size_t k);
+
 /// What blas::linear_activation applies to the product plus bias: nothing, max(z, 0), the erf GELU
 /// z Phi(z) or its tanh form (as xgrad::gelu's exact and tanh).
 enum class Epilogue { none, relu, gelu, gelu_tanh };
 
-/// Y (rows x out) = act(X W^T + bias), shapes as in linear; bias may be null. Under oneDNN (when
-/// engine_for picks it for the product) one call of its matmul primitive per range of rows, the
+/// Y (rows x out) = act(X W^T + bias), shapes as in linear; bias may be null. On the small-product
+/// kernel (small_kernel_takes_plain) its product, the bias and the activation per range of rows;
+/// under oneDNN (when engine_for picks it for the product) one call of its matmul primitive per range of rows, the
 /// bias and the activation applied as post-ops while Y's tiles are in registers (primitives kept
 /// per shape); otherwise linear's product and bias, then the activation over each range of rows
 /// while it is in cache. The two agree to rounding (oneDNN's erf and tanh are its own).

@@ -48,6 +48,8 @@ bool onednn_linear(std::size_t rows, std::size_t out, std::size_t in, const floa
 std::size_t onednn_batched_calls();
 // How many products blas::sgemm_batched has given xgrad's small-product kernel so far.
 std::size_t small_kernel_products();
+// How many row ranges of plain products (blas::sgemm, blas::linear) it has run so far.
+std::size_t small_kernel_plain_calls();
 
 // While alive, holds the calling thread's OpenMP thread count at 1 (see gemm_onednn.cpp).
 class OnednnOnThisThread {

@@ -1,7 +1,9 @@
 // xgrad's own kernel for products whose rows of C fit in vector registers, compiled for AVX-512,
 // AVX2 with FMA and the baseline like the vector kernels (target_clones.hpp), but with its
 // multiply-adds fused where the target has FMA: the copies agree to rounding, as the GEMM engines
-// do, not to the bit. blas::sgemm_batched sends attention's short per-head products here.
+// do, not to the bit. blas::sgemm_batched sends attention's short per-head products here, and
+// blas::sgemm and blas::linear the tall, narrow products of small models' linear layers, in
+// column blocks (blas::small_kernel_takes_plain).
 #pragma once
 
 #include <cstddef>
