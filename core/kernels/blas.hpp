@@ -41,11 +41,12 @@ bool small_kernel_takes_plain(bool trans_a, std::size_t m, std::size_t n, std::s
 enum class Epilogue { none, relu, gelu, gelu_tanh };
 
 /// Y (rows x out) = act(X W^T + bias), shapes as in linear; bias may be null. On the small-product
-/// kernel (small_kernel_takes_plain) its product, the bias and the activation per range of rows;
-/// under oneDNN (when engine_for picks it for the product) one call of its matmul primitive per range of rows, the
-/// bias and the activation applied as post-ops while Y's tiles are in registers (primitives kept
-/// per shape); otherwise linear's product and bias, then the activation over each range of rows
-/// while it is in cache. The two agree to rounding (oneDNN's erf and tanh are its own).
+/// kernel (small_kernel_takes_plain): its product, then the bias and the activation per range of
+/// rows. Under oneDNN (when engine_for picks it for the product): one call of its matmul primitive
+/// per range of rows, the bias and the activation applied as post-ops while Y's tiles are in
+/// registers (primitives kept per shape). Otherwise linear's product and bias, then the activation
+/// over each range of rows while it is in cache. The paths agree to rounding (oneDNN's erf and tanh
+/// are its own).
 void linear_activation(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w,
                        const float* bias, float* y, Epilogue act);
 
