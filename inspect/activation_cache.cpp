@@ -2,16 +2,24 @@
 #include "xgrad/inspect/activation_cache.hpp"
 
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/inspect/hook_names.hpp"
 
 namespace xgrad::inspect {
 
 bool default_points(const std::string& name) {
   using nn::point_ends_with;
-  return !point_ends_with(name, "scores") && !point_ends_with(name, "residual.skip") &&
-         !point_ends_with(name, "residual.branch");
+  return !point_ends_with(name, "scores") && !point_ends_with(name, "result") &&
+         !point_ends_with(name, "residual.skip") && !point_ends_with(name, "residual.branch");
+}
+
+PointFilter points_named(const std::vector<std::string>& names) {
+  std::set<std::string> wanted;
+  for (const std::string& n : names) wanted.insert(from_transformer_lens(n).value_or(n));
+  return [wanted = std::move(wanted)](const std::string& name) { return wanted.count(name) != 0; };
 }
 
 PointFilter points_ending_with(std::vector<std::string> suffixes) {
@@ -28,15 +36,26 @@ void ActivationCache::insert(const std::string& name, Array value) {
   order_.push_back(name);
 }
 
-bool ActivationCache::has(const std::string& name) const { return values_.count(name) != 0; }
+const Array* ActivationCache::find(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) {
+    if (const auto point = from_transformer_lens(name)) it = values_.find(*point);
+  }
+  return it == values_.end() ? nullptr : &it->second;
+}
+
+bool ActivationCache::has(const std::string& name) const { return find(name) != nullptr; }
 
 const Array& ActivationCache::at(const std::string& name) const {
-  auto it = values_.find(name);
-  if (it != values_.end()) return it->second;
-  std::string held;
-  for (std::size_t i = 0; i < order_.size() && i < 8; ++i) held += (i ? ", " : "") + order_[i];
-  if (order_.size() > 8) held += ", ...";
-  fail("ActivationCache: no point named '", name, "' (", order_.size(), " held", order_.empty() ? "" : ": ", held, ")");
+  if (const Array* value = find(name)) return *value;
+  std::vector<std::string> both = order_;
+  for (const std::string& p : order_) {
+    if (const auto tl = to_transformer_lens(p)) both.push_back(*tl);
+  }
+  std::string near;
+  for (const std::string& n : near_names(name, both)) near += (near.empty() ? "" : ", ") + n;
+  fail("ActivationCache: no point named '", name, "' (", order_.size(), " held",
+       order_.empty() ? "" : "; nearest: ", near, ")");
 }
 
 std::size_t ActivationCache::bytes() const {

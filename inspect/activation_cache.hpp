@@ -18,12 +18,16 @@ namespace xgrad::inspect {
 /// Chooses hook points by full name.
 using PointFilter = std::function<bool(const std::string& name)>;
 
-/// The points a cache takes unless told otherwise: all but "*.scores" (forming the scores apart
-/// from the fused softmax costs time and memory) and the residual connections' ".residual.skip"
-/// and ".residual.branch", which are copies of ".residual.in".
+/// The points a cache takes unless told otherwise: all but "*.scores" and "*.result" (forming
+/// them costs time and memory: the scores apart from the fused softmax, result H times the size
+/// of out) and the residual connections' ".residual.skip" and ".residual.branch", which are
+/// copies of ".residual.in".
 bool default_points(const std::string& name);
 /// Points whose full name ends with one of the suffixes, such as {".pattern", "stream_out"}.
 PointFilter points_ending_with(std::vector<std::string> suffixes);
+/// The points named, by full name in xgrad's or TransformerLens's spelling, such as
+/// {"blocks.0.attn.z", "blocks.1.attn.hook_pattern"}.
+PointFilter points_named(const std::vector<std::string>& names);
 
 /// Values of a model's hook points by full name, in the order a run reached them (see
 /// cache_activations).
@@ -31,10 +35,11 @@ class ActivationCache {
  public:
   /// Adds the value of point `name`; throws if `name` is already held.
   void insert(const std::string& name, Array value);
-  /// True when the value of point `name` is held.
+  /// True when the value of point `name` (xgrad's or TransformerLens's spelling) is held.
   bool has(const std::string& name) const;
-  /// The value of point `name`. Throws naming the point, and the first 8 points the cache holds,
-  /// if it is not held.
+  /// The value of point `name`, in xgrad's spelling ("blocks.0.attn.z") or TransformerLens's
+  /// ("blocks.0.attn.hook_z"; see hook_names.hpp). Throws naming the point and the nearest names
+  /// held, in both spellings, if it is not held.
   const Array& at(const std::string& name) const;
   /// The points held, in the order the run reached them.
   std::vector<std::string> names() const { return order_; }
@@ -44,6 +49,7 @@ class ActivationCache {
   std::size_t bytes() const;
 
  private:
+  const Array* find(const std::string& name) const;  // null when not held
   std::vector<std::string> order_;
   std::map<std::string, Array> values_;
 };

@@ -58,7 +58,8 @@ std::vector<LensLayer> logit_lens(nn::LanguageModel& model, const IndexArray& id
   {
     const nn::EvalGuard eval(model);
     cache = cache_activations(
-        model, [&] { model.forward(ids); }, points_ending_with({"embed", "stream_out"}));
+        model, [&] { model.forward(ids); },
+        [](const std::string& name) { return name == "embed" || nn::point_ends_with(name, ".stream_out"); });
   }
   std::vector<LensLayer> layers;
   for (const std::string& point : cache.names()) {

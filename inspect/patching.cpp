@@ -7,13 +7,14 @@
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/inspect/hook_names.hpp"
 #include "xgrad/nn/attention.hpp"
 
 namespace xgrad::inspect {
 
 namespace {
 
-enum class Layout { plain, heads_in_columns, heads_on_axis1 };
+enum class Layout { plain, heads_in_columns, heads_on_axis1, heads_on_axis2 };
 
 struct Region {
   std::optional<std::size_t> head, position;
@@ -44,6 +45,7 @@ Layout layout_of(const std::string& point) {
     return Layout::heads_in_columns;
   }
   if (name == "pattern" || name == "scores") return Layout::heads_on_axis1;
+  if (name == "z" || name == "result") return Layout::heads_on_axis2;
   return Layout::plain;
 }
 
@@ -66,7 +68,11 @@ Mask region_mask(const PointPatch& p, const Shape& shape) {
       bool in = true;
       if (r.position) in = index[position_axis] == *r.position;
       if (in && r.head) {
-        in = p.layout == Layout::heads_on_axis1 ? index[1] == *r.head : index[2] / (shape[2] / p.heads) == *r.head;
+        if (p.layout == Layout::heads_in_columns) {
+          in = index[2] / (shape[2] / p.heads) == *r.head;
+        } else {
+          in = index[p.layout == Layout::heads_on_axis1 ? 1 : 2] == *r.head;
+        }
       }
       if (in) mask.data()[flat] = true;
       for (std::size_t a = rank; a-- > 0;) {
@@ -82,13 +88,11 @@ Mask region_mask(const PointPatch& p, const Shape& shape) {
 
 PatchSet::PatchSet(nn::Module& root, const ActivationCache& source, const std::vector<Patch>& patches) {
   if (patches.empty()) fail("PatchSet: no patches given");
-  std::vector<std::string> known = root.hook_points();
   std::map<std::string, std::shared_ptr<PointPatch>> by_point;
   std::vector<std::shared_ptr<PointPatch>> order;
-  for (const Patch& patch : patches) {
-    if (std::find(known.begin(), known.end(), patch.point) == known.end()) {
-      fail("PatchSet: the module has no hook point '", patch.point, "'");
-    }
+  for (const Patch& asked : patches) {
+    Patch patch = asked;
+    patch.point = resolve_point(root, asked.point, "PatchSet");  // xgrad's or TransformerLens's spelling
     if (!source.has(patch.point)) fail("PatchSet: the source cache holds no point '", patch.point, "'");
     auto& p = by_point[patch.point];
     if (!p) {

@@ -77,10 +77,29 @@ Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : Rando
     k_norm = register_module("k_norm", std::make_shared<RMSNorm>(o.head_dim(), o.norm_options().eps()));
   }
   if (o.rotary()) {
-    declare_hook_points({"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "context", "out"});
+    declare_hook_points({"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "context", "z", "result", "out"});
   } else {
-    declare_hook_points({"q", "k", "v", "scores", "pattern", "context", "out"});
+    declare_hook_points({"q", "k", "v", "scores", "pattern", "context", "z", "result", "out"});
   }
+}
+
+// The context (B, T, C) through the points context, z and result to w_o's output. z and result
+// are formed only while hooked. With result, out = sum over heads of result + w_o's bias, where
+// result[b, t, h] = z[b, t, h] W_o[:, hD .. (h+1)D]^T: each head's share of out, before the bias.
+Tensor Attention::project_out(const Tensor& context_in) const {
+  Tensor context = hook("context", context_in);
+  const auto B = static_cast<std::int64_t>(context.shape()[0]), T = static_cast<std::int64_t>(context.shape()[1]);
+  const auto H = static_cast<std::int64_t>(options_.num_heads()), D = static_cast<std::int64_t>(options_.head_dim());
+  const std::int64_t C = H * D;
+  if (hooked("z")) context = reshape(hook("z", reshape(context, {B, T, H, D})), {B, T, C});
+  if (!hooked("result")) return hook("out", w_o->forward(context));
+  const Tensor z_by_head = reshape(permute(reshape(context, {B, T, H, D}), {2, 0, 1, 3}), {H, B * T, D});
+  const Tensor w_by_head = permute(reshape(w_o->weight, {C, H, D}), {1, 2, 0});  // (H, D, C)
+  const Tensor per_head = reshape(matmul(z_by_head, w_by_head), {H, B, T, C});
+  const Tensor result = hook("result", permute(per_head, {1, 2, 0, 3}));  // (B, T, H, C)
+  Tensor out = sum(result, {2});
+  if (w_o->bias.defined()) out = out + w_o->bias;
+  return hook("out", out);
 }
 
 // x (B, T, n D) -> norm over each head's D channels, same shape.
@@ -238,8 +257,7 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
     f.dropout = p;
     f.generator = &generator();
     // flash_attention's causal mask ends each query's keys at S - T + t, which is offset + t here
-    const Tensor context = hook("context", flash_attention(q, k, v, H, scale, m.causal, f));
-    return {hook("out", w_o->forward(context)), Tensor()};
+    return {project_out(flash_attention(q, k, v, H, scale, m.causal, f)), Tensor()};
   }
   // A causal mask alone is applied inside the fused kernel; any other mask is combined in full.
   const bool causal_only = m.causal && offset == 0 && !m.attn_mask && !m.key_padding_mask && !m.additive_mask;
@@ -260,8 +278,7 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
     weights = attention_weights(q, k, H, scale, causal_only, blocked ? &*blocked : nullptr);
   }
   weights = hook("pattern", weights);
-  const Tensor context = hook("context", attend(dropout(weights, p, p > 0.f, generator()), v, H));  // (B, T, C)
-  return {hook("out", w_o->forward(context)), weights};
+  return {project_out(attend(dropout(weights, p, p > 0.f, generator()), v, H)), weights};  // context (B, T, C)
 }
 
 }  // namespace xgrad::nn

@@ -22,6 +22,9 @@
 //   scores     (B, H, T, S) scale Q_h K_h^T before masks and softmax (formed only while hooked)
 //   pattern    (B, H, T, S) the attention weights, before dropout
 //   context    (B, T, C) each head's output, side by side, before W_o
+//   z          (B, T, H, D) the same values with a head axis (formed only while hooked)
+//   result     (B, T, H, C) each head's share of out, z_h W_o[h] without W_o's bias: out is their
+//              sum plus the bias (formed only while hooked; out is then computed from it)
 //   out        (B, T, C) the attention's output
 //
 // Shapes: B batch, T query length, S key length (S = T: self-attention), C = d_model,
@@ -146,7 +149,9 @@ inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
 /// k and v (B, S, KV * D) (after QK-norm, before RoPE), rot_q and rot_k (with rotary: q and k
 /// turned), scores (B, H, T, S; before masks and softmax, formed only while hooked), pattern
 /// (B, H, T, S; the weights before dropout), context (B, T, C; the heads' outputs side by side,
-/// before w_o) and out (B, T, C).
+/// before w_o), z (B, T, H, D; context with a head axis, formed only while hooked), result
+/// (B, T, H, C; each head's share of out before w_o's bias, formed only while hooked) and out
+/// (B, T, C).
 class Attention : public Module, public RandomStream {
  public:
   /// Checks the options (check), then draws the four projections from `gen`, from which the
@@ -189,6 +194,7 @@ class Attention : public Module, public RandomStream {
   bool tiled(const AttentionMask& mask, std::size_t T, std::size_t S, std::size_t offset) const;
   AttentionOutput attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                                std::size_t offset) const;
+  Tensor project_out(const Tensor& context) const;  // context -> z -> result -> out, the points on the way
   MultiHeadAttentionOptions options_;
 };
 

@@ -17,7 +17,9 @@ double norm(const Array& a) { return std::sqrt(sum_of_squares(a)); }
 
 ProbeSet::ProbeSet(Module& root, std::function<bool(const std::string&)> which) {
   for (const std::string& point : root.hook_points()) {
-    if (which ? !which(point) : point_ends_with(point, ".scores") || point == "scores") continue;
+    const bool formed_on_request = point_ends_with(point, ".scores") || point == "scores" ||
+                                   point_ends_with(point, ".result") || point == "result";
+    if (which ? !which(point) : formed_on_request) continue;
     const bool path_copy = point_ends_with(point, "residual.skip") || point_ends_with(point, "residual.branch");
     // The hooks hold the records, not the ProbeSet: a forward on another thread that still
     // calls one after the ProbeSet is gone writes into records nobody reads.

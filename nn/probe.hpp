@@ -35,12 +35,13 @@ struct ResidualFlow {
 class ProbeSet {
  public:
   /// Attaches to every hook point of `root` that `which` accepts (by full name; all but
-  /// "*.scores" by default: recording those makes attention form its scores separately, which
-  /// costs time and memory and changes no value). While attached, each residual connection
-  /// routes x through two identity copies (".residual.skip" and ".residual.branch"), so that the
-  /// gradient arriving through each path can be read apart; no value changes, and a gradient can
-  /// differ in its last bits where x has more than two consumers (Post-Norm attention), since its
-  /// parts are added in another order. Other hooks may be attached at the same time.
+  /// "*.scores" and "*.result" by default: recording those makes attention form its scores apart
+  /// from the fused softmax, or each head's share of its output apart from the output projection,
+  /// which costs time and memory, and result changes the last bits of the output). While attached, each residual
+  /// connection routes x through two identity copies (".residual.skip" and ".residual.branch"), so that the gradient
+  /// arriving through each path can be read apart; no value changes, and a gradient can differ in its last bits where x
+  /// has more than two consumers (Post-Norm attention), since its parts are added in another order. Other hooks may be
+  /// attached at the same time.
   explicit ProbeSet(Module& root, std::function<bool(const std::string&)> which = {});
   ProbeSet(const ProbeSet&) = delete;
   ProbeSet& operator=(const ProbeSet&) = delete;

@@ -262,7 +262,12 @@ LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : op
     head = register_module("head", std::make_shared<Linear>(o.d_model(), o.vocab_size(), o.head_bias(), gen));
   }
   if (o.init() == Init::gpt2) init_gpt2(*this, gen);
-  declare_hook_points({"embed", "logits"});
+  // in forward order
+  declare_hook_points({"tok_embed"});
+  if (pos_emb || pos_table) declare_hook_points({"pos_embed"});
+  declare_hook_points({"embed"});
+  if (final_norm) declare_hook_points({"normalized"});
+  declare_hook_points({"logits"});
 }
 
 void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
@@ -285,9 +290,9 @@ void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
 
 LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& positions, const Mask* padding,
                                        LanguageModelCache* cache, Attentions attentions) const {
-  Tensor h = tok_emb->forward(ids);  // (B, T, C)
-  if (pos_emb) h = h + pos_emb->at(positions);
-  if (pos_table) h = h + pos_table->at(positions);
+  Tensor h = hook("tok_embed", tok_emb->forward(ids));             // (B, T, C)
+  if (pos_emb) h = h + hook("pos_embed", pos_emb->at(positions));  // (T, C), or (B, T, C) with padding
+  if (pos_table) h = h + hook("pos_embed", pos_table->at(positions));
   h = hook("embed", h);
   AttentionMask mask;
   mask.causal = true;
@@ -301,7 +306,7 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
     h = b.output;
     if (mask.need_weights) out.attentions.push_back(b.attention);
   }
-  if (final_norm) h = final_norm->forward(h);
+  if (final_norm) h = hook("normalized", final_norm->forward(h));
   out.logits = hook("logits", head->forward(h));
   return out;
 }

@@ -12,7 +12,9 @@
 //                     hidden (after the activation, the gate product and dropout), out
 //   TransformerBlock  stream_in, stream_mid, stream_out: the residual stream entering the block,
 //                     between its sublayers, and leaving it
-//   LanguageModel     embed (tokens plus positions), logits
+//   LanguageModel     tok_embed (B, T, C: the token embeddings), pos_embed (learned or sinusoidal
+//                     positions only: (T, C), or (B, T, C) with a padding mask), embed (their sum),
+//                     normalized (Pre-Norm only: the final norm's output, the head's input), logits
 // Shapes: B batch, T length, C d_model, V vocabulary, F FFN width.
 #pragma once
 
@@ -344,8 +346,9 @@ struct Generation {
 /// A decoder-only language model: h = tok_emb(ids) + positions (learned or sinusoidal; none
 /// and rotary add nothing here); h = blocks (causal attention); Pre-Norm adds final_norm;
 /// logits = head(h). With tie_embeddings, head.weight is tok_emb.weight: one parameter (listed
-/// once, as tok_emb.weight) that gets gradients from both uses. Hook points embed (the
-/// embedded tokens, with their positions) and logits, besides its blocks'.
+/// once, as tok_emb.weight) that gets gradients from both uses. Hook points tok_embed (the token
+/// embeddings), pos_embed (learned or sinusoidal positions only), embed (their sum), normalized
+/// (Pre-Norm only: the final norm's output) and logits, besides its blocks'.
 class LanguageModel : public Module {
  public:
   /// Checks the options (check), then draws every parameter from `gen`.

@@ -65,6 +65,8 @@ TEST_CASE("hook_points lists every point of the tree by full name", "[hooks]") {
                                            "blocks.0.attn.scores",
                                            "blocks.0.attn.pattern",
                                            "blocks.0.attn.context",
+                                           "blocks.0.attn.z",
+                                           "blocks.0.attn.result",
                                            "blocks.0.attn.out",
                                            "blocks.0.attn.residual.in",
                                            "blocks.0.attn.residual.skip",
@@ -77,10 +79,11 @@ TEST_CASE("hook_points lists every point of the tree by full name", "[hooks]") {
                                            "blocks.0.ffn.residual.skip",
                                            "blocks.0.ffn.residual.branch",
                                            "blocks.0.ffn.residual.out"};
-  REQUIRE(points.size() == 2 + 2 * block0.size());
-  REQUIRE(points[0] == "embed");
-  REQUIRE(points[1] == "logits");
-  for (std::size_t i = 0; i < block0.size(); ++i) REQUIRE(points[2 + i] == block0[i]);
+  // The model's own points first, in forward order (learned positions, Pre-Norm), then its blocks'.
+  const std::vector<std::string> own = {"tok_embed", "pos_embed", "embed", "normalized", "logits"};
+  REQUIRE(points.size() == own.size() + 2 * block0.size());
+  for (std::size_t i = 0; i < own.size(); ++i) REQUIRE(points[i] == own[i]);
+  for (std::size_t i = 0; i < block0.size(); ++i) REQUIRE(points[own.size() + i] == block0[i]);
   // A sub-tree names its points from its own root.
   REQUIRE(model->blocks[1]->hook_points()[0] == "stream_in");
   REQUIRE(model->blocks[1]->attn->hook_points()[0] == "q");

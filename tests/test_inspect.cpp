@@ -45,7 +45,7 @@ bool same_bits(const Array& a, const Array& b) {
 }  // namespace
 
 TEST_CASE("an activation cache keeps every default point of one forward and changes nothing") {
-  auto model = testing::eval_lm(testing::small_lm(), 3);
+  auto model = testing::randomized_lm(testing::small_lm(), 3);
   const IndexArray ids = random_ids(2, 8, 11, 4);
   const Array plain = model->forward(ids).logits.value();
   Array logits;
@@ -55,7 +55,7 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
   REQUIRE(model->num_hooks() == 0);
 
   const std::vector<std::string> names = cache.names();
-  REQUIRE(names.front() == "embed");
+  REQUIRE(names.front() == "tok_embed");
   REQUIRE(names.back() == "logits");
   for (const char* expected : {"blocks.0.stream_in", "blocks.0.attn.pattern", "blocks.1.attn.context",
                                "blocks.1.ffn.hidden", "blocks.1.ffn.residual.out", "blocks.1.stream_out"}) {
@@ -67,6 +67,8 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
     REQUIRE(default_points(name));
   }
   REQUIRE_FALSE(cache.has("blocks.0.attn.scores"));
+  REQUIRE_FALSE(cache.has("blocks.0.attn.result"));  // formed on request only
+  REQUIRE(cache.has("blocks.0.attn.z"));
   REQUIRE_FALSE(cache.has("blocks.0.attn.residual.skip"));
   REQUIRE(cache.at("blocks.0.attn.pattern").shape() == Shape{2, 2, 8, 8});
   REQUIRE(cache.bytes() > plain.size() * sizeof(float));
@@ -98,7 +100,7 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
       model->forward(ids);
       model->forward(ids);
                             }),
-                        Contains("cache_activations: point 'embed' was reached more than once"));
+                        Contains("cache_activations: point 'tok_embed' was reached more than once"));
     REQUIRE_THROWS_WITH(cache_activations(*model, {}), Contains("cache_activations: no function"));
     ActivationCache mine;
     mine.insert("x", Array{1.f});
@@ -109,7 +111,7 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
 
 TEST_CASE("patching a run with its own cache is bit-exact, whole points, heads and positions alike") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
-    auto model = testing::eval_lm(testing::small_lm().norm(norm), 5);
+    auto model = testing::randomized_lm(testing::small_lm().norm(norm), 5);
     const IndexArray ids = random_ids(3, 8, 11, 6);
     const Array plain = model->forward(ids).logits.value();
     const ActivationCache cache = cache_activations(*model, [&] { model->forward(ids); });
@@ -127,7 +129,7 @@ TEST_CASE("patching a run with its own cache is bit-exact, whole points, heads a
 }
 
 TEST_CASE("patching copies exactly the chosen region from the other run") {
-  auto model = testing::eval_lm(testing::small_lm(), 7);
+  auto model = testing::randomized_lm(testing::small_lm(), 7);
   const IndexArray clean = random_ids(2, 8, 11, 8);
   IndexArray corrupt = clean;
   corrupt(0, 2) = (corrupt(0, 2) + 1) % 11;
@@ -200,7 +202,7 @@ TEST_CASE("patching copies exactly the chosen region from the other run") {
 }
 
 TEST_CASE("patching refuses what it cannot do, naming the point") {
-  auto model = testing::eval_lm(testing::small_lm(), 9);
+  auto model = testing::randomized_lm(testing::small_lm(), 9);
   const IndexArray ids = random_ids(2, 8, 11, 10);
   const ActivationCache cache = cache_activations(*model, [&] { model->forward(ids); });
   REQUIRE_THROWS_WITH(PatchSet(*model, cache, {}), Contains("PatchSet: no patches"));
@@ -228,7 +230,7 @@ TEST_CASE("patching refuses what it cannot do, naming the point") {
 
 TEST_CASE("the logit lens reads the stream after each block, and its last entry is the model's own output") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
-    auto model = testing::eval_lm(testing::small_lm().norm(norm), 12);
+    auto model = testing::randomized_lm(testing::small_lm().norm(norm), 12);
     model->train();
     const IndexArray ids = random_ids(2, 8, 11, 13), targets = random_ids(2, 8, 11, 14);
     const std::vector<LensLayer> lens = logit_lens(*model, ids, targets, 3);
@@ -252,7 +254,7 @@ TEST_CASE("the logit lens reads the stream after each block, and its last entry 
         REQUIRE(lens[2].top_prob(b, t, 0) == Approx(1.0 / z).epsilon(1e-5));
       }
   }
-  auto model = testing::eval_lm(testing::small_lm(), 12);
+  auto model = testing::randomized_lm(testing::small_lm(), 12);
   const IndexArray ids = random_ids(2, 8, 11, 13);
   REQUIRE_THROWS_WITH(logit_lens(*model, ids, ids, 0), Contains("logit_lens: top_k 0 is outside [1, 11]"));
   REQUIRE_THROWS_WITH(logit_lens(*model, ids, ids, 12), Contains("logit_lens: top_k 12"));

@@ -95,7 +95,7 @@ NamedArrays gradients_of(const nn::Module& m) {
 // The points on an L-layer LanguageModel that hold the residual stream's shape (B, T, C), in
 // the order forward reaches them.
 std::vector<std::string> stream_points(std::size_t layers) {
-  std::vector<std::string> v = {"embed"};
+  std::vector<std::string> v = {"tok_embed", "embed"};
   for (std::size_t l = 0; l < layers; ++l) {
     const std::string b = "blocks." + std::to_string(l);
     v.push_back(b + ".stream_in");
@@ -112,13 +112,15 @@ std::vector<std::string> stream_points(std::size_t layers) {
 }
 
 // Every point a ProbeSet records by default, with its shape, in forward order.
-std::vector<std::pair<std::string, Shape>> expected_points(std::size_t layers) {
+std::vector<std::pair<std::string, Shape>> expected_points(std::size_t layers, Norm norm) {
   std::vector<std::pair<std::string, Shape>> v;
   for (const std::string& n : stream_points(layers)) {
-    v.emplace_back(n, Shape{kB, kT, kC});
     auto ends_with = [&](const std::string& suffix) {
       return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
+    if (ends_with(".attn.out")) v.emplace_back(n.substr(0, n.size() - 3) + "z", Shape{kB, kT, kH, kC / kH});
+    if (n == "embed") v.emplace_back("pos_embed", Shape{kT, kC});  // learned positions, one row per position
+    v.emplace_back(n, Shape{kB, kT, kC});
     if (ends_with(".attn.v")) v.emplace_back(n.substr(0, n.size() - 1) + "pattern", Shape{kB, kH, kT, kT});
     if (ends_with(".ffn.residual.branch")) {
       const std::string ffn = n.substr(0, n.size() - std::string("residual.branch").size());
@@ -126,6 +128,7 @@ std::vector<std::pair<std::string, Shape>> expected_points(std::size_t layers) {
       v.emplace_back(ffn + "hidden", Shape{kB, kT, 4 * kC});
     }
   }
+  if (norm == Norm::pre) v.emplace_back("normalized", Shape{kB, kT, kC});  // the final norm's output
   v.emplace_back("logits", Shape{kB, kT, kV});
   return v;
 }
@@ -232,7 +235,7 @@ TEST_CASE("a ProbeSet records every hook point but the scores, in forward order,
     REQUIRE(probes.names().empty());
     model->loss(b.ids, b.targets);
 
-    const auto expected = expected_points(kL);
+    const auto expected = expected_points(kL, norm);
     const std::vector<std::string> names = probes.names();
     REQUIRE(names.size() == expected.size());
     for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -337,7 +340,7 @@ TEST_CASE("Post-Norm probes change no value and no gradient beyond rounding") {
 TEST_CASE("a destroyed ProbeSet leaves no hook behind, and two at once record the same values") {
   auto model = make_lm(Norm::pre);
   const Batch b = make_batch(3);
-  const std::size_t points = expected_points(kL).size();
+  const std::size_t points = expected_points(kL, Norm::pre).size();
   {
     nn::ProbeSet probes(*model);
     REQUIRE(model->num_hooks() == points);
