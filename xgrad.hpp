@@ -25,6 +25,7 @@
 #include "xgrad/inspect/hook_names.hpp"
 #include "xgrad/inspect/logit_lens.hpp"
 #include "xgrad/inspect/patching.hpp"
+#include "xgrad/inspect/patching_sweep.hpp"
 #include "xgrad/inspect/residual_decomposition.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "xgrad/nn/attention.hpp"

@@ -56,6 +56,9 @@ void require_specialized(const ExperimentResult& r, const ExperimentConfig& c) {
   // prediction of offset o at p + o exactly when the head owns o.
   REQUIRE(r.patching.corrupted == std::vector<double>(c.task.offsets.size(), 0.0));
   REQUIRE(r.each_offset_restored);
+  // Attribution patching: the first-order estimate ranks heads and positions as the real sweep does.
+  INFO("attribution correlation " << r.attribution.correlation);
+  REQUIRE(r.attribution.correlation > 0.9);
   // One head of the same width can follow one offset, not three: chance is 1/16 for the rest.
   REQUIRE(r.single_accuracy.overall < 0.6);
 }

@@ -13,6 +13,7 @@
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/logit_lens.hpp"
+#include "xgrad/inspect/patching_sweep.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 
@@ -80,6 +81,31 @@ TEST_CASE("the previous-token detector finds the head a trained two-layer model 
   INFO("best previous-token head in " << where);
   // A uniform causal head scores 0.19 here (the mean of 1 / (t + 1) over t = 1 .. 11).
   REQUIRE(best > 0.7);
+
+  SECTION("attribution patching ranks heads and positions as the real sweep does") {
+    // The token before the last changes; the last prediction reads it through the previous-token head.
+    IndexArray corrupted = ids;
+    std::vector<std::int64_t> answer, wrong;
+    for (std::size_t b = 0; b < kB; ++b) {
+      corrupted(b, kT - 2) = (ids(b, kT - 2) + 3) % static_cast<std::int64_t>(kV);
+      answer.push_back(targets(b, kT - 1));
+      wrong.push_back((targets(b, kT - 1) + 4) % static_cast<std::int64_t>(kV));
+    }
+    const inspect::Metric metric = inspect::logit_difference(kT - 1, answer, wrong);
+    auto clean_run = [&] { return model.forward(ids).logits; };
+    auto corrupted_run = [&] { return model.forward(corrupted).logits; };
+    for (const inspect::SweepSpec& spec : {inspect::every_head_position(model), inspect::every_layer_position(model)}) {
+      const inspect::SweepResult real = inspect::patching_sweep(model, clean_run, corrupted_run, metric, spec);
+      const inspect::SweepResult estimate =
+          inspect::attribution_patching(model, clean_run, corrupted_run, metric, spec);
+      const double r = inspect::effect_correlation(real, estimate);
+      INFO(real.rows.size() << " x " << real.columns.size() << ": correlation " << r << ", " << estimate.seconds
+                            << " s against " << real.seconds << " s; clean " << real.clean << ", corrupted "
+                            << real.corrupted);
+      REQUIRE(real.clean - real.corrupted > 1.0);  // the corruption matters
+      REQUIRE(r > 0.8);
+    }
+  }
 
   SECTION("the logit lens: the last block's read-out is the model's, the embedding's far worse") {
     const std::vector<inspect::LensLayer> lens = inspect::logit_lens(model, ids, targets);

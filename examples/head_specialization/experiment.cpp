@@ -56,6 +56,7 @@ ExperimentResult run_experiment(const ExperimentConfig& c, const ProgressFn& on_
   r.every_offset_owned = every_offset_owned(c.task, r.heads);
   r.patching = patch_each_head(model, c.task, data, c.seed + 2000003);
   r.each_offset_restored = each_offset_restored_by_its_own_head(c.task, r.heads, r.patching);
+  r.attribution = compare_attribution(model, c.task, data[0], c.seed + 3000017);
   {
     NoGradGuard no_grad;
     model.eval();

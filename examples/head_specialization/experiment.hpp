@@ -33,6 +33,7 @@ struct ExperimentResult {
   bool every_offset_owned = false;
   PatchingTable patching;             // one head's output restored at a time
   bool each_offset_restored = false;  // by its own head only
+  AttributionAgreement attribution;   // attribution patching against the head x position sweep
   // The attention patterns of the first held-out sequence, and its tokens as "t<pos> <token>".
   xgrad::inspect::ActivationCache first_sequence;
   std::vector<std::string> first_tokens;

@@ -195,6 +195,8 @@ int main(int argc, char** argv) {
     std::printf("every offset owned by its own specialized head: %s\n", r.every_offset_owned ? "yes" : "no");
     std::printf("\n%s", patching_table(c, r).c_str());
     std::printf("each offset restored by its own head only: %s\n", r.each_offset_restored ? "yes" : "no");
+    std::printf("attribution patching against the head x position sweep: correlation %.3f, %.3f s against %.3f s\n",
+                r.attribution.correlation, r.attribution.attribution_seconds, r.attribution.sweep_seconds);
     if (!quiet) std::printf("\n%s", head_grids(r).c_str());
     const std::vector<std::string> images = write_images(out, c, r);
     std::printf(

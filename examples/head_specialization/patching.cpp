@@ -4,9 +4,11 @@
 #include <algorithm>
 
 #include "common/argmax.hpp"
+#include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/inspect/patching.hpp"
+#include "xgrad/inspect/patching_sweep.hpp"
 
 namespace headspec {
 
@@ -77,6 +79,37 @@ PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const s
   average(table.corrupted);
   for (auto& row : table.restored) average(row);
   return table;
+}
+
+AttributionAgreement compare_attribution(OffsetModel& model, const ShiftTask& task, const ShiftBatch& batch,
+                                         std::uint64_t seed) {
+  const std::size_t longest = *std::max_element(task.offsets.begin(), task.offsets.end());
+  if (longest >= task.seq_len || task.vocab < 2) fail("compare_attribution: no position to corrupt");
+  const std::size_t p = task.seq_len - 1 - longest, K = task.offsets.size();
+  const IndexArray& clean = batch.tokens;
+  const std::size_t B = clean.shape()[0], T = clean.shape()[1];
+  IndexArray corrupt = clean;
+  Generator gen(seed);
+  for (std::size_t b = 0; b < B; ++b) {
+    const auto shift = static_cast<std::int64_t>(1 + gen.next_u64() % (task.vocab - 1));
+    corrupt(b, p) = (clean(b, p) + shift) % static_cast<std::int64_t>(task.vocab);
+  }
+  Array pick = xt::zeros<float>({B, T, K, task.vocab});  // the clean token at each reading prediction
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t k = 0; k < K; ++k)
+      pick(b, p + task.offsets[k], k, static_cast<std::size_t>(clean(b, p))) = 1.f / B;
+  }
+  const Tensor weights(pick);
+  const inspect::Metric metric = [weights](const Tensor& logits) { return sum(logits * weights); };
+  inspect::SweepSpec spec;
+  for (std::size_t l = 0; l < model.layers.size(); ++l)
+    spec.points.push_back("layers." + std::to_string(l) + ".context");
+  spec.by_head = spec.by_position = true;
+  auto run_clean = [&] { return model.forward(clean).logits; };
+  auto run_corrupt = [&] { return model.forward(corrupt).logits; };
+  const inspect::SweepResult real = inspect::patching_sweep(model, run_clean, run_corrupt, metric, spec);
+  const inspect::SweepResult estimate = inspect::attribution_patching(model, run_clean, run_corrupt, metric, spec);
+  return {inspect::effect_correlation(real, estimate), real.seconds, estimate.seconds};
 }
 
 bool each_offset_restored_by_its_own_head(const ShiftTask& task, const std::vector<HeadStats>& heads,

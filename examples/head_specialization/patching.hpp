@@ -24,6 +24,17 @@ struct PatchingTable {
 PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const std::vector<ShiftBatch>& data,
                               std::uint64_t seed);
 
+// Attribution patching against the real sweep of every head at every position, on the first
+// held-out batch with the token at p corrupted as above. The metric is differentiable: the
+// clean token's logit, averaged over the batch, at each prediction that reads position p
+// (offset o at p + o), summed over the offsets.
+struct AttributionAgreement {
+  double correlation = 0;                             // over heads x positions
+  double sweep_seconds = 0, attribution_seconds = 0;  // wall time of each
+};
+AttributionAgreement compare_attribution(OffsetModel& model, const ShiftTask& task, const ShiftBatch& batch,
+                                         std::uint64_t seed);
+
 // True when each offset is restored (>= 0.9) by exactly one head, the one whose dominant offset
 // it is, and every other head restores it at most 0.1.
 bool each_offset_restored_by_its_own_head(const ShiftTask& task, const std::vector<HeadStats>& heads,
