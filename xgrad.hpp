@@ -27,6 +27,7 @@
 #include "xgrad/inspect/patching.hpp"
 #include "xgrad/inspect/patching_sweep.hpp"
 #include "xgrad/inspect/residual_decomposition.hpp"
+#include "xgrad/inspect/steering.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/checkpoint.hpp"

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/logit_lens.hpp"
 #include "xgrad/inspect/patching_sweep.hpp"
+#include "xgrad/inspect/steering.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 
@@ -105,6 +107,48 @@ TEST_CASE("the previous-token detector finds the head a trained two-layer model 
       REQUIRE(real.clean - real.corrupted > 1.0);  // the corruption matters
       REQUIRE(r > 0.8);
     }
+  }
+
+  SECTION("steering: a mean-difference vector moves the prediction toward the other token's") {
+    // The same sequences ending in token 2 (positive) and in token 0 (negative): the next token
+    // is last + previous + coin, so the two sets' predictions differ by 2.
+    IndexArray positive = ids, negative = ids;
+    for (std::size_t b = 0; b < kB; ++b) positive(b, kT - 1) = 2, negative(b, kT - 1) = 0;
+    // At the last position: the likeliest next token of each positive prompt, and the mean
+    // log-probability that a run gives those tokens.
+    auto last_logits = [&](const IndexArray& x) { return model.forward(x).logits.value(); };
+    const Array positive_logits = last_logits(positive);
+    std::vector<std::size_t> wanted;
+    for (std::size_t b = 0; b < kB; ++b) {
+      const float* row = &positive_logits(b, kT - 1, 0);
+      wanted.push_back(static_cast<std::size_t>(std::max_element(row, row + kV) - row));
+    }
+    auto wanted_log_prob = [&](const Array& logits) {
+      double total = 0;
+      for (std::size_t b = 0; b < kB; ++b) {
+        const float* row = &logits(b, kT - 1, 0);
+        const double m = *std::max_element(row, row + kV);
+        double z = 0;
+        for (std::size_t v = 0; v < kV; ++v) z += std::exp(row[v] - m);
+        total += row[wanted[b]] - m - std::log(z);
+      }
+      return total / kB;
+    };
+    const double before = wanted_log_prob(last_logits(negative));
+    for (const char* point : {"blocks.0.stream_in", "blocks.0.stream_mid"}) {
+      const inspect::SteeringVector v = inspect::mean_difference_vector(model, point, {positive}, {negative});
+      double after = 0;
+      {
+        const inspect::Steering steer(model, v, kT - 1);  // the last position only
+        after = wanted_log_prob(last_logits(negative));
+      }
+      INFO(point << ": mean log-probability of the positive prompts' predictions " << before << " unsteered, " << after
+                 << " steered (theirs: " << wanted_log_prob(positive_logits) << ")");
+      // At the embedding the difference is exactly tok_emb(2) - tok_emb(0): the positive prompts' run.
+      if (std::string(point) == "blocks.0.stream_in") REQUIRE(after == Approx(wanted_log_prob(positive_logits)));
+      REQUIRE(after > before + 1.0);
+    }
+    REQUIRE(wanted_log_prob(last_logits(negative)) == before);  // gone with its handle
   }
 
   SECTION("the logit lens: the last block's read-out is the model's, the embedding's far worse") {
