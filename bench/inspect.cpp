@@ -56,6 +56,12 @@ int main(int argc, char** argv) {
         model, [&] { model.forward(clean); }, inspect::points_ending_with({".attn.z"}));
   });
 
+  inspect::ActivationCache first_z;
+  const double first_z_stopped = seconds_of([&] {
+    first_z = inspect::cache_activations(
+        model, [&] { model.forward(clean); }, inspect::points_named({"blocks.0.attn.z"}), /*stop_after_last=*/true);
+  });
+
   const inspect::Metric metric = inspect::logit_difference(T - 1, answer, wrong);
   auto clean_run = [&] { return model.forward(clean).logits; };
   auto corrupted_run = [&] { return model.forward(corrupted).logits; };
@@ -74,6 +80,7 @@ int main(int argc, char** argv) {
                               {"cache_everything_points", all.size()},
                               {"cache_z_seconds", filtered},
                               {"cache_z_mb", static_cast<double>(some.bytes()) / (1 << 20)},
+                              {"cache_first_z_stopped_seconds", first_z_stopped},
                               {"sweep_cells", real.effect.size()},
                               {"sweep_seconds", real.seconds},
                               {"attribution_seconds", estimate.seconds},

@@ -64,7 +64,13 @@ std::size_t ActivationCache::bytes() const {
   return total;
 }
 
-ActivationCache cache_activations(nn::Module& root, const std::function<void()>& run, const PointFilter& which) {
+namespace {
+// Thrown by the last chosen point's hook to end the run early; caught below, never seen outside.
+struct StopAfterLastPoint {};
+}  // namespace
+
+ActivationCache cache_activations(nn::Module& root, const std::function<void()>& run, const PointFilter& which,
+                                  bool stop_after_last) {
   if (!run) fail("cache_activations: no function to run");
   struct Shared {
     std::mutex mutex;  // the run may reach points from several threads
@@ -73,23 +79,32 @@ ActivationCache cache_activations(nn::Module& root, const std::function<void()>&
     bool closed = false;  // set before the cache is moved out: a late call records nothing
   };
   auto shared = std::make_shared<Shared>();
-  std::vector<nn::HookHandle> hooks;
+  std::vector<std::string> chosen;
   for (const std::string& point : root.hook_points()) {
-    if (which && !which(point)) continue;
-    hooks.push_back(root.add_forward_hook(point, [shared, point](const Tensor& t) {
+    if (!which || which(point)) chosen.push_back(point);
+  }
+  if (chosen.empty())
+    fail("cache_activations: the filter accepts none of the module's ", root.hook_points().size(), " hook points");
+  const std::size_t last = stop_after_last ? chosen.size() : 0;  // 0: never stop
+  std::vector<nn::HookHandle> hooks;
+  for (const std::string& point : chosen) {
+    hooks.push_back(root.add_forward_hook(point, [shared, point, last](const Tensor& t) {
       std::lock_guard<std::mutex> lock(shared->mutex);
       if (shared->closed) return Tensor();
       if (shared->cache.has(point)) {
         if (shared->repeated.empty()) shared->repeated = point;
       } else {
         shared->cache.insert(point, t.value());
+        if (shared->cache.size() == last) throw StopAfterLastPoint{};
       }
       return Tensor();
     }));
   }
-  if (hooks.empty())
-    fail("cache_activations: the filter accepts none of the module's ", root.hook_points().size(), " hook points");
-  run();
+  try {
+    run();
+  } catch (const StopAfterLastPoint&) {
+    // every chosen point is held: the rest of the run was not needed
+  }
   hooks.clear();
   std::lock_guard<std::mutex> lock(shared->mutex);
   shared->closed = true;

@@ -109,6 +109,39 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
   }
 }
 
+TEST_CASE("a cache that stops after its last point holds the same values, and the rest of the run never happens") {
+  auto model = testing::randomized_lm(testing::small_lm(), 21);
+  const IndexArray ids = random_ids(2, 8, 11, 22);
+  const ActivationCache full = cache_activations(*model, [&] { model->forward(ids); });
+  std::size_t logits_reached = 0;
+  nn::HookHandle count = model->add_forward_hook("logits", [&](const Tensor&) {
+    ++logits_reached;
+    return Tensor();
+  });
+  bool after_forward = false;
+  const ActivationCache some = cache_activations(
+      *model,
+      [&] {
+    model->forward(ids);
+    after_forward = true;
+      },
+      points_named({"blocks.0.attn.pattern", "blocks.0.stream_mid"}), true);
+  REQUIRE(some.names() == std::vector<std::string>{"blocks.0.attn.pattern", "blocks.0.stream_mid"});
+  for (const std::string& n : some.names()) REQUIRE(same_bits(some.at(n), full.at(n)));
+  REQUIRE(logits_reached == 0);
+  REQUIRE_FALSE(after_forward);
+  REQUIRE(model->num_hooks() == 1);  // only the counter: the cache's hooks are gone
+  // The model runs as before; a cached generation step that was cut short appended nothing.
+  model->forward(ids);
+  REQUIRE(logits_reached == 1);
+  nn::LanguageModelCache kv;
+  cache_activations(
+      *model, [&] { model->forward_cached(ids, kv); }, points_named({"blocks.0.stream_in"}), true);
+  REQUIRE(kv.length() == 0);
+  model->forward_cached(ids, kv);
+  REQUIRE(kv.length() == 8);
+}
+
 TEST_CASE("patching a run with its own cache is bit-exact, whole points, heads and positions alike") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
     auto model = testing::randomized_lm(testing::small_lm().norm(norm), 5);
