@@ -114,4 +114,35 @@ ActivationCache cache_activations(nn::Module& root, const std::function<void()>&
   return std::move(shared->cache);
 }
 
+GenerationCache cache_generation(nn::LanguageModel& model, std::vector<std::int64_t> prompt, std::size_t count,
+                                 const nn::GenerateOptions& options, Generator& gen, const PointFilter& which) {
+  struct Shared {
+    std::mutex mutex;
+    std::vector<ActivationCache> steps;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::vector<std::string> chosen;
+  for (const std::string& point : model.hook_points()) {
+    if (!which || which(point)) chosen.push_back(point);
+  }
+  if (chosen.empty())
+    fail("cache_generation: the filter accepts none of the model's ", model.hook_points().size(), " hook points");
+  std::vector<nn::HookHandle> hooks;
+  for (const std::string& point : chosen) {
+    hooks.push_back(model.add_forward_hook(point, [shared, point](const Tensor& t) {
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      // every step reaches each chosen point once: a point the current step holds starts the next
+      if (shared->steps.empty() || shared->steps.back().has(point)) shared->steps.emplace_back();
+      shared->steps.back().insert(point, t.value());
+      return Tensor();
+    }));
+  }
+  GenerationCache out;
+  out.tokens = model.generate(std::move(prompt), count, options, gen);
+  hooks.clear();
+  std::lock_guard<std::mutex> lock(shared->mutex);
+  out.steps = std::move(shared->steps);
+  return out;
+}
+
 }  // namespace xgrad::inspect

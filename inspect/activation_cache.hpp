@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/module.hpp"
+#include "xgrad/nn/transformer.hpp"
 
 /// Looking inside a model: activation caches and patching at hook points, the logit lens, head
 /// statistics and detectors, SVG pictures and an HTML attention viewer.
@@ -68,5 +70,20 @@ class ActivationCache {
 /// point the run never reaches means no early end.
 ActivationCache cache_activations(nn::Module& root, const std::function<void()>& run,
                                   const PointFilter& which = default_points, bool stop_after_last = false);
+
+/// What cache_generation returns: the tokens generate returned, and one cache per forward step.
+struct GenerationCache {
+  std::vector<std::int64_t> tokens;    ///< the prompt and the generated tokens
+  std::vector<ActivationCache> steps;  ///< steps[i]: the forward that chose generated token i
+};
+
+/// Runs model.generate(prompt, count, options, gen) with the chosen points recorded at every
+/// forward step: `count` caches. generate runs without its KV cache while hooks are attached, so
+/// step i's points see the whole context, the prompt and the i tokens chosen so far (until the
+/// context slides past max_len). The tokens are generate's. Errors as generate's and as
+/// cache_activations' (a filter that accepts no point).
+GenerationCache cache_generation(nn::LanguageModel& model, std::vector<std::int64_t> prompt, std::size_t count,
+                                 const nn::GenerateOptions& options, Generator& gen,
+                                 const PointFilter& which = default_points);
 
 }  // namespace xgrad::inspect

@@ -31,9 +31,10 @@ SteeringVector mean_difference_vector(nn::LanguageModel& model, const std::strin
                                       bool last_position_only = true);
 
 /// While it lives, adds v.scale * v.vector at v.point of root's forwards, at positions
-/// from_position on of each forward's input (axis 1 of the value). During generate with its KV
-/// cache, each step's forward holds only the new position, index 0: from_position 0 steers every
-/// position, the prompt's and the generated ones. Throws, naming the point, for a point root
+/// from_position on of each forward's input (axis 1 of the value). generate runs without its KV
+/// cache while a hook is attached, so each step's forward holds the whole context and
+/// from_position counts from the prompt's first token (until the context slides past max_len).
+/// Throws, naming the point, for a point root
 /// lacks, a vector that is empty or holds a value that is not finite, and, in forward, for a value
 /// whose last axis is not the vector's length. Not copyable; destroying it detaches the hook.
 class Steering {

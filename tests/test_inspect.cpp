@@ -4,6 +4,7 @@
 // Shapes: B batch, T length, C d_model, H heads, V vocabulary.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -140,6 +141,32 @@ TEST_CASE("a cache that stops after its last point holds the same values, and th
   REQUIRE(kv.length() == 0);
   model->forward_cached(ids, kv);
   REQUIRE(kv.length() == 8);
+}
+
+TEST_CASE("cache_generation records every step of generate, and generate chooses what the cached logits say") {
+  auto model = testing::randomized_lm(testing::small_lm().max_len(16), 23);
+  nn::GenerateOptions greedy;
+  greedy.temperature = 0.f;
+  Generator g1(0), g2(0);
+  const std::vector<std::int64_t> prompt = {1, 2, 3, 4};
+  const std::vector<std::int64_t> plain = model->generate(prompt, 5, greedy, g1);
+  const GenerationCache run =
+      cache_generation(*model, prompt, 5, greedy, g2, points_named({"blocks.0.attn.k", "logits"}));
+  REQUIRE(run.tokens == plain);
+  REQUIRE(run.steps.size() == 5);
+  REQUIRE(model->num_hooks() == 0);
+  for (std::size_t i = 0; i < run.steps.size(); ++i) {
+    INFO("step " << i);
+    const Array& logits = run.steps[i].at("logits");
+    // generate runs without its KV cache while hooks are attached: each step sees the whole context
+    const std::size_t n = prompt.size() + i;
+    REQUIRE(logits.shape() == Shape{1, n, 11});
+    REQUIRE(run.steps[i].at("blocks.0.attn.k").shape()[1] == n);
+    const float* last = &logits(0, n - 1, 0);
+    REQUIRE(static_cast<std::int64_t>(std::max_element(last, last + 11) - last) == plain[prompt.size() + i]);
+  }
+  REQUIRE_THROWS_WITH(cache_generation(*model, prompt, 2, greedy, g2, [](const std::string&) { return false; }),
+                      Contains("cache_generation: the filter accepts none"));
 }
 
 TEST_CASE("patching a run with its own cache is bit-exact, whole points, heads and positions alike") {
