@@ -67,6 +67,17 @@ std::size_t ActivationCache::bytes() const {
 namespace {
 // Thrown by the last chosen point's hook to end the run early; caught below, never seen outside.
 struct StopAfterLastPoint {};
+
+// The points of root's tree that `which` accepts (all without a filter); none is an Error.
+std::vector<std::string> chosen_points(const nn::Module& root, const PointFilter& which, const char* who) {
+  std::vector<std::string> chosen;
+  const std::vector<std::string> all = root.hook_points();
+  for (const std::string& point : all) {
+    if (!which || which(point)) chosen.push_back(point);
+  }
+  if (chosen.empty()) fail(who, ": the filter accepts none of the module's ", all.size(), " hook points");
+  return chosen;
+}
 }  // namespace
 
 ActivationCache cache_activations(nn::Module& root, const std::function<void()>& run, const PointFilter& which,
@@ -79,12 +90,7 @@ ActivationCache cache_activations(nn::Module& root, const std::function<void()>&
     bool closed = false;  // set before the cache is moved out: a late call records nothing
   };
   auto shared = std::make_shared<Shared>();
-  std::vector<std::string> chosen;
-  for (const std::string& point : root.hook_points()) {
-    if (!which || which(point)) chosen.push_back(point);
-  }
-  if (chosen.empty())
-    fail("cache_activations: the filter accepts none of the module's ", root.hook_points().size(), " hook points");
+  const std::vector<std::string> chosen = chosen_points(root, which, "cache_activations");
   const std::size_t last = stop_after_last ? chosen.size() : 0;  // 0: never stop
   std::vector<nn::HookHandle> hooks;
   for (const std::string& point : chosen) {
@@ -121,12 +127,7 @@ GenerationCache cache_generation(nn::LanguageModel& model, std::vector<std::int6
     std::vector<ActivationCache> steps;
   };
   auto shared = std::make_shared<Shared>();
-  std::vector<std::string> chosen;
-  for (const std::string& point : model.hook_points()) {
-    if (!which || which(point)) chosen.push_back(point);
-  }
-  if (chosen.empty())
-    fail("cache_generation: the filter accepts none of the model's ", model.hook_points().size(), " hook points");
+  const std::vector<std::string> chosen = chosen_points(model, which, "cache_generation");
   std::vector<nn::HookHandle> hooks;
   for (const std::string& point : chosen) {
     hooks.push_back(model.add_forward_hook(point, [shared, point](const Tensor& t) {
