@@ -46,6 +46,14 @@ inline void randomize_constant_parameters(nn::Module& m, std::uint64_t seed) {
   }
 }
 
+// Token ids (B, T), each uniform in [0, V), drawn from `seed`.
+inline IndexArray uniform_ids(std::size_t B, std::size_t T, std::size_t V, std::uint64_t seed) {
+  Generator gen(seed);
+  IndexArray ids = IndexArray::from_shape({B, T});
+  for (auto& v : ids) v = static_cast<std::int64_t>(gen.below(V));
+  return ids;
+}
+
 // eval_lm with randomize_constant_parameters applied.
 inline std::unique_ptr<nn::LanguageModel> randomized_lm(const nn::LanguageModelOptions& options, std::uint64_t seed) {
   auto m = eval_lm(options, seed);

@@ -44,12 +44,7 @@ std::vector<Layout> layouts() {
   };
 }
 
-IndexArray random_ids(std::uint64_t seed) {
-  Generator gen(seed);
-  IndexArray ids = IndexArray::from_shape({kB, kT});
-  for (auto& v : ids) v = static_cast<std::int64_t>(gen.below(kV));
-  return ids;
-}
+IndexArray random_ids(std::uint64_t seed) { return testing::uniform_ids(kB, kT, kV, seed); }
 
 bool same_bits(const Array& a, const Array& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

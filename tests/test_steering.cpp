@@ -31,10 +31,7 @@ std::unique_ptr<nn::LanguageModel> make_model(std::uint64_t seed) {
 }
 
 IndexArray random_ids(std::uint64_t seed, std::size_t B = kB, std::size_t T = kT) {
-  Generator gen(seed);
-  IndexArray ids = IndexArray::from_shape({B, T});
-  for (auto& v : ids) v = static_cast<std::int64_t>(gen.below(kV));
-  return ids;
+  return testing::uniform_ids(B, T, kV, seed);
 }
 
 SteeringVector some_vector(const std::string& point, std::uint64_t seed) {
