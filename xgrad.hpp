@@ -27,6 +27,8 @@
 #include "xgrad/inspect/patching.hpp"
 #include "xgrad/inspect/patching_sweep.hpp"
 #include "xgrad/inspect/residual_decomposition.hpp"
+#include "xgrad/inspect/sae_training.hpp"
+#include "xgrad/inspect/sparse_autoencoder.hpp"
 #include "xgrad/inspect/steering.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "xgrad/nn/attention.hpp"

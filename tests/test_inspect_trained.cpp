@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/logit_lens.hpp"
 #include "xgrad/inspect/patching_sweep.hpp"
+#include "xgrad/inspect/sae_training.hpp"
 #include "xgrad/inspect/steering.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
@@ -153,6 +155,45 @@ TEST_CASE("the previous-token detector finds the head a trained two-layer model 
       REQUIRE(after > before + 1.0);
     }
     REQUIRE(wanted_log_prob(last_logits(negative)) == before);  // gone with its handle
+  }
+
+  SECTION("sparse autoencoders on the residual stream after block 0: reconstruction, sparsity, spliced loss") {
+    const std::string point = "blocks.0.hook_resid_post";  // TransformerLens's name for blocks.0.stream_out
+    Generator stream(31);
+    IndexArray train_ids, train_targets;
+    const inspect::ActivationSource source = inspect::activations_at(model, point, [&] {
+      noisy_sum_batch(stream, train_ids, train_targets);
+      return train_ids;
+    });
+    std::vector<std::pair<IndexArray, IndexArray>> eval_batches(8);
+    for (auto& [i, t] : eval_batches) noisy_sum_batch(stream, i, t);
+    for (const bool topk : {false, true}) {
+      inspect::SaeConfig c;
+      c.d_in = 32;
+      c.d_sae = 128;
+      c.hook_name = point;
+      if (topk) {
+        c.architecture = inspect::SaeArchitecture::topk;
+        c.k = 8;
+      }
+      Generator init(32);
+      inspect::SparseAutoencoder sae(c, init);
+      const inspect::SaeTrainingReport r = inspect::train_sae(
+          sae, source,
+          inspect::SaeTrainOptions().steps(1500).batch_rows(512).lr(1e-3f).l1_coefficient(1.f).lr_decay_steps(300));
+      const inspect::SaeEvaluation e = inspect::evaluate_sae(model, sae, eval_batches);
+      std::printf(
+          "SAE %s on %s: trained %.2f s; mse %.5f, explained variance %.4f, mean L0 %.2f, dead %zu of %zu; loss %.4f, "
+          "spliced %.4f, mean-ablated %.4f, zero-ablated %.4f, recovered %.3f\n",
+          topk ? "TopK k=8" : "ReLU+L1", point.c_str(), r.seconds, e.mse, e.explained_variance, e.mean_l0,
+          e.dead_features, c.d_sae, e.loss, e.loss_spliced, e.loss_mean_ablated, e.loss_zero_ablated,
+          e.loss_recovered());
+      CHECK(e.explained_variance > 0.85);
+      CHECK(e.loss_spliced < e.loss_mean_ablated);
+      CHECK(e.loss_mean_ablated < e.loss_zero_ablated);
+      CHECK(e.loss_recovered() > 0.8);
+      CHECK(e.mean_l0 < 32);
+    }
   }
 
   SECTION("the logit lens: the last block's read-out is the model's, the embedding's far worse") {

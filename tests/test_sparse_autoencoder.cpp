@@ -1,0 +1,424 @@
+// Sparse autoencoders: SAELens's files against a PyTorch mirror of its forward and backward
+// (committed fixture), the file round trip, gradients, splicing and caching features, recovering planted
+// sparse directions (ReLU + L1 and TopK), and the refusals. The trained-LM report is in
+// tests/test_inspect_trained.cpp.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "xgrad/core/autograd/gradcheck.hpp"
+#include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/inspect/activation_cache.hpp"
+#include "xgrad/inspect/sae_training.hpp"
+#include "xgrad/inspect/sparse_autoencoder.hpp"
+#include "xgrad/nn/transformer.hpp"
+
+#include "fixture.hpp"
+#include "module_gradcheck.hpp"
+#include "small_models.hpp"
+#include "test_files.hpp"
+
+using namespace xgrad;
+using namespace xgrad::inspect;
+using Catch::Matchers::Contains;
+
+namespace {
+
+double max_abs_diff(const Array& a, const Array& b) {
+  REQUIRE(a.shape() == b.shape());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a.data()[i]) - b.data()[i]));
+  return m;
+}
+
+bool same_bits(const Array& a, const Array& b) {
+  return a.shape() == b.shape() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+// Rows x = sum_i a_i d_i of `truth` (n, d) unit directions, each active with probability p at a
+// magnitude in [0.5, 1.5).
+Array sparse_mixture(const Array& truth, std::size_t rows, float p, Generator& gen) {
+  const std::size_t n = truth.shape()[0], d = truth.shape()[1];
+  Array x = xt::zeros<float>({rows, d});
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (gen.uniform() >= p) continue;
+      const float a = gen.uniform(0.5f, 1.5f);
+      for (std::size_t j = 0; j < d; ++j) x(r, j) += a * truth(i, j);
+    }
+  }
+  return x;
+}
+
+Array unit_directions(std::size_t n, std::size_t d, Generator& gen) {
+  Array w = gen.normal({n, d}, 0.f, 1.f);
+  for (std::size_t i = 0; i < n; ++i) {
+    double sq = 0;
+    for (std::size_t j = 0; j < d; ++j) sq += double(w(i, j)) * w(i, j);
+    for (std::size_t j = 0; j < d; ++j) w(i, j) /= static_cast<float>(std::sqrt(sq));
+  }
+  return w;
+}
+
+// For each true direction, the largest cosine with a decoder row.
+std::vector<double> best_cosines(const SparseAutoencoder& sae, const Array& truth) {
+  const Array& w = sae.W_dec().value();
+  std::vector<double> best(truth.shape()[0], -1);
+  for (std::size_t i = 0; i < truth.shape()[0]; ++i) {
+    for (std::size_t f = 0; f < w.shape()[0]; ++f) {
+      double dot = 0, norm = 0;
+      for (std::size_t j = 0; j < w.shape()[1]; ++j) {
+        dot += double(w(f, j)) * truth(i, j);
+        norm += double(w(f, j)) * w(f, j);
+      }
+      if (norm > 0) best[i] = std::max(best[i], dot / std::sqrt(norm));
+    }
+  }
+  return best;
+}
+
+// 1 - sum |x - recons|^2 / sum |x - mean x|^2 over the rows of x (N, d).
+double explained_variance(const SparseAutoencoder& sae, const Array& x) {
+  const Array y = sae.forward(Tensor(x)).value();
+  const std::size_t n = x.shape()[0], d = x.shape()[1];
+  double err = 0, total = 0;
+  for (std::size_t j = 0; j < d; ++j) {
+    double mean = 0;
+    for (std::size_t r = 0; r < n; ++r) mean += x(r, j) / double(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      err += (double(y(r, j)) - x(r, j)) * (double(y(r, j)) - x(r, j));
+      total += (x(r, j) - mean) * (x(r, j) - mean);
+    }
+  }
+  return 1 - err / total;
+}
+
+std::size_t count_above(const std::vector<double>& v, double threshold) {
+  return static_cast<std::size_t>(std::count_if(v.begin(), v.end(), [&](double c) { return c > threshold; }));
+}
+
+}  // namespace
+
+TEST_CASE("SAELens files give the numbers a PyTorch mirror of SAELens's forward and backward gives") {
+  struct Case {
+    const char* folder;
+    SaeArchitecture architecture;
+    std::size_t k;
+    bool apply_b_dec;
+    SaeNormalization normalization;
+    const char* hook_name;
+  };
+  const Case cases[] = {
+      {"standard_v6", SaeArchitecture::standard, 0, true, SaeNormalization::none, "blocks.1.hook_resid_pre"},
+      {"topk_v6", SaeArchitecture::topk, 3, false, SaeNormalization::none, "blocks.0.hook_resid_post"},
+      {"standard_legacy", SaeArchitecture::standard, 0, true, SaeNormalization::none, "blocks.0.hook_mlp_out"},
+      {"layer_norm_v6", SaeArchitecture::standard, 0, true, SaeNormalization::layer_norm, "blocks.1.hook_resid_pre"},
+  };
+  for (const Case& c : cases) {
+    SECTION(c.folder) {
+      const std::string dir = testing::fixture_path(std::string("sae/") + c.folder);
+      const auto sae = load_sae(dir);
+      const SaeConfig& cfg = sae->config();
+      CHECK(cfg.d_in == 8);
+      CHECK(cfg.d_sae == 24);
+      CHECK(cfg.architecture == c.architecture);
+      CHECK(cfg.k == c.k);
+      CHECK(cfg.apply_b_dec_to_input == c.apply_b_dec);
+      CHECK(cfg.normalization == c.normalization);
+      CHECK(cfg.hook_name == c.hook_name);
+      CHECK(cfg.model_name == "xgrad-test");
+
+      const SafetensorsContents io = load_safetensors(dir + "/io.safetensors");
+      const auto tensor = [&](const std::string& name) -> const Array& {
+        for (const auto& [n, a] : io.tensors) {
+          if (n == name) return a;
+        }
+        FAIL("io.safetensors has no " << name);
+        return io.tensors[0].second;
+      };
+      const Array& x = tensor("input");
+      const Array& want_f = tensor("feature_acts");
+      const Array& want_y = tensor("reconstruction");
+      const Array f = sae->encode(Tensor(x)).value();
+      const Array y = sae->forward(Tensor(x)).value();
+      CHECK(max_abs_diff(f, want_f) < 1e-5);
+      CHECK(max_abs_diff(y, want_y) < 1e-5);
+      // The same features switch on (the fixture keeps every pre-activation 0.01 from a tie).
+      for (std::size_t i = 0; i < f.size(); ++i) CHECK((f.data()[i] > 0) == (want_f.data()[i] > 0));
+      if (c.normalization == SaeNormalization::none) {
+        CHECK(max_abs_diff(sae->decode(Tensor(f)).value(), want_y) < 1e-5);
+      }
+      // With the error term the output is x up to rounding.
+      CHECK(max_abs_diff(sae->forward(Tensor(x), true).value(), x) < 1e-5);
+
+      // Backward: the gradients of sum(reconstruction * probe) by the input and every weight.
+      Tensor leaf(x, true);
+      sum(sae->forward(leaf) * Tensor(tensor("probe"))).backward();
+      CHECK(max_abs_diff(leaf.grad(), tensor("grad_input")) < 1e-5);
+      for (const char* name : {"W_enc", "b_enc", "W_dec", "b_dec"}) {
+        INFO(name);
+        CHECK(max_abs_diff(sae->parameter(name).grad(), tensor(std::string("grad_") + name)) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("an SAE saved and loaded again is the same, and SAELens's cfg.json fields are written") {
+  testing::TempDir tmp("xgrad_sae");
+  SaeConfig c;
+  c.d_in = 6;
+  c.d_sae = 10;
+  c.architecture = SaeArchitecture::topk;
+  c.k = 2;
+  c.apply_b_dec_to_input = false;
+  c.hook_name = "blocks.0.stream_out";
+  c.model_name = "tiny";
+  Generator gen(3);
+  SparseAutoencoder sae(c, gen);
+  sae.b_enc().mutable_value() = gen.normal({10}, 0.f, 0.3f);
+  sae.b_dec().mutable_value() = gen.normal({6}, 0.f, 0.3f);
+  const std::string dir = tmp.file("sae");
+  save_sae(dir, sae);
+  const auto back = load_sae(dir);
+  for (const char* name : {"W_enc", "b_enc", "W_dec", "b_dec"}) {
+    CHECK(same_bits(back->parameter(name).value(), sae.parameter(name).value()));
+  }
+  CHECK(back->config().k == 2);
+  CHECK(back->config().architecture == SaeArchitecture::topk);
+  CHECK_FALSE(back->config().apply_b_dec_to_input);
+  CHECK(back->config().hook_name == "blocks.0.stream_out");
+  const std::string cfg = testing::read_bytes(dir + "/cfg.json");
+  CHECK_THAT(cfg, Contains("\"architecture\": \"topk\""));
+  CHECK_THAT(cfg, Contains("\"sae_lens_version\""));
+
+  SECTION("a refused save leaves both earlier files") {
+    const std::string weights_before = testing::read_bytes(dir + "/sae_weights.safetensors");
+    std::filesystem::remove(dir + "/cfg.json");
+    std::filesystem::create_directory(dir + "/cfg.json");  // cfg.json cannot be written
+    SparseAutoencoder other(c, gen);
+    REQUIRE_THROWS_WITH(save_sae(dir, other), Contains("save_sae"));
+    CHECK(testing::read_bytes(dir + "/sae_weights.safetensors") == weights_before);
+  }
+}
+
+TEST_CASE("the SAE's gradients match finite differences (ReLU, TopK, layer norm)") {
+  for (int variant = 0; variant < 3; ++variant) {
+    SaeConfig c;
+    c.d_in = 5;
+    c.d_sae = 7;
+    if (variant == 1) {
+      c.architecture = SaeArchitecture::topk;
+      c.k = 3;
+    }
+    if (variant == 2) c.normalization = SaeNormalization::layer_norm;
+    Generator gen(40 + variant);
+    SparseAutoencoder sae(c, gen);
+    // Away from their starting values: W_enc not W_dec^T, biases that move the kinks.
+    sae.W_enc().mutable_value() = gen.normal({5, 7}, 0.f, 0.5f);
+    sae.b_enc().mutable_value() = gen.normal({7}, 0.f, 0.3f);
+    sae.b_dec().mutable_value() = gen.normal({5}, 0.f, 0.3f);
+    const Tensor x = testing::randn({3, 5}, 50 + variant);
+    const Tensor r(gen.normal({3, 5}, 0.f, 1.f));
+    INFO("variant " << variant);
+    REQUIRE_GRADS_OK(
+        testing::check_module_grads(sae, [&](const testing::Ins& in) { return sum(sae.forward(in[0]) * r); }, {x}));
+  }
+}
+
+TEST_CASE("a spliced SAE replaces the point's value, its features are cached, and the hook goes away") {
+  const auto model = testing::randomized_lm(nn::LanguageModelOptions(11, 16, 2, 2).d_ff(32).max_len(8).dropout(0.f), 5);
+  model->eval();
+  const IndexArray ids = testing::uniform_ids(2, 6, 11, 6);
+  SaeConfig c;
+  c.d_in = 16;
+  c.d_sae = 40;
+  c.hook_name = "blocks.0.hook_resid_post";  // TransformerLens's name for blocks.0.stream_out
+  Generator gen(7);
+  SparseAutoencoder sae(c, gen);
+  sae.b_enc().mutable_value() = gen.normal({40}, 0.f, 0.1f);
+
+  const Array plain = model->forward(ids).logits.value();
+  const Array stream = cache_activations(
+                           *model, [&] { model->forward(ids); }, points_named({"blocks.0.stream_out"}))
+                           .at("blocks.0.stream_out");
+  const Array want = sae.forward(Tensor(stream)).value();
+  {
+    const SaeSplice splice(*model, sae);
+    CHECK(splice.point() == "blocks.0.stream_out");
+    Array seen;
+    const ActivationCache features = cache_activations(
+        sae,
+        [&] {
+      seen = cache_activations(
+                 *model, [&] { model->forward(ids); }, points_named({"blocks.0.stream_out"}))
+                 .at("blocks.0.stream_out");
+        },
+        points_named({"sae_acts_post"}));
+    CHECK(same_bits(seen, want));  // the cache after the splice holds the reconstruction
+    CHECK(same_bits(features.at("sae_acts_post"), sae.encode(Tensor(stream)).value()));
+    CHECK(features.at("sae_acts_post").shape() == Shape{2, 6, 40});
+    CHECK(max_abs_diff(model->forward(ids).logits.value(), plain) > 1e-3);
+  }
+  {
+    const SaeSplice splice(*model, sae, "blocks.0.stream_out", true);  // with the error term
+    CHECK(max_abs_diff(model->forward(ids).logits.value(), plain) < 1e-4);
+  }
+  CHECK(model->num_hooks() == 0);
+  CHECK(same_bits(model->forward(ids).logits.value(), plain));
+}
+
+TEST_CASE("SAEs trained on a mixture of sparse directions recover them") {
+  constexpr std::size_t kD = 32, kTrue = 32;
+  Generator gen(21);
+  const Array truth = unit_directions(kTrue, kD, gen);
+  Generator data(22);
+  const ActivationSource source = [&] { return sparse_mixture(truth, 256, 3.f / kTrue, data); };
+
+  SECTION("ReLU with an L1 penalty") {
+    SaeConfig c;
+    c.d_in = kD;
+    c.d_sae = 2 * kTrue;
+    Generator init(23);
+    SparseAutoencoder sae(c, init);
+    const SaeTrainingReport r =
+        train_sae(sae, source, SaeTrainOptions().steps(3000).batch_rows(256).lr(3e-3f).l1_coefficient(0.3f));
+    const std::vector<double> cos = best_cosines(sae, truth);
+    INFO("mse " << r.mse.front() << " -> " << r.mse.back() << ", L0 " << r.l0.back() << ", dead " << r.dead_features
+                << ", recovered above 0.9: " << count_above(cos, 0.9) << " of " << kTrue << " in " << r.seconds
+                << " s");
+    CHECK(count_above(cos, 0.9) >= kTrue * 9 / 10);
+    CHECK(explained_variance(sae, sparse_mixture(truth, 1024, 3.f / kTrue, data)) > 0.9);
+  }
+  SECTION("TopK") {
+    SaeConfig c;
+    c.d_in = kD;
+    c.d_sae = 2 * kTrue;
+    c.architecture = SaeArchitecture::topk;
+    c.k = 4;
+    Generator init(24);
+    SparseAutoencoder sae(c, init);
+    const SaeTrainingReport r = train_sae(sae, source, SaeTrainOptions().steps(3000).batch_rows(256).lr(3e-3f));
+    const std::vector<double> cos = best_cosines(sae, truth);
+    INFO("mse " << r.mse.front() << " -> " << r.mse.back() << ", L0 " << r.l0.back() << ", dead " << r.dead_features
+                << ", recovered above 0.9: " << count_above(cos, 0.9) << " of " << kTrue << " in " << r.seconds
+                << " s");
+    CHECK(count_above(cos, 0.9) >= kTrue * 9 / 10);
+    CHECK(explained_variance(sae, sparse_mixture(truth, 1024, 3.f / kTrue, data)) > 0.9);
+  }
+  SECTION("a random SAE does not pass the same check") {
+    SaeConfig c;
+    c.d_in = kD;
+    c.d_sae = 2 * kTrue;
+    Generator init(25);
+    const SparseAutoencoder sae(c, init);
+    CHECK(count_above(best_cosines(sae, truth), 0.9) == 0);
+  }
+}
+
+TEST_CASE("SAE refusals: widths, dtypes, files, options") {
+  testing::TempDir tmp("xgrad_sae_bad");
+  const std::string fixture = testing::fixture_path("sae/standard_v6");
+  const auto copy_fixture = [&](const std::string& name) {
+    const std::string dir = tmp.file(name);
+    std::filesystem::create_directory(dir);
+    std::filesystem::copy_file(fixture + "/cfg.json", dir + "/cfg.json");
+    std::filesystem::copy_file(fixture + "/sae_weights.safetensors", dir + "/sae_weights.safetensors");
+    return dir;
+  };
+  const auto edit_cfg = [&](const std::string& dir, const std::string& from, const std::string& to) {
+    std::string cfg = testing::read_bytes(dir + "/cfg.json");
+    const std::size_t at = cfg.find(from);
+    REQUIRE(at != std::string::npos);
+    cfg.replace(at, from.size(), to);
+    std::ofstream(dir + "/cfg.json", std::ios::binary) << cfg;
+  };
+
+  SECTION("an SAE whose width is not the point's") {
+    const auto model = testing::randomized_lm(nn::LanguageModelOptions(11, 16, 2, 1).max_len(8).dropout(0.f), 1);
+    const auto sae = load_sae(fixture);  // d_in 8
+    const SaeSplice splice(*model, *sae, "blocks.0.stream_out");
+    REQUIRE_THROWS_WITH(
+        model->forward(testing::uniform_ids(1, 4, 11, 2)),
+        Contains("SaeSplice: point 'blocks.0.stream_out' holds (1, 4, 16), but the SAE reads d_in = 8"));
+    REQUIRE_THROWS_WITH(
+        evaluate_sae(*model, *sae, {{testing::uniform_ids(1, 4, 11, 2), testing::uniform_ids(1, 4, 11, 3)}},
+                     "blocks.0.stream_out"),
+        Contains("point 'blocks.0.stream_out' holds (1, 4, 16), but the SAE reads d_in = 8"));
+    REQUIRE_THROWS_WITH(sae->encode(Tensor(xt::zeros<float>({2, 7}))), Contains("(2, 7) must end in an axis of 8"));
+  }
+  SECTION("a point the model lacks lists near names") {
+    const auto model = testing::randomized_lm(nn::LanguageModelOptions(11, 16, 2, 1).max_len(8).dropout(0.f), 1);
+    const auto sae = load_sae(fixture);  // reads blocks.1.hook_resid_pre: the model has one block
+    REQUIRE_THROWS_WITH(SaeSplice(*model, *sae), Contains("blocks.1.hook_resid_pre"));
+    REQUIRE_THROWS_WITH(activations_at(*model, "blocks.0.stream_outt", [] { return IndexArray(); }),
+                        Contains("blocks.0.stream_out"));
+  }
+  SECTION("a dtype the weights do not hold, or one xgrad does not read") {
+    const std::string dir = copy_fixture("f16");
+    edit_cfg(dir, "\"dtype\": \"float32\"", "\"dtype\": \"float16\"");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("\"W_enc\" is F32, but cfg.json says F16"));
+    edit_cfg(dir, "\"dtype\": \"float16\"", "\"dtype\": \"float64\"");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("field \"dtype\" is \"float64\""));
+  }
+  SECTION("weights F16 as cfg.json says become float32") {
+    const std::string dir = copy_fixture("half");
+    const SafetensorsContents w = load_safetensors(dir + "/sae_weights.safetensors");
+    save_safetensors(dir + "/sae_weights.safetensors", w.tensors, {}, Dtype::f16);
+    edit_cfg(dir, "\"dtype\": \"float32\"", "\"dtype\": \"torch.float16\"");
+    const auto sae = load_sae(dir);
+    CHECK(max_abs_diff(sae->W_enc().value(), load_sae(fixture)->W_enc().value()) < 1e-2);
+  }
+  SECTION("a width in cfg.json that the weights do not have") {
+    const std::string dir = copy_fixture("wide");
+    edit_cfg(dir, "\"d_sae\": 24", "\"d_sae\": 25");
+    REQUIRE_THROWS_WITH(load_sae(dir),
+                        Contains("\"W_enc\" is (8, 24), but cfg.json's d_in 8 and d_sae 25 make it (8, 25)"));
+  }
+  SECTION("an architecture, a normalization or a field xgrad does not know") {
+    const std::string dir = copy_fixture("arch");
+    edit_cfg(dir, "\"architecture\": \"standard\"", "\"architecture\": \"jumprelu\"");
+    REQUIRE_THROWS_WITH(load_sae(dir),
+                        Contains("field \"architecture\" is \"jumprelu\"; xgrad knows standard and topk"));
+    edit_cfg(dir, "\"architecture\": \"jumprelu\"", "\"architecture\": \"topk\"");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("a TopK SAE needs \"k\""));
+    edit_cfg(dir, "\"architecture\": \"topk\"", "\"architecture\": \"standard\"");
+    edit_cfg(dir, "\"reshape_activations\": \"none\"", "\"reshape_activations\": \"hook_z\"");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("field \"reshape_activations\" is \"hook_z\""));
+    edit_cfg(dir, "\"d_in\": 8", "\"d_in\": -8");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("field \"d_in\" must be a positive integer, got -8"));
+    std::ofstream(dir + "/cfg.json") << "[1, 2]";
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("not an object"));
+    REQUIRE_THROWS_WITH(load_sae(tmp.file("missing")), Contains("load_sae"));
+  }
+  SECTION("train_sae refuses before the first step, leaving the SAE as it was") {
+    SaeConfig c;
+    c.d_in = 4;
+    c.d_sae = 8;
+    Generator gen(1);
+    SparseAutoencoder sae(c, gen);
+    const Array before = sae.W_enc().value();
+    const ActivationSource wrong = [] { return Array(xt::zeros<float>({3, 5})); };
+    REQUIRE_THROWS_WITH(train_sae(sae, wrong),
+                        Contains("train_sae: the source gave activations of shape (3, 5), not (..., 4)"));
+    const ActivationSource nan = [] { return Array(xt::ones<float>({3, 4}) * NAN); };
+    REQUIRE_THROWS_WITH(train_sae(sae, nan), Contains("train_sae: the source gave nan"));
+    const ActivationSource fine = [] { return Array(xt::ones<float>({3, 4})); };
+    REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().batch_rows(0)), Contains("batch_rows 0"));
+    REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().batch_rows(64).buffer_rows(32)),
+                        Contains("buffer_rows 32 is below batch_rows 64"));
+    REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().lr(-1.f)), Contains("lr -1"));
+    CHECK(same_bits(sae.W_enc().value(), before));
+    SaeConfig topk = c;
+    topk.architecture = SaeArchitecture::topk;
+    topk.k = 9;
+    REQUIRE_THROWS_WITH(SparseAutoencoder(topk, gen), Contains("TopK's k 9 must be in [1, d_sae = 8]"));
+  }
+}
