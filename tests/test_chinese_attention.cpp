@@ -138,6 +138,16 @@ TEST_CASE("the same seed gives the same bits, another seed other weights") {
 
 TEST_CASE("the attention rows over the sentence are causal distributions") {
   const TrainResult r = train(short_run(40), builtin_corpus());
+  // Trained, not as initialized: every norm weight has left 1 and every bias 0 (the inspection
+  // tests run on such models, so that a norm or bias applied twice or not at all shows).
+  for (const auto& [name, p] : r.model->named_parameters()) {
+    const bool bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+    if (!bias && name.find("norm") == std::string::npos) continue;
+    INFO(name);
+    float moved = 0;
+    for (float v : p.value()) moved = std::max(moved, std::abs(v - (bias ? 0.f : 1.f)));
+    REQUIRE(moved > 1e-3f);
+  }
   const std::vector<xgrad::Array> attention = attention_on(*r.model, r.vocab, probe_sentence());
   REQUIRE(attention.size() == 2);
   for (const xgrad::Array& w : attention) {
