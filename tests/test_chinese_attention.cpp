@@ -1,20 +1,27 @@
 // The Chinese attention example in small: its corpus and vocabulary, a short training run that
 // beats the unigram baseline and repeats bit for bit, attention rows that are distributions over
-// the past, the head reading on known patterns, and the command line's refusals.
+// the past, the head reading on known patterns, the command line's refusals, and the pictures'
+// Chinese labels drawn as characters (not missing-glyph boxes) in Chromium.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <set>
 
+#include "chromium.hpp"
 #include "command_line.hpp"
 #include "common/cli.hpp"
 #include "head_reading.hpp"
+#include "report.hpp"
 #include "trainer.hpp"
+#include "xgrad/core/io/file_io.hpp"
 
 using namespace zh;
 
@@ -131,6 +138,16 @@ TEST_CASE("the same seed gives the same bits, another seed other weights") {
 
 TEST_CASE("the attention rows over the sentence are causal distributions") {
   const TrainResult r = train(short_run(40), builtin_corpus());
+  // Trained, not as initialized: every norm weight has left 1 and every bias 0 (the inspection
+  // tests run on such models, so that a norm or bias applied twice or not at all shows).
+  for (const auto& [name, p] : r.model->named_parameters()) {
+    const bool bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+    if (!bias && name.find("norm") == std::string::npos) continue;
+    INFO(name);
+    float moved = 0;
+    for (float v : p.value()) moved = std::max(moved, std::abs(v - (bias ? 0.f : 1.f)));
+    REQUIRE(moved > 1e-3f);
+  }
   const std::vector<xgrad::Array> attention = attention_on(*r.model, r.vocab, probe_sentence());
   REQUIRE(attention.size() == 2);
   for (const xgrad::Array& w : attention) {
@@ -198,4 +215,119 @@ TEST_CASE("bad options fail with exit 2 and one line naming the option") {
   REQUIRE_THROWS_AS(check_before_run(c), cli::UsageError);
   REQUIRE_THROWS_WITH(check_before_run(c), Catch::Contains("chinese_attention: --out"));
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// A label of the picture and where Chromium drew it (CSS pixels).
+struct LabelBox {
+  std::string text;
+  double x, y, w, h;
+};
+
+// The unrotated <text> elements of an SVG page (the row labels and the title), read back from
+// the DOM a probe script fills.
+std::vector<LabelBox> label_boxes(const std::string& page, std::size_t width, std::size_t height) {
+  const std::string dom = xgrad::testing::rendered_dom(xgrad::testing::with_script(page, R"JS(
+const lines = [];
+for (const t of document.querySelectorAll("text")) {
+  if (t.hasAttribute("transform")) continue;
+  const r = t.getBoundingClientRect();
+  lines.push(["box", t.textContent, r.x, r.y, r.width, r.height].join("\t"));
+}
+const pre = document.createElement("pre");
+pre.id = "boxes";
+pre.textContent = lines.join("\n");
+document.body.appendChild(pre);)JS"),
+                                                       "", width, height);
+  const std::regex line("box\t([^\t\n]*)\t([-0-9.e]+)\t([-0-9.e]+)\t([-0-9.e]+)\t([-0-9.e]+)");
+  std::vector<LabelBox> boxes;
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), line); it != std::sregex_iterator(); ++it) {
+    boxes.push_back({(*it)[1], std::stod((*it)[2]), std::stod((*it)[3]), std::stod((*it)[4]), std::stod((*it)[5])});
+  }
+  return boxes;
+}
+
+// The SVG as the only content of an HTML page, at its top left corner.
+std::string svg_page(const std::string& svg) {
+  return "<!doctype html>\n<html><head><meta charset=\"utf-8\"><style>body { margin: 0; } svg { display: block; }"
+         "</style></head><body>\n" +
+         svg + "</body></html>\n";
+}
+
+// How many UTF-8 characters s holds.
+std::size_t characters(const std::string& s) {
+  std::size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("the pictures of the sentence draw its Chinese characters in Chromium") {
+  // The heatmap the example writes for layer 0 head 0, from a trained model, and the same picture
+  // with every Chinese label replaced by as many U+10FFFD (a private-use code point no font
+  // covers: the missing-glyph box). With no CJK font, Chromium draws every Chinese character as
+  // that same box: the labels' pixels then equal the reference's and each other's.
+  const TrainResult r = train(short_run(40), builtin_corpus());
+  const std::vector<xgrad::Array> attention = attention_on(*r.model, r.vocab, probe_sentence());
+  const std::vector<std::string> labels = token_labels(probe_sentence());
+  xgrad::testing::TempDir dir("xgrad_chinese_pictures");
+  write_heatmaps(dir.path, attention, read_heads(attention), labels);
+  const std::string svg = xgrad::read_file(dir.file("head_l0_h0.svg"), "test");
+  std::string missing = svg;
+  for (const std::string& word : probe_sentence()) {
+    std::string boxes;
+    for (std::size_t i = 0; i < characters(word); ++i) boxes += "\U0010FFFD";
+    const std::string from = ">" + word + "<", to = ">" + boxes + "<";
+    std::size_t replaced = 0;
+    for (std::size_t at = missing.find(from); at != std::string::npos; at = missing.find(from, at + to.size())) {
+      missing.replace(at, from.size(), to);
+      ++replaced;
+    }
+    INFO(word);
+    REQUIRE(replaced == 2);  // its row label and its column label
+  }
+
+  const std::smatch size = [&] {
+    std::smatch m;
+    REQUIRE(std::regex_search(svg, m, std::regex("width='([0-9.]+)' height='([0-9.]+)'")));
+    return m;
+  }();
+  const auto width = static_cast<std::size_t>(std::ceil(std::stod(size[1]))),
+             height = static_cast<std::size_t>(std::ceil(std::stod(size[2])));
+  const int scale = 2;  // more pixels per stroke
+  const xgrad::testing::Image drawn = xgrad::testing::screenshot(svg_page(svg), width, height, scale),
+                              boxes = xgrad::testing::screenshot(svg_page(missing), width, height, scale);
+
+  // Each Chinese row label's pixels, in the picture and in the reference at the same place.
+  std::map<std::string, std::string> in_picture, in_reference;
+  for (const LabelBox& b : label_boxes(svg_page(svg), width, height)) {
+    if (std::find(probe_sentence().begin(), probe_sentence().end(), b.text) == probe_sentence().end()) continue;
+    const auto x0 = static_cast<std::size_t>(std::max(0.0, std::floor(b.x * scale) - 1)),
+               y0 = static_cast<std::size_t>(std::max(0.0, std::floor(b.y * scale) - 1));
+    const auto w = static_cast<std::size_t>(std::ceil((b.x + b.w) * scale) + 1) - x0,
+               h = static_cast<std::size_t>(std::ceil((b.y + b.h) * scale) + 1) - y0;
+    in_picture[b.text] = drawn.crop(x0, y0, w, h);
+    in_reference[b.text] = boxes.crop(x0, y0, w, h);
+    std::size_t ink = 0;
+    for (std::size_t k = 0; k < in_picture[b.text].size(); k += 4)
+      ink += static_cast<unsigned char>(in_picture[b.text][k]) < 0x80;
+    INFO(b.text << " at " << b.x << ", " << b.y);
+    REQUIRE(ink > 3);  // the box holds the drawn label
+  }
+  REQUIRE(in_picture.size() == 6);
+  const std::string hint = "no CJK font drew the label: install Debian's fonts-noto-cjk (scripts/install_deps.sh)";
+  for (const auto& [word, pixels] : in_picture) {
+    INFO(word << ": " << hint);
+    const bool unlike_the_box = pixels != in_reference[word];
+    CHECK(unlike_the_box);  // not the missing-glyph box
+    for (const auto& [other, other_pixels] : in_picture) {
+      // words of as many characters are as wide: with one font for all, only the glyphs differ
+      if (other == word || characters(other) != characters(word)) continue;
+      INFO("against " << other);
+      const bool unlike_the_other = pixels != other_pixels;
+      CHECK(unlike_the_other);
+    }
+  }
 }
