@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -145,6 +146,11 @@ TEST_CASE("two runs of the example with the same seed and one thread write ident
     reports[i].erase("seconds");
     reports[i].erase("single_head_seconds");
   }
+  // The viewer page shows the patching sweep and its attribution estimate below the attention.
+  std::ifstream page(dir / "images" / "attention.html");
+  const std::string html((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  CHECK(html.find("activation patching, every head at every position") != std::string::npos);
+  CHECK(html.find("attribution patching: the same table to first order") != std::string::npos);
   std::filesystem::remove_all(dir);
   REQUIRE(reports[0].contains("heads"));
   REQUIRE(reports[0] == reports[1]);

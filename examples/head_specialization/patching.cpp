@@ -109,7 +109,7 @@ AttributionAgreement compare_attribution(OffsetModel& model, const ShiftTask& ta
   auto run_corrupt = [&] { return model.forward(corrupt).logits; };
   const inspect::SweepResult real = inspect::patching_sweep(model, run_clean, run_corrupt, metric, spec);
   const inspect::SweepResult estimate = inspect::attribution_patching(model, run_clean, run_corrupt, metric, spec);
-  return {inspect::effect_correlation(real, estimate), real.seconds, estimate.seconds};
+  return {inspect::effect_correlation(real, estimate), real.seconds, estimate.seconds, real, estimate};
 }
 
 bool each_offset_restored_by_its_own_head(const ShiftTask& task, const std::vector<HeadStats>& heads,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "analysis.hpp"
+#include "xgrad/inspect/patching_sweep.hpp"
 
 namespace headspec {
 
@@ -31,6 +32,7 @@ PatchingTable patch_each_head(OffsetModel& model, const ShiftTask& task, const s
 struct AttributionAgreement {
   double correlation = 0;                             // over heads x positions
   double sweep_seconds = 0, attribution_seconds = 0;  // wall time of each
+  xgrad::inspect::SweepResult sweep, estimate;        // the two tables (the viewer shows them)
 };
 AttributionAgreement compare_attribution(OffsetModel& model, const ShiftTask& task, const ShiftBatch& batch,
                                          std::uint64_t seed);

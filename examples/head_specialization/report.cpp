@@ -165,10 +165,15 @@ std::vector<std::string> write_images(const std::string& folder, const Experimen
   patched.row_axis = "patched head";
   patched.col_axis = "prediction";
   const std::string viewer = folder + "/attention.html";
-  xgrad::write_file_atomically(viewer,
-                               xgrad::inspect::attention_viewer_html(r.first_sequence, r.first_tokens, 0,
-                                                                     "head specialization: first held-out sequence"),
-                               "head_specialization: the attention viewer");
+  xgrad::write_file_atomically(
+      viewer,
+      xgrad::inspect::attention_viewer_html(
+          r.first_sequence, r.first_tokens,
+          xgrad::inspect::AttentionViewerOptions()
+              .title("head specialization: first held-out sequence")
+              .table("activation patching, every head at every position (one held-out batch)", r.attribution.sweep)
+              .table("attribution patching: the same table to first order", r.attribution.estimate)),
+      "head_specialization: the attention viewer");
   written.push_back(viewer);
   const std::string patching = folder + "/patching.svg";
   xgrad::inspect::write_text_file(patching, xgrad::inspect::heatmap_svg(patched));
