@@ -3,8 +3,12 @@
 // and against the sweep, and the refusals.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +20,7 @@
 #include "xgrad/inspect/patching_sweep.hpp"
 #include "xgrad/nn/transformer.hpp"
 
+#include "peak_memory.hpp"
 #include "small_models.hpp"
 
 using namespace xgrad;
@@ -209,4 +214,57 @@ TEST_CASE("sweeps refuse what they cannot do before the patched runs, naming it"
           patching_sweep(*model, clean, corrupted, negative_loss(runs.clean), every_head(*model)),
           patching_sweep(*model, clean, corrupted, negative_loss(runs.clean), every_layer_position(*model))),
       Contains("differ in rows or columns"));
+}
+
+TEST_CASE("a sweep whose clean activations cannot be held is refused before the corrupted runs") {
+  if (testing::kAddressSanitizer) {
+    WARN("skipped: AddressSanitizer's reserved address space makes an RLIMIT_AS test meaningless");
+    return;
+  }
+  // Patterns (B, H, T, T) of 4 MiB per block: the swept points hold far more than the forward
+  // needs at any one time (it records nothing).
+  const auto model =
+      testing::randomized_lm(nn::LanguageModelOptions(kV, 64, kH, kL).d_ff(128).max_len(128).dropout(0.f), 9);
+  const IndexArray clean = testing::uniform_ids(16, 128, kV, 10), corrupted = testing::uniform_ids(16, 128, kV, 11);
+  const Metric metric = logit_difference(127, std::vector<std::int64_t>(16, 1), std::vector<std::int64_t>(16, 2));
+  SweepSpec spec;
+  for (const std::string& p : model->hook_points()) {
+    if (default_points(p)) spec.points.push_back(p);
+  }
+  const double held = static_cast<double>(cache_activations(
+                                              *model, [&] { model->forward(clean); }, points_named(spec.points))
+                                              .bytes());
+  REQUIRE(held > 16e6);
+
+  // The address space this process uses now, plus 1.2 times what the sweep's cache holds: room for
+  // the clean run and its cache, not for the two copies the sweep checks for.
+  std::ifstream statm("/proc/self/statm");
+  double pages = 0;
+  statm >> pages;
+  rlimit before{};
+  REQUIRE(::getrlimit(RLIMIT_AS, &before) == 0);
+  const rlim_t limit = static_cast<rlim_t>(pages * static_cast<double>(::sysconf(_SC_PAGESIZE)) + 1.2 * held);
+  const rlimit lowered{limit, before.rlim_max};
+  REQUIRE(::setrlimit(RLIMIT_AS, &lowered) == 0);
+  std::size_t corrupted_runs = 0;
+  std::string message = "(accepted)";
+  try {
+    patching_sweep(
+        *model, [&] { return model->forward(clean).logits; },
+        [&] {
+      ++corrupted_runs;
+      return model->forward(corrupted).logits;
+        },
+        metric, spec);
+  } catch (const Error& e) {
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = std::string("not an xgrad::Error: ") + e.what();
+  }
+  REQUIRE(::setrlimit(RLIMIT_AS, &before) == 0);
+  INFO("cache of " << held << " bytes");
+  CHECK_THAT(message, Contains("patching_sweep") && Contains("the clean activations of the sweep needs") &&
+                          Contains("this process can still allocate (RLIMIT_AS of "));
+  CHECK(corrupted_runs == 0);
+  CHECK(model->num_hooks() == 0);
 }
