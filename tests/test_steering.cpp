@@ -95,6 +95,31 @@ TEST_CASE("Steering moves generation, and generation comes back when it ends") {
   REQUIRE(model->generate(prompt, 8, greedy, g3) == plain);
 }
 
+TEST_CASE("during generate, from_position counts from the prompt's first token") {
+  auto model = make_model(4);
+  const std::vector<std::int64_t> prompt = {1, 2, 3};  // generate returns the prompt, then 8 tokens
+  constexpr std::size_t kCount = 8;
+  nn::GenerateOptions greedy;
+  greedy.temperature = 0.f;
+  Generator g(0);
+  const std::vector<std::int64_t> plain = model->generate(prompt, kCount, greedy, g);
+  SteeringVector v = some_vector("blocks.0.stream_out", 5);
+  v.scale = 8.f;
+  const auto steered_from = [&](std::size_t from) {
+    const Steering steer(*model, v, from);
+    return model->generate(prompt, kCount, greedy, g);
+  };
+  // The last context holds prompt + kCount - 1 tokens: steering from there on touches nothing.
+  CHECK(steered_from(prompt.size() + kCount - 1) == plain);
+  // From the prompt's length: the first choice reads the prompt's positions alone, so it is
+  // plain's; later ones read steered positions.
+  const std::vector<std::int64_t> after_prompt = steered_from(prompt.size());
+  CHECK(after_prompt[prompt.size()] == plain[prompt.size()]);
+  CHECK(after_prompt != plain);
+  // From the prompt's last token: the first choice moves already.
+  CHECK(steered_from(prompt.size() - 1)[prompt.size()] != plain[prompt.size()]);
+}
+
 TEST_CASE("mean_difference_vector is the difference of the two sets' mean activations") {
   auto model = make_model(6);
   const std::vector<IndexArray> positive = {random_ids(7), random_ids(8, 3, 4)}, negative = {random_ids(9)};
