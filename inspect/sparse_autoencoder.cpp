@@ -9,6 +9,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/core/io/utf8.hpp"
 #include "xgrad/inspect/hook_names.hpp"
 
 namespace xgrad::inspect {
@@ -295,6 +296,8 @@ Tensor SparseAutoencoder::forward(const Tensor& x, bool keep_error) const {
 void save_sae(const std::string& dir, const SparseAutoencoder& sae) {
   const char* who = "save_sae";
   const SaeConfig& c = sae.config();
+  check_utf8(c.hook_name, who, "the hook name");
+  check_utf8(c.model_name, who, "the model name");
   prepare_output_dir(dir, who);
   json cfg = {{"architecture", architecture_name(c.architecture)},
               {"d_in", c.d_in},

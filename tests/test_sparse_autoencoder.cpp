@@ -199,6 +199,16 @@ TEST_CASE("an SAE saved and loaded again is the same, and SAELens's cfg.json fie
   CHECK_THAT(cfg, Contains("\"architecture\": \"topk\""));
   CHECK_THAT(cfg, Contains("\"sae_lens_version\""));
 
+  SECTION("a name that is not UTF-8 is refused before anything is written") {
+    SaeConfig bad = c;
+    bad.hook_name = "blocks.0.\xff";
+    SparseAutoencoder other(bad, gen);
+    const std::string weights_before = testing::read_bytes(dir + "/sae_weights.safetensors");
+    REQUIRE_THROWS_WITH(save_sae(dir, other), Contains("save_sae") && Contains("hook name"));
+    CHECK(testing::read_bytes(dir + "/sae_weights.safetensors") == weights_before);
+    REQUIRE_THROWS_WITH(save_sae(tmp.file("other"), other), Contains("hook name"));
+    CHECK_FALSE(std::filesystem::exists(tmp.file("other")));
+  }
   SECTION("a refused save leaves both earlier files") {
     const std::string weights_before = testing::read_bytes(dir + "/sae_weights.safetensors");
     std::filesystem::remove(dir + "/cfg.json");
