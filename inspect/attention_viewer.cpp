@@ -160,32 +160,40 @@ function option(box, value, text) {
   o.textContent = text;
   box.appendChild(o);
 }
-function draw() {
-  const layer = data.layers[layerBox.value], weights = layer.heads[headBox.value];
-  grid.textContent = "";
-  const top = grid.insertRow();
+// A heatmap into `table`: a header row of column labels, then one row per label in rowLabels;
+// cell(td, r, c) colours and labels each cell.
+function heatmap(table, columnClass, columns, rowClass, rowLabels, cell) {
+  table.textContent = "";
+  const top = table.insertRow();
   top.appendChild(document.createElement("th"));
-  for (const token of data.tokens) {
+  for (const label of columns) {
     const th = document.createElement("th");
-    th.className = "key";
-    th.textContent = token;
+    th.className = columnClass;
+    th.textContent = label;
     top.appendChild(th);
   }
-  weights.forEach((row, q) => {
-    const tr = grid.insertRow();
+  rowLabels.forEach((label, r) => {
+    const tr = table.insertRow();
     const th = document.createElement("th");
-    th.className = "query";
-    th.textContent = data.tokens[q];
+    th.className = rowClass;
+    th.textContent = label;
     tr.appendChild(th);
-    row.forEach((w, k) => {
+    columns.forEach((_, c) => {
       const td = tr.insertCell();
       td.className = "cell";
-      td.style.background = colour(w);
-      const text = data.tokens[q] + " \u2192 " + data.tokens[k] + ": " + w.toFixed(4);
-      td.title = text;
-      td.dataset.weight = w.toFixed(4);
-      td.addEventListener("mouseenter", () => { info.textContent = layer.name + " head " + headBox.value + ", " + text; });
+      cell(td, r, c);
     });
+  });
+}
+function draw() {
+  const layer = data.layers[layerBox.value], weights = layer.heads[headBox.value];
+  heatmap(grid, "key", data.tokens, "query", data.tokens, (td, q, k) => {
+    const w = weights[q][k];
+    td.style.background = colour(w);
+    const text = data.tokens[q] + " \u2192 " + data.tokens[k] + ": " + w.toFixed(4);
+    td.title = text;
+    td.dataset.weight = w.toFixed(4);
+    td.addEventListener("mouseenter", () => { info.textContent = layer.name + " head " + headBox.value + ", " + text; });
   });
   grid.dataset.layer = layerBox.value;
   grid.dataset.head = headBox.value;
@@ -214,30 +222,13 @@ function drawTable(t, n) {
   hover.className = "info";
   hover.textContent = "hover a cell";
   const table = document.createElement("table");
-  const top = table.insertRow();
-  top.appendChild(document.createElement("th"));
-  for (const column of t.columns) {
-    const th = document.createElement("th");
-    th.className = "column";
-    th.textContent = column;
-    top.appendChild(th);
-  }
-  t.values.forEach((row, r) => {
-    const tr = table.insertRow();
-    const th = document.createElement("th");
-    th.className = "row";
-    th.textContent = t.rows[r];
-    tr.appendChild(th);
-    row.forEach((v, c) => {
-      const td = tr.insertCell();
-      td.className = "cell";
-      td.style.background = effectColour(v, t.limit);
-      const text = t.rows[r] + " \u00b7 position " + t.columns[c] + ": effect " + t.text[r][c] +
-          (t.restored ? ", restored " + t.restored[r][c] : "");
-      td.title = text;
-      td.dataset.value = t.text[r][c];
-      td.addEventListener("mouseenter", () => { hover.textContent = text; });
-    });
+  heatmap(table, "column", t.columns, "row", t.rows, (td, r, c) => {
+    td.style.background = effectColour(t.values[r][c], t.limit);
+    const text = t.rows[r] + " \u00b7 position " + t.columns[c] + ": effect " + t.text[r][c] +
+        (t.restored ? ", restored " + t.restored[r][c] : "");
+    td.title = text;
+    td.dataset.value = t.text[r][c];
+    td.addEventListener("mouseenter", () => { hover.textContent = text; });
   });
   for (const e of [h2, caption, box, hover, table]) section.appendChild(e);
   document.getElementById("tables").appendChild(section);

@@ -7,6 +7,7 @@
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/io/utf8.hpp"
@@ -103,11 +104,6 @@ const char* normalization_name(SaeNormalization n) {
   }
 }
 
-std::string shown(const json& v) {
-  std::string text = v.dump();
-  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
-}
-
 // The fields of a cfg.json, each checked as it is read; errors name the file and the field.
 class ConfigFields {
  public:
@@ -121,20 +117,23 @@ class ConfigFields {
     const json* v = find(field);
     if (!v) fail(who, ": '", path_, "': missing field \"", field, "\"");
     if (!v->is_number_integer() || v->get<std::int64_t>() <= 0) {
-      fail(who, ": '", path_, "': field \"", field, "\" must be a positive integer, got ", shown(*v));
+      fail(who, ": '", path_, "': field \"", field, "\" must be a positive integer, got ",
+           xgrad::detail::json_shown(*v));
     }
     return static_cast<std::size_t>(v->get<std::int64_t>());
   }
   std::string text(const char* field, const std::string& fallback) const {
     const json* v = find(field);
     if (!v) return fallback;
-    if (!v->is_string()) fail(who, ": '", path_, "': field \"", field, "\" must be a string, got ", shown(*v));
+    if (!v->is_string())
+      fail(who, ": '", path_, "': field \"", field, "\" must be a string, got ", xgrad::detail::json_shown(*v));
     return v->get<std::string>();
   }
   bool flag(const char* field, bool fallback) const {
     const json* v = find(field);
     if (!v) return fallback;
-    if (!v->is_boolean()) fail(who, ": '", path_, "': field \"", field, "\" must be true or false, got ", shown(*v));
+    if (!v->is_boolean())
+      fail(who, ": '", path_, "': field \"", field, "\" must be true or false, got ", xgrad::detail::json_shown(*v));
     return v->get<bool>();
   }
   [[noreturn]] void refuse(const char* field, const std::string& value, const char* known) const {
@@ -160,14 +159,7 @@ Dtype config_dtype(const ConfigFields& f) {
 
 SaeConfig read_config(const std::string& path, Dtype& dtype) {
   const char* who = ConfigFields::who;
-  const std::string bytes = read_file(path, who, std::uint64_t{1} << 20);
-  json j;
-  try {
-    j = json::parse(bytes);
-  } catch (const json::exception& e) {
-    fail(who, ": '", path, "' is not JSON: ", e.what());
-  }
-  if (!j.is_object()) fail(who, ": '", path, "' holds a JSON ", j.type_name(), ", not an object");
+  const json j = xgrad::detail::read_json_object(path, who, std::uint64_t{1} << 20);
   const ConfigFields f(path, j);
   SaeConfig c;
   c.d_in = f.count("d_in");
@@ -223,7 +215,8 @@ SaeConfig read_config(const std::string& path, Dtype& dtype) {
   // SAELens 6 keeps where the SAE reads under "metadata" (or "meta"); earlier layouts at the top.
   const json* meta = f.find("metadata");
   if (!meta) meta = f.find("meta");
-  if (meta && !meta->is_object()) fail(who, ": '", path, "': \"metadata\" must be an object, got ", shown(*meta));
+  if (meta && !meta->is_object())
+    fail(who, ": '", path, "': \"metadata\" must be an object, got ", xgrad::detail::json_shown(*meta));
   const ConfigFields m(path, meta ? *meta : j);
   c.hook_name = m.text("hook_name", f.text("hook_name", f.text("hook_point", "")));
   c.model_name = m.text("model_name", f.text("model_name", ""));

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "xgrad/core/io/detail/json_file.hpp"
+
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/memory.hpp"
@@ -27,22 +29,10 @@ namespace fs = std::filesystem;
 
 constexpr std::uint64_t kMaxJsonBytes = std::uint64_t{64} << 20;  // config.json, the index
 
-// A JSON value for a message, cut short.
-std::string shown(const json& value) {
-  std::string text = value.dump();
-  return text.size() > 120 ? text.substr(0, 117) + "..." : text;
-}
+std::string shown(const json& value) { return xgrad::detail::json_shown(value); }
 
 json read_json_object(const std::string& path, const char* who) {
-  const std::string text = read_file(path, who, kMaxJsonBytes);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail(who, ": '", path, "' is not JSON: ", e.what());
-  }
-  if (!j.is_object()) fail(who, ": '", path, "' holds a JSON ", j.type_name(), ", not an object");
-  return j;
+  return xgrad::detail::read_json_object(path, who, kMaxJsonBytes);
 }
 
 // The fields of config.json, each checked as it is read; errors name the file and the field.

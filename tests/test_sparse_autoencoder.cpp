@@ -292,41 +292,29 @@ TEST_CASE("SAEs trained on a mixture of sparse directions recover them") {
   Generator data(22);
   const ActivationSource source = [&] { return sparse_mixture(truth, 256, 3.f / kTrue, data); };
 
-  SECTION("ReLU with an L1 penalty") {
-    SaeConfig c;
-    c.d_in = kD;
-    c.d_sae = 2 * kTrue;
-    Generator init(23);
+  // Trains an SAE of 2 * kTrue features for 3000 steps of 256 rows, and checks it found the
+  // directions and reconstructs fresh rows.
+  const auto train_and_check = [&](const SaeConfig& c, SaeTrainOptions options, std::uint64_t seed) {
+    Generator init(seed);
     SparseAutoencoder sae(c, init);
-    const SaeTrainingReport r =
-        train_sae(sae, source, SaeTrainOptions().steps(3000).batch_rows(256).lr(3e-3f).l1_coefficient(0.3f));
+    const SaeTrainingReport r = train_sae(sae, source, options.steps(3000).batch_rows(256).lr(3e-3f));
     const std::vector<double> cos = best_cosines(sae, truth);
     INFO("mse " << r.mse.front() << " -> " << r.mse.back() << ", L0 " << r.l0.back() << ", dead " << r.dead_features
                 << ", recovered above 0.9: " << count_above(cos, 0.9) << " of " << kTrue << " in " << r.seconds
                 << " s");
     CHECK(count_above(cos, 0.9) >= kTrue * 9 / 10);
     CHECK(explained_variance(sae, sparse_mixture(truth, 1024, 3.f / kTrue, data)) > 0.9);
-  }
+  };
+  SaeConfig c;
+  c.d_in = kD;
+  c.d_sae = 2 * kTrue;
+  SECTION("ReLU with an L1 penalty") { train_and_check(c, SaeTrainOptions().l1_coefficient(0.3f), 23); }
   SECTION("TopK") {
-    SaeConfig c;
-    c.d_in = kD;
-    c.d_sae = 2 * kTrue;
     c.architecture = SaeArchitecture::topk;
     c.k = 4;
-    Generator init(24);
-    SparseAutoencoder sae(c, init);
-    const SaeTrainingReport r = train_sae(sae, source, SaeTrainOptions().steps(3000).batch_rows(256).lr(3e-3f));
-    const std::vector<double> cos = best_cosines(sae, truth);
-    INFO("mse " << r.mse.front() << " -> " << r.mse.back() << ", L0 " << r.l0.back() << ", dead " << r.dead_features
-                << ", recovered above 0.9: " << count_above(cos, 0.9) << " of " << kTrue << " in " << r.seconds
-                << " s");
-    CHECK(count_above(cos, 0.9) >= kTrue * 9 / 10);
-    CHECK(explained_variance(sae, sparse_mixture(truth, 1024, 3.f / kTrue, data)) > 0.9);
+    train_and_check(c, SaeTrainOptions(), 24);
   }
   SECTION("a random SAE does not pass the same check") {
-    SaeConfig c;
-    c.d_in = kD;
-    c.d_sae = 2 * kTrue;
     Generator init(25);
     const SparseAutoencoder sae(c, init);
     CHECK(count_above(best_cosines(sae, truth), 0.9) == 0);
