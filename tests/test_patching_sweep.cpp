@@ -168,6 +168,42 @@ TEST_CASE("attribution patching is the directional derivative of the metric, and
   REQUIRE(r > 0.9);
 }
 
+TEST_CASE("sweeps and attribution patching on the GPT-2 and Llama layouts") {
+  const Runs runs = make_runs(12);
+  const Metric metric = logit_difference(kT - 1, runs.answer, runs.wrong);
+  for (const auto& [name, options] : std::vector<std::pair<std::string, nn::LanguageModelOptions>>{
+           {"GPT-2 (tied embeddings, tanh GELU)", nn::LanguageModelOptions::gpt2_style(kV, kC, kH, kL).max_len(8)},
+           {"Llama (RMSNorm, RoPE, SwiGLU, 2 key/value heads)",
+            nn::LanguageModelOptions::llama_style(kV, kC, kH, kL, 2).max_len(8)}}) {
+    INFO(name);
+    auto model = testing::randomized_lm(nn::LanguageModelOptions(options).dropout(0.f), 13);
+    auto clean = [&] { return model->forward(runs.clean).logits; };
+    auto corrupted = [&] { return model->forward(runs.corrupted).logits; };
+    for (const SweepSpec& spec : {every_layer_position(*model), every_head_position(*model)}) {
+      const SweepResult real = patching_sweep(*model, clean, corrupted, metric, spec);
+      const SweepResult estimate = attribution_patching(*model, clean, corrupted, metric, spec);
+      REQUIRE(real.effect.shape() == estimate.effect.shape());
+      // Before the corrupted position nothing differs: both tables hold exact zeros there.
+      for (std::size_t row = 0; row < real.rows.size(); ++row) {
+        CHECK(real.effect(row, 0) == 0.f);
+        CHECK(estimate.effect(row, 0) == 0.f);
+      }
+      // Patching a head's z moves the metric a little, where the first order holds well; patching
+      // the whole stream at the corrupted token moves it far (measured: heads 0.99997 and more on these
+      // two models, streams 0.86 and 0.78).
+      const bool heads = spec.by_head;
+      const double r = effect_correlation(real, estimate);
+      INFO(real.rows.front() << ": correlation " << r);
+      CHECK(r > (heads ? 0.9 : 0.5));
+    }
+    // Block 0's input at the corrupted position restores the clean metric exactly (every path from
+    // the corrupted token passes through it).
+    const SweepResult layers = patching_sweep(*model, clean, corrupted, metric, every_layer_position(*model));
+    CHECK(layers.effect(0, kCorrupted) == Approx(layers.clean - layers.corrupted).margin(1e-5));
+    CHECK(model->num_hooks() == 0);
+  }
+}
+
 TEST_CASE("sweeps refuse what they cannot do before the patched runs, naming it") {
   auto model = make_model(5);
   const Runs runs = make_runs(6);
