@@ -285,6 +285,37 @@ TEST_CASE("a spliced SAE replaces the point's value, its features are cached, an
   CHECK(same_bits(model->forward(ids).logits.value(), plain));
 }
 
+TEST_CASE("SAEs splice into the GPT-2 and Llama layouts, and train on their streams") {
+  for (const nn::LanguageModelOptions& options : {nn::LanguageModelOptions::gpt2_style(11, 16, 2, 2).max_len(8),
+                                                  nn::LanguageModelOptions::llama_style(11, 16, 4, 2, 2).max_len(8)}) {
+    auto model = testing::randomized_lm(nn::LanguageModelOptions(options).dropout(0.f), 8);
+    model->eval();
+    INFO(model->summary());
+    const IndexArray ids = testing::uniform_ids(2, 6, 11, 9);
+    const Array plain = model->forward(ids).logits.value();
+    SaeConfig c;
+    c.d_in = 16;
+    c.d_sae = 32;
+    c.architecture = SaeArchitecture::topk;
+    c.k = 4;
+    c.hook_name = "blocks.1.hook_resid_mid";
+    Generator gen(10);
+    SparseAutoencoder sae(c, gen);
+    std::uint64_t batch = 11;
+    train_sae(sae, activations_at(*model, c.hook_name, [&] { return testing::uniform_ids(4, 6, 11, batch++); }),
+              SaeTrainOptions().steps(20).batch_rows(24).buffer_rows(48));
+    {
+      const SaeSplice with_error(*model, sae, "", true);
+      CHECK(with_error.point() == "blocks.1.stream_mid");
+      CHECK(max_abs_diff(model->forward(ids).logits.value(), plain) < 1e-4);
+    }
+    const SaeEvaluation e = evaluate_sae(*model, sae, {{ids, testing::uniform_ids(2, 6, 11, 99)}});
+    CHECK(e.mean_l0 <= 4);
+    CHECK(e.loss_spliced != e.loss);
+    CHECK(model->num_hooks() == 0);
+  }
+}
+
 TEST_CASE("SAEs trained on a mixture of sparse directions recover them") {
   constexpr std::size_t kD = 32, kTrue = 32;
   Generator gen(21);
