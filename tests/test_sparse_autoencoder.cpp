@@ -219,8 +219,8 @@ TEST_CASE("an SAE saved and loaded again is the same, and SAELens's cfg.json fie
   }
 }
 
-TEST_CASE("the SAE's gradients match finite differences (ReLU, TopK, layer norm)") {
-  for (int variant = 0; variant < 3; ++variant) {
+TEST_CASE("the SAE's gradients match finite differences (ReLU, TopK, layer norm, constant-norm rescale)") {
+  for (int variant = 0; variant < 4; ++variant) {
     SaeConfig c;
     c.d_in = 5;
     c.d_sae = 7;
@@ -229,6 +229,7 @@ TEST_CASE("the SAE's gradients match finite differences (ReLU, TopK, layer norm)
       c.k = 3;
     }
     if (variant == 2) c.normalization = SaeNormalization::layer_norm;
+    if (variant == 3) c.normalization = SaeNormalization::constant_norm_rescale;
     Generator gen(40 + variant);
     SparseAutoencoder sae(c, gen);
     // Away from their starting values: W_enc not W_dec^T, biases that move the kinks.
@@ -238,9 +239,49 @@ TEST_CASE("the SAE's gradients match finite differences (ReLU, TopK, layer norm)
     const Tensor x = testing::randn({3, 5}, 50 + variant);
     const Tensor r(gen.normal({3, 5}, 0.f, 1.f));
     INFO("variant " << variant);
-    REQUIRE_GRADS_OK(
-        testing::check_module_grads(sae, [&](const testing::Ins& in) { return sum(sae.forward(in[0]) * r); }, {x}));
+    // With constant_norm_rescale every input element moves every pre-activation: steps of 1e-2 and
+    // 3e-3 cross a ReLU corner of these draws (too shallow to be seen as one), 1e-3 and 3e-4 do not.
+    GradcheckOptions options;
+    if (variant == 3) options.eps = 1e-3;
+    REQUIRE_GRADS_OK(testing::check_module_grads(
+        sae, [&](const testing::Ins& in) { return sum(sae.forward(in[0]) * r); }, {x}, options));
   }
+}
+
+TEST_CASE("constant_norm_rescale reads x at norm sqrt(d_in) and gives the output x's norm back") {
+  SaeConfig c;
+  c.d_in = 6;
+  c.d_sae = 9;
+  c.normalization = SaeNormalization::constant_norm_rescale;
+  Generator gen(60);
+  SparseAutoencoder sae(c, gen);
+  sae.b_enc().mutable_value() = gen.normal({9}, 0.f, 0.3f);
+  sae.b_dec().mutable_value() = gen.normal({6}, 0.f, 0.3f);
+  const Array x = gen.normal({4, 6}, 0.f, 2.f);
+  // By hand: x' = x sqrt(6) / |x| per row, f = relu((x' - b_dec) W_enc + b_enc), out = (f W_dec + b_dec) |x| / sqrt(6).
+  Array want = Array::from_shape({4, 6});
+  const Array& we = sae.W_enc().value();
+  const Array& wd = sae.W_dec().value();
+  for (std::size_t r = 0; r < 4; ++r) {
+    double norm = 0;
+    for (std::size_t j = 0; j < 6; ++j) norm += double(x(r, j)) * x(r, j);
+    norm = std::sqrt(norm);
+    std::vector<double> f(9, 0.);
+    for (std::size_t i = 0; i < 9; ++i) {
+      double pre = sae.b_enc().value()(i);
+      for (std::size_t j = 0; j < 6; ++j) pre += (x(r, j) * std::sqrt(6.) / norm - sae.b_dec().value()(j)) * we(j, i);
+      f[i] = std::max(pre, 0.);
+    }
+    for (std::size_t j = 0; j < 6; ++j) {
+      double y = sae.b_dec().value()(j);
+      for (std::size_t i = 0; i < 9; ++i) y += f[i] * wd(i, j);
+      want(r, j) = static_cast<float>(y * norm / std::sqrt(6.));
+    }
+  }
+  CHECK(max_abs_diff(sae.forward(Tensor(x)).value(), want) < 1e-5);
+  // Scaling x scales the output and leaves the features.
+  CHECK(max_abs_diff(sae.forward(Tensor(Array(x * 3.f))).value(), Array(want * 3.f)) < 1e-4);
+  CHECK(max_abs_diff(sae.encode(Tensor(Array(x * 3.f))).value(), sae.encode(Tensor(x)).value()) < 1e-5);
 }
 
 TEST_CASE("a spliced SAE replaces the point's value, its features are cached, and the hook goes away") {
