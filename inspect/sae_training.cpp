@@ -205,24 +205,24 @@ SaeTrainingReport train_sae(SparseAutoencoder& sae, const ActivationSource& sour
     opt.step();
     if (topk) unit_rows(sae.W_dec().mutable_value());
 
-    const Array& f = p.features.value();
+    // Features active per row, and which fired at all (one pass over (rows, d_sae), no branches).
+    const float* f = p.features.value().data();
     std::size_t active = 0;
-    std::vector<bool> fired(c.d_sae, false);
-    for (std::size_t r = 0; r < f.shape()[0]; ++r) {
+    std::vector<std::uint32_t> fired(c.d_sae, 0);
+    for (std::size_t r = 0; r < o.batch_rows(); ++r, f += c.d_sae) {
       for (std::size_t j = 0; j < c.d_sae; ++j) {
-        if (f(r, j) > 0) {
-          fired[j] = true;
-          ++active;
-        }
+        const std::uint32_t on = f[j] > 0;
+        fired[j] += on;
+        active += on;
       }
     }
     for (std::size_t j = 0; j < c.d_sae; ++j) {
-      silent[j] = fired[j] ? 0 : silent[j] + 1;
+      silent[j] = fired[j] > 0 ? 0 : silent[j] + 1;
       dead[j] = silent[j] >= o.dead_feature_window();
     }
     report.mse.push_back(mse.item());
     report.sparsity.push_back(sparsity.item());
-    report.l0.push_back(double(active) / double(f.shape()[0]));
+    report.l0.push_back(double(active) / double(o.batch_rows()));
     if (!std::isfinite(report.mse.back()) || !std::isfinite(report.sparsity.back())) {
       fail("train_sae: the loss is not finite at step ", step, " (mse ", report.mse.back(), ", sparsity ",
            report.sparsity.back(), "): lower lr");
