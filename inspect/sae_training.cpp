@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/hook_names.hpp"
@@ -148,6 +150,8 @@ SaeTrainingReport train_sae(SparseAutoencoder& sae, const ActivationSource& sour
   const auto start = std::chrono::steady_clock::now();
   const SaeConfig& c = sae.config();
   const bool topk = c.architecture == SaeArchitecture::topk;
+  check_available_memory(4. * static_cast<double>(o.buffer_rows()) * static_cast<double>(c.d_in), "train_sae",
+                         "a buffer of " + std::to_string(o.buffer_rows()) + " rows");
   RowBuffer buffer(source, c.d_in, o.buffer_rows(), o.seed());
   buffer.refill();
 

@@ -485,6 +485,8 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options") {
     REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().batch_rows(64).buffer_rows(32)),
                         Contains("buffer_rows 32 is below batch_rows 64"));
     REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().lr(-1.f)), Contains("lr -1"));
+    REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().buffer_rows(std::size_t{1} << 60)),
+                        Contains("train_sae: a buffer of 1152921504606846976 rows needs"));
     CHECK(same_bits(sae.W_enc().value(), before));
     SaeConfig topk = c;
     topk.architecture = SaeArchitecture::topk;
