@@ -37,13 +37,12 @@ Outcome job(const TempDir& dir, const std::string& mode, const std::string& time
                      limits);
 }
 
-// Ended by the job itself, non-zero, within `seconds`.
-void require_failed_within(const Outcome& o, double seconds) {
+// Ended by the job itself, non-zero: not by the time limit of job(), which a hang would reach.
+void require_failed(const Outcome& o) {
   INFO(o);
   REQUIRE_FALSE(o.timed_out);
   REQUIRE(o.exited);
   REQUIRE(o.code != 0);
-  REQUIRE(o.seconds < seconds);
 }
 
 // User plus system CPU seconds of a process so far, from /proc/PID/stat.
@@ -85,7 +84,7 @@ TEST_CASE("a rank that returns non-zero from main while another is in a reductio
           "[distributed][bad_input]") {
   TempDir dir("xgrad_job_return");
   const Outcome o = job(dir, "return-error", "60");
-  require_failed_within(o, 20);
+  require_failed(o);
   REQUIRE_THAT(o.err, Catch::Contains("rank 1 gives up at step 1"));
   REQUIRE_THAT(o.err, Catch::Contains("ProcessGroup: rank 1 is leaving the program with status 1: ending the job"));
 }
@@ -94,7 +93,7 @@ TEST_CASE("a rank that throws out of main while another is in a reduction ends t
           "[distributed][bad_input]") {
   TempDir dir("xgrad_job_throw");
   const Outcome o = job(dir, "throw", "60");
-  require_failed_within(o, 20);
+  require_failed(o);
   REQUIRE_THAT(o.err, Catch::Contains("rank 1 throws out of main at step 1"));
 }
 
@@ -123,7 +122,7 @@ TEST_CASE(
   launcher.join();
   if (started && ::kill(pids[1], 0) == 0) ::kill(pids[1], SIGKILL);  // never left stopped
   REQUIRE(started);
-  require_failed_within(o, 15);
+  require_failed(o);
   std::printf("CPU seconds of rank 0 in 1 s of waiting for the stopped rank 1: %.3f\n", cpu);
   REQUIRE(cpu < 0.1);
   REQUIRE_THAT(o.err, Catch::Contains("DataParallel: the reduction of bucket ") && Catch::Contains(" of 4 (") &&
@@ -135,7 +134,7 @@ TEST_CASE("a rank late past the timeout for a blocking collective ends the job n
           "[distributed][bad_input]") {
   TempDir dir("xgrad_job_late");
   const Outcome o = job(dir, "late", "2");
-  require_failed_within(o, 15);
+  require_failed(o);
   REQUIRE(o.seconds > 2);
   REQUIRE_THAT(
       o.err,
@@ -148,7 +147,7 @@ TEST_CASE("ranks that run different numbers of backward passes per step end the 
           "[distributed][bad_input]") {
   TempDir dir("xgrad_job_passes");
   const Outcome o = job(dir, "uneven-passes", "60");
-  require_failed_within(o, 20);
+  require_failed(o);
   // Rank 0's second pass meets rank 1's loss mean; whichever rank reports first names both.
   REQUIRE_THAT(o.err, Catch::Contains("rank 0 is in iallreduce_sum while rank 1 is in allreduce_sum (double)") ||
                           Catch::Contains("rank 1 is in allreduce_sum (double) while rank 0 is in iallreduce_sum"));
@@ -157,7 +156,7 @@ TEST_CASE("ranks that run different numbers of backward passes per step end the 
 TEST_CASE("a rank that leaves main while another still reduces ends the job naming both", "[distributed][bad_input]") {
   TempDir dir("xgrad_job_exit");
   const Outcome o = job(dir, "uneven-exit", "60");
-  require_failed_within(o, 20);
+  require_failed(o);
   REQUIRE_THAT(o.err, Catch::Contains("rank 0 is in iallreduce_sum while rank 1 is leaving the program") ||
                           Catch::Contains("rank 1 is leaving the program while rank 0 is in iallreduce_sum"));
 }
@@ -165,7 +164,7 @@ TEST_CASE("a rank that leaves main while another still reduces ends the job nami
 TEST_CASE("a DataParallel built on one rank only ends the job naming what each rank does", "[distributed][bad_input]") {
   TempDir dir("xgrad_job_ddp");
   const Outcome o = job(dir, "ddp-one-rank", "60");
-  require_failed_within(o, 20);
+  require_failed(o);
   REQUIRE_THAT(
       o.err,
       Catch::Contains("DataParallel: rank 0 is constructing a DataParallel while rank 1 is in allreduce_sum (double)"));
@@ -180,7 +179,7 @@ TEST_CASE("an XGRAD_DIST_TIMEOUT that is not a number of seconds > 0 is refused 
   TempDir dir("xgrad_job_env");
   const Outcome o = job(dir, "ok", "abc");
   INFO(o);
-  require_failed_within(o, 20);
+  require_failed(o);
   REQUIRE_THAT(o.err, Catch::Contains("ProcessGroup: XGRAD_DIST_TIMEOUT 'abc' is not a number of seconds > 0"));
   // The same check without mpirun (the variable is read before MPI is looked for).
   Limits limits;

@@ -251,7 +251,6 @@ TEST_CASE("an option that picks another path on one rank only is refused on ever
   INFO(sample);
   REQUIRE_FALSE(sample.timed_out);
   REQUIRE(sample.code != 0);
-  REQUIRE(sample.seconds < 30);
   REQUIRE_THAT(sample.err, Catch::Contains("train_lm (rank 1): error: rank 1 was started with other settings than rank "
                                            "0: --sample 50 on rank 0, not given here"));
 
@@ -260,13 +259,11 @@ TEST_CASE("an option that picks another path on one rank only is refused on ever
   INFO(help);
   REQUIRE_FALSE(help.timed_out);
   REQUIRE(help.code != 0);
-  REQUIRE(help.seconds < 30);
   REQUIRE_THAT(help.err, Catch::Contains("rank 1 is leaving the program while rank 0 is in broadcast (string)"));
   const Outcome usage = two_lines(base, concat(base, {"--layers", "-1"}));
   INFO(usage);
   REQUIRE_FALSE(usage.timed_out);
   REQUIRE(usage.code != 0);
-  REQUIRE(usage.seconds < 30);
   REQUIRE_THAT(usage.err, Catch::Contains("--layers: '-1' is not a whole number"));
 
   const Outcome timeout = mpirun(dir, 2, base, {"-x", "XGRAD_DIST_TIMEOUT=soon"});
@@ -305,13 +302,10 @@ TEST_CASE("a rank that dies or throws ends the job naming it, and the checkpoint
     if (victim < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   REQUIRE(victim > 0);
-  const auto killed_at = std::chrono::steady_clock::now();
   ::kill(victim, SIGKILL);
   ::waitpid(launcher, nullptr, 0);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  const std::string outcome = read_bytes(dir.file("outcome"));
+  const std::string outcome = read_bytes(dir.file("outcome"));  // "timeout ..." when the job hung
   INFO(outcome);
-  REQUIRE(seconds < 30);
   REQUIRE_THAT(outcome, Catch::StartsWith("exit "));
   REQUIRE_THAT(outcome, !Catch::StartsWith("exit 0 "));
   REQUIRE_THAT(outcome, Catch::Contains("rank 1"));
@@ -343,6 +337,5 @@ TEST_CASE("a rank that dies or throws ends the job naming it, and the checkpoint
   INFO(o);
   REQUIRE_FALSE(o.timed_out);
   REQUIRE(o.code != 0);
-  REQUIRE(o.seconds < 30);
   REQUIRE_THAT(o.err, Catch::Contains("train_lm (rank 1): error: step ") && Catch::Contains("anomaly"));
 }

@@ -5,7 +5,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +19,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "cpu_cost.hpp"
 #include "fixture.hpp"
 #include "peak_memory.hpp"
 #include "run_program.hpp"
@@ -531,17 +531,21 @@ TEST_CASE("load_gpt2 peaks near the model's own size and refuses a model that ca
   REQUIRE(field(refused, "params") == 0);
 }
 
-TEST_CASE("load_gpt2 of a file of many tiny layers is quick and counts each block's bookkeeping in its memory check",
+TEST_CASE("load_gpt2 of a file of many tiny layers takes time linear in the layers and counts each block's "
+          "bookkeeping in its memory check",
           "[import][bad_input][bug]") {
   // Each tensor was matched against every piece of the model (16 L x 12 L string comparisons):
-  // 6000 layers of d_model 2 took 10 s; a 100 MB header (120000 layers) would take hours.
+  // 6000 layers of d_model 2 took 10 s; a 100 MB header (120000 layers) would take hours. Four
+  // times the layers cost four times the work when the match is linear and sixteen times when it
+  // is quadratic: the ratio of the two loads' CPU times tells them apart on a loaded machine too.
   testing::TempDir dir("xgrad_import");
-  const std::string path = dir.file("deep.safetensors");
+  const std::string path = dir.file("deep.safetensors"), quarter = dir.file("quarter.safetensors");
   const std::size_t L = 6000;
   save_safetensors(path, gpt2_state(2, 2, 1, L, 1, 7));  // num_heads 2, as the child reads it
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::shared_ptr<nn::LanguageModel> m = nn::load_gpt2(path, 2);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  save_safetensors(quarter, gpt2_state(2, 2, 1, L / 4, 1, 7));
+  std::shared_ptr<nn::LanguageModel> m;
+  const double whole_cost = testing::least_cpu_seconds(3, [&] { m = nn::load_gpt2(path, 2); });
+  const double quarter_cost = testing::least_cpu_seconds(3, [&] { nn::load_gpt2(quarter, 2); });
   REQUIRE(m->options().num_layers() == L);
   const nn::ImportedLanguageModel ref = nn::from_gpt2(load_safetensors(path).tensors, 2);
   std::map<std::string, const Array*> want;
@@ -549,10 +553,8 @@ TEST_CASE("load_gpt2 of a file of many tiny layers is quick and counts each bloc
   const NamedArrays got = nn::state_dict(*m);
   REQUIRE(got.size() == want.size());
   for (const auto& [name, a] : got) REQUIRE(a == *want.at(name));
-  INFO(seconds << " s");
-  // Well under the quadratic match's 10 s, with room for a loaded machine and AddressSanitizer's
-  // slower build (3 s there).
-  REQUIRE(seconds < (testing::kAddressSanitizer ? 20.0 : 5.0));
+  INFO(L << " layers: " << whole_cost << " CPU s; " << L / 4 << " layers: " << quarter_cost << " CPU s");
+  REQUIRE(whole_cost < 8 * quarter_cost);  // linear: about 4; quadratic: about 16
 
   // 6000 blocks hold 96k values but ~200 MB of modules: with 64 MiB of address space to spare the
   // model is refused before it is built (its values alone would fit). AddressSanitizer's allocator
