@@ -12,7 +12,10 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "xgrad: the ${#packages[@]} packages xgrad builds with are installed"
+  exit 0
+fi
 
 echo "xgrad: installing ${missing[*]}"
 sudo=""
