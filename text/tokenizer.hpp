@@ -12,6 +12,9 @@
 #include <string_view>
 #include <vector>
 
+/// Text in and out, the library xgrad::text: the tokenizer interface and its tokenizers (bytes,
+/// GPT-2's byte-level BPE, a byte-level BPE trained on your files, SentencePiece models), token
+/// files and the batch samplers.
 namespace xgrad::text {
 
 using TokenIds = std::vector<std::int64_t>;  ///< token ids, as every tokenizer gives them
