@@ -26,9 +26,9 @@ struct ViewerTable {
 /// What attention_viewer_html draws besides the attention patterns, with chainable setters:
 /// `AttentionViewerOptions().title("run 3").table("patching", sweep).table("attribution", estimate)`.
 struct AttentionViewerOptions {
-  XGRAD_ARG(std::size_t, batch, 0);                 ///< the sequence of the cache shown (default 0)
+  XGRAD_ARG(std::size_t, batch, 0);                 ///< the sequence of the cache shown
   XGRAD_ARG(std::string, title, "attention");       ///< the page's title and heading (any text)
-  XGRAD_ARG(std::vector<ViewerTable>, tables, {});  ///< tables below the attention, in order (none)
+  XGRAD_ARG(std::vector<ViewerTable>, tables, {});  ///< tables below the attention, in order
 
  public:
   /// Appends a table: its name is the heading, its effect is drawn with a red (positive) to white

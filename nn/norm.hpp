@@ -32,8 +32,9 @@ class NormLayer : public Module {
   float eps() const { return eps_; }
   /// The number of values normalized together.
   std::size_t features() const { return features_; }
-  /// The scale, (features,); undefined without one.
-  Tensor weight, bias;  ///< the shift, (features,); undefined without one (always, for RMSNorm)
+  /// The scale weight and the shift bias, each (features,); undefined without one (bias always,
+  /// for RMSNorm).
+  Tensor weight, bias;
 
  protected:
   /// Checks features (> 0) and eps (finite and > 0), naming `who`.

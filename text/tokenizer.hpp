@@ -23,7 +23,7 @@ using TokenIds = std::vector<std::int64_t>;  ///< token ids, as every tokenizer 
 struct SpecialTokens {
   std::optional<std::int64_t> bos;  ///< beginning of sequence
   std::optional<std::int64_t> eos;  ///< end of sequence (end of text): separates documents in token files
-  std::optional<std::int64_t> pad;  ///< padding
+  std::optional<std::int64_t> pad;
   std::optional<std::int64_t> unk;  ///< what text outside the vocabulary becomes
 };
 
