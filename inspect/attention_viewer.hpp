@@ -17,7 +17,7 @@ namespace xgrad::inspect {
 
 /// A table the viewer shows below the attention, under its name.
 struct ViewerTable {
-  /// The heading, e.g. "activation patching, every head".
+  /// The heading, e.g.\ "activation patching, every head".
   std::string name;
   /// A patching_sweep or attribution_patching result (or one built by hand): effect (rows, columns).
   SweepResult result;

@@ -18,7 +18,7 @@
 
 namespace xgrad::nn {
 
-/// How loading treats what it finds, e.g. LoadOptions().allow_non_finite(true).strict(false).
+/// How loading treats what it finds, e.g.\ LoadOptions().allow_non_finite(true).strict(false).
 struct LoadOptions {
   /// A NaN or infinite weight is an error (naming the parameter and the flat position) unless
   /// allowed: a run that diverged before its save would otherwise resume silently as NaN.

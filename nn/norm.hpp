@@ -13,7 +13,7 @@ namespace xgrad::nn {
 /// layer_norm: (x - mean) / sqrt(var + eps) * weight + bias; rms_norm: x / sqrt(mean(x^2) + eps) * weight.
 enum class NormKind { layer_norm, rms_norm };
 
-/// What norm to build, e.g. NormOptions().kind(NormKind::rms_norm).eps(1e-6f).
+/// What norm to build, e.g.\ NormOptions().kind(NormKind::rms_norm).eps(1e-6f).
 struct NormOptions {
   XGRAD_ARG(NormKind, kind, NormKind::layer_norm);  ///< LayerNorm or RMSNorm
   XGRAD_ARG(float, eps, 1e-5f);                     ///< added to the variance (mean square); finite and > 0

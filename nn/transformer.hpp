@@ -142,7 +142,7 @@ enum class Positional { learned, sinusoidal, none, rotary };
 /// sqrt(2 num_layers)).
 enum class Init { pytorch, gpt2 };
 
-/// The options of LanguageModel, e.g. LanguageModelOptions(50257, 768, 12, 12).max_len(1024):
+/// The options of LanguageModel, e.g.\ LanguageModelOptions(50257, 768, 12, 12).max_len(1024):
 /// the model's own fields and its blocks' options (block(), composed of the attention's and the
 /// feed-forward's); the setters below set the nested fields.
 struct LanguageModelOptions {
@@ -271,7 +271,7 @@ std::string to_json(const LanguageModelOptions& options);
 LanguageModelOptions language_model_options_from_json(const std::string& text, const std::string& who);
 /// One field in which two options differ, with both values as to_json writes them.
 struct OptionsDifference {
-  /// The field's name (e.g. "num_heads"), then its value in the stored and in the given options.
+  /// The field's name (e.g.\ "num_heads"), then its value in the stored and in the given options.
   std::string field, stored, given;
 };
 /// The architecture fields in which `given` differs from `stored`, in to_json's order: every
