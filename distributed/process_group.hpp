@@ -15,18 +15,19 @@
 /// training on it.
 namespace xgrad::distributed {
 
-/// What a rank is doing when it enters a collective; ranks that disagree are named with these.
+/// What a rank is doing when it enters a collective (the ProcessGroup call of that name unless
+/// noted); ranks that disagree are named with these.
 enum class Call : std::uint32_t {
   allreduce_sum,         ///< allreduce_sum or allreduce_mean of floats
   allreduce_sum_double,  ///< allreduce_sum of a double
-  allreduce_max,         ///< allreduce_max
-  allreduce_min,         ///< allreduce_min
-  iallreduce_sum,        ///< iallreduce_sum
-  broadcast,             ///< broadcast of floats
-  broadcast_string,      ///< broadcast of a string
-  barrier,               ///< barrier
-  data_parallel,         ///< constructing a DataParallel
-  exit,                  ///< leaving the program
+  allreduce_max,
+  allreduce_min,
+  iallreduce_sum,
+  broadcast,         ///< broadcast of floats
+  broadcast_string,  ///< broadcast of a string
+  barrier,
+  data_parallel,  ///< constructing a DataParallel
+  exit,           ///< leaving the program
 };
 /// The function that makes `call`: "allreduce_sum", "DataParallel", "exit".
 const char* call_name(Call call);

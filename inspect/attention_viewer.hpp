@@ -17,7 +17,7 @@ namespace xgrad::inspect {
 
 /// A table the viewer shows below the attention, under its name.
 struct ViewerTable {
-  /// The heading, e.g. "activation patching, every head".
+  /// The heading, e.g.\ "activation patching, every head".
   std::string name;
   /// A patching_sweep or attribution_patching result (or one built by hand): effect (rows, columns).
   SweepResult result;
@@ -26,9 +26,9 @@ struct ViewerTable {
 /// What attention_viewer_html draws besides the attention patterns, with chainable setters:
 /// `AttentionViewerOptions().title("run 3").table("patching", sweep).table("attribution", estimate)`.
 struct AttentionViewerOptions {
-  XGRAD_ARG(std::size_t, batch, 0);                 ///< the sequence of the cache shown (default 0)
+  XGRAD_ARG(std::size_t, batch, 0);                 ///< the sequence of the cache shown
   XGRAD_ARG(std::string, title, "attention");       ///< the page's title and heading (any text)
-  XGRAD_ARG(std::vector<ViewerTable>, tables, {});  ///< tables below the attention, in order (none)
+  XGRAD_ARG(std::vector<ViewerTable>, tables, {});  ///< tables below the attention, in order
 
  public:
   /// Appends a table: its name is the heading, its effect is drawn with a red (positive) to white

@@ -21,11 +21,11 @@ struct HookNameRow {
 /// The whole table, in TransformerLens's forward order (docs/inspect.md prints it).
 const std::vector<HookNameRow>& transformer_lens_table();
 
-/// xgrad's point for a TransformerLens hook name, e.g. "blocks.3.attn.hook_z" -> "blocks.3.attn.z";
+/// xgrad's point for a TransformerLens hook name, e.g.\ "blocks.3.attn.hook_z" -> "blocks.3.attn.z";
 /// nullopt when `name` is not a TransformerLens hook name with an xgrad point.
 std::optional<std::string> from_transformer_lens(const std::string& name);
 
-/// The TransformerLens name of an xgrad point, e.g. "blocks.3.ffn.hidden" -> "blocks.3.mlp.hook_post";
+/// The TransformerLens name of an xgrad point, e.g.\ "blocks.3.ffn.hidden" -> "blocks.3.mlp.hook_post";
 /// nullopt when TransformerLens has none.
 std::optional<std::string> to_transformer_lens(const std::string& point);
 

@@ -17,7 +17,7 @@
 
 namespace xgrad::inspect {
 
-/// A scalar read from a run's output, e.g. a logit difference. Built from ops on the output, so
+/// A scalar read from a run's output, e.g.\ a logit difference. Built from ops on the output, so
 /// attribution patching can take its gradient; a metric that is not a scalar, or not finite, is an
 /// error.
 using Metric = std::function<Tensor(const Tensor& output)>;

@@ -65,7 +65,7 @@ struct LogitAttribution {
 };
 
 /// `tokens` and `other` are (B, T) ids; `other`, when given, turns each logit into the logit
-/// difference tokens - other (e.g. the right answer's logit minus a wrong one's). Throws for ids
+/// difference tokens - other (e.g.\ the right answer's logit minus a wrong one's). Throws for ids
 /// outside the vocabulary, and for shapes that do not match the stack's (B, T).
 LogitAttribution direct_logit_attribution(const nn::LanguageModel& model, const ActivationCache& cache,
                                           const ResidualStack& stack, const IndexArray& tokens,

@@ -36,7 +36,7 @@ struct SaeConfig {
   SaeArchitecture architecture = SaeArchitecture::standard;  ///< ReLU or TopK
   std::size_t k = 0;                                         ///< TopK: the features kept per row, 1 <= k <= d_sae
   bool apply_b_dec_to_input = true;                          ///< subtract b_dec from the input before encoding
-  SaeNormalization normalization = SaeNormalization::none;   ///< the input's run-time normalization
+  SaeNormalization normalization = SaeNormalization::none;
   std::string hook_name;   ///< the point it reads, xgrad's or TransformerLens's name (may be empty)
   std::string model_name;  ///< the model it was trained on, as the file says (may be empty)
 };

@@ -12,11 +12,11 @@ struct Heatmap {
   /// Drawn above the map.
   std::string title;
   std::vector<std::vector<double>> values;  ///< rows x columns; every row as long as the first (an Error otherwise)
-  /// The label of each row, in order; a row without one is unlabelled, and named by its index
-  /// when a cell is hovered.
-  std::vector<std::string> row_labels, col_labels;  ///< The label of each column, as row_labels.
-  /// The name of the row axis.
-  std::string row_axis = "query", col_axis = "key";  ///< The name of the column axis.
+  /// The label of each row (row_labels) and of each column (col_labels), in order; a row or column
+  /// without one is unlabelled, and named by its index when a cell is hovered.
+  std::vector<std::string> row_labels, col_labels;
+  /// The names of the row axis (row_axis) and of the column axis (col_axis).
+  std::string row_axis = "query", col_axis = "key";
 };
 
 /// One heatmap with labels and a colour bar from 0 to vmax (a vmax that is not a positive finite
@@ -31,19 +31,14 @@ std::string heatmap_grid_svg(const std::vector<Heatmap>& maps, std::size_t colum
 struct Series {
   /// The name in the legend.
   std::string name;
-  /// The x coordinates (as many as y; the longer of the two is cut).
-  std::vector<double> x, y;  ///< The y coordinates.
+  /// The x and the y coordinates, as many of each (the longer of the two is cut).
+  std::vector<double> x, y;
 };
 
 /// A line plot of one or more series (see line_plot_svg).
 struct LinePlot {
-  /// Drawn above the plot.
+  /// The title, drawn above the plot, and the names of the x axis (x_label) and the y axis (y_label).
   std::string title, x_label, y_label;
-  /// @var x_label
-  /// The name of the x axis.
-  /// @var y_label
-  /// The name of the y axis.
-
   /// The lines, drawn in 6 colours that repeat.
   std::vector<Series> series;
   /// A logarithmic y axis (values below 1e-12 are drawn at 1e-12).

@@ -71,13 +71,13 @@ struct MultiHeadAttentionOptions {
   XGRAD_ARG(std::size_t, num_kv_heads, 0);
   /// On the attention weights, while training; masks come from the module's RandomStream.
   XGRAD_ARG(float, dropout, 0.1f);
-  XGRAD_ARG(Norm, norm, Norm::pre);                       ///< where MultiHeadAttention's norm sits
-  XGRAD_ARG(NormOptions, norm_options, NormOptions());    ///< the norm's kind, eps, weight and bias
-  XGRAD_NESTED_ARG(float, norm_eps, norm_options_, eps);  ///< the norm's eps (in norm_options)
-  XGRAD_ARG(bool, qkv_bias, true);                        ///< biases of w_q, w_k and w_v
-  XGRAD_ARG(bool, out_bias, true);                        ///< the bias of w_o
-  XGRAD_ARG(std::size_t, kdim, 0);                        ///< width of the key input; 0: d_model
-  XGRAD_ARG(std::size_t, vdim, 0);                        ///< width of the value input; 0: d_model
+  XGRAD_ARG(Norm, norm, Norm::pre);                     ///< where MultiHeadAttention's norm sits
+  XGRAD_ARG(NormOptions, norm_options, NormOptions());  ///< the norm's kind, eps, weight and bias
+  XGRAD_NESTED_ARG(float, norm_eps, norm_options_, eps);
+  XGRAD_ARG(bool, qkv_bias, true);  ///< biases of w_q, w_k and w_v
+  XGRAD_ARG(bool, out_bias, true);  ///< the bias of w_o
+  XGRAD_ARG(std::size_t, kdim, 0);  ///< width of the key input; 0: d_model
+  XGRAD_ARG(std::size_t, vdim, 0);  ///< width of the value input; 0: d_model
   /// Rotary position embedding (RoPE) of q and k in self-attention, Hugging Face's rotate_half
   /// pairing (see rotary_embedding in core/autograd/ops.hpp).
   XGRAD_ARG(bool, rotary, false);
@@ -125,8 +125,9 @@ struct AttentionMask {
 /// The stored tensors keep their autograd history while gradients are recorded: run cached steps
 /// under NoGradGuard (generate does) unless a backward through every step is wanted.
 struct KVCache {
-  /// The keys, (B, P, KV * D): the P positions seen so far; undefined while empty.
-  Tensor k, v;  ///< the values, (B, P, KV * D); undefined while empty
+  /// The keys k and the values v, each (B, P, KV * D): the P positions seen so far; undefined
+  /// while empty.
+  Tensor k, v;
   /// P, the number of positions held (0 while empty).
   std::size_t length() const { return k.defined() ? k.shape()[1] : 0; }
   /// Empties the cache.
@@ -178,15 +179,12 @@ class Attention : public Module, public RandomStream {
   /// The options it was built with.
   const MultiHeadAttentionOptions& options() const { return options_; }
 
-  /// @var w_k
-  /// The key projection, kdim -> KV * D.
-  /// @var w_v
-  /// The value projection, vdim -> KV * D.
-
-  /// The query projection, d_model -> d_model.
-  std::shared_ptr<Linear> w_q, w_k, w_v, w_o;  ///< the output projection, d_model -> d_model
-  /// With qk_norm: the RMSNorm over each head's q, (D,) weight; null otherwise.
-  std::shared_ptr<RMSNorm> q_norm, k_norm;  ///< with qk_norm: the RMSNorm over each key head's k
+  /// The projections: w_q of the query (d_model -> d_model), w_k of the key (kdim -> KV * D), w_v
+  /// of the value (vdim -> KV * D) and w_o of the heads' joined outputs (d_model -> d_model).
+  std::shared_ptr<Linear> w_q, w_k, w_v, w_o;
+  /// With qk_norm, the RMSNorms (weight (D,)) over each head's q (q_norm) and over each key head's
+  /// k (k_norm); null otherwise.
+  std::shared_ptr<RMSNorm> q_norm, k_norm;
 
  private:
   Tensor norm_heads(const std::shared_ptr<RMSNorm>& norm, const Tensor& x) const;

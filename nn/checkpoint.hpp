@@ -18,7 +18,7 @@
 
 namespace xgrad::nn {
 
-/// How loading treats what it finds, e.g. LoadOptions().allow_non_finite(true).strict(false).
+/// How loading treats what it finds, e.g.\ LoadOptions().allow_non_finite(true).strict(false).
 struct LoadOptions {
   /// A NaN or infinite weight is an error (naming the parameter and the flat position) unless
   /// allowed: a run that diverged before its save would otherwise resume silently as NaN.
@@ -33,8 +33,9 @@ struct LoadOptions {
 /// The names load_state_dict did not load, in the module's order (missing) and the state's
 /// (unexpected); both empty after a strict load.
 struct LoadResult {
-  /// Names the module has and the state lacks.
-  std::vector<std::string> missing_keys, unexpected_keys;  ///< names the state has and the module lacks
+  /// missing_keys: the names the module has and the state lacks; unexpected_keys: the names the
+  /// state has and the module lacks.
+  std::vector<std::string> missing_keys, unexpected_keys;
 };
 
 /// Copies of the parameter and buffer values by dotted name (Module::named_state's order).
@@ -63,8 +64,9 @@ struct Checkpoint {
   NamedArrays optimizer_state;                        ///< names without the prefix, for Optimizer::load_state_dict
   Metadata metadata;                                  ///< the caller's metadata, without the "xgrad." keys
   std::optional<LanguageModelOptions> model_options;  ///< when the file stores them
-  /// The module's names the file lacks; see LoadResult (strict(false)).
-  std::vector<std::string> missing_keys, unexpected_keys;  ///< the file's names the module lacks; see LoadResult
+  /// As in LoadResult (non-empty only with strict(false)): missing_keys, the module's names the
+  /// file lacks, and unexpected_keys, the file's names the module lacks.
+  std::vector<std::string> missing_keys, unexpected_keys;
 };
 
 /// Loads the module's state (checked as load_state_dict does; all or nothing) and returns the

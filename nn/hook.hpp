@@ -18,7 +18,7 @@
 
 namespace xgrad::nn {
 
-/// Whether a point's full name ends with `suffix`, e.g. "blocks.0.attn.pattern" with ".pattern".
+/// Whether a point's full name ends with `suffix`, e.g.\ "blocks.0.attn.pattern" with ".pattern".
 inline bool point_ends_with(const std::string& point, const std::string& suffix) {
   return point.size() >= suffix.size() && point.compare(point.size() - suffix.size(), suffix.size(), suffix) == 0;
 }

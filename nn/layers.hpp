@@ -23,8 +23,8 @@ class Linear : public Module {
   explicit Linear(Tensor weight, Tensor bias = Tensor());
   /// x W^T + b; throws naming the shape when x does not end in in_features.
   Tensor forward(const Tensor& x) const;
-  /// The weight, (out, in).
-  Tensor weight, bias;  ///< the bias, (out,); undefined when disabled
+  /// The weight (out, in) and the bias (out,); bias is undefined when disabled.
+  Tensor weight, bias;
 
  private:
   std::size_t in_, out_;
@@ -84,10 +84,10 @@ class SinusoidalPositionalEncoding : public Module {
  public:
   /// The table of positions 0 .. max_len-1 (C = dim); a size of 0 throws.
   SinusoidalPositionalEncoding(std::size_t max_len, std::size_t dim);
-  /// Rows first .. first + length - 1; throws when they pass max_len.
-  Tensor forward(std::size_t length, std::size_t first = 0) const;  ///< (length, dim): positions first ..
-  /// The rows of `positions`; a position outside [0, max_len) throws.
-  Tensor at(const IndexArray& positions) const;  ///< (..., dim): one row per position
+  /// Rows first .. first + length - 1, (length, dim); throws when they pass max_len.
+  Tensor forward(std::size_t length, std::size_t first = 0) const;
+  /// The rows of `positions` (...), (..., dim); a position outside [0, max_len) throws.
+  Tensor at(const IndexArray& positions) const;
 
  private:
   Tensor table_;
@@ -98,11 +98,11 @@ class LearnedPositionalEncoding : public Module {
  public:
   /// Draws the table from `gen`; a size of 0 throws.
   LearnedPositionalEncoding(std::size_t max_len, std::size_t dim, Generator& gen = default_generator());
-  /// Rows first .. first + length - 1; throws when they pass max_len.
-  Tensor forward(std::size_t length, std::size_t first = 0) const;  ///< (length, dim): positions first ..
-  /// The rows of `positions`; a position outside [0, max_len) throws.
-  Tensor at(const IndexArray& positions) const;  ///< (..., dim): one row per position
-  Tensor weight;                                 ///< (max_len, dim)
+  /// Rows first .. first + length - 1, (length, dim); throws when they pass max_len.
+  Tensor forward(std::size_t length, std::size_t first = 0) const;
+  /// The rows of `positions` (...), (..., dim); a position outside [0, max_len) throws.
+  Tensor at(const IndexArray& positions) const;
+  Tensor weight;  ///< (max_len, dim)
 
  private:
   std::size_t max_len_;

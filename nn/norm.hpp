@@ -13,7 +13,7 @@ namespace xgrad::nn {
 /// layer_norm: (x - mean) / sqrt(var + eps) * weight + bias; rms_norm: x / sqrt(mean(x^2) + eps) * weight.
 enum class NormKind { layer_norm, rms_norm };
 
-/// What norm to build, e.g. NormOptions().kind(NormKind::rms_norm).eps(1e-6f).
+/// What norm to build, e.g.\ NormOptions().kind(NormKind::rms_norm).eps(1e-6f).
 struct NormOptions {
   XGRAD_ARG(NormKind, kind, NormKind::layer_norm);  ///< LayerNorm or RMSNorm
   XGRAD_ARG(float, eps, 1e-5f);                     ///< added to the variance (mean square); finite and > 0
@@ -32,8 +32,9 @@ class NormLayer : public Module {
   float eps() const { return eps_; }
   /// The number of values normalized together.
   std::size_t features() const { return features_; }
-  /// The scale, (features,); undefined without one.
-  Tensor weight, bias;  ///< the shift, (features,); undefined without one (always, for RMSNorm)
+  /// The scale weight and the shift bias, each (features,); undefined without one (bias always,
+  /// for RMSNorm).
+  Tensor weight, bias;
 
  protected:
   /// Checks features (> 0) and eps (finite and > 0), naming `who`.

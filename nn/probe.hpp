@@ -55,7 +55,7 @@ class ProbeSet {
   std::vector<std::string> names() const;
   /// Whether the point `name` was recorded.
   bool has(const std::string& name) const;
-  Tensor tensor(const std::string& name) const;  ///< throws naming the point if absent
+  Tensor tensor(const std::string& name) const;  ///< the recorded tensor; throws naming the point if absent
   /// The recorded value at the point; throws naming the point if absent.
   Array activation(const std::string& name) const;
   /// The gradient at the point, after backward; throws naming the point if it has none.

@@ -70,14 +70,14 @@ struct TransformerBlockOptions {
   /// d_model C and num_heads H (H must divide C); d_ff 4 C; the other options at their defaults.
   TransformerBlockOptions(std::size_t d_model, std::size_t num_heads)
       : attention_(d_model, num_heads), feed_forward_(d_model, 4 * d_model) {}
-  XGRAD_REQUIRED_ARG(MultiHeadAttentionOptions, attention);                   ///< the attention sublayer's options
-  XGRAD_REQUIRED_ARG(FeedForwardOptions, feed_forward);                       ///< the feed-forward sublayer's options
-  XGRAD_NESTED_ARG(std::size_t, d_ff, feed_forward_, d_ff);                   ///< the feed-forward's hidden width F
-  XGRAD_NESTED_ARG(Norm, norm, attention_, norm);                             ///< pre or post, for both sublayers
-  XGRAD_NESTED_ARG(NormOptions, norm_options, attention_, norm_options);      ///< both sublayers' norms
-  XGRAD_NESTED_ARG(Activation, activation, feed_forward_, activation);        ///< the feed-forward's
-  XGRAD_NESTED_ARG(std::size_t, num_kv_heads, attention_, num_kv_heads);      ///< the attention's KV heads
-  XGRAD_NESTED_ARG(AttentionKernel, attention_kernel, attention_, kernel);    ///< see AttentionKernel
+  XGRAD_REQUIRED_ARG(MultiHeadAttentionOptions, attention);
+  XGRAD_REQUIRED_ARG(FeedForwardOptions, feed_forward);
+  XGRAD_NESTED_ARG(std::size_t, d_ff, feed_forward_, d_ff);               ///< the feed-forward's hidden width F
+  XGRAD_NESTED_ARG(Norm, norm, attention_, norm);                         ///< pre or post, for both sublayers
+  XGRAD_NESTED_ARG(NormOptions, norm_options, attention_, norm_options);  ///< both sublayers' norms
+  XGRAD_NESTED_ARG(Activation, activation, feed_forward_, activation);
+  XGRAD_NESTED_ARG(std::size_t, num_kv_heads, attention_, num_kv_heads);
+  XGRAD_NESTED_ARG(AttentionKernel, attention_kernel, attention_, kernel);
   XGRAD_NESTED_ARG(std::size_t, attention_tile, attention_, attention_tile);  ///< the tiled kernel's tile
 
  public:
@@ -142,7 +142,7 @@ enum class Positional { learned, sinusoidal, none, rotary };
 /// sqrt(2 num_layers)).
 enum class Init { pytorch, gpt2 };
 
-/// The options of LanguageModel, e.g. LanguageModelOptions(50257, 768, 12, 12).max_len(1024):
+/// The options of LanguageModel, e.g.\ LanguageModelOptions(50257, 768, 12, 12).max_len(1024):
 /// the model's own fields and its blocks' options (block(), composed of the attention's and the
 /// feed-forward's); the setters below set the nested fields.
 struct LanguageModelOptions {
@@ -160,14 +160,14 @@ struct LanguageModelOptions {
   static LanguageModelOptions llama_style(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads,
                                           std::size_t num_layers, std::size_t num_kv_heads);
 
-  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);                        ///< the number of token ids V
-  XGRAD_REQUIRED_ARG(std::size_t, num_layers);                        ///< the number of TransformerBlocks
-  XGRAD_REQUIRED_ARG(TransformerBlockOptions, block);                 ///< every block's options
-  XGRAD_ARG(std::size_t, max_len, 256);                               ///< the most positions a forward takes
-  XGRAD_ARG(Positional, positional, Positional::learned);             ///< the position scheme
-  XGRAD_ARG(bool, tie_embeddings, false);                             ///< head.weight is tok_emb.weight
-  XGRAD_ARG(bool, head_bias, true);                                   ///< the head's bias (none when tied)
-  XGRAD_ARG(Init, init, Init::pytorch);                               ///< how the weights are drawn
+  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);         ///< the number of token ids V
+  XGRAD_REQUIRED_ARG(std::size_t, num_layers);         ///< the number of TransformerBlocks
+  XGRAD_REQUIRED_ARG(TransformerBlockOptions, block);  ///< every block's options
+  XGRAD_ARG(std::size_t, max_len, 256);                ///< the most positions a forward takes
+  XGRAD_ARG(Positional, positional, Positional::learned);
+  XGRAD_ARG(bool, tie_embeddings, false);  ///< head.weight is tok_emb.weight
+  XGRAD_ARG(bool, head_bias, true);        ///< the head's bias (none when tied)
+  XGRAD_ARG(Init, init, Init::pytorch);
   XGRAD_NESTED_ARG(std::size_t, d_ff, block_, d_ff);                  ///< the feed-forwards' hidden width F
   XGRAD_NESTED_ARG(Norm, norm, block_, norm);                         ///< pre or post (Pre-Norm adds final_norm)
   XGRAD_NESTED_ARG(NormOptions, norm_options, block_, norm_options);  ///< every norm's options
@@ -271,11 +271,8 @@ std::string to_json(const LanguageModelOptions& options);
 LanguageModelOptions language_model_options_from_json(const std::string& text, const std::string& who);
 /// One field in which two options differ, with both values as to_json writes them.
 struct OptionsDifference {
-  /// @var stored
-  /// The stored options' value.
-
-  /// The field's name, e.g. "num_heads".
-  std::string field, stored, given;  ///< the given options' value
+  /// The field's name (e.g.\ "num_heads"), then its value in the stored and in the given options.
+  std::string field, stored, given;
 };
 /// The architecture fields in which `given` differs from `stored`, in to_json's order: every
 /// field but dropout (a training setting that does not change what the weights compute in eval

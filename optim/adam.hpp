@@ -80,7 +80,7 @@ class AdamW : public Adam {
   AdamW(NamedTensors params, const AdamOptions& options = defaults());
   /// The same, with the parameters named by their index: "0", "1", ...
   AdamW(const std::vector<Tensor>& params, const AdamOptions& options = defaults());
-  /// AdamW over parameter groups (see Adam's group constructor), e.g. the usual rule of no
+  /// AdamW over parameter groups (see Adam's group constructor), e.g.\ the usual rule of no
   /// decay on norms, biases and embeddings:
   /// `AdamW(decay_groups(nn::split_for_weight_decay(model), 0.1f), AdamOptions(3e-4f))`.
   AdamW(std::vector<ParamGroup> groups, const AdamOptions& options = defaults());

@@ -21,7 +21,6 @@ struct ScheduleOptions {
   XGRAD_ARG(std::size_t, warmup_steps, 0);
   /// The step at which the decay ends: needed by linear and cosine decay (> warmup_steps).
   XGRAD_ARG(std::size_t, total_steps, 0);
-  /// The decay after the warm-up.
   XGRAD_ARG(Decay, decay, Decay::constant);
   /// The rate the decay ends at: in [0, base_lr].
   XGRAD_ARG(float, min_lr, 0.f);

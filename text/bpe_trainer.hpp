@@ -14,8 +14,7 @@
 
 namespace xgrad::text {
 
-/// What train_byte_level_bpe builds, e.g.
-/// BpeTrainerOptions(4096).min_frequency(2).special_tokens({"<|endoftext|>"}).
+/// What train_byte_level_bpe builds, e.g.\ BpeTrainerOptions(4096).min_frequency(2).special_tokens({"<|endoftext|>"}).
 struct BpeTrainerOptions {
   /// vocab_size: the largest number of ids, counting the 256 byte tokens and the special tokens.
   explicit BpeTrainerOptions(std::size_t vocab_size) : vocab_size_(vocab_size) {}
@@ -26,7 +25,7 @@ struct BpeTrainerOptions {
   /// A pair is merged only when it occurs (counted over all words, with their frequencies) at
   /// least this often; at least 1.
   XGRAD_ARG(std::uint64_t, min_frequency, 2);
-  /// The texts of the special tokens (e.g. "<|endoftext|>"): non-empty, UTF-8, distinct, and
+  /// The texts of the special tokens (e.g.\ "<|endoftext|>"): non-empty, UTF-8, distinct, and
   /// longer than one byte (a one-byte text is a byte token already). Where one occurs in the
   /// training texts it is cut out, and no merge spans it.
   XGRAD_ARG(std::vector<std::string>, special_tokens, {});

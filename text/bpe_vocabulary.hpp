@@ -15,9 +15,9 @@ namespace xgrad::text {
 /// first), and tokens[left] + tokens[right] is itself a token. special_tokens lists the ids of the
 /// special tokens, which encode never builds from ordinary text.
 struct BpeVocabulary {
-  std::vector<std::string> tokens;                            ///< each id's raw bytes
-  std::vector<std::pair<std::int64_t, std::int64_t>> merges;  ///< (left id, right id), lowest rank first
-  std::vector<std::int64_t> special_tokens;                   ///< the ids of the special tokens
+  std::vector<std::string> tokens;
+  std::vector<std::pair<std::int64_t, std::int64_t>> merges;
+  std::vector<std::int64_t> special_tokens;
 };
 
 }  // namespace xgrad::text

@@ -12,6 +12,9 @@
 #include <string_view>
 #include <vector>
 
+/// Text in and out, the library xgrad::text: the tokenizer interface and its tokenizers (bytes,
+/// GPT-2's byte-level BPE, a byte-level BPE trained on your files, SentencePiece models), token
+/// files and the batch samplers.
 namespace xgrad::text {
 
 using TokenIds = std::vector<std::int64_t>;  ///< token ids, as every tokenizer gives them
@@ -20,7 +23,7 @@ using TokenIds = std::vector<std::int64_t>;  ///< token ids, as every tokenizer 
 struct SpecialTokens {
   std::optional<std::int64_t> bos;  ///< beginning of sequence
   std::optional<std::int64_t> eos;  ///< end of sequence (end of text): separates documents in token files
-  std::optional<std::int64_t> pad;  ///< padding
+  std::optional<std::int64_t> pad;
   std::optional<std::int64_t> unk;  ///< what text outside the vocabulary becomes
 };
 

@@ -46,7 +46,7 @@ struct GradcheckResult {
   std::size_t skipped = 0;                       ///< elements skipped at kinks
   double max_abs_error = 0;                      ///< worst |analytic - numeric| over checked elements
   std::string report;                            ///< the first failure (tensor, element, both values), or a summary
-  explicit operator bool() const { return ok; }  ///< ok
+  explicit operator bool() const { return ok; }  ///< returns ok
 };
 
 /// The function gradcheck() differentiates: inputs in, one tensor out.

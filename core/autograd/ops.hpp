@@ -92,7 +92,7 @@ std::vector<Tensor> split(const Tensor& a, const std::vector<std::size_t>& sizes
 /// -(rank + 1) to rank (as torch.stack); the gradient of part i is slice i of the result's.
 Tensor stack(const std::vector<Tensor>& parts, int axis);
 /// `a` cut along `axis` into pieces of ceil(length / n) elements, the last one shorter when n does
-/// not divide the length (as torch.chunk: there may be fewer than n pieces, e.g. a length of 6
+/// not divide the length (as torch.chunk: there may be fewer than n pieces, e.g.\ a length of 6
 /// in n = 4 gives 3 pieces of 2); an empty axis gives n empty pieces. n = 0 is an Error.
 std::vector<Tensor> chunk(const Tensor& a, std::size_t n, int axis);
 

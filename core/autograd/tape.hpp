@@ -43,9 +43,9 @@ struct SavedInput {
 /// The output is not kept alive: an entry whose output died can never receive a gradient and is
 /// pruned.
 struct TapeEntry {
-  const char* op = "";               ///< the op's name, a string literal
-  std::vector<SavedInput> inputs;    ///< the inputs as the op saw them (cleared when backward releases the entry)
-  std::weak_ptr<Node> output;        ///< the op's output
+  const char* op = "";             ///< the op's name, a string literal
+  std::vector<SavedInput> inputs;  ///< the inputs as the op saw them (cleared when backward releases the entry)
+  std::weak_ptr<Node> output;
   std::uint64_t output_version = 0;  ///< the output storage's version when the op ran
   BackwardFn backward;               ///< null once backward has released the entry
   std::uint64_t seq = 0;             ///< recording order, which is a topological order

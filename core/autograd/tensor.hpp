@@ -49,7 +49,7 @@ enum class GeluApprox;
 struct Storage {
   /// Storage holding `a`, at version 0.
   explicit Storage(Array a) : array(std::move(a)) {}
-  Array array;                ///< the value
+  Array array;
   std::uint64_t version = 0;  ///< in-place writes so far
   /// An activation's bf16 copy for the bf16 products that read it, made by the first and dropped
   /// with the value: a detail::Bf16Value (detail/bf16_cache.hpp), held untyped so this header

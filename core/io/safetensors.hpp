@@ -58,14 +58,11 @@ SafetensorsContents parse_safetensors(const std::string& bytes, const std::strin
 
 /// One tensor of a file, as its header describes it.
 struct TensorInfo {
-  std::string name;          ///< the tensor's name in the header
-  Shape shape;               ///< its shape
-  Dtype dtype;               ///< the element type stored in the file
-  std::uint64_t begin, end;  // its bytes within the data (after the header)
-  /// @var begin
-  /// The offset of its first byte within the data (after the header).
-  /// @var end
-  /// The offset just past its last byte within the data: its bytes are [begin, end).
+  std::string name;
+  Shape shape;
+  Dtype dtype;  ///< the element type stored in the file (in memory every array is float32)
+  /// begin and end: the tensor's bytes are [begin, end) within the data (offsets after the header).
+  std::uint64_t begin, end;
 };
 
 /// A file read tensor by tensor, for weights too large to hold twice: opening reads and checks the

@@ -55,14 +55,8 @@ void linear_activation(std::size_t rows, std::size_t out, std::size_t in, const 
 /// side in the channels, so the heads of a (B, T, H D) tensor are {data, H D, T H D, D}.
 template <class T>
 struct Strided {
-  T* data;  ///< matrix (0, 0)
+  T* data;
   std::size_t ld, batch_stride, head_stride;
-  /// @var ld
-  /// The row stride of every matrix.
-  /// @var batch_stride
-  /// The step from matrix (b, h) to matrix (b + 1, h).
-  /// @var head_stride
-  /// The step from matrix (b, h) to matrix (b, h + 1).
 };
 
 /// C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h) for b < batches and h < heads, each as
