@@ -20,7 +20,7 @@ namespace xgrad::nn {
 
 namespace {
 
-struct ExpectedTensor {
+struct Expected {
   std::string name;  // without the input's prefix
   Shape shape;
 };
@@ -42,11 +42,11 @@ std::vector<Input> inputs_of(const NamedArrays& state) {
 // missing, unexpected, duplicated and misshapen tensors are errors naming them, in that order.
 class Source {
  public:
-  Source(const char* who, const std::vector<Input>& inputs, const std::vector<ExpectedTensor>& expected,
+  Source(const char* who, const std::vector<Input>& inputs, const std::vector<Expected>& expected,
          const std::string& prefix = "", const std::set<std::string>& skipped = {})
       : who_(who), prefix_(prefix) {
     std::map<std::string, const Shape*> want;
-    for (const ExpectedTensor& e : expected) want[e.name] = &e.shape;
+    for (const Expected& e : expected) want[e.name] = &e.shape;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const std::string& name = *inputs[i].name;
       if (skipped.count(name)) continue;
@@ -54,7 +54,7 @@ class Source {
       if (!key.empty() && !index_.emplace(key, i).second) fail(who_, ": tensor '", name, "' appears twice");
     }
     std::vector<std::string> missing;
-    for (const ExpectedTensor& e : expected) {
+    for (const Expected& e : expected) {
       if (!index_.count(e.name)) missing.push_back("'" + full(e.name) + "' " + shape_str(e.shape));
     }
     if (!missing.empty()) fail(who_, ": missing ", missing.size() == 1 ? "tensor " : "tensors ", list(missing));
@@ -64,7 +64,7 @@ class Source {
       if (!want.count(key_of(*in.name))) extra.push_back("'" + *in.name + "' " + shape_str(*in.shape));
     }
     if (!extra.empty()) fail(who_, ": unexpected ", extra.size() == 1 ? "tensor " : "tensors ", list(extra));
-    for (const ExpectedTensor& e : expected) {
+    for (const Expected& e : expected) {
       const Shape& shape = *inputs[index_.at(e.name)].shape;
       if (shape != e.shape)
         fail(who_, ": tensor '", full(e.name), "' has shape ", shape_str(shape), ", expected ", shape_str(e.shape));
@@ -116,7 +116,7 @@ Array columns_transposed(const Array& a, std::size_t begin, std::size_t end) {
 }
 
 // The tensors of an nn.MultiheadAttention under `src` (e.g. "self_attn.").
-void expect_attention(std::vector<ExpectedTensor>& ex, const std::string& src, std::size_t E, std::size_t kdim,
+void expect_attention(std::vector<Expected>& ex, const std::string& src, std::size_t E, std::size_t kdim,
                       std::size_t vdim, bool bias) {
   if (kdim == E && vdim == E) {
     ex.push_back({src + "in_proj_weight", {3 * E, E}});
@@ -183,7 +183,7 @@ NamedArrays from_torch_multihead_attention(const NamedArrays& state, const Multi
         options.qk_norm());
   }
   const auto [kdim, vdim] = key_value_widths(options);
-  std::vector<ExpectedTensor> ex;
+  std::vector<Expected> ex;
   expect_attention(ex, "", E, kdim, vdim, options.qkv_bias());
   const Source s("from_torch_multihead_attention", inputs_of(state), ex);
   NamedArrays out;
@@ -215,7 +215,7 @@ NamedArrays from_torch_encoder_layer(const NamedArrays& state, const Transformer
         "ask for ",
         asked);
   }
-  std::vector<ExpectedTensor> ex;
+  std::vector<Expected> ex;
   expect_attention(ex, "self_attn.", C, C, C, true);
   ex.push_back({"linear1.weight", {F, C}});
   ex.push_back({"linear1.bias", {F}});
@@ -296,7 +296,7 @@ Gpt2Layout gpt2_layout(const char* who, const std::vector<Input>& inputs, std::s
     if (layer_of(key, n, rest) && is_gpt2_buffer(rest) && n < L) skipped.insert(name);
   }
 
-  std::vector<ExpectedTensor> ex = {{"wte.weight", {V, C}}, {"wpe.weight", {P, C}}};
+  std::vector<Expected> ex = {{"wte.weight", {V, C}}, {"wpe.weight", {P, C}}};
   for (std::size_t n = 0; n < L; ++n) {
     const std::string h = "h." + std::to_string(n) + ".";
     ex.push_back({h + "ln_1.weight", {C}});

@@ -33,7 +33,7 @@ std::string in_quotes(std::string_view bytes) { return "\"" + readable_bytes(byt
 // ones (long runs of one class) through a heap, so that a huge piece costs n log n, not n^2.
 constexpr std::size_t kShortPiece = 96;
 // The text encode pre-tokenizes at once (pretokenize_in_chunks).
-constexpr std::size_t kEncodeChunkBytes = std::size_t{1} << 20;
+constexpr std::size_t kChunkBytes = std::size_t{1} << 20;
 
 }  // namespace
 
@@ -240,8 +240,7 @@ struct ByteLevelBpe::Impl {
   // all held at once: only its ids are.
   void encode_ordinary(std::string_view text, TokenIds& out) const {
     if (text.empty()) return;
-    detail::pretokenize_in_chunks(pretokenizer, text, kEncodeChunkBytes,
-                                  [&](const std::vector<std::string_view>& pieces) {
+    detail::pretokenize_in_chunks(pretokenizer, text, kChunkBytes, [&](const std::vector<std::string_view>& pieces) {
       for (const std::string_view piece : pieces) encode_piece(piece, out);
     });
   }

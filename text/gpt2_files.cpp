@@ -21,7 +21,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string quoted_text(std::string_view text) { return "\"" + readable_bytes(text) + "\""; }
+std::string in_quotes(std::string_view text) { return "\"" + readable_bytes(text) + "\""; }
 
 Json parse_json_file(const std::string& path, const std::string& who) {
   const std::string text = read_file(path, who);
@@ -57,14 +57,14 @@ BpeVocabulary assemble(const std::string& vocab_file, const Json& vocab, const s
   printable_of.reserve(vocab.size());
   for (const auto& [key, value] : vocab.items()) {
     if (!value.is_number_integer())
-      throw Error(vocab_file + ": the entry " + quoted_text(key) + " has the value " + detail::json_excerpt(value) +
+      throw Error(vocab_file + ": the entry " + in_quotes(key) + " has the value " + detail::json_excerpt(value) +
                   ", not an integer id");
     const std::int64_t id = value.get<std::int64_t>();
     if (id < 0)
-      throw Error(vocab_file + ": the entry " + quoted_text(key) + " has the negative id " + std::to_string(id));
+      throw Error(vocab_file + ": the entry " + in_quotes(key) + " has the negative id " + std::to_string(id));
     const auto [it, inserted] = printable_of.emplace(id, key);
     if (!inserted)
-      throw Error(vocab_file + ": the entries " + quoted_text(it->second) + " and " + quoted_text(key) +
+      throw Error(vocab_file + ": the entries " + in_quotes(it->second) + " and " + in_quotes(key) +
                   " both have the id " + std::to_string(id));
     id_of.emplace(key, id);
   }
@@ -115,21 +115,21 @@ BpeVocabulary assemble(const std::string& vocab_file, const Json& vocab, const s
     for (int k = 0; k < 2; ++k) {
       const auto it = id_of.find(*part_text[k]);
       if (it == id_of.end())
-        throw Error(where + ": the token " + quoted_text(*part_text[k]) + " is not in " +
+        throw Error(where + ": the token " + in_quotes(*part_text[k]) + " is not in " +
                     vocab_file.substr(vocab_file.find('\'')));
       part_id[k] = it->second;
       if (!printable[part_id[k]])
-        throw Error(where + ": the token " + quoted_text(*part_text[k]) + " is not in GPT-2's printable byte form");
+        throw Error(where + ": the token " + in_quotes(*part_text[k]) + " is not in GPT-2's printable byte form");
       if (v.tokens[part_id[k]].size() > 1 &&
           (made_by[part_id[k]] < 0 || made_by[part_id[k]] >= static_cast<std::int64_t>(rank)))
-        throw Error(where + ": the token " + quoted_text(*part_text[k]) + " is not made by an earlier merge" +
+        throw Error(where + ": the token " + in_quotes(*part_text[k]) + " is not made by an earlier merge" +
                     (made_by[part_id[k]] >= 0 ? " (only by the later " + merges[made_by[part_id[k]]].where + ")" : "") +
                     ": the ranks do not match");
     }
     const std::string joined = m.left + m.right;
     const auto result = id_of.find(joined);
     if (result == id_of.end())
-      throw Error(where + ": " + quoted_text(m.left) + " + " + quoted_text(m.right) + " gives " + quoted_text(joined) +
+      throw Error(where + ": " + in_quotes(m.left) + " + " + in_quotes(m.right) + " gives " + in_quotes(joined) +
                   ", which is not in " + vocab_file.substr(vocab_file.find('\'')));
     const auto [it, inserted] = merge_index.emplace(m.left + ' ' + m.right, rank);
     if (!inserted) throw Error(where + ": repeats the merge of " + merges[it->second].where);
@@ -184,7 +184,7 @@ BpeVocabulary load_gpt2_vocabulary(const std::string& vocab_json, const std::str
     const std::size_t space = line.find(' ');
     if (space == std::string_view::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string_view::npos)
-      throw Error(file_label(who, merges_txt) + " " + where + ": " + quoted_text(line) +
+      throw Error(file_label(who, merges_txt) + " " + where + ": " + in_quotes(line) +
                   " is not two tokens separated by one space");
     merges.push_back({std::string(line.substr(0, space)), std::string(line.substr(space + 1)), where});
   }
@@ -299,13 +299,13 @@ void save_gpt2_vocabulary(const BpeVocabulary& v, const std::string& dir) {
   std::unordered_map<std::string, std::size_t> id_of_key;
   for (std::size_t id = 0; id < v.tokens.size(); ++id) {
     if (!special[id] && v.tokens[id].size() > 1 && !made[id])
-      throw Error(who + ": the token of id " + std::to_string(id) + " " + quoted_text(v.tokens[id]) +
+      throw Error(who + ": the token of id " + std::to_string(id) + " " + in_quotes(v.tokens[id]) +
                   " is made by no merge; load_gpt2_vocabulary would read it back as a special token");
     const std::string key = gpt2_printable_from_bytes(v.tokens[id]);
     const auto [it, inserted] = id_of_key.emplace(key, id);
     if (!inserted)
       throw Error(who + ": ids " + std::to_string(it->second) + " and " + std::to_string(id) + " are both " +
-                  quoted_text(v.tokens[id]) + ", which vocab.json cannot hold twice");
+                  in_quotes(v.tokens[id]) + ", which vocab.json cannot hold twice");
     if (id) vocab += ", ";
     vocab += Json(key).dump() + ": " + std::to_string(id);
   }

@@ -87,10 +87,10 @@ struct Saved {
 
 // An operand of the tile products: float32 values, and under a bf16 AutocastGuard their bf16
 // copy (q, k, v and dO are rounded once per call; the tiles of P and dZ on the fly).
-struct TileOperand {
+struct Operand {
   const float* f;
   const std::uint16_t* h = nullptr;
-  TileOperand at(std::size_t offset) const { return {f + offset, h ? h + offset : nullptr}; }
+  Operand at(std::size_t offset) const { return {f + offset, h ? h + offset : nullptr}; }
 };
 
 // The bf16 copy of x when the precision asks for one (else empty).
@@ -100,28 +100,28 @@ blas::Bf16Vector bf16_copy(Precision precision, const Array& x) {
   blas::to_bf16(x.data(), x.size(), h.data());
   return h;
 }
-TileOperand operand(const Array& x, const blas::Bf16Vector& h) { return {x.data(), h.empty() ? nullptr : h.data()}; }
+Operand operand(const Array& x, const blas::Bf16Vector& h) { return {x.data(), h.empty() ? nullptr : h.data()}; }
 
 // C = alpha op(A) op(B) + beta C: sgemm, or gemm_bf16 (fp32 accumulation) when B has bf16 values.
-void product(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, TileOperand a, std::size_t lda,
-             TileOperand b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+void product(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, Operand a, std::size_t lda,
+             Operand b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   if (!b.h) return blas::sgemm(ta, tb, m, n, k, alpha, a.f, lda, b.f, ldb, beta, c, ldc);
   if (a.h) return blas::gemm_bf16(ta, tb, m, n, k, alpha, a.h, lda, b.h, ldb, beta, c, ldc);
   blas::gemm_bf16(ta, tb, m, n, k, alpha, a.f, lda, b.h, ldb, beta, c, ldc);
 }
 
 // Rows t0 .. t0 + nq - 1 of head h of entry b: writes their context into O and their lse.
-void forward_tile(const Dims& d, std::size_t b, std::size_t h, std::size_t t0, float scale, TileOperand Q,
-                  TileOperand K, TileOperand V, float* O, float* lse, const Saved& sv) {
+void forward_tile(const Dims& d, std::size_t b, std::size_t h, std::size_t t0, float scale, Operand Q, Operand K,
+                  Operand V, float* O, float* lse, const Saved& sv) {
   const std::size_t nq = std::min(d.Tq, d.T - t0);
   std::vector<float> z(nq * d.Tk), acc(nq * d.D, 0.f), m(nq, kNegInf), l(nq, 0.f);
   std::vector<std::uint8_t> keep(d.Tk);
   std::vector<std::uint8_t> nan(nq, 0);
-  const TileOperand q = Q.at((b * d.T + t0) * d.C + h * d.D);
+  const Operand q = Q.at((b * d.T + t0) * d.C + h * d.D);
   const std::size_t last = d.end(t0 + nq - 1);  // keys any row of the tile sees
   for (std::size_t s0 = 0; s0 < last; s0 += d.Tk) {
     const std::size_t n = std::min(d.Tk, last - s0);
-    const TileOperand k = K.at((b * d.S + s0) * d.C + h * d.D), v = V.at((b * d.S + s0) * d.C + h * d.D);
+    const Operand k = K.at((b * d.S + s0) * d.C + h * d.D), v = V.at((b * d.S + s0) * d.C + h * d.D);
     product(false, true, nq, n, d.D, scale, q, d.C, k, d.C, 0.f, z.data(), d.Tk);
     for (std::size_t i = 0; i < nq; ++i) {
       float* zi = z.data() + i * d.Tk;
@@ -162,8 +162,8 @@ struct Grads {
 
 // Head h of entry b, every tile: adds its gradients into g (columns hD .. (h+1)D, which no other
 // head writes).
-void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, TileOperand Q, TileOperand K,
-                   TileOperand V, const float* O, TileOperand G, const Saved& sv, const Grads& g) {
+void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Operand Q, Operand K, Operand V,
+                   const float* O, Operand G, const Saved& sv, const Grads& g) {
   std::vector<float> p(d.Tq * d.Tk), dp(d.Tq * d.Tk), pm(sv.dropout ? d.Tq * d.Tk : 0), delta(d.T);
   blas::Bf16Vector dz16(Q.h ? d.Tq * d.Tk : 0);
   std::vector<std::uint8_t> keep(d.Tk);
@@ -208,7 +208,7 @@ void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Til
         product(true, false, n, d.D, nq, 1.f, {pd}, d.Tk, G.at(qo), d.C, 1.f, g.dV + kv, d.C);
       }
       // dZ feeds two products: in bf16 it is rounded once for both
-      TileOperand dz{dp.data()};
+      Operand dz{dp.data()};
       if (K.h && g.dQ && g.dK) {
         blas::to_bf16(dp.data(), nq * d.Tk, dz16.data());
         dz.h = dz16.data();
@@ -236,7 +236,7 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   std::fill(out.begin(), out.end(), 0.f);
   const blas::Bf16Vector qh = bf16_copy(saved->precision, q.value()), kh = bf16_copy(saved->precision, k.value()),
                          vh = bf16_copy(saved->precision, v.value());
-  const TileOperand Q = operand(q.value(), qh), K = operand(k.value(), kh), V = operand(v.value(), vh);
+  const Operand Q = operand(q.value(), qh), K = operand(k.value(), kh), V = operand(v.value(), vh);
   float* O = out.data();
   const std::size_t tiles = (d.T + d.Tq - 1) / d.Tq, tasks = d.B * d.H * tiles;
   if (d.D > 0 && d.S > 0) {
@@ -252,8 +252,8 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
     const Precision precision = saved->precision;
     const blas::Bf16Vector gh = bf16_copy(precision, ctx.grad_out()), qh = bf16_copy(precision, ctx.input(0)),
                            kh = bf16_copy(precision, ctx.input(1)), vh = bf16_copy(precision, ctx.input(2));
-    const TileOperand G = operand(ctx.grad_out(), gh), Q = operand(ctx.input(0), qh), K = operand(ctx.input(1), kh),
-                      V = operand(ctx.input(2), vh);
+    const Operand G = operand(ctx.grad_out(), gh), Q = operand(ctx.input(0), qh), K = operand(ctx.input(1), kh),
+                  V = operand(ctx.input(2), vh);
     const float* O = ctx.output().data();
     // grad_buffer zeroes and accumulates in place, so q, k and v may be one tensor.
     const Grads g{ctx.needs(0) ? ctx.grad_buffer(0).data() : nullptr,
