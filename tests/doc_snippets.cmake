@@ -77,11 +77,12 @@ foreach(page ${XGRAD_DOC_PAGES})
     file(MAKE_DIRECTORY ${XGRAD_SNIPPET_DIR}/run/${id})  # each runs in a folder of its own
     add_test(NAME "doc_snippet: ${page_name}:${line}" COMMAND doc_${id}
              WORKING_DIRECTORY ${XGRAD_SNIPPET_DIR}/run/${id})
-    set_tests_properties("doc_snippet: ${page_name}:${line}" PROPERTIES TIMEOUT 60)
+    # A snippet is a program whose products run under the XGRAD_GEMM it inherits.
+    set_tests_properties("doc_snippet: ${page_name}:${line}" PROPERTIES TIMEOUT 60 LABELS gemm)
     if(NOT distributed EQUAL -1)  # and on two ranks, as the page means it to run
       add_test(NAME "doc_snippet: ${page_name}:${line} (2 ranks)" COMMAND ${XGRAD_MPIRUN} -np 2 $<TARGET_FILE:doc_${id}>
                WORKING_DIRECTORY ${XGRAD_SNIPPET_DIR}/run/${id})
-      set_tests_properties("doc_snippet: ${page_name}:${line} (2 ranks)" PROPERTIES TIMEOUT 120 RUN_SERIAL TRUE
+      set_tests_properties("doc_snippet: ${page_name}:${line} (2 ranks)" PROPERTIES TIMEOUT 120 RUN_SERIAL TRUE LABELS gemm
                           ENVIRONMENT "${XGRAD_MPI_ASAN}")  # see the distributed tests
     endif()
   endwhile()

@@ -61,7 +61,7 @@ TEST_CASE("anomaly guards nest and restore the previous mode, also through excep
   REQUIRE_FALSE(anomaly_enabled());
 }
 
-TEST_CASE("with finite values anomaly mode changes nothing") {
+TEST_CASE("with finite values anomaly mode changes nothing", "[gemm]") {
   Tensor a(Array{{0.5f, -1.f}, {2.f, 0.25f}}, true), b(Array{{1.f, 2.f}, {3.f, 4.f}}, true);
   const Tensor plain = sum(softmax(matmul(a, b)));
   plain.backward();

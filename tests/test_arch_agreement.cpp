@@ -200,7 +200,8 @@ nn::LanguageModelOptions stored_options(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("arch agreement: every architecture gives PyTorch's logits, attention, loss and gradients", "[arch][torch]") {
+TEST_CASE("arch agreement: every architecture gives PyTorch's logits, attention, loss and gradients",
+          "[arch][torch][gemm]") {
   // Every case in the folder is run here, so that one the script adds cannot go untested.
   std::set<std::string> listed(std::begin(kCases), std::end(kCases)), found;
   const std::string suffix = ".expected.safetensors";
@@ -214,7 +215,7 @@ TEST_CASE("arch agreement: every architecture gives PyTorch's logits, attention,
   }
 }
 
-TEST_CASE("arch agreement: the fixtures tell the options apart", "[arch][torch]") {
+TEST_CASE("arch agreement: the fixtures tell the options apart", "[arch][torch][gemm]") {
   // The same weights under options that differ in one field disagree with the fixture's logits,
   // while the stored options agree: a reader that dropped the field would fail above.
   SECTION("rope_theta") {

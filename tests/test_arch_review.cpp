@@ -195,7 +195,7 @@ TEST_CASE("bad input: a learning rate whose group rate passes float32 is refused
 }
 
 TEST_CASE("bad input: positions with an empty KVCache are refused (later steps would turn the keys by others)",
-          "[nn][arch][rotary][cache][bad_input][bug]") {
+          "[nn][arch][rotary][cache][bad_input][bug][gemm]") {
   Generator gen(4);
   const nn::MultiHeadAttention attn(nn::MultiHeadAttentionOptions(8, 2).rotary(true).dropout(0.f), gen);
   const Tensor x(gen.normal({1, 3, 8}, 0.f, 1.f));

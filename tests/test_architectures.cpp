@@ -84,7 +84,7 @@ float max_abs_diff(const Array& a, const Array& b) {
 
 }  // namespace
 
-TEST_CASE("architectures: the loss gradient of every parameter of every variant", "[nn][gradcheck][arch]") {
+TEST_CASE("architectures: the loss gradient of every parameter of every variant", "[nn][gradcheck][arch][gemm]") {
   const IndexArray ids = {{0, 3, 6, 1, 10, 5}, {2, 4, 4, 0, 6, 9}};
   const IndexArray targets = {{3, 6, 1, 10, 5, -100}, {-100, 4, 0, 6, 9, 2}};
   for (const Variant& v : variants()) {
@@ -101,7 +101,7 @@ TEST_CASE("architectures: the loss gradient of every parameter of every variant"
 }
 
 TEST_CASE("architectures: attention gradients with grouped-query heads, QK-norm and RoPE, input included",
-          "[nn][gradcheck][arch]") {
+          "[nn][gradcheck][arch][gemm]") {
   for (std::size_t kv : {4u, 2u, 1u}) {
     INFO("num_kv_heads " << kv);
     Generator gen(70);
@@ -128,7 +128,7 @@ TEST_CASE("architectures: attention gradients with grouped-query heads, QK-norm 
   }
 }
 
-TEST_CASE("architectures: gated feed-forward gradients, with and without biases", "[nn][gradcheck][arch]") {
+TEST_CASE("architectures: gated feed-forward gradients, with and without biases", "[nn][gradcheck][arch][gemm]") {
   for (nn::Activation act : {nn::Activation::swiglu, nn::Activation::geglu, nn::Activation::geglu_tanh}) {
     for (bool bias : {true, false}) {
       INFO("activation " << static_cast<int>(act) << ", bias " << bias);
@@ -144,7 +144,7 @@ TEST_CASE("architectures: gated feed-forward gradients, with and without biases"
   }
 }
 
-TEST_CASE("architectures: a gated feed-forward computes linear2(act(gate(x)) * linear1(x))", "[nn][arch]") {
+TEST_CASE("architectures: a gated feed-forward computes linear2(act(gate(x)) * linear1(x))", "[nn][arch][gemm]") {
   Generator gen(82);
   nn::FeedForward ffn(nn::FeedForwardOptions(6, 10).activation(nn::Activation::swiglu).dropout(0.f), gen);
   const Tensor x = randn({2, 3, 6}, 83);
@@ -155,7 +155,7 @@ TEST_CASE("architectures: a gated feed-forward computes linear2(act(gate(x)) * l
 }
 
 TEST_CASE("architectures: the KV cache holds only the key/value heads and shrinks by the group size",
-          "[nn][arch][cache]") {
+          "[nn][arch][cache][gemm]") {
   std::vector<std::size_t> bytes;
   for (std::size_t kv : {4u, 2u, 1u}) {
     Generator gen(90);
@@ -176,7 +176,7 @@ TEST_CASE("architectures: the KV cache holds only the key/value heads and shrink
 }
 
 TEST_CASE("architectures: cached forwards, one position at a time, give the uncached logits and weights",
-          "[nn][arch][cache]") {
+          "[nn][arch][cache][gemm]") {
   const std::vector<std::int64_t> tokens = {3, 1, 4, 1, 5, 9, 2, 6};
   for (const Variant& v : variants()) {
     INFO(v.name);
@@ -203,7 +203,7 @@ TEST_CASE("architectures: cached forwards, one position at a time, give the unca
 }
 
 TEST_CASE("architectures: in a padded batch each row gets the logits it gets alone, with RoPE too",
-          "[nn][arch][padding]") {
+          "[nn][arch][padding][gemm]") {
   for (const Variant& v : variants()) {
     INFO(v.name);
     Generator gen(92);
@@ -222,7 +222,7 @@ TEST_CASE("architectures: in a padded batch each row gets the logits it gets alo
   }
 }
 
-TEST_CASE("architectures: tied embeddings are one parameter whose gradient sums both uses", "[nn][arch][tied]") {
+TEST_CASE("architectures: tied embeddings are one parameter whose gradient sums both uses", "[nn][arch][tied][gemm]") {
   Generator gen(93);
   nn::LanguageModel tied(base().tie_embeddings(true), gen);
   REQUIRE(tied.head->weight.is_same(tied.tok_emb->weight));
@@ -406,7 +406,8 @@ TEST_CASE("bad input: every architecture option is checked before anything is bu
                     Contains("the KVCache holds keys (1, 3, 8)") && Contains("(keys (B, P, 4))"));
 }
 
-TEST_CASE("architectures: hook points rot_q, rot_k and pre_linear see what the layers compute", "[nn][arch][hooks]") {
+TEST_CASE("architectures: hook points rot_q, rot_k and pre_linear see what the layers compute",
+          "[nn][arch][hooks][gemm]") {
   Generator gen(97);
   nn::LanguageModel lm(nn::LanguageModelOptions::llama_style(11, 16, 4, 1, 2).d_ff(12).max_len(12).dropout(0.f), gen);
   const std::vector<std::string> points = lm.hook_points();
@@ -462,7 +463,7 @@ TEST_CASE("architectures: the weight-decay split of a tied Llama-style model dec
 }
 
 TEST_CASE("architectures: patching one key/value head of grouped-query attention replaces only its columns",
-          "[nn][arch][inspect]") {
+          "[nn][arch][inspect][gemm]") {
   Generator gen(99);
   nn::LanguageModel lm(nn::LanguageModelOptions::llama_style(11, 16, 4, 1, 2).d_ff(12).max_len(12).dropout(0.f), gen);
   NoGradGuard no_grad;

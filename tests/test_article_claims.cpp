@@ -109,7 +109,7 @@ TEST_CASE("activation-memory shares of a small block, worked out by hand") {
   CHECK(measured_attention_weight_bytes(1000, 1000, 1) == 0.0);
 }
 
-TEST_CASE("the memory formula matches the bytes a block's forward keeps") {
+TEST_CASE("the memory formula matches the bytes a block's forward keeps", "[gemm]") {
   if (xgrad::testing::kAddressSanitizer) {
     WARN("not measured: AddressSanitizer's allocator does not report through glibc's mallinfo2");
     return;
@@ -125,7 +125,7 @@ TEST_CASE("the memory formula matches the bytes a block's forward keeps") {
   }
 }
 
-TEST_CASE("the timed steps of a block and of its one-head twin give medians of real steps") {
+TEST_CASE("the timed steps of a block and of its one-head twin give medians of real steps", "[gemm]") {
   StepOptions o;
   o.batch = 2;
   o.seq_len = 16;
@@ -137,7 +137,7 @@ TEST_CASE("the timed steps of a block and of its one-head twin give medians of r
   CHECK(many.forward_backward_ms < 10000);
 }
 
-TEST_CASE("a reduced head-count run is deterministic and learns") {
+TEST_CASE("a reduced head-count run is deterministic and learns", "[gemm]") {
   const HeadsConfig c = tiny_heads();
   validate(c);
   const std::vector<HeadsRun> a = run_head_sweep(c), b = run_head_sweep(c);
@@ -173,7 +173,7 @@ TEST_CASE("impossible head-count settings are refused, naming the option") {
   REQUIRE_THROWS_WITH(validate(c), Catch::Contains("--offsets 8 must be less than --seq-len 8"));
 }
 
-TEST_CASE("article_claims prints its tables and fails well on bad options") {
+TEST_CASE("article_claims prints its tables and fails well on bad options", "[gemm]") {
   TempDir dir("xgrad_article_claims");
   const Outcome heads =
       run(dir, {"heads", "--d-model", "16", "--heads",      "1,2",      "--offsets",       "2",  "--vocab",

@@ -236,31 +236,31 @@ TEST_CASE("attention agreement: the fixture loads and every case has a test", "[
 }
 
 TEST_CASE("attention agreement: nn.MultiheadAttention cross-attention with kdim, vdim, key padding and additive masks",
-          "[torch][attention]") {
+          "[torch][attention][gemm]") {
   run_family(cases(), "torch_mha_", run_layer_case);
 }
 
 TEST_CASE("attention agreement: Pre-Norm and Post-Norm cross-attention (norm on the query only)",
-          "[torch][attention]") {
+          "[torch][attention][gemm]") {
   run_family(cases(), "mirror_", run_layer_case);
 }
 
 TEST_CASE("attention agreement: LanguageModel with a key_padding_mask (left, right, no padding)",
-          "[torch][attention][transformer]") {
+          "[torch][attention][transformer][gemm]") {
   run_family(cases(), "lm_padded_", run_lm_case);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Gradient checks
 
-TEST_CASE("cross-attention gradients with kdim, vdim and a key_padding_mask", "[attention][gradcheck]") {
+TEST_CASE("cross-attention gradients with kdim, vdim and a key_padding_mask", "[attention][gradcheck][gemm]") {
   nn::AttentionMask mask;
   mask.key_padding_mask = cross_padding();
   check_cross_attention(nn::Norm::none, mask, 60);
 }
 
 TEST_CASE("Pre-Norm and Post-Norm cross-attention gradients, and the residual and the norm take the query only",
-          "[attention][gradcheck]") {
+          "[attention][gradcheck][gemm]") {
   nn::AttentionMask mask;
   mask.key_padding_mask = cross_padding();
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
@@ -282,7 +282,7 @@ TEST_CASE("Pre-Norm and Post-Norm cross-attention gradients, and the residual an
 }
 
 TEST_CASE("cross-attention of x over itself is self-attention, except Pre-Norm's keys and values skip the norm",
-          "[attention]") {
+          "[attention][gemm]") {
   nn::AttentionMask mask;
   mask.causal = true;
   mask.key_padding_mask = Mask{{false, false, true}, {false, false, false}};
@@ -305,7 +305,8 @@ TEST_CASE("cross-attention of x over itself is self-attention, except Pre-Norm's
   }
 }
 
-TEST_CASE("additive mask gradients with -inf entries and a query with every key blocked", "[attention][gradcheck]") {
+TEST_CASE("additive mask gradients with -inf entries and a query with every key blocked",
+          "[attention][gradcheck][gemm]") {
   // (T, S): query 1 has no key; the others mix finite offsets and -inf
   const Array additive = {{0.5f, -kInf, 1.25f, -0.75f}, {-kInf, -kInf, -kInf, -kInf}, {-kInf, 2.f, 0.f, -kInf}};
   for (nn::Norm norm : {nn::Norm::none, nn::Norm::pre, nn::Norm::post}) {
@@ -353,7 +354,7 @@ TEST_CASE("additive mask gradients with -inf entries and a query with every key 
   }
 }
 
-TEST_CASE("LanguageModel loss gradients with a key_padding_mask", "[attention][gradcheck][transformer]") {
+TEST_CASE("LanguageModel loss gradients with a key_padding_mask", "[attention][gradcheck][transformer][gemm]") {
   // vocab 7, d_model 8, 2 heads, 2 layers, max_len 6: rows padded on the left, the right, in the middle
   const IndexArray ids = {{0, 0, 3, 6, 1, 5}, {2, 4, 4, 0, 0, 0}, {5, 1, 0, 0, 2, 3}};
   const Mask padding = {{true, true, false, false, false, false},
@@ -375,7 +376,8 @@ TEST_CASE("LanguageModel loss gradients with a key_padding_mask", "[attention][g
 // ---------------------------------------------------------------------------------------------
 // Padded rows against the row alone
 
-TEST_CASE("LanguageModel: a left- or right-padded row gives the logits it gives alone", "[attention][transformer]") {
+TEST_CASE("LanguageModel: a left- or right-padded row gives the logits it gives alone",
+          "[attention][transformer][gemm]") {
   // max_len 8; pad ids are arbitrary tokens, which must not matter
   const std::vector<std::vector<std::int64_t>> rows = {{3, 9, 1, 4, 7}, {2, 2, 8, 5}, {6, 1, 0, 10, 3, 3, 4}};
   const std::size_t T = 7;
@@ -424,7 +426,7 @@ TEST_CASE("LanguageModel: a left- or right-padded row gives the logits it gives 
 }
 
 TEST_CASE("LanguageModel: a mask without padding changes nothing, and a row of only padding stays finite",
-          "[attention][transformer]") {
+          "[attention][transformer][gemm]") {
   const IndexArray ids = {{1, 5, 9, 2, 7, 3}, {4, 4, 0, 8, 6, 10}};
   const IndexArray targets = {{5, 9, 2, 7, 3, 1}, {-100, -100, -100, -100, -100, -100}};
   Mask padding = xt::zeros<bool>(Shape{2, 6});
@@ -473,7 +475,7 @@ struct NamesPlusInf : Catch::MatcherBase<std::string> {
 }  // namespace
 
 TEST_CASE("cross-attention refuses key and value of different lengths or batches, and a key not kdim wide",
-          "[attention][bad]") {
+          "[attention][bad][gemm]") {
   Generator gen(110);
   nn::MultiHeadAttention mha(cross_options(nn::Norm::pre), gen);
   const Tensor q = randn({kB, kT, kC}, 111), k = randn({kB, kS, kKdim}, 112), v = randn({kB, kS, kVdim}, 113);
@@ -502,7 +504,8 @@ TEST_CASE("cross-attention refuses key and value of different lengths or batches
   }
 }
 
-TEST_CASE("an additive mask with NaN or +inf, or of a shape that does not broadcast, is refused", "[attention][bad]") {
+TEST_CASE("an additive mask with NaN or +inf, or of a shape that does not broadcast, is refused",
+          "[attention][bad][gemm]") {
   Generator gen(130);
   nn::MultiHeadAttention cross(cross_options(nn::Norm::none), gen);
   nn::MultiHeadAttention self(nn::MultiHeadAttentionOptions(kC, kH).dropout(0.f).norm(nn::Norm::pre), gen);
@@ -548,7 +551,8 @@ TEST_CASE("an additive mask with NaN or +inf, or of a shape that does not broadc
   }
 }
 
-TEST_CASE("LanguageModel refuses a key_padding_mask whose shape is not the ids'", "[attention][bad][transformer]") {
+TEST_CASE("LanguageModel refuses a key_padding_mask whose shape is not the ids'",
+          "[attention][bad][transformer][gemm]") {
   const auto lm = testing::eval_lm(testing::small_lm(), 140);
   const IndexArray ids = {{1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}};  // (2, 5)
   const IndexArray targets = {{2, 3, 4, 5, -100}, {7, 8, 9, 10, -100}};

@@ -69,7 +69,8 @@ void require_steps_agree(const nn::LanguageModelOptions& tiled, const nn::Langua
 
 }  // namespace
 
-TEST_CASE("a training step with the tiled kernel agrees with the full one, dropout included", "[attention_kernels]") {
+TEST_CASE("a training step with the tiled kernel agrees with the full one, dropout included",
+          "[attention_kernels][gemm]") {
   require_steps_agree(small(AttentionKernel::tiled), small(AttentionKernel::full));
   SECTION("grouped-query attention with rotary positions, Post-Norm, ragged tiles") {
     const auto llama = [](AttentionKernel k) {
@@ -82,7 +83,8 @@ TEST_CASE("a training step with the tiled kernel agrees with the full one, dropo
   }
 }
 
-TEST_CASE("the weights are formed when asked for, and the tiled kernel forms none otherwise", "[attention_kernels]") {
+TEST_CASE("the weights are formed when asked for, and the tiled kernel forms none otherwise",
+          "[attention_kernels][gemm]") {
   Generator gen(4);
   nn::LanguageModel model(small(AttentionKernel::tiled), gen);
   model.eval();
@@ -125,7 +127,7 @@ TEST_CASE("the weights are formed when asked for, and the tiled kernel forms non
 }
 
 TEST_CASE("automatic takes the full kernel below kTiledFromKeys keys and the tiled one from there",
-          "[attention_kernels]") {
+          "[attention_kernels][gemm]") {
   const std::size_t short_T = 40, long_T = nn::kTiledFromKeys;
   for (std::size_t T : {short_T, long_T}) {
     INFO("T " << T);
@@ -144,7 +146,7 @@ TEST_CASE("automatic takes the full kernel below kTiledFromKeys keys and the til
   }
 }
 
-TEST_CASE("cached steps with the tiled kernel give the logits of one full forward", "[attention_kernels]") {
+TEST_CASE("cached steps with the tiled kernel give the logits of one full forward", "[attention_kernels][gemm]") {
   Generator gen(8);
   nn::LanguageModel model(small(AttentionKernel::tiled, 30), gen);
   model.eval();
@@ -163,7 +165,7 @@ TEST_CASE("cached steps with the tiled kernel give the logits of one full forwar
   }
 }
 
-TEST_CASE("a long step with the tiled kernel keeps memory linear in T", "[attention_kernels][memory]") {
+TEST_CASE("a long step with the tiled kernel keeps memory linear in T", "[attention_kernels][memory][gemm]") {
   if (testing::kAddressSanitizer) return;  // its quarantine holds freed memory back
   // One layer, T 4096, 4 heads: the full kernel keeps (1, 4, 4096, 4096) floats, 256 MiB, for the
   // weights, and as much again for dropout's output and the gradients.

@@ -45,7 +45,7 @@ std::vector<std::string> cell_weights(const std::string& dom) {
 
 }  // namespace
 
-TEST_CASE("the attention viewer renders every cell of the chosen layer and head in Chromium") {
+TEST_CASE("the attention viewer renders every cell of the chosen layer and head in Chromium", "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 21);
   const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
   const ActivationCache cache = cache_activations(
@@ -71,7 +71,7 @@ TEST_CASE("the attention viewer renders every cell of the chosen layer and head 
   REQUIRE_THAT(dom, Contains("title=\"昨天 → 我: " + four_decimals(pattern(0, 1, 2, 1)) + "\""));
 }
 
-TEST_CASE("hostile tokens, titles and addresses cannot break the viewer") {
+TEST_CASE("hostile tokens, titles and addresses cannot break the viewer", "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 22);
   const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
   const ActivationCache cache = cache_activations(
@@ -96,7 +96,7 @@ TEST_CASE("hostile tokens, titles and addresses cannot break the viewer") {
   REQUIRE_THAT(dom, Contains("&lt;!--&lt;script&gt;") && Contains("%DATA% &lt;i&gt;title&lt;/i&gt;"));
 }
 
-TEST_CASE("the attention viewer refuses a cache it cannot draw") {
+TEST_CASE("the attention viewer refuses a cache it cannot draw", "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 21);
   const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
   const ActivationCache patterns = cache_activations(
@@ -237,7 +237,7 @@ for (const e of document.querySelectorAll(".legend .bar, #tables td.cell")) {
 
 }  // namespace
 
-TEST_CASE("the viewer's legends and its patching and attribution tables, drawn in Chromium") {
+TEST_CASE("the viewer's legends and its patching and attribution tables, drawn in Chromium", "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 23);
   const IndexArray clean_ids = {{1, 4, 2, 9, 9, 0, 3, 7}}, corrupted_ids = {{1, 4, 6, 9, 9, 0, 3, 7}};
   const Metric metric = logit_difference(7, {3}, {5});
@@ -317,7 +317,7 @@ TEST_CASE("the viewer's legends and its patching and attribution tables, drawn i
   REQUIRE_THAT(text_in(dom, "table-1", "info"), Contains("blocks.1.stream_in · position 3: effect "));
 }
 
-TEST_CASE("the viewer refuses a table it cannot draw, naming it, before building the page") {
+TEST_CASE("the viewer refuses a table it cannot draw, naming it, before building the page", "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 21);
   const IndexArray ids = {{1, 4, 2, 9, 9, 0, 3, 7}};
   const ActivationCache patterns = cache_activations(

@@ -170,7 +170,7 @@ TEST_CASE("max over an empty axis is an error, over another axis of an empty ten
   REQUIRE(x.grad().shape() == Shape{0, 3});
 }
 
-TEST_CASE("matmul with K = 0 gives exact zeros and empty gradients", "[bad_input][ops][empty][matmul]") {
+TEST_CASE("matmul with K = 0 gives exact zeros and empty gradients", "[bad_input][ops][empty][matmul][gemm]") {
   SECTION("(2, 0) @ (0, 3)") {
     Tensor a = empty({2, 0}), b = empty({0, 3});
     Tensor c = matmul(a, b);
@@ -202,7 +202,7 @@ TEST_CASE("matmul with K = 0 gives exact zeros and empty gradients", "[bad_input
 }
 
 TEST_CASE("matmul with M = 0, N = 0 or an empty batch gives an empty result and zero gradients",
-          "[bad_input][ops][empty][matmul]") {
+          "[bad_input][ops][empty][matmul][gemm]") {
   SECTION("M = 0: the right operand's gradient is zero") {
     Tensor a = empty({0, 2}), b = Tensor::ones({2, 3}, true);
     Tensor c = matmul(a, b);
@@ -239,7 +239,7 @@ TEST_CASE("linear names the function and the shapes it cannot combine", "[bad_in
 }
 
 TEST_CASE("linear with in_features 0 gives the bias, and with no rows an empty result",
-          "[bad_input][ops][empty][linear]") {
+          "[bad_input][ops][empty][linear][gemm]") {
   SECTION("in = 0: y is the bias on every row, the weight's gradient is empty") {
     Tensor x = empty({2, 0}), w = empty({3, 0});
     Tensor b = Tensor(Array{1.f, 2.f, 3.f}, true);
@@ -290,7 +290,7 @@ TEST_CASE("attention_weights and attend name the function and the shapes that do
   CHECK_THROWS_WITH(attend(w, Tensor(), 2), Catch::Contains("attend: input is an undefined tensor"));
 }
 
-TEST_CASE("attention over empty sizes gives empty or zero results", "[bad_input][ops][empty][attention]") {
+TEST_CASE("attention over empty sizes gives empty or zero results", "[bad_input][ops][empty][attention][gemm]") {
   SECTION("no keys: every weight row is empty and attend gives zeros") {
     Tensor q = Tensor::ones({2, 3, 4}, true), k = empty({2, 0, 4}), v = empty({2, 0, 4});
     const Tensor w = attention_weights(q, k, 2, 1.f);
@@ -411,7 +411,7 @@ TEST_CASE("0-d tensors: reductions and elementwise ops work, axis ops name rank 
 }
 
 // permute_array walks its index with `for (k = n - 1; k-- > 0;)`, which wraps around for n = 0.
-TEST_CASE("permute of a 0-d tensor with no axes is the identity, not a crash", "[bad_input][ops][bug]") {
+TEST_CASE("permute of a 0-d tensor with no axes is the identity, not a crash", "[bad_input][ops][bug][gemm]") {
   const std::string got = outcome_in_child([] {
     Tensor x = Tensor::scalar(2.5f, true);
     Tensor y = permute(x, {});
@@ -467,7 +467,7 @@ TEST_CASE("Tensor accessors reject bad axes, sizes and hooks on tensors without 
 // =============================================================================================
 // Layers
 
-TEST_CASE("Linear rejects a wrong last dimension, a 0-d input and zero features", "[bad_input][nn][linear]") {
+TEST_CASE("Linear rejects a wrong last dimension, a 0-d input and zero features", "[bad_input][nn][linear][gemm]") {
   Generator gen(1);
   nn::Linear lin(4, 3, true, gen);
   for (const Shape& s : std::vector<Shape>{{2, 5}, {2, 3, 5}, {5}, {4, 1}}) {
@@ -486,7 +486,8 @@ TEST_CASE("Linear rejects a wrong last dimension, a 0-d input and zero features"
   REQUIRE(lin.forward(randn({4}, 4)).shape() == Shape{3});
 }
 
-TEST_CASE("Linear maps an empty batch to an empty batch with zero weight gradients", "[bad_input][nn][linear][empty]") {
+TEST_CASE("Linear maps an empty batch to an empty batch with zero weight gradients",
+          "[bad_input][nn][linear][empty][gemm]") {
   Generator gen(2);
   nn::Linear lin(4, 3, true, gen);
   for (const Shape& s : std::vector<Shape>{{0, 4}, {2, 0, 4}}) {
@@ -585,7 +586,7 @@ TEST_CASE("FeedForward names itself when the input width is wrong", "[bad_input]
                       Contains("FeedForward") && Contains("(2, 3, 5)") && Contains("8"));
 }
 
-TEST_CASE("gate_heads rejects gates of the wrong shape, naming both shapes", "[bad_input][nn][attention]") {
+TEST_CASE("gate_heads rejects gates of the wrong shape, naming both shapes", "[bad_input][nn][attention][gemm]") {
   Generator gen(6);
   nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f), gen);
   const Tensor x = randn({2, 3, 8}, 7);
@@ -600,7 +601,7 @@ TEST_CASE("gate_heads rejects gates of the wrong shape, naming both shapes", "[b
 }
 
 TEST_CASE("MultiHeadAttention rejects a bad dropout and handles empty batches and T = 0",
-          "[bad_input][nn][attention]") {
+          "[bad_input][nn][attention][gemm]") {
   REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(8, 2).dropout(kNaN)),
                       Contains("MultiHeadAttention") && Contains("dropout nan"));
   REQUIRE_THROWS_WITH(nn::MultiHeadAttention(nn::MultiHeadAttentionOptions(8, 2).dropout(-0.5f)),
@@ -649,7 +650,7 @@ TEST_CASE("TransformerBlock rejects bad options, naming the value", "[bad_input]
                       Contains("FeedForward: d_model 8 and d_ff 0 must be positive"));
 }
 
-TEST_CASE("LanguageModel handles an empty batch and rejects bad sizes", "[bad_input][nn][lm]") {
+TEST_CASE("LanguageModel handles an empty batch and rejects bad sizes", "[bad_input][nn][lm][gemm]") {
   Generator gen(10);
   nn::LanguageModel lm(tiny_lm(), gen);
   // B = 0: empty logits, and the mean over no targets is 0
@@ -691,7 +692,7 @@ TEST_CASE("LanguageModel loss names itself for targets of the wrong shape or out
 }
 
 TEST_CASE("generate rejects prompt tokens outside the vocabulary and accepts extreme temperatures",
-          "[bad_input][nn][lm][generate]") {
+          "[bad_input][nn][lm][generate][gemm]") {
   Generator gen(12);
   nn::LanguageModel lm(tiny_lm(), gen);
   REQUIRE_THROWS_WITH(lm.generate({1, 9}, 2), Contains("LanguageModel") && Contains("token id 9"));

@@ -404,7 +404,7 @@ std::vector<Array> matmul_run(const Array& av, const Array& bv, const Array& cv,
 
 }  // namespace
 
-TEST_CASE("linear and matmul under a bf16 guard agree with fp32 to bf16's rounding", "[bf16][ops]") {
+TEST_CASE("linear and matmul under a bf16 guard agree with fp32 to bf16's rounding", "[bf16][ops][gemm]") {
   // every product at least 2^18 multiply-adds, so the hardware path (where there is one) runs them
   const Array x = random_array({3, 40, 96}, 11), w = random_array({80, 96}, 12), bias = random_array({80}, 13);
   const Array seed = random_array({3, 40, 80}, 14);
@@ -435,7 +435,7 @@ TEST_CASE("linear and matmul under a bf16 guard agree with fp32 to bf16's roundi
   }
 }
 
-TEST_CASE("the linear and matmul forwards are the bf16 products of the rounded operands", "[bf16][ops]") {
+TEST_CASE("the linear and matmul forwards are the bf16 products of the rounded operands", "[bf16][ops][gemm]") {
   const Array x = random_array({20, 48}, 21), w = random_array({40, 48}, 22);
   std::vector<float> ref(20 * 40);
   blas::gemm_bf16(false, true, 20, 40, 48, 1.f, x.data(), 48, w.data(), 48, 0.f, ref.data(), 40);
@@ -446,7 +446,7 @@ TEST_CASE("the linear and matmul forwards are the bf16 products of the rounded o
   CHECK(std::vector<float>(z.value().begin(), z.value().end()) == ref);
 }
 
-TEST_CASE("backward runs at the forward's precision, also after the guard closed", "[bf16][ops]") {
+TEST_CASE("backward runs at the forward's precision, also after the guard closed", "[bf16][ops][gemm]") {
   const Array x = random_array({16, 32}, 31), w = random_array({24, 32}, 32), bias = random_array({24}, 33);
   const Array seed = random_array({16, 24}, 34);
   const Array a = random_array({2, 12, 16}, 35), b = random_array({16, 20}, 36), c = random_array({2, 12, 8}, 37);
@@ -487,7 +487,7 @@ TEST_CASE("backward runs at the forward's precision, also after the guard closed
   CHECK_FALSE(same_bits(fp32[1], inside[1]));
 }
 
-TEST_CASE("outside a bf16 guard linear and matmul are fp32 bit for bit", "[bf16][ops]") {
+TEST_CASE("outside a bf16 guard linear and matmul are fp32 bit for bit", "[bf16][ops][gemm]") {
   const Array x = random_array({3, 20, 48}, 41), w = random_array({40, 48}, 42), bias = random_array({40}, 43);
   const Array seed = random_array({3, 20, 40}, 44);
   const Array a = random_array({2, 30, 24}, 45), b = random_array({24, 36}, 46), c = random_array({2, 30, 28}, 47);
@@ -529,7 +529,7 @@ TEST_CASE("outside a bf16 guard linear and matmul are fp32 bit for bit", "[bf16]
   }
 }
 
-TEST_CASE("Optimizer::step refuses inside a bf16 guard and changes nothing", "[bf16][optim]") {
+TEST_CASE("Optimizer::step refuses inside a bf16 guard and changes nothing", "[bf16][optim][gemm]") {
   // two identical parameter sets: one optimizer meets the refusal first, the other never does
   const Array w_init = random_array({4, 3}, 51), v_init = random_array({3}, 52), x = random_array({2, 3}, 53);
   const auto make = [&](Tensor& w, Tensor& v) {
@@ -576,7 +576,7 @@ TEST_CASE("Optimizer::step refuses inside a bf16 guard and changes nothing", "[b
   }
 }
 
-TEST_CASE("a parameter is converted to bf16 once per update", "[bf16][cache]") {
+TEST_CASE("a parameter is converted to bf16 once per update", "[bf16][cache][gemm]") {
   detail::clear_bf16_cache();
   Tensor w(random_array({32, 16}, 61), true), b(random_array({32}, 62), true);
   Tensor m(random_array({16, 8}, 63), true);
@@ -614,7 +614,7 @@ TEST_CASE("a parameter is converted to bf16 once per update", "[bf16][cache]") {
   CHECK(detail::bf16_cache_bytes() <= detail::kBf16CacheBytes);
 }
 
-TEST_CASE("an activation is converted to bf16 once for the products that read it", "[bf16][cache]") {
+TEST_CASE("an activation is converted to bf16 once for the products that read it", "[bf16][cache][gemm]") {
   Tensor x(random_array({6, 16}, 71), true);
   Tensor w1(random_array({8, 16}, 72), true), w2(random_array({8, 16}, 73), true);
   AutocastGuard guard(Precision::bf16);
@@ -638,7 +638,7 @@ TEST_CASE("an activation is converted to bf16 once for the products that read it
   CHECK(std::vector<float>(q2.value().begin(), q2.value().end()) == ref);
 }
 
-TEST_CASE("the bf16 copies are safe from several threads", "[bf16][cache][threads]") {
+TEST_CASE("the bf16 copies are safe from several threads", "[bf16][cache][threads][gemm]") {
   detail::clear_bf16_cache();
   Tensor w(random_array({64, 32}, 81), true);
   const Array x = random_array({8, 32}, 82);
@@ -662,7 +662,7 @@ TEST_CASE("the bf16 copies are safe from several threads", "[bf16][cache][thread
   CHECK(detail::bf16_conversions() >= 1);
 }
 
-TEST_CASE("a small language model trains under bf16 as under fp32", "[bf16][training]") {
+TEST_CASE("a small language model trains under bf16 as under fp32", "[bf16][training][gemm]") {
   const auto train = [](Precision precision) {
     Generator gen(7);
     nn::LanguageModel model(testing::small_lm(), gen);
@@ -708,7 +708,8 @@ TEST_CASE("an unknown XGRAD_BF16 is an Error naming the variable and the value",
   REQUIRE_THROWS_WITH(linear(Tensor::full({1, 1}, 1.f), Tensor::full({1, 1}, 2.f, true)), Contains("XGRAD_BF16"));
 }
 
-TEST_CASE("XGRAD_BF16=hardware runs where the hardware path exists and is an Error elsewhere", "[.bf16_env_hardware]") {
+TEST_CASE("XGRAD_BF16=hardware runs where the hardware path exists and is an Error elsewhere",
+          "[.bf16_env_hardware][gemm]") {
   REQUIRE(std::string(std::getenv("XGRAD_BF16")) == "hardware");
   const float a[4] = {1, 2, 3, 4}, b[4] = {1, 0, 0, 1};
   float c[4] = {};
@@ -747,7 +748,8 @@ TEST_CASE("on a CPU without bf16 hardware the products are emulated, said once",
   CHECK(c == ref);  // exactly the rounded operands through sgemm
 }
 
-TEST_CASE("linear_activation under a bf16 guard takes linear's bf16 products, then the activation", "[bf16][ops]") {
+TEST_CASE("linear_activation under a bf16 guard takes linear's bf16 products, then the activation",
+          "[bf16][ops][gemm]") {
   const Array x = random_array({4, 64, 96}, 31), w = random_array({80, 96}, 32), bias = random_array({80}, 33);
   for (LinearActivation a : {LinearActivation::relu, LinearActivation::gelu, LinearActivation::gelu_tanh}) {
     CAPTURE(static_cast<int>(a));
@@ -767,7 +769,8 @@ TEST_CASE("linear_activation under a bf16 guard takes linear's bf16 products, th
   }
 }
 
-TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and backward", "[bf16][ops][flash_attention]") {
+TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and backward",
+          "[bf16][ops][flash_attention][gemm]") {
   // tiles of 128 x 128 x 64 multiply-adds: 2^20, which the hardware path takes
   const Array q = random_array({2, 128, 128}, 41), k = random_array({2, 128, 128}, 42),
               v = random_array({2, 128, 128}, 43);
@@ -838,7 +841,7 @@ TEST_CASE("gemm_bf16_batched is each product's gemm_bf16, in one oneDNN call whe
 }
 
 TEST_CASE("attention_weights, attention_scores and attend follow a bf16 guard, forward and backward",
-          "[bf16][ops][attention]") {
+          "[bf16][ops][attention][gemm]") {
   // heads of 32 x 32 x 32 multiply-adds (2^15): the batched primitive's range
   const Array q = random_array({2, 32, 64}, 61), k = random_array({2, 32, 64}, 62), v = random_array({2, 32, 64}, 63);
   const Array seed = random_array({2, 32, 64}, 64), scores_seed = random_array({2, 2, 32, 32}, 65);

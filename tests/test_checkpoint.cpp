@@ -282,7 +282,7 @@ TEST_CASE("save_safetensors rejects duplicate and reserved names", "[checkpoint]
 // Model + optimizer checkpoints
 // ----------------------------------------------------------------------------------------------
 
-TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]") {
+TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint][gemm]") {
   TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("lm.safetensors");
 
@@ -340,7 +340,8 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
 
 // Checkpoints written while a block's feed-forward norm was its own child, "blocks.N.ffn_norm",
 // before it moved into the feed-forward residual sublayer as "blocks.N.ffn.norm".
-TEST_CASE("a checkpoint with the names from before the ffn.norm rename loads and resumes exactly", "[checkpoint]") {
+TEST_CASE("a checkpoint with the names from before the ffn.norm rename loads and resumes exactly",
+          "[checkpoint][gemm]") {
   TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("old.safetensors");
   auto old_name = [](std::string n) {
@@ -906,7 +907,8 @@ TEST_CASE("nn::load_state_dict copies values and does not alias the state", "[ch
 // Namespaces, formats, buffers, strict(false), stored model options
 // ----------------------------------------------------------------------------------------------
 
-TEST_CASE("a module with a child named optimizer round-trips with its optimizer's state and buffers", "[checkpoint]") {
+TEST_CASE("a module with a child named optimizer round-trips with its optimizer's state and buffers",
+          "[checkpoint][gemm]") {
   TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("child.safetensors");
   Generator gen_a(21), gen_b(22);
@@ -993,7 +995,7 @@ TEST_CASE("a format-1 checkpoint (optimizer.<name>, no marker, no options) still
   require_params_equal(*loaded.model, want);
 }
 
-TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every field", "[checkpoint]") {
+TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every field", "[checkpoint][gemm]") {
   TempDir dir("xgrad_ckpt");
   const nn::LanguageModelOptions o = nn::LanguageModelOptions(13, 12, 3, 2)
                                          .d_ff(20)
@@ -1239,7 +1241,7 @@ TEST_CASE("save_checkpoint refuses names and metadata that are not UTF-8, naming
 TEST_CASE(
     "load_language_model sizes the model from the options exactly: a long sinusoidal table loads and a tampered count "
     "is refused before building",
-    "[checkpoint][bad_input][bug]") {
+    "[checkpoint][bad_input][bug][gemm]") {
   TempDir dir("xgrad_ckpt");
   // The size the check computes is the state the model saves, for every placement and positional kind.
   for (const nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {

@@ -178,7 +178,7 @@ std::vector<std::string> leftovers(const std::string& dir, const std::string& ba
 }  // namespace
 
 TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the new one and never a mix",
-          "[checkpoint][crash]") {
+          "[checkpoint][crash][gemm]") {
   const auto test_start = Clock::now();
   TempDir dir("xgrad_crash");
   const std::string base = "ckpt.safetensors";

@@ -107,7 +107,7 @@ TEST_CASE("the corpus holds the sentence's words, and sentences encode and decod
   REQUIRE(b.targets(0, 6) == Vocabulary::kEos);
 }
 
-TEST_CASE("a short training run brings the held-out loss well below the unigram baseline") {
+TEST_CASE("a short training run brings the held-out loss well below the unigram baseline", "[gemm]") {
   const TrainResult r = train(short_run(200), builtin_corpus());
   INFO("held-out " << r.losses.held_out << ", untrained " << r.losses.held_out_before << ", unigram "
                    << r.losses.unigram);
@@ -116,7 +116,7 @@ TEST_CASE("a short training run brings the held-out loss well below the unigram 
   REQUIRE(r.losses.held_out < 0.4 * r.losses.unigram);  // measured: 1.306 against 3.697
 }
 
-TEST_CASE("the same seed gives the same bits, another seed other weights") {
+TEST_CASE("the same seed gives the same bits, another seed other weights", "[gemm]") {
   const CorpusSplit corpus = builtin_corpus();
   const TrainResult a = train(short_run(30), corpus), b = train(short_run(30), corpus);
   TrainOptions other = short_run(30);
@@ -136,7 +136,7 @@ TEST_CASE("the same seed gives the same bits, another seed other weights") {
   REQUIRE(a.step_losses != c.step_losses);
 }
 
-TEST_CASE("the attention rows over the sentence are causal distributions") {
+TEST_CASE("the attention rows over the sentence are causal distributions", "[gemm]") {
   const TrainResult r = train(short_run(40), builtin_corpus());
   // Trained, not as initialized: every norm weight has left 1 and every bias 0 (the inspection
   // tests run on such models, so that a norm or bias applied twice or not at all shows).
@@ -264,7 +264,7 @@ std::size_t characters(const std::string& s) {
 
 }  // namespace
 
-TEST_CASE("the pictures of the sentence draw its Chinese characters in Chromium") {
+TEST_CASE("the pictures of the sentence draw its Chinese characters in Chromium", "[gemm]") {
   // The heatmap the example writes for layer 0 head 0, from a trained model, and the same picture
   // with every Chinese label replaced by as many U+10FFFD (a private-use code point no font
   // covers: the missing-glyph box). With no CJK font, Chromium draws every Chinese character as

@@ -203,7 +203,7 @@ TEST_CASE("DataParallel starts every rank from rank 0's weights", "[distributed]
   }
 }
 
-TEST_CASE("after backward every gradient is the mean over ranks: the full batch's gradient", "[distributed]") {
+TEST_CASE("after backward every gradient is the mean over ranks: the full batch's gradient", "[distributed][gemm]") {
   Generator g(7);
   nn::LanguageModel model(lm_options(), g);
   Generator g_ref(7);
@@ -237,7 +237,7 @@ TEST_CASE("after backward every gradient is the mean over ranks: the full batch'
   for (std::size_t k = 0; k < a.size(); ++k) REQUIRE(a.data()[k] == Approx(b.data()[k]).margin(4e-6).epsilon(1e-4));
 }
 
-TEST_CASE("parameters stay bit-identical on every rank through clipped AdamW steps", "[distributed]") {
+TEST_CASE("parameters stay bit-identical on every rank through clipped AdamW steps", "[distributed][gemm]") {
   Generator g(11);
   nn::LanguageModel model(lm_options().dropout(0.1f), g);  // dropout differs per rank
   DataParallel ddp(model, group());
@@ -256,7 +256,8 @@ TEST_CASE("parameters stay bit-identical on every rank through clipped AdamW ste
   }
 }
 
-TEST_CASE("a parameter used on some ranks only gets the mean, and one used nowhere gets no gradient", "[distributed]") {
+TEST_CASE("a parameter used on some ranks only gets the mean, and one used nowhere gets no gradient",
+          "[distributed][gemm]") {
   struct Two : nn::Module {
     explicit Two(Generator& g)
         : a(std::make_shared<nn::Linear>(3, 2, true, g)),
@@ -304,7 +305,7 @@ TEST_CASE("DataParallel refuses a bucket smaller than one float", "[distributed]
                       Catch::Contains("bucket_bytes 2"));
 }
 
-TEST_CASE("a backward that fails midway leaves the next one correct", "[distributed]") {
+TEST_CASE("a backward that fails midway leaves the next one correct", "[distributed][gemm]") {
   Generator g(3);
   Chain m(g);
   DataParallel ddp(m, group(), DataParallelOptions().bucket_bytes(16));  // a bucket per tensor
@@ -325,7 +326,7 @@ TEST_CASE("a backward that fails midway leaves the next one correct", "[distribu
 }
 
 TEST_CASE("a tensor registered under two names (tied weights) is averaged once, as the sum of both uses",
-          "[distributed]") {
+          "[distributed][gemm]") {
   struct Tied : nn::Module {
     explicit Tied(Generator& g) : shared(std::make_shared<nn::Linear>(3, 3, true, g)) {
       register_module("enc", shared);
@@ -351,7 +352,7 @@ TEST_CASE("a tensor registered under two names (tied weights) is averaged once, 
 }
 
 TEST_CASE("a backward on a second thread while one is under way is refused, and the first is still right",
-          "[distributed][bad_input]") {
+          "[distributed][bad_input][gemm]") {
   Generator g(3);
   Chain m(g);
   DataParallel ddp(m, group(), DataParallelOptions().bucket_bytes(16));

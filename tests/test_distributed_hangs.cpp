@@ -67,7 +67,7 @@ pid_t read_pid(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("a job whose ranks agree ends 0, and a rank waiting for a late one sleeps", "[distributed]") {
+TEST_CASE("a job whose ranks agree ends 0, and a rank waiting for a late one sleeps", "[distributed][gemm]") {
   TempDir dir("xgrad_job_ok");
   const Outcome o = job(dir, "ok", "60");
   INFO(o);
@@ -81,7 +81,7 @@ TEST_CASE("a job whose ranks agree ends 0, and a rank waiting for a late one sle
 }
 
 TEST_CASE("a rank that returns non-zero from main while another is in a reduction ends the job at once",
-          "[distributed][bad_input]") {
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_job_return");
   const Outcome o = job(dir, "return-error", "60");
   require_failed(o);
@@ -90,7 +90,7 @@ TEST_CASE("a rank that returns non-zero from main while another is in a reductio
 }
 
 TEST_CASE("a rank that throws out of main while another is in a reduction ends the job at once",
-          "[distributed][bad_input]") {
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_job_throw");
   const Outcome o = job(dir, "throw", "60");
   require_failed(o);
@@ -100,7 +100,7 @@ TEST_CASE("a rank that throws out of main while another is in a reduction ends t
 TEST_CASE(
     "a stopped rank ends the job by the timeout, naming the rank, the bucket and the wait, and the other sleeps "
     "meanwhile",
-    "[distributed][bad_input]") {
+    "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_job_stop");
   Outcome o;
   std::thread launcher([&] { o = job(dir, "stop", "2"); });
@@ -131,7 +131,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a rank late past the timeout for a blocking collective ends the job naming the call and the wait",
-          "[distributed][bad_input]") {
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_job_late");
   const Outcome o = job(dir, "late", "2");
   require_failed(o);
@@ -144,7 +144,7 @@ TEST_CASE("a rank late past the timeout for a blocking collective ends the job n
 }
 
 TEST_CASE("ranks that run different numbers of backward passes per step end the job naming both calls",
-          "[distributed][bad_input]") {
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_job_passes");
   const Outcome o = job(dir, "uneven-passes", "60");
   require_failed(o);
@@ -153,7 +153,8 @@ TEST_CASE("ranks that run different numbers of backward passes per step end the 
                           Catch::Contains("rank 1 is in allreduce_sum (double) while rank 0 is in iallreduce_sum"));
 }
 
-TEST_CASE("a rank that leaves main while another still reduces ends the job naming both", "[distributed][bad_input]") {
+TEST_CASE("a rank that leaves main while another still reduces ends the job naming both",
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_job_exit");
   const Outcome o = job(dir, "uneven-exit", "60");
   require_failed(o);
@@ -161,7 +162,8 @@ TEST_CASE("a rank that leaves main while another still reduces ends the job nami
                           Catch::Contains("rank 1 is leaving the program while rank 0 is in iallreduce_sum"));
 }
 
-TEST_CASE("a DataParallel built on one rank only ends the job naming what each rank does", "[distributed][bad_input]") {
+TEST_CASE("a DataParallel built on one rank only ends the job naming what each rank does",
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_job_ddp");
   const Outcome o = job(dir, "ddp-one-rank", "60");
   require_failed(o);
@@ -175,7 +177,7 @@ TEST_CASE("a DataParallel built on one rank only ends the job naming what each r
 }
 
 TEST_CASE("an XGRAD_DIST_TIMEOUT that is not a number of seconds > 0 is refused naming it",
-          "[distributed][bad_input]") {
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_job_env");
   const Outcome o = job(dir, "ok", "abc");
   INFO(o);

@@ -155,7 +155,7 @@ pid_t find_rank(int rank, const std::string& marker) {
 
 }  // namespace
 
-TEST_CASE("two ranks follow one process's trajectory on the same global batch", "[distributed]") {
+TEST_CASE("two ranks follow one process's trajectory on the same global batch", "[distributed][gemm]") {
   TempDir dir("xgrad_ddp_equal");
   const std::vector<std::string> args = small({"--steps", "100", "--warmup", "10", "--eval-interval", "20"});
   require_ok(run_program(dir, kTrainLm, concat(args, {"--out", "one"}), mpi_limits()));
@@ -177,7 +177,7 @@ TEST_CASE("two ranks follow one process's trajectory on the same global batch", 
   REQUIRE(over_tcp <= 1e-4);
 }
 
-TEST_CASE("two ranks follow one process through a trained BPE and through a token file", "[distributed]") {
+TEST_CASE("two ranks follow one process through a trained BPE and through a token file", "[distributed][gemm]") {
   TempDir dir("xgrad_ddp_text");
   // Every rank trains the same BPE on the same text (the ranks' settings include its identity).
   const std::vector<std::string> bpe = small({"--steps", "30", "--warmup", "3", "--train-tokenizer", "300"});
@@ -197,7 +197,7 @@ TEST_CASE("two ranks follow one process through a trained BPE and through a toke
   REQUIRE(max_relative_difference(read_log(dir.file("t2/log.csv")), read_log(dir.file("t1/log.csv"))) <= 1e-4);
 }
 
-TEST_CASE("a checkpoint written by one process resumes on two, and one of two on one", "[distributed]") {
+TEST_CASE("a checkpoint written by one process resumes on two, and one of two on one", "[distributed][gemm]") {
   TempDir dir("xgrad_ddp_resume");
   const std::string single = dir.file("single.safetensors");
   require_ok(run_program(dir, kTrainLm, concat(small({"--steps", "10", "--warmup", "5"}), {"--checkpoint", single}),
@@ -213,7 +213,7 @@ TEST_CASE("a checkpoint written by one process resumes on two, and one of two on
   REQUIRE_THAT(down.out, Catch::Contains("resuming at step 20"));
 }
 
-TEST_CASE("ranks that disagree fail at start-up with one clear message", "[distributed][bad_input]") {
+TEST_CASE("ranks that disagree fail at start-up with one clear message", "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_ddp_disagree");
   // Open MPI's MPMD form: rank 0 and rank 1 get different command lines.
   std::vector<std::string> a = {"--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "1", kTrainLm};
@@ -235,7 +235,7 @@ TEST_CASE("ranks that disagree fail at start-up with one clear message", "[distr
 }
 
 TEST_CASE("an option that picks another path on one rank only is refused on every rank, naming it",
-          "[distributed][bad_input]") {
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_ddp_paths");
   const std::vector<std::string> base = small({"--steps", "5", "--warmup", "1"});
   // Open MPI's MPMD form: rank 0 and rank 1 get different command lines.
@@ -277,7 +277,7 @@ TEST_CASE("an option that picks another path on one rank only is refused on ever
 }
 
 TEST_CASE("a rank that dies or throws ends the job naming it, and the checkpoint loads and resumes bit-exactly",
-          "[distributed][bad_input]") {
+          "[distributed][bad_input][gemm]") {
   TempDir dir("xgrad_ddp_fault");
   const std::string ck = dir.file("ck.safetensors"), straight = dir.file("straight.safetensors");
   const std::vector<std::string> args =

@@ -75,7 +75,7 @@ TEST_CASE("binary ops reject shapes that do not broadcast, naming the op and bot
 }
 
 TEST_CASE("matmul rejects mismatched inner dimensions, 1-D operands and batch axes that do not broadcast",
-          "[errors][matmul]") {
+          "[errors][matmul][gemm]") {
   SECTION("inner dimensions") {
     Tensor a = filled({2, 3});
     Tensor b = filled({4, 5});
@@ -321,7 +321,7 @@ TEST_CASE("Tensor::grad() before any backward raises an error naming the tensor"
 }
 
 TEST_CASE("after an exception inside an op the engine still records and backpropagates correctly",
-          "[errors][recovery]") {
+          "[errors][recovery][gemm]") {
   Tensor x(Array{1.f, 2.f, 3.f}, true);
   Tensor w(Array{{1.f, 0.f, -1.f}, {2.f, 1.f, 0.f}}, true);  // (2, 3)
   const std::size_t before = tape_size();

@@ -86,7 +86,7 @@ xgrad::SafetensorsContents checkpoint_with(const std::string& path, const std::s
 
 }  // namespace
 
-TEST_CASE("counts that wrap around are refused, naming the flag", "[examples][bad_input]") {
+TEST_CASE("counts that wrap around are refused, naming the flag", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_counts");
   require_fails(run(dir, "train_lm", {"--steps", "-5"}), 2, {"--steps", "'-5'"});
   require_fails(run(dir, "train_lm", {"--layers", "-1"}), 2, {"--layers", "'-1'"});
@@ -104,7 +104,7 @@ TEST_CASE("counts that wrap around are refused, naming the flag", "[examples][ba
 }
 
 // Every program takes --threads (default 1) through one option (examples/common/cli.hpp).
-TEST_CASE("every example takes --threads and refuses 0 and -1", "[examples][bad_input]") {
+TEST_CASE("every example takes --threads and refuses 0 and -1", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_threads");
   for (const char* program : {"train_lm", "head_specialization", "gradient_flow", "seed_walkthrough", "spirals"}) {
     INFO(program);
@@ -114,7 +114,8 @@ TEST_CASE("every example takes --threads and refuses 0 and -1", "[examples][bad_
 }
 
 // Every training program takes --precision fp32|bf16 through one option (examples/common/cli.hpp).
-TEST_CASE("every training example refuses an unknown --precision, naming the flag", "[examples][bad_input][bf16]") {
+TEST_CASE("every training example refuses an unknown --precision, naming the flag",
+          "[examples][bad_input][bf16][gemm]") {
   TempDir dir("xgrad_fail_precision");
   for (const char* program : {"train_lm", "head_specialization"}) {
     INFO(program);
@@ -123,14 +124,14 @@ TEST_CASE("every training example refuses an unknown --precision, naming the fla
   }
 }
 
-TEST_CASE("a leading zero is decimal, not octal", "[examples][bad_input]") {
+TEST_CASE("a leading zero is decimal, not octal", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_octal");
   // With CLI11 alone "010" is 8: the refusal names 10 steps.
   require_fails(run(dir, "train_lm", {"--steps", "010", "--warmup", "20"}), 2,
                 {"--warmup 20 must be fewer than the 10 steps"});
 }
 
-TEST_CASE("reals that are not finite are refused", "[examples][bad_input]") {
+TEST_CASE("reals that are not finite are refused", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_reals");
   require_fails(run(dir, "spirals", {"--lr", "nan"}), 2, {"--lr", "'nan'"});
   require_fails(run(dir, "train_lm", {"--lr", "inf"}), 2, {"--lr", "finite"});
@@ -139,7 +140,7 @@ TEST_CASE("reals that are not finite are refused", "[examples][bad_input]") {
   require_fails(run(dir, "gradient_flow", {"--lr", "0", "--train"}), 2, {"--lr"});
 }
 
-TEST_CASE("sizes that cannot fit in memory are refused before allocating", "[examples][bad_input]") {
+TEST_CASE("sizes that cannot fit in memory are refused before allocating", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_memory");
   Limits quick;
   quick.seconds = 10;
@@ -151,7 +152,7 @@ TEST_CASE("sizes that cannot fit in memory are refused before allocating", "[exa
   require_fails(run(dir, "train_lm", {"--text-bytes", "2147483648"}, quick), 2, {"--text-bytes", "outside"});
 }
 
-TEST_CASE("one warm-up rule in every example", "[examples][bad_input]") {
+TEST_CASE("one warm-up rule in every example", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_warmup");
   require_fails(run(dir, "train_lm", {"--steps", "50", "--warmup", "50"}), 2,
                 {"--warmup 50 must be fewer than the 50 steps"});
@@ -161,7 +162,7 @@ TEST_CASE("one warm-up rule in every example", "[examples][bad_input]") {
                 {"--warmup 50 must be fewer than the 50 steps"});
 }
 
-TEST_CASE("train_lm --eval-interval 0 validates at the end only", "[examples][bug]") {
+TEST_CASE("train_lm --eval-interval 0 validates at the end only", "[examples][bug][gemm]") {
   TempDir dir("xgrad_fail_eval0");
   const Outcome o = run(dir, "train_lm", tiny({"--steps", "10", "--warmup", "1", "--eval-interval", "0"}));
   INFO(o);
@@ -186,7 +187,7 @@ TEST_CASE("train_lm --eval-interval 0 validates at the end only", "[examples][bu
   REQUIRE(validated == 1);
 }
 
-TEST_CASE("outputs that cannot be written are refused before the work starts", "[examples][bad_input]") {
+TEST_CASE("outputs that cannot be written are refused before the work starts", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_outputs");
   write_bytes(dir.file("plain"), "a file, not a folder");
   const std::string under_file = dir.file("plain/sub");  // fails for root too: ENOTDIR
@@ -209,7 +210,7 @@ TEST_CASE("outputs that cannot be written are refused before the work starts", "
   require_fails(run(dir, "train_lm", tiny({"--checkpoint", dir.path})), 2, {"--checkpoint", "Is a directory"});
 }
 
-TEST_CASE("a full disk under --out is reported with the OS error", "[examples][bad_input]") {
+TEST_CASE("a full disk under --out is reported with the OS error", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_disk");
   Limits full;
   full.file_size = 300;  // bytes: the log of 40 steps is longer
@@ -222,7 +223,7 @@ TEST_CASE("a full disk under --out is reported with the OS error", "[examples][b
   REQUIRE(log.back() == '\n');
 }
 
-TEST_CASE("a text path that is not a regular file is named as such", "[examples][bad_input]") {
+TEST_CASE("a text path that is not a regular file is named as such", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_text");
   require_fails(run(dir, "train_lm", tiny({dir.path})), 2, {"is a folder"});
   require_fails(run(dir, "train_lm", tiny({"/dev/zero"})), 2, {"/dev/zero", "not a regular file"});
@@ -231,7 +232,8 @@ TEST_CASE("a text path that is not a regular file is named as such", "[examples]
   require_fails(run(dir, "train_lm", tiny({dir.file("short.txt")})), 2, {"too short"});
 }
 
-TEST_CASE("a NaN loss stops training naming the step, and the last checkpoint stays good", "[examples][bad_input]") {
+TEST_CASE("a NaN loss stops training naming the step, and the last checkpoint stays good",
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_nan");
   const std::string ck = dir.file("ck.safetensors");
   const Outcome o = run(dir, "train_lm",
@@ -258,7 +260,7 @@ TEST_CASE("a NaN loss stops training naming the step, and the last checkpoint st
   require_fails(a, 1, {"train_lm: error: step ", ": anomaly: ", "produced"});
 }
 
-TEST_CASE("checkpoints that are not what they claim are refused with clear messages", "[examples][bad_input]") {
+TEST_CASE("checkpoints that are not what they claim are refused with clear messages", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_checkpoint");
   const std::string ck = trained_checkpoint(dir, "6");
   const std::string good = read_bytes(ck);
@@ -303,7 +305,8 @@ TEST_CASE("checkpoints that are not what they claim are refused with clear messa
   REQUIRE(read_bytes(ck) == good);
 }
 
-TEST_CASE("train_lm --resume names what differs, refuses other data, and may extend --steps", "[examples][bad_input]") {
+TEST_CASE("train_lm --resume names what differs, refuses other data, and may extend --steps",
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_resume");
   write_bytes(dir.file("a.txt"), std::string(30000, 'a') + std::string(30000, 'b'));
   write_bytes(dir.file("b.txt"), std::string(30000, 'b') + std::string(30000, 'a'));
@@ -348,7 +351,7 @@ TEST_CASE("train_lm --resume names what differs, refuses other data, and may ext
   REQUIRE(xgrad::load_safetensors(ck).metadata.at("schedule_steps") == "6");
 }
 
-TEST_CASE("stale temporaries of a killed save are removed on the next load", "[examples][bad_input]") {
+TEST_CASE("stale temporaries of a killed save are removed on the next load", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_stale");
   const std::string ck = trained_checkpoint(dir, "3");
   const std::string stale = ck + ".tmp." + std::to_string(dead_pid());
@@ -359,7 +362,8 @@ TEST_CASE("stale temporaries of a killed save are removed on the next load", "[e
   REQUIRE_FALSE(std::filesystem::exists(stale));
 }
 
-TEST_CASE("train_lm --sample --import gpt2 samples from a GPT-2-layout checkpoint as the library does", "[examples]") {
+TEST_CASE("train_lm --sample --import gpt2 samples from a GPT-2-layout checkpoint as the library does",
+          "[examples][gemm]") {
   TempDir dir("xgrad_import_sample");
   const std::string prompt = "Hi";
   for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"}) {
@@ -382,7 +386,7 @@ TEST_CASE("train_lm --sample --import gpt2 samples from a GPT-2-layout checkpoin
   }
 }
 
-TEST_CASE("train_lm --import: bad usage and unusable files are refused in one line", "[examples][bad_input]") {
+TEST_CASE("train_lm --import: bad usage and unusable files are refused in one line", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_import_fail");
   const std::string gpt2 = xgrad::testing::fixture_path("import_gpt2.safetensors");
   auto sample = [&](const std::string& path, std::vector<std::string> more) {
@@ -419,7 +423,7 @@ TEST_CASE("train_lm --import: bad usage and unusable files are refused in one li
 }
 
 TEST_CASE("train_lm stores the model options in every checkpoint and refuses flags that contradict them",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_fail_options");
   const std::string ck = trained_checkpoint(dir, "3");
   const std::string good = read_bytes(ck);

@@ -133,7 +133,7 @@ bool wait_for(F ready) {
 
 }  // namespace
 
-TEST_CASE("every program: a usage error exits 2 with a first line naming the program", "[examples][bad_input]") {
+TEST_CASE("every program: a usage error exits 2 with a first line naming the program", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_usage");
   for (const std::string& program : kPrograms) {
     INFO(program);
@@ -160,7 +160,7 @@ TEST_CASE("every program: a usage error exits 2 with a first line naming the pro
 
 #ifdef XGRAD_BENCH_DIR
 TEST_CASE("bench_train_step --precision bf16 says so in its JSON, and fp16 is refused naming the flag",
-          "[examples][bad_input][bf16]") {
+          "[examples][bad_input][bf16][gemm]") {
   TempDir dir("xgrad_runs_bench_precision");
   const std::string path = std::string(XGRAD_BENCH_DIR) + "/bench_train_step";
   const Outcome bad = xgrad::testing::run_program(dir, path, {"--precision", "fp16"});
@@ -181,7 +181,7 @@ TEST_CASE("bench_train_step --precision bf16 says so in its JSON, and fp16 is re
 }
 #endif
 
-TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "[examples][bad_input]") {
+TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_reals");
   struct Case {
     std::string program;
@@ -220,7 +220,7 @@ TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "
 }
 
 TEST_CASE("an output that is an input or another output is refused before the work, naming both",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_same");
   const std::string text(30000, 'a');
   write_bytes(dir.file("same.txt"), text);
@@ -289,7 +289,7 @@ TEST_CASE("an output that is an input or another output is refused before the wo
 }
 
 TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file and the holder's pid",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_lock");
   const std::string ck = dir.file("ck.safetensors");
   const pid_t first = start(dir, "train_lm", tiny({"--steps", "10000000", "--checkpoint", ck}), "first");
@@ -328,7 +328,7 @@ TEST_CASE("train_lm: a second writer of a checkpoint is refused naming the file 
 }
 
 TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its checkpoint, log and plot",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_sigterm");
   const std::string ck = dir.file("ck.safetensors"), log = dir.file("train_lm_out/log.csv");
   for (const int sig : {SIGTERM, SIGINT}) {
@@ -369,7 +369,7 @@ TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its che
 }
 
 TEST_CASE("train_lm: a stop signal in the middle of the matrix products leaves the heap whole",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   // The default model's products are large enough for oneDNN's kernels (when xgrad has them):
   // a handler frame on the thread's stack corrupted the heap under them in 4 stops of 6.
   TempDir dir("xgrad_runs_stop_heap");
@@ -396,7 +396,8 @@ TEST_CASE("train_lm: a stop signal in the middle of the matrix products leaves t
   }
 }
 
-TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of another mode", "[examples][bad_input]") {
+TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of another mode",
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_modes");
   const std::string ck = dir.file("ck.safetensors");
   require_ok(run(dir, "train_lm", tiny({"--steps", "3", "--checkpoint", ck})));
@@ -427,7 +428,7 @@ TEST_CASE("a mode flag refuses a value or a mix that means nothing, instead of a
 }
 
 TEST_CASE("an empty value of a file name, layout or prompt flag is refused instead of meaning its default",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_empty_values");
   const std::string ck = dir.file("ck.safetensors");
   require_ok(run(dir, "train_lm", tiny({"--steps", "2", "--checkpoint", ck, "--out", "first"})));
@@ -460,7 +461,7 @@ TEST_CASE("an empty value of a file name, layout or prompt flag is refused inste
   REQUIRE(read_bytes(ck) == saved);
 }
 
-TEST_CASE("every size flag is refused before it is allocated when it cannot fit", "[examples][bad_input]") {
+TEST_CASE("every size flag is refused before it is allocated when it cannot fit", "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_memory");
   Limits quick;
   quick.seconds = 20;
@@ -486,7 +487,8 @@ TEST_CASE("every size flag is refused before it is allocated when it cannot fit"
                 {"the losses of --steps 100000000 needs about"});
 }
 
-TEST_CASE("train_lm: a text file whose name is not UTF-8 trains and saves, the name escaped", "[examples][bad_input]") {
+TEST_CASE("train_lm: a text file whose name is not UTF-8 trains and saves, the name escaped",
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_utf8");
   const std::string name = "t\xff\xfe.txt";
   std::string text;
@@ -502,7 +504,7 @@ TEST_CASE("train_lm: a text file whose name is not UTF-8 trains and saves, the n
 }
 
 TEST_CASE("train_lm: log.csv is written as the steps go, and --resume appends after the checkpoint's step",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_log");
   const std::string ck = dir.file("ck.safetensors"), log = dir.file("train_lm_out/log.csv");
 
@@ -538,7 +540,7 @@ TEST_CASE("train_lm: log.csv is written as the steps go, and --resume appends af
 }
 
 TEST_CASE("train_lm: after a NaN stop the message says which step the checkpoint holds, and it is so",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_nan");
   const std::string ck = dir.file("ck.safetensors");
   const std::vector<std::string> exploding = tiny({"--lr", "100", "--clip", "0", "--steps", "60", "--checkpoint", ck,

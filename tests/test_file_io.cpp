@@ -212,7 +212,7 @@ TEST_CASE("write_file_atomically fails with the OS error and leaves what was the
 // A full disk, made real with a file size limit: past it write() fails with EFBIG (SIGXFSZ ignored).
 // In a child process, so the limit and the ignored signal end with it.
 TEST_CASE("write_file_atomically on a full disk names the error, removes its temporary and keeps the earlier file",
-          "[file_io]") {
+          "[file_io][gemm]") {
   TempDir dir("xgrad_io");
   const std::string path = dir.file("ckpt.bin");
   std::string earlier(10000, '\0');
@@ -336,7 +336,7 @@ TEST_CASE("prepare_output_dir creates missing folders and refuses what cannot ho
 // ----------------------------------------------------------------------------------------------
 // Stale temporaries
 
-TEST_CASE("remove_stale_temporaries removes a dead writer's file and nothing else", "[file_io]") {
+TEST_CASE("remove_stale_temporaries removes a dead writer's file and nothing else", "[file_io][gemm]") {
   TempDir dir("xgrad_io");
   const std::string path = dir.file("ckpt.safetensors");
   const pid_t dead = dead_pid();
@@ -373,7 +373,7 @@ TEST_CASE("remove_stale_temporaries removes a dead writer's file and nothing els
   CHECK(remove_stale_temporaries(dir.path + "/") == 0);
 }
 
-TEST_CASE("save_safetensors and load_safetensors remove the stale temporaries of their path", "[file_io]") {
+TEST_CASE("save_safetensors and load_safetensors remove the stale temporaries of their path", "[file_io][gemm]") {
   TempDir dir("xgrad_io");
   const std::string path = dir.file("ckpt.safetensors");
   const std::string live = with_pid(path, ::getppid());

@@ -128,7 +128,8 @@ TEST_CASE("safetensors headers nest at most 64 levels", "[file_limits][bad_input
   REQUIRE_THAT(message_of(st_bytes(deep_metadata, "")), Contains("metadata value of 'k' is not a string"));
 }
 
-TEST_CASE("a 104 MB header of nested brackets is refused in a few MiB, not 3.8 GB", "[file_limits][bad_input][bug]") {
+TEST_CASE("a 104 MB header of nested brackets is refused in a few MiB, not 3.8 GB",
+          "[file_limits][bad_input][bug][gemm]") {
   const std::size_t depth = 52'000'000;  // 104 MB, under the 100 MiB header limit
   const ChildResult r = parse_in_child(with_extra(nested(depth)));
   REQUIRE(r.message == "load_safetensors: buf: the header nests values deeper than 64 levels");
@@ -277,7 +278,8 @@ TEST_CASE("check_available_memory refuses sizes past what this process can alloc
   REQUIRE(bytes_str(3.5 * (1 << 30)) == "3.5 GiB");
 }
 
-TEST_CASE("load_safetensors refuses arrays that cannot be held before allocating them", "[file_limits][bad_input]") {
+TEST_CASE("load_safetensors refuses arrays that cannot be held before allocating them",
+          "[file_limits][bad_input][gemm]") {
   TempDir dir("xgrad_file_limits");
   const std::string path = dir.file("big.safetensors");
   const std::size_t n = std::size_t{1} << 25;  // F16: 64 MiB in the file, 128 MiB as float32
@@ -342,7 +344,7 @@ TEST_CASE("a header number past any integer or double is refused in one short li
 }
 
 TEST_CASE("a header of half a million empty tensors counts what each costs beside its values",
-          "[file_limits][bad_input][bug]") {
+          "[file_limits][bad_input][bug][gemm]") {
   // 500000 entries of no data: 28 MB of header, ~250 MB as named arrays. The check counted values
   // alone (none), so the arrays were allocated until the process ran out.
   // AddressSanitizer's allocator keeps red zones and a quarantine beside every allocation and ends
@@ -365,7 +367,7 @@ TEST_CASE("a header of half a million empty tensors counts what each costs besid
 }
 
 TEST_CASE("a header that cannot be held in the memory left is refused before it is read",
-          "[file_limits][bad_input][bug]") {
+          "[file_limits][bad_input][bug][gemm]") {
   // 48 MB of header ("{}" and spaces, valid) under 24 MiB of address space to spare: the header's
   // own buffer was allocated first and threw std::bad_alloc.
   TempDir dir("xgrad_file_limits");

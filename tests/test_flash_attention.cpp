@@ -85,7 +85,7 @@ struct KernelThreads {
 }  // namespace
 
 TEST_CASE("flash_attention agrees with the unfused ops forward and backward, over tile shapes and masks",
-          "[flash_attention]") {
+          "[flash_attention][gemm]") {
   struct Case {
     std::size_t B, T, S, H, C, tq, tk;
     bool causal;
@@ -114,7 +114,7 @@ TEST_CASE("flash_attention agrees with the unfused ops forward and backward, ove
 }
 
 TEST_CASE("flash_attention's dropout is the mask dropout draws on the weights, regenerated in backward",
-          "[flash_attention]") {
+          "[flash_attention][gemm]") {
   const Tensor q = randn({2, 19, 8}, 4), k = randn({2, 19, 8}, 5), v = randn({2, 19, 8}, 6);
   for (bool causal : {false, true}) {
     Generator g1(7), g2(7);
@@ -137,7 +137,7 @@ TEST_CASE("flash_attention's dropout is the mask dropout draws on the weights, r
 }
 
 TEST_CASE("flash_attention passes finite differences, causal, cross and with q, k and v one tensor",
-          "[flash_attention][gradcheck]") {
+          "[flash_attention][gradcheck][gemm]") {
   const Tensor q = randn({2, 5, 4}, 8), k = randn({2, 6, 4}, 9), v = randn({2, 6, 4}, 10);
   FlashAttentionOptions o;
   o.query_tile = 2;
@@ -157,7 +157,8 @@ TEST_CASE("flash_attention passes finite differences, causal, cross and with q, 
       {q, k, v});
 }
 
-TEST_CASE("flash_attention gives a query with no key a zero context and no gradient, never NaN", "[flash_attention]") {
+TEST_CASE("flash_attention gives a query with no key a zero context and no gradient, never NaN",
+          "[flash_attention][gemm]") {
   // T > S with the bottom-right causal mask: queries 0 .. T - S - 1 see no key.
   const Tensor q = randn({1, 6, 4}, 12), k = randn({1, 3, 4}, 13), v = randn({1, 3, 4}, 14);
   FlashAttentionOptions o;
@@ -175,7 +176,7 @@ TEST_CASE("flash_attention gives a query with no key a zero context and no gradi
 }
 
 TEST_CASE("flash_attention gives NaN where a query's scores hold NaN, as the unfused softmax does",
-          "[flash_attention]") {
+          "[flash_attention][gemm]") {
   Tensor q = randn({1, 3, 4}, 15);
   const Tensor k = randn({1, 3, 4}, 16), v = randn({1, 3, 4}, 17);
   q.mutable_value()(0, 1, 0) = std::numeric_limits<float>::quiet_NaN();
@@ -189,7 +190,7 @@ TEST_CASE("flash_attention gives NaN where a query's scores hold NaN, as the unf
   CHECK(std::isfinite(out.value()(0, 1, 2)));  // head 1 never sees the NaN
 }
 
-TEST_CASE("flash_attention gives the same bits on one and two threads", "[flash_attention][threads]") {
+TEST_CASE("flash_attention gives the same bits on one and two threads", "[flash_attention][threads][gemm]") {
   const Tensor q = randn({2, 100, 32}, 18), k = randn({2, 100, 32}, 19), v = randn({2, 100, 32}, 20);
   FlashAttentionOptions o;
   o.query_tile = 16;

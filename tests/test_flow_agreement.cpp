@@ -131,10 +131,10 @@ TEST_CASE("flow agreement: the fixture holds both placements and shift-task batc
   }
 }
 
-TEST_CASE("flow agreement: Pre-Norm per-layer gradient norms and loss match PyTorch", "[torch][flow]") {
+TEST_CASE("flow agreement: Pre-Norm per-layer gradient norms and loss match PyTorch", "[torch][flow][gemm]") {
   run_placement("pre");
 }
 
-TEST_CASE("flow agreement: Post-Norm per-layer gradient norms and loss match PyTorch", "[torch][flow]") {
+TEST_CASE("flow agreement: Post-Norm per-layer gradient norms and loss match PyTorch", "[torch][flow][gemm]") {
   run_placement("post");
 }

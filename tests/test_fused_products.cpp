@@ -72,7 +72,7 @@ struct Case {
 TEST_CASE(
     "linear_activation agrees with act(linear()) forward and backward: each activation, bias or none, 2-D "
     "and 3-D, every engine",
-    "[fused]") {
+    "[fused][gemm]") {
   const EngineScope restore;
   // 3 x 5 -> 4 is below oneDNN's size; 4 x 8 x 32 -> 48 above it; 256 x 128 -> 96 is split into
   // row ranges across the kernel threads
@@ -109,7 +109,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("linear_activation gradchecks: each activation, bias or none, 2-D and 3-D", "[fused][gradcheck]") {
+TEST_CASE("linear_activation gradchecks: each activation, bias or none, 2-D and 3-D", "[fused][gradcheck][gemm]") {
   for (const LinearActivation a : {LinearActivation::relu, LinearActivation::gelu, LinearActivation::gelu_tanh}) {
     INFO(name_of(a));
     GradcheckOptions opt;
@@ -122,7 +122,7 @@ TEST_CASE("linear_activation gradchecks: each activation, bias or none, 2-D and 
   }
 }
 
-TEST_CASE("linear_activation: GELU's backward from kept z and from z computed again agree", "[fused]") {
+TEST_CASE("linear_activation: GELU's backward from kept z and from z computed again agree", "[fused][gemm]") {
   for (const LinearActivation a : {LinearActivation::gelu, LinearActivation::gelu_tanh}) {
     INFO(name_of(a));
     const Tensor x1 = randn({64, 32}, 21), w1 = randn({40, 32}, 22, 0.2f), b1 = randn({40}, 23);
@@ -138,7 +138,7 @@ TEST_CASE("linear_activation: GELU's backward from kept z and from z computed ag
   }
 }
 
-TEST_CASE("linear_activation: ReLU's gradient is 0 at z = 0, as relu's", "[fused]") {
+TEST_CASE("linear_activation: ReLU's gradient is 0 at z = 0, as relu's", "[fused][gemm]") {
   // x W^T + b = 0 exactly in column 0 (weights and bias 0 there)
   const Tensor x(Array{{1.f, 2.f}, {-1.f, 3.f}}, true);
   const Tensor w(Array{{0.f, 0.f}, {1.f, 1.f}}, true), b(Array{0.f, 0.5f}, true);
@@ -150,7 +150,7 @@ TEST_CASE("linear_activation: ReLU's gradient is 0 at z = 0, as relu's", "[fused
 }
 
 TEST_CASE("linear_activation: NaN in x gives the unfused ops' NaN (GELU) or 0 (ReLU, as relu) on every engine",
-          "[fused][bad_input]") {
+          "[fused][bad_input][gemm]") {
   const EngineScope restore;
   for (const blas::Engine e : engines()) {
     blas::set_engine(e);
@@ -168,7 +168,7 @@ TEST_CASE("linear_activation: NaN in x gives the unfused ops' NaN (GELU) or 0 (R
   }
 }
 
-TEST_CASE("linear_activation with in_features 0 gives act(bias), and with no rows an empty result", "[fused]") {
+TEST_CASE("linear_activation with in_features 0 gives act(bias), and with no rows an empty result", "[fused][gemm]") {
   const Tensor x(Array::from_shape({2, 0}), true), w(Array::from_shape({3, 0}), true);
   const Tensor b(Array{-1.f, 2.f, 3.f}, true);
   const Tensor y = linear_activation(x, w, b, LinearActivation::relu);
@@ -202,7 +202,7 @@ TEST_CASE("linear_activation names the function and the shapes it cannot combine
 }
 
 TEST_CASE("linear_activation: writing the saved output or input in place before backward is an Error naming the op",
-          "[fused][bad_input]") {
+          "[fused][bad_input][gemm]") {
   SECTION("ReLU keeps its output") {
     const Tensor x = randn({3, 4}, 31), w = randn({5, 4}, 32), b = randn({5}, 33);
     const Tensor y = linear_activation(x, w, b, LinearActivation::relu);
@@ -218,7 +218,7 @@ TEST_CASE("linear_activation: writing the saved output or input in place before 
 }
 
 TEST_CASE("FeedForward gives the same values and gradients with and without a hook on its pre-activation point",
-          "[fused][hooks]") {
+          "[fused][hooks][gemm]") {
   for (const nn::Activation act : {nn::Activation::relu, nn::Activation::gelu, nn::Activation::gelu_tanh}) {
     INFO("activation " << static_cast<int>(act));
     Generator g1(5), g2(5);
@@ -249,7 +249,7 @@ TEST_CASE("FeedForward gives the same values and gradients with and without a ho
 }
 
 TEST_CASE("a ReLU TransformerBlock gives the same output with a hook on ffn.pre, attached by its full name",
-          "[fused][hooks]") {
+          "[fused][hooks][gemm]") {
   // the hook attached from the block, by the point's full name
   Generator g(6);
   nn::TransformerBlock block(nn::TransformerBlockOptions(16, 2).activation(nn::Activation::relu).dropout(0.f), g);

@@ -237,7 +237,7 @@ TEST_CASE("XGRAD_GEMM sets the engine every product starts with", "[gemm][engine
 }
 
 // Run by ctest with XGRAD_GEMM=mkl (tests/CMakeLists.txt), not by test discovery.
-TEST_CASE("an unknown XGRAD_GEMM is an error naming the variable and the value", "[.gemm_bad_env]") {
+TEST_CASE("an unknown XGRAD_GEMM is an error naming the variable and the value", "[.gemm_bad_env][gemm]") {
   REQUIRE(std::string(std::getenv("XGRAD_GEMM")) == "mkl");
   REQUIRE_THROWS_WITH(blas::engine(), Catch::Contains("XGRAD_GEMM") && Catch::Contains("'mkl'"));
   const float a = 1, b = 2;

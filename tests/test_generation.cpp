@@ -64,7 +64,7 @@ const char* describe(const nn::LanguageModelOptions& o) {
 
 }  // namespace
 
-TEST_CASE("forward_cached in pieces gives forward's logits and attention", "[nn][generate][cache]") {
+TEST_CASE("forward_cached in pieces gives forward's logits and attention", "[nn][generate][cache][gemm]") {
   for (const auto& options : variants()) {
     INFO(describe(options));
     auto lm = testing::eval_lm(options, 7);
@@ -98,7 +98,7 @@ TEST_CASE("forward_cached in pieces gives forward's logits and attention", "[nn]
 }
 
 TEST_CASE("cached generation gives the uncached tokens, greedy and sampled, within and past max_len",
-          "[nn][generate][cache]") {
+          "[nn][generate][cache][gemm]") {
   const std::vector<Tokens> prompts = {{0}, {5, 5}, {1, 2, 3, 4, 5, 6, 7}, {12, 0, 3, 3, 9, 1, 2, 8, 4, 4, 11, 7}};
   for (const auto& options : variants()) {
     INFO(describe(options));
@@ -126,7 +126,8 @@ TEST_CASE("cached generation gives the uncached tokens, greedy and sampled, with
   }
 }
 
-TEST_CASE("past max_len the context keeps its last window_keep tokens, or generate refuses", "[nn][generate][cache]") {
+TEST_CASE("past max_len the context keeps its last window_keep tokens, or generate refuses",
+          "[nn][generate][cache][gemm]") {
   auto lm = testing::eval_lm(variants()[0], 3);
   const Tokens prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // max_len tokens
   for (std::size_t keep : {0, 1, 4, 9}) {
@@ -157,7 +158,7 @@ TEST_CASE("past max_len the context keeps its last window_keep tokens, or genera
   REQUIRE_THROWS_WITH(lm->generate(Tokens(11, 1), 1, strict), Contains("more than max_len 10"));
 }
 
-TEST_CASE("generate_with_attention keeps every query's weights", "[nn][generate][cache]") {
+TEST_CASE("generate_with_attention keeps every query's weights", "[nn][generate][cache][gemm]") {
   for (const auto& options : variants()) {
     INFO(describe(options));
     auto lm = testing::eval_lm(options, 5);
@@ -195,7 +196,7 @@ TEST_CASE("generate_with_attention keeps every query's weights", "[nn][generate]
 }
 
 TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses another",
-          "[nn][generate][cache][bad_input]") {
+          "[nn][generate][cache][bad_input][gemm]") {
   Generator gen(9);
   nn::Attention attn(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f), gen);
   const Tensor x(gen.normal({2, 5, 8}, 0.f, 1.f));
@@ -228,7 +229,7 @@ TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses
 }
 
 TEST_CASE("generate and forward_cached on the edges: max_len 1, failed steps, hooks, non-finite logits, huge counts",
-          "[nn][generate][cache][bad_input]") {
+          "[nn][generate][cache][bad_input][gemm]") {
   nn::GenerateOptions greedy;
   greedy.temperature = 0.f;
   SECTION("max_len 1: every context is the newest token") {

@@ -145,7 +145,7 @@ TEST_CASE("gradcheck catches a 1% error in one element of d(x*x)", "[gradcheck][
 }
 
 TEST_CASE("gradcheck catches a 1% error in one input-gradient element of a matmul/softmax composition",
-          "[gradcheck][checker]") {
+          "[gradcheck][checker][gemm]") {
   // out = softmax(a @ b) @ c with a (3, 4), b (4, 5), c (5, 3)
   const Tensor a = randn({3, 4}, 11);
   const Tensor b = randn({4, 5}, 12);
@@ -606,7 +606,8 @@ TEST_CASE("closed forms: d(a / b) and d(a * b) with broadcasting sum over the br
   REQUIRE_MATCHES(mb.grad(), want_mdb, 1e-5, 1e-6);
 }
 
-TEST_CASE("gradcheck checks parameters read by the function and leaves their values and gradients as they were") {
+TEST_CASE("gradcheck checks parameters read by the function and leaves their values and gradients as they were",
+          "[gemm]") {
   Tensor w(Array{{0.5f, -1.f}, {2.f, 0.25f}}, true);
   w.set_name("w");
   sum(w * w).backward();  // an earlier gradient that must survive the check

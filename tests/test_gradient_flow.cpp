@@ -73,8 +73,8 @@ bool bitwise_equal(const Array& a, const Array& b) {
 // (post last/first) / (pre last/first): 1.73, 1.85, 1.88, 1.64, 1.64.
 // Thresholds, with margin below every seed: last post/pre >= 2 (min 2.73), and Post-Norm's
 // last/first ratio >= 1.3 x Pre-Norm's (min 1.64x).
-TEST_CASE(
-    "Post-Norm's feed-forward gradients near the output are several times Pre-Norm's and grow with depth faster") {
+TEST_CASE("Post-Norm's feed-forward gradients near the output are several times Pre-Norm's and grow with depth faster",
+          "[gemm]") {
   for (std::uint64_t seed = 0; seed < 5; ++seed) {
     const gradflow::FlowConfig c = small_config(seed);
     const auto batches = batches_for(c);
@@ -99,7 +99,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("measure reports residual flows consistent with a ProbeSet's gradients") {
+TEST_CASE("measure reports residual flows consistent with a ProbeSet's gradients", "[gemm]") {
   for (Norm norm : {Norm::pre, Norm::post}) {
     INFO((norm == Norm::pre ? "Pre-Norm" : "Post-Norm"));
     gradflow::FlowConfig c = small_config(7);
@@ -164,7 +164,7 @@ TEST_CASE("measure reports residual flows consistent with a ProbeSet's gradients
   }
 }
 
-TEST_CASE("measure leaves no gradients, gates or probes behind and changes no weight") {
+TEST_CASE("measure leaves no gradients, gates or probes behind and changes no weight", "[gemm]") {
   gradflow::FlowConfig c = small_config(3);
   c.layers = 2;
   c.batches = 2;

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine_label.hpp"
 #include "experiment.hpp"
 
 using namespace headspec;
@@ -66,29 +67,30 @@ void require_specialized(const ExperimentResult& r, const ExperimentConfig& c) {
 
 int run(const std::string& args) {
   const std::string cmd = std::string(XGRAD_EXAMPLES_DIR) + "/head_specialization " + args + " > /dev/null 2>&1";
+  xgrad::testing::note_child_process();  // std::system does not fork
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace
 
-TEST_CASE("Pre-Norm heads specialize, one offset each") {
+TEST_CASE("Pre-Norm heads specialize, one offset each", "[gemm]") {
   const ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 0);
   require_specialized(run_experiment(c), c);
 }
 
-TEST_CASE("Post-Norm heads specialize, one offset each") {
+TEST_CASE("Post-Norm heads specialize, one offset each", "[gemm]") {
   const ExperimentConfig c = reduced(xgrad::nn::Norm::post, 1);
   require_specialized(run_experiment(c), c);
 }
 
-TEST_CASE("with bf16 products the heads still specialize, one offset each", "[bf16]") {
+TEST_CASE("with bf16 products the heads still specialize, one offset each", "[bf16][gemm]") {
   ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 0);
   c.train.precision = xgrad::Precision::bf16;  // training steps and the measurements
   require_specialized(run_experiment(c), c);
 }
 
-TEST_CASE("the two entropies tell a sharp offset head from a diffuse one") {
+TEST_CASE("the two entropies tell a sharp offset head from a diffuse one", "[gemm]") {
   const ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 2);
   const ExperimentResult r = run_experiment(c);
   for (const HeadStats& s : r.heads) {
@@ -99,7 +101,7 @@ TEST_CASE("the two entropies tell a sharp offset head from a diffuse one") {
   }
 }
 
-TEST_CASE("same seed, same result") {
+TEST_CASE("same seed, same result", "[gemm]") {
   ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 3);
   c.train.steps = 20;
   c.single_head = false;
@@ -120,7 +122,7 @@ TEST_CASE("impossible settings are rejected") {
   REQUIRE_THROWS_WITH(validate(c), Catch::Contains("steps"));
 }
 
-TEST_CASE("the example's command line rejects bad input with a non-zero exit") {
+TEST_CASE("the example's command line rejects bad input with a non-zero exit", "[gemm]") {
   CHECK(run("--help") == 0);
   CHECK(run("--no-such-flag") != 0);
   CHECK(run("--d-model 50 --heads 4") != 0);
@@ -132,7 +134,7 @@ TEST_CASE("the example's command line rejects bad input with a non-zero exit") {
             (std::filesystem::temp_directory_path() / "xgrad_test_head_specialization_bf16").string()) == 0);
 }
 
-TEST_CASE("two runs of the example with the same seed and one thread write identical reports") {
+TEST_CASE("two runs of the example with the same seed and one thread write identical reports", "[gemm]") {
   const auto dir = std::filesystem::temp_directory_path() / "xgrad_test_head_specialization";
   std::filesystem::create_directories(dir);
   nlohmann::json reports[2];

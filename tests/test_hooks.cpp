@@ -89,7 +89,7 @@ TEST_CASE("hook_points lists every point of the tree by full name", "[hooks]") {
   REQUIRE(model->blocks[1]->attn->hook_points()[0] == "q");
 }
 
-TEST_CASE("a forward hook reads the value at its point, and the model computes the same bits", "[hooks]") {
+TEST_CASE("a forward hook reads the value at its point, and the model computes the same bits", "[hooks][gemm]") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
     auto model = make_lm(norm);
     const IndexArray ids = make_ids(1);
@@ -111,7 +111,7 @@ TEST_CASE("a forward hook reads the value at its point, and the model computes t
   }
 }
 
-TEST_CASE("hooking the scores forms them apart and changes no bit, forward or backward", "[hooks]") {
+TEST_CASE("hooking the scores forms them apart and changes no bit, forward or backward", "[hooks][gemm]") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
     auto model = make_lm(norm);
     const IndexArray ids = make_ids(2), targets = make_ids(3);
@@ -135,7 +135,7 @@ TEST_CASE("hooking the scores forms them apart and changes no bit, forward or ba
   }
 }
 
-TEST_CASE("a forward hook that returns a value replaces it: patching one head's output", "[hooks]") {
+TEST_CASE("a forward hook that returns a value replaces it: patching one head's output", "[hooks][gemm]") {
   auto model = make_lm();
   const IndexArray clean_ids = make_ids(4), corrupt_ids = make_ids(5);
   // Cache head 1's output of block 0 on the clean run.
@@ -170,7 +170,7 @@ TEST_CASE("a forward hook that returns a value replaces it: patching one head's 
   REQUIRE_FALSE(bitwise_equal(patched, clean_logits));
 }
 
-TEST_CASE("hooks at one point run in the order attached, each seeing the previous result", "[hooks]") {
+TEST_CASE("hooks at one point run in the order attached, each seeing the previous result", "[hooks][gemm]") {
   Generator gen(7);
   nn::FeedForward ffn(nn::FeedForwardOptions(4, 8).dropout(0.f), gen);
   const Tensor x(gen.normal({3, 4}, 0.f, 1.f));
@@ -192,7 +192,7 @@ TEST_CASE("hooks at one point run in the order attached, each seeing the previou
   REQUIRE(ffn.num_hooks() == 1);
 }
 
-TEST_CASE("a backward hook sees the gradient arriving at its point and may change it", "[hooks]") {
+TEST_CASE("a backward hook sees the gradient arriving at its point and may change it", "[hooks][gemm]") {
   auto model = make_lm();
   const IndexArray ids = make_ids(6), targets = make_ids(7);
   // The gradient at the residual stream leaving block 0 equals the one entering block 1.
@@ -211,7 +211,7 @@ TEST_CASE("a backward hook sees the gradient arriving at its point and may chang
 }
 
 TEST_CASE("hook errors name the point: unknown names, empty hooks, replacements of another shape",
-          "[hooks][bad_input]") {
+          "[hooks][bad_input][gemm]") {
   auto model = make_lm();
   REQUIRE_THROWS_WITH(model->add_forward_hook("blocks.0.attn.patern", [](const Tensor&) { return Tensor(); }),
                       Contains("add_forward_hook") && Contains("blocks.0.attn.patern") && Contains("hook_points()"));
@@ -250,7 +250,8 @@ TEST_CASE("a handle may outlive its module, be moved, and be removed twice", "[h
   kept.remove();
 }
 
-TEST_CASE("two threads run forward on one hooked module while a third attaches and removes hooks", "[hooks][threads]") {
+TEST_CASE("two threads run forward on one hooked module while a third attaches and removes hooks",
+          "[hooks][threads][gemm]") {
   auto model = make_lm();
   const IndexArray ids = make_ids(9);
   const Array plain = model->forward(ids).logits.value();
@@ -279,7 +280,7 @@ TEST_CASE("two threads run forward on one hooked module while a third attaches a
   REQUIRE(model->num_hooks() == 0);
 }
 
-TEST_CASE("a hook keeps its own state across calls, and a removed backward hook stays silent", "[hooks]") {
+TEST_CASE("a hook keeps its own state across calls, and a removed backward hook stays silent", "[hooks][gemm]") {
   auto model = make_lm();
   const IndexArray ids = make_ids(10), targets = make_ids(11);
   // A mutable hook: the same object runs at every forward.

@@ -45,7 +45,7 @@ bool same_bits(const Array& a, const Array& b) {
 
 }  // namespace
 
-TEST_CASE("an activation cache keeps every default point of one forward and changes nothing") {
+TEST_CASE("an activation cache keeps every default point of one forward and changes nothing", "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 3);
   const IndexArray ids = random_ids(2, 8, 11, 4);
   const Array plain = model->forward(ids).logits.value();
@@ -110,7 +110,8 @@ TEST_CASE("an activation cache keeps every default point of one forward and chan
   }
 }
 
-TEST_CASE("a cache that stops after its last point holds the same values, and the rest of the run never happens") {
+TEST_CASE("a cache that stops after its last point holds the same values, and the rest of the run never happens",
+          "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 21);
   const IndexArray ids = random_ids(2, 8, 11, 22);
   const ActivationCache full = cache_activations(*model, [&] { model->forward(ids); });
@@ -143,7 +144,8 @@ TEST_CASE("a cache that stops after its last point holds the same values, and th
   REQUIRE(kv.length() == 8);
 }
 
-TEST_CASE("cache_generation records every step of generate, and generate chooses what the cached logits say") {
+TEST_CASE("cache_generation records every step of generate, and generate chooses what the cached logits say",
+          "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm().max_len(16), 23);
   nn::GenerateOptions greedy;
   greedy.temperature = 0.f;
@@ -169,7 +171,7 @@ TEST_CASE("cache_generation records every step of generate, and generate chooses
                       Contains("cache_generation: the filter accepts none"));
 }
 
-TEST_CASE("patching a run with its own cache is bit-exact, whole points, heads and positions alike") {
+TEST_CASE("patching a run with its own cache is bit-exact, whole points, heads and positions alike", "[gemm]") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
     auto model = testing::randomized_lm(testing::small_lm().norm(norm), 5);
     const IndexArray ids = random_ids(3, 8, 11, 6);
@@ -188,7 +190,7 @@ TEST_CASE("patching a run with its own cache is bit-exact, whole points, heads a
   }
 }
 
-TEST_CASE("patching copies exactly the chosen region from the other run") {
+TEST_CASE("patching copies exactly the chosen region from the other run", "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 7);
   const IndexArray clean = random_ids(2, 8, 11, 8);
   IndexArray corrupt = clean;
@@ -261,7 +263,7 @@ TEST_CASE("patching copies exactly the chosen region from the other run") {
   }
 }
 
-TEST_CASE("patching refuses what it cannot do, naming the point") {
+TEST_CASE("patching refuses what it cannot do, naming the point", "[gemm]") {
   auto model = testing::randomized_lm(testing::small_lm(), 9);
   const IndexArray ids = random_ids(2, 8, 11, 10);
   const ActivationCache cache = cache_activations(*model, [&] { model->forward(ids); });
@@ -288,7 +290,7 @@ TEST_CASE("patching refuses what it cannot do, naming the point") {
   REQUIRE(model->num_hooks() == 0);
 }
 
-TEST_CASE("the logit lens reads the stream after each block, and its last entry is the model's own output") {
+TEST_CASE("the logit lens reads the stream after each block, and its last entry is the model's own output", "[gemm]") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
     auto model = testing::randomized_lm(testing::small_lm().norm(norm), 12);
     model->train();
@@ -421,7 +423,7 @@ TEST_CASE("head detectors score hand-made heads as their definitions say") {
   }
 }
 
-TEST_CASE("patching a root attention module: its points have no dotted path, and still have heads") {
+TEST_CASE("patching a root attention module: its points have no dotted path, and still have heads", "[gemm]") {
   Generator gen(31);
   nn::Attention attention(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f), gen);
   const Tensor a(Generator(32).normal({1, 5, 8}, 0.f, 1.f)), b(Generator(33).normal({1, 5, 8}, 0.f, 1.f));

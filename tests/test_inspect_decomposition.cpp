@@ -147,7 +147,7 @@ TEST_CASE("resolve_point takes either spelling on every layout, and names near n
   REQUIRE_THROWS_WITH(resolve_point(*llama, "hook_pos_embed"), Contains("learned or sinusoidal positions only"));
 }
 
-TEST_CASE("a cache and a patch read TransformerLens names as the points they stand for") {
+TEST_CASE("a cache and a patch read TransformerLens names as the points they stand for", "[gemm]") {
   auto model = testing::randomized_lm(layouts()[0].options, 4);
   const IndexArray clean_ids = random_ids(1), corrupt_ids = random_ids(2);
   const ActivationCache clean = cache_activations(*model, [&] { model->forward(clean_ids); });
@@ -179,7 +179,7 @@ TEST_CASE("a cache and a patch read TransformerLens names as the points they sta
                       Contains("PatchSet: no hook point 'blocks.0.attn.hook_zz'"));
 }
 
-TEST_CASE("z is the context with a head axis, and result is each head's share of the attention's output") {
+TEST_CASE("z is the context with a head axis, and result is each head's share of the attention's output", "[gemm]") {
   for (const Layout& layout : layouts()) {
     INFO(layout.name);
     auto model = testing::randomized_lm(layout.options, 5);
@@ -253,7 +253,7 @@ TEST_CASE("z is the context with a head axis, and result is each head's share of
   }
 }
 
-TEST_CASE("the decomposed stream sums to the last block's output, and the logit attributions to the logit") {
+TEST_CASE("the decomposed stream sums to the last block's output, and the logit attributions to the logit", "[gemm]") {
   for (const Layout& layout : layouts()) {
     for (bool by_head : {false, true}) {
       INFO(layout.name << (by_head ? ", by head" : ", by layer"));
@@ -320,7 +320,7 @@ TEST_CASE("the decomposed stream sums to the last block's output, and the logit 
   }
 }
 
-TEST_CASE("the accumulated stream is each block's input, then the last block's output") {
+TEST_CASE("the accumulated stream is each block's input, then the last block's output", "[gemm]") {
   auto model = testing::randomized_lm(layouts()[0].options, 9);
   const IndexArray ids = random_ids(7);
   const ActivationCache cache = cache_activations(
@@ -337,7 +337,7 @@ TEST_CASE("the accumulated stream is each block's input, then the last block's o
   REQUIRE(with_mid.labels[1] == "blocks.0.stream_mid");
 }
 
-TEST_CASE("decomposition refuses a Post-Norm model, a cache without its points and ids it cannot attribute") {
+TEST_CASE("decomposition refuses a Post-Norm model, a cache without its points and ids it cannot attribute", "[gemm]") {
   auto post = testing::randomized_lm(layouts()[0].options.norm(nn::Norm::post), 3);
   const IndexArray ids = random_ids(1);
   const ActivationCache post_cache = cache_activations(

@@ -18,6 +18,7 @@
 #include "xgrad/inspect/patching_sweep.hpp"
 #include "xgrad/inspect/sae_training.hpp"
 #include "xgrad/inspect/steering.hpp"
+#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 
@@ -44,23 +45,50 @@ void noisy_sum_batch(Generator& gen, IndexArray& ids, IndexArray& targets) {
   }
 }
 
+nn::LanguageModelOptions model_options() {
+  return nn::LanguageModelOptions(kV, 32, 2, 2).d_ff(64).max_len(kT).dropout(0.f);
+}
+
+// The weights after 800 steps, the data stream where training left it, and the last loss.
+struct Trained {
+  NamedArrays weights;
+  Generator data;
+  double loss = 0;
+};
+
+// Trained once per process: Catch2 runs the test case once per SECTION, and each run starts from
+// this state as if it had trained the model itself.
+const Trained& trained() {
+  static const Trained t = [] {
+    Generator gen(11);
+    nn::LanguageModel model(model_options(), gen);
+    optim::AdamW opt(model.named_parameters(), optim::AdamW::defaults(1e-2f));
+    Trained r{{}, Generator(12), 0};
+    IndexArray ids, targets;
+    for (int step = 0; step < 800; ++step) {
+      noisy_sum_batch(r.data, ids, targets);
+      opt.zero_grad();
+      Tensor l = model.loss(ids, targets);
+      l.backward();
+      opt.step();
+      r.loss = l.value()();
+    }
+    r.weights = nn::state_dict(model);
+    return r;
+  }();
+  return t;
+}
+
 }  // namespace
 
-TEST_CASE("the previous-token detector finds the head a trained two-layer model reads the previous token with") {
+TEST_CASE("the previous-token detector finds the head a trained two-layer model reads the previous token with",
+          "[gemm]") {
   Generator gen(11);
-  nn::LanguageModel model(nn::LanguageModelOptions(kV, 32, 2, 2).d_ff(64).max_len(kT).dropout(0.f), gen);
-  optim::AdamW opt(model.named_parameters(), optim::AdamW::defaults(1e-2f));
-  Generator data(12);
+  nn::LanguageModel model(model_options(), gen);
+  nn::load_state_dict(model, trained().weights);
+  Generator data = trained().data;
   IndexArray ids, targets;
-  double loss = 0;
-  for (int step = 0; step < 800; ++step) {
-    noisy_sum_batch(data, ids, targets);
-    opt.zero_grad();
-    Tensor l = model.loss(ids, targets);
-    l.backward();
-    opt.step();
-    loss = l.value()();
-  }
+  const double loss = trained().loss;
   INFO("final training loss " << loss);
   // log 8 = 2.08 from the current token alone (the one before is uniform), log 2 = 0.69 with both
   REQUIRE(loss < 1.0);

@@ -94,7 +94,7 @@ NamedArrays without(NamedArrays state, const std::string& name) {
 }  // namespace
 
 TEST_CASE("Llama-layout folders load with the logits of the PyTorch mirror (F32, F16, BF16, tied MQA, sharded)",
-          "[llama_import]") {
+          "[llama_import][gemm]") {
   struct Case {
     const char* name;
     std::size_t KV;

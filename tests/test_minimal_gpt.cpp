@@ -94,7 +94,7 @@ void require_refused(const Outcome& o, int code, const std::vector<std::string>&
 }  // namespace
 
 TEST_CASE("the loss falls below a context-free model's and a sample in the text's alphabet follows",
-          "[examples][minimal_gpt]") {
+          "[examples][minimal_gpt][gemm]") {
   TempDir dir("xgrad_minimal_gpt");
   const std::string text = sentences(8000);
   write_bytes(dir.file("text.txt"), text);
@@ -135,7 +135,7 @@ TEST_CASE("the loss falls below a context-free model's and a sample in the text'
   REQUIRE(known >= 190);
 }
 
-TEST_CASE("the same run prints the same bytes, and STEPS is decimal", "[examples][minimal_gpt]") {
+TEST_CASE("the same run prints the same bytes, and STEPS is decimal", "[examples][minimal_gpt][gemm]") {
   TempDir dir("xgrad_minimal_gpt_same");
   write_bytes(dir.file("text.txt"), sentences(3000));
   const Outcome a = run(dir, {"text.txt", "10"}), b = run(dir, {"text.txt", "10"}), c = run(dir, {"text.txt", "010"});
@@ -146,7 +146,8 @@ TEST_CASE("the same run prints the same bytes, and STEPS is decimal", "[examples
   REQUIRE(c.out == a.out);
 }
 
-TEST_CASE("bad arguments and files exit 2 with one line naming the problem", "[examples][minimal_gpt][bad_input]") {
+TEST_CASE("bad arguments and files exit 2 with one line naming the problem",
+          "[examples][minimal_gpt][bad_input][gemm]") {
   TempDir dir("xgrad_minimal_gpt_bad");
   const std::string text = sentences(3000);
   write_bytes(dir.file("text.txt"), text);
@@ -180,7 +181,7 @@ TEST_CASE("bad arguments and files exit 2 with one line naming the problem", "[e
   }
 }
 
-TEST_CASE("an output that cannot be written ends the run with exit 1", "[examples][minimal_gpt][bad_input]") {
+TEST_CASE("an output that cannot be written ends the run with exit 1", "[examples][minimal_gpt][bad_input][gemm]") {
   TempDir dir("xgrad_minimal_gpt_full");
   write_bytes(dir.file("text.txt"), sentences(3000));
   Limits full;

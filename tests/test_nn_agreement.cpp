@@ -147,14 +147,14 @@ TEST_CASE("nn agreement: the fixture loads and every case has a test", "[torch][
   }
 }
 
-TEST_CASE("nn agreement: MultiHeadAttention (Pre-Norm, Post-Norm, none, masks)", "[torch][nn][attention]") {
+TEST_CASE("nn agreement: MultiHeadAttention (Pre-Norm, Post-Norm, none, masks)", "[torch][nn][attention][gemm]") {
   run_family(cases(), "mha_", run_mha_case);
 }
 
-TEST_CASE("nn agreement: TransformerBlock (Pre-Norm and Post-Norm, causal)", "[torch][nn][transformer]") {
+TEST_CASE("nn agreement: TransformerBlock (Pre-Norm and Post-Norm, causal)", "[torch][nn][transformer][gemm]") {
   run_family(cases(), "block_", run_block_case);
 }
 
-TEST_CASE("nn agreement: LanguageModel loss and gradients (Pre-Norm and Post-Norm)", "[torch][nn][transformer]") {
+TEST_CASE("nn agreement: LanguageModel loss and gradients (Pre-Norm and Post-Norm)", "[torch][nn][transformer][gemm]") {
   run_family(cases(), "lm_", run_lm_case);
 }

@@ -141,7 +141,7 @@ TEST_CASE("check_module_grads catches a wrong input gradient and a NaN gradient"
 // ---------------------------------------------------------------------------------------------
 // Linear
 
-TEST_CASE("Linear gradients with bias, 2-D input", "[nn][gradcheck][linear]") {
+TEST_CASE("Linear gradients with bias, 2-D input", "[nn][gradcheck][linear][gemm]") {
   Generator gen(1);
   nn::Linear lin(4, 5, true, gen);
   const Tensor x = randn({3, 4}, 2);
@@ -156,7 +156,7 @@ TEST_CASE("Linear gradients with bias, 2-D input", "[nn][gradcheck][linear]") {
   REQUIRE(g.ok);
 }
 
-TEST_CASE("Linear gradients without bias, 3-D input", "[nn][gradcheck][linear]") {
+TEST_CASE("Linear gradients without bias, 3-D input", "[nn][gradcheck][linear][gemm]") {
   Generator gen(3);
   nn::Linear lin(4, 3, false, gen);
   REQUIRE(lin.named_parameters().size() == 1);
@@ -168,14 +168,14 @@ TEST_CASE("Linear gradients without bias, 3-D input", "[nn][gradcheck][linear]")
   REQUIRE(res.checked == total_elements(lin, {x}));
 }
 
-TEST_CASE("Linear gradients with bias, 3-D input", "[nn][gradcheck][linear]") {
+TEST_CASE("Linear gradients with bias, 3-D input", "[nn][gradcheck][linear][gemm]") {
   Generator gen(5);
   nn::Linear lin(3, 2, true, gen);
   const Tensor x = randn({2, 4, 3}, 6);
   REQUIRE_GRADS_OK(check_module_grads(lin, [&](const Ins& in) { return lin.forward(in[0]); }, {x}));
 }
 
-TEST_CASE("Linear gradients with a 1-D input", "[nn][gradcheck][linear]") {
+TEST_CASE("Linear gradients with a 1-D input", "[nn][gradcheck][linear][gemm]") {
   Generator gen(7);
   for (bool bias : {true, false}) {
     INFO("bias " << bias);
@@ -321,7 +321,7 @@ TEST_CASE("SinusoidalPositionalEncoding matches its formula and has no parameter
 // ---------------------------------------------------------------------------------------------
 // FeedForward
 
-TEST_CASE("FeedForward gradients, exact and tanh-approximated GELU", "[nn][gradcheck][ffn]") {
+TEST_CASE("FeedForward gradients, exact and tanh-approximated GELU", "[nn][gradcheck][ffn][gemm]") {
   for (nn::Activation act : {nn::Activation::gelu, nn::Activation::gelu_tanh}) {
     INFO((act == nn::Activation::gelu ? "exact" : "tanh"));
     Generator gen(16);
@@ -342,7 +342,7 @@ TEST_CASE("FeedForward gradients, exact and tanh-approximated GELU", "[nn][gradc
   REQUIRE(xt::amax(xt::abs(exact.forward(x).value() - tanh.forward(x).value()))() > 1e-5f);
 }
 
-TEST_CASE("FeedForward gradients, ReLU", "[nn][gradcheck][ffn]") {
+TEST_CASE("FeedForward gradients, ReLU", "[nn][gradcheck][ffn][gemm]") {
   Generator gen(18);
   nn::FeedForward ffn(nn::FeedForwardOptions(4, 6).activation(nn::Activation::relu).dropout(0.f), gen);
   const Tensor x = randn({2, 3, 4}, 19);
@@ -412,15 +412,17 @@ void check_attention(const nn::AttentionMask& mask, std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("MultiHeadAttention gradients without a mask", "[nn][gradcheck][attention]") { check_attention({}, 20); }
+TEST_CASE("MultiHeadAttention gradients without a mask", "[nn][gradcheck][attention][gemm]") {
+  check_attention({}, 20);
+}
 
-TEST_CASE("MultiHeadAttention gradients with a causal mask", "[nn][gradcheck][attention]") {
+TEST_CASE("MultiHeadAttention gradients with a causal mask", "[nn][gradcheck][attention][gemm]") {
   nn::AttentionMask mask;
   mask.causal = true;
   check_attention(mask, 21);
 }
 
-TEST_CASE("MultiHeadAttention gradients with a key padding mask", "[nn][gradcheck][attention]") {
+TEST_CASE("MultiHeadAttention gradients with a key padding mask", "[nn][gradcheck][attention][gemm]") {
   nn::AttentionMask mask;
   mask.key_padding_mask = Mask{{false, false, true}, {false, true, false}};  // (B, S)
   check_attention(mask, 22);
@@ -428,7 +430,7 @@ TEST_CASE("MultiHeadAttention gradients with a key padding mask", "[nn][gradchec
   check_attention(mask, 23);
 }
 
-TEST_CASE("MultiHeadAttention gradients with an attn_mask", "[nn][gradcheck][attention]") {
+TEST_CASE("MultiHeadAttention gradients with an attn_mask", "[nn][gradcheck][attention][gemm]") {
   nn::AttentionMask mask;
   mask.attn_mask = Mask{{false, true, false}, {false, false, true}, {true, false, false}};  // (T, S)
   check_attention(mask, 24);
@@ -442,7 +444,7 @@ TEST_CASE("MultiHeadAttention gradients with an attn_mask", "[nn][gradcheck][att
   check_attention(mask, 25);
 }
 
-TEST_CASE("MultiHeadAttention gradient of the returned attention weights", "[nn][gradcheck][attention]") {
+TEST_CASE("MultiHeadAttention gradient of the returned attention weights", "[nn][gradcheck][attention][gemm]") {
   nn::AttentionMask mask;
   mask.causal = true;
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post, nn::Norm::none}) {
@@ -456,7 +458,7 @@ TEST_CASE("MultiHeadAttention gradient of the returned attention weights", "[nn]
 }
 
 TEST_CASE("MultiHeadAttention with a query whose keys are all masked gives zeros, no NaN, and correct gradients",
-          "[nn][gradcheck][attention]") {
+          "[nn][gradcheck][attention][gemm]") {
   // causal + key 0 of batch 1 padded: query 0 of batch 1 may attend to nothing.
   // attn_mask row 1 all true: query 1 of every batch may attend to nothing.
   for (int variant = 0; variant < 2; ++variant) {
@@ -519,7 +521,7 @@ TEST_CASE("MultiHeadAttention with a query whose keys are all masked gives zeros
 // ---------------------------------------------------------------------------------------------
 // TransformerBlock and LanguageModel
 
-TEST_CASE("TransformerBlock gradients, Pre-Norm and Post-Norm, causal", "[nn][gradcheck][transformer]") {
+TEST_CASE("TransformerBlock gradients, Pre-Norm and Post-Norm, causal", "[nn][gradcheck][transformer][gemm]") {
   nn::AttentionMask mask;
   mask.causal = true;
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
@@ -543,7 +545,7 @@ TEST_CASE("TransformerBlock gradients, Pre-Norm and Post-Norm, causal", "[nn][gr
   }
 }
 
-TEST_CASE("LanguageModel loss gradient of every parameter", "[nn][gradcheck][transformer]") {
+TEST_CASE("LanguageModel loss gradient of every parameter", "[nn][gradcheck][transformer][gemm]") {
   // vocab 7, d_model 8, 2 heads, 2 layers, max_len 6, dropout 0
   const IndexArray ids = {{0, 3, 6, 1, 1, 5}, {2, 4, 4, 0, 6, 3}};
   const IndexArray targets = {{3, 6, 1, 1, 5, -100}, {-100, 4, 0, 6, 3, 2}};

@@ -560,7 +560,8 @@ TEST_CASE("MultiHeadAttention rejects inputs of the wrong rank or width, naming 
   REQUIRE_THAT(error_of([&] { m.forward(Tensor()); }), Contains("MultiHeadAttention"));
 }
 
-TEST_CASE("MultiHeadAttention rejects an attn_mask that does not broadcast to B H T S", "[nn][attention][errors]") {
+TEST_CASE("MultiHeadAttention rejects an attn_mask that does not broadcast to B H T S",
+          "[nn][attention][errors][gemm]") {
   Generator gen(13);
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(8, 2), gen);
   const Tensor x = randn({2, 3, 8}, 2);  // B 2, H 2, T = S = 3
@@ -581,7 +582,7 @@ TEST_CASE("MultiHeadAttention rejects an attn_mask that does not broadcast to B 
   }
 }
 
-TEST_CASE("MultiHeadAttention rejects a key_padding_mask that is not B by S", "[nn][attention][errors]") {
+TEST_CASE("MultiHeadAttention rejects a key_padding_mask that is not B by S", "[nn][attention][errors][gemm]") {
   Generator gen(14);
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(8, 2), gen);
   const Tensor x = randn({2, 3, 8}, 2);
@@ -598,7 +599,8 @@ TEST_CASE("MultiHeadAttention rejects a key_padding_mask that is not B by S", "[
 // =============================================================================================
 // MultiHeadAttention: the weights it returns
 
-TEST_CASE("attention weights are B H T S, rows sum to 1, causal and padding keys get zero weight", "[nn][attention]") {
+TEST_CASE("attention weights are B H T S, rows sum to 1, causal and padding keys get zero weight",
+          "[nn][attention][gemm]") {
   Generator gen(15);
   const std::size_t B = 2, T = 5, C = 12, H = 3;
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(C, H).dropout(0.f), gen);
@@ -653,7 +655,7 @@ TEST_CASE("attention weights are B H T S, rows sum to 1, causal and padding keys
       }
 }
 
-TEST_CASE("attn_mask blocks exactly the marked keys for every broadcastable shape", "[nn][attention]") {
+TEST_CASE("attn_mask blocks exactly the marked keys for every broadcastable shape", "[nn][attention][gemm]") {
   Generator gen(16);
   const std::size_t B = 2, T = 4, C = 8, H = 2;
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(C, H).dropout(0.f), gen);
@@ -688,7 +690,8 @@ TEST_CASE("attn_mask blocks exactly the marked keys for every broadcastable shap
   }
 }
 
-TEST_CASE("attention weights are returned before dropout and dropout 0 in training equals eval", "[nn][attention]") {
+TEST_CASE("attention weights are returned before dropout and dropout 0 in training equals eval",
+          "[nn][attention][gemm]") {
   Generator gen(18);
   nn::MultiHeadAttention drop(nn::MultiHeadAttentionOptions(8, 2).dropout(0.5f), gen);
   const Tensor x = randn({2, 3, 8}, 5);
@@ -711,7 +714,7 @@ TEST_CASE("attention weights are returned before dropout and dropout 0 in traini
 // =============================================================================================
 // MultiHeadAttention: the residual formulas, computed by hand from the module's own sublayers
 
-TEST_CASE("Pre-Norm attention is x + w_o(attention(LN(x)))", "[nn][attention][prenorm]") {
+TEST_CASE("Pre-Norm attention is x + w_o(attention(LN(x)))", "[nn][attention][prenorm][gemm]") {
   Generator gen(20);
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f).norm(nn::Norm::pre), gen);
   randomize_norms(m, 21);
@@ -734,7 +737,7 @@ TEST_CASE("Pre-Norm attention is x + w_o(attention(LN(x)))", "[nn][attention][pr
   }
 }
 
-TEST_CASE("Post-Norm attention is LN(x + w_o(attention(x)))", "[nn][attention][postnorm]") {
+TEST_CASE("Post-Norm attention is LN(x + w_o(attention(x)))", "[nn][attention][postnorm][gemm]") {
   Generator gen(22);
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f).norm(nn::Norm::post), gen);
   randomize_norms(m, 23);
@@ -762,7 +765,7 @@ TEST_CASE("Post-Norm attention is LN(x + w_o(attention(x)))", "[nn][attention][p
   }
 }
 
-TEST_CASE("Norm none attention has no residual and no norm parameters", "[nn][attention]") {
+TEST_CASE("Norm none attention has no residual and no norm parameters", "[nn][attention][gemm]") {
   Generator gen(24);
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f).norm(nn::Norm::none), gen);
   REQUIRE(m.norm == nullptr);
@@ -777,7 +780,7 @@ TEST_CASE("Norm none attention has no residual and no norm parameters", "[nn][at
   REQUIRE(max_abs_diff(got, (x + attention_by_hand(m, x)).value()) > 0.1);
 }
 
-TEST_CASE("attention dropout acts on the attention weights in training mode only", "[nn][attention][dropout]") {
+TEST_CASE("attention dropout acts on the attention weights in training mode only", "[nn][attention][dropout][gemm]") {
   Generator gen(25);
   const float p = 0.3f;
   nn::MultiHeadAttention m(nn::MultiHeadAttentionOptions(8, 2).dropout(p).norm(nn::Norm::none), gen);
@@ -817,7 +820,7 @@ TEST_CASE("TransformerBlock rejects Norm none", "[nn][transformer][errors]") {
                Contains("LanguageModel") && Contains("norm"));
 }
 
-TEST_CASE("TransformerBlock places the FFN norm like the attention norm", "[nn][transformer]") {
+TEST_CASE("TransformerBlock places the FFN norm like the attention norm", "[nn][transformer][gemm]") {
   nn::AttentionMask mask;
   mask.causal = true;
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
@@ -844,7 +847,7 @@ TEST_CASE("TransformerBlock places the FFN norm like the attention norm", "[nn][
 // =============================================================================================
 // LanguageModel: input errors, causality, generate()
 
-TEST_CASE("LanguageModel rejects bad token ids with clear errors", "[nn][transformer][errors]") {
+TEST_CASE("LanguageModel rejects bad token ids with clear errors", "[nn][transformer][errors][gemm]") {
   Generator gen(28);
   nn::LanguageModel lm(tiny_lm(), gen);
   REQUIRE_THAT(error_of([&] {
@@ -876,7 +879,7 @@ TEST_CASE("LanguageModel rejects bad token ids with clear errors", "[nn][transfo
   REQUIRE(lm.forward(IndexArray{{0, 1, 2, 3, 4, 5}}).logits.shape() == Shape{1, 6, 7});
 }
 
-TEST_CASE("LanguageModel is causal: logits at t do not depend on later tokens", "[nn][transformer]") {
+TEST_CASE("LanguageModel is causal: logits at t do not depend on later tokens", "[nn][transformer][gemm]") {
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post}) {
     Generator gen(29);
     nn::LanguageModel lm(nn::LanguageModelOptions(7, 8, 2, 2).max_len(6).dropout(0.f).norm(norm), gen);
@@ -903,7 +906,7 @@ TEST_CASE("LanguageModel is causal: logits at t do not depend on later tokens", 
   }
 }
 
-TEST_CASE("generate keeps the prompt, appends count tokens and greedy is deterministic", "[nn][generate]") {
+TEST_CASE("generate keeps the prompt, appends count tokens and greedy is deterministic", "[nn][generate][gemm]") {
   Generator gen(30);
   nn::LanguageModel lm(nn::LanguageModelOptions(7, 8, 2, 2).max_len(6).dropout(0.2f), gen);
   const std::vector<std::int64_t> prompt = {3, 1, 4};
@@ -979,7 +982,7 @@ TEST_CASE("generate keeps the prompt, appends count tokens and greedy is determi
   REQUIRE(lm.generate(prompt, 0, greedy) == prompt);
 }
 
-TEST_CASE("generate restores the training flag and records nothing on the tape", "[nn][generate]") {
+TEST_CASE("generate restores the training flag and records nothing on the tape", "[nn][generate][gemm]") {
   Generator gen(31);
   nn::LanguageModel lm(nn::LanguageModelOptions(7, 8, 2, 1).max_len(6), gen);
   REQUIRE(grad_enabled());
@@ -1036,7 +1039,8 @@ TEST_CASE("ModuleList is indexable, typed and iterable, and says which index is 
   REQUIRE(lm.named_modules()[3].first == "blocks");
 }
 
-TEST_CASE("attention and feed-forward draw dropout from their own streams, on any thread", "[nn][dropout][threads]") {
+TEST_CASE("attention and feed-forward draw dropout from their own streams, on any thread",
+          "[nn][dropout][threads][gemm]") {
   Generator gen(61);
   nn::LanguageModel lm(nn::LanguageModelOptions(7, 8, 2, 2).max_len(6).dropout(0.3f), gen);
   IndexArray ids = IndexArray::from_shape({2, 6});

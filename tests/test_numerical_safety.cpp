@@ -372,7 +372,7 @@ void require_finite_backward(nn::MultiHeadAttention& mha, const Tensor& x, const
 }  // namespace
 
 TEST_CASE("MultiHeadAttention with a query whose keys are all masked gives zero weights and no NaN",
-          "[numerical][attention]") {
+          "[numerical][attention][gemm]") {
   Generator gen(21);
   const std::size_t B = 2, T = 3, C = 8;
   for (nn::Norm norm : {nn::Norm::pre, nn::Norm::post, nn::Norm::none}) {
@@ -417,7 +417,7 @@ TEST_CASE("MultiHeadAttention with a query whose keys are all masked gives zero 
   }
 }
 
-TEST_CASE("MultiHeadAttention stays finite for large inputs", "[numerical][attention]") {
+TEST_CASE("MultiHeadAttention stays finite for large inputs", "[numerical][attention][gemm]") {
   Generator gen(22);
   nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions(8, 2).dropout(0.f).norm(nn::Norm::none), gen);
   Tensor x(gen.normal({1, 4, 8}, 0.f, 1e3f), true);  // scores of order 1e6
@@ -431,7 +431,7 @@ TEST_CASE("MultiHeadAttention stays finite for large inputs", "[numerical][atten
 // =============================================================================================
 // cross_entropy with every target ignored
 
-TEST_CASE("cross_entropy with every target ignored is 0 with zero gradient", "[numerical][cross_entropy]") {
+TEST_CASE("cross_entropy with every target ignored is 0 with zero gradient", "[numerical][cross_entropy][gemm]") {
   SECTION("default ignore_index") {
     Tensor logits(Array{{1e4f, -1e4f, 0.f}, {1.f, 2.f, 3.f}}, true);
     Tensor loss = cross_entropy(logits, IndexArray{-100, -100});
@@ -609,7 +609,7 @@ TEST_CASE("GELU gradients stay finite for finite inputs beyond 1e19", "[numerica
 // The attention softmax's exp is a fast polynomial that clamps its input; a NaN score must still
 // come out as NaN (it used to become a weight of about 1e-38 and vanish).
 TEST_CASE("a NaN in q makes that query's attention weights NaN, not a silent finite value",
-          "[numerical][attention][bug]") {
+          "[numerical][attention][bug][gemm]") {
   const std::size_t B = 1, T = 4, C = 4;
   Generator gen(31);
   Array q = gen.normal({B, T, C}, 0.f, 1.f), k = gen.normal({B, T, C}, 0.f, 1.f);

@@ -284,34 +284,34 @@ void check_matmul_all_flags(const Shape& batch_a, const Shape& batch_b, std::siz
 
 }  // namespace
 
-TEST_CASE("gradcheck: matmul 2-D with every transpose combination", "[gradcheck][matmul]") {
+TEST_CASE("gradcheck: matmul 2-D with every transpose combination", "[gradcheck][matmul][gemm]") {
   check_matmul_all_flags({}, {}, 3, 4, 5, 141);
   check_matmul_all_flags({}, {}, 1, 3, 1, 142);
 }
 
-TEST_CASE("gradcheck: batched matmul 3-D and 4-D", "[gradcheck][matmul]") {
+TEST_CASE("gradcheck: batched matmul 3-D and 4-D", "[gradcheck][matmul][gemm]") {
   check_matmul_all_flags({2}, {2}, 3, 4, 2, 151);
   check_matmul_all_flags({2, 2}, {2, 2}, 2, 3, 2, 152);
 }
 
-TEST_CASE("gradcheck: matmul with a 2-D right operand shared by the batch", "[gradcheck][matmul]") {
+TEST_CASE("gradcheck: matmul with a 2-D right operand shared by the batch", "[gradcheck][matmul][gemm]") {
   check_matmul_all_flags({2}, {}, 3, 4, 5, 161);
   check_matmul_all_flags({2, 2}, {}, 2, 3, 2, 162);
 }
 
-TEST_CASE("gradcheck: matmul with broadcast batch axes", "[gradcheck][matmul]") {
+TEST_CASE("gradcheck: matmul with broadcast batch axes", "[gradcheck][matmul][gemm]") {
   check_matmul_all_flags({1}, {2}, 3, 4, 2, 171);     // (1,3,4) @ (2,4,2)
   check_matmul_all_flags({}, {2}, 3, 4, 5, 172);      // (3,4) @ (2,4,5)
   check_matmul_all_flags({2, 1}, {3}, 2, 3, 2, 173);  // (2,1,2,3) @ (3,3,2) -> batch (2,3)
   check_matmul_all_flags({3}, {2, 1}, 2, 3, 2, 174);  // (3,2,3) @ (2,1,3,2) -> batch (2,3)
 }
 
-TEST_CASE("gradcheck: matmul with one operand used twice", "[gradcheck][matmul]") {
+TEST_CASE("gradcheck: matmul with one operand used twice", "[gradcheck][matmul][gemm]") {
   // x @ x^T: both matmul gradients land on the same input
   REQUIRE_GRADCHECK([](const Ins& in) { return matmul(in[0], in[0], false, true); }, {randn({2, 3, 4}, 181)});
 }
 
-TEST_CASE("gradcheck: linear with and without bias, on 1-D, 2-D and 3-D inputs", "[gradcheck][matmul][linear]") {
+TEST_CASE("gradcheck: linear with and without bias, on 1-D, 2-D and 3-D inputs", "[gradcheck][matmul][linear][gemm]") {
   const Tensor w = randn({5, 4}, 185), b = randn({5}, 186);
   for (const Shape& xs : {Shape{4}, Shape{3, 4}, Shape{2, 3, 4}}) {
     INFO("x " << shape_text(xs));
@@ -322,7 +322,7 @@ TEST_CASE("gradcheck: linear with and without bias, on 1-D, 2-D and 3-D inputs",
 }
 
 TEST_CASE("gradcheck: attention_weights self and cross, causal, masked, with a fully masked row",
-          "[gradcheck][attention]") {
+          "[gradcheck][attention][gemm]") {
   const Tensor q = randn({2, 3, 4}, 188), k = randn({2, 3, 4}, 189), k_long = randn({2, 5, 4}, 190);
   REQUIRE_GRADCHECK([](const Ins& in) { return attention_weights(in[0], in[1], 2, 0.7f); }, {q, k});
   REQUIRE_GRADCHECK([](const Ins& in) { return attention_weights(in[0], in[1], 2, 0.7f); }, {q, k_long});
@@ -335,13 +335,13 @@ TEST_CASE("gradcheck: attention_weights self and cross, causal, masked, with a f
   REQUIRE_GRADCHECK([](const Ins& in) { return attention_weights(in[0], in[0], 2, 0.7f, true); }, {q});
 }
 
-TEST_CASE("gradcheck: attention_scores self, cross and with q and k one tensor", "[gradcheck][attention]") {
+TEST_CASE("gradcheck: attention_scores self, cross and with q and k one tensor", "[gradcheck][attention][gemm]") {
   const Tensor q = randn({2, 3, 4}, 195), k = randn({2, 5, 4}, 196);
   REQUIRE_GRADCHECK([](const Ins& in) { return attention_scores(in[0], in[1], 2, 0.7f); }, {q, k});
   REQUIRE_GRADCHECK([](const Ins& in) { return attention_scores(in[0], in[0], 1, 0.5f); }, {q});
 }
 
-TEST_CASE("gradcheck: attend, and attention_weights followed by attend", "[gradcheck][attention]") {
+TEST_CASE("gradcheck: attend, and attention_weights followed by attend", "[gradcheck][attention][gemm]") {
   const Tensor w = softmax(randn({2, 2, 3, 5}, 191)), v = randn({2, 5, 4}, 192);
   REQUIRE_GRADCHECK([](const Ins& in) { return attend(in[0], in[1], 2); }, {w, v});
   const Tensor q = randn({2, 3, 4}, 193), k = randn({2, 5, 4}, 194);
@@ -480,7 +480,7 @@ TEST_CASE("gradcheck: rms_norm with and without gamma", "[gradcheck][nn][rms_nor
 // ---------------------------------------------------------------------------------------------
 // Compositions
 
-TEST_CASE("gradcheck: tiny causal attention softmax(q k^T / sqrt(D)) v", "[gradcheck][composition]") {
+TEST_CASE("gradcheck: tiny causal attention softmax(q k^T / sqrt(D)) v", "[gradcheck][composition][gemm]") {
   // Shapes: B batch 2, H heads 2, T length 4, D head size 3.
   const std::size_t T = 4, D = 3;
   Mask causal = xt::zeros<bool>(Shape{T, T});
@@ -494,7 +494,7 @@ TEST_CASE("gradcheck: tiny causal attention softmax(q k^T / sqrt(D)) v", "[gradc
   REQUIRE_GRADCHECK(attention, {randn({2, 2, T, D}, 251), randn({2, 2, T, D}, 252), randn({2, 2, T, D}, 253)});
 }
 
-TEST_CASE("gradcheck: a small MLP block with layer norm, GELU and a residual", "[gradcheck][composition]") {
+TEST_CASE("gradcheck: a small MLP block with layer norm, GELU and a residual", "[gradcheck][composition][gemm]") {
   // x (N, C) -> x + gelu(LN(x) @ W1 + b1) @ W2, reduced to a scalar by a mean
   auto block = [](const Ins& in) {
     Tensor h = layer_norm(in[0], in[1], Tensor());
@@ -505,7 +505,7 @@ TEST_CASE("gradcheck: a small MLP block with layer norm, GELU and a residual", "
                             randn({5, 4}, 265, 0.5f)});
 }
 
-TEST_CASE("gradcheck: a language-model loss over embeddings", "[gradcheck][composition]") {
+TEST_CASE("gradcheck: a language-model loss over embeddings", "[gradcheck][composition][gemm]") {
   // ids (B, T) -> embedding (B, T, C) -> logits (B, T, V) by the tied table -> cross-entropy
   const IndexArray ids = {{0, 2, 2}, {4, 1, 0}};
   const IndexArray targets = {{2, 2, -100}, {1, 0, 3}};

@@ -307,7 +307,7 @@ Shape operand_shape(Shape batch, std::size_t rows, std::size_t cols, bool transp
 
 }  // namespace
 
-TEST_CASE("values: matmul matches a naive loop for batches, broadcasting and transposes", "[values][matmul]") {
+TEST_CASE("values: matmul matches a naive loop for batches, broadcasting and transposes", "[values][matmul][gemm]") {
   struct Case {
     Shape batch_a, batch_b;
     std::size_t m, k, n;
@@ -614,7 +614,7 @@ TEST_CASE("values: rms_norm rows have mean square 1 without a weight, whatever t
 }
 
 TEST_CASE("values: attention_weights and attend equal the heads split out with reshape and permute",
-          "[values][attention]") {
+          "[values][attention][gemm]") {
   // B H = 64 heads of T = S = 24: enough for the heads to be split across threads.
   constexpr std::int64_t B = 16, T = 24, H = 4, D = 8, C = H * D;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
@@ -648,7 +648,7 @@ TEST_CASE("values: attention_weights and attend equal the heads split out with r
 }
 
 TEST_CASE("values: attention_scores then masked_softmax give attention_weights' bits, forward and backward",
-          "[values][attention]") {
+          "[values][attention][gemm]") {
   // The two forms of the attention weights share one softmax kernel and one product per head
   // block; the hook point "scores" relies on it (patching nothing there changes nothing).
   constexpr std::int64_t B = 16, T = 24, S = 20, H = 4, D = 8, C = H * D;
@@ -680,7 +680,7 @@ TEST_CASE("values: attention_scores then masked_softmax give attention_weights' 
   }
 }
 
-TEST_CASE("values: attention_scores equal scale q_h k_h^T with the heads split out", "[values][attention]") {
+TEST_CASE("values: attention_scores equal scale q_h k_h^T with the heads split out", "[values][attention][gemm]") {
   constexpr std::int64_t B = 3, T = 5, S = 7, H = 2, D = 3, C = H * D;
   const Array q = normal({B, T, C}, 74), k = normal({B, S, C}, 75);
   const Array scores = attention_scores(Tensor(q), Tensor(k), H, 0.3f).value();

@@ -377,7 +377,7 @@ TEST_CASE("AdamW decays weights by 1 - lr wd with a zero gradient, Adam with wei
 // State dictionaries
 // ----------------------------------------------------------------------------------------------
 
-TEST_CASE("Adam state entries are named after the parameters", "[optim]") {
+TEST_CASE("Adam state entries are named after the parameters", "[optim][gemm]") {
   SECTION("module parameters") {
     Generator gen(1);
     nn::Linear lin(3, 2, true, gen);

@@ -623,7 +623,7 @@ TEST_CASE("bad groups are refused naming the optimizer, the group and the value"
 }
 
 TEST_CASE("a LanguageModel trained with the decay groups resumes bit for bit from a checkpoint",
-          "[optim][groups][nn]") {
+          "[optim][groups][nn][gemm]") {
   const IndexArray ids = {{1, 4, 2, 7, 3}, {9, 0, 5, 5, 10}}, targets = {{4, 2, 7, 3, 8}, {0, 5, 5, 10, 1}};
   auto step = [&](nn::LanguageModel& model, Optimizer& opt) {
     opt.zero_grad();

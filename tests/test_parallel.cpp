@@ -137,7 +137,7 @@ TEST_CASE(
     "the elementwise, softmax, layer-norm, rms-norm, dropout, batched-matmul and attention kernels give the same bits "
     "on 1, 2 "
     "and 3 threads",
-    "[parallel][determinism]") {
+    "[parallel][determinism][gemm]") {
   Generator g(10);
   const Array x = g.uniform({16, 4, 32, 32}, -3.f, 3.f);  // 65536 elements: every kernel splits
   const Tensor gamma(g.uniform({32}, 0.5f, 1.5f)), beta(g.uniform({32}, -0.5f, 0.5f));
@@ -199,7 +199,8 @@ TEST_CASE("rms_norm's values and x and gamma gradients give the same bits on 1, 
 
 // Attention splits its work by batch entries, and by heads when there are fewer entries than
 // threads; neither may change a bit. 97 entries do not split evenly; 1 entry splits by heads.
-TEST_CASE("attention gives the same bits on 1, 2 and 3 threads for 97 entries and for 1", "[parallel][determinism]") {
+TEST_CASE("attention gives the same bits on 1, 2 and 3 threads for 97 entries and for 1",
+          "[parallel][determinism][gemm]") {
   Generator g(13);
   for (const Shape& shape : {Shape{97, 32, 32}, Shape{1, 64, 32}, Shape{3, 128, 64}}) {
     INFO("input " << shape_str(shape));
@@ -209,7 +210,7 @@ TEST_CASE("attention gives the same bits on 1, 2 and 3 threads for 97 entries an
   }
 }
 
-TEST_CASE("training steps repeat bit for bit on a given thread count", "[parallel][determinism]") {
+TEST_CASE("training steps repeat bit for bit on a given thread count", "[parallel][determinism][gemm]") {
   for (int threads : {1, 2, 3}) {
     INFO("threads " << threads);
     const testing::StepResult a = testing::train_steps(threads), b = testing::train_steps(threads);
@@ -224,7 +225,7 @@ TEST_CASE("training steps repeat bit for bit on a given thread count", "[paralle
 // Splitting a GEMM changes how OpenBLAS blocks it, and with it the last bits of some sums (a
 // product computed as two halves differs from the whole in about 1 element in 10, by an ulp or
 // so). Across thread counts, training therefore agrees to rounding, not to the bit.
-TEST_CASE("training steps on 2 and 3 threads agree with 1 thread to rounding", "[parallel][determinism]") {
+TEST_CASE("training steps on 2 and 3 threads agree with 1 thread to rounding", "[parallel][determinism][gemm]") {
   const testing::StepResult one = testing::train_steps(1);
   for (int threads : {2, 3}) {
     INFO("threads " << threads);

@@ -56,7 +56,7 @@ std::unique_ptr<nn::LanguageModel> make_model(std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("a sweep's cells are the patches made by hand, and the known cells are exact") {
+TEST_CASE("a sweep's cells are the patches made by hand, and the known cells are exact", "[gemm]") {
   auto model = make_model(1);
   model->train();  // the sweep runs in eval mode and gives the mode back
   const Runs runs = make_runs(2);
@@ -114,7 +114,7 @@ TEST_CASE("a sweep's cells are the patches made by hand, and the known cells are
   REQUIRE(tsv.rfind("patched\t0\t1", 0) == 0);
 }
 
-TEST_CASE("attribution patching is the directional derivative of the metric, and follows the sweep") {
+TEST_CASE("attribution patching is the directional derivative of the metric, and follows the sweep", "[gemm]") {
   auto model = make_model(3);
   model->train();
   const Runs runs = make_runs(4);
@@ -168,7 +168,7 @@ TEST_CASE("attribution patching is the directional derivative of the metric, and
   REQUIRE(r > 0.9);
 }
 
-TEST_CASE("sweeps and attribution patching on the GPT-2 and Llama layouts") {
+TEST_CASE("sweeps and attribution patching on the GPT-2 and Llama layouts", "[gemm]") {
   const Runs runs = make_runs(12);
   const Metric metric = logit_difference(kT - 1, runs.answer, runs.wrong);
   for (const auto& [name, options] : std::vector<std::pair<std::string, nn::LanguageModelOptions>>{
@@ -204,7 +204,7 @@ TEST_CASE("sweeps and attribution patching on the GPT-2 and Llama layouts") {
   }
 }
 
-TEST_CASE("sweeps refuse what they cannot do before the patched runs, naming it") {
+TEST_CASE("sweeps refuse what they cannot do before the patched runs, naming it", "[gemm]") {
   auto model = make_model(5);
   const Runs runs = make_runs(6);
   std::size_t corrupted_calls = 0;
@@ -252,7 +252,7 @@ TEST_CASE("sweeps refuse what they cannot do before the patched runs, naming it"
       Contains("differ in rows or columns"));
 }
 
-TEST_CASE("a sweep whose clean activations cannot be held is refused before the corrupted runs") {
+TEST_CASE("a sweep whose clean activations cannot be held is refused before the corrupted runs", "[gemm]") {
   if (testing::kAddressSanitizer) {
     WARN("skipped: AddressSanitizer's reserved address space makes an RLIMIT_AS test meaningless");
     return;

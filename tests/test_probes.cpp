@@ -226,7 +226,7 @@ void require_gradcheck_agrees(const std::function<Tensor(const Tensor&)>& fn, co
 // ---------------------------------------------------------------------------------------------
 // ProbeSet points
 
-TEST_CASE("a ProbeSet records every hook point but the scores, in forward order, with its shape and values") {
+TEST_CASE("a ProbeSet records every hook point but the scores, in forward order, with its shape and values", "[gemm]") {
   for (Norm norm : {Norm::pre, Norm::post}) {
     INFO(norm_name(norm));
     auto model = make_lm(norm);
@@ -323,7 +323,7 @@ void require_probes_change_nothing(Norm norm, bool bitwise) {
   if (bitwise) REQUIRE(differing.empty());
 }
 
-TEST_CASE("Pre-Norm probes change nothing: loss and every parameter gradient are bitwise equal") {
+TEST_CASE("Pre-Norm probes change nothing: loss and every parameter gradient are bitwise equal", "[gemm]") {
   require_probes_change_nothing(Norm::pre, true);
 }
 
@@ -333,11 +333,11 @@ TEST_CASE("Pre-Norm probes change nothing: loss and every parameter gradient are
 // identity then adds it to the skip part, so the float sum is associated differently (measured:
 // |difference| up to about 7e-9, for the parameters upstream of block 1's attention input).
 // Pre-Norm's x has two consumers, and a two-term sum is the same in either order.
-TEST_CASE("Post-Norm probes change no value and no gradient beyond rounding") {
+TEST_CASE("Post-Norm probes change no value and no gradient beyond rounding", "[gemm]") {
   require_probes_change_nothing(Norm::post, false);
 }
 
-TEST_CASE("a destroyed ProbeSet leaves no hook behind, and two at once record the same values") {
+TEST_CASE("a destroyed ProbeSet leaves no hook behind, and two at once record the same values", "[gemm]") {
   auto model = make_lm(Norm::pre);
   const Batch b = make_batch(3);
   const std::size_t points = expected_points(kL, Norm::pre).size();
@@ -390,7 +390,7 @@ TEST_CASE("a destroyed ProbeSet leaves no hook behind, and two at once record th
 // ---------------------------------------------------------------------------------------------
 // The gradient through a residual connection is the sum of its two paths
 
-TEST_CASE("at every residual connection the skip and branch gradients add up to the input's") {
+TEST_CASE("at every residual connection the skip and branch gradients add up to the input's", "[gemm]") {
   for (Norm norm : {Norm::pre, Norm::post}) {
     INFO(norm_name(norm));
     auto model = make_lm(norm);
@@ -440,7 +440,7 @@ TEST_CASE("at every residual connection the skip and branch gradients add up to 
 // ---------------------------------------------------------------------------------------------
 // Probe gradients against finite differences
 
-TEST_CASE("the gradient of the stream entering each block equals finite differences") {
+TEST_CASE("the gradient of the stream entering each block equals finite differences", "[gemm]") {
   for (Norm norm : {Norm::pre, Norm::post}) {
     auto model = make_lm(norm);
     const Batch b = make_batch(5);
@@ -486,7 +486,7 @@ TEST_CASE("the gradient of the stream entering each block equals finite differen
   }
 }
 
-TEST_CASE("the gradients through the feed-forward branch and skip paths equal finite differences") {
+TEST_CASE("the gradients through the feed-forward branch and skip paths equal finite differences", "[gemm]") {
   for (Norm norm : {Norm::pre, Norm::post}) {
     auto model = make_lm(norm);
     const Batch b = make_batch(6);
@@ -540,7 +540,7 @@ TEST_CASE("the gradients through the feed-forward branch and skip paths equal fi
 // ---------------------------------------------------------------------------------------------
 // Per-parameter gradient norms
 
-TEST_CASE("gradient_norms gives every parameter's gradient norm, 0 without a gradient") {
+TEST_CASE("gradient_norms gives every parameter's gradient norm, 0 without a gradient", "[gemm]") {
   auto model = make_lm(Norm::pre);
   const Batch b = make_batch(7);
   const NamedTensors params = model->named_parameters();
@@ -596,7 +596,7 @@ TEST_CASE("gradient_norms gives every parameter's gradient norm, 0 without a gra
 // ---------------------------------------------------------------------------------------------
 // Head importance
 
-TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as finite differences give") {
+TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as finite differences give", "[gemm]") {
   for (Norm norm : {Norm::pre, Norm::post}) {
     INFO(norm_name(norm));
     auto model = make_lm(norm);
@@ -663,7 +663,7 @@ TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as fin
   }
 }
 
-TEST_CASE("head importance averages absolute gate gradients over batches") {
+TEST_CASE("head importance averages absolute gate gradients over batches", "[gemm]") {
   auto model = make_lm(Norm::pre);
   nn::HeadImportance importance(*model);
   REQUIRE(importance.batches() == 0);
@@ -706,7 +706,8 @@ TEST_CASE("head importance averages absolute gate gradients over batches") {
 
 TEST_CASE(
     "the HeadImportance destructor removes the gates, two at once each see their gradient, and a tree without "
-    "attention throws") {
+    "attention throws",
+    "[gemm]") {
   auto model = make_lm(Norm::post);
   const Batch b = make_batch(9);
   {

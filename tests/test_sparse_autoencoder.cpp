@@ -107,7 +107,7 @@ std::size_t count_above(const std::vector<double>& v, double threshold) {
 
 }  // namespace
 
-TEST_CASE("SAELens files give the numbers a PyTorch mirror of SAELens's forward and backward gives") {
+TEST_CASE("SAELens files give the numbers a PyTorch mirror of SAELens's forward and backward gives", "[gemm]") {
   struct Case {
     const char* folder;
     SaeArchitecture architecture;
@@ -219,7 +219,7 @@ TEST_CASE("an SAE saved and loaded again is the same, and SAELens's cfg.json fie
   }
 }
 
-TEST_CASE("the SAE's gradients match finite differences (ReLU, TopK, layer norm, constant-norm rescale)") {
+TEST_CASE("the SAE's gradients match finite differences (ReLU, TopK, layer norm, constant-norm rescale)", "[gemm]") {
   for (int variant = 0; variant < 4; ++variant) {
     SaeConfig c;
     c.d_in = 5;
@@ -248,7 +248,7 @@ TEST_CASE("the SAE's gradients match finite differences (ReLU, TopK, layer norm,
   }
 }
 
-TEST_CASE("constant_norm_rescale reads x at norm sqrt(d_in) and gives the output x's norm back") {
+TEST_CASE("constant_norm_rescale reads x at norm sqrt(d_in) and gives the output x's norm back", "[gemm]") {
   SaeConfig c;
   c.d_in = 6;
   c.d_sae = 9;
@@ -284,7 +284,7 @@ TEST_CASE("constant_norm_rescale reads x at norm sqrt(d_in) and gives the output
   CHECK(max_abs_diff(sae.encode(Tensor(Array(x * 3.f))).value(), sae.encode(Tensor(x)).value()) < 1e-5);
 }
 
-TEST_CASE("a spliced SAE replaces the point's value, its features are cached, and the hook goes away") {
+TEST_CASE("a spliced SAE replaces the point's value, its features are cached, and the hook goes away", "[gemm]") {
   const auto model = testing::randomized_lm(nn::LanguageModelOptions(11, 16, 2, 2).d_ff(32).max_len(8).dropout(0.f), 5);
   model->eval();
   const IndexArray ids = testing::uniform_ids(2, 6, 11, 6);
@@ -326,7 +326,7 @@ TEST_CASE("a spliced SAE replaces the point's value, its features are cached, an
   CHECK(same_bits(model->forward(ids).logits.value(), plain));
 }
 
-TEST_CASE("SAEs splice into the GPT-2 and Llama layouts, and train on their streams") {
+TEST_CASE("SAEs splice into the GPT-2 and Llama layouts, and train on their streams", "[gemm]") {
   for (const nn::LanguageModelOptions& options : {nn::LanguageModelOptions::gpt2_style(11, 16, 2, 2).max_len(8),
                                                   nn::LanguageModelOptions::llama_style(11, 16, 4, 2, 2).max_len(8)}) {
     auto model = testing::randomized_lm(nn::LanguageModelOptions(options).dropout(0.f), 8);
@@ -357,7 +357,7 @@ TEST_CASE("SAEs splice into the GPT-2 and Llama layouts, and train on their stre
   }
 }
 
-TEST_CASE("SAEs trained on a mixture of sparse directions recover them") {
+TEST_CASE("SAEs trained on a mixture of sparse directions recover them", "[gemm]") {
   constexpr std::size_t kD = 32, kTrue = 32;
   Generator gen(21);
   const Array truth = unit_directions(kTrue, kD, gen);
@@ -393,7 +393,7 @@ TEST_CASE("SAEs trained on a mixture of sparse directions recover them") {
   }
 }
 
-TEST_CASE("SAE refusals: widths, dtypes, files, options") {
+TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
   testing::TempDir tmp("xgrad_sae_bad");
   const std::string fixture = testing::fixture_path("sae/standard_v6");
   const auto copy_fixture = [&](const std::string& name) {

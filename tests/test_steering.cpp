@@ -41,7 +41,7 @@ SteeringVector some_vector(const std::string& point, std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("Steering adds scale times the vector at its point, at the chosen positions only") {
+TEST_CASE("Steering adds scale times the vector at its point, at the chosen positions only", "[gemm]") {
   auto model = make_model(1);
   const IndexArray ids = random_ids(2);
   const SteeringVector v = some_vector("blocks.1.hook_resid_pre", 3);  // TransformerLens's name for stream_in
@@ -76,7 +76,7 @@ TEST_CASE("Steering adds scale times the vector at its point, at the chosen posi
   REQUIRE(std::memcmp(after.data(), again.at("logits").data(), after.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("Steering moves generation, and generation comes back when it ends") {
+TEST_CASE("Steering moves generation, and generation comes back when it ends", "[gemm]") {
   auto model = make_model(4);
   const std::vector<std::int64_t> prompt = {1, 2, 3};
   nn::GenerateOptions greedy;
@@ -95,7 +95,7 @@ TEST_CASE("Steering moves generation, and generation comes back when it ends") {
   REQUIRE(model->generate(prompt, 8, greedy, g3) == plain);
 }
 
-TEST_CASE("during generate, from_position counts from the prompt's first token") {
+TEST_CASE("during generate, from_position counts from the prompt's first token", "[gemm]") {
   auto model = make_model(4);
   const std::vector<std::int64_t> prompt = {1, 2, 3};  // generate returns the prompt, then 8 tokens
   constexpr std::size_t kCount = 8;
@@ -120,7 +120,7 @@ TEST_CASE("during generate, from_position counts from the prompt's first token")
   CHECK(steered_from(prompt.size() - 1)[prompt.size()] != plain[prompt.size()]);
 }
 
-TEST_CASE("mean_difference_vector is the difference of the two sets' mean activations") {
+TEST_CASE("mean_difference_vector is the difference of the two sets' mean activations", "[gemm]") {
   auto model = make_model(6);
   const std::vector<IndexArray> positive = {random_ids(7), random_ids(8, 3, 4)}, negative = {random_ids(9)};
   for (bool last_only : {true, false}) {
@@ -176,7 +176,7 @@ TEST_CASE("a steering vector's file keeps the vector bit for bit, its point and 
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("steering refuses a vector that does not fit, a point the model lacks and empty prompt sets") {
+TEST_CASE("steering refuses a vector that does not fit, a point the model lacks and empty prompt sets", "[gemm]") {
   auto model = make_model(12);
   const IndexArray ids = random_ids(13);
   SteeringVector v = some_vector("blocks.0.stream_out", 14);

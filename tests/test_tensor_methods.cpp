@@ -106,7 +106,7 @@ Mask random_mask(const Shape& shape, std::uint64_t seed) {
 #define REQUIRE_SAME(method, free_form, ...) REQUIRE(difference(method, free_form, __VA_ARGS__) == "")
 #define REQUIRE_DIFFERENT(a, b, ...) REQUIRE(difference(a, b, __VA_ARGS__) != "")
 
-TEST_CASE("the comparison catches a method that drops or changes an argument", "[methods]") {
+TEST_CASE("the comparison catches a method that drops or changes an argument", "[methods][gemm]") {
   // On random inputs like those below, a changed argument changes the bits of a value or of a
   // gradient, so the comparison fails for a method that forwards a default, another axis, another
   // op or swapped operands.
@@ -228,7 +228,7 @@ TEST_CASE("indexing methods give the free ops' bits, forward and backward", "[me
   REQUIRE((t.argmax(0) != t.argmax(0, true)));  // shapes (4, 5) and (1, 4, 5)
 }
 
-TEST_CASE("matmul's method gives the free op's bits, with each transpose flag", "[methods]") {
+TEST_CASE("matmul's method gives the free op's bits, with each transpose flag", "[methods][gemm]") {
   const Array a = normal({2, 3, 4}, 51), b = normal({4, 5}, 52), bt = normal({5, 4}, 53), c = normal({3, 5}, 54);
   REQUIRE_SAME(FN(x[0].matmul(x[1])), FN(xgrad::matmul(x[0], x[1])), {a, b});
   REQUIRE_SAME(FN(x[0].matmul(x[1], false, true)), FN(xgrad::matmul(x[0], x[1], false, true)), {a, bt});
@@ -249,7 +249,7 @@ TEST_CASE("softmax and masked_fill methods give the free ops' bits, forward and 
   REQUIRE_SAME(FN(x[0].masked_fill(m, values)), FN(xgrad::masked_fill(x[0], m, values)), {a});
 }
 
-TEST_CASE("methods chain as the free calls nest", "[methods]") {
+TEST_CASE("methods chain as the free calls nest", "[methods][gemm]") {
   const Array a = normal({2, 3, 4}, 71), w = normal({4, 6}, 72);
   REQUIRE_SAME(
       FN(x[0].matmul(x[1]).relu().softmax(-1).log().mean({0, 1}).sum()),

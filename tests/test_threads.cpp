@@ -182,7 +182,7 @@ TEST_CASE("an op on one thread taking a non-leaf recorded on another is refused 
 }
 
 TEST_CASE("two threads training one TransformerBlock sum its gradients like the same passes run serially",
-          "[threads][nn]") {
+          "[threads][nn][gemm]") {
   KernelThreads kernels(2);
   constexpr int kPerThread = 20;
   Generator init(5);
@@ -211,7 +211,8 @@ TEST_CASE("two threads training one TransformerBlock sum its gradients like the 
   }
 }
 
-TEST_CASE("two threads training one TransformerBlock with dropout finish with finite gradients", "[threads][nn]") {
+TEST_CASE("two threads training one TransformerBlock with dropout finish with finite gradients",
+          "[threads][nn][gemm]") {
   KernelThreads kernels(2);
   constexpr int kPerThread = 20;
   Generator init(6), masks(7);
@@ -313,7 +314,7 @@ TEST_CASE("hooks on a shared leaf run once per pass, one pass at a time, from bo
 }
 
 TEST_CASE("on one thread, accumulated leaf gradients are the bitwise sum of the passes, on any thread",
-          "[threads][determinism]") {
+          "[threads][determinism][gemm]") {
   Generator init(8);
   nn::TransformerBlock block(block_options(0.f), init);
   block.train();
@@ -427,7 +428,7 @@ TEST_CASE("child: set_num_threads under a thread limit", "[.thread_limit_child]"
 }
 
 TEST_CASE("set_num_threads names the count, the threads running, the OS reason and the limit when threads cannot start",
-          "[threads][bad_input]") {
+          "[threads][bad_input][gemm]") {
   char self[4096] = {};
   REQUIRE(::readlink("/proc/self/exe", self, sizeof self - 1) > 0);
   testing::TempDir dir("xgrad_thread_limit");
@@ -454,7 +455,7 @@ TEST_CASE("set_num_threads names the count, the threads running, the OS reason a
 }
 
 TEST_CASE("set_num_threads refuses a count past kMaxThreads before it starts a thread, and keeps the pool",
-          "[threads][bad_input][bug]") {
+          "[threads][bad_input][bug][gemm]") {
   // A root process has no RLIMIT_NPROC: INT_MAX would have started threads until the machine had
   // none left (and 8 MiB of stack address space each) before failing.
   const int before = num_threads();

@@ -322,7 +322,7 @@ TEST_CASE("padded_batch: right padding, targets ignored at padding and at each d
 TEST_CASE(
     "padded_batch: a language model's loss on the padded batch is the token-weighted mean of its loss on each "
     "document alone",
-    "[text][batches]") {
+    "[text][batches][gemm]") {
   Generator gen(0);
   nn::LanguageModel model(nn::LanguageModelOptions(11, 16, 2, 2).max_len(12).dropout(0.f), gen);
   model.eval();

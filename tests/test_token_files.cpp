@@ -305,7 +305,7 @@ TEST_CASE("token sources: TokenVector reads by range and refuses a range past it
 }
 
 TEST_CASE("bad input: a token file truncated or replaced while open: read() names the file, never SIGBUS",
-          "[text][tokens][bad_input]") {
+          "[text][tokens][bad_input][gemm]") {
   TempDir dir("xgrad_tokfile_shrink");
   const std::string path = dir.file("t.bin");
   std::vector<std::int64_t> ids(100000);

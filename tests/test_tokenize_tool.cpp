@@ -69,7 +69,7 @@ void check_refused(const TempDir& dir, const std::vector<std::string>& args, con
 
 }  // namespace
 
-TEST_CASE("xgrad-tokenize encode: each file a document, the token file holding their bytes", "[text][tool]") {
+TEST_CASE("xgrad-tokenize encode: each file a document, the token file holding their bytes", "[text][tool][gemm]") {
   TempDir dir("xgrad_tokenize");
   write_bytes(dir.file("a.txt"), "first file\n");
   write_bytes(dir.file("b.txt"), std::string("second \xff\x00 file", 15));
@@ -89,7 +89,7 @@ TEST_CASE("xgrad-tokenize encode: each file a document, the token file holding t
 }
 
 TEST_CASE("xgrad-tokenize encode --split-lines --val: a split by whole documents, the same for the same seed",
-          "[text][tool]") {
+          "[text][tool][gemm]") {
   TempDir dir("xgrad_tokenize");
   std::string text;
   std::vector<std::string> lines;
@@ -126,7 +126,7 @@ TEST_CASE("xgrad-tokenize encode --split-lines --val: a split by whole documents
   CHECK(TokenFile(dir.file("v1.bin")).header().documents == 10);
 }
 
-TEST_CASE("xgrad-tokenize encode --separator splits files into documents at the separator", "[text][tool]") {
+TEST_CASE("xgrad-tokenize encode --separator splits files into documents at the separator", "[text][tool][gemm]") {
   TempDir dir("xgrad_tokenize");
   write_bytes(dir.file("s.txt"), "one<|sep|>two<|sep|>three<|sep|>");
   const Outcome o = tool(dir, {"encode", "--tokenizer", "bytes", "--separator", "<|sep|>", "--out", "t.bin", "s.txt"});
@@ -137,7 +137,7 @@ TEST_CASE("xgrad-tokenize encode --separator splits files into documents at the 
 }
 
 TEST_CASE("bad input: xgrad-tokenize encode on a full disk exits 1, leaving the earlier file and no temporary",
-          "[text][tool]") {
+          "[text][tool][gemm]") {
   TempDir dir("xgrad_tokenize");
   write_bytes(dir.file("big.txt"), std::string(3 << 20, 'a'));
   write_bytes(dir.file("t.bin"), "earlier");
@@ -155,7 +155,7 @@ TEST_CASE("bad input: xgrad-tokenize encode on a full disk exits 1, leaving the 
 }
 
 TEST_CASE("xgrad-tokenize with GPT-2's tokenizer: documents joined by its end-of-text id, ids as the library gives",
-          "[text][tool]") {
+          "[text][tool][gemm]") {
   TempDir dir("xgrad_tokenize_gpt2");
   const std::string gpt2 = std::string(XGRAD_FIXTURE_DIR) + "/gpt2_tokenizer";
   const auto tokenizer = load_tokenizer("gpt2", gpt2);
@@ -183,7 +183,8 @@ TEST_CASE("xgrad-tokenize with GPT-2's tokenizer: documents joined by its end-of
   CHECK(text.out == "Hello world");
 }
 
-TEST_CASE("xgrad-tokenize ids and decode: text to a JSON array of ids and back to the raw bytes", "[text][tool]") {
+TEST_CASE("xgrad-tokenize ids and decode: text to a JSON array of ids and back to the raw bytes",
+          "[text][tool][gemm]") {
   TempDir dir("xgrad_tokenize");
   Outcome o = tool(dir, {"ids", "--tokenizer", "bytes", "h\xc3\xa9!"});
   INFO(o);
@@ -206,7 +207,7 @@ TEST_CASE("xgrad-tokenize ids and decode: text to a JSON array of ids and back t
   CHECK_THAT(o.out, Contains("encode") && Contains("decode") && Contains("info"));
 }
 
-TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", "[text][tool]") {
+TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", "[text][tool][gemm]") {
   TempDir dir("xgrad_tokenize");
   write_bytes(dir.file("a.txt"), "some text\nmore\n");
   write_bytes(dir.file("empty.txt"), "");
@@ -272,7 +273,7 @@ TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", 
 }
 
 TEST_CASE("bad input: xgrad-tokenize decode of ids nested a million deep exits 1, not with a stack overflow",
-          "[text][tool][bad_input]") {
+          "[text][tool][bad_input][gemm]") {
   TempDir dir("xgrad_tokenize_deep");
   write_bytes(dir.file("deep.json"), "[1, " + std::string(1000000, '[') + std::string(1000000, ']') + "]");
   check_refused(dir, {"decode", "--tokenizer", "bytes", "--file", "deep.json"},

@@ -156,7 +156,7 @@ TEST_CASE("torch agreement: rel_error rejects mismatched shapes", "[torch]") {
   CHECK(testing::rel_error(d, c) == Approx(0.5));
 }
 
-TEST_CASE("torch agreement: matmul (plain, batched, broadcast, transposed)", "[torch][matmul]") {
+TEST_CASE("torch agreement: matmul (plain, batched, broadcast, transposed)", "[torch][matmul][gemm]") {
   run_family("matmul_", [](const Inputs& in, const json& c) {
     return matmul(in.at("a"), in.at("b"), c.at("transpose_a").get<bool>(), c.at("transpose_b").get<bool>());
   });
@@ -200,14 +200,14 @@ TEST_CASE("torch agreement: gelu (exact and tanh)", "[torch][gelu]") {
   });
 }
 
-TEST_CASE("torch agreement: linear (with and without bias, 1-D input)", "[torch][linear]") {
+TEST_CASE("torch agreement: linear (with and without bias, 1-D input)", "[torch][linear][gemm]") {
   run_family("linear_", [](const Inputs& in, const json&) {
     return linear(in.at("x"), in.at("weight"), in.count("bias") ? in.at("bias") : Tensor());
   });
 }
 
 TEST_CASE("torch agreement: attention_weights (plain, cross, causal, padding, a fully masked row)",
-          "[torch][attention]") {
+          "[torch][attention][gemm]") {
   run_family("attention_weights_", [](const Inputs& in, const json& c) {
     const std::size_t heads = c.at("heads").get<std::size_t>();
     const float scale = c.at("scale").get<float>();
@@ -220,7 +220,7 @@ TEST_CASE("torch agreement: attention_weights (plain, cross, causal, padding, a 
   });
 }
 
-TEST_CASE("torch agreement: attend (self and cross attention)", "[torch][attention]") {
+TEST_CASE("torch agreement: attend (self and cross attention)", "[torch][attention][gemm]") {
   run_family("attend_", [](const Inputs& in, const json& c) {
     return attend(in.at("weights"), in.at("v"), c.at("heads").get<std::size_t>());
   });

@@ -123,7 +123,7 @@ Array logits_of(const nn::LanguageModel& model, const json& c) {
 }  // namespace
 
 TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools/xgrad_to_torch.py",
-          "[torch][export]") {
+          "[torch][export][gemm]") {
   static const bool written = [] {  // once, though Catch runs this body once per section
     const char* write = std::getenv("XGRAD_WRITE_FIXTURES");
     if (!write || std::string(write) != "1") return false;
@@ -176,7 +176,7 @@ TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools
   }
 }
 
-TEST_CASE("torch export: the comparison fails for the wrong options", "[torch][export]") {
+TEST_CASE("torch export: the comparison fails for the wrong options", "[torch][export][gemm]") {
   const Case& pre = kCases[0];
   const Case& post = kCases[1];
   const Case& format1 = kCases[2];

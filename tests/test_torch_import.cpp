@@ -231,7 +231,7 @@ TEST_CASE("F16 and BF16 files: other dtypes, odd byte counts and truncated data 
   for (std::size_t n = 0; n < real.size(); n += 7) REQUIRE_THROWS_AS(parse_safetensors(real.substr(0, n)), Error);
 }
 
-TEST_CASE("nn.MultiheadAttention's packed weights load into Attention", "[import]") {
+TEST_CASE("nn.MultiheadAttention's packed weights load into Attention", "[import][gemm]") {
   const auto options = nn::MultiHeadAttentionOptions(8, 2).norm(nn::Norm::none).dropout(0.f);
   const NamedArrays& torch_state = fixture("import_mha.safetensors");
   nn::MultiHeadAttention attn(options);
@@ -247,7 +247,8 @@ TEST_CASE("nn.MultiheadAttention's packed weights load into Attention", "[import
   }
 }
 
-TEST_CASE("nn.MultiheadAttention with kdim and vdim (separate projections) loads into cross-attention", "[import]") {
+TEST_CASE("nn.MultiheadAttention with kdim and vdim (separate projections) loads into cross-attention",
+          "[import][gemm]") {
   const auto options = nn::MultiHeadAttentionOptions(8, 2).kdim(6).vdim(5).norm(nn::Norm::none).dropout(0.f);
   const NamedArrays& torch_state = fixture("import_mha_kv.safetensors");
   nn::MultiHeadAttention attn(options);
@@ -268,7 +269,8 @@ TEST_CASE("nn.MultiheadAttention with kdim and vdim (separate projections) loads
       Contains("missing tensors 'q_proj_weight' (8, 8), 'k_proj_weight' (8, 6), 'v_proj_weight' (8, 5)"));
 }
 
-TEST_CASE("nn.TransformerEncoderLayer, Post-Norm (relu) and Pre-Norm (gelu), loads into TransformerBlock", "[import]") {
+TEST_CASE("nn.TransformerEncoderLayer, Post-Norm (relu) and Pre-Norm (gelu), loads into TransformerBlock",
+          "[import][gemm]") {
   for (const bool pre : {false, true}) {
     const std::string name = pre ? "encoder_pre" : "encoder_post";
     INFO(name);
@@ -290,7 +292,8 @@ TEST_CASE("nn.TransformerEncoderLayer, Post-Norm (relu) and Pre-Norm (gelu), loa
   }
 }
 
-TEST_CASE("a GPT-2 state dict (F32, and F16 under transformer. with an lm_head) becomes a LanguageModel", "[import]") {
+TEST_CASE("a GPT-2 state dict (F32, and F16 under transformer. with an lm_head) becomes a LanguageModel",
+          "[import][gemm]") {
   const Array& ids_f = output("gpt2.ids");
   IndexArray ids = IndexArray::from_shape(ids_f.shape());
   for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>(ids_f.data()[i]);
@@ -389,7 +392,7 @@ long long field(const std::string& out, const std::string& name) {
 }  // namespace
 
 TEST_CASE("load_gpt2 reads a GPT-2 file into the model from_gpt2 and load_state_dict build, bit for bit",
-          "[import][load_gpt2]") {
+          "[import][load_gpt2][gemm]") {
   const Array& ids_f = output("gpt2.ids");
   IndexArray ids = IndexArray::from_shape(ids_f.shape());
   for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>(ids_f.data()[i]);
@@ -486,7 +489,7 @@ TEST_CASE("child: import a GPT-2 file and report the peak memory", "[.gpt2_child
 }
 
 TEST_CASE("load_gpt2 peaks near the model's own size and refuses a model that cannot fit before building it",
-          "[import][load_gpt2][bad_input]") {
+          "[import][load_gpt2][bad_input][gemm]") {
   testing::TempDir dir("xgrad_load_gpt2");
   const std::string path = dir.file("gpt2.safetensors");
   // V 2048, C 256, P 256, L 4, F 1024: 4.3 M parameters, 17 MB as float32; the file is F16.
@@ -531,9 +534,10 @@ TEST_CASE("load_gpt2 peaks near the model's own size and refuses a model that ca
   REQUIRE(field(refused, "params") == 0);
 }
 
-TEST_CASE("load_gpt2 of a file of many tiny layers takes time linear in the layers and counts each block's "
-          "bookkeeping in its memory check",
-          "[import][bad_input][bug]") {
+TEST_CASE(
+    "load_gpt2 of a file of many tiny layers takes time linear in the layers and counts each block's "
+    "bookkeeping in its memory check",
+    "[import][bad_input][bug][gemm]") {
   // Each tensor was matched against every piece of the model (16 L x 12 L string comparisons):
   // 6000 layers of d_model 2 took 10 s; a 100 MB header (120000 layers) would take hours. Four
   // times the layers cost four times the work when the match is linear and sixteen times when it
@@ -544,8 +548,8 @@ TEST_CASE("load_gpt2 of a file of many tiny layers takes time linear in the laye
   save_safetensors(path, gpt2_state(2, 2, 1, L, 1, 7));  // num_heads 2, as the child reads it
   save_safetensors(quarter, gpt2_state(2, 2, 1, L / 4, 1, 7));
   std::shared_ptr<nn::LanguageModel> m;
-  const double whole_cost = testing::least_cpu_seconds(3, [&] { m = nn::load_gpt2(path, 2); });
-  const double quarter_cost = testing::least_cpu_seconds(3, [&] { nn::load_gpt2(quarter, 2); });
+  const double whole_cost = testing::least_cpu_seconds(2, [&] { m = nn::load_gpt2(path, 2); });
+  const double quarter_cost = testing::least_cpu_seconds(2, [&] { nn::load_gpt2(quarter, 2); });
   REQUIRE(m->options().num_layers() == L);
   const nn::ImportedLanguageModel ref = nn::from_gpt2(load_safetensors(path).tensors, 2);
   std::map<std::string, const Array*> want;

@@ -103,7 +103,7 @@ void require_usage_error(const Outcome& o, const std::vector<std::string>& parts
 
 }  // namespace
 
-TEST_CASE("the byte-level model learns the built-in text well below its unigram entropy") {
+TEST_CASE("the byte-level model learns the built-in text well below its unigram entropy", "[gemm]") {
   const std::string text = grammar_text(60000, 7);
   const double unigram = unigram_entropy(text);
   REQUIRE(unigram > 2.5);  // the bar is meaningful: about 20 distinct letters in use
@@ -120,7 +120,7 @@ TEST_CASE("the byte-level model learns the built-in text well below its unigram 
 // `train_lm` with no flags trains): the same seed in fp32 and with bf16 products. Under
 // AddressSanitizer, where it takes minutes, the learning test's smaller settings above.
 TEST_CASE("train_lm's default run in bf16 ends within 1% of the fp32 run's validation loss on the same seed",
-          "[bf16]") {
+          "[bf16][gemm]") {
   const bool reduced = xgrad::testing::kAddressSanitizer;
   const TrainConfig config = reduced ? small_config() : TrainConfig{};
   const std::string text = reduced ? grammar_text(60000, 7) : grammar_text(200000, 12345);
@@ -137,7 +137,7 @@ TEST_CASE("train_lm's default run in bf16 ends within 1% of the fp32 run's valid
   REQUIRE(std::abs(valid[1] - valid[0]) <= 0.01 * valid[0]);
 }
 
-TEST_CASE("a resumed run continues with exactly the losses of an uninterrupted one") {
+TEST_CASE("a resumed run continues with exactly the losses of an uninterrupted one", "[gemm]") {
   TrainConfig c = small_config();
   c.steps = 40;
   c.warmup = 10;
@@ -172,7 +172,7 @@ TEST_CASE("a resumed run continues with exactly the losses of an uninterrupted o
   for (std::size_t i = 0; i < pa.size(); ++i) REQUIRE(pa[i].second.value() == pb[i].second.value());
 }
 
-TEST_CASE("resume refuses a checkpoint with other settings and a file that is not one") {
+TEST_CASE("resume refuses a checkpoint with other settings and a file that is not one", "[gemm]") {
   TrainConfig c = small_config();
   c.steps = 5;
   c.warmup = 1;
@@ -191,7 +191,7 @@ TEST_CASE("resume refuses a checkpoint with other settings and a file that is no
   std::filesystem::remove(path);
 }
 
-TEST_CASE("a resumed run may extend --steps: the schedule it started with goes on at min_lr") {
+TEST_CASE("a resumed run may extend --steps: the schedule it started with goes on at min_lr", "[gemm]") {
   TrainConfig c = small_config();
   c.steps = 12;
   c.warmup = 2;
@@ -221,7 +221,7 @@ TEST_CASE("a resumed run may extend --steps: the schedule it started with goes o
   std::filesystem::remove(path);
 }
 
-TEST_CASE("a NaN loss stops the run before the update, naming the step") {
+TEST_CASE("a NaN loss stops the run before the update, naming the step", "[gemm]") {
   TrainConfig c = small_config();
   c.steps = 60;
   c.warmup = 1;
@@ -238,7 +238,7 @@ TEST_CASE("a NaN loss stops the run before the update, naming the step") {
 }
 
 TEST_CASE("train_lm --arch llama trains a Llama-style model whose loss falls, with the usual weight-decay groups",
-          "[examples]") {
+          "[examples][gemm]") {
   TempDir dir("xgrad_train_lm_llama");
   const std::string ck = dir.file("ck.safetensors");
   require_ok(
@@ -282,7 +282,7 @@ TEST_CASE("train_lm --arch llama trains a Llama-style model whose loss falls, wi
 }
 
 TEST_CASE("train_lm --resume and --sample of a llama checkpoint need no architecture flags and name contradicting ones",
-          "[examples][bad_input]") {
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_train_lm_llama_resume");
   const std::string ck = dir.file("ck.safetensors");
   require_ok(train_lm(dir, tiny(sizes({"--arch", "llama", "--steps", "10", "--checkpoint", ck}))));
@@ -322,7 +322,8 @@ TEST_CASE("train_lm --resume and --sample of a llama checkpoint need no architec
                       {"holds an --arch llama model, not gpt2"});
 }
 
-TEST_CASE("train_lm refuses a bad architecture flag value naming the flag, before any work", "[examples][bad_input]") {
+TEST_CASE("train_lm refuses a bad architecture flag value naming the flag, before any work",
+          "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_train_lm_bad_arch");
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--arch", "bert"}, "--arch: bert not in {classic,gpt2,llama}"},
@@ -359,7 +360,8 @@ TEST_CASE("train_lm refuses a bad architecture flag value naming the flag, befor
   }
 }
 
-TEST_CASE("the default train_lm run keeps its classic model and its weight decay on every parameter", "[examples]") {
+TEST_CASE("the default train_lm run keeps its classic model and its weight decay on every parameter",
+          "[examples][gemm]") {
   // What the documented default run trains: LanguageModelOptions' defaults at these sizes.
   const TrainConfig c;
   CHECK(c.arch == "classic");
@@ -403,7 +405,7 @@ TEST_CASE("the default train_lm run keeps its classic model and its weight decay
 }
 
 TEST_CASE("train_lm --precision bf16 trains and keeps the precision out of its checkpoint, and fp16 is refused",
-          "[examples][bf16][bad_input]") {
+          "[examples][bf16][bad_input][gemm]") {
   TempDir dir("xgrad_train_lm_precision");
   const std::string ck = dir.file("ck.safetensors");
   const Outcome bf16 = train_lm(dir, sizes(tiny({"--steps", "3", "--precision", "bf16", "--checkpoint", ck})));

@@ -68,7 +68,7 @@ std::string some_text() {
 
 }  // namespace
 
-TEST_CASE("train_lm on a token file of the text's bytes takes exactly the steps of the text run") {
+TEST_CASE("train_lm on a token file of the text's bytes takes exactly the steps of the text run", "[gemm]") {
   TempDir dir("xgrad_lm_tokens");
   const std::string text = some_text();
   write_bytes(dir.file("a.txt"), text);
@@ -94,7 +94,7 @@ TEST_CASE("train_lm on a token file of the text's bytes takes exactly the steps 
   CHECK(losses(a) == losses(b));
 }
 
-TEST_CASE("train_lm trains through GPT-2's tokenizer, stores it, and --sample decodes with it") {
+TEST_CASE("train_lm trains through GPT-2's tokenizer, stores it, and --sample decodes with it", "[gemm]") {
   TempDir dir("xgrad_lm_gpt2_tok");
   write_bytes(dir.file("a.txt"), some_text());
   const std::string ck = dir.file("ck.safetensors");
@@ -125,7 +125,7 @@ TEST_CASE("train_lm trains through GPT-2's tokenizer, stores it, and --sample de
   CHECK_THAT(other.err, Catch::Contains("vocab") || Catch::Contains("tokenizer"));
 }
 
-TEST_CASE("train_lm --train-tokenizer trains a BPE on the training text, stores it and saves it") {
+TEST_CASE("train_lm --train-tokenizer trains a BPE on the training text, stores it and saves it", "[gemm]") {
   TempDir dir("xgrad_lm_bpe");
   write_bytes(dir.file("a.txt"), some_text());
   const std::string ck = dir.file("ck.safetensors");
@@ -144,7 +144,7 @@ TEST_CASE("train_lm --train-tokenizer trains a BPE on the training text, stores 
   CHECK(sampled.out.rfind("The ", 0) == 0);
 }
 
-TEST_CASE("train_lm's validation loss in bits per byte is the loss in nats over ln 2 for bytes") {
+TEST_CASE("train_lm's validation loss in bits per byte is the loss in nats over ln 2 for bytes", "[gemm]") {
   TempDir dir("xgrad_lm_bpb");
   write_bytes(dir.file("a.txt"), some_text());
   const xgrad::text::BytesTokenizer bytes;
@@ -158,7 +158,7 @@ TEST_CASE("train_lm's validation loss in bits per byte is the loss in nats over 
   CHECK(bits == Approx(nats / std::log(2.0)).epsilon(2e-3));
 }
 
-TEST_CASE("train_lm --sample --import gpt2 with GPT-2's vocabulary samples what the library generates") {
+TEST_CASE("train_lm --sample --import gpt2 with GPT-2's vocabulary samples what the library generates", "[gemm]") {
   TempDir dir("xgrad_lm_import_vocab");
   // A random GPT-2 of GPT-2's vocabulary: the small fixture's weights with a token table of 50257 rows.
   xgrad::NamedArrays tensors = xgrad::load_safetensors(xgrad::testing::fixture_path("import_gpt2.safetensors")).tensors;
@@ -186,7 +186,7 @@ TEST_CASE("train_lm --sample --import gpt2 with GPT-2's vocabulary samples what 
                 {"vocabulary of 50257", "--tokenizer gpt2 DIR"});
 }
 
-TEST_CASE("train_lm refuses tokenizer and token-file flags that cannot work together", "[bad_input]") {
+TEST_CASE("train_lm refuses tokenizer and token-file flags that cannot work together", "[bad_input][gemm]") {
   TempDir dir("xgrad_lm_text_bad");
   write_bytes(dir.file("a.txt"), some_text());
   const xgrad::text::BytesTokenizer bytes;
@@ -214,7 +214,7 @@ TEST_CASE("train_lm refuses tokenizer and token-file flags that cannot work toge
   CHECK(read_bytes(dir.file("a.bin")) == before);
 }
 
-TEST_CASE("train_lm's summary speaks of tokens, and of no byte entropy, for a tokenizer other than bytes") {
+TEST_CASE("train_lm's summary speaks of tokens, and of no byte entropy, for a tokenizer other than bytes", "[gemm]") {
   TempDir dir("xgrad_lm_token_words");
   write_bytes(dir.file("a.txt"), some_text());
   const Outcome bpe = run(dir, tiny({dir.file("a.txt"), "--train-tokenizer", "300", "--out", dir.path}));
@@ -230,7 +230,7 @@ TEST_CASE("train_lm's summary speaks of tokens, and of no byte entropy, for a to
 }
 
 TEST_CASE("train_lm --train-tokenizer on a text with fewer pairs than asked says so and trains the smaller vocabulary",
-          "[bad_input]") {
+          "[bad_input][gemm]") {
   TempDir dir("xgrad_lm_text_few_pairs");
   // Every piece of GPT-2's pattern is one byte ("a", "!", "b", "?"): no pair to merge at all.
   std::string text;

@@ -135,12 +135,12 @@ void run_copy_task(nn::Norm norm, const optim::ScheduleOptions& sched, std::size
 // Measured with model seeds 1-4 (Release, this machine): the mean training loss of 20 steps
 // first drops below 0.05 after 87-96 steps for both placements at lr 3e-3 without warm-up, and
 // is about 0.006 at step 200; 250 steps leave a margin of 2.5x and take well under a second.
-TEST_CASE("a Pre-Norm LanguageModel learns the copy task", "[training]") {
+TEST_CASE("a Pre-Norm LanguageModel learns the copy task", "[training][gemm]") {
   run_copy_task(nn::Norm::pre, optim::ScheduleOptions(3e-3f), 250);
 }
 
 // Post-Norm needs no warm-up at this depth (2 layers) and learning rate: a 50-step linear
 // warm-up only delayed convergence (to 106-114 steps), so the schedule is constant here too.
-TEST_CASE("a Post-Norm LanguageModel learns the copy task", "[training]") {
+TEST_CASE("a Post-Norm LanguageModel learns the copy task", "[training][gemm]") {
   run_copy_task(nn::Norm::post, optim::ScheduleOptions(3e-3f), 250);
 }

@@ -81,7 +81,7 @@ TEST_CASE("a mutable_value write between forward and backward is refused, naming
   require_equal(w.grad(), Array{20.f, 40.f, 60.f});
 }
 
-TEST_CASE("matmul names which input changed and its shape, an unnamed tensor by its shape only", "[versions]") {
+TEST_CASE("matmul names which input changed and its shape, an unnamed tensor by its shape only", "[versions][gemm]") {
   Tensor x(Array{{1.f, 2.f, 3.f}, {4.f, 5.f, 6.f}}, true);
   Tensor w(column({1.f, 2.f, 3.f}), true);
   w.set_name("w");
@@ -135,7 +135,7 @@ TEST_CASE("an optimizer step between forward and backward is refused", "[version
   }
 }
 
-TEST_CASE("an optimizer step on a layer's weight between forward and backward is refused", "[versions][bug]") {
+TEST_CASE("an optimizer step on a layer's weight between forward and backward is refused", "[versions][bug][gemm]") {
   Generator gen(3);
   nn::Linear first(2, 3, false, gen), second(3, 1, false, gen);
   optim::SGD opt(second.named_parameters(), optim::SGDOptions(0.1f));
@@ -147,7 +147,7 @@ TEST_CASE("an optimizer step on a layer's weight between forward and backward is
   REQUIRE_THROWS_WITH(y.backward(), Contains(changed("linear", 1, "'weight', shape (1, 3)") + " (version 0 -> 1)"));
 }
 
-TEST_CASE("load_state_dict between forward and backward is refused", "[versions][bug]") {
+TEST_CASE("load_state_dict between forward and backward is refused", "[versions][bug][gemm]") {
   nn::Linear lin(3, 1, false);
   lin.weight.mutable_value() = Array{{1.f, 2.f, 3.f}};
   Tensor x(Array{{1.f, 1.f, 1.f}}, true);  // as the activation of an earlier layer
@@ -343,7 +343,7 @@ std::vector<OpCase> op_cases() {
 
 }  // namespace
 
-TEST_CASE("each op refuses a write to exactly the values its backward reads", "[versions]") {
+TEST_CASE("each op refuses a write to exactly the values its backward reads", "[versions][gemm]") {
   for (const OpCase& c : op_cases()) {
     DYNAMIC_SECTION(c.op) {
       Generator gen(17);

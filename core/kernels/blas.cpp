@@ -31,6 +31,7 @@ constexpr std::size_t kOnednnMinWork = std::size_t{1} << 14;
 
 constexpr int kUnset = -1;
 std::atomic<int> chosen{kUnset};
+std::atomic<std::size_t> choice_reads{0};
 
 void check_built(Engine e, const char* who) {
   if (e == Engine::onednn && !kHaveOnednn)
@@ -102,6 +103,7 @@ void set_engine(Engine engine) {
 }
 
 Engine engine() {
+  choice_reads.fetch_add(1, std::memory_order_relaxed);
   int e = chosen.load();
   if (e == kUnset) {
     // The environment is read on first use; a concurrent set_engine wins.
@@ -423,6 +425,7 @@ namespace detail {
 std::size_t onednn_batched_calls() { return primitive_calls.load(); }
 std::size_t small_kernel_products() { return small_kernel_calls.load(); }
 std::size_t small_kernel_plain_calls() { return small_plain_calls.load(); }
+std::size_t engine_choice_reads() { return choice_reads.load(); }
 }  // namespace detail
 
 }  // namespace xgrad::blas

@@ -50,6 +50,10 @@ std::size_t onednn_batched_calls();
 std::size_t small_kernel_products();
 // How many row ranges of plain products (blas::sgemm, blas::linear) it has run so far.
 std::size_t small_kernel_plain_calls();
+// How many times blas::engine() has been read so far: every product reads it (to pick its engine or
+// kernel), so a computation that reads it never is one whose result XGRAD_GEMM cannot change. The
+// test programs check with it that every test case whose result depends on the engine is labelled.
+std::size_t engine_choice_reads();
 
 // While alive, holds the calling thread's OpenMP thread count at 1 (see gemm_onednn.cpp).
 class OnednnOnThisThread {
