@@ -31,6 +31,7 @@
 #include "xgrad/optim/adam.hpp"
 
 #include "module_gradcheck.hpp"
+#include "peak_memory.hpp"  // kAddressSanitizer
 
 using namespace xgrad;
 using Catch::Matchers::Contains;
@@ -84,19 +85,28 @@ float max_abs_diff(const Array& a, const Array& b) {
 
 }  // namespace
 
-TEST_CASE("architectures: the loss gradient of every parameter of every variant", "[nn][gradcheck][arch][gemm]") {
+// Every element of every parameter; under AddressSanitizer, where the same forwards and backwards
+// run 20 times slower, 16 of each parameter (the Release passes compare them all).
+TEST_CASE("architectures: the loss gradient of every parameter of every variant", "[nn][gradcheck][arch][gemm][long]") {
   const IndexArray ids = {{0, 3, 6, 1, 10, 5}, {2, 4, 4, 0, 6, 9}};
   const IndexArray targets = {{3, 6, 1, 10, 5, -100}, {-100, 4, 0, 6, 9, 2}};
+  GradcheckOptions options;
+  options.max_elements = testing::kAddressSanitizer ? 16 : 0;
   for (const Variant& v : variants()) {
     INFO(v.name);
     Generator gen(60);
     nn::LanguageModel lm(v.options, gen);
     randomize_norms(lm, 61);
-    const GradcheckResult res = check_module_grads(lm, [&](const Ins&) { return lm.loss(ids, targets); }, {});
+    const GradcheckResult res = check_module_grads(
+        lm, [&](const Ins&) { return lm.loss(ids, targets); }, {}, options);
     INFO(res.report);
     REQUIRE(res.ok);
     REQUIRE(res.tensors == lm.named_parameters().size());
-    REQUIRE(res.checked == lm.num_parameters());
+    std::size_t expected = 0;
+    for (const auto& [name, p] : lm.named_parameters())
+      expected += options.max_elements ? std::min(p.size(), options.max_elements) : p.size();
+    REQUIRE(res.checked == expected);
+    if (options.max_elements == 0) REQUIRE(res.checked == lm.num_parameters());
   }
 }
 

@@ -107,7 +107,7 @@ TEST_CASE("the corpus holds the sentence's words, and sentences encode and decod
   REQUIRE(b.targets(0, 6) == Vocabulary::kEos);
 }
 
-TEST_CASE("a short training run brings the held-out loss well below the unigram baseline", "[gemm]") {
+TEST_CASE("a short training run brings the held-out loss well below the unigram baseline", "[gemm][long]") {
   const TrainResult r = train(short_run(200), builtin_corpus());
   INFO("held-out " << r.losses.held_out << ", untrained " << r.losses.held_out_before << ", unigram "
                    << r.losses.unigram);

@@ -181,7 +181,7 @@ TEST_CASE("bench_train_step --precision bf16 says so in its JSON, and fp16 is re
 }
 #endif
 
-TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "[examples][bad_input][gemm]") {
+TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "[examples][bad_input][gemm][long]") {
   TempDir dir("xgrad_runs_reals");
   struct Case {
     std::string program;
@@ -369,7 +369,7 @@ TEST_CASE("train_lm: SIGINT or SIGTERM ends the run at a step's end with its che
 }
 
 TEST_CASE("train_lm: a stop signal in the middle of the matrix products leaves the heap whole",
-          "[examples][bad_input][gemm]") {
+          "[examples][bad_input][gemm][long]") {
   // The default model's products are large enough for oneDNN's kernels (when xgrad has them):
   // a handler frame on the thread's stack corrupted the heap under them in 4 stops of 6.
   TempDir dir("xgrad_runs_stop_heap");
@@ -504,7 +504,7 @@ TEST_CASE("train_lm: a text file whose name is not UTF-8 trains and saves, the n
 }
 
 TEST_CASE("train_lm: log.csv is written as the steps go, and --resume appends after the checkpoint's step",
-          "[examples][bad_input][gemm]") {
+          "[examples][bad_input][gemm][long]") {
   TempDir dir("xgrad_runs_log");
   const std::string ck = dir.file("ck.safetensors"), log = dir.file("train_lm_out/log.csv");
 

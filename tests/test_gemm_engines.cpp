@@ -297,7 +297,7 @@ TEST_CASE("idle threads use no CPU after products on both engines and two kernel
 
 // blas::linear: the bias rows, then the product added by each engine.
 TEST_CASE("linear with and without a bias agrees with the reference on both engines and many shapes",
-          "[gemm][engines]") {
+          "[gemm][engines][long]") {
   Generator gen(13);
   for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn, blas::Engine::automatic}) {
     if (!blas::has_engine(e)) continue;
@@ -541,7 +541,7 @@ TEST_CASE("the small-product kernel gives the same bits on one thread, two, and 
 }
 
 TEST_CASE("auto sends tall plain products with C at most 256 wide to the small-product kernel, in column blocks",
-          "[gemm][engines]") {
+          "[gemm][engines][long]") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   // {m, n, k, ta, tb, pad, alpha, beta}; beta 0 runs over a C of NaN
   const std::vector<Product> taken = {

@@ -74,23 +74,23 @@ int run(const std::string& args) {
 
 }  // namespace
 
-TEST_CASE("Pre-Norm heads specialize, one offset each", "[gemm]") {
+TEST_CASE("Pre-Norm heads specialize, one offset each", "[gemm][long]") {
   const ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 0);
   require_specialized(run_experiment(c), c);
 }
 
-TEST_CASE("Post-Norm heads specialize, one offset each", "[gemm]") {
+TEST_CASE("Post-Norm heads specialize, one offset each", "[gemm][long]") {
   const ExperimentConfig c = reduced(xgrad::nn::Norm::post, 1);
   require_specialized(run_experiment(c), c);
 }
 
-TEST_CASE("with bf16 products the heads still specialize, one offset each", "[bf16][gemm]") {
+TEST_CASE("with bf16 products the heads still specialize, one offset each", "[bf16][gemm][long]") {
   ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 0);
   c.train.precision = xgrad::Precision::bf16;  // training steps and the measurements
   require_specialized(run_experiment(c), c);
 }
 
-TEST_CASE("the two entropies tell a sharp offset head from a diffuse one", "[gemm]") {
+TEST_CASE("the two entropies tell a sharp offset head from a diffuse one", "[gemm][long]") {
   const ExperimentConfig c = reduced(xgrad::nn::Norm::pre, 2);
   const ExperimentResult r = run_experiment(c);
   for (const HeadStats& s : r.heads) {
@@ -134,7 +134,7 @@ TEST_CASE("the example's command line rejects bad input with a non-zero exit", "
             (std::filesystem::temp_directory_path() / "xgrad_test_head_specialization_bf16").string()) == 0);
 }
 
-TEST_CASE("two runs of the example with the same seed and one thread write identical reports", "[gemm]") {
+TEST_CASE("two runs of the example with the same seed and one thread write identical reports", "[gemm][long]") {
   const auto dir = std::filesystem::temp_directory_path() / "xgrad_test_head_specialization";
   std::filesystem::create_directories(dir);
   nlohmann::json reports[2];

@@ -82,7 +82,7 @@ const Trained& trained() {
 }  // namespace
 
 TEST_CASE("the previous-token detector finds the head a trained two-layer model reads the previous token with",
-          "[gemm]") {
+          "[gemm][long]") {
   Generator gen(11);
   nn::LanguageModel model(model_options(), gen);
   nn::load_state_dict(model, trained().weights);

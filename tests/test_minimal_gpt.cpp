@@ -94,7 +94,7 @@ void require_refused(const Outcome& o, int code, const std::vector<std::string>&
 }  // namespace
 
 TEST_CASE("the loss falls below a context-free model's and a sample in the text's alphabet follows",
-          "[examples][minimal_gpt][gemm]") {
+          "[examples][minimal_gpt][gemm][long]") {
   TempDir dir("xgrad_minimal_gpt");
   const std::string text = sentences(8000);
   write_bytes(dir.file("text.txt"), text);

@@ -545,7 +545,7 @@ TEST_CASE("TransformerBlock gradients, Pre-Norm and Post-Norm, causal", "[nn][gr
   }
 }
 
-TEST_CASE("LanguageModel loss gradient of every parameter", "[nn][gradcheck][transformer][gemm]") {
+TEST_CASE("LanguageModel loss gradient of every parameter", "[nn][gradcheck][transformer][gemm][long]") {
   // vocab 7, d_model 8, 2 heads, 2 layers, max_len 6, dropout 0
   const IndexArray ids = {{0, 3, 6, 1, 1, 5}, {2, 4, 4, 0, 6, 3}};
   const IndexArray targets = {{3, 6, 1, 1, 5, -100}, {-100, 4, 0, 6, 3, 2}};

@@ -357,7 +357,7 @@ TEST_CASE("SAEs splice into the GPT-2 and Llama layouts, and train on their stre
   }
 }
 
-TEST_CASE("SAEs trained on a mixture of sparse directions recover them", "[gemm]") {
+TEST_CASE("SAEs trained on a mixture of sparse directions recover them", "[gemm][long]") {
   constexpr std::size_t kD = 32, kTrue = 32;
   Generator gen(21);
   const Array truth = unit_directions(kTrue, kD, gen);

@@ -130,7 +130,7 @@ TEST_CASE("review: a merges.txt with a UTF-8 byte order mark (saved on Windows) 
 }
 
 TEST_CASE("bad input: JSON nested a million deep is refused with a message, never a stack overflow",
-          "[text][bad_input]") {
+          "[text][bad_input][long]") {
   TempDir dir("xgrad_review_deep");
   const std::string deep = deeply_nested();
   const std::string merges = testing::fixture_path("gpt2_tokenizer/merges.txt");

@@ -155,7 +155,7 @@ TEST_CASE("bad input: xgrad-tokenize encode on a full disk exits 1, leaving the 
 }
 
 TEST_CASE("xgrad-tokenize with GPT-2's tokenizer: documents joined by its end-of-text id, ids as the library gives",
-          "[text][tool][gemm]") {
+          "[text][tool][gemm][long]") {
   TempDir dir("xgrad_tokenize_gpt2");
   const std::string gpt2 = std::string(XGRAD_FIXTURE_DIR) + "/gpt2_tokenizer";
   const auto tokenizer = load_tokenizer("gpt2", gpt2);

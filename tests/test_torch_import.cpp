@@ -537,7 +537,7 @@ TEST_CASE("load_gpt2 peaks near the model's own size and refuses a model that ca
 TEST_CASE(
     "load_gpt2 of a file of many tiny layers takes time linear in the layers and counts each block's "
     "bookkeeping in its memory check",
-    "[import][bad_input][bug][gemm]") {
+    "[import][bad_input][bug][gemm][long]") {
   // Each tensor was matched against every piece of the model (16 L x 12 L string comparisons):
   // 6000 layers of d_model 2 took 10 s; a 100 MB header (120000 layers) would take hours. Four
   // times the layers cost four times the work when the match is linear and sixteen times when it

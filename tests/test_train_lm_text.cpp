@@ -94,7 +94,7 @@ TEST_CASE("train_lm on a token file of the text's bytes takes exactly the steps 
   CHECK(losses(a) == losses(b));
 }
 
-TEST_CASE("train_lm trains through GPT-2's tokenizer, stores it, and --sample decodes with it", "[gemm]") {
+TEST_CASE("train_lm trains through GPT-2's tokenizer, stores it, and --sample decodes with it", "[gemm][long]") {
   TempDir dir("xgrad_lm_gpt2_tok");
   write_bytes(dir.file("a.txt"), some_text());
   const std::string ck = dir.file("ck.safetensors");

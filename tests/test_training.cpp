@@ -141,6 +141,6 @@ TEST_CASE("a Pre-Norm LanguageModel learns the copy task", "[training][gemm]") {
 
 // Post-Norm needs no warm-up at this depth (2 layers) and learning rate: a 50-step linear
 // warm-up only delayed convergence (to 106-114 steps), so the schedule is constant here too.
-TEST_CASE("a Post-Norm LanguageModel learns the copy task", "[training][gemm]") {
+TEST_CASE("a Post-Norm LanguageModel learns the copy task", "[training][gemm][long]") {
   run_copy_task(nn::Norm::post, optim::ScheduleOptions(3e-3f), 250);
 }

@@ -3,16 +3,20 @@
 // core/kernels/vector_kernels.cpp for the measurements). tests/test_kernel_targets.cpp compiles the
 // files that use it once per target, each copy in a namespace of its own (XGRAD_KERNELS_NS,
 // XGRAD_KERNELS_ONLY_<target>), and checks that the copies give the same bits.
+// Flattened: every call inside such a function (its helpers and lambdas) is inlined into each
+// target's copy at any optimization level. A helper left out of line is compiled for the
+// baseline: at -O3 one sum32 of masked_softmax_row stayed out of line, and at -O1 (the sanitizer
+// build) the helpers called the C library's fmaf and took 78% of a training run.
 #pragma once
 
 #if defined(XGRAD_KERNELS_ONLY_AVX512)
-#define XGRAD_CLONES __attribute__((target("arch=x86-64-v4")))
+#define XGRAD_CLONES __attribute__((target("arch=x86-64-v4"), flatten))
 #elif defined(XGRAD_KERNELS_ONLY_AVX2)
-#define XGRAD_CLONES __attribute__((target("arch=x86-64-v3")))
+#define XGRAD_CLONES __attribute__((target("arch=x86-64-v3"), flatten))
 #elif defined(XGRAD_KERNELS_ONLY_BASELINE)
-#define XGRAD_CLONES
+#define XGRAD_CLONES __attribute__((flatten))
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define XGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define XGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
 #else
 #define XGRAD_CLONES
 #endif
