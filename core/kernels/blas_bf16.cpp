@@ -24,7 +24,7 @@ namespace detail {
 
 namespace {
 // Branch-free to_bf16 that GCC vectorizes (the NaN case as a select).
-inline std::uint16_t round_bits(std::uint32_t u) {
+XGRAD_KERNEL_INLINE std::uint16_t round_bits(std::uint32_t u) {
   const std::uint32_t nan = (u >> 16) | 0x40u;
   const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);

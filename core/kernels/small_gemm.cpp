@@ -22,12 +22,10 @@ namespace {
 typedef float Floats16 __attribute__((vector_size(64)));
 constexpr std::size_t kLanes = 16;
 
-#define XGRAD_INLINE __attribute__((always_inline)) inline
-
 // One vector of row `row` of C: y times alpha plus beta times what C held (beta 0 ignores it, NaN
 // included, as BLAS does); only the n - v * 16 columns that are C's are written.
 template <int V>
-XGRAD_INLINE void store(Floats16 y, float* row, std::size_t n, float alpha, float beta) {
+XGRAD_KERNEL_INLINE void store(Floats16 y, float* row, std::size_t n, float alpha, float beta) {
   float* out = row + V * kLanes;
   y *= alpha;
   if ((V + 1) * kLanes <= n) {
@@ -49,9 +47,9 @@ XGRAD_INLINE void store(Floats16 y, float* row, std::size_t n, float alpha, floa
 // accumulators are indexed by constants (I = r NV + v, the pack expansions below) so that they
 // live in registers: as loops over arrays, GCC kept those of 6 x 2 on the stack.
 template <bool TA, int NV, int R, std::size_t... I, std::size_t... Rs, std::size_t... Vs>
-XGRAD_INLINE void row_block(std::index_sequence<I...>, std::index_sequence<Rs...>, std::index_sequence<Vs...>,
-                            const float* a, std::size_t lda, const float* bp, std::size_t k, std::size_t n,
-                            std::size_t i0, float alpha, float beta, float* c, std::size_t ldc) {
+XGRAD_KERNEL_INLINE void row_block(std::index_sequence<I...>, std::index_sequence<Rs...>, std::index_sequence<Vs...>,
+                                   const float* a, std::size_t lda, const float* bp, std::size_t k, std::size_t n,
+                                   std::size_t i0, float alpha, float beta, float* c, std::size_t ldc) {
   Floats16 acc[R * NV] = {};
   for (std::size_t p = 0; p < k; ++p) {
     Floats16 b[NV];
@@ -63,16 +61,16 @@ XGRAD_INLINE void row_block(std::index_sequence<I...>, std::index_sequence<Rs...
 }
 
 template <bool TA, int NV, int R>
-XGRAD_INLINE void row_block(const float* a, std::size_t lda, const float* bp, std::size_t k, std::size_t n,
-                            std::size_t i0, float alpha, float beta, float* c, std::size_t ldc) {
+XGRAD_KERNEL_INLINE void row_block(const float* a, std::size_t lda, const float* bp, std::size_t k, std::size_t n,
+                                   std::size_t i0, float alpha, float beta, float* c, std::size_t ldc) {
   row_block<TA, NV, R>(std::make_index_sequence<R * NV>{}, std::make_index_sequence<R>{},
                        std::make_index_sequence<NV>{}, a, lda, bp, k, n, i0, alpha, beta, c, ldc);
 }
 
 // Every row of C, in blocks of R and then one remainder block.
 template <bool TA, int NV, int R>
-XGRAD_INLINE void all_rows(const float* a, std::size_t lda, const float* bp, std::size_t m, std::size_t k,
-                           std::size_t n, float alpha, float beta, float* c, std::size_t ldc) {
+XGRAD_KERNEL_INLINE void all_rows(const float* a, std::size_t lda, const float* bp, std::size_t m, std::size_t k,
+                                  std::size_t n, float alpha, float beta, float* c, std::size_t ldc) {
   std::size_t i = 0;
   for (; i + R <= m; i += R) row_block<TA, NV, R>(a, lda, bp, k, n, i, alpha, beta, c, ldc);
   switch (m - i) {
@@ -98,8 +96,8 @@ XGRAD_INLINE void all_rows(const float* a, std::size_t lda, const float* bp, std
 // R x NV accumulators, NV vectors of B and a broadcast: 8 x 1, 6 x 2 and 4 x 3 or 4 leave room in
 // AVX-512's 32 registers and keep enough FMAs in flight to hide their latency.
 template <bool TA>
-XGRAD_INLINE void dispatch(const float* a, std::size_t lda, const float* bp, std::size_t m, std::size_t k,
-                           std::size_t n, float alpha, float beta, float* c, std::size_t ldc) {
+XGRAD_KERNEL_INLINE void dispatch(const float* a, std::size_t lda, const float* bp, std::size_t m, std::size_t k,
+                                  std::size_t n, float alpha, float beta, float* c, std::size_t ldc) {
   switch ((n + kLanes - 1) / kLanes) {
     case 1:
       return all_rows<TA, 1, 8>(a, lda, bp, m, k, n, alpha, beta, c, ldc);
@@ -116,7 +114,7 @@ XGRAD_INLINE void dispatch(const float* a, std::size_t lda, const float* bp, std
 // of the 16 rows written at dst + p * dst_ld. Four stages, each swapping the off-diagonal b x b
 // blocks of every 2b x 2b block (b = 8, 4, 2, 1): rows r and r + b exchange X's odd column blocks
 // of width b for Y's even ones.
-XGRAD_INLINE void transpose16(const float* src, std::size_t ld, float* dst, std::size_t dst_ld) {
+XGRAD_KERNEL_INLINE void transpose16(const float* src, std::size_t ld, float* dst, std::size_t dst_ld) {
   Floats16 x[16];
   for (int j = 0; j < 16; ++j) std::memcpy(&x[j], src + j * ld, sizeof x[j]);
 #define XGRAD_STAGE(b, ...)                                   \
@@ -146,8 +144,8 @@ XGRAD_INLINE void transpose16(const float* src, std::size_t ld, float* dst, std:
 }
 
 // op(B) as k rows of nv vectors (row stride nv * 16 floats), zeros past n.
-XGRAD_INLINE void pack_b(bool trans_b, std::size_t n, std::size_t k, const float* b, std::size_t ldb, std::size_t nv,
-                         float* bp) {
+XGRAD_KERNEL_INLINE void pack_b(bool trans_b, std::size_t n, std::size_t k, const float* b, std::size_t ldb,
+                                std::size_t nv, float* bp) {
   const std::size_t width = nv * kLanes;
   if (!trans_b) {  // B is k x n: rows copied, a vector at a time
     for (std::size_t p = 0; p < k; ++p) {

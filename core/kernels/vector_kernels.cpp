@@ -35,7 +35,7 @@ typedef float Floats2 __attribute__((vector_size(8)));
 // stored each level and reloaded narrower parts of it, and the failed store forwarding made
 // softmax on rows of 32 take 60 ns a row.
 template <class Op>
-inline float fold32(const float* p, Op op) {
+XGRAD_KERNEL_INLINE float fold32(const float* p, Op op) {
   Floats16 lo, hi;
   std::memcpy(&lo, p, sizeof lo);
   std::memcpy(&hi, p + 16, sizeof hi);
@@ -53,7 +53,7 @@ inline float fold32(const float* p, Op op) {
 // norm's row sums ran at a third of the adders' rate (forward at C 256: 0.56 ns per element,
 // 0.23 with 32).
 template <class F>
-inline float sum32(std::size_t n, F f) {
+XGRAD_KERNEL_INLINE float sum32(std::size_t n, F f) {
   float acc[32] = {};
   std::size_t j = 0;
   for (; j + 32 <= n; j += 32) {
@@ -66,7 +66,7 @@ inline float sum32(std::size_t n, F f) {
 // max over j < n of f(j), skipping NaN (std::max keeps its first argument when the second is
 // NaN); -inf when n is 0. Exact, so the partials' order does not matter.
 template <class F>
-inline float max32(std::size_t n, F f) {
+XGRAD_KERNEL_INLINE float max32(std::size_t n, F f) {
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
   float part[32];
   std::fill(part, part + 32, kLowest);
@@ -83,8 +83,8 @@ inline float max32(std::size_t n, F f) {
 namespace {
 
 // Dropout's keep flags for elements first .. first + n - 1 (see dropout_forward).
-inline void keep_flags(std::uint8_t* keep, std::size_t first, std::size_t n, std::uint32_t k0, std::uint32_t k1,
-                       std::uint32_t threshold) {
+XGRAD_KERNEL_INLINE void keep_flags(std::uint8_t* keep, std::size_t first, std::size_t n, std::uint32_t k0,
+                                    std::uint32_t k1, std::uint32_t threshold) {
   // The hash reads the index modulo 2^32, so the loop counts in 32 bits (64-bit index arithmetic
   // took half the vector lanes), in chunks below 2^31 elements.
   for (std::size_t done = 0; done < n;) {
@@ -108,10 +108,10 @@ inline void keep_flags(std::uint8_t* keep, std::size_t first, std::size_t n, std
   }
 }
 
-inline float gelu_of(float x) { return 0.5f * x * (1.f + fast::erf(x * kInvSqrt2)); }
+XGRAD_KERNEL_INLINE float gelu_of(float x) { return 0.5f * x * (1.f + fast::erf(x * kInvSqrt2)); }
 
 // d gelu / dx = Phi(x) + x phi(x)
-inline float gelu_slope(float x) {
+XGRAD_KERNEL_INLINE float gelu_slope(float x) {
   const float cdf = 0.5f * (1.f + fast::erf(x * kInvSqrt2));
   const float pdf = kInvSqrt2Pi * fast::exp(-0.5f * x * x);
   return cdf + x * pdf;
@@ -134,7 +134,7 @@ constexpr float kGeluTanhCoef = 0.044715f;
 
 // 1 / (1 + e^-x) from e = e^-|x|, which never overflows; 0 below -87, where fast::exp clamps
 // (the true value is below 1.7e-38 there). NaN stays NaN.
-inline float sigmoid_of(float x) {
+XGRAD_KERNEL_INLINE float sigmoid_of(float x) {
   const float a = std::fabs(x);
   const float e = a > 87.f ? 0.f : fast::exp(-a);
   const float r = 1.f / (1.f + e);
@@ -144,7 +144,7 @@ inline float sigmoid_of(float x) {
 // tanh u: Cephes' tanhf, u + u^3 P(u^2) below |u| = 0.625, where (1 - e) / (1 + e) would cancel;
 // above, sign(u) (1 - e) / (1 + e) with e = e^(-2|u|), 0 past |u| = 43.5 (tanh is +-1 in float).
 // NaN stays NaN.
-inline float tanh_of(float u) {
+XGRAD_KERNEL_INLINE float tanh_of(float u) {
   const float a = std::fabs(u);
   const float z = u * u;
   float p = -5.70498872745e-3f;
@@ -161,14 +161,14 @@ inline float tanh_of(float u) {
 
 // act(x) and act'(x) for the gated units' activation codes (see gated_forward).
 template <int Act>
-inline float activation_of(float x) {
+XGRAD_KERNEL_INLINE float activation_of(float x) {
   if constexpr (Act == 0) return x * sigmoid_of(x);
   if constexpr (Act == 1) return gelu_of(x);
   return 0.5f * x * (1.f + tanh_of(kSqrt2OverPi * (x + kGeluTanhCoef * x * x * x)));
 }
 
 template <int Act>
-inline float activation_slope(float x) {
+XGRAD_KERNEL_INLINE float activation_slope(float x) {
   if constexpr (Act == 0) {
     const float s = sigmoid_of(x);  // silu' = s + x s (1 - s)
     return s * (1.f + x * (1.f - s));
@@ -182,13 +182,13 @@ inline float activation_slope(float x) {
 }
 
 template <int Act>
-inline void gated_forward_loop(const float* gate, const float* up, float* y, std::size_t n) {
+XGRAD_KERNEL_INLINE void gated_forward_loop(const float* gate, const float* up, float* y, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) y[i] = activation_of<Act>(gate[i]) * up[i];
 }
 
 template <int Act>
-inline void gated_backward_loop(const float* gate, const float* up, const float* g, float* dgate, float* dup,
-                                std::size_t n) {
+XGRAD_KERNEL_INLINE void gated_backward_loop(const float* gate, const float* up, const float* g, float* dgate,
+                                             float* dup, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     dgate[i] = (g[i] * up[i]) * activation_slope<Act>(gate[i]);
     dup[i] = g[i] * activation_of<Act>(gate[i]);
@@ -244,7 +244,7 @@ namespace {
 
 // See masked_softmax_row; kept(s) must read no memory conditionally, so the loops vectorize.
 template <class Kept>
-__attribute__((always_inline)) inline void softmax_row(float* row, std::size_t n, Kept kept) {
+XGRAD_KERNEL_INLINE void softmax_row(float* row, std::size_t n, Kept kept) {
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
   float m = max32(n, [&](std::size_t j) { return kept(j) ? row[j] : kLowest; });
   std::size_t s = 0;
@@ -293,8 +293,7 @@ XGRAD_CLONES void masked_softmax_row(float* row, std::size_t n, std::size_t end,
 
 namespace {
 
-__attribute__((always_inline)) inline void softmax_backward_row(const float* p, const float* g, float* dz,
-                                                                std::size_t n) {
+XGRAD_KERNEL_INLINE void softmax_backward_row(const float* p, const float* g, float* dz, std::size_t n) {
   const float dot = sum32(n, [&](std::size_t s) { return g[s] * p[s]; });
   for (std::size_t s = 0; s < n; ++s) dz[s] = p[s] * (g[s] - dot);
 }

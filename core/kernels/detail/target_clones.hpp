@@ -3,20 +3,20 @@
 // core/kernels/vector_kernels.cpp for the measurements). tests/test_kernel_targets.cpp compiles the
 // files that use it once per target, each copy in a namespace of its own (XGRAD_KERNELS_NS,
 // XGRAD_KERNELS_ONLY_<target>), and checks that the copies give the same bits.
-// Flattened: every call inside such a function (its helpers and lambdas) is inlined into each
-// target's copy at any optimization level. A helper left out of line is compiled for the
-// baseline: at -O3 one sum32 of masked_softmax_row stayed out of line, and at -O1 (the sanitizer
-// build) the helpers called the C library's fmaf and took 78% of a training run.
+// A helper that such a function calls is marked XGRAD_KERNEL_INLINE: left out of line, it is
+// compiled for the baseline alone, and at -O1 (the sanitizer build) the helpers of the vector
+// kernels then called the C library's fmaf and took 78% of a training run; at -O3 one sum32 of
+// masked_softmax_row stayed out of line.
 #pragma once
 
 #if defined(XGRAD_KERNELS_ONLY_AVX512)
-#define XGRAD_CLONES __attribute__((target("arch=x86-64-v4"), flatten))
+#define XGRAD_CLONES __attribute__((target("arch=x86-64-v4")))
 #elif defined(XGRAD_KERNELS_ONLY_AVX2)
-#define XGRAD_CLONES __attribute__((target("arch=x86-64-v3"), flatten))
+#define XGRAD_CLONES __attribute__((target("arch=x86-64-v3")))
 #elif defined(XGRAD_KERNELS_ONLY_BASELINE)
-#define XGRAD_CLONES __attribute__((flatten))
+#define XGRAD_CLONES
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define XGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
+#define XGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define XGRAD_CLONES
 #endif
@@ -25,3 +25,5 @@
 #ifndef XGRAD_KERNELS_NS
 #define XGRAD_KERNELS_NS kernels
 #endif
+
+#define XGRAD_KERNEL_INLINE __attribute__((always_inline)) inline
