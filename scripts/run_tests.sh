@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's second command, and CI's: install what is missing, check the code style and the API
-# reference, build everything in Release and run every test; run the tests whose results depend on
-# the GEMM engine again with each engine forced; build the library without oneDNN and run the
-# engine tests there; build the suite under AddressSanitizer and UndefinedBehaviorSanitizer and run
+# reference, build everything in Release and run every test (among them the engine tests on the
+# library built without oneDNN); run the tests whose results depend on the GEMM engine again with
+# each engine forced; build the suite under AddressSanitizer and UndefinedBehaviorSanitizer and run
 # every test again. Each phase says what it does; the table at the end gives their times (and names
 # the phase that failed, if one did).
 set -euo pipefail
@@ -39,15 +39,6 @@ forced_engine_pass() {
   XGRAD_GEMM=$engine run_ctest build -L '^gemm$'
 }
 
-# A build without oneDNN (OpenBLAS only): the library and the engine tests. -O1: this build checks
-# the engine choice, not speed, and compiles in two thirds of the time.
-openblas_only() {
-  bash scripts/configure.sh build-openblas-only -DXGRAD_WITH_ONEDNN=OFF -DXGRAD_BUILD_EXAMPLES=OFF \
-    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1"
-  cmake --build build-openblas-only -j "$jobs" --target test_gemm_engines test_ops_values
-  run_ctest build-openblas-only -R "^test_(gemm_engines|ops_values):|^gemm_engines_"
-}
-
 # The sanitizer build: no debug information (-g0), so the sanitizers' stack traces name functions
 # without their lines; -g1 (line tables) cost 27% more compile time (tests/test_ops_values.cpp:
 # 16.1 s against 11.8), and a failure is rebuilt with it to read its lines. The benchmarks have no
@@ -77,7 +68,6 @@ phase "build everything (Release)" cmake --build build -j "$jobs"
 phase "every test (engine chosen per product)" run_ctest build
 phase "gemm-labelled tests, XGRAD_GEMM=openblas" forced_engine_pass openblas
 phase "gemm-labelled tests, XGRAD_GEMM=onednn" forced_engine_pass onednn
-phase "OpenBLAS-only build and its engine tests" openblas_only
 phase "configure build-sanitize/ (ASan + UBSan)" configure_sanitize
 phase "build under the sanitizers" cmake --build build-sanitize -j "$jobs"
 phase "every test under the sanitizers" sanitize_pass
