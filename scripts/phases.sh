@@ -1,27 +1,39 @@
 # Phases with their wall times, for the README's two commands (sourced, not run).
 #   phase NAME COMMAND [ARG...]   runs COMMAND as the next phase, after a header line naming it;
 #                                 when it fails, prints the table so far and exits with its status
-#   phase_table                   prints each phase's time and the total
+#   phase_table                   prints each phase's time, its CPU time (user + system, every
+#                                 process it ran) and the totals
 # A phase's command (a function or a script) runs in a subshell with `set -euo pipefail`: its first
 # failing command ends the phase, and a `cd` or a variable it sets does not outlive it.
 
 phase_names=()
 phase_seconds=()
+phase_cpu=()
+
+# User + system CPU seconds of this shell's waited-for children (fields cutime and cstime of
+# /proc/PID/stat, in clock ticks).
+children_cpu_seconds() {
+  local -a stat
+  read -r -a stat < /proc/$$/stat
+  echo $(((stat[15] + stat[16]) / $(getconf CLK_TCK)))
+}
 phase_started_at=$SECONDS
+phase_cpu_at_start=$(children_cpu_seconds)
 
 phase_table() {
   local failed=${1:-}
   echo
-  printf 'xgrad: %-58s %8s\n' "phase" "time"
+  printf 'xgrad: %-58s %8s %8s\n' "phase" "time" "CPU"
   local i
   for i in "${!phase_names[@]}"; do
-    printf 'xgrad: %-58s %5d:%02d\n' "${phase_names[$i]}" $((phase_seconds[i] / 60)) $((phase_seconds[i] % 60))
+    printf 'xgrad: %-58s %5d:%02d %5d:%02d\n' "${phase_names[$i]}" $((phase_seconds[i] / 60)) \
+      $((phase_seconds[i] % 60)) $((phase_cpu[i] / 60)) $((phase_cpu[i] % 60))
   done
   if [ -n "$failed" ]; then
     printf 'xgrad: %-58s %8s\n' "$failed" "FAILED"
   fi
-  local total=$((SECONDS - phase_started_at))
-  printf 'xgrad: %-58s %5d:%02d\n' "total" $((total / 60)) $((total % 60))
+  local total=$((SECONDS - phase_started_at)) cpu=$(($(children_cpu_seconds) - phase_cpu_at_start))
+  printf 'xgrad: %-58s %5d:%02d %5d:%02d\n' "total" $((total / 60)) $((total % 60)) $((cpu / 60)) $((cpu % 60))
 }
 
 phase() {
@@ -29,7 +41,8 @@ phase() {
   shift
   echo
   echo "xgrad: == ${name} =="
-  local start=$SECONDS status=0
+  local start=$SECONDS start_cpu status=0
+  start_cpu=$(children_cpu_seconds)
   set +e
   (
     set -euo pipefail
@@ -44,4 +57,5 @@ phase() {
   fi
   phase_names+=("$name")
   phase_seconds+=($((SECONDS - start)))
+  phase_cpu+=($(($(children_cpu_seconds) - start_cpu)))
 }
