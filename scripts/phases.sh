@@ -1,4 +1,4 @@
-# Phases with their wall times, for the README's two commands (sourced, not run).
+# Phases with their wall and CPU times, for the README's two commands (sourced, not run).
 #   phase NAME COMMAND [ARG...]   runs COMMAND as the next phase, after a header line naming it;
 #                                 when it fails, prints the table so far and exits with its status
 #   phase_table                   prints each phase's time, its CPU time (user + system, every
