@@ -1,6 +1,12 @@
 # Phases with their wall and CPU times, for the README's two commands (sourced, not run).
 #   phase NAME COMMAND [ARG...]   runs COMMAND as the next phase, after a header line naming it;
 #                                 when it fails, prints the table so far and exits with its status
+#   phase_beside NAME LOG PROGRAM [ARG...]
+#                                 starts PROGRAM as a phase that runs beside the next ones, at a
+#                                 lower priority (nice 10), its output in the file LOG
+#   phase_join                    waits for it; when it failed, prints its log's end and the table
+#                                 and exits with its status. Its row gives its own time (from its
+#                                 start) and CPU, which overlap the rows of the phases it ran beside
 #   phase_table                   prints each phase's time, its CPU time (user + system, every
 #                                 process it ran) and the totals
 # A phase's command (a function or a script) runs in a subshell with `set -euo pipefail`: its first
@@ -34,6 +40,51 @@ phase_table() {
   fi
   local total=$((SECONDS - phase_started_at)) cpu=$(($(children_cpu_seconds) - phase_cpu_at_start))
   printf 'xgrad: %-58s %5d:%02d %5d:%02d\n' "total" $((total / 60)) $((total % 60)) $((cpu / 60)) $((cpu % 60))
+}
+
+beside_name=""
+beside_pid=""
+beside_log=""
+beside_start=0
+
+# A phase started by phase_beside does not outlive the script: its process group is ended on exit.
+end_beside() {
+  if [ -n "$beside_pid" ]; then
+    kill -- "-$beside_pid" 2> /dev/null || true
+  fi
+}
+trap end_beside EXIT
+
+phase_beside() {
+  beside_name=$1
+  beside_log=$2
+  shift 2
+  echo
+  echo "xgrad: == ${beside_name} (beside the next phases; its output in ${beside_log}) =="
+  beside_start=$SECONDS
+  # setsid: a process group of its own, so that end_beside reaches the compilers it starts.
+  setsid nice -n 10 "$@" > "$beside_log" 2>&1 &
+  beside_pid=$!
+}
+
+# Nothing else is reaped while it waits, so the children's CPU it adds is the phase's own.
+phase_join() {
+  echo
+  echo "xgrad: == waiting for: ${beside_name} =="
+  local start_cpu status=0
+  start_cpu=$(children_cpu_seconds)
+  wait "$beside_pid" || status=$?
+  beside_pid=""
+  if [ "$status" -ne 0 ]; then
+    tail -n 40 "$beside_log" >&2
+    echo "xgrad: phase '${beside_name}' failed (exit ${status}); its output is in ${beside_log}" >&2
+    phase_table "$beside_name"
+    exit "$status"
+  fi
+  tail -n 1 "$beside_log"
+  phase_names+=("$beside_name")
+  phase_seconds+=($((SECONDS - beside_start)))
+  phase_cpu+=($(($(children_cpu_seconds) - start_cpu)))
 }
 
 phase() {

@@ -18,7 +18,7 @@ configure_file(${XGRAD_SNIPPET_DIR}/pch.cpp.new ${XGRAD_SNIPPET_DIR}/pch/pch.cpp
 file(REMOVE ${XGRAD_SNIPPET_DIR}/pch.cpp.new)
 add_library(doc_snippet_pch OBJECT ${XGRAD_SNIPPET_DIR}/pch/pch.cpp)
 target_link_libraries(doc_snippet_pch PRIVATE xgrad::xgrad)
-target_compile_options(doc_snippet_pch PRIVATE -Wall -Wextra)
+target_compile_options(doc_snippet_pch PRIVATE -Wall -Wextra ${XGRAD_TEST_COMPILE_OPTIONS})
 target_precompile_headers(doc_snippet_pch PRIVATE <xgrad/xgrad.hpp>)
 
 set(fence "```")
@@ -71,7 +71,7 @@ foreach(page ${XGRAD_DOC_PAGES})
     endif()
     add_executable(doc_${id} ${source})
     target_link_libraries(doc_${id} PRIVATE ${libraries})
-    target_compile_options(doc_${id} PRIVATE -Wall -Wextra)
+    target_compile_options(doc_${id} PRIVATE -Wall -Wextra ${XGRAD_TEST_COMPILE_OPTIONS})
     target_precompile_headers(doc_${id} REUSE_FROM doc_snippet_pch)
     list(APPEND XGRAD_SNIPPET_TARGETS doc_${id})
     file(MAKE_DIRECTORY ${XGRAD_SNIPPET_DIR}/run/${id})  # each runs in a folder of its own
