@@ -2,8 +2,8 @@
 #   phase NAME COMMAND [ARG...]   runs COMMAND as the next phase, after a header line naming it;
 #                                 when it fails, prints the table so far and exits with its status
 #   phase_beside NAME LOG PROGRAM [ARG...]
-#                                 starts PROGRAM as a phase that runs beside the next ones, at a
-#                                 lower priority (nice 10), its output in the file LOG
+#                                 starts PROGRAM as a phase that runs beside the next ones, at
+#                                 nice 10 in a session of its own, its output in the file LOG
 #   phase_join                    waits for it; when it failed, prints its log's end and the table
 #                                 and exits with its status. Its row gives its own time (from its
 #                                 start) and CPU, which overlap the rows of the phases it ran beside
@@ -62,7 +62,9 @@ phase_beside() {
   echo
   echo "xgrad: == ${beside_name} (beside the next phases; its output in ${beside_log}) =="
   beside_start=$SECONDS
-  # setsid: a process group of its own, so that end_beside reaches the compilers it starts.
+  # setsid: a process group of its own, so that end_beside reaches the compilers it starts. Its
+  # session is an autogroup of its own too, which the kernel weighs about equally with the script's
+  # whatever the nice.
   setsid nice -n 10 "$@" > "$beside_log" 2>&1 &
   beside_pid=$!
 }

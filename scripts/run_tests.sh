@@ -72,7 +72,7 @@ phase "API reference (doxygen)" bash scripts/docs.sh
 phase "configure build/ (Release)" bash scripts/configure.sh build "${release_options[@]}"
 phase "build everything (Release)" cmake --build build -j "$jobs"
 # The Release passes leave part of the two cores idle (tests that wait, the last tests of a pass):
-# the sanitizer build runs beside them at a lower priority and takes that part.
+# the sanitizer build runs beside them and takes that part (scripts/phases.sh says how).
 phase "configure build-sanitize/ (ASan + UBSan)" configure_sanitize
 phase_beside "build under the sanitizers" build-sanitize/build.log cmake --build build-sanitize -j "$jobs"
 phase "every test (engine chosen per product)" run_ctest build
