@@ -118,7 +118,7 @@ class ConfigFields {
     if (!v) fail(who, ": '", path_, "': missing field \"", field, "\"");
     if (!v->is_number_integer() || v->get<std::int64_t>() <= 0) {
       fail(who, ": '", path_, "': field \"", field, "\" must be a positive integer, got ",
-           xgrad::detail::json_shown(*v));
+           xgrad::detail::json_excerpt(*v));
     }
     return static_cast<std::size_t>(v->get<std::int64_t>());
   }
@@ -126,14 +126,14 @@ class ConfigFields {
     const json* v = find(field);
     if (!v) return fallback;
     if (!v->is_string())
-      fail(who, ": '", path_, "': field \"", field, "\" must be a string, got ", xgrad::detail::json_shown(*v));
+      fail(who, ": '", path_, "': field \"", field, "\" must be a string, got ", xgrad::detail::json_excerpt(*v));
     return v->get<std::string>();
   }
   bool flag(const char* field, bool fallback) const {
     const json* v = find(field);
     if (!v) return fallback;
     if (!v->is_boolean())
-      fail(who, ": '", path_, "': field \"", field, "\" must be true or false, got ", xgrad::detail::json_shown(*v));
+      fail(who, ": '", path_, "': field \"", field, "\" must be true or false, got ", xgrad::detail::json_excerpt(*v));
     return v->get<bool>();
   }
   [[noreturn]] void refuse(const char* field, const std::string& value, const char* known) const {
@@ -216,7 +216,7 @@ SaeConfig read_config(const std::string& path, Dtype& dtype) {
   const json* meta = f.find("metadata");
   if (!meta) meta = f.find("meta");
   if (meta && !meta->is_object())
-    fail(who, ": '", path, "': \"metadata\" must be an object, got ", xgrad::detail::json_shown(*meta));
+    fail(who, ": '", path, "': \"metadata\" must be an object, got ", xgrad::detail::json_excerpt(*meta));
   const ConfigFields m(path, meta ? *meta : j);
   c.hook_name = m.text("hook_name", f.text("hook_name", f.text("hook_point", "")));
   c.model_name = m.text("model_name", f.text("model_name", ""));

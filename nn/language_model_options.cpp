@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/nn/transformer.hpp"
 
@@ -156,11 +157,7 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
     }
     return true;
   };
-  try {
-    j = json::parse(text, note_keys);
-  } catch (const json::exception&) {
-    fail(who, ": the model options are not valid JSON: ", escape_bytes(text.substr(0, 80)));
-  }
+  j = xgrad::detail::parse_json(text, who + ": the model options text", note_keys);
   if (!twice.empty()) fail(who, ": the model options hold the field \"", escape_bytes(twice.substr(0, 80)), "\" twice");
   if (!j.is_object()) fail(who, ": the model options are not a JSON object: ", escape_bytes(text.substr(0, 80)));
   std::set<std::string> known;
@@ -179,7 +176,7 @@ LanguageModelOptions language_model_options_from_json(const std::string& text, c
     try {
       f.set(o, value);
     } catch (const std::invalid_argument& e) {
-      fail(who, ": model option ", f.name, " = ", value.dump().substr(0, 40), " ", e.what());
+      fail(who, ": model option ", f.name, " = ", xgrad::detail::json_excerpt(value, 40), " ", e.what());
     }
   }
   for (const auto& [key, value] : j.items()) {

@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 
 constexpr std::uint64_t kMaxJsonBytes = std::uint64_t{64} << 20;  // config.json, the index
 
-std::string shown(const json& value) { return xgrad::detail::json_shown(value); }
+using xgrad::detail::json_excerpt;
 
 json read_json_object(const std::string& path, const char* who) {
   return xgrad::detail::read_json_object(path, who, kMaxJsonBytes);
@@ -51,7 +51,8 @@ class ConfigReader {
     }
     const bool positive = (v->is_number_unsigned() && v->get<std::uint64_t>() > 0) ||
                           (v->is_number_integer() && v->get<std::int64_t>() > 0);
-    if (!positive) fail(who_, ": '", path_, "': field \"", field, "\" must be a positive integer, got ", shown(*v));
+    if (!positive)
+      fail(who_, ": '", path_, "': field \"", field, "\" must be a positive integer, got ", json_excerpt(*v));
     return static_cast<std::size_t>(v->get<std::uint64_t>());
   }
 
@@ -62,11 +63,11 @@ class ConfigReader {
       if (required) fail(who_, ": '", path_, "': missing field \"", field, "\"");
       return fallback;
     }
-    if (!v->is_number()) fail(who_, ": '", path_, "': field \"", field, "\" must be a number, got ", shown(*v));
+    if (!v->is_number()) fail(who_, ": '", path_, "': field \"", field, "\" must be a number, got ", json_excerpt(*v));
     const double d = v->get<double>();
     const float f = static_cast<float>(d);
     if (!(d > 0) || !std::isfinite(f) || f == 0.f) {
-      fail(who_, ": '", path_, "': field \"", field, "\" must be finite and > 0 as a float32, got ", shown(*v));
+      fail(who_, ": '", path_, "': field \"", field, "\" must be finite and > 0 as a float32, got ", json_excerpt(*v));
     }
     return f;
   }
@@ -74,7 +75,8 @@ class ConfigReader {
   bool flag(const char* field, bool fallback) const {
     const json* v = find(field, false);
     if (!v) return fallback;
-    if (!v->is_boolean()) fail(who_, ": '", path_, "': field \"", field, "\" must be true or false, got ", shown(*v));
+    if (!v->is_boolean())
+      fail(who_, ": '", path_, "': field \"", field, "\" must be true or false, got ", json_excerpt(*v));
     return v->get<bool>();
   }
 
@@ -111,14 +113,14 @@ LlamaConfig read_config(const std::string& directory, const char* who) {
   const bool tied = r.flag("tie_word_embeddings", false);
   const bool attention_bias = r.flag("attention_bias", false), mlp_bias = r.flag("mlp_bias", false);
   if (const json* act = r.find("hidden_act", false)) {
-    if (!act->is_string()) fail(who, ": '", path, "': field \"hidden_act\" must be a string, got ", shown(*act));
+    if (!act->is_string()) fail(who, ": '", path, "': field \"hidden_act\" must be a string, got ", json_excerpt(*act));
     if (act->get<std::string>() != "silu") {
-      fail(who, ": '", path, "': field \"hidden_act\" is ", shown(*act),
+      fail(who, ": '", path, "': field \"hidden_act\" is ", json_excerpt(*act),
            "; only \"silu\" (the SwiGLU feed-forward) is supported");
     }
   }
   if (const json* scaling = r.find("rope_scaling", true)) {
-    fail(who, ": '", path, "': field \"rope_scaling\" is ", shown(*scaling),
+    fail(who, ": '", path, "': field \"rope_scaling\" is ", json_excerpt(*scaling),
          "; scaled rotary embeddings are not supported (only an absent or null rope_scaling)");
   }
   if (C % H != 0) fail(who, ": '", path, "': num_attention_heads ", H, " does not divide hidden_size ", C);
@@ -238,14 +240,14 @@ Checkpoint open_checkpoint(const std::string& directory, const char* who) {
   if (wm == index.end()) fail(who, ": '", index_path, "': missing field \"weight_map\"");
   if (!wm->is_object()) {
     fail(who, ": '", index_path, "': field \"weight_map\" must be an object (tensor name -> shard file), got ",
-         shown(*wm));
+         json_excerpt(*wm));
   }
   std::map<std::string, std::string> weight_map;  // tensor -> shard
   std::map<std::string, std::string> shards;      // shard -> the first tensor it is named for
   for (const auto& [tensor, shard] : wm->items()) {
     if (!shard.is_string() || !is_plain_file_name(shard.get<std::string>())) {
       fail(who, ": '", index_path, "': weight_map[\"", tensor, "\"] must be the name of a file in '", directory,
-           "', got ", shown(shard));
+           "', got ", json_excerpt(shard));
     }
     weight_map[tensor] = shard.get<std::string>();
     shards.emplace(shard.get<std::string>(), tensor);

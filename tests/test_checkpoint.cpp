@@ -1092,7 +1092,7 @@ TEST_CASE("model options and checkpoint formats that cannot be read are refused 
       {edited("dropout", "0.1"), "model option dropout = \"0.1\" is not a number"},
       {edited("norm_eps", 1e300), "model option norm_eps = 1e+300 is not a finite float"},
       {"[1, 2]", "who: the model options are not a JSON object"},
-      {"{\"vocab_size\": ", "who: the model options are not valid JSON"},
+      {"{\"vocab_size\": ", "who: the model options text is not JSON"},
   };
   for (const auto& [text, message] : cases) {
     INFO(text);
@@ -1122,7 +1122,7 @@ TEST_CASE("model options and checkpoint formats that cannot be read are refused 
   c.metadata["xgrad.model_options"] = "{";
   save_safetensors(tampered, c.tensors, c.metadata);
   REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model),
-                      Contains("load_checkpoint: '" + tampered + "': the model options are not valid JSON"));
+                      Contains("load_checkpoint: '" + tampered + "': the model options text is not JSON"));
   // A format this xgrad does not know.
   c.metadata["xgrad.model_options"] = good;
   c.metadata["xgrad.checkpoint"] = "3";

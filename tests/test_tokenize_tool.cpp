@@ -248,7 +248,7 @@ TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", 
   check_refused(dir, {"ids", "--tokenizer", "bytes"}, "give the text or --file F");
   check_refused(dir, {"ids", "--tokenizer", "bytes", "--file", "a.txt", "text"}, "give the text or --file F");
   check_refused(dir, {"ids", "--tokenizer", "bytes", "--file", "nope.txt"}, "nope.txt");
-  check_refused(dir, {"decode", "--tokenizer", "bytes", "[1, 2"}, "the ids are not JSON");
+  check_refused(dir, {"decode", "--tokenizer", "bytes", "[1, 2"}, "the list of ids is not JSON");
   check_refused(dir, {"decode", "--tokenizer", "bytes", "{\"a\": 1}"}, "a JSON array of integers, not a object");
   check_refused(dir, {"decode", "--tokenizer", "bytes", "[1, 2.5]"}, "the element at position 1 is 2.5");
   check_refused(dir, {"decode", "--tokenizer", "bytes", "[1, \"a\"]"}, "position 1 is \"a\"");
@@ -277,5 +277,5 @@ TEST_CASE("bad input: xgrad-tokenize decode of ids nested a million deep exits 1
   TempDir dir("xgrad_tokenize_deep");
   write_bytes(dir.file("deep.json"), "[1, " + std::string(1000000, '[') + std::string(1000000, ']') + "]");
   check_refused(dir, {"decode", "--tokenizer", "bytes", "--file", "deep.json"},
-                "the element at position 1 is an array of 1 elements, not an integer");
+                "the list of ids nests arrays and objects deeper than 64 levels (byte 67)");
 }

@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/text/detail/bpe_tables.hpp"
-#include "xgrad/text/detail/json_excerpt.hpp"
 #include "xgrad/text/detail/pretokenize_in_chunks.hpp"
 #include "xgrad/text/gpt2_byte_encoding.hpp"
 #include "xgrad/text/pretokenizer.hpp"
@@ -335,12 +335,7 @@ std::string ByteLevelBpe::to_json() const {
 }
 
 std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, const std::string& who) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(json.begin(), json.end());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(who + ": the byte_bpe tokenizer document is not JSON (" + e.what() + ")");
-  }
+  nlohmann::json doc = xgrad::detail::parse_json(json, who + ": the byte_bpe tokenizer document");
   if (!doc.is_object()) throw Error(who + ": the byte_bpe tokenizer document is not a JSON object");
   const auto field = [&](const char* name) -> const nlohmann::json& {
     if (!doc.contains(name) || !doc[name].is_array())
@@ -349,10 +344,10 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, con
   };
   if (!doc.contains("kind") || doc["kind"] != "byte_bpe")
     throw Error(who + ": the document's field \"kind\" is " +
-                (doc.contains("kind") ? detail::json_excerpt(doc["kind"]) : "missing") + ", not \"byte_bpe\"");
+                (doc.contains("kind") ? xgrad::detail::json_excerpt(doc["kind"]) : "missing") + ", not \"byte_bpe\"");
   const auto integer = [&](const nlohmann::json& j, const std::string& where) {
     if (!j.is_number_integer())
-      throw Error(who + ": " + where + " is " + detail::json_excerpt(j) + ", not an integer id");
+      throw Error(who + ": " + where + " is " + xgrad::detail::json_excerpt(j) + ", not an integer id");
     return j.get<std::int64_t>();
   };
   BpeVocabulary v;
@@ -361,10 +356,10 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, con
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::string where = "\"tokens\"[" + std::to_string(i) + "]";
     if (!tokens[i].is_string())
-      throw Error(who + ": " + where + " is " + detail::json_excerpt(tokens[i]) + ", not a string");
+      throw Error(who + ": " + where + " is " + xgrad::detail::json_excerpt(tokens[i]) + ", not a string");
     std::optional<std::string> bytes = gpt2_bytes_from_printable(tokens[i].get_ref<const std::string&>());
     if (!bytes)
-      throw Error(who + ": " + where + " " + detail::json_excerpt(tokens[i]) +
+      throw Error(who + ": " + where + " " + xgrad::detail::json_excerpt(tokens[i]) +
                   " is not in GPT-2's printable byte form");
     v.tokens.push_back(std::move(*bytes));
   }
@@ -373,7 +368,7 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, con
   for (std::size_t r = 0; r < merges.size(); ++r) {
     const std::string where = "\"merges\"[" + std::to_string(r) + "]";
     if (!merges[r].is_array() || merges[r].size() != 2)
-      throw Error(who + ": " + where + " is " + detail::json_excerpt(merges[r]) + ", not a pair of ids");
+      throw Error(who + ": " + where + " is " + xgrad::detail::json_excerpt(merges[r]) + ", not a pair of ids");
     v.merges.emplace_back(integer(merges[r][0], where + "[0]"), integer(merges[r][1], where + "[1]"));
   }
   const nlohmann::json& specials = field("special_tokens");

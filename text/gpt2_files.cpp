@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/file_io.hpp"
-#include "xgrad/text/detail/json_excerpt.hpp"
 #include "xgrad/text/gpt2_byte_encoding.hpp"
 
 namespace xgrad::text {
@@ -24,12 +24,7 @@ using Json = nlohmann::json;
 std::string in_quotes(std::string_view text) { return "\"" + readable_bytes(text) + "\""; }
 
 Json parse_json_file(const std::string& path, const std::string& who) {
-  const std::string text = read_file(path, who);
-  try {
-    return Json::parse(text);
-  } catch (const Json::exception& e) {
-    throw Error(who + ": '" + path + "' is not JSON: " + e.what());
-  }
+  return xgrad::detail::parse_json(read_file(path, who), who + ": '" + path + "'");
 }
 
 // One merge as a file writes it: two printable tokens, and where it stands ("line 7").
@@ -57,8 +52,8 @@ BpeVocabulary assemble(const std::string& vocab_file, const Json& vocab, const s
   printable_of.reserve(vocab.size());
   for (const auto& [key, value] : vocab.items()) {
     if (!value.is_number_integer())
-      throw Error(vocab_file + ": the entry " + in_quotes(key) + " has the value " + detail::json_excerpt(value) +
-                  ", not an integer id");
+      throw Error(vocab_file + ": the entry " + in_quotes(key) + " has the value " +
+                  xgrad::detail::json_excerpt(value) + ", not an integer id");
     const std::int64_t id = value.get<std::int64_t>();
     if (id < 0)
       throw Error(vocab_file + ": the entry " + in_quotes(key) + " has the negative id " + std::to_string(id));
@@ -200,31 +195,31 @@ BpeVocabulary load_hf_tokenizer_json(const std::string& path) {
   const Json& model = doc["model"];
   if (model.contains("type")) {
     if (model["type"] != "BPE")
-      throw Error(file + ": model.type is " + detail::json_excerpt(model["type"]) +
+      throw Error(file + ": model.type is " + xgrad::detail::json_excerpt(model["type"]) +
                   ", not \"BPE\" (xgrad reads byte-level BPE tokenizers only)");
   } else if (!model.contains("merges")) {
     throw Error(file + ": model has neither \"type\" nor \"merges\": not a BPE model");
   }
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"] != 0)
-    throw Error(file + ": model.dropout is " + detail::json_excerpt(model["dropout"]) +
+    throw Error(file + ": model.dropout is " + xgrad::detail::json_excerpt(model["dropout"]) +
                 "; xgrad encodes without BPE dropout");
   for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(affix) && !model[affix].is_null() && model[affix] != "")
-      throw Error(file + ": model." + affix + " is " + detail::json_excerpt(model[affix]) +
+      throw Error(file + ": model." + affix + " is " + xgrad::detail::json_excerpt(model[affix]) +
                   ", which byte-level BPE does not use");
   if (doc.contains("normalizer") && !doc["normalizer"].is_null())
     throw Error(
         file + ": normalizer is " +
         (doc["normalizer"].is_object() && doc["normalizer"].contains("type") && doc["normalizer"]["type"].is_string()
              ? doc["normalizer"]["type"].get<std::string>()
-             : detail::json_excerpt(doc["normalizer"])) +
+             : xgrad::detail::json_excerpt(doc["normalizer"])) +
         ", not null (GPT-2's byte-level BPE changes no text before splitting it)");
   // The pre-tokenizer must be GPT-2's: ByteLevel with its regex and no added space.
   const auto check_byte_level = [&](const Json& p, const std::string& field) {
     if (!p.is_object() || p.value("type", "") != "ByteLevel")
       throw Error(file + ": " + field + " is " +
                   (p.is_object() && p.contains("type") && p["type"].is_string() ? p["type"].get<std::string>()
-                                                                                : detail::json_excerpt(p)) +
+                                                                                : xgrad::detail::json_excerpt(p)) +
                   ", not ByteLevel (GPT-2's pre-tokenizer)");
     if (p.value("add_prefix_space", true))
       throw Error(file + ": " + field +
@@ -256,12 +251,14 @@ BpeVocabulary load_hf_tokenizer_json(const std::string& path) {
       const std::size_t space = s.find(' ');
       if (space == std::string::npos || space == 0 || space + 1 == s.size() ||
           s.find(' ', space + 1) != std::string::npos)
-        throw Error(file + " " + where + ": " + detail::json_excerpt(m) + " is not two tokens separated by one space");
+        throw Error(file + " " + where + ": " + xgrad::detail::json_excerpt(m) +
+                    " is not two tokens separated by one space");
       merges.push_back({s.substr(0, space), s.substr(space + 1), where});
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       merges.push_back({m[0].get<std::string>(), m[1].get<std::string>(), where});
     } else {
-      throw Error(file + " " + where + ": " + detail::json_excerpt(m) + " is neither \"a b\" nor a pair of strings");
+      throw Error(file + " " + where + ": " + xgrad::detail::json_excerpt(m) +
+                  " is neither \"a b\" nor a pair of strings");
     }
   }
   std::vector<AddedToken> added;
@@ -273,7 +270,7 @@ BpeVocabulary load_hf_tokenizer_json(const std::string& path) {
       const Json& t = tokens[i];
       if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
           !t["content"].is_string() || t["content"] == "")
-        throw Error(file + ": " + where + " is " + detail::json_excerpt(t) +
+        throw Error(file + ": " + where + " is " + xgrad::detail::json_excerpt(t) +
                     ", not an object with an integer \"id\" and a non-empty string \"content\"");
       const bool special = t.contains("special") && t["special"].is_boolean() ? t["special"].get<bool>() : false;
       added.push_back({t["id"].get<std::int64_t>(), t["content"].get<std::string>(), special, where});

@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/file_io.hpp"
-#include "xgrad/text/detail/json_excerpt.hpp"
 
 namespace xgrad::text {
 
@@ -386,16 +386,11 @@ std::string SentencePieceTokenizer::to_json() const {
 
 std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_json(std::string_view json,
                                                                           const std::string& who) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(json.begin(), json.end());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(who + ": the tokenizer document is not JSON (" + e.what() + ")");
-  }
+  nlohmann::json doc = xgrad::detail::parse_json(json, who + ": the tokenizer document");
   if (!doc.is_object()) throw Error(who + ": the tokenizer document is not a JSON object");
   if (!doc.contains("kind") || !doc["kind"].is_string() || doc["kind"].get<std::string>() != "sentencepiece")
     throw Error(who + ": field \"kind\" of the tokenizer document must be \"sentencepiece\", got " +
-                (doc.contains("kind") ? shown(detail::json_excerpt(doc["kind"])) : std::string("nothing")));
+                (doc.contains("kind") ? shown(xgrad::detail::json_excerpt(doc["kind"])) : std::string("nothing")));
   if (!doc.contains("model") || !doc["model"].is_string())
     throw Error(who + ": the tokenizer document has no string field \"model\" (the serialized model, base64)");
   std::string model, error;

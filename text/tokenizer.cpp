@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/text/byte_level_bpe.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
@@ -124,12 +125,7 @@ std::string BytesTokenizer::token_bytes(std::int64_t id) const {
 }
 
 std::unique_ptr<Tokenizer> tokenizer_from_json(std::string_view json, const std::string& who) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(json.begin(), json.end());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(who + ": the tokenizer document is not JSON (" + e.what() + ")");
-  }
+  nlohmann::json doc = xgrad::detail::parse_json(json, who + ": the tokenizer document");
   if (!doc.is_object() || !doc.contains("kind") || !doc["kind"].is_string())
     throw Error(who + ": the tokenizer document has no string field \"kind\"");
   const std::string kind = doc["kind"].get<std::string>();

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/io/utf8.hpp"
@@ -143,11 +144,7 @@ class HeaderReader {
   bool end_object() { return close(); }
   bool end_array() { return close(); }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    // The reader's own words without its "[json.exception.parse_error.101] " tag, and cut: it
-    // quotes the token, which may be a number of 10,000 digits.
-    std::string what = e.what();
-    if (what.compare(0, 1, "[") == 0 && what.find("] ") != std::string::npos) what.erase(0, what.find("] ") + 2);
-    syntax = what.size() > 160 ? what.substr(0, 160) + "..." : what;
+    syntax = xgrad::detail::json_error_text(e);
     return false;
   }
 

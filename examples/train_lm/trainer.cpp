@@ -12,6 +12,7 @@
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/io/utf8.hpp"
@@ -68,7 +69,7 @@ E enum_field(const nlohmann::json& j, const char* key, const Names<E>& names, E 
       if (v.get<std::string>() == name) return e;
     }
   }
-  fail("train_lm: the checkpoint's config has ", key, " ", v.dump().substr(0, 40),
+  fail("train_lm: the checkpoint's config has ", key, " ", xgrad::detail::json_excerpt(v, 40),
        ", which this train_lm does not know");
 }
 
@@ -510,8 +511,10 @@ TrainConfig checkpoint_config(const std::string& checkpoint) {
     fail("train_lm: '", checkpoint, "' is not a train_lm checkpoint (no format \"", kFormat, "\" in its metadata)");
   }
   TrainConfig c;
+  const nlohmann::json config = xgrad::detail::parse_json(meta_field(file.metadata, "config", checkpoint),
+                                                          "train_lm: the config of '" + checkpoint + "'");
   try {
-    c = TrainConfig::from_json(nlohmann::json::parse(meta_field(file.metadata, "config", checkpoint)));
+    c = TrainConfig::from_json(config);
   } catch (const nlohmann::json::exception& e) {
     fail("train_lm: '", checkpoint, "' has an unreadable config (", e.what(), ")");
   }
@@ -563,7 +566,7 @@ void Trainer::resume(const std::string& checkpoint) {
   if (meta.count("data")) {
     DataSource theirs_data;
     try {
-      const auto j = nlohmann::json::parse(meta.at("data"));
+      const auto j = xgrad::detail::parse_json(meta.at("data"), "the data field");
       theirs_data.name = j.at("name").get<std::string>();
       theirs_data.bytes = j.at("bytes").get<std::uint64_t>();
       theirs_data.fnv1a = std::stoull(j.at("fnv1a").get<std::string>(), nullptr, 16);

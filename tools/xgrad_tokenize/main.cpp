@@ -18,9 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/text/detail/json_excerpt.hpp"
 #include "xgrad/text/load_tokenizer.hpp"
 #include "xgrad/text/token_batches.hpp"
 #include "xgrad/text/token_file.hpp"
@@ -239,20 +239,15 @@ std::string text_argument(const std::string& text, const std::string& file, bool
 }
 
 TokenIds parse_ids(const std::string& json) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(json);
-  } catch (const nlohmann::json::exception& e) {
-    fail(kProgram, ": the ids are not JSON (", e.what(), ")");
-  }
+  const nlohmann::json doc = xgrad::detail::parse_json(json, std::string(kProgram) + ": the list of ids");
   if (!doc.is_array()) fail(kProgram, ": the ids must be a JSON array of integers, not a ", doc.type_name());
   TokenIds ids;
   for (std::size_t i = 0; i < doc.size(); ++i) {
     const nlohmann::json& v = doc[i];
     if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-      fail(kProgram, ": id ", xgrad::text::detail::json_excerpt(v), " at position ", i, " is past 2^63 - 1");
+      fail(kProgram, ": id ", xgrad::detail::json_excerpt(v), " at position ", i, " is past 2^63 - 1");
     if (!v.is_number_integer())
-      fail(kProgram, ": the element at position ", i, " is ", xgrad::text::detail::json_excerpt(v), ", not an integer");
+      fail(kProgram, ": the element at position ", i, " is ", xgrad::detail::json_excerpt(v), ", not an integer");
     ids.push_back(v.get<std::int64_t>());
   }
   return ids;
