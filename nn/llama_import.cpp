@@ -63,11 +63,14 @@ class ConfigReader {
       if (required) fail(who_, ": '", path_, "': missing field \"", field, "\"");
       return fallback;
     }
-    if (!v->is_number()) fail(who_, ": '", path_, "': field \"", field, "\" must be a number, got ", json_excerpt(*v));
-    const double d = v->get<double>();
+    return positive_float(*v, field);
+  }
+  float positive_float(const json& v, const std::string& field) const {
+    if (!v.is_number()) fail(who_, ": '", path_, "': field \"", field, "\" must be a number, got ", json_excerpt(v));
+    const double d = v.get<double>();
     const float f = static_cast<float>(d);
     if (!(d > 0) || !std::isfinite(f) || f == 0.f) {
-      fail(who_, ": '", path_, "': field \"", field, "\" must be finite and > 0 as a float32, got ", json_excerpt(*v));
+      fail(who_, ": '", path_, "': field \"", field, "\" must be finite and > 0 as a float32, got ", json_excerpt(v));
     }
     return f;
   }
@@ -82,9 +85,21 @@ class ConfigReader {
 
   // The field, or nullptr when it is absent (or null, when that reads as absent).
   const json* find(const char* field, bool null_is_absent) const {
+    read_.insert(field);
     const auto it = j_.find(field);
     if (it == j_.end() || (null_is_absent && it->is_null())) return nullptr;
     return &*it;
+  }
+
+  // Every field may change the forward pass unless it was read or is in `inert`: the first other
+  // one is refused by name.
+  void refuse_unread(const std::set<std::string>& inert) const {
+    for (const auto& [key, value] : j_.items()) {
+      if (!read_.count(key) && !inert.count(key)) {
+        fail(who_, ": '", path_, "': field ", json_excerpt(json(key), 80), " (", json_excerpt(value, 40),
+             ") is not implemented; it may change the forward pass, so the folder is refused");
+      }
+    }
   }
 
   const std::string& path() const { return path_; }
@@ -93,7 +108,88 @@ class ConfigReader {
   const char* who_;
   std::string path_;
   json j_;
+  mutable std::set<std::string> read_;
 };
+
+// Fields that do not change the forward pass: names and versions, token ids, generation defaults,
+// the initialisation of training from scratch, the files' dtype (their headers give it), and the
+// runtime's settings. pretraining_tp > 1 makes Hugging Face compute the same products in slices.
+const std::set<std::string> kInertFields = {"_name_or_path",
+                                            "architectures",
+                                            "transformers_version",
+                                            "torch_dtype",
+                                            "dtype",
+                                            "_commit_hash",
+                                            "_attn_implementation",
+                                            "transformers.js_config",
+                                            "is_llama_config",
+                                            "tokenizer_class",
+                                            "bos_token_id",
+                                            "eos_token_id",
+                                            "pad_token_id",
+                                            "use_cache",
+                                            "initializer_range",
+                                            "pretraining_tp",
+                                            "output_attentions",
+                                            "output_hidden_states",
+                                            "return_dict",
+                                            "torchscript",
+                                            "id2label",
+                                            "label2id",
+                                            "max_length",
+                                            "min_length",
+                                            "do_sample",
+                                            "num_beams",
+                                            "temperature",
+                                            "top_k",
+                                            "top_p",
+                                            "repetition_penalty",
+                                            "length_penalty",
+                                            "no_repeat_ngram_size",
+                                            "num_return_sequences",
+                                            "early_stopping",
+                                            "task_specific_params"};
+
+// RoPE's base: `rope_theta`, or transformers 5's `rope_parameters` {"rope_type": "default",
+// "rope_theta": ...}. Scaled variants (llama3, linear, dynamic, yarn, ...) are refused by name.
+float read_rope_theta(const ConfigReader& r, const char* who) {
+  const std::string& path = r.path();
+  const json* top = r.find("rope_theta", false);
+  float theta = r.positive_float("rope_theta", false, 10000.f);
+  if (const json* scaling = r.find("rope_scaling", true)) {
+    fail(who, ": '", path, "': field \"rope_scaling\" is ", json_excerpt(*scaling),
+         "; scaled rotary embeddings are not implemented (only an absent or null rope_scaling)");
+  }
+  const json* p = r.find("rope_parameters", true);
+  if (!p) return theta;
+  if (!p->is_object()) fail(who, ": '", path, "': field \"rope_parameters\" must be an object, got ", json_excerpt(*p));
+  if (const auto type = p->find("rope_type"); type != p->end() && *type != "default") {
+    fail(who, ": '", path, "': field \"rope_parameters\" has rope_type ", json_excerpt(*type),
+         "; scaled rotary embeddings are not implemented (only \"default\")");
+  }
+  for (const auto& [key, value] : p->items()) {
+    if (key == "rope_type") continue;
+    if (key == "rope_theta") {
+      const float given = r.positive_float(value, "rope_parameters.rope_theta");
+      if (top && given != theta) {
+        fail(who, ": '", path, "': rope_theta ", theta, " and rope_parameters.rope_theta ", given, " differ");
+      }
+      theta = given;
+    } else {
+      fail(who, ": '", path, "': field \"rope_parameters\" has ", json_excerpt(json(key), 80),
+           ", which is not implemented (only rope_type \"default\" and rope_theta)");
+    }
+  }
+  return theta;
+}
+
+// A field whose only value xgrad implements is `expected` (or null): any other is refused by name.
+void require_value(const ConfigReader& r, const char* who, const char* field, const json& expected, const char* what) {
+  const json* v = r.find(field, true);
+  if (v && *v != expected) {
+    fail(who, ": '", r.path(), "': field \"", field, "\" is ", json_excerpt(*v), "; ", what, " is not implemented");
+  }
+}
 
 // config.json, read and checked.
 struct LlamaConfig {
@@ -109,7 +205,10 @@ LlamaConfig read_config(const std::string& directory, const char* who) {
   const std::size_t L = r.count("num_hidden_layers"), H = r.count("num_attention_heads");
   const std::size_t KV = r.count("num_key_value_heads", H, true), P = r.count("max_position_embeddings");
   const float eps = r.positive_float("rms_norm_eps", true);
-  const float theta = r.positive_float("rope_theta", false, 10000.f);
+  if (const json* type = r.find("model_type", false); type && *type != "llama") {
+    fail(who, ": '", path, "': model_type ", json_excerpt(*type), " is not implemented (this xgrad loads \"llama\")");
+  }
+  const float theta = read_rope_theta(r, who);
   const bool tied = r.flag("tie_word_embeddings", false);
   const bool attention_bias = r.flag("attention_bias", false), mlp_bias = r.flag("mlp_bias", false);
   if (const json* act = r.find("hidden_act", false)) {
@@ -119,10 +218,9 @@ LlamaConfig read_config(const std::string& directory, const char* who) {
            "; only \"silu\" (the SwiGLU feed-forward) is supported");
     }
   }
-  if (const json* scaling = r.find("rope_scaling", true)) {
-    fail(who, ": '", path, "': field \"rope_scaling\" is ", json_excerpt(*scaling),
-         "; scaled rotary embeddings are not supported (only an absent or null rope_scaling)");
-  }
+  require_value(r, who, "attention_dropout", 0.0, "dropout on the attention weights");
+  require_value(r, who, "sliding_window", nullptr, "sliding-window attention");
+  require_value(r, who, "rope_interleaved", false, "rotating interleaved channel pairs");
   if (C % H != 0) fail(who, ": '", path, "': num_attention_heads ", H, " does not divide hidden_size ", C);
   if (H % KV != 0) fail(who, ": '", path, "': num_key_value_heads ", KV, " does not divide num_attention_heads ", H);
   if (r.find("head_dim", true)) {
@@ -136,6 +234,7 @@ LlamaConfig read_config(const std::string& directory, const char* who) {
     fail(who, ": '", path, "': the head width hidden_size / num_attention_heads = ", C / H,
          " is odd; rotary embeddings need it even");
   }
+  r.refuse_unread(kInertFields);
   LanguageModelOptions options = LanguageModelOptions(V, C, H, L)
                                      .d_ff(F)
                                      .max_len(P)

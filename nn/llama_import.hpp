@@ -23,16 +23,20 @@ namespace xgrad::nn {
 ///   max_position_embeddings                -> max_len
 ///   num_key_value_heads (default H)        -> num_kv_heads, must divide H
 ///   rms_norm_eps                           -> norm_eps (norm_kind rms_norm, a weight, no bias)
-///   rope_theta (default 10000)             -> rope_theta (positional rotary on the whole head)
+///   rope_theta (default 10000), or rope_parameters {"rope_type": "default", "rope_theta": ...}
+///                                          -> rope_theta (positional rotary on the whole head)
 ///   tie_word_embeddings (default false)    -> tie_embeddings
 ///   attention_bias (default false)         -> qkv_bias and out_bias
 ///   mlp_bias (default false)               -> ffn_bias
 ///   head_dim (optional)                    -> must equal C / H
 ///   hidden_act                             -> must be "silu" (activation swiglu)
 ///   rope_scaling                           -> must be absent or null
+///   model_type                             -> must be "llama" (or absent)
+///   attention_dropout, sliding_window, rope_interleaved -> must be 0, null, false (or absent)
 /// @endcode
-/// and Pre-Norm, no head bias, dropout 0. Other fields (model_type, torch_dtype,
-/// attention_dropout, ...) are not read. A field that is missing, of the wrong JSON type, out of
+/// and Pre-Norm, no head bias, dropout 0. Fields that do not change the forward pass (names,
+/// token ids, generation defaults, torch_dtype, ...) are not read; any other field is refused by
+/// name, since it may change the computation. A field that is missing, of the wrong JSON type, out of
 /// range, or inconsistent with another is an Error naming the file and the field; so are a
 /// config.json that is missing or not a JSON object, and options LanguageModel::check refuses.
 LanguageModelOptions llama_options(const std::string& directory);

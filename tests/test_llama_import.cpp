@@ -310,7 +310,7 @@ TEST_CASE("bad input: config.json fields that disagree, or that xgrad's model ca
   refused("hidden_act", 7, "field \"hidden_act\" must be a string, got 7");
   refused("rope_scaling", json({{"factor", 8.0}, {"rope_type", "llama3"}}),
           "field \"rope_scaling\" is {\"factor\":8.0,\"rope_type\":\"llama3\"}; scaled rotary embeddings are not "
-          "supported (only an absent or null rope_scaling)");
+          "implemented (only an absent or null rope_scaling)");
   refused("head_dim", 8,
           "field \"head_dim\" is 8, not hidden_size / num_attention_heads = 16 / 4 = 4 (xgrad's heads are that wide)");
   refused("num_attention_heads", 16,
@@ -328,6 +328,72 @@ TEST_CASE("bad input: config.json fields that disagree, or that xgrad's model ca
   CHECK(o.num_kv_heads() == 4);
   CHECK(o.rope_theta() == 10000.f);
   CHECK(o.activation() == nn::Activation::swiglu);
+}
+
+// Every field that changes the forward pass is read or refused by name: a field no reader looks at
+// (Granite's multipliers on Llama's names), a model_type other than llama, sliding windows, RoPE's
+// base where transformers 5 writes it.
+TEST_CASE("bad input: config.json fields that change the forward pass are read or refused by name",
+          "[llama_import][bad_input]") {
+  Broken b("untied_f32");
+  const std::string cfg = b.path("config.json");
+  const std::string at = "load_llama: '" + cfg + "': ";
+  const json saved = b.config();
+  auto with = [&](const json& fields) {
+    json j = saved;
+    for (const auto& [key, value] : fields.items()) {
+      if (value.is_discarded()) {
+        j.erase(key);
+      } else {
+        j[key] = value;
+      }
+    }
+    b.set_config(j);
+  };
+  auto refused = [&](const json& fields, const std::string& message) {
+    INFO(fields.dump());
+    with(fields);
+    REQUIRE_THROWS_WITH(nn::load_llama(b.path()), at + message);
+    REQUIRE_THROWS_WITH(nn::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
+  };
+  refused({{"model_type", "granite"}}, "model_type \"granite\" is not implemented (this xgrad loads \"llama\")");
+  refused({{"model_type", "mistral"}, {"sliding_window", 4096}},
+          "model_type \"mistral\" is not implemented (this xgrad loads \"llama\")");
+  refused({{"sliding_window", 4}}, "field \"sliding_window\" is 4; sliding-window attention is not implemented");
+  refused({{"attention_dropout", 0.1}},
+          "field \"attention_dropout\" is 0.1; dropout on the attention weights is not implemented");
+  refused({{"rope_interleaved", true}},
+          "field \"rope_interleaved\" is true; rotating interleaved channel pairs is not implemented");
+  refused({{"embedding_multiplier", 12.0}, {"logits_scaling", 8.0}},
+          "field \"embedding_multiplier\" (12.0) is not implemented; it may change the forward pass, so the folder "
+          "is refused");
+  refused({{"quantization_config", {{"bits", 4}}}},
+          "field \"quantization_config\" ({\"bits\":4}) is not implemented; it may change the forward pass, so the "
+          "folder is refused");
+  refused({{"rope_theta", kRemove}, {"rope_parameters", {{"rope_type", "llama3"}, {"factor", 8.0}}}},
+          "field \"rope_parameters\" has rope_type \"llama3\"; scaled rotary embeddings are not implemented (only "
+          "\"default\")");
+  refused({{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000.0}}}},
+          "rope_theta 500000 and rope_parameters.rope_theta 1000 differ");
+  refused({{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}}},
+          "field \"rope_parameters\" has \"partial_rotary_factor\", which is not implemented (only rope_type "
+          "\"default\" and rope_theta)");
+  refused({{"rope_parameters", {{"rope_theta", -1}}}},
+          "field \"rope_parameters.rope_theta\" must be finite and > 0 as a float32, got -1");
+  refused({{"rope_parameters", 5}}, "field \"rope_parameters\" must be an object, got 5");
+
+  // transformers 5 writes RoPE's base only in rope_parameters.
+  with({{"rope_theta", kRemove}, {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}}}});
+  CHECK(nn::llama_options(b.path()).rope_theta() == 500000.f);
+  // The fields that change nothing, and the neutral values of the refused ones, load.
+  with({{"model_type", kRemove},
+        {"sliding_window", nullptr},
+        {"rope_interleaved", false},
+        {"attention_dropout", 0},
+        {"pad_token_id", 0},
+        {"_name_or_path", "tiny"},
+        {"transformers.js_config", {{"dtype", "q4"}}}});
+  CHECK(nn::llama_options(b.path()).rope_theta() == 500000.f);
 }
 
 TEST_CASE("bad input: a tensor missing, unexpected, of the wrong shape or not finite names both names and shapes",
