@@ -16,6 +16,7 @@
 
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
@@ -697,4 +698,21 @@ TEST_CASE("gradcheck skip_kinks skips kinks anywhere within eps of x and still c
   REQUIRE(right.ok);
   REQUIRE(right.skipped == 2);
   REQUIRE(right.checked == 3);
+}
+
+// Under a bf16 guard the products are flat between roundings: a correct gradient would be reported
+// wrong (analytic -1.26, numeric 0), so gradcheck refuses and names the guard.
+TEST_CASE("gradcheck refuses to run inside a bf16 autocast guard and names it", "[gradcheck][bad_input][gemm]") {
+  Generator gen(3);
+  const Tensor x(gen.normal({3, 4}, 0.f, 1.f), true), w(gen.normal({5, 4}, 0.f, 1.f), true);
+  const GradcheckFn fn = [](const std::vector<Tensor>& in) { return sum(linear(in[0], in[1])); };
+  {
+    AutocastGuard bf16(Precision::bf16);
+    CHECK_THROWS_WITH(gradcheck(fn, {x, w}), Catch::StartsWith("gradcheck: an AutocastGuard(Precision::bf16) is open "
+                                                               "on this thread") &&
+                                                 Catch::Contains("check in fp32"));
+    AutocastGuard fp32(Precision::fp32);
+    CHECK(gradcheck(fn, {x, w}).ok);
+  }
+  CHECK(gradcheck(fn, {x, w}).ok);
 }

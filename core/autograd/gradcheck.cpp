@@ -6,6 +6,7 @@
 #include <sstream>
 #include <utility>
 
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
@@ -45,6 +46,12 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
 
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const NamedTensors& params,
                           const GradcheckOptions& opt) {
+  // Products of bf16-rounded operands are flat between roundings: finite differences would see 0.
+  if (autocast_precision() != Precision::fp32) {
+    fail("gradcheck: an AutocastGuard(Precision::", precision_name(autocast_precision()),
+         ") is open on this thread, so the products round their operands and finite differences cannot check "
+         "gradients; check in fp32 (close the guard, or open AutocastGuard(Precision::fp32) around gradcheck)");
+  }
   if (!(opt.eps > 0) || !std::isfinite(opt.eps))
     fail("gradcheck: GradcheckOptions::eps must be finite and > 0, got ", opt.eps);
   const std::pair<const char*, double> at_least_zero[] = {

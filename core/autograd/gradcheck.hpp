@@ -56,7 +56,8 @@ using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;
 /// projection of the output (so any output shape works). The inputs are not modified: fn is
 /// called on fresh leaf copies of them. fn must be deterministic (no dropout). An option out of
 /// range, no input requiring grad, or an output that is undefined or does not depend on them is
-/// an Error.
+/// an Error; so is a call inside an AutocastGuard(Precision::bf16), whose rounded products would
+/// make any finite difference meaningless.
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
                           const GradcheckOptions& options = {});
 
