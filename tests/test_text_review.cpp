@@ -132,8 +132,17 @@ TEST_CASE("review: a merges.txt with a UTF-8 byte order mark (saved on Windows) 
 TEST_CASE("bad input: JSON nested a million deep is refused with a message, never a stack overflow",
           "[text][bad_input][long]") {
   TempDir dir("xgrad_review_deep");
-  const std::string deep = deeply_nested();
   const std::string merges = testing::fixture_path("gpt2_tokenizer/merges.txt");
+  // A million deep: refused by the JSON reader before any value is built.
+  const std::string too_deep = "nests arrays and objects deeper than 64 levels";
+  write_bytes(dir.file("vocab.json"), "{\"a\": " + deeply_nested() + "}");
+  CHECK_THROWS_WITH(load_gpt2_vocabulary(dir.file("vocab.json"), merges), Contains(too_deep));
+  CHECK_THROWS_WITH(ByteLevelBpe::from_json("{\"kind\":" + deeply_nested() + "}", "reader"),
+                    Contains("reader: the byte_bpe tokenizer document " + too_deep));
+  CHECK_THROWS_WITH(SentencePieceTokenizer::from_json("{\"kind\":" + deeply_nested() + "}", "reader"),
+                    Contains("reader: the tokenizer document " + too_deep));
+  // 40 deep, within the reader's limit: each message quotes the value by its kind.
+  const std::string deep = deeply_nested(40);
   // vocab.json: an entry whose value is the nest.
   write_bytes(dir.file("vocab.json"), "{\"a\": " + deep + "}");
   CHECK_THROWS_WITH(load_gpt2_vocabulary(dir.file("vocab.json"), merges),
