@@ -342,7 +342,14 @@ std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir) {
            dtype_name(dtype));
     }
     Tensor p = sae->parameter(name);
-    weights.read(i, 0, p.size(), p.mutable_value().data());
+    float* v = p.mutable_value().data();
+    weights.read(i, 0, p.size(), v);
+    for (std::size_t j = 0; j < p.size(); ++j) {
+      if (!std::isfinite(v[j])) {
+        fail(who, ": '", weights.path(), "': \"", name, "\" holds ", v[j], " at flat position ", j,
+             "; refusing non-finite weights");
+      }
+    }
   }
   return sae;
 }

@@ -107,7 +107,8 @@ void save_sae(const std::string& dir, const SparseAutoencoder& sae);
 /// stored as F16 or BF16 become float32, the hook point's type. Throws, naming the file and the
 /// field, for: a missing or malformed field, an architecture other than standard and topk, a
 /// normalization or reshape it does not know, a dtype other than float32, float16 and bfloat16
-/// or one the weights file does not hold, and a weight missing or of the wrong shape.
+/// or one the weights file does not hold, a weight missing or of the wrong shape, and a weight
+/// value that is NaN or infinite (naming the tensor and its flat position).
 std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir);
 
 /// While it lives, replaces the value at `point` of root's forwards by sae's reconstruction

@@ -446,6 +446,23 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
     const auto sae = load_sae(dir);
     CHECK(max_abs_diff(sae->W_enc().value(), load_sae(fixture)->W_enc().value()) < 1e-2);
   }
+  SECTION("a weight that is NaN or infinite is refused, naming the file, the tensor and the position") {
+    const std::string dir = copy_fixture("nan");
+    const std::string weights = dir + "/sae_weights.safetensors";
+    SafetensorsContents w = load_safetensors(weights);
+    for (auto& [name, a] : w.tensors) {
+      if (name == "W_dec") a.data()[13] = std::nanf("");
+    }
+    save_safetensors(weights, w.tensors);
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("load_sae: '" + weights + "': \"W_dec\" holds nan at flat position 13"));
+    for (auto& [name, a] : w.tensors) {
+      if (name == "W_dec") a.data()[13] = 0.f;
+      if (name == "b_enc") a.data()[2] = -INFINITY;
+    }
+    save_safetensors(weights, w.tensors, {}, Dtype::bf16);
+    edit_cfg(dir, "\"dtype\": \"float32\"", "\"dtype\": \"bfloat16\"");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("\"b_enc\" holds -inf at flat position 2"));
+  }
   SECTION("a width in cfg.json that the weights do not have") {
     const std::string dir = copy_fixture("wide");
     edit_cfg(dir, "\"d_sae\": 24", "\"d_sae\": 25");
