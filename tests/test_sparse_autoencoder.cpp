@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -454,7 +455,8 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
       if (name == "W_dec") a.data()[13] = std::nanf("");
     }
     save_safetensors(weights, w.tensors);
-    REQUIRE_THROWS_WITH(load_sae(dir), Contains("load_sae: '" + weights + "': \"W_dec\" holds nan at flat position 13"));
+    REQUIRE_THROWS_WITH(load_sae(dir),
+                        Contains("load_sae: '" + weights + "': \"W_dec\" holds nan at flat position 13"));
     for (auto& [name, a] : w.tensors) {
       if (name == "W_dec") a.data()[13] = 0.f;
       if (name == "b_enc") a.data()[2] = -INFINITY;
@@ -509,5 +511,70 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
     topk.architecture = SaeArchitecture::topk;
     topk.k = 9;
     REQUIRE_THROWS_WITH(SparseAutoencoder(topk, gen), Contains("TopK's k 9 must be in [1, d_sae = 8]"));
+  }
+}
+
+namespace {
+
+// A source whose call i (step i, with buffer_rows == batch_rows) gives 16 rows of N(0, 1), or
+// of `huge` from call `bad` on (their squared error overflows float32).
+ActivationSource diverging_source(std::size_t bad, float huge = 1e20f) {
+  auto calls = std::make_shared<std::size_t>(0);
+  return [calls, bad, huge] {
+    const std::size_t i = (*calls)++;
+    Generator g(100 + i);
+    return i >= bad ? Array(xt::ones<float>({16, 4}) * huge) : g.normal({16, 4}, 0.f, 1.f);
+  };
+}
+
+void require_same_weights(const SparseAutoencoder& a, const SparseAutoencoder& b) {
+  for (const char* name : {"W_enc", "b_enc", "W_dec", "b_dec"}) {
+    INFO(name);
+    CHECK(same_bits(a.parameter(name).value(), b.parameter(name).value()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train_sae stops before a step that is not finite, keeping the weights after the last good step and the mode",
+          "[gemm]") {
+  SaeConfig c;
+  c.d_in = 4;
+  c.d_sae = 8;
+  const SaeTrainOptions o = SaeTrainOptions().batch_rows(16).buffer_rows(16).lr(1e-2f);
+  Generator gen_a(1), gen_b(1);
+  SparseAutoencoder good(c, gen_a), diverged(c, gen_b);
+
+  SECTION("a loss that overflows") {
+    train_sae(good, diverging_source(99), SaeTrainOptions(o).steps(3));
+    diverged.eval();
+    REQUIRE_THROWS_WITH(train_sae(diverged, diverging_source(3), SaeTrainOptions(o).steps(10)),
+                        Contains("train_sae: the loss is not finite at step 3 (mse inf"));
+    require_same_weights(good, diverged);
+    CHECK(!diverged.is_training());
+  }
+  SECTION("a gradient that is not finite while the loss is") {
+    auto backwards = std::make_shared<int>(0);
+    for (SparseAutoencoder* sae : {&good, &diverged}) {
+      sae->W_enc().register_hook([backwards](Array& g) {
+        if (++*backwards == 2 + 3) g(1, 2) = NAN;  // the failing run's third backward
+      });
+    }
+    train_sae(good, diverging_source(99), SaeTrainOptions(o).steps(2));
+    diverged.train();
+    REQUIRE_THROWS_WITH(train_sae(diverged, diverging_source(99), SaeTrainOptions(o).steps(10)),
+                        Contains("train_sae: the gradient of W_enc holds nan at flat position 10 at step 2"));
+    require_same_weights(good, diverged);
+    CHECK(diverged.is_training());
+  }
+  SECTION("a source that throws part way leaves the mode as it was") {
+    const ActivationSource wrong_later = [calls = std::make_shared<int>(0)] {
+      const std::size_t width = ++*calls < 3 ? 4 : 5;
+      return Array(xt::zeros<float>({std::size_t{16}, width}));
+    };
+    diverged.eval();
+    REQUIRE_THROWS_WITH(train_sae(diverged, wrong_later, SaeTrainOptions(o).steps(10)),
+                        Contains("train_sae: the source gave activations of shape (16, 5)"));
+    CHECK(!diverged.is_training());
   }
 }
