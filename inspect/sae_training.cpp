@@ -193,6 +193,12 @@ SaeTrainingReport train_sae(SparseAutoencoder& sae, const ActivationSource& sour
   if (!source) fail("train_sae: no source");
   const auto start = std::chrono::steady_clock::now();
   const SaeConfig& c = sae.config();
+  // The factor folded in at the end would change what a normalizing SAE computes.
+  if (c.normalization != SaeNormalization::none) {
+    fail("train_sae: the SAE normalizes its input at run time (",
+         c.normalization == SaeNormalization::layer_norm ? "layer_norm" : "constant_norm_rescale",
+         "); train_sae trains SAEs without run-time normalization only");
+  }
   const bool topk = c.architecture == SaeArchitecture::topk;
   check_available_memory(4. * static_cast<double>(o.buffer_rows()) * static_cast<double>(c.d_in), "train_sae",
                          "a buffer of " + std::to_string(o.buffer_rows()) + " rows");

@@ -506,6 +506,11 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
     REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().lr(-1.f)), Contains("lr -1"));
     REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().buffer_rows(std::size_t{1} << 60)),
                         Contains("train_sae: a buffer of 1152921504606846976 rows needs"));
+    SaeConfig layer_norm = c;
+    layer_norm.normalization = SaeNormalization::layer_norm;
+    SparseAutoencoder normalized(layer_norm, gen);
+    REQUIRE_THROWS_WITH(train_sae(normalized, fine),
+                        Contains("train_sae: the SAE normalizes its input at run time (layer_norm)"));
     CHECK(same_bits(sae.W_enc().value(), before));
     SaeConfig topk = c;
     topk.architecture = SaeArchitecture::topk;
