@@ -94,6 +94,10 @@ class SparseAutoencoder : public nn::Module {
   Tensor encode_normalized(const Tensor& x, const Shape& shape, Tensor* pre) const;
   // rows (N, width) through the hook at `point`, which sees them in the input's leading shape.
   Tensor hook_rows(const char* point, const Tensor& rows, const Shape& shape, std::size_t width) const;
+  // Parameters of the config's shapes, their values left unset: load_sae reads them from the file.
+  SparseAutoencoder(const SaeConfig& config, std::nullptr_t);
+  friend std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir);
+
   SaeConfig config_;
   Tensor w_enc_, b_enc_, w_dec_, b_dec_;
 };
@@ -104,7 +108,9 @@ class SparseAutoencoder : public nn::Module {
 /// earlier file intact.
 void save_sae(const std::string& dir, const SparseAutoencoder& sae);
 /// Reads a folder SAELens (current or pre-6 layout of cfg.json) or save_sae wrote. Weights
-/// stored as F16 or BF16 become float32, the hook point's type. Throws, naming the file and the
+/// stored as F16 or BF16 become float32, the hook point's type. The weights' shapes and dtypes in
+/// the file's header are checked against cfg.json before the SAE is built (with no random
+/// initialization: the parameters are read straight from the file). Throws, naming the file and the
 /// field, for: a missing or malformed field, an architecture other than standard and topk, a
 /// normalization or reshape it does not know, a dtype other than float32, float16 and bfloat16
 /// or one the weights file does not hold, a weight missing or of the wrong shape, and a weight

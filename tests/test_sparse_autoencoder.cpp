@@ -471,6 +471,18 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
     REQUIRE_THROWS_WITH(load_sae(dir),
                         Contains("\"W_enc\" is (8, 24), but cfg.json's d_in 8 and d_sae 25 make it (8, 25)"));
   }
+  SECTION("sizes in cfg.json that no memory holds are compared with the weights' shapes before anything is built") {
+    // An SAE of these sizes needs 64 TB: the refusal must come from the shapes, not an allocation.
+    const std::string dir = copy_fixture("huge");
+    edit_cfg(dir, "\"d_sae\": 24", "\"d_sae\": 1000000000000");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("load_sae: '" + dir +
+                                                "/sae_weights.safetensors': \"W_enc\" is (8, 24), but cfg.json's d_in "
+                                                "8 and d_sae 1000000000000 make it (8, 1000000000000)"));
+    edit_cfg(dir, "\"d_sae\": 1000000000000", "\"d_sae\": 24");
+    edit_cfg(dir, "\"d_in\": 8", "\"d_in\": 1000000000000");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("\"W_enc\" is (8, 24), but cfg.json's d_in 1000000000000 and d_sae 24 "
+                                                "make it (1000000000000, 24)"));
+  }
   SECTION("an architecture, a normalization or a field xgrad does not know") {
     const std::string dir = copy_fixture("arch");
     edit_cfg(dir, "\"architecture\": \"standard\"", "\"architecture\": \"jumprelu\"");
