@@ -18,10 +18,11 @@ namespace {
 
 void check_vector(const SteeringVector& v, const char* who) {
   if (v.vector.dimension() != 1 || v.vector.size() == 0) {
-    fail(who, ": the vector for '", v.point, "' must be (C,) with C > 0, got ", shape_str(v.vector.shape()));
+    fail(who, ": the vector for ", quoted_name(v.point), " must be (C,) with C > 0, got ", shape_str(v.vector.shape()));
   }
   for (std::size_t i = 0; i < v.vector.size(); ++i) {
-    if (!std::isfinite(v.vector(i))) fail(who, ": the vector for '", v.point, "' holds ", v.vector(i), " at ", i);
+    if (!std::isfinite(v.vector(i)))
+      fail(who, ": the vector for ", quoted_name(v.point), " holds ", v.vector(i), " at ", i);
   }
   if (!std::isfinite(v.scale)) fail(who, ": scale ", v.scale, " is not finite");
 }

@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
+#include "xgrad/inspect/hook_names.hpp"
 #include "xgrad/inspect/steering.hpp"
 #include "xgrad/nn/transformer.hpp"
 
@@ -37,6 +39,16 @@ IndexArray random_ids(std::uint64_t seed, std::size_t B = kB, std::size_t T = kT
 SteeringVector some_vector(const std::string& point, std::uint64_t seed) {
   Generator gen(seed);
   return {point, gen.normal({kC}, 0.f, 1.f), 2.5f};
+}
+
+// The message of the Error f throws ("" when it throws none).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace
@@ -208,4 +220,34 @@ TEST_CASE("steering refuses a vector that does not fit, a point the model lacks 
   REQUIRE_THROWS_WITH(mean_difference_vector(*model, "blocks.0.stream_out", {ids}, {}),
                       Contains("no negative prompts"));
   REQUIRE_THROWS_WITH(mean_difference_vector(*model, "blocks.0.attn.pattern", {ids}, {ids}), Contains("not (B, T, C)"));
+}
+
+TEST_CASE("a point name of megabytes costs a bounded comparison and a short message", "[gemm]") {
+  auto model = make_model(15);
+  const std::vector<std::string> points = model->hook_points();
+  // near_names reads the first kNearNameBytes (200) of a name: what follows them changes nothing,
+  // so each comparison costs at most 200^2 steps whatever the name's length.
+  const std::string junk(200, 'x');
+  REQUIRE(near_names(junk + "blocks.0.attn.pattern", points) == near_names(junk, points));
+  REQUIRE(near_names(junk + std::string(5000, 'y'), points) == near_names(junk, points));
+  REQUIRE(near_names("blocks.0.atn.pattern", points).front() == "blocks.0.attn.pattern");
+
+  const auto dir = std::filesystem::temp_directory_path() / "xgrad_test_steering_long";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "v.safetensors").string();
+  SteeringVector v = some_vector("blocks.0.stream_out", 16);
+  v.point += std::string(2000000 - v.point.size(), 'z');
+  save_steering_vector(path, v);
+  v = load_steering_vector(path);
+  REQUIRE(v.point.size() == 2000000);
+  const std::string message = error_of([&] { Steering steer(*model, v); });
+  std::filesystem::remove_all(dir);
+  CHECK_THAT(message, Contains("Steering: no hook point 'blocks.0.stream_outzzz") && Contains("...' (2000000 bytes)") &&
+                          Contains("near names: blocks.0.stream_out"));
+  CHECK(message.size() < 1000);
+  v.vector(1) = NAN;
+  const std::string nan_message = error_of([&] { Steering steer(*model, v); });
+  CHECK_THAT(nan_message, Contains("Steering: the vector for 'blocks.0.stream_outzzz") &&
+                              Contains("...' (2000000 bytes) holds nan at 1"));
+  CHECK(nan_message.size() < 1000);
 }
