@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -250,4 +251,35 @@ TEST_CASE("a point name of megabytes costs a bounded comparison and a short mess
   CHECK_THAT(nan_message, Contains("Steering: the vector for 'blocks.0.stream_outzzz") &&
                               Contains("...' (2000000 bytes) holds nan at 1"));
   CHECK(nan_message.size() < 1000);
+}
+
+TEST_CASE("a scale that float32 cannot hold is refused, naming the file, the field and the value") {
+  const auto dir = std::filesystem::temp_directory_path() / "xgrad_test_steering_scale";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "v.safetensors").string();
+  const Array vector = some_vector("x", 17).vector;
+  const auto load_with_scale = [&](const std::string& scale) {
+    save_safetensors(path, {{"vector", vector}}, {{"xgrad.steering.point", "x"}, {"xgrad.steering.scale", scale}});
+    return load_steering_vector(path);
+  };
+  const std::string field = "load_steering_vector: '" + path + "': xgrad.steering.scale ";
+  REQUIRE_THROWS_WITH(load_with_scale("1e-50"), Contains(field + "'1e-50' does not fit a float32 (it would be 0)"));
+  REQUIRE_THROWS_WITH(load_with_scale("-1e-40"), Contains("'-1e-40' does not fit a float32 (it would be -9.99995e-41, "
+                                                          "a subnormal)"));
+  REQUIRE_THROWS_WITH(load_with_scale("1e39"), Contains(field + "'1e39' does not fit a float32 (it would be inf)"));
+  REQUIRE_THROWS_WITH(load_with_scale("nan"), Contains(field + "'nan' does not fit a float32 (it would be nan)"));
+  const std::string long_scale = error_of([&] { load_with_scale(std::string(100000, '1')); });
+  CHECK_THAT(long_scale, Contains("(it would be inf)") && Contains("(100000 bytes)"));
+  CHECK(long_scale.size() < 1000);
+  CHECK(load_with_scale("0").scale == 0.f);
+  CHECK(load_with_scale("-2.5e-30").scale == -2.5e-30f);
+  CHECK(load_with_scale("1.17549435e-38").scale == std::numeric_limits<float>::min());
+  // What save_steering_vector writes, load_steering_vector reads: a subnormal scale is refused on save.
+  SteeringVector tiny{"x", vector, 1e-40f};
+  REQUIRE_THROWS_WITH(save_steering_vector(path, tiny),
+                      Contains("save_steering_vector: scale 9.99995e-41 is subnormal"));
+  tiny.scale = std::numeric_limits<float>::min();
+  save_steering_vector(path, tiny);
+  CHECK(load_steering_vector(path).scale == tiny.scale);
+  std::filesystem::remove_all(dir);
 }
