@@ -227,17 +227,21 @@ SaeConfig read_config(const std::string& path, Dtype& dtype) {
 
 }  // namespace
 
-SparseAutoencoder::SparseAutoencoder(const SaeConfig& config, std::nullptr_t) : config_(config) {
-  check_config(config_, "SparseAutoencoder");
+SparseAutoencoder::SparseAutoencoder(const SaeConfig& config, const char* who) : config_(config) {
+  check_config(config_, who);
   declare_hook_points({"sae_input", "sae_acts_pre", "sae_acts_post", "sae_recons", "sae_error", "sae_output"});
   const std::size_t d_in = config_.d_in, d_sae = config_.d_sae;
+  const double floats = 2. * double(d_in) * double(d_sae) + double(d_in) + double(d_sae);
+  check_available_memory(4. * floats, who,
+                         "an SAE of d_in " + std::to_string(d_in) + " and d_sae " + std::to_string(d_sae));
   w_enc_ = register_parameter("W_enc", Tensor(Array::from_shape({d_in, d_sae}), true));
   b_enc_ = register_parameter("b_enc", Tensor(Array::from_shape({d_sae}), true));
   w_dec_ = register_parameter("W_dec", Tensor(Array::from_shape({d_sae, d_in}), true));
   b_dec_ = register_parameter("b_dec", Tensor(Array::from_shape({d_in}), true));
 }
 
-SparseAutoencoder::SparseAutoencoder(const SaeConfig& config, Generator& gen) : SparseAutoencoder(config, nullptr) {
+SparseAutoencoder::SparseAutoencoder(const SaeConfig& config, Generator& gen)
+    : SparseAutoencoder(config, "SparseAutoencoder") {
   const float norm = config_.architecture == SaeArchitecture::topk ? 1.f : 0.1f;
   w_dec_.mutable_value() = random_directions(config_.d_sae, config_.d_in, norm, gen);
   w_enc_.mutable_value() = xt::transpose(w_dec_.value());
@@ -351,10 +355,7 @@ std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir) {
            dtype_name(dtype));
     }
   }
-  const double floats = 2. * double(c.d_in) * double(c.d_sae) + double(c.d_in) + double(c.d_sae);
-  check_available_memory(4. * floats, who,
-                         "an SAE of d_in " + std::to_string(c.d_in) + " and d_sae " + std::to_string(c.d_sae));
-  std::unique_ptr<SparseAutoencoder> sae(new SparseAutoencoder(c, nullptr));
+  std::unique_ptr<SparseAutoencoder> sae(new SparseAutoencoder(c, who));
   for (std::size_t e = 0; e < 4; ++e) {
     const char* name = expected[e].first;
     Array& a = sae->parameter(name).mutable_value();

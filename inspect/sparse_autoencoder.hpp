@@ -53,7 +53,8 @@ struct SaeConfig {
 /// the model runs with it spliced in.
 class SparseAutoencoder : public nn::Module {
  public:
-  /// Checks the config (d_in, d_sae > 0; k in [1, d_sae] for TopK) and initializes as SAELens's
+  /// Checks the config (d_in, d_sae > 0; k in [1, d_sae] for TopK) and that the parameters fit
+  /// in the memory left, and initializes as SAELens's
   /// training does: W_dec rows in random directions of norm 0.1 (ReLU) or 1 (TopK), W_enc =
   /// W_dec^T, zero biases. Deterministic in gen.
   explicit SparseAutoencoder(const SaeConfig& config, Generator& gen = default_generator());
@@ -94,8 +95,9 @@ class SparseAutoencoder : public nn::Module {
   Tensor encode_normalized(const Tensor& x, const Shape& shape, Tensor* pre) const;
   // rows (N, width) through the hook at `point`, which sees them in the input's leading shape.
   Tensor hook_rows(const char* point, const Tensor& rows, const Shape& shape, std::size_t width) const;
-  // Parameters of the config's shapes, their values left unset: load_sae reads them from the file.
-  SparseAutoencoder(const SaeConfig& config, std::nullptr_t);
+  // Parameters of the config's shapes, their values left unset (load_sae reads them from the
+  // file); checks the config and that they fit in memory, errors naming `who`.
+  SparseAutoencoder(const SaeConfig& config, const char* who);
   friend std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir);
 
   SaeConfig config_;

@@ -528,6 +528,10 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
     topk.architecture = SaeArchitecture::topk;
     topk.k = 9;
     REQUIRE_THROWS_WITH(SparseAutoencoder(topk, gen), Contains("TopK's k 9 must be in [1, d_sae = 8]"));
+    SaeConfig huge = c;
+    huge.d_sae = 1000000000000;
+    REQUIRE_THROWS_WITH(SparseAutoencoder(huge, gen),
+                        Contains("SparseAutoencoder: an SAE of d_in 4 and d_sae 1000000000000 needs 32.7 TiB"));
   }
 }
 
