@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <string_view>
 
 #include "xgrad/core/error.hpp"
 
@@ -69,7 +70,7 @@ const HookNameRow* row_for_transformer_lens(const std::string& name, std::string
   return nullptr;
 }
 
-std::size_t edit_distance(const std::string& a, const std::string& b) {
+std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> row(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
@@ -104,7 +105,10 @@ std::optional<std::string> to_transformer_lens(const std::string& point) {
 std::vector<std::string> near_names(const std::string& name, const std::vector<std::string>& candidates,
                                     std::size_t count) {
   std::vector<std::pair<std::size_t, std::size_t>> scored;  // (distance, index)
-  for (std::size_t i = 0; i < candidates.size(); ++i) scored.push_back({edit_distance(name, candidates[i]), i});
+  const auto head = [](const std::string& s) { return std::string_view(s).substr(0, kNearNameBytes); };
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    scored.push_back({edit_distance(head(name), head(candidates[i])), i});
+  }
   std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> out;
   for (std::size_t i = 0; i < scored.size() && out.size() < count; ++i) {
@@ -112,6 +116,11 @@ std::vector<std::string> near_names(const std::string& name, const std::vector<s
     if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
   }
   return out;
+}
+
+std::string quoted_name(const std::string& name) {
+  if (name.size() <= kNearNameBytes) return "'" + name + "'";
+  return "'" + name.substr(0, kNearNameBytes) + "...' (" + std::to_string(name.size()) + " bytes)";
 }
 
 std::string resolve_point(const nn::Module& root, const std::string& name) {
@@ -134,14 +143,15 @@ std::string resolve_point(const nn::Module& root, const std::string& name, const
   std::string near;
   for (const std::string& n : near_names(name, both)) near += (near.empty() ? "" : ", ") + n;
   if (row && row->xgrad.empty()) {
-    fail(who, ": TransformerLens's '", name, "' has no xgrad point (", row->note, "); near names: ", near);
+    fail(who, ": TransformerLens's ", quoted_name(name), " has no xgrad point (", row->note, "); near names: ", near);
   }
   if (row) {
-    fail(who, ": TransformerLens's '", name, "' is xgrad's '", fill_block(row->xgrad, block),
-         "', which this model does not have (", row->note.empty() ? "no such block or layer" : row->note,
+    fail(who, ": TransformerLens's ", quoted_name(name), " is xgrad's ", quoted_name(fill_block(row->xgrad, block)),
+         ", which this model does not have (", row->note.empty() ? "no such block or layer" : row->note,
          "); near names: ", near);
   }
-  fail(who, ": no hook point '", name, "' in this model, in xgrad's or TransformerLens's spelling; near names: ", near);
+  fail(who, ": no hook point ", quoted_name(name),
+       " in this model, in xgrad's or TransformerLens's spelling; near names: ", near);
 }
 
 }  // namespace xgrad::inspect

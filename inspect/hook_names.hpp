@@ -2,6 +2,7 @@
 // either spelling, and the near names an unknown one is told about.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,8 +38,17 @@ std::string resolve_point(const nn::Module& root, const std::string& name);
 /// The same, with the messages naming `who` (the function that was given the name).
 std::string resolve_point(const nn::Module& root, const std::string& name, const char* who);
 
+/// The bytes of a name near_names compares, and of a name a message quotes whole.
+inline constexpr std::size_t kNearNameBytes = 200;
+
 /// Up to `count` of `candidates` nearest to `name` (edit distance, ties in candidates' order).
+/// Only the first kNearNameBytes of `name` and of each candidate are compared, so a call costs at
+/// most kNearNameBytes^2 steps a candidate whatever the lengths (no hook point is that long).
 std::vector<std::string> near_names(const std::string& name, const std::vector<std::string>& candidates,
                                     std::size_t count = 5);
+
+/// `name` in single quotes for a message; one longer than kNearNameBytes is cut there, as
+/// 'its first bytes...' (N bytes).
+std::string quoted_name(const std::string& name);
 
 }  // namespace xgrad::inspect

@@ -128,6 +128,50 @@ Tensor aux_k_loss(const SparseAutoencoder& sae, const SparseAutoencoder::Parts& 
   return mean(sum(err * err, {1})) * scale;
 }
 
+// While it lives, the SAE trains; on every way out (the last step, a step refused, an exception)
+// it goes back to its mode and, with the normalization factor folded into its weights
+// (SAELens's fold_activation_norm_scaling_factor), reads the raw activations.
+class Training {
+ public:
+  Training(SparseAutoencoder& sae, double factor) : sae_(sae), factor_(factor), was_training_(sae.is_training()) {
+    sae_.train();
+  }
+  ~Training() {
+    sae_.train(was_training_);
+    if (factor_ == 1.) return;
+    const float f = static_cast<float>(factor_);
+    sae_.W_enc().mutable_value() *= f;
+    sae_.W_dec().mutable_value() /= f;
+    sae_.b_dec().mutable_value() /= f;
+  }
+  Training(const Training&) = delete;
+  Training& operator=(const Training&) = delete;
+
+ private:
+  SparseAutoencoder& sae_;
+  double factor_;
+  bool was_training_;
+};
+
+// Before the optimizer step: a loss or a gradient that is not finite stops training with the
+// weights as the last step left them.
+void check_finite_step(const SparseAutoencoder& sae, double mse, double sparsity, std::size_t step) {
+  if (!std::isfinite(mse) || !std::isfinite(sparsity)) {
+    fail("train_sae: the loss is not finite at step ", step, " (mse ", mse, ", sparsity ", sparsity,
+         "): lower lr; the SAE keeps its weights from before that step");
+  }
+  for (const auto& [name, p] : sae.named_parameters()) {
+    if (!p.has_grad()) continue;
+    const Array& g = p.grad();
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (!std::isfinite(g.data()[i])) {
+        fail("train_sae: the gradient of ", name, " holds ", g.data()[i], " at flat position ", i, " at step ", step,
+             ": lower lr; the SAE keeps its weights from before that step");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ActivationSource activations_at(nn::LanguageModel& model, const std::string& point,
@@ -149,6 +193,12 @@ SaeTrainingReport train_sae(SparseAutoencoder& sae, const ActivationSource& sour
   if (!source) fail("train_sae: no source");
   const auto start = std::chrono::steady_clock::now();
   const SaeConfig& c = sae.config();
+  // The factor folded in at the end would change what a normalizing SAE computes.
+  if (c.normalization != SaeNormalization::none) {
+    fail("train_sae: the SAE normalizes its input at run time (",
+         c.normalization == SaeNormalization::layer_norm ? "layer_norm" : "constant_norm_rescale",
+         "); train_sae trains SAEs without run-time normalization only");
+  }
   const bool topk = c.architecture == SaeArchitecture::topk;
   check_available_memory(4. * static_cast<double>(o.buffer_rows()) * static_cast<double>(c.d_in), "train_sae",
                          "a buffer of " + std::to_string(o.buffer_rows()) + " rows");
@@ -170,17 +220,15 @@ SaeTrainingReport train_sae(SparseAutoencoder& sae, const ActivationSource& sour
     norms += std::sqrt(sq);
   }
   const double factor = o.normalize_activations() && norms > 0 ? std::sqrt(double(c.d_in)) * double(n0) / norms : 1.;
-  if (o.init_b_dec_to_mean()) {
-    Array& b = sae.b_dec().mutable_value();
-    for (std::size_t j = 0; j < c.d_in; ++j) b(j) = static_cast<float>(mean_row[j] / double(n0) * factor);
-  }
-
   optim::Adam opt(sae.named_parameters(), optim::AdamOptions(o.lr()));
   SaeTrainingReport report;
   std::vector<std::size_t> silent(c.d_sae, 0);  // steps since each feature last fired
   std::vector<bool> dead(c.d_sae, false);
-  const bool was_training = sae.is_training();
-  sae.train();
+  const Training training(sae, factor);
+  if (o.init_b_dec_to_mean()) {
+    Array& b = sae.b_dec().mutable_value();
+    for (std::size_t j = 0; j < c.d_in; ++j) b(j) = static_cast<float>(mean_row[j] / double(n0) * factor);
+  }
   for (std::size_t step = 0; step < o.steps(); ++step) {
     float lr = o.lr() * ramp(step, o.lr_warm_up_steps());
     if (o.lr_decay_steps() > 0 && step + o.lr_decay_steps() >= o.steps()) {
@@ -204,8 +252,10 @@ SaeTrainingReport train_sae(SparseAutoencoder& sae, const ActivationSource& sour
     } else {
       sparsity = Tensor::scalar(0.f);
     }
+    const double mse_value = mse.item(), sparsity_value = sparsity.item();
     opt.zero_grad();
-    (mse + sparsity).backward();
+    if (std::isfinite(mse_value) && std::isfinite(sparsity_value)) (mse + sparsity).backward();
+    check_finite_step(sae, mse_value, sparsity_value, step);
     opt.step();
     if (topk) unit_rows(sae.W_dec().mutable_value());
 
@@ -224,25 +274,11 @@ SaeTrainingReport train_sae(SparseAutoencoder& sae, const ActivationSource& sour
       silent[j] = fired[j] > 0 ? 0 : silent[j] + 1;
       dead[j] = silent[j] >= o.dead_feature_window();
     }
-    report.mse.push_back(mse.item());
-    report.sparsity.push_back(sparsity.item());
+    report.mse.push_back(mse_value);
+    report.sparsity.push_back(sparsity_value);
     report.l0.push_back(double(active) / double(o.batch_rows()));
-    if (!std::isfinite(report.mse.back()) || !std::isfinite(report.sparsity.back())) {
-      fail("train_sae: the loss is not finite at step ", step, " (mse ", report.mse.back(), ", sparsity ",
-           report.sparsity.back(), "): lower lr");
-    }
   }
-  sae.train(was_training);
   for (bool d : dead) report.dead_features += d;
-
-  // Fold the factor into the weights (SAELens's fold_activation_norm_scaling_factor), so the SAE
-  // reads the raw activations.
-  if (factor != 1.) {
-    const float f = static_cast<float>(factor);
-    sae.W_enc().mutable_value() *= f;
-    sae.W_dec().mutable_value() /= f;
-    sae.b_dec().mutable_value() /= f;
-  }
   report.normalization_factor = factor;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

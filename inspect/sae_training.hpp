@@ -64,7 +64,10 @@ struct SaeTrainingReport {
 /// buffer and shuffled, the inputs normalized if asked, the loss the summed squared error plus the
 /// sparsity term. TopK SAEs keep unit-norm decoder rows (renormalized after each step). Throws
 /// before the first step for options out of range, an SAE with run-time normalization, and
-/// source activations whose last axis is not d_in or that hold a value that is not finite.
+/// source activations whose last axis is not d_in or that hold a value that is not finite. A step
+/// whose loss or gradient is not finite throws before the optimizer step, naming the step and the
+/// value: the SAE keeps the weights the steps before it gave (the normalization factor folded in,
+/// as at the end). On every way out, the SAE is back in the train/eval mode it came in.
 SaeTrainingReport train_sae(SparseAutoencoder& sae, const ActivationSource& source,
                             const SaeTrainOptions& options = SaeTrainOptions());
 

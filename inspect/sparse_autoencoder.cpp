@@ -9,6 +9,7 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/file_io.hpp"
+#include "xgrad/core/io/memory.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/inspect/hook_names.hpp"
@@ -226,15 +227,26 @@ SaeConfig read_config(const std::string& path, Dtype& dtype) {
 
 }  // namespace
 
-SparseAutoencoder::SparseAutoencoder(const SaeConfig& config, Generator& gen) : config_(config) {
-  check_config(config_, "SparseAutoencoder");
+SparseAutoencoder::SparseAutoencoder(const SaeConfig& config, const char* who) : config_(config) {
+  check_config(config_, who);
   declare_hook_points({"sae_input", "sae_acts_pre", "sae_acts_post", "sae_recons", "sae_error", "sae_output"});
+  const std::size_t d_in = config_.d_in, d_sae = config_.d_sae;
+  const double floats = 2. * double(d_in) * double(d_sae) + double(d_in) + double(d_sae);
+  check_available_memory(4. * floats, who,
+                         "an SAE of d_in " + std::to_string(d_in) + " and d_sae " + std::to_string(d_sae));
+  w_enc_ = register_parameter("W_enc", Tensor(Array::from_shape({d_in, d_sae}), true));
+  b_enc_ = register_parameter("b_enc", Tensor(Array::from_shape({d_sae}), true));
+  w_dec_ = register_parameter("W_dec", Tensor(Array::from_shape({d_sae, d_in}), true));
+  b_dec_ = register_parameter("b_dec", Tensor(Array::from_shape({d_in}), true));
+}
+
+SparseAutoencoder::SparseAutoencoder(const SaeConfig& config, Generator& gen)
+    : SparseAutoencoder(config, "SparseAutoencoder") {
   const float norm = config_.architecture == SaeArchitecture::topk ? 1.f : 0.1f;
-  const Array w_dec = random_directions(config_.d_sae, config_.d_in, norm, gen);
-  w_enc_ = register_parameter("W_enc", Tensor(Array(xt::transpose(w_dec)), true));
-  b_enc_ = register_parameter("b_enc", Tensor::zeros({config_.d_sae}, true));
-  w_dec_ = register_parameter("W_dec", Tensor(w_dec, true));
-  b_dec_ = register_parameter("b_dec", Tensor::zeros({config_.d_in}, true));
+  w_dec_.mutable_value() = random_directions(config_.d_sae, config_.d_in, norm, gen);
+  w_enc_.mutable_value() = xt::transpose(w_dec_.value());
+  b_enc_.mutable_value().fill(0.f);
+  b_dec_.mutable_value().fill(0.f);
 }
 
 Tensor SparseAutoencoder::hook_rows(const char* point, const Tensor& rows, const Shape& shape,
@@ -327,12 +339,13 @@ std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir) {
     for (const auto& [name, shape] : expected) known = known || t.name == name;
     if (!known) fail(who, ": '", weights.path(), "' holds \"", t.name, "\", which a standard or TopK SAE has not");
   }
-  Generator unused(0);
-  auto sae = std::make_unique<SparseAutoencoder>(c, unused);
-  for (const auto& [name, shape] : expected) {
-    const std::size_t i = weights.find(name);
-    if (i == weights.tensors().size()) fail(who, ": '", weights.path(), "' has no \"", name, "\"");
-    const TensorInfo& t = weights.tensors()[i];
+  // Every shape and dtype checked against cfg.json before anything of the SAE's size is allocated.
+  std::size_t index[4];
+  for (std::size_t e = 0; e < 4; ++e) {
+    const auto& [name, shape] = expected[e];
+    index[e] = weights.find(name);
+    if (index[e] == weights.tensors().size()) fail(who, ": '", weights.path(), "' has no \"", name, "\"");
+    const TensorInfo& t = weights.tensors()[index[e]];
     if (t.shape != shape) {
       fail(who, ": '", weights.path(), "': \"", name, "\" is ", shape_str(t.shape), ", but cfg.json's d_in ", c.d_in,
            " and d_sae ", c.d_sae, " make it ", shape_str(shape));
@@ -341,8 +354,19 @@ std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir) {
       fail(who, ": '", weights.path(), "': \"", name, "\" is ", dtype_name(t.dtype), ", but cfg.json says ",
            dtype_name(dtype));
     }
-    Tensor p = sae->parameter(name);
-    weights.read(i, 0, p.size(), p.mutable_value().data());
+  }
+  std::unique_ptr<SparseAutoencoder> sae(new SparseAutoencoder(c, who));
+  for (std::size_t e = 0; e < 4; ++e) {
+    const char* name = expected[e].first;
+    Array& a = sae->parameter(name).mutable_value();
+    weights.read(index[e], 0, a.size(), a.data());
+    for (std::size_t j = 0; j < a.size(); ++j) {
+      const float v = a.data()[j];
+      if (!std::isfinite(v)) {
+        fail(who, ": '", weights.path(), "': \"", name, "\" holds ", v, " at flat position ", j,
+             "; refusing non-finite weights");
+      }
+    }
   }
   return sae;
 }

@@ -53,7 +53,8 @@ struct SaeConfig {
 /// the model runs with it spliced in.
 class SparseAutoencoder : public nn::Module {
  public:
-  /// Checks the config (d_in, d_sae > 0; k in [1, d_sae] for TopK) and initializes as SAELens's
+  /// Checks the config (d_in, d_sae > 0; k in [1, d_sae] for TopK) and that the parameters fit
+  /// in the memory left, and initializes as SAELens's
   /// training does: W_dec rows in random directions of norm 0.1 (ReLU) or 1 (TopK), W_enc =
   /// W_dec^T, zero biases. Deterministic in gen.
   explicit SparseAutoencoder(const SaeConfig& config, Generator& gen = default_generator());
@@ -94,6 +95,11 @@ class SparseAutoencoder : public nn::Module {
   Tensor encode_normalized(const Tensor& x, const Shape& shape, Tensor* pre) const;
   // rows (N, width) through the hook at `point`, which sees them in the input's leading shape.
   Tensor hook_rows(const char* point, const Tensor& rows, const Shape& shape, std::size_t width) const;
+  // Parameters of the config's shapes, their values left unset (load_sae reads them from the
+  // file); checks the config and that they fit in memory, errors naming `who`.
+  SparseAutoencoder(const SaeConfig& config, const char* who);
+  friend std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir);
+
   SaeConfig config_;
   Tensor w_enc_, b_enc_, w_dec_, b_dec_;
 };
@@ -104,10 +110,13 @@ class SparseAutoencoder : public nn::Module {
 /// earlier file intact.
 void save_sae(const std::string& dir, const SparseAutoencoder& sae);
 /// Reads a folder SAELens (current or pre-6 layout of cfg.json) or save_sae wrote. Weights
-/// stored as F16 or BF16 become float32, the hook point's type. Throws, naming the file and the
+/// stored as F16 or BF16 become float32, the hook point's type. The weights' shapes and dtypes in
+/// the file's header are checked against cfg.json before the SAE is built (with no random
+/// initialization: the parameters are read straight from the file). Throws, naming the file and the
 /// field, for: a missing or malformed field, an architecture other than standard and topk, a
 /// normalization or reshape it does not know, a dtype other than float32, float16 and bfloat16
-/// or one the weights file does not hold, and a weight missing or of the wrong shape.
+/// or one the weights file does not hold, a weight missing or of the wrong shape, and a weight
+/// value that is NaN or infinite (naming the tensor and its flat position).
 std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir);
 
 /// While it lives, replaces the value at `point` of root's forwards by sae's reconstruction

@@ -18,10 +18,11 @@ namespace {
 
 void check_vector(const SteeringVector& v, const char* who) {
   if (v.vector.dimension() != 1 || v.vector.size() == 0) {
-    fail(who, ": the vector for '", v.point, "' must be (C,) with C > 0, got ", shape_str(v.vector.shape()));
+    fail(who, ": the vector for ", quoted_name(v.point), " must be (C,) with C > 0, got ", shape_str(v.vector.shape()));
   }
   for (std::size_t i = 0; i < v.vector.size(); ++i) {
-    if (!std::isfinite(v.vector(i))) fail(who, ": the vector for '", v.point, "' holds ", v.vector(i), " at ", i);
+    if (!std::isfinite(v.vector(i)))
+      fail(who, ": the vector for ", quoted_name(v.point), " holds ", v.vector(i), " at ", i);
   }
   if (!std::isfinite(v.scale)) fail(who, ": scale ", v.scale, " is not finite");
 }
@@ -90,6 +91,9 @@ Steering::Steering(nn::Module& root, const SteeringVector& v, std::size_t from_p
 
 void save_steering_vector(const std::string& path, const SteeringVector& v) {
   check_vector(v, "save_steering_vector");
+  if (v.scale != 0 && !std::isnormal(v.scale)) {
+    fail("save_steering_vector: scale ", v.scale, " is subnormal, which load_steering_vector refuses");
+  }
   std::ostringstream scale;
   scale.precision(9);
   scale << v.scale;
@@ -110,10 +114,18 @@ SteeringVector load_steering_vector(const std::string& path) {
   SteeringVector v;
   v.point = point->second;
   v.vector = f.tensors[0].second;
+  // Read as a float and as a double: a scale that float32 turns into 0, a subnormal or an
+  // infinity is refused.
+  const std::string& text = scale->second;
   char* end = nullptr;
-  v.scale = std::strtof(scale->second.c_str(), &end);
-  if (end == scale->second.c_str() || *end != '\0') {
-    fail("load_steering_vector: '", path, "' has scale '", scale->second, "', not a number");
+  v.scale = std::strtof(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0') {
+    fail("load_steering_vector: '", path, "' has scale ", quoted_name(text), ", not a number");
+  }
+  if (!std::isfinite(v.scale) || (std::strtod(text.c_str(), nullptr) != 0 && !std::isnormal(v.scale))) {
+    fail("load_steering_vector: '", path, "': xgrad.steering.scale ", quoted_name(text),
+         " does not fit a float32 (it would be ", v.scale,
+         v.scale != 0 && std::isfinite(v.scale) ? ", a subnormal)" : ")");
   }
   check_vector(v, "load_steering_vector");
   return v;

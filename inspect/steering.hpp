@@ -49,9 +49,12 @@ class Steering {
 };
 
 /// Writes v as safetensors: one tensor "vector" (C,), and the point and scale as metadata
-/// (atomically: an earlier file at path survives a failure).
+/// (atomically: an earlier file at path survives a failure). A subnormal scale is refused, as
+/// load_steering_vector would refuse it.
 void save_steering_vector(const std::string& path, const SteeringVector& v);
-/// Reads what save_steering_vector writes; a file without that layout is an Error naming it.
+/// Reads what save_steering_vector writes; a file without that layout is an Error naming it, and so
+/// is a scale that is not a number or that float32 cannot hold (not 0 in the file but 0 or
+/// subnormal as a float32, or infinite or NaN), naming the field and the value.
 SteeringVector load_steering_vector(const std::string& path);
 
 }  // namespace xgrad::inspect

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -446,11 +447,41 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
     const auto sae = load_sae(dir);
     CHECK(max_abs_diff(sae->W_enc().value(), load_sae(fixture)->W_enc().value()) < 1e-2);
   }
+  SECTION("a weight that is NaN or infinite is refused, naming the file, the tensor and the position") {
+    const std::string dir = copy_fixture("nan");
+    const std::string weights = dir + "/sae_weights.safetensors";
+    SafetensorsContents w = load_safetensors(weights);
+    for (auto& [name, a] : w.tensors) {
+      if (name == "W_dec") a.data()[13] = std::nanf("");
+    }
+    save_safetensors(weights, w.tensors);
+    REQUIRE_THROWS_WITH(load_sae(dir),
+                        Contains("load_sae: '" + weights + "': \"W_dec\" holds nan at flat position 13"));
+    for (auto& [name, a] : w.tensors) {
+      if (name == "W_dec") a.data()[13] = 0.f;
+      if (name == "b_enc") a.data()[2] = -INFINITY;
+    }
+    save_safetensors(weights, w.tensors, {}, Dtype::bf16);
+    edit_cfg(dir, "\"dtype\": \"float32\"", "\"dtype\": \"bfloat16\"");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("\"b_enc\" holds -inf at flat position 2"));
+  }
   SECTION("a width in cfg.json that the weights do not have") {
     const std::string dir = copy_fixture("wide");
     edit_cfg(dir, "\"d_sae\": 24", "\"d_sae\": 25");
     REQUIRE_THROWS_WITH(load_sae(dir),
                         Contains("\"W_enc\" is (8, 24), but cfg.json's d_in 8 and d_sae 25 make it (8, 25)"));
+  }
+  SECTION("sizes in cfg.json that no memory holds are compared with the weights' shapes before anything is built") {
+    // An SAE of these sizes needs 64 TB: the refusal must come from the shapes, not an allocation.
+    const std::string dir = copy_fixture("huge");
+    edit_cfg(dir, "\"d_sae\": 24", "\"d_sae\": 1000000000000");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("load_sae: '" + dir +
+                                                "/sae_weights.safetensors': \"W_enc\" is (8, 24), but cfg.json's d_in "
+                                                "8 and d_sae 1000000000000 make it (8, 1000000000000)"));
+    edit_cfg(dir, "\"d_sae\": 1000000000000", "\"d_sae\": 24");
+    edit_cfg(dir, "\"d_in\": 8", "\"d_in\": 1000000000000");
+    REQUIRE_THROWS_WITH(load_sae(dir), Contains("\"W_enc\" is (8, 24), but cfg.json's d_in 1000000000000 and d_sae 24 "
+                                                "make it (1000000000000, 24)"));
   }
   SECTION("an architecture, a normalization or a field xgrad does not know") {
     const std::string dir = copy_fixture("arch");
@@ -487,10 +518,84 @@ TEST_CASE("SAE refusals: widths, dtypes, files, options", "[gemm]") {
     REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().lr(-1.f)), Contains("lr -1"));
     REQUIRE_THROWS_WITH(train_sae(sae, fine, SaeTrainOptions().buffer_rows(std::size_t{1} << 60)),
                         Contains("train_sae: a buffer of 1152921504606846976 rows needs"));
+    SaeConfig layer_norm = c;
+    layer_norm.normalization = SaeNormalization::layer_norm;
+    SparseAutoencoder normalized(layer_norm, gen);
+    REQUIRE_THROWS_WITH(train_sae(normalized, fine),
+                        Contains("train_sae: the SAE normalizes its input at run time (layer_norm)"));
     CHECK(same_bits(sae.W_enc().value(), before));
     SaeConfig topk = c;
     topk.architecture = SaeArchitecture::topk;
     topk.k = 9;
     REQUIRE_THROWS_WITH(SparseAutoencoder(topk, gen), Contains("TopK's k 9 must be in [1, d_sae = 8]"));
+    SaeConfig huge = c;
+    huge.d_sae = 1000000000000;
+    REQUIRE_THROWS_WITH(SparseAutoencoder(huge, gen),
+                        Contains("SparseAutoencoder: an SAE of d_in 4 and d_sae 1000000000000 needs 32.7 TiB"));
+  }
+}
+
+namespace {
+
+// A source whose call i (step i, with buffer_rows == batch_rows) gives 16 rows of N(0, 1), or
+// of `huge` from call `bad` on (their squared error overflows float32).
+ActivationSource diverging_source(std::size_t bad, float huge = 1e20f) {
+  auto calls = std::make_shared<std::size_t>(0);
+  return [calls, bad, huge] {
+    const std::size_t i = (*calls)++;
+    Generator g(100 + i);
+    return i >= bad ? Array(xt::ones<float>({16, 4}) * huge) : g.normal({16, 4}, 0.f, 1.f);
+  };
+}
+
+void require_same_weights(const SparseAutoencoder& a, const SparseAutoencoder& b) {
+  for (const char* name : {"W_enc", "b_enc", "W_dec", "b_dec"}) {
+    INFO(name);
+    CHECK(same_bits(a.parameter(name).value(), b.parameter(name).value()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train_sae stops before a step that is not finite, keeping the weights after the last good step and the mode",
+          "[gemm]") {
+  SaeConfig c;
+  c.d_in = 4;
+  c.d_sae = 8;
+  const SaeTrainOptions o = SaeTrainOptions().batch_rows(16).buffer_rows(16).lr(1e-2f);
+  Generator gen_a(1), gen_b(1);
+  SparseAutoencoder good(c, gen_a), diverged(c, gen_b);
+
+  SECTION("a loss that overflows") {
+    train_sae(good, diverging_source(99), SaeTrainOptions(o).steps(3));
+    diverged.eval();
+    REQUIRE_THROWS_WITH(train_sae(diverged, diverging_source(3), SaeTrainOptions(o).steps(10)),
+                        Contains("train_sae: the loss is not finite at step 3 (mse inf"));
+    require_same_weights(good, diverged);
+    CHECK(!diverged.is_training());
+  }
+  SECTION("a gradient that is not finite while the loss is") {
+    auto backwards = std::make_shared<int>(0);
+    for (SparseAutoencoder* sae : {&good, &diverged}) {
+      sae->W_enc().register_hook([backwards](Array& g) {
+        if (++*backwards == 2 + 3) g(1, 2) = NAN;  // the failing run's third backward
+      });
+    }
+    train_sae(good, diverging_source(99), SaeTrainOptions(o).steps(2));
+    diverged.train();
+    REQUIRE_THROWS_WITH(train_sae(diverged, diverging_source(99), SaeTrainOptions(o).steps(10)),
+                        Contains("train_sae: the gradient of W_enc holds nan at flat position 10 at step 2"));
+    require_same_weights(good, diverged);
+    CHECK(diverged.is_training());
+  }
+  SECTION("a source that throws part way leaves the mode as it was") {
+    const ActivationSource wrong_later = [calls = std::make_shared<int>(0)] {
+      const std::size_t width = ++*calls < 3 ? 4 : 5;
+      return Array(xt::zeros<float>({std::size_t{16}, width}));
+    };
+    diverged.eval();
+    REQUIRE_THROWS_WITH(train_sae(diverged, wrong_later, SaeTrainOptions(o).steps(10)),
+                        Contains("train_sae: the source gave activations of shape (16, 5)"));
+    CHECK(!diverged.is_training());
   }
 }

@@ -7,12 +7,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
+#include "xgrad/inspect/hook_names.hpp"
 #include "xgrad/inspect/steering.hpp"
 #include "xgrad/nn/transformer.hpp"
 
@@ -37,6 +40,16 @@ IndexArray random_ids(std::uint64_t seed, std::size_t B = kB, std::size_t T = kT
 SteeringVector some_vector(const std::string& point, std::uint64_t seed) {
   Generator gen(seed);
   return {point, gen.normal({kC}, 0.f, 1.f), 2.5f};
+}
+
+// The message of the Error f throws ("" when it throws none).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace
@@ -208,4 +221,65 @@ TEST_CASE("steering refuses a vector that does not fit, a point the model lacks 
   REQUIRE_THROWS_WITH(mean_difference_vector(*model, "blocks.0.stream_out", {ids}, {}),
                       Contains("no negative prompts"));
   REQUIRE_THROWS_WITH(mean_difference_vector(*model, "blocks.0.attn.pattern", {ids}, {ids}), Contains("not (B, T, C)"));
+}
+
+TEST_CASE("a point name of megabytes costs a bounded comparison and a short message", "[gemm]") {
+  auto model = make_model(15);
+  const std::vector<std::string> points = model->hook_points();
+  // near_names reads the first kNearNameBytes (200) of a name: what follows them changes nothing,
+  // so each comparison costs at most 200^2 steps whatever the name's length.
+  const std::string junk(200, 'x');
+  REQUIRE(near_names(junk + "blocks.0.attn.pattern", points) == near_names(junk, points));
+  REQUIRE(near_names(junk + std::string(5000, 'y'), points) == near_names(junk, points));
+  REQUIRE(near_names("blocks.0.atn.pattern", points).front() == "blocks.0.attn.pattern");
+
+  const auto dir = std::filesystem::temp_directory_path() / "xgrad_test_steering_long";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "v.safetensors").string();
+  SteeringVector v = some_vector("blocks.0.stream_out", 16);
+  v.point += std::string(2000000 - v.point.size(), 'z');
+  save_steering_vector(path, v);
+  v = load_steering_vector(path);
+  REQUIRE(v.point.size() == 2000000);
+  const std::string message = error_of([&] { Steering steer(*model, v); });
+  std::filesystem::remove_all(dir);
+  CHECK_THAT(message, Contains("Steering: no hook point 'blocks.0.stream_outzzz") && Contains("...' (2000000 bytes)") &&
+                          Contains("near names: blocks.0.stream_out"));
+  CHECK(message.size() < 1000);
+  v.vector(1) = NAN;
+  const std::string nan_message = error_of([&] { Steering steer(*model, v); });
+  CHECK_THAT(nan_message, Contains("Steering: the vector for 'blocks.0.stream_outzzz") &&
+                              Contains("...' (2000000 bytes) holds nan at 1"));
+  CHECK(nan_message.size() < 1000);
+}
+
+TEST_CASE("a scale that float32 cannot hold is refused, naming the file, the field and the value") {
+  const auto dir = std::filesystem::temp_directory_path() / "xgrad_test_steering_scale";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "v.safetensors").string();
+  const Array vector = some_vector("x", 17).vector;
+  const auto load_with_scale = [&](const std::string& scale) {
+    save_safetensors(path, {{"vector", vector}}, {{"xgrad.steering.point", "x"}, {"xgrad.steering.scale", scale}});
+    return load_steering_vector(path);
+  };
+  const std::string field = "load_steering_vector: '" + path + "': xgrad.steering.scale ";
+  REQUIRE_THROWS_WITH(load_with_scale("1e-50"), Contains(field + "'1e-50' does not fit a float32 (it would be 0)"));
+  REQUIRE_THROWS_WITH(load_with_scale("-1e-40"), Contains("'-1e-40' does not fit a float32 (it would be -9.99995e-41, "
+                                                          "a subnormal)"));
+  REQUIRE_THROWS_WITH(load_with_scale("1e39"), Contains(field + "'1e39' does not fit a float32 (it would be inf)"));
+  REQUIRE_THROWS_WITH(load_with_scale("nan"), Contains(field + "'nan' does not fit a float32 (it would be nan)"));
+  const std::string long_scale = error_of([&] { load_with_scale(std::string(100000, '1')); });
+  CHECK_THAT(long_scale, Contains("(it would be inf)") && Contains("(100000 bytes)"));
+  CHECK(long_scale.size() < 1000);
+  CHECK(load_with_scale("0").scale == 0.f);
+  CHECK(load_with_scale("-2.5e-30").scale == -2.5e-30f);
+  CHECK(load_with_scale("1.17549435e-38").scale == std::numeric_limits<float>::min());
+  // What save_steering_vector writes, load_steering_vector reads: a subnormal scale is refused on save.
+  SteeringVector tiny{"x", vector, 1e-40f};
+  REQUIRE_THROWS_WITH(save_steering_vector(path, tiny),
+                      Contains("save_steering_vector: scale 9.99995e-41 is subnormal"));
+  tiny.scale = std::numeric_limits<float>::min();
+  save_steering_vector(path, tiny);
+  CHECK(load_steering_vector(path).scale == tiny.scale);
+  std::filesystem::remove_all(dir);
 }
