@@ -163,11 +163,9 @@ void check_finite_step(const SparseAutoencoder& sae, double mse, double sparsity
   for (const auto& [name, p] : sae.named_parameters()) {
     if (!p.has_grad()) continue;
     const Array& g = p.grad();
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      if (!std::isfinite(g.data()[i])) {
-        fail("train_sae: the gradient of ", name, " holds ", g.data()[i], " at flat position ", i, " at step ", step,
-             ": lower lr; the SAE keeps its weights from before that step");
-      }
+    if (const std::size_t i = first_non_finite(g); i < g.size()) {
+      fail("train_sae: the gradient of ", name, " holds ", g.data()[i], " at flat position ", i, " at step ", step,
+           ": lower lr; the SAE keeps its weights from before that step");
     }
   }
 }

@@ -360,12 +360,9 @@ std::unique_ptr<SparseAutoencoder> load_sae(const std::string& dir) {
     const char* name = expected[e].first;
     Array& a = sae->parameter(name).mutable_value();
     weights.read(index[e], 0, a.size(), a.data());
-    for (std::size_t j = 0; j < a.size(); ++j) {
-      const float v = a.data()[j];
-      if (!std::isfinite(v)) {
-        fail(who, ": '", weights.path(), "': \"", name, "\" holds ", v, " at flat position ", j,
-             "; refusing non-finite weights");
-      }
+    if (const std::size_t j = first_non_finite(a); j < a.size()) {
+      fail(who, ": '", weights.path(), "': \"", name, "\" holds ", a.data()[j], " at flat position ", j,
+           "; refusing non-finite weights");
     }
   }
   return sae;

@@ -163,12 +163,9 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
   if (!options.allow_non_finite()) {
     for (const Copy& c : plan) {
       if (!c.parameter) continue;  // buffers may hold any value
-      const float* v = c.value->data();
-      for (std::size_t i = 0; i < c.value->size(); ++i) {
-        if (!std::isfinite(v[i])) {
-          fail("load_state_dict: parameter '", *c.name, "' holds ", v[i], " at flat position ", i, " of ",
-               c.value->size(), "; refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
-        }
+      if (const std::size_t i = first_non_finite(*c.value); i < c.value->size()) {
+        fail("load_state_dict: parameter '", *c.name, "' holds ", c.value->data()[i], " at flat position ", i, " of ",
+             c.value->size(), "; refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
       }
     }
   }

@@ -493,11 +493,9 @@ std::shared_ptr<LanguageModel> load_llama(const std::string& directory) {
     const Location& at = ck.tensors.at(e.hf);
     Array& dst = *it->second;
     ck.files[at.file]->read(at.index, 0, dst.size(), dst.data());
-    for (std::size_t i = 0; i < dst.size(); ++i) {
-      if (!std::isfinite(dst.data()[i])) {
-        fail(who, ": tensor '", e.hf, "' in '", ck.path(at), "' holds ", dst.data()[i], " (in ", e.xgrad,
-             " at flat position ", i, "); refusing non-finite weights");
-      }
+    if (const std::size_t i = first_non_finite(dst); i < dst.size()) {
+      fail(who, ": tensor '", e.hf, "' in '", ck.path(at), "' holds ", dst.data()[i], " (in ", e.xgrad,
+           " at flat position ", i, "); refusing non-finite weights");
     }
   }
   // A tied model's lm_head.weight, when the file has one, must be the embedding itself.

@@ -473,11 +473,9 @@ std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t nu
     }
     for (const Piece* p : mine) {
       const Array& dst = param(p->to);
-      for (std::size_t i = 0; i < dst.size(); ++i) {
-        if (!std::isfinite(dst.data()[i])) {
-          fail(who, ": tensor '", info.name, "' in '", path, "' holds ", dst.data()[i], " (in ", p->to,
-               " at flat position ", i, "); refusing non-finite weights");
-        }
+      if (const std::size_t i = first_non_finite(dst); i < dst.size()) {
+        fail(who, ": tensor '", info.name, "' in '", path, "' holds ", dst.data()[i], " (in ", p->to,
+             " at flat position ", i, "); refusing non-finite weights");
       }
       written.insert(p->to);
     }

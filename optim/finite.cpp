@@ -9,14 +9,6 @@ namespace xgrad::optim {
 
 namespace {
 
-// x * 0 is 0 for every finite x and NaN for NaN and the infinities, so one vectorizable sum
-// answers "all finite?"; the slow search for the position runs only when it says no.
-bool all_finite(const float* d, std::size_t n) {
-  float probe = 0.f;
-  for (std::size_t i = 0; i < n; ++i) probe += d[i] * 0.f;
-  return probe == 0.f;
-}
-
 const char* name_of(float v) { return std::isnan(v) ? "NaN" : (v > 0 ? "inf" : "-inf"); }
 
 }  // namespace
@@ -26,11 +18,8 @@ void check_finite(std::size_t step, float loss, const NamedTensors& params) {
   for (const auto& [name, p] : params) {
     if (!p.defined() || !p.has_grad()) continue;
     const Array& g = p.grad();
-    if (all_finite(g.data(), g.size())) continue;
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      if (!std::isfinite(g.data()[i])) {
-        fail("step ", step, ": the gradient of '", name, "' is ", name_of(g.data()[i]), " at flat position ", i);
-      }
+    if (const std::size_t i = first_non_finite(g); i < g.size()) {
+      fail("step ", step, ": the gradient of '", name, "' is ", name_of(g.data()[i]), " at flat position ", i);
     }
   }
 }

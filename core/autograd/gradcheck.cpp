@@ -22,13 +22,6 @@ double project(const Array& out, const Array& r) {
   return acc;
 }
 
-std::size_t first_bad(const Array& a) {
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a.data()[i])) return i;
-  }
-  return a.size();
-}
-
 std::string index_str(const Shape& shape, std::size_t flat) {
   std::vector<std::size_t> idx(shape.size());
   for (std::size_t k = shape.size(); k-- > 0;) {
@@ -100,7 +93,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
   for (const auto& [name, p] : params) any = any || p.requires_grad();
   if (!any) fail("gradcheck: no input requires grad (and no parameter)");
   if (!out.requires_grad()) fail("gradcheck: the output does not depend on any input that requires grad");
-  if (first_bad(out.value()) < out.size()) failure("gradcheck: the output is not finite");
+  if (first_non_finite(out.value()) < out.size()) failure("gradcheck: the output is not finite");
   Generator gen(opt.seed);
   const Array r = gen.uniform(out.shape(), -1.f, 1.f);
   out.backward(r);
@@ -121,7 +114,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
     targets.push_back({"parameter '" + name + "'", p, p.has_grad() ? p.grad() : Array(xt::zeros<float>(p.shape()))});
   }
   for (const Target& tg : targets) {
-    if (first_bad(tg.analytic) < tg.analytic.size())
+    if (first_non_finite(tg.analytic) < tg.analytic.size())
       failure("gradcheck: the gradient of " + tg.name + " is not finite");
   }
 

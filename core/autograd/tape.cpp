@@ -80,15 +80,6 @@ void prune() {
   tape.prune_at = std::max(kMinPrune, 2 * e.size());
 }
 
-// Index of the first NaN or Inf in a, or a.size() when every element is finite.
-std::size_t first_non_finite(const Array& a) {
-  const float* d = a.data();
-  for (std::size_t i = 0, n = a.size(); i < n; ++i) {
-    if (!std::isfinite(d[i])) return i;
-  }
-  return a.size();
-}
-
 // The gradient gathered so far for n in the running pass, or null.
 Array* pending_of(Node& n) {
   if (n.has_creator) return n.has_pending ? &n.pending : nullptr;

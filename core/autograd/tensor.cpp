@@ -155,6 +155,18 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   return os << ')';
 }
 
+std::size_t first_non_finite(const Array& a) {
+  // x * 0 is 0 for every finite x and NaN for NaN and the infinities, so one sum answers "all
+  // finite?"; the search for the position runs only when it says no.
+  const float* d = a.data();
+  float probe = 0.f;
+  for (std::size_t i = 0; i < a.size(); ++i) probe += d[i] * 0.f;
+  if (probe == 0.f) return a.size();
+  std::size_t i = 0;
+  while (std::isfinite(d[i])) ++i;
+  return i;
+}
+
 void check_defined(const Tensor& t, const char* op) {
   if (!t.defined()) fail(op, ": input is an undefined tensor");
 }

@@ -238,6 +238,10 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 /// Throws naming `op` when the handle is undefined.
 void check_defined(const Tensor& t, const char* op);
 
+/// The flat position of the first NaN or infinity in `a`, or a.size() when every element is
+/// finite (one vectorizable pass when all are).
+std::size_t first_non_finite(const Array& a);
+
 /// Normalizes a possibly negative axis for a tensor of rank ndim; `who` names the caller.
 /// An axis outside [-ndim, ndim) is an Error.
 std::size_t normalize_axis(int axis, std::size_t ndim, const char* who);
