@@ -215,7 +215,7 @@ TEST_CASE("a full disk under --out is reported with the OS error", "[examples][b
   Limits full;
   full.file_size = 300;  // bytes: the log of 40 steps is longer
   const Outcome o = run(dir, "train_lm", tiny({"--steps", "40", "--warmup", "1", "--eval-interval", "0"}), full);
-  require_fails(o, 1, {"log.csv", "File too large"});
+  require_fails(o, 1, {"log.csv", "File too large; the file size limit (ulimit -f) is 300 bytes"});
   // The log is written as the run goes: it keeps the steps trained, in whole rows only.
   const std::string log = read_bytes(dir.file("train_lm_out/log.csv"));
   REQUIRE_THAT(log, Catch::StartsWith("step,train_loss,valid_loss,lr,seconds\n1,"));

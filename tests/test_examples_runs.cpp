@@ -23,10 +23,13 @@
 
 #include "common/cli.hpp"
 #include "common/files.hpp"
+#include "fixture.hpp"
 #include "run_log.hpp"
 #include "run_program.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/token_file.hpp"
 
 using xgrad::testing::Limits;
 using xgrad::testing::Outcome;
@@ -687,4 +690,214 @@ TEST_CASE("file identities: links, dots and files not there yet", "[examples][ba
   REQUIRE_THROWS_WITH(cli::check_distinct_files({{"the text", dir.file("sym")}}, {{"--out", dir.file("a")}}),
                       "--out '" + dir.file("a") + "' is the same file as the text '" + dir.file("sym") +
                           "': writing it would destroy what the run reads; choose another path");
+}
+
+TEST_CASE("train_lm: no output replaces a file of the tokenizer folder or the tokenizer it saves, however spelled",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_tokenizer_files");
+  std::string text;
+  for (int i = 0; text.size() < 30000; ++i) text += "the cat sat on mat number " + std::to_string(i % 97) + ". ";
+  write_bytes(dir.file("a.txt"), text);
+  std::filesystem::create_directory(dir.file("g"));
+  for (const char* f : {"vocab.json", "merges.txt"})
+    std::filesystem::copy_file(xgrad::testing::fixture_path(std::string("gpt2_tokenizer/") + f),
+                               dir.file(std::string("g/") + f));
+  std::filesystem::create_symlink("g", dir.file("g_link"));
+  const std::string vocab = read_bytes(dir.file("g/vocab.json"));
+  auto gpt2 = [&](const std::string& g, std::vector<std::string> more) {
+    more.insert(more.begin(), {"a.txt", "--steps", "2", "--tokenizer", "gpt2", g});
+    return tiny(more);
+  };
+  require_fails(run(dir, "train_lm", gpt2("g", {"--checkpoint", "g/vocab.json"})), "train_lm", 2,
+                {"--checkpoint 'g/vocab.json' is the same file as 'vocab.json' in --tokenizer 'g': writing it would "
+                 "destroy what the run reads"});
+  require_fails(run(dir, "train_lm", gpt2("./g", {"--checkpoint", "g_link/merges.txt"})), "train_lm", 2,
+                {"--checkpoint 'g_link/merges.txt' is the same file as 'merges.txt' in --tokenizer './g'"});
+  require_fails(run(dir, "train_lm", gpt2("g_link/", {"--out", "g"})), "train_lm", 2,
+                {"--out (a folder) 'g' is the same file as --tokenizer 'g_link/'"});
+  require_fails(run(dir, "train_lm", gpt2("g", {"--checkpoint", "./g/model.safetensors"})), "train_lm", 2,
+                {"--checkpoint './g/model.safetensors' would be written in --tokenizer 'g', a folder the run reads"});
+  REQUIRE(read_bytes(dir.file("g/vocab.json")) == vocab);
+  REQUIRE(dir.entries().count("train_lm_out") == 0);  // refused before --out was made
+
+  // The tokenizer --save-tokenizer writes, against the checkpoint and --out's files.
+  auto trained = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), {"a.txt", "--steps", "2", "--train-tokenizer", "300", "--save-tokenizer", "st"});
+    return tiny(more);
+  };
+  require_fails(run(dir, "train_lm", trained({"--checkpoint", "st/vocab.json"})), "train_lm", 2,
+                {"--save-tokenizer's vocab.json 'st/vocab.json' is the same file as --checkpoint 'st/vocab.json': one "
+                 "would overwrite the other"});
+  require_fails(run(dir, "train_lm", trained({"--checkpoint", "./st/merges.txt"})), "train_lm", 2,
+                {"--save-tokenizer's merges.txt 'st/merges.txt' is the same file as --checkpoint './st/merges.txt'"});
+  require_fails(run(dir, "train_lm", trained({"--out", "st/vocab.json"})), "train_lm", 2, {"st/vocab.json"});
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("st")));
+  require_ok(run(dir, "train_lm", trained({"--checkpoint", "st/ck.safetensors", "--out", "st"})));
+  REQUIRE(read_bytes(dir.file("st/vocab.json")).size() > 1000);
+  REQUIRE(checkpoint_step(dir.file("st/ck.safetensors")) == 2);
+}
+
+TEST_CASE("train_lm: a second run on one --out folder is refused naming the folder and the lock",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_out_lock");
+  const pid_t first = start(dir, "train_lm", tiny({"--steps", "10000000"}), "first");
+  const std::string log = dir.file("train_lm_out/log.csv");
+  const bool running = wait_for([&] {
+    const std::string rows = read_bytes(log);
+    return read_bytes(dir.file("train_lm_out/.lock")) == std::to_string(first) + "\n" &&
+           std::count(rows.begin(), rows.end(), '\n') > 2;
+  });
+  if (!running) ::kill(first, SIGKILL);
+  REQUIRE(running);
+  std::filesystem::create_symlink("train_lm_out", dir.file("same_out"));
+  const Outcome second = run(dir, "train_lm", tiny({"--steps", "3"}));
+  const Outcome linked = run(dir, "train_lm", tiny({"--steps", "3", "--out", "./same_out/"}));
+  ::kill(first, SIGKILL);
+  int status = 0;
+  ::waitpid(first, &status, 0);
+  require_fails(second, "train_lm", 1,
+                {"--out 'train_lm_out/' is being written by another run (pid " + std::to_string(first) +
+                 ", holding 'train_lm_out/.lock'); wait for it to end or choose another path"});
+  require_fails(linked, "train_lm", 1, {"--out './same_out/' is being written by another run"});
+  // The first run's log is its own: rows 1, 2, 3, ... from one run.
+  const std::vector<std::size_t> steps = logged_steps(log);
+  REQUIRE(steps == one_to(steps.size()));
+  // A killed holder's lock does not block; a run that ends removes it.
+  require_ok(run(dir, "train_lm", tiny({"--steps", "3"})));
+  REQUIRE(logged_steps(log) == one_to(3));
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("train_lm_out/.lock")));
+}
+
+TEST_CASE("train_lm: a token file with an id past the vocabulary is refused before the first step, named",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_bad_ids");
+  std::string text;
+  for (int i = 0; text.size() < 30000; ++i) text += "the cat sat on mat number " + std::to_string(i % 97) + ". ";
+  const xgrad::text::BytesTokenizer bytes;
+  xgrad::text::write_token_file(dir.file("good.bin"), bytes.encode(text), bytes.identity());
+  std::string bad = read_bytes(dir.file("good.bin"));
+  bad[128 + 2 * 20000 + 1] = 1;  // the id at position 20000 becomes 256 + its byte
+  const int id = 256 + static_cast<unsigned char>(bad[128 + 2 * 20000]);
+  write_bytes(dir.file("bad.bin"), bad);
+  require_fails(run(dir, "train_lm", tiny({"--tokens", "bad.bin", "--steps", "300"})), "train_lm", 2,
+                {"--tokens 'bad.bin': the token at position 20000 (byte 40128) is " + std::to_string(id) +
+                 ", outside the vocabulary [0, 256) of its tokenizer"});
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("train_lm_out/log.csv")));  // no step was taken
+  require_fails(run(dir, "train_lm", tiny({"--tokens", "good.bin", "--valid-tokens", "bad.bin", "--steps", "300"})),
+                "train_lm", 2, {"'bad.bin': the token at position 20000 (byte 40128) is " + std::to_string(id)});
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("train_lm_out/log.csv")));
+}
+
+TEST_CASE("train_lm: --valid-tokens that is --tokens, and a --prompt of no tokens, are refused before training",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_same_tokens");
+  std::string text;
+  for (int i = 0; text.size() < 30000; ++i) text += "the cat sat on mat number " + std::to_string(i % 97) + ". ";
+  write_bytes(dir.file("a.txt"), text);
+  const xgrad::text::BytesTokenizer bytes;
+  xgrad::text::write_token_file(dir.file("t.bin"), bytes.encode(text), bytes.identity());
+  std::filesystem::create_symlink("t.bin", dir.file("t_link.bin"));
+  require_fails(run(dir, "train_lm", tiny({"--tokens", "t.bin", "--valid-tokens", "t.bin"})), "train_lm", 2,
+                {"--valid-tokens 't.bin' is the same file as --tokens 't.bin': the run would validate on its training "
+                 "data"});
+  require_fails(run(dir, "train_lm", tiny({"--tokens", "./t.bin", "--valid-tokens", "t_link.bin"})), "train_lm", 2,
+                {"--valid-tokens 't_link.bin' is the same file as --tokens './t.bin'"});
+  // SentencePiece normalizes white space away: a prompt of spaces is no tokens.
+  const std::string spm = xgrad::testing::fixture_path("sentencepiece/unigram.model");
+  require_fails(run(dir, "train_lm", tiny({"a.txt", "--steps", "300", "--tokenizer", "spm", spm, "--prompt", "   "})),
+                "train_lm", 2, {"--prompt '   ' encodes to no tokens"});
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("train_lm_out/log.csv")));
+}
+
+TEST_CASE("train_lm --resume of a checkpoint whose data_rng was edited names the file and the field",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_data_rng");
+  const std::string ck = dir.file("ck.safetensors");
+  require_ok(run(dir, "train_lm", tiny({"--steps", "2", "--checkpoint", ck})));
+  xgrad::SafetensorsContents file = xgrad::load_safetensors(ck);
+  file.metadata["data_rng"] = "1 2 3 4";
+  xgrad::save_safetensors(ck, file.tensors, file.metadata);
+  require_fails(run(dir, "train_lm", tiny({"--steps", "4", "--checkpoint", ck, "--resume"})), "train_lm", 2,
+                {"checkpoint '" + ck +
+                 "': the metadata field \"data_rng\" (the batch order's random state) cannot be "
+                 "read: Generator::set_state: not a generator state (7 characters)"});
+  REQUIRE(checkpoint_step(ck) == 2);
+}
+
+TEST_CASE("train_lm under `ulimit -f`: a save past the limit is an error naming it, with no temporary left",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_ulimit");
+  // The shell sets the limit and leaves SIGXFSZ as it is: by default the signal kills the writer.
+  const std::string command = "ulimit -f 40 && exec " + exe("train_lm") +
+                              " --layers 1 --d-model 16 --heads 2 --seq-len 16 --batch 4 --text-bytes 20000"
+                              " --eval-batches 2 --quiet --warmup 1 --steps 2 --checkpoint ck.safetensors";
+  const Outcome o = xgrad::testing::run_program(dir, "/bin/bash", {"-c", command});
+  require_fails(o, "train_lm", 1,
+                {"cannot write 'ck.safetensors'", "File too large; the file size limit (ulimit -f) is 40960 bytes"});
+  for (const std::string& f : dir.entries()) REQUIRE(f.find(".tmp.") == std::string::npos);
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("ck.safetensors")));
+}
+
+TEST_CASE("train_lm: a run with --train-tokenizer continues with the same command and --resume",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_resume_bpe");
+  std::string text;
+  for (int i = 0; text.size() < 30000; ++i) text += "the cat sat on mat number " + std::to_string(i % 97) + ". ";
+  write_bytes(dir.file("a.txt"), text);
+  auto command = [&](const std::string& file, const std::string& steps, bool save, bool resume) {
+    std::vector<std::string> a = {file, "--train-tokenizer", "300", "--checkpoint", "ck", "--steps", steps};
+    if (save) a.insert(a.end(), {"--save-tokenizer", "st"});
+    if (resume) a.push_back("--resume");
+    return tiny(a);
+  };
+  require_ok(run(dir, "train_lm", command("a.txt", "2", true, false)));
+  const std::string vocab = read_bytes(dir.file("st/vocab.json"));
+  require_ok(run(dir, "train_lm", command("a.txt", "4", true, true)));
+  REQUIRE(checkpoint_step(dir.file("ck")) == 4);
+  REQUIRE(read_bytes(dir.file("st/vocab.json")) == vocab);
+  // On other text the tokenizer trained again is another one: the saved one is not replaced, and
+  // without --save-tokenizer the checkpoint refuses the other data.
+  std::string other;
+  for (int i = 0; other.size() < 30000; ++i) other += "a dog ran to the park at hour " + std::to_string(i % 89) + ". ";
+  write_bytes(dir.file("b.txt"), other);
+  require_fails(run(dir, "train_lm", command("b.txt", "6", true, true)), "train_lm", 2,
+                {"--save-tokenizer: 'st' holds the tokenizer byte_bpe, 300 ids", "not the one trained now"});
+  REQUIRE(read_bytes(dir.file("st/vocab.json")) == vocab);
+  require_fails(run(dir, "train_lm", command("b.txt", "6", false, true)), "train_lm", 2, {"other data"});
+  REQUIRE(checkpoint_step(dir.file("ck")) == 4);
+}
+
+TEST_CASE("train_lm --help shows --tokenizer's two values", "[examples][gemm]") {
+  TempDir dir("xgrad_runs_help");
+  const Outcome o = run(dir, "train_lm", {"--help"});
+  require_ok(o);
+  REQUIRE_THAT(o.out, Catch::Contains("--tokenizer KIND [PATH]"));
+  REQUIRE_THAT(o.out, !Catch::Contains("--tokenizer TEXT"));
+}
+
+TEST_CASE("train_lm under mpirun: a text file whose name is not UTF-8 trains, the name escaped",
+          "[examples][bad_input][gemm][distributed]") {
+  std::string mpiexec;
+  for (const char* p : {"/usr/bin/mpiexec", "/usr/local/bin/mpiexec"})
+    if (mpiexec.empty() && std::filesystem::exists(p)) mpiexec = p;
+  if (mpiexec.empty()) {
+    WARN("no mpiexec: the case under mpirun is not run");
+    return;
+  }
+  TempDir dir("xgrad_runs_mpi_utf8");
+  const std::string name = "t\xff\xfe.txt";
+  std::string text;
+  for (int i = 0; text.size() < 30000; ++i) text += "the cat sat on mat number " + std::to_string(i % 97) + ". ";
+  write_bytes(dir.file(name), text);
+  const std::string ck = dir.file("c\xff.safetensors");
+  Limits limits;
+  limits.memory = RLIM_INFINITY;  // Open MPI maps large shared-memory segments
+  limits.seconds = 120;
+  std::vector<std::string> args = {
+      "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", exe("train_lm"), name};
+  for (const std::string& a : tiny({"--steps", "2", "--checkpoint", ck})) args.push_back(a);
+  const Outcome o = xgrad::testing::run_program(dir, mpiexec, args, limits);
+  require_ok(o);
+  REQUIRE_THAT(o.out, Catch::Contains("data-parallel on 2 processes"));
+  REQUIRE(checkpoint_step(ck) == 2);
 }

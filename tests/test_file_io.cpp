@@ -258,7 +258,7 @@ TEST_CASE("write_file_atomically on a full disk names the error, removes its tem
   const std::string tmp = with_pid(path, child);
   CHECK(msg == "writer: cannot write '" + path + "': writing the temporary file '" + tmp + "' failed after 4096 of " +
                    std::to_string(4 + big.size()) + " bytes: " + std::strerror(EFBIG) +
-                   " (anything already at that path is unchanged)");
+                   "; the file size limit (ulimit -f) is 4096 bytes (anything already at that path is unchanged)");
   CHECK(read_bytes(path) == earlier);
   CHECK(dir.entries() == std::set<std::string>{"ckpt.bin"});
 }
@@ -481,4 +481,86 @@ TEST_CASE("load_checkpoint refuses NaN and infinite weights, naming the file, pa
   nn::save_checkpoint(path, source);
   REQUIRE_NOTHROW(nn::load_checkpoint(path, target));
   CHECK(bit_equal(target.weight.value(), nn::state_dict(source)[0].second));
+}
+
+// ----------------------------------------------------------------------------------------------
+// check_run_paths: the one output-path rule
+
+TEST_CASE("check_run_paths refuses an output that is an input, a file of an input folder or another output",
+          "[file_io][bad_input]") {
+  TempDir dir("xgrad_io_paths");
+  fs::create_directory(dir.file("g"));
+  write_bytes(dir.file("g/vocab.json"), "{}");
+  write_bytes(dir.file("g/merges.txt"), "#version: 0.2\n");
+  write_bytes(dir.file("tok.model"), "model");
+  write_bytes(dir.file("a.txt"), "text");
+  fs::create_symlink("g", dir.file("link_to_g"));
+  fs::create_symlink("tok.model", dir.file("tok_link"));
+  const std::vector<RunPath> folder_in = {{"--tokenizer", dir.file("g"), true}, {"the text", dir.file("a.txt")}};
+  auto refused = [&](const std::vector<RunPath>& in, const std::vector<RunPath>& out) {
+    return error_of([&] { check_run_paths(in, out, "tool"); });
+  };
+
+  // A file of an input folder, however spelled: the folder's own files, through a link to the
+  // folder, with "./" and "..".
+  CHECK(refused(folder_in, {{"--checkpoint", dir.file("g/vocab.json")}}) ==
+        "tool: --checkpoint '" + dir.file("g/vocab.json") + "' is the same file as 'vocab.json' in --tokenizer '" +
+            dir.file("g") + "': writing it would destroy what the run reads; choose another path");
+  CHECK_THAT(refused(folder_in, {{"--val", dir.file("link_to_g/merges.txt")}}),
+             Contains("--val '" + dir.file("link_to_g/merges.txt") + "' is the same file as 'merges.txt' in"));
+  CHECK_THAT(refused(folder_in, {{"--val", dir.path + "/./g/../g/merges.txt"}}), Contains("'merges.txt' in"));
+  // A new file in an input folder would change what it holds.
+  CHECK(refused(folder_in, {{"--out", dir.file("link_to_g/new.bin")}}) ==
+        "tool: --out '" + dir.file("link_to_g/new.bin") + "' would be written in --tokenizer '" + dir.file("g") +
+            "', a folder the run reads; choose a path outside it");
+  // The folder itself.
+  CHECK_THAT(refused(folder_in, {{"--out (a folder)", dir.file("./g/")}}),
+             Contains("--out (a folder) '" + dir.file("./g/") + "' is the same file as --tokenizer"));
+  // An input file, through a symlink or "./"; and two outputs that are one file not there yet.
+  CHECK_THAT(
+      refused({{"--tokenizer", dir.file("tok.model"), true}}, {{"--out", dir.file("tok_link")}}),
+      Contains("--out '" + dir.file("tok_link") + "' is the same file as --tokenizer '" + dir.file("tok.model")));
+  CHECK_THAT(refused({{"the text", dir.file("a.txt")}}, {{"--out", dir.path + "/./a.txt"}}),
+             Contains("is the same file as the text"));
+  CHECK(refused({}, {{"--save-tokenizer's vocab.json", dir.file("st/vocab.json")},
+                     {"--checkpoint", dir.file("st/./vocab.json")}}) ==
+        "tool: --checkpoint '" + dir.file("st/./vocab.json") + "' is the same file as --save-tokenizer's vocab.json '" +
+            dir.file("st/vocab.json") + "': one would overwrite the other; choose another path");
+
+  // Fine: beside the folder, in a subfolder of it, a folder input read as a file, a text in an
+  // output folder.
+  CHECK_NOTHROW(check_run_paths(folder_in, {{"--out", dir.file("t.bin")}, {"--val", dir.file("v.bin")}}, "tool"));
+  fs::create_directory(dir.file("g/sub"));
+  CHECK_NOTHROW(check_run_paths(folder_in, {{"--out", dir.file("g/sub/t.bin")}}, "tool"));
+  CHECK_NOTHROW(check_run_paths({{"the text", dir.file("g")}}, {{"--out", dir.file("g/t.bin")}}, "tool"));
+  CHECK_NOTHROW(check_run_paths({{"the text", dir.file("a.txt")}},
+                                {{"--out (a folder)", dir.path}, {"--out's log.csv", dir.file("log.csv")}}, "tool"));
+  // Two folders written into may be one; a file output may not be a folder output.
+  CHECK_NOTHROW(check_run_paths({}, {{"--out", dir.file("o"), true}, {"--save", dir.file("./o"), true}}, "tool"));
+  CHECK_THAT(refused({}, {{"--out", dir.file("o"), true}, {"--checkpoint", dir.file("./o")}}),
+             Contains("one would overwrite the other"));
+  CHECK(same_file(dir.file("a.txt"), dir.path + "/./a.txt"));
+  CHECK(same_file(dir.file("tok_link"), dir.file("tok.model")));
+  CHECK_FALSE(same_file(dir.file("a.txt"), dir.file("tok.model")));
+}
+
+// The same full disk as above, and the same error, but the limit in it: a program that ignores
+// SIGXFSZ under `ulimit -f` sees the reason.
+TEST_CASE("write_error_text names the file size limit behind EFBIG", "[file_io][bad_input][gemm]") {
+  CHECK(write_error_text(ENOSPC) == std::strerror(ENOSPC));
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const rlimit limit{4096, 4096};
+    const bool ok = ::setrlimit(RLIMIT_FSIZE, &limit) == 0 &&
+                    write_error_text(EFBIG) ==
+                        std::string(std::strerror(EFBIG)) + "; the file size limit (ulimit -f) is 4096 bytes";
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  rlimit now{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &now) == 0);
+  if (now.rlim_cur == RLIM_INFINITY) CHECK(write_error_text(EFBIG) == std::strerror(EFBIG));
 }

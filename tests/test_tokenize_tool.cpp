@@ -4,10 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "fixture.hpp"
 #include "run_program.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/random.hpp"
@@ -220,10 +222,11 @@ TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", 
   };
   check_refused(dir, with({"--out", "t.bin", "missing.txt"}), "'missing.txt': No such file");
   check_refused(dir, with({"--out", "t.bin", "."}), "it is a folder");
-  check_refused(dir, with({"--out", "a.txt", "a.txt"}), "the output 'a.txt' is the input 'a.txt'");
-  check_refused(dir, with({"--out", "./a.txt", "a.txt"}), "is the input");
-  check_refused(dir, with({"--out", "t.bin", "--val", "a.txt", "a.txt"}), "is the input");
-  check_refused(dir, with({"--out", "t.bin", "--val", "t.bin", "a.txt"}), "the output 't.bin' is the input 't.bin'");
+  check_refused(dir, with({"--out", "a.txt", "a.txt"}), "--out 'a.txt' is the same file as the text file 'a.txt'");
+  check_refused(dir, with({"--out", "./a.txt", "a.txt"}), "is the same file as the text file 'a.txt'");
+  check_refused(dir, with({"--out", "t.bin", "--val", "a.txt", "a.txt"}), "--val 'a.txt' is the same file as");
+  check_refused(dir, with({"--out", "t.bin", "--val", "t.bin", "a.txt"}),
+                "--val 't.bin' is the same file as --out 't.bin': one would overwrite the other");
   check_refused(dir, with({"--out", "no/t.bin", "a.txt"}), "no/t.bin");
   check_refused(dir, with({"--out", ".", "a.txt"}), "cannot write '.'");
   check_refused(dir, with({"--out", "t.bin", "empty.txt"}), "would hold no tokens");
@@ -278,4 +281,54 @@ TEST_CASE("bad input: xgrad-tokenize decode of ids nested a million deep exits 1
   write_bytes(dir.file("deep.json"), "[1, " + std::string(1000000, '[') + std::string(1000000, ']') + "]");
   check_refused(dir, {"decode", "--tokenizer", "bytes", "--file", "deep.json"},
                 "the list of ids nests arrays and objects deeper than 64 levels (byte 67)");
+}
+
+TEST_CASE("bad input: xgrad-tokenize encode writes over no file of its tokenizer, however spelled",
+          "[text][tool][bad_input][gemm]") {
+  TempDir dir("xgrad_tokenize_tokenizer_files");
+  write_bytes(dir.file("a.txt"), "some text\nmore\n");
+  std::filesystem::copy_file(xgrad::testing::fixture_path("sentencepiece/unigram.model"), dir.file("tok.model"));
+  std::filesystem::create_symlink("tok.model", dir.file("tok_link.model"));
+  std::filesystem::create_directory(dir.file("g"));
+  for (const char* f : {"vocab.json", "merges.txt"})
+    std::filesystem::copy_file(xgrad::testing::fixture_path(std::string("gpt2_tokenizer/") + f),
+                               dir.file(std::string("g/") + f));
+  std::filesystem::create_symlink("g", dir.file("g_link"));
+  const std::string model = read_bytes(dir.file("tok.model")), merges = read_bytes(dir.file("g/merges.txt"));
+
+  check_refused(dir, {"encode", "--tokenizer", "spm", "tok.model", "--out", "tok.model", "a.txt"},
+                "--out 'tok.model' is the same file as --tokenizer 'tok.model': writing it would destroy what the run "
+                "reads");
+  check_refused(dir, {"encode", "--tokenizer", "spm", "tok_link.model", "--out", "./tok.model", "a.txt"},
+                "--out './tok.model' is the same file as --tokenizer 'tok_link.model'");
+  check_refused(dir, {"encode", "--tokenizer", "gpt2", "g", "--out", "t.bin", "--val", "g/merges.txt", "a.txt"},
+                "--val 'g/merges.txt' is the same file as 'merges.txt' in --tokenizer 'g'");
+  check_refused(dir, {"encode", "--tokenizer", "gpt2", "./g/", "--out", "g_link/vocab.json", "a.txt"},
+                "--out 'g_link/vocab.json' is the same file as 'vocab.json' in --tokenizer './g/'");
+  check_refused(dir, {"encode", "--tokenizer", "gpt2", "g", "--out", "g_link/t.bin", "a.txt"},
+                "--out 'g_link/t.bin' would be written in --tokenizer 'g', a folder the run reads");
+  CHECK(read_bytes(dir.file("tok.model")) == model);
+  CHECK(read_bytes(dir.file("g/merges.txt")) == merges);
+  // Beside them it writes.
+  const Outcome o = tool(dir, {"encode", "--tokenizer", "gpt2", "g", "--out", "t.bin", "a.txt"});
+  INFO(o);
+  CHECK(o.code == 0);
+}
+
+TEST_CASE("bad input: xgrad-tokenize under `ulimit -f` exits 1 naming the error and leaves no temporary",
+          "[text][tool][bad_input][gemm]") {
+  TempDir dir("xgrad_tokenize_ulimit");
+  std::string text;
+  while (text.size() < 40000) text += "some words to tokenize, ";
+  write_bytes(dir.file("a.txt"), text);
+  // The shell sets the limit and leaves SIGXFSZ as it is: by default the signal kills the writer.
+  const Outcome o = xgrad::testing::run_program(dir, "/bin/bash",
+                                                {"-c", "ulimit -f 20 && exec " + std::string(XGRAD_TOKENIZE_EXE) +
+                                                           " encode --tokenizer bytes --out t.bin a.txt"});
+  INFO(o);
+  CHECK(o.exited);
+  CHECK(o.code == 1);
+  CHECK_THAT(o.err, Contains("xgrad-tokenize") && Contains("t.bin") && Contains("File too large"));
+  for (const std::string& f : dir.entries()) CHECK(f.find(".tmp.") == std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.file("t.bin")));
 }

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -188,7 +189,7 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
   auto failed_after_create = [&](const char* step, int err, const auto&... detail) {
     if (fd.get() >= 0) fd.close();
     ::unlink(tmp.c_str());
-    failed(step, " the temporary file '", tmp, "' failed", detail..., ": ", std::strerror(err));
+    failed(step, " the temporary file '", tmp, "' failed", detail..., ": ", write_error_text(err));
   };
 
   std::uint64_t total = 0, written = 0;
@@ -222,6 +223,14 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
 
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& who) {
   write_file_atomically(path, std::vector<std::string_view>{bytes}, who);
+}
+
+std::string write_error_text(int err) {
+  std::string text = std::strerror(err);
+  rlimit limit{};
+  if (err == EFBIG && ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    text += "; the file size limit (ulimit -f) is " + std::to_string(limit.rlim_cur) + " bytes";
+  return text;
 }
 
 void check_writable_file(const std::string& path, const std::string& who) {
@@ -262,6 +271,104 @@ void prepare_output_dir(const std::string& dir, const std::string& who) {
   }
   if (const int err = probe_folder(dir, ".xgrad_probe.tmp." + std::to_string(::getpid()))) {
     fail(who, ": cannot create files in the folder '", dir, "': ", std::strerror(err));
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// The output-path rule
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The path with its last component's symlinks followed (up to 40), the file a write would reach.
+fs::path follow_links(fs::path p) {
+  for (int hops = 0; hops < 40; ++hops) {
+    std::error_code ec;
+    if (fs::symlink_status(p, ec).type() != fs::file_type::symlink || ec) break;
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return p;
+}
+
+// What a path names: the device and inode of what is there, else the resolved path where a write
+// would create it.
+struct Identity {
+  bool exists = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string path;
+
+  bool operator==(const Identity& o) const {
+    return exists == o.exists && (exists ? dev == o.dev && ino == o.ino : path == o.path);
+  }
+};
+
+Identity identity_of(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) return {true, st.st_dev, st.st_ino, {}};
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(follow_links(path), ec);
+  const fs::path resolved = fs::weakly_canonical(absolute, ec);
+  return {false, 0, 0, (ec ? absolute.lexically_normal() : resolved).string()};
+}
+
+// The folder an entry at `path` sits in, as spelled: a symlink at path is itself in that folder.
+std::string folder_holding(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return split_path(path).first;
+}
+
+struct InputFolder {
+  const RunPath* input;
+  Identity id;
+  std::vector<std::pair<std::string, Identity>> entries;  // name, identity (links followed)
+};
+
+}  // namespace
+
+bool same_file(const std::string& a, const std::string& b) { return identity_of(a) == identity_of(b); }
+
+void check_run_paths(const std::vector<RunPath>& inputs, const std::vector<RunPath>& outputs, const std::string& who) {
+  std::vector<Identity> in_ids, out_ids;
+  std::vector<InputFolder> folders;
+  for (const RunPath& in : inputs) {
+    in_ids.push_back(identity_of(in.path));
+    struct stat st;
+    if (!in.folder || ::stat(in.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    InputFolder f{&in, in_ids.back(), {}};
+    std::error_code ec;
+    for (fs::directory_iterator it(in.path, ec), end; !ec && it != end; it.increment(ec))
+      f.entries.emplace_back(it->path().filename().string(), identity_of(it->path().string()));
+    folders.push_back(std::move(f));
+  }
+  for (const RunPath& out : outputs) out_ids.push_back(identity_of(out.path));
+  auto named = [](const RunPath& p) { return p.role + " '" + p.path + "'"; };
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    const std::string output = named(outputs[o]);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (out_ids[o] == in_ids[i])
+        fail(who, ": ", output, " is the same file as ", named(inputs[i]),
+             ": writing it would destroy what the run reads; choose another path");
+    }
+    const Identity holder = identity_of(folder_holding(outputs[o].path));
+    for (const InputFolder& f : folders) {
+      for (const auto& [name, id] : f.entries) {
+        if (out_ids[o] == id)
+          fail(who, ": ", output, " is the same file as '", name, "' in ", named(*f.input),
+               ": writing it would destroy what the run reads; choose another path");
+      }
+      if (holder.exists && holder == f.id)
+        fail(who, ": ", output, " would be written in ", named(*f.input),
+             ", a folder the run reads; choose a path outside it");
+    }
+    for (std::size_t p = 0; p < o; ++p) {
+      if (out_ids[o] == out_ids[p] && !(outputs[o].folder && outputs[p].folder))
+        fail(who, ": ", output, " is the same file as ", named(outputs[p]),
+             ": one would overwrite the other; choose another path");
+    }
   }
 }
 

@@ -27,12 +27,39 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
 /// The same with one buffer of bytes.
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& who);
 
+/// strerror(err) for a failed write; for EFBIG under a file size limit (RLIMIT_FSIZE, `ulimit -f`)
+/// also the limit, which a program that ignores SIGXFSZ meets as this error instead of being killed.
+std::string write_error_text(int err);
+
 /// Before a long run: checks that `path` can be written later. Its folder must exist and be a folder, path
 /// must not be a folder, and a probe file created in the folder (then removed) proves write permission.
 void check_writable_file(const std::string& path, const std::string& who);
 
 /// Creates the folder (with parents) if missing and checks, by the same probe, that files can be created in it.
 void prepare_output_dir(const std::string& dir, const std::string& who);
+
+/// One path a program reads or writes, named for the user by `role` ("--checkpoint", "--out's log.csv").
+struct RunPath {
+  std::string role, path;
+  /// For an input: the program reads it as a folder when it is one (a tokenizer folder), so every
+  /// entry directly in it counts as read; a path read only as a file is compared as itself. For an
+  /// output: a folder the program writes files into (listed as outputs of their own); two such
+  /// outputs may be one folder.
+  bool folder = false;
+};
+
+/// The one output-path rule, checked before a program's work: throws an Error starting with `who`
+/// and naming both roles and paths when an output
+/// - is the same file or folder as an input, as an entry of an input read as a folder, or as another
+///   output (but for two folder outputs), or
+/// - would be a new entry directly in an input read as a folder.
+/// Paths are compared by what they name, not by spelling: what exists by device and inode (symlinks
+/// followed, so links, hard links and "./" count); what does not exist yet by the real path of its
+/// nearest existing folder plus the rest of its name (a dangling symlink by where it points).
+void check_run_paths(const std::vector<RunPath>& inputs, const std::vector<RunPath>& outputs, const std::string& who);
+
+/// True when a and b name the same file by check_run_paths's comparison.
+bool same_file(const std::string& a, const std::string& b);
 
 /// Removes `path.tmp.PID` files left by writers (of process id PID) that no longer run; returns how many.
 /// Only regular files whose suffix is a pid for which kill(pid, 0) fails with ESRCH are removed: a

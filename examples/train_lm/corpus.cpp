@@ -151,6 +151,7 @@ Corpus token_corpus(const std::string& train_path, const std::string& valid_path
   if (!valid_path.empty()) {
     auto valid = std::make_shared<xgrad::text::TokenFile>(valid_path);
     valid->check_tokenizer(tokenizer->identity());
+    valid->check_ids();  // before any step: an id past the vocabulary is named now, not at a validation
     c.train = train;
     c.valid = valid;
   } else {

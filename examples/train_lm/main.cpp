@@ -97,24 +97,34 @@ void write_plot(const std::string& folder, const std::vector<LogEntry>& log, dou
   xgrad::inspect::write_text_file(folder + "/loss.svg", xgrad::inspect::line_plot_svg(plot));
 }
 
-// Every file the run reads and writes, checked before any work: no output may destroy an input
-// or another output.
-void check_files(const std::string& text_path, const std::string& checkpoint, bool sampling, const std::string& out,
-                 const std::vector<cli::RunFile>& more_inputs = {}) {
-  std::vector<cli::RunFile> inputs = more_inputs, outputs;
-  if (!text_path.empty() && !sampling) inputs.push_back({"the training text", text_path});
-  if (sampling) {
-    inputs.push_back({"--checkpoint", checkpoint});
-    return;  // sampling writes nothing but stdout
-  }
+// An output folder as FileLock takes it, "DIR/": its lock file DIR/.lock is inside the folder, so
+// that every spelling of the folder (links, "./") reaches the one lock.
+std::string locked_folder(std::string folder) {
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  return folder + "/";
+}
+
+// Every path the run reads and writes, checked before any work by the one output-path rule: no
+// output may be an input, a file in an input folder or another output.
+void check_files(const std::vector<xgrad::RunPath>& inputs, const std::string& checkpoint, const std::string& out,
+                 const std::string& tokenizer_dir) {
+  std::vector<xgrad::RunPath> outputs;
   if (!checkpoint.empty()) {
     outputs.push_back({"--checkpoint", checkpoint});
     outputs.push_back({"--checkpoint's lock file", cli::FileLock::lock_path_of(checkpoint)});
   }
-  outputs.push_back({"--out (a folder)", out});
+  outputs.push_back({"--out (a folder)", out, true});
   outputs.push_back({"--out's log.csv", out + "/log.csv"});
   outputs.push_back({"--out's loss.svg", out + "/loss.svg"});
-  cli::check_distinct_files(inputs, outputs);
+  outputs.push_back({"--out's lock file", cli::FileLock::lock_path_of(locked_folder(out))});
+  if (!tokenizer_dir.empty()) {
+    outputs.push_back({"--save-tokenizer (a folder)", tokenizer_dir, true});
+    outputs.push_back({"--save-tokenizer's vocab.json", tokenizer_dir + "/vocab.json"});
+    outputs.push_back({"--save-tokenizer's merges.txt", tokenizer_dir + "/merges.txt"});
+    if (!xgrad::same_file(tokenizer_dir, out))  // else --out's lock covers it
+      outputs.push_back({"--save-tokenizer's lock file", cli::FileLock::lock_path_of(locked_folder(tokenizer_dir))});
+  }
+  cli::as_usage([&] { xgrad::check_run_paths(inputs, outputs, "train_lm"); });
 }
 
 // The enum value `name` stands for in `names` (CLI11 has checked that it is one of them).
@@ -129,6 +139,9 @@ E value_of(const std::string& name, const Names<E>& names) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file size limit (ulimit -f) a write then fails with EFBIG, which the writers report
+  // (naming the file and the limit) and clean up after, instead of the signal killing the run.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"xgrad train_lm: a transformer language model, trained from C++.", "train_lm"};
   TrainConfig c;
   // The architecture flags' values (they override the preset, or the checkpoint's on --resume).
@@ -203,7 +216,8 @@ int main(int argc, char** argv) {
                      "the tokenizer: bytes (the default, 256 ids), gpt2 DIR (GPT-2's vocab.json and merges.txt, or a "
                      "tokenizer.json), bpe PATH (a byte-level BPE's folder or tokenizer.json), spm FILE (a "
                      "SentencePiece .model). The checkpoint stores it; --sample and --resume use the checkpoint's")
-          ->expected(1, 2);
+          ->expected(1, 2)
+          ->type_name("KIND [PATH]");
   app.add_option("--train-tokenizer", tokenizer_choice.train_vocab,
                  "train a byte-level BPE of this many tokens on the training text (after the split), and use it")
       ->transform(cli::count(257, 1 << 20));
@@ -350,18 +364,27 @@ int main(int argc, char** argv) {
       cli::usage_error("--tokens is the training data: the text '", text_path, "' would be unused");
     if (!valid_tokens_path.empty() && tokens_path.empty())
       cli::usage_error("--valid-tokens is for training from --tokens");
-    if (tokenizer_choice.train_vocab > 0 && (sample > 0 || !tokens_path.empty() || resume))
+    // With --resume, --train-tokenizer trains again on the same text: resume checks that the
+    // tokenizer is the checkpoint's.
+    if (tokenizer_choice.train_vocab > 0 && (sample > 0 || !tokens_path.empty()))
       cli::usage_error("--train-tokenizer trains on the training text: ",
-                       sample > 0 ? "--sample reads none"
-                       : resume   ? "--resume uses the tokenizer the checkpoint stores"
-                                  : "--tokens is already tokenized");
+                       sample > 0 ? "--sample reads none" : "--tokens is already tokenized");
     if (sample > 0 && import_layout.empty() && tokenizer_flag->count() > 0)
       cli::usage_error("--sample uses the tokenizer the checkpoint stores: drop --tokenizer");
-    std::vector<cli::RunFile> more_inputs;
-    if (!tokens_path.empty()) more_inputs.push_back({"--tokens", tokens_path});
-    if (!valid_tokens_path.empty()) more_inputs.push_back({"--valid-tokens", valid_tokens_path});
-    if (tokenizer_choice.spec.size() == 2) more_inputs.push_back({"--tokenizer's file", tokenizer_choice.spec[1]});
-    check_files(text_path, checkpoint, sample > 0, out, more_inputs);
+    if (!tokenizer_choice.save_dir.empty() && tokenizer_choice.train_vocab == 0)
+      cli::usage_error("--save-tokenizer saves the tokenizer --train-tokenizer trains");
+    if (!valid_tokens_path.empty() && xgrad::same_file(valid_tokens_path, tokens_path))
+      cli::usage_error("--valid-tokens '", valid_tokens_path, "' is the same file as --tokens '", tokens_path,
+                       "': the run would validate on its training data; leave out --valid-tokens to hold out the "
+                       "last --valid-fraction of --tokens");
+    if (sample == 0) {  // --sample only reads
+      std::vector<xgrad::RunPath> inputs;
+      if (!text_path.empty()) inputs.push_back({"the training text", text_path});
+      if (!tokens_path.empty()) inputs.push_back({"--tokens", tokens_path});
+      if (!valid_tokens_path.empty()) inputs.push_back({"--valid-tokens", valid_tokens_path});
+      if (tokenizer_choice.spec.size() == 2) inputs.push_back({"--tokenizer", tokenizer_choice.spec[1], true});
+      check_files(inputs, checkpoint, out, tokenizer_choice.save_dir);
+    }
     if (!import_layout.empty()) {
       if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");
       if (sample == 0) cli::usage_error("--import is for --sample: it reads a checkpoint to sample from");
@@ -435,10 +458,15 @@ int main(int argc, char** argv) {
       cli::check_output_files({{"--out's log.csv", out + "/log.csv"}, {"--out's loss.svg", out + "/loss.svg"}});
       if (lead && !checkpoint.empty()) xgrad::check_writable_file(checkpoint, "train_lm: --checkpoint");
     });
-    // One writer per checkpoint: a second run on the same file is refused while this one lives,
-    // before it reads its text.
-    std::optional<cli::FileLock> lock;
+    // One writer per checkpoint and per output folder: a second run on the same file or folder is
+    // refused while this one lives, before it reads its text.
+    std::optional<cli::FileLock> lock, out_lock, tokenizer_lock;
     if (lead && !checkpoint.empty()) lock.emplace(checkpoint, "train_lm: --checkpoint");
+    if (lead) out_lock.emplace(locked_folder(out), "train_lm: --out");
+    if (lead && !tokenizer_choice.save_dir.empty() && !xgrad::same_file(tokenizer_choice.save_dir, out)) {
+      cli::as_usage([&] { xgrad::prepare_output_dir(tokenizer_choice.save_dir, "train_lm: --save-tokenizer"); });
+      tokenizer_lock.emplace(locked_folder(tokenizer_choice.save_dir), "train_lm: --save-tokenizer");
+    }
     cli::as_usage([&] {
       // The text is held about four times, and its tokens in 2 or 4 bytes each.
       const double max_text = cli::memory_limit_bytes() / 8;
@@ -458,8 +486,12 @@ int main(int argc, char** argv) {
       if (resume && !tokenizer_choice.given()) {
         tokenizer = checkpoint_tokenizer(checkpoint);
       } else {
-        tokenizer = make_tokenizer(tokenizer_choice, training_part(text, c.valid_fraction));
+        tokenizer = make_tokenizer(tokenizer_choice, training_part(text, c.valid_fraction), resume);
       }
+      // The sample after training starts from the prompt: found empty now, not after the run.
+      if (tokenizer->encode(prompt).empty())
+        xgrad::fail("--prompt '", prompt, "' encodes to no tokens with the ", tokenizer->kind(),
+                    " tokenizer: the sample after training would start from nothing; give another --prompt");
       c.vocab_size = tokenizer->vocab_size();
       validate(c);
       corpus = tokens_path.empty()
@@ -468,14 +500,17 @@ int main(int argc, char** argv) {
     });
     // The unigram bar is in nats per byte: it is drawn only for a byte-level run on text.
     const double unigram = tokenizer->kind() == "bytes" && tokens_path.empty() ? unigram_entropy(text) : -1.0;
-    const DataSource source = !tokens_path.empty() ? identify_file(tokens_path)
-                                                   : identify(text_path.empty() ? "built-in grammar" : text_path, text);
+    DataSource source;
+    cli::as_usage([&] {
+      source = !tokens_path.empty() ? identify_file(tokens_path, tokenizer->vocab_size())
+                                    : identify(text_path.empty() ? "built-in grammar" : text_path, text);
+    });
     std::unique_ptr<Trainer> trainer;
 #ifdef XGRAD_HAS_DISTRIBUTED
     if (mpi) {
       nlohmann::json settings = {{"text", source.describe()},
                                  {"--resume", resume},
-                                 {"--checkpoint", checkpoint},
+                                 {"--checkpoint", utf8_or_escaped(checkpoint)},
                                  {"tokenizer", xgrad::text::describe(tokenizer->identity())}};
       const nlohmann::json config = c.to_json();
       for (const auto& [key, value] : config.items()) {

@@ -2,6 +2,7 @@
 #include "mpi_sharing.hpp"
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/utf8.hpp"
 
 namespace lm {
 
@@ -42,7 +43,7 @@ void MpiSharing::check_command_line(const CLI::App& app, const std::set<std::str
     std::string value;
     for (const std::string& r : opt->results()) value += (value.empty() ? "" : " ") + r;
     if (opt->count() > 0) {
-      given[name] = value;
+      given[name] = utf8_or_escaped(value);
     } else if (!opt->get_default_str().empty()) {
       given[name] = opt->get_default_str();
     } else {
@@ -51,5 +52,7 @@ void MpiSharing::check_command_line(const CLI::App& app, const std::set<std::str
   }
   check_agreement(given);
 }
+
+std::string utf8_or_escaped(const std::string& s) { return xgrad::first_invalid_utf8(s) ? xgrad::escape_bytes(s) : s; }
 
 }  // namespace lm

@@ -14,6 +14,10 @@
 
 namespace lm {
 
+// `s` as a JSON string can hold it: as it is when it is UTF-8, else with its bytes escaped
+// (xgrad::escape_bytes), so that a file name that is not UTF-8 can be compared between ranks.
+std::string utf8_or_escaped(const std::string& s);
+
 class MpiSharing : public Sharing {
  public:
   explicit MpiSharing(xgrad::distributed::ProcessGroup& group) : group_(group) {}

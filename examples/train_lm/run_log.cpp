@@ -104,7 +104,7 @@ void RunLog::append(LogEntry e) {
       // Back to whole rows; should that fail too, the cut row is the last line, which a resume drops.
       if (before >= 0 && ::ftruncate(fd_, before) != 0) {
       }
-      xgrad::fail("train_lm: the log: cannot write '", path_, "': ", std::strerror(err));
+      xgrad::fail("train_lm: the log: cannot write '", path_, "': ", xgrad::write_error_text(err));
     }
     done += static_cast<std::size_t>(n);
   }

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
@@ -14,8 +15,23 @@
 
 namespace lm {
 
+namespace {
+
+// Saves a trained vocabulary in `dir`; when resuming, files already there must hold that tokenizer.
+void save_trained(const xgrad::text::BpeVocabulary& vocabulary, const xgrad::text::Tokenizer& trained,
+                  const std::string& dir, bool resuming) {
+  const bool saved = std::filesystem::exists(dir + "/vocab.json") || std::filesystem::exists(dir + "/merges.txt");
+  if (!resuming || !saved) return xgrad::text::save_gpt2_vocabulary(vocabulary, dir);
+  const auto there = xgrad::text::load_tokenizer("bpe", dir, "--save-tokenizer");
+  if (there->identity() != trained.identity())
+    xgrad::fail("--save-tokenizer: '", dir, "' holds the tokenizer ", xgrad::text::describe(there->identity()),
+                ", not the one trained now (", xgrad::text::describe(trained.identity()), "); choose another folder");
+}
+
+}  // namespace
+
 std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoice& choice,
-                                                             std::string_view training_text) {
+                                                             std::string_view training_text, bool resuming) {
   if (!choice.spec.empty() && choice.train_vocab > 0)
     xgrad::fail("--tokenizer and --train-tokenizer both name the tokenizer: give one");
   if (!choice.save_dir.empty() && choice.train_vocab == 0)
@@ -32,7 +48,7 @@ std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoi
     std::printf("tokenizer: a byte-level BPE of %zu tokens%s trained on %zu bytes in %.2f s\n", tokenizer->vocab_size(),
                 fewer.c_str(), training_text.size(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (!choice.save_dir.empty()) xgrad::text::save_gpt2_vocabulary(vocabulary, choice.save_dir);
+    if (!choice.save_dir.empty()) save_trained(vocabulary, *tokenizer, choice.save_dir, resuming);
     return tokenizer;
   }
   if (choice.spec.empty()) return std::make_shared<xgrad::text::BytesTokenizer>();

@@ -23,9 +23,10 @@ struct TokenizerChoice {
 };
 
 // The tokenizer `choice` names: --tokenizer's, or one trained on `training_text`, or bytes when
-// neither is given. Errors name the flag.
+// neither is given. Errors name the flag. A trained one is saved in --save-tokenizer's folder; when
+// `resuming`, a folder that already holds that same tokenizer (the first run's save) is kept as it is.
 std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoice& choice,
-                                                             std::string_view training_text);
+                                                             std::string_view training_text, bool resuming = false);
 
 // `count` tokens generated after `prompt` (encoded by `tokenizer`), decoded: the prompt and the
 // continuation as text.

@@ -22,6 +22,7 @@
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/token_file.hpp"
 
 namespace lm {
 
@@ -95,13 +96,25 @@ DataSource identify(const std::string& name, const std::string& text) {
   return {first_invalid_utf8(name) ? escape_bytes(name) : name, text.size(), h};
 }
 
-DataSource identify_file(const std::string& path) {
+DataSource identify_file(const std::string& path, std::uint64_t vocab_size) {
   ReadableFile file(path, "train_lm: --tokens");
+  const std::uint32_t dtype = text::token_file_dtype(vocab_size);
   std::uint64_t h = 14695981039346656037ull;
-  std::vector<char> chunk(1 << 20);
+  std::vector<char> chunk(1 << 20);  // a multiple of the dtype and of the header: ids never straddle two
   std::uint64_t total = 0;
   while (const std::size_t n = file.read_some(chunk.data(), chunk.size())) {
     for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(chunk[i])) * 1099511628211ull;
+    const std::size_t first = total < text::kTokenFileHeaderBytes ? text::kTokenFileHeaderBytes - total : 0;
+    for (std::size_t i = first; i + dtype <= n; i += dtype) {
+      const auto* p = reinterpret_cast<const unsigned char*>(chunk.data() + i);
+      // Little-endian ids of 2 or 4 bytes.
+      std::uint64_t id = p[0] | (std::uint64_t{p[1]} << 8);
+      if (dtype == 4) id |= (std::uint64_t{p[2]} << 16) | (std::uint64_t{p[3]} << 24);
+      if (id >= vocab_size)
+        fail("train_lm: --tokens '", path, "': the token at position ",
+             (total + i - text::kTokenFileHeaderBytes) / dtype, " (byte ", total + i, ") is ", id,
+             ", outside the vocabulary [0, ", vocab_size, ") of its tokenizer; the file is damaged");
+    }
     total += n;
   }
   return {first_invalid_utf8(path) ? escape_bytes(path) : path, total, h};
@@ -586,7 +599,13 @@ void Trainer::resume(const std::string& checkpoint) {
            " now");
   }
   Generator data = data_;
-  data.set_state(meta_field(meta, "data_rng", checkpoint));
+  const std::string& data_rng = meta_field(meta, "data_rng", checkpoint);
+  try {
+    data.set_state(data_rng);
+  } catch (const Error& e) {
+    fail("train_lm: checkpoint '", checkpoint, "': the metadata field \"data_rng\" (the batch order's random state) ",
+         "cannot be read: ", e.what());
+  }
   const nn::Checkpoint ck = nn::load_checkpoint(checkpoint, *model_);
   optimizer_->load_state_dict(ck.optimizer_state);
   data_ = data;

@@ -87,8 +87,10 @@ struct DataSource {
   std::string describe() const;  // "'a.txt' (1234 bytes, FNV-1a 0123abcd...)"
 };
 DataSource identify(const std::string& name, const std::string& text);
-// The same for a file, read in pieces (a token file is never held whole).
-DataSource identify_file(const std::string& path);
+// The same for a token file, read in pieces (it is never held whole). The same pass checks every
+// id of the file against `vocab_size`: an id outside it is an Error naming the file, the token's
+// position and byte, the id and the vocabulary size, before any training step.
+DataSource identify_file(const std::string& path, std::uint64_t vocab_size);
 
 struct LogEntry {
   std::size_t step = 0;  // 1-based: the step just taken

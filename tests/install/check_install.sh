@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs xgrad from a build tree into a scratch prefix, then builds and runs the README's tour
+# Installs xgrad from a build tree into a scratch prefix, checks the installed programs (train_lm,
+# xgrad-tokenize, xgrad_to_torch.py) and that every library is a component of the package (a
+# missing one named with the reason), then builds and runs the README's tour
 # (a first model, which must write back the phrase it learned) and a program on xgrad::text (the
 # tokenizers) as an outside project with
 # find_package(xgrad); then the same against the build tree itself (xgrad_DIR=BUILD_DIR). Where
@@ -68,6 +70,55 @@ consumer() {
     grep -q "data-parallel gradient agrees on 2 process(es)" "$out.dp2.out"
   fi
 }
+# The programs a user runs are installed (when the examples were built), and run from there.
+if [ -e "$build/examples/train_lm" ]; then
+  for program in train_lm xgrad-tokenize xgrad_to_torch.py; do
+    [ -x "$work/prefix/bin/$program" ] || { echo "check_install: bin/$program is not installed" >&2; exit 1; }
+  done
+  help=$("$work/prefix/bin/train_lm" --help)
+  grep -qF -- "--tokenizer KIND [PATH]" <<< "$help" || { echo "check_install: the installed train_lm --help does not run" >&2; exit 1; }
+  [ "$("$work/prefix/bin/xgrad-tokenize" ids --tokenizer bytes "hi")" = "[104,105]" ] ||
+    { echo "check_install: the installed xgrad-tokenize does not run" >&2; exit 1; }
+fi
+
+# Every library is a component: core, text and (with MPI) distributed configure when asked for;
+# a missing one or an unknown name stops the configure naming it and the reason.
+components() {
+  local name=$1 list=$2
+  shift 2
+  cmake -S "$src/tests/install/components" -B "$work/components/$name" -DCMAKE_PREFIX_PATH="$work/prefix" \
+    "-DXGRAD_COMPONENTS=$list" "$@" > "$work/components/$name.log" 2>&1
+}
+mkdir -p "$work/components"
+found="core;text"
+[ "$distributed" = ON ] && found="core;text;distributed"
+components found "$found" || { cat "$work/components/found.log" >&2; echo "check_install: COMPONENTS $found does not configure" >&2; exit 1; }
+# not_found NAME LIST MESSAGE [CMAKE_ARGS...]: configuring must fail, saying MESSAGE.
+not_found() {
+  local name=$1 list=$2 message=$3
+  shift 3
+  if components "$name" "$list" "$@"; then
+    echo "check_install: COMPONENTS $list configured although it should not ($*)" >&2
+    exit 1
+  fi
+  tr -s ' \n' ' ' < "$work/components/$name.log" | grep -qF "$message" || {
+    cat "$work/components/$name.log" >&2
+    echo "check_install: COMPONENTS $list failed without saying: $message" >&2
+    exit 1
+  }
+}
+not_found unknown "text;tokenizers" 'xgrad has no component "tokenizers" (its components: core, text, distributed).'
+not_found no_pkg_config "core;text" "The component text (xgrad::text) is missing: it needs pkg-config" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON
+if [ "$distributed" = ON ]; then
+  not_found no_mpi "text;distributed" "The component distributed (xgrad::distributed) is missing: it needs MPI's C API" \
+    -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON
+else
+  not_found no_mpi "distributed" "xgrad was built without MPI"
+fi
+# What is not asked for may be missing.
+components core_only "core" -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON || { cat "$work/components/core_only.log" >&2; echo "check_install: COMPONENTS core needs pkg-config" >&2; exit 1; }
+
 consumer "$work/consumer/build" -DCMAKE_PREFIX_PATH="$work/prefix"
 cat "$work/consumer/build.tour.out"
 # The build tree as the package, without installing.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -161,15 +162,16 @@ void encode(const EncodeOptions& o, const CLI::App& app) {
   if (app.count("--separator") && o.separator.empty()) fail(kProgram, ": --separator is empty");
   const Splitter splitter{o.split_lines ? "\n" : o.separator};
 
-  // The outputs, before any input is read: not an input, not each other, writable.
-  xgrad::text::check_not_an_input(o.out, o.files, kProgram);
-  if (with_val) {
-    xgrad::text::check_not_an_input(o.val, o.files, kProgram);
-    xgrad::text::check_not_an_input(o.val, {o.out}, kProgram);
-  }
+  // Every input is a readable file; the outputs, before any input is read, are none of the
+  // inputs (the tokenizer's files included), not each other, and writable.
+  for (const std::string& f : o.files) xgrad::ReadableFile(f, kProgram);
+  std::vector<xgrad::RunPath> inputs, outputs = {{"--out", o.out}};
+  for (const std::string& f : o.files) inputs.push_back({"the text file", f});
+  if (!o.tokenizer.path.empty()) inputs.push_back({"--tokenizer", o.tokenizer.path, true});
+  if (with_val) outputs.push_back({"--val", o.val});
+  xgrad::check_run_paths(inputs, outputs, kProgram);
   xgrad::check_writable_file(o.out, kProgram);
   if (with_val) xgrad::check_writable_file(o.val, kProgram);
-  for (const std::string& f : o.files) xgrad::ReadableFile(f, kProgram);  // every input is a readable file
 
   const std::unique_ptr<Tokenizer> tokenizer = o.tokenizer.load();
   const std::optional<std::int64_t> eos = tokenizer->special_tokens().eos;
@@ -342,6 +344,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file size limit (ulimit -f) a write fails with EFBIG, reported naming the file and the
+  // limit, and the temporary is removed, instead of the signal killing the program.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const std::bad_alloc&) {
