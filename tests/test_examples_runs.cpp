@@ -677,18 +677,18 @@ TEST_CASE("file identities: links, dots and files not there yet", "[examples][ba
   std::filesystem::create_symlink("a", dir.file("sym"));
   std::filesystem::create_symlink("b", dir.file("dangling"));  // a write through it creates b
   std::filesystem::create_directory(dir.file("d"));
-  REQUIRE(cli::file_identity(dir.file("a")) == cli::file_identity(dir.file("sym")));
-  REQUIRE(cli::file_identity(dir.file("a")) == cli::file_identity(dir.file("d/../a")));
-  REQUIRE(cli::file_identity(dir.file("a")) != cli::file_identity(dir.file("d")));
-  REQUIRE(cli::file_identity(dir.file("dangling")) == cli::file_identity(dir.file("b")));
-  REQUIRE(cli::file_identity(dir.file("new/x/../y")) == cli::file_identity(dir.file("./new/y")));
-  REQUIRE(cli::file_identity(dir.file("new/y")) != cli::file_identity(dir.file("new/z")));
-  REQUIRE_NOTHROW(
-      cli::check_distinct_files({{"in", dir.file("a")}}, {{"out", dir.file("b.txt")}, {"other", dir.file("c.txt")}}));
-  REQUIRE_THROWS_AS(cli::check_distinct_files({}, {{"first", dir.file("dangling")}, {"second", dir.file("b")}}),
+  REQUIRE(xgrad::same_file(dir.file("a"), dir.file("sym")));
+  REQUIRE(xgrad::same_file(dir.file("a"), dir.file("d/../a")));
+  REQUIRE(!xgrad::same_file(dir.file("a"), dir.file("d")));
+  REQUIRE(xgrad::same_file(dir.file("dangling"), dir.file("b")));
+  REQUIRE(xgrad::same_file(dir.file("new/x/../y"), dir.file("./new/y")));
+  REQUIRE(!xgrad::same_file(dir.file("new/y"), dir.file("new/z")));
+  REQUIRE_NOTHROW(cli::check_distinct_files("prog", {{"in", dir.file("a")}},
+                                            {{"out", dir.file("b.txt")}, {"other", dir.file("c.txt")}}));
+  REQUIRE_THROWS_AS(cli::check_distinct_files("prog", {}, {{"first", dir.file("dangling")}, {"second", dir.file("b")}}),
                     cli::UsageError);
-  REQUIRE_THROWS_WITH(cli::check_distinct_files({{"the text", dir.file("sym")}}, {{"--out", dir.file("a")}}),
-                      "--out '" + dir.file("a") + "' is the same file as the text '" + dir.file("sym") +
+  REQUIRE_THROWS_WITH(cli::check_distinct_files("prog", {{"the text", dir.file("sym")}}, {{"--out", dir.file("a")}}),
+                      "prog: --out '" + dir.file("a") + "' is the same file as the text '" + dir.file("sym") +
                           "': writing it would destroy what the run reads; choose another path");
 }
 

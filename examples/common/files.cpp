@@ -33,41 +33,11 @@ fs::path follow_links(fs::path p) {
   return p;
 }
 
-// A path not there yet: its nearest existing folder resolved (symlinks followed), the rest
-// appended lexically. A dangling symlink is followed to where a write would create the file.
-std::string resolved_missing(fs::path p) {
-  p = follow_links(p);
-  std::error_code ec;
-  const fs::path resolved = fs::weakly_canonical(fs::absolute(p, ec), ec);
-  return (ec ? fs::absolute(p).lexically_normal() : resolved).string();
-}
-
 }  // namespace
 
-std::string file_identity(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) return "inode " + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-  return "path " + resolved_missing(path);
-}
-
-void check_distinct_files(const std::vector<RunFile>& inputs, const std::vector<RunFile>& outputs) {
-  std::vector<std::string> in_ids, out_ids;
-  for (const RunFile& f : inputs) in_ids.push_back(file_identity(f.path));
-  for (const RunFile& f : outputs) out_ids.push_back(file_identity(f.path));
-  for (std::size_t o = 0; o < outputs.size(); ++o) {
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      if (out_ids[o] == in_ids[i]) {
-        usage_error(outputs[o].role, " '", outputs[o].path, "' is the same file as ", inputs[i].role, " '",
-                    inputs[i].path, "': writing it would destroy what the run reads; choose another path");
-      }
-    }
-    for (std::size_t p = 0; p < o; ++p) {
-      if (out_ids[o] == out_ids[p]) {
-        usage_error(outputs[o].role, " '", outputs[o].path, "' is the same file as ", outputs[p].role, " '",
-                    outputs[p].path, "': one would overwrite the other; choose another path");
-      }
-    }
-  }
+void check_distinct_files(const std::string& program, const std::vector<RunFile>& inputs,
+                          const std::vector<RunFile>& outputs) {
+  as_usage([&] { xgrad::check_run_paths(inputs, outputs, program); });
 }
 
 void check_output_files(const std::vector<RunFile>& outputs) {

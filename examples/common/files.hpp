@@ -6,26 +6,23 @@
 #include <string>
 #include <vector>
 
+#include "xgrad/core/io/file_io.hpp"
+
 namespace cli {
 
 // One file a run reads or writes: `role` names it for the user ("--checkpoint", "--out's log.csv").
-struct RunFile {
-  std::string role, path;
-};
+using RunFile = xgrad::RunPath;
 
-// Throws cli::UsageError naming both roles and paths when an output is the same file as an input
-// or as another output. Existing files are compared by device and inode (symlinks followed, hard
-// links count); a file not there yet by the real path of its nearest existing folder plus the rest
-// of its name. A checkpoint that is read and written again (--resume) is listed once, as an output.
-void check_distinct_files(const std::vector<RunFile>& inputs, const std::vector<RunFile>& outputs);
+// xgrad::check_run_paths (the one output-path rule) as a cli::UsageError: an output that is an
+// input, a file of an input folder or another output. A checkpoint that is read and written again
+// (--resume) is listed once, as an output.
+void check_distinct_files(const std::string& program, const std::vector<RunFile>& inputs,
+                          const std::vector<RunFile>& outputs);
 
 // Before the work: throws cli::UsageError when an output file's path is taken by something a
 // write cannot replace (a folder, a device, a fifo, a socket), naming the role and the path. The
 // folder's write permission is prepare_output_dir's or check_writable_file's to prove.
 void check_output_files(const std::vector<RunFile>& outputs);
-
-// The identity check_distinct_files compares: "inode <dev>:<ino>" or "path <resolved path>".
-std::string file_identity(const std::string& path);
 
 // An exclusive flock on lock_path_of(path) for the life of this object, with this process's pid
 // written in the file. A second holder (another process, or another open of the file) is refused

@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
       std::vector<cli::RunFile> files = {{"--out (a folder)", out}};
       files.insert(files.end(), outputs.begin(), outputs.end());
       if (!report_path.empty()) files.push_back({"--report", report_path});
-      cli::check_distinct_files({}, files);
+      cli::check_distinct_files("gradient_flow", {}, files);
       xgrad::prepare_output_dir(out, "gradient_flow: --out");
       cli::check_output_files(outputs);  // the report's own check is check_writable_file's, below
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "gradient_flow: --report");

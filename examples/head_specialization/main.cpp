@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
       std::vector<cli::RunFile> files = {{"--out (a folder)", out}};
       files.insert(files.end(), images.begin(), images.end());
       if (!report_path.empty()) files.push_back({"--report", report_path});
-      cli::check_distinct_files({}, files);
+      cli::check_distinct_files("head_specialization", {}, files);
       xgrad::prepare_output_dir(out, "head_specialization: --out");
       cli::check_output_files(images);  // the report's own check is check_writable_file's, below
       if (!report_path.empty()) xgrad::check_writable_file(report_path, "head_specialization: --report");
