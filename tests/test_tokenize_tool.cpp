@@ -226,8 +226,24 @@ TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", 
   check_refused(dir, with({"--out", "t.bin", "--val", "t.bin", "a.txt"}), "the output 't.bin' is the input 't.bin'");
   check_refused(dir, with({"--out", "no/t.bin", "a.txt"}), "no/t.bin");
   check_refused(dir, with({"--out", ".", "a.txt"}), "cannot write '.'");
-  check_refused(dir, with({"--out", "t.bin", "empty.txt"}), "would hold no tokens");
-  check_refused(dir, with({"--out", "old.bin", "--split-lines", "empty.txt"}), "would hold no tokens");
+  check_refused(dir, with({"--out", "t.bin", "empty.txt"}),
+                "encode --out 't.bin' would hold no tokens: its 1 document, from 'empty.txt', is empty (the input "
+                "has no text)");
+  check_refused(dir, with({"--out", "old.bin", "--split-lines", "empty.txt"}),
+                "encode --out 'old.bin' would hold no tokens: no document goes to it (the input has no text)");
+  {  // a seed that puts the empty file in the validation file
+    std::uint64_t seed = 0;
+    while (true) {
+      xgrad::Generator gen(seed);
+      if (draw_below(gen, 2) == 1) break;
+      ++seed;
+    }
+    check_refused(dir,
+                  with({"--out", "t.bin", "--val", "v.bin", "--val-fraction", "0.5", "--seed", std::to_string(seed),
+                        "a.txt", "empty.txt"}),
+                  "encode --val 'v.bin' would hold no tokens: its 1 document, from 'empty.txt', is empty (another "
+                  "--seed or --val-fraction chooses others)");
+  }
   check_refused(dir, with({"--out", "t.bin", "--val", "v.bin", "a.txt"}),
                 "gives 0 validation documents");  // one document
   check_refused(dir, with({"--out", "t.bin", "--val", "v.bin", "--val-fraction", "0.9", "--split-lines", "a.txt"}),
