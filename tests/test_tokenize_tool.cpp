@@ -13,6 +13,7 @@
 #include "xgrad/core/random.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/load_tokenizer.hpp"
+#include "xgrad/text/sentencepiece_tokenizer.hpp"
 #include "xgrad/text/token_batches.hpp"
 #include "xgrad/text/token_file.hpp"
 
@@ -205,6 +206,23 @@ TEST_CASE("xgrad-tokenize ids and decode: text to a JSON array of ids and back t
   o = tool(dir, {"--help"});
   CHECK(o.code == 0);
   CHECK_THAT(o.out, Contains("encode") && Contains("decode") && Contains("info"));
+}
+
+// A SentencePiece model whose pieces join words across spaces cannot encode a long document in
+// parts without changing ids; the refusal names the document's file.
+TEST_CASE("bad input: xgrad-tokenize names the file of a document its tokenizer refuses", "[text][tool][gemm]") {
+  TempDir dir("xgrad_tokenize_spm");
+  const std::string train = read_bytes(std::string(XGRAD_FIXTURE_DIR) + "/sentencepiece/train.txt");
+  write_bytes(dir.file("train.txt"), train);
+  train_sentencepiece({dir.file("train.txt")},
+                      SentencePieceTrainerOptions(1000).model_type("bpe").split_by_whitespace(false),
+                      dir.file("joined.model"));
+  std::string big;
+  while (big.size() < (std::size_t{1} << 19)) big += train;
+  write_bytes(dir.file("big.txt"), big);
+  check_refused(dir, {"encode", "--tokenizer", "spm", "joined.model", "--out", "t.bin", "train.txt", "big.txt"},
+                "xgrad-tokenize: encoding 'big.txt' (document 1 of 1): SentencePieceTokenizer::encode: a text of " +
+                    std::to_string(big.size()) + " bytes is more than this model encodes at once");
 }
 
 TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", "[text][tool][gemm]") {

@@ -211,11 +211,17 @@ void encode(const EncodeOptions& o, const CLI::App& app) {
     if (with_val && docs.size() != counts[f])
       fail(kProgram, ": '", o.files[f], "' changed while being read (", counts[f], " documents, now ", docs.size(),
            ")");
-    for (std::string_view d : docs) {
+    for (std::size_t k = 0; k < docs.size(); ++k) {
       const bool to_val = with_val && is_val[doc];
       xgrad::text::TokenFileWriter& w = to_val ? *val : train;
       if (w.documents() > 0 && !joint.empty()) w.append(joint);
-      w.append_document(tokenizer->encode(d, special));
+      TokenIds ids;
+      try {
+        ids = tokenizer->encode(docs[k], special);
+      } catch (const xgrad::Error& e) {
+        fail(kProgram, ": encoding '", o.files[f], "' (document ", k + 1, " of ", docs.size(), "): ", e.what());
+      }
+      w.append_document(ids);
       if (sources[to_val].empty() || sources[to_val].back() != o.files[f]) sources[to_val].push_back(o.files[f]);
       ++doc;
     }
