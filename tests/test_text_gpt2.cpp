@@ -613,6 +613,26 @@ TEST_CASE(
   v = good;
   v.tokens[260] = "";
   CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the token of id 260 is empty"));
+  v = good;
+  v.added_tokens = {260};
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the id 260 is both a special and an added token"));
+  v = good;
+  v.added_tokens = {259, 259};
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the id 259 is listed twice as an added token"));
+  v = good;
+  v.matched_later = {259};
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the id 259 is matched later but is neither special nor added"));
+  v = good;
+  v.tokens.emplace_back("<|endoftext|>");  // an added token with the special token's text
+  v.added_tokens = {261};
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("ids 261 and 260 are both matched as the text \"<|endoftext|>\""));
+  v = good;
+  v.tokens.emplace_back("xy");  // an added token no merge makes, used by a merge
+  v.added_tokens = {261};
+  v.tokens.emplace_back("xyz");
+  v.merges.emplace_back(261, 'z');
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the merge of rank 4 names the added token 261 \"xy\", which is not an "
+                                              "ordinary token"));
   CHECK_THROWS_WITH(gpt2().decode({15496, 50257}), Contains("id 50257 at position 1"));
   CHECK_THROWS_WITH(gpt2().token_bytes(-1), Contains("ByteLevelBpe::token_bytes") && Contains("id -1"));
 }
@@ -634,6 +654,15 @@ TEST_CASE("bad input: a malformed byte_bpe document is refused naming the field"
   doc = nlohmann::json::parse(ByteLevelBpe(small_vocabulary()).to_json());
   doc["special_tokens"] = {999};
   CHECK_THROWS_WITH(ByteLevelBpe::from_json(doc.dump(), who), Contains("reader: special token 0 has the id 999"));
+  doc = nlohmann::json::parse(ByteLevelBpe(small_vocabulary()).to_json());
+  doc["ignore_merges"] = 1;
+  CHECK_THROWS_WITH(ByteLevelBpe::from_json(doc.dump(), who),
+                    Contains("reader: \"ignore_merges\" is 1, not true or false"));
+  doc["ignore_merges"] = false;
+  doc["added_tokens"] = "x";
+  CHECK_THROWS_WITH(ByteLevelBpe::from_json(doc.dump(), who), Contains("no array field \"added_tokens\""));
+  doc["added_tokens"] = {1000};
+  CHECK_THROWS_WITH(ByteLevelBpe::from_json(doc.dump(), who), Contains("reader: added token 0 has the id 1000"));
 }
 
 TEST_CASE(

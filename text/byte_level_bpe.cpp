@@ -68,16 +68,16 @@ std::vector<bool> outside_the_bpe(const BpeVocabulary& v) {
   return outside;
 }
 
-// Ids listed in `list` (named `what` in messages): each in [0, n) and listed once.
+// Ids listed in `list` (each one `article` `what` in messages): each in [0, n) and listed once.
 std::vector<bool> listed(const std::vector<std::int64_t>& list, std::size_t n, const std::string& who,
-                         const std::string& what) {
+                         const std::string& what, const char* article) {
   std::vector<bool> flags(n, false);
   for (std::size_t i = 0; i < list.size(); ++i) {
     const std::int64_t id = list[i];
     if (id < 0 || static_cast<std::uint64_t>(id) >= n)
       throw Error(who + ": " + what + " " + std::to_string(i) + " has the id " + std::to_string(id) +
                   ", outside the vocabulary [0, " + std::to_string(n) + ")");
-    if (flags[id]) throw Error(who + ": the id " + std::to_string(id) + " is listed twice as a " + what);
+    if (flags[id]) throw Error(who + ": the id " + std::to_string(id) + " is listed twice as " + article + " " + what);
     flags[id] = true;
   }
   return flags;
@@ -89,9 +89,9 @@ void check_bpe_vocabulary(const BpeVocabulary& v, const std::string& who) {
   const std::size_t n = v.tokens.size();
   if (n > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     throw Error(who + ": " + std::to_string(n) + " tokens, more than 2^31 - 1");
-  const std::vector<bool> special = listed(v.special_tokens, n, who, "special token");
-  const std::vector<bool> added = listed(v.added_tokens, n, who, "added token");
-  const std::vector<bool> later = listed(v.matched_later, n, who, "matched-later token");
+  const std::vector<bool> special = listed(v.special_tokens, n, who, "special token", "a");
+  const std::vector<bool> added = listed(v.added_tokens, n, who, "added token", "an");
+  const std::vector<bool> later = listed(v.matched_later, n, who, "matched-later token", "a");
   for (std::size_t id = 0; id < n; ++id) {
     if (added[id] && special[id])
       throw Error(who + ": the id " + std::to_string(id) + " is both a special and an added token");
