@@ -195,10 +195,10 @@ std::string model_charsmap_problem(std::string_view model) {
 }
 
 // What the model says of its dummy-prefix ▁ and its normalization rules (the last copy of each
-// field wins, as protobuf merges them): normalizer_spec.add_dummy_prefix (default true) and
-// precompiled_charsmap, trainer_spec.treat_whitespace_as_suffix (default false).
+// field wins, as protobuf merges them): normalizer_spec.add_dummy_prefix and escape_whitespaces
+// (default true) and precompiled_charsmap, trainer_spec.treat_whitespace_as_suffix (default false).
 struct SpaceSpec {
-  bool add_dummy_prefix = true, whitespace_as_suffix = false;
+  bool add_dummy_prefix = true, escape_whitespaces = true, whitespace_as_suffix = false;
   std::string_view charsmap;
 };
 
@@ -212,6 +212,7 @@ SpaceSpec space_spec(std::string_view model) {
     if (!message_fields(field.payload, inner)) continue;
     for (const ProtoField& f : inner) {
       if (field.number == 3 && f.number == 3 && f.wire == 0) spec.add_dummy_prefix = f.varint != 0;
+      if (field.number == 3 && f.number == 5 && f.wire == 0) spec.escape_whitespaces = f.varint != 0;
       if (field.number == 3 && f.number == 2 && f.wire == 2) spec.charsmap = f.payload;
       if (field.number == 2 && f.number == 24 && f.wire == 0) spec.whitespace_as_suffix = f.varint != 0;
     }
@@ -409,6 +410,12 @@ SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 void SentencePieceTokenizer::find_cuts() {
   const SpaceSpec spec = space_spec(serialized_model_);
   if (spec.whitespace_as_suffix) cut_problem_ = "the model puts its ▁ after words (treat_whitespace_as_suffix)";
+  // SentencePiece joins unknown pieces next to each other into one: the space must be a piece.
+  const std::string space = spec.escape_whitespaces ? "\xE2\x96\x81" : " ";
+  const int space_id = processor_->PieceToId(space);
+  if (cut_problem_.empty() && (processor_->IsUnknown(space_id) || processor_->IsControl(space_id)))
+    cut_problem_ =
+        "it has no piece " + quoted(space) + " (unknown text on both sides of a cut would be one unknown id)";
   for (std::size_t id = 0; id < pieces_.size() && cut_problem_.empty(); ++id) {
     const std::string& p = pieces_[id].text;
     for (std::size_t k = 1; k < p.size() && cut_problem_.empty(); ++k) {

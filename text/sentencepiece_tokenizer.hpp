@@ -63,8 +63,9 @@ class SentencePieceTokenizer : public Tokenizer {
   };
   /// encode with these part sizes (encode: PartSizes()). Cut at spaces, the ids are those of the
   /// whole text when the model's pieces and normalization rules never join such a space to a
-  /// letter or digit next to it (true of models trained with split_by_whitespace, SentencePiece's
-  /// default, and its built-in rules: Llama's, T5's); next to a cut inside a run they may differ.
+  /// letter or digit next to it and ▁ alone is a piece (true of models trained with
+  /// split_by_whitespace, SentencePiece's default, and its built-in rules: Llama's, T5's); next to
+  /// a cut inside a run they may differ.
   /// With a model whose pieces or rules do join them (or that puts ▁ after words), a text (between
   /// special tokens) longer than `max_run` is an Error naming the piece or rule; shorter ones are
   /// encoded whole. Part sizes of 0, or runs shorter than parts, are an Error.
