@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
@@ -195,18 +197,61 @@ TEST_CASE("write_file_atomically fails with the OS error and leaves what was the
                Contains("writer: cannot write '" + sys + "': creating the temporary file") && Contains(suffix));
     CHECK(!fs::exists(sys));
   }
+}
 
-  SECTION("when the temporary name is taken by a folder, the earlier file survives and the folder too") {
-    const std::string path = dir.file("ckpt");
-    write_bytes(path, "earlier checkpoint");
-    fs::create_directory(temporary_path(path));
-    write_bytes(temporary_path(path) + "/inside", "kept");
-    CHECK(error_of([&] { write_file_atomically(path, std::string("new"), "writer"); }) ==
-          "writer: cannot write '" + path + "': creating the temporary file '" + temporary_path(path) +
-              "' failed: " + std::strerror(EISDIR) + suffix);
-    CHECK(read_bytes(path) == "earlier checkpoint");
-    CHECK(read_bytes(temporary_path(path) + "/inside") == "kept");
+// The temporary name may be taken: by another writer of this process (its file open), or by a
+// folder. The write takes the next free name and leaves what holds the first one alone (writers
+// used to share `path.tmp.PID`: the second truncated and then renamed the first's file).
+TEST_CASE("write_file_atomically leaves a taken temporary name alone and takes the next one", "[file_io]") {
+  TempDir dir("xgrad_io");
+  const std::string path = dir.file("ckpt");
+  const std::string first = temporary_path(path);
+  write_bytes(path, "earlier checkpoint");
+  write_bytes(first, "another writer's half-written file");
+  write_file_atomically(path, std::string("new"), "writer");
+  CHECK(read_bytes(path) == "new");
+  CHECK(read_bytes(first) == "another writer's half-written file");
+  CHECK(dir.entries() == std::set<std::string>{"ckpt", "ckpt.tmp." + std::to_string(::getpid())});
+
+  fs::remove(first);
+  fs::create_directory(first);
+  write_bytes(first + "/inside", "kept");
+  write_bytes(first + ".1", "a second writer's file");
+  write_file_atomically(path, std::string("newer"), "writer");
+  CHECK(read_bytes(path) == "newer");
+  CHECK(read_bytes(first + "/inside") == "kept");
+  CHECK(read_bytes(first + ".1") == "a second writer's file");
+  std::string name;
+  const int fd = create_temporary_file(path, name);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  CHECK(name == first + ".2");
+}
+
+// Threads writing one path at once: every write succeeds and the file is always one of them, whole.
+TEST_CASE("write_file_atomically from several threads on one path: the last rename wins, each file whole",
+          "[file_io]") {
+  TempDir dir("xgrad_io");
+  const std::string path = dir.file("shared.bin");
+  constexpr int kThreads = 4, kWrites = 25;
+  std::vector<std::string> contents;
+  for (int t = 0; t < kThreads; ++t) contents.push_back(std::string(std::size_t{1} << 16, static_cast<char>('a' + t)));
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (int k = 0; k < kWrites; ++k) write_file_atomically(path, contents[t], "writer");
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
   }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors) CHECK(e.empty());
+  const std::string got = read_bytes(path);
+  CHECK(std::find(contents.begin(), contents.end(), got) != contents.end());
+  CHECK(dir.entries() == std::set<std::string>{"shared.bin"});
 }
 
 // A full disk, made real with a file size limit: past it write() fails with EFBIG (SIGXFSZ ignored).
@@ -355,6 +400,10 @@ TEST_CASE("remove_stale_temporaries removes a dead writer's file and nothing els
       "ckpt.safetensors.tmp.-1",
       "other.safetensors.tmp." + std::to_string(dead),  // another checkpoint's
       "xckpt.safetensors.tmp." + std::to_string(dead),
+      "ckpt.safetensors.tmp." + std::to_string(::getpid()) + ".2",  // this process's second name
+      "ckpt.safetensors.tmp." + std::to_string(dead) + ".",         // not as a writer names it
+      "ckpt.safetensors.tmp." + std::to_string(dead) + ".01",
+      "ckpt.safetensors.tmp." + std::to_string(dead) + ".1x",
   };
   for (const std::string& f : kept) {
     if (f != "ckpt.safetensors") write_bytes(dir.file(f), "keep");
@@ -363,7 +412,8 @@ TEST_CASE("remove_stale_temporaries removes a dead writer's file and nothing els
   const pid_t dead2 = dead_pid();
   fs::create_directory(with_pid(path, dead2));
 
-  CHECK(remove_stale_temporaries(path) == 1);
+  write_bytes(with_pid(path, dead) + ".3", "partial");  // a dead writer's later name
+  CHECK(remove_stale_temporaries(path) == 2);
   std::set<std::string> expect = kept;
   expect.insert("ckpt.safetensors.tmp." + std::to_string(dead2));
   CHECK(dir.entries() == expect);

@@ -196,6 +196,161 @@ TEST_CASE("GPT-2's tokenizer.json, with merges as strings or as pairs, loads to 
   }
 }
 
+// Hugging Face's tokenizers split the added tokens out of the text before the pre-tokenizer and the
+// BPE see it (tokenizer/added_vocabulary.rs, extract_and_normalize): the ones that are not special
+// in any text; the BPE encodes the text between them as text of its own.
+TEST_CASE("tokenizer.json's added tokens that are not special are matched in any text, as Hugging Face does") {
+  testing::TempDir dir("xgrad_gpt2_added");
+  const auto added = [](std::int64_t id, const std::string& content, bool special, bool normalized) {
+    return nlohmann::json{{"id", id},        {"content", content},       {"single_word", false}, {"lstrip", false},
+                          {"rstrip", false}, {"normalized", normalized}, {"special", special}};
+  };
+  const auto t = load_byte_level_bpe(edited_tokenizer_json(dir, [&](nlohmann::json& d) {
+    d["added_tokens"].push_back(added(50257, "<tool>", false, true));
+    d["added_tokens"].push_back(added(31373, "hello", false, true));  // model.vocab's "hello": its id
+    d["added_tokens"].push_back(added(50258, " the", false, true));   // the bytes of "Ġthe" (262), another id
+  }));
+  const auto bpe = [&](const std::string& text) { return gpt2().encode(text); };
+  const auto join = [](std::initializer_list<TokenIds> parts) {
+    TokenIds out;
+    for (const TokenIds& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  CHECK(t->vocab_size() == 50259);
+  CHECK(t->vocabulary().added_tokens == TokenIds{31373, 50257, 50258});
+  CHECK(t->vocabulary().special_tokens == TokenIds{50256});
+  for (const SpecialText mode : {SpecialText::ordinary, SpecialText::match}) {
+    CHECK(t->encode("a<tool>b", mode) == TokenIds{64, 50257, 65});
+    CHECK(t->encode("say<tool><tool> x", mode) == join({bpe("say"), {50257, 50257}, bpe(" x")}));
+    CHECK(t->encode("ahellob", mode) == TokenIds{64, 31373, 65});
+    CHECK(t->encode("a the b", mode) == TokenIds{64, 50258, 275});
+    CHECK(t->encode("Hello world", mode) == TokenIds{15496, 995});
+  }
+  CHECK(t->encode("<tool><|endoftext|>") == join({{50257}, bpe("<|endoftext|>")}));
+  CHECK(t->encode("<tool><|endoftext|>", SpecialText::match) == TokenIds{50257, 50256});
+  CHECK(t->decode({64, 50257, 50258, 31373}) == "a<tool> thehello");
+  CHECK(gpt2().encode("ahellob") != TokenIds{64, 31373, 65});  // without the added token: one piece
+  CHECK(gpt2().encode("a the b") == TokenIds{64, 262, 275});
+
+  // The document rebuilds the same tokenizer; GPT-2's files cannot hold added tokens.
+  const auto back = ByteLevelBpe::from_json(t->to_json(), "test");
+  CHECK(back->identity() == t->identity());
+  CHECK(back->encode("a<tool>b") == TokenIds{64, 50257, 65});
+  CHECK(t->identity() != gpt2().identity());
+  CHECK_THROWS_WITH(
+      save_gpt2_vocabulary(t->vocabulary(), dir.file("out")),
+      Contains("save_gpt2_vocabulary: the vocabulary has added tokens (the first is id 31373 \"hello\")"));
+}
+
+// Hugging Face matches the added tokens with "normalized": false over the whole text first, then
+// those with true in the text between (extract_and_normalize's two passes); one pass when all agree.
+TEST_CASE("added tokens are matched in Hugging Face's two passes: normalized false first, then true") {
+  testing::TempDir dir("xgrad_gpt2_added_passes");
+  const auto with = [&](bool special_normalized) {
+    return load_byte_level_bpe(edited_tokenizer_json(dir, [&](nlohmann::json& d) {
+      d["added_tokens"][0]["normalized"] = special_normalized;
+      d["added_tokens"].push_back({{"id", 50257}, {"content", "a<|end"}, {"special", false}, {"normalized", true}});
+    }));
+  };
+  const TokenIds rest = gpt2().encode("oftext|>");
+  TokenIds a_then_rest{50257};
+  a_then_rest.insert(a_then_rest.end(), rest.begin(), rest.end());
+  // <|endoftext|> (normalized false) first; "a<|end" is then looked for in "a" only.
+  const auto two_passes = with(false);
+  CHECK(two_passes->vocabulary().matched_later == TokenIds{50257});
+  CHECK(two_passes->encode("a<|endoftext|>", SpecialText::match) == TokenIds{64, 50256});
+  CHECK(two_passes->encode("a<|endoftext|>") == a_then_rest);
+  // Both normalized (GPT-2's file has <|endoftext|> so): one pass, the leftmost match wins.
+  const auto one_pass = with(true);
+  CHECK(one_pass->vocabulary().matched_later.empty());
+  CHECK(one_pass->encode("a<|endoftext|>", SpecialText::match) == a_then_rest);
+  CHECK(one_pass->encode("x<|endoftext|>", SpecialText::match) == TokenIds{87, 50256});
+  CHECK(ByteLevelBpe::from_json(two_passes->to_json(), "test")->encode("a<|endoftext|>", SpecialText::match) ==
+        TokenIds{64, 50256});
+}
+
+// model.ignore_merges (Hugging Face's tokenizers, models/bpe/model.rs, tokenize_with_cache): a
+// pre-tokenized word that is itself in model.vocab is that token, without merging; other words
+// merge as before.
+TEST_CASE("tokenizer.json's model.ignore_merges: a piece that is a vocab token is that token, unmerged") {
+  testing::TempDir dir("xgrad_gpt2_ignore_merges");
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[gpt2_printable_from_bytes(std::string(1, static_cast<char>(b)))] = b;
+  const std::vector<std::string> made = {"he", "ll", "hell", "hello", "yz", "xy", "xyz"};
+  for (std::size_t i = 0; i < made.size(); ++i) vocab[made[i]] = 256 + i;
+  vocab["abc"] = 263;   // made by no merge
+  vocab["Ġabc"] = 264;  // neither
+  const nlohmann::json merges = {"h e", "l l", "he ll", "hell o", "y z", "x y", "xy z"};
+  const auto load = [&](const nlohmann::json& ignore_merges) {
+    const nlohmann::json doc = {
+        {"added_tokens", nlohmann::json::array()},
+        {"normalizer", nullptr},
+        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"ignore_merges", ignore_merges}}}};
+    testing::write_bytes(dir.file("tokenizer.json"), doc.dump());
+    return load_byte_level_bpe(dir.file("tokenizer.json"));
+  };
+  const auto t = load(true);
+  CHECK(t->vocabulary().ignore_merges);
+  CHECK(t->vocabulary().special_tokens.empty());  // abc and Ġabc are ordinary: a piece can be them
+  CHECK(t->encode("xyz") == TokenIds{262});       // merging gives x + yz (y z ranks first)
+  CHECK(t->encode("abc") == TokenIds{263});
+  CHECK(t->encode("abc abc") == TokenIds{263, 264});
+  CHECK(t->encode("hello xyz") == TokenIds{259, ' ', 'x', 260});  // " xyz" is no token: merged
+  CHECK(t->encode("xyzz") == TokenIds{'x', 260, 'z'});
+  CHECK(t->decode({262, 264}) == "xyz abc");
+  const auto back = ByteLevelBpe::from_json(t->to_json(), "test");
+  CHECK(back->identity() == t->identity());
+  CHECK(back->encode("xyz abc") == TokenIds{262, 264});
+  CHECK_THROWS_WITH(save_gpt2_vocabulary(t->vocabulary(), dir.file("out")),
+                    Contains("save_gpt2_vocabulary: the vocabulary ignores the merges"));
+
+  const auto merging = load(false);  // the same vocabulary merging every piece
+  CHECK(merging->encode("xyz") == TokenIds{'x', 260});
+  CHECK(merging->encode("abc abc") == TokenIds{'a', 'b', 'c', ' ', 'a', 'b', 'c'});
+  CHECK(merging->vocabulary().special_tokens == TokenIds{263, 264});
+  CHECK(load(nullptr)->encode("xyz") == TokenIds{'x', 260});
+  CHECK(merging->identity() != t->identity());
+  CHECK_THROWS_WITH(load("yes"),
+                    Contains(dir.file("tokenizer.json") + "': model.ignore_merges is \"yes\", not true or false"));
+}
+
+TEST_CASE("bad input: an added token's options xgrad does not implement, or an id Hugging Face would not give") {
+  testing::TempDir dir("xgrad_gpt2_added_bad");
+  const std::string file = dir.file("tokenizer.json");
+  const auto load_with = [&](const nlohmann::json& token) {
+    return load_hf_tokenizer_json(
+        edited_tokenizer_json(dir, [&](nlohmann::json& d) { d["added_tokens"].push_back(token); }));
+  };
+  const nlohmann::json tool = {{"id", 50257}, {"content", "<tool>"}, {"special", false}, {"normalized", true}};
+  for (const char* option : {"single_word", "lstrip", "rstrip"}) {
+    nlohmann::json t = tool;
+    t[option] = true;
+    CHECK_THROWS_WITH(load_with(t), Contains(file + "': added_tokens[1] \"<tool>\" has " + option +
+                                             " true, which xgrad does not implement"));
+    t[option] = "no";
+    CHECK_THROWS_WITH(load_with(t),
+                      Contains(std::string("added_tokens[1].") + option + " is \"no\", not true or false"));
+  }
+  nlohmann::json t = tool;
+  t["special"] = 1;
+  CHECK_THROWS_WITH(load_with(t), Contains("added_tokens[1].special is 1, not true or false"));
+  t = tool;
+  t["content"] = "hello";
+  CHECK_THROWS_WITH(load_with(t), Contains("added_tokens[1] \"hello\" has the id 50257, but Hugging Face's "
+                                           "tokenizers give it the id 31373 (the id of model.vocab's token"));
+  t = tool;
+  t["id"] = 50258;
+  CHECK_THROWS_WITH(load_with(t), Contains("added_tokens[1] \"<tool>\" has the id 50258, but Hugging Face's "
+                                           "tokenizers give it the id 50257 (the next id after model.vocab's 50257 "
+                                           "tokens and the added ones before)"));
+  t = tool;
+  t["content"] = "<|endoftext|>";
+  t["id"] = 50256;
+  CHECK_THROWS_WITH(load_with(t), Contains(file + "': added_tokens[1] \"<|endoftext|>\" repeats the text of "
+                                                  "added_tokens[0]"));
+}
+
 TEST_CASE("from_json(to_json()) rebuilds a tokenizer of the same identity and ids") {
   const std::string doc = gpt2().to_json();
   CHECK(doc.find(R"({"kind":"byte_bpe",)") == 0);
@@ -294,6 +449,26 @@ TEST_CASE("bad input: vocab.json not JSON, an id that is not an integer, repeate
     CHECK_THROWS_WITH(f.load(dir),
                       Contains(dir.file("vocab.json")) && Contains("\"he\" and \"hell\" both have the id 256"));
   }
+  {  // a token given twice: the JSON parser keeps one, so its other id is a hole
+    SmallFiles f;
+    f.vocab[260].first = "he";
+    CHECK_THROWS_WITH(f.load(dir), Contains("load_gpt2_vocabulary: '" + dir.file("vocab.json") +
+                                            "': the token \"he\" is given twice, with the ids 256 and 260 (no "
+                                            "token has the id 256"));
+    f.vocab[260] = {"hell", "256"};  // given twice, and its second id is another token's
+    CHECK_THROWS_WITH(f.load(dir), Contains("the token \"hell\" is given twice, with the ids 258 and 256 (the "
+                                            "entries \"he\" and \"hell\" both have the id 256)"));
+    f.vocab[260] = {"hell", "258"};  // given twice with one id: harmless, but no <|endoftext|>
+    CHECK(f.load(dir).tokens.size() == 260);
+    std::string hf = testing::read_bytes(fixture("tokenizer.json"));
+    const std::string entry = "\"hello\":31373";
+    REQUIRE(hf.find(entry) != std::string::npos);
+    hf.replace(hf.find(entry), entry.size(), entry + ",\"hello\":50256");
+    testing::write_bytes(dir.file("tokenizer.json"), hf);
+    CHECK_THROWS_WITH(load_hf_tokenizer_json(dir.file("tokenizer.json")),
+                      Contains(dir.file("tokenizer.json") + "' model.vocab: the token \"hello\" is given twice, with "
+                                                            "the ids 31373 and 50256"));
+  }
   {
     SmallFiles f;
     f.vocab[260].second = "270";  // <|endoftext|> past a hole at 260
@@ -389,7 +564,8 @@ TEST_CASE("bad input: a tokenizer.json of another model type or with a normalize
       Contains("model.vocab: the entry \"Ġthe\" has the value 1.5"));
   CHECK_THROWS_WITH(
       load_hf_tokenizer_json(edited_tokenizer_json(dir, [](auto& d) { d["added_tokens"][0]["id"] = 50300; })),
-      Contains("no token has the id 50257"));
+      Contains(dir.file("tokenizer.json") + "': added_tokens[0] \"<|endoftext|>\" has the id 50300") &&
+          Contains("Hugging Face's tokenizers give it the id 50256 (the id of model.vocab's token of that text)"));
   testing::write_bytes(dir.file("cut.json"), testing::read_bytes(fixture("tokenizer.json")).substr(0, 5000));
   CHECK_THROWS_WITH(load_hf_tokenizer_json(dir.file("cut.json")),
                     Contains(dir.file("cut.json")) && Contains("not JSON"));
@@ -437,6 +613,26 @@ TEST_CASE(
   v = good;
   v.tokens[260] = "";
   CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the token of id 260 is empty"));
+  v = good;
+  v.added_tokens = {260};
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the id 260 is both a special and an added token"));
+  v = good;
+  v.added_tokens = {259, 259};
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the id 259 is listed twice as an added token"));
+  v = good;
+  v.matched_later = {259};
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the id 259 is matched later but is neither special nor added"));
+  v = good;
+  v.tokens.emplace_back("<|endoftext|>");  // an added token with the special token's text
+  v.added_tokens = {261};
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("ids 261 and 260 are both matched as the text \"<|endoftext|>\""));
+  v = good;
+  v.tokens.emplace_back("xy");  // an added token no merge makes, used by a merge
+  v.added_tokens = {261};
+  v.tokens.emplace_back("xyz");
+  v.merges.emplace_back(261, 'z');
+  CHECK_THROWS_WITH(ByteLevelBpe(v), Contains("the merge of rank 4 names the added token 261 \"xy\", which is not an "
+                                              "ordinary token"));
   CHECK_THROWS_WITH(gpt2().decode({15496, 50257}), Contains("id 50257 at position 1"));
   CHECK_THROWS_WITH(gpt2().token_bytes(-1), Contains("ByteLevelBpe::token_bytes") && Contains("id -1"));
 }
@@ -458,6 +654,15 @@ TEST_CASE("bad input: a malformed byte_bpe document is refused naming the field"
   doc = nlohmann::json::parse(ByteLevelBpe(small_vocabulary()).to_json());
   doc["special_tokens"] = {999};
   CHECK_THROWS_WITH(ByteLevelBpe::from_json(doc.dump(), who), Contains("reader: special token 0 has the id 999"));
+  doc = nlohmann::json::parse(ByteLevelBpe(small_vocabulary()).to_json());
+  doc["ignore_merges"] = 1;
+  CHECK_THROWS_WITH(ByteLevelBpe::from_json(doc.dump(), who),
+                    Contains("reader: \"ignore_merges\" is 1, not true or false"));
+  doc["ignore_merges"] = false;
+  doc["added_tokens"] = "x";
+  CHECK_THROWS_WITH(ByteLevelBpe::from_json(doc.dump(), who), Contains("no array field \"added_tokens\""));
+  doc["added_tokens"] = {1000};
+  CHECK_THROWS_WITH(ByteLevelBpe::from_json(doc.dump(), who), Contains("reader: added token 0 has the id 1000"));
 }
 
 TEST_CASE(

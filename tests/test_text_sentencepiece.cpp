@@ -4,8 +4,10 @@
 // every bad input of the "SentencePiece" section of tests/BAD_INPUT.md.
 #include <catch2/catch.hpp>
 
+#include <malloc.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -15,12 +17,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "peak_memory.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/text/sentencepiece_tokenizer.hpp"
 
 using namespace xgrad;
 using namespace xgrad::text;
+using Catch::Contains;
 using xgrad::testing::read_bytes;
 using xgrad::testing::TempDir;
 using xgrad::testing::write_bytes;
@@ -97,6 +101,93 @@ TEST_CASE("SentencePiece: ids, pieces and decoded text are Python sentencepiece'
     }
     for (const auto& c : m["training_lines"]) CHECK(t->encode(unhex(c["text_hex"])) == ids_of(c["ids"]));
   }
+}
+
+// A text of the training text and the test cases (every script, whitespace runs, newlines,
+// invalid UTF-8), short enough for encode to give it to SentencePiece whole.
+std::string mixed_text() {
+  std::string text = read_bytes(kDir + "train.txt");
+  for (const char* name : kModels)
+    for (const auto& c : expected()["models"][name]["cases"]) text += unhex(c["text_hex"]) + " and " + "\n";
+  return text;
+}
+
+// encode gives a long text to SentencePiece in parts, each cut before a space between two letters
+// or digits, the next part encoded with the dummy-prefix ▁ standing for that space. With parts of 1
+// byte every such space is a cut; runs of 4096 bytes without one would be refused (these models'
+// pieces could not be cut) or cut inside, so equal ids mean the cuts at spaces keep them.
+TEST_CASE("SentencePiece: a text encoded in parts cut at spaces gives the ids of the whole text") {
+  const std::string text = mixed_text();
+  REQUIRE(text.size() > 30000);
+  REQUIRE(text.size() <= SentencePieceTokenizer::PartSizes().part);  // encode gives it whole
+  for (const char* name : kModels) {
+    INFO("model " << name);
+    const auto t = load_sentencepiece(kDir + expected()["models"][name]["file"].get<std::string>());
+    const TokenIds whole = t->encode(text), whole_match = t->encode(text, SpecialText::match);
+    for (const std::size_t part : {1, 2, 7, 100, 4096}) {
+      INFO("parts of " << part << " bytes");
+      const SentencePieceTokenizer::PartSizes sizes{part, 4096};
+      CHECK(t->encode_in_parts(text, SpecialText::ordinary, sizes) == whole);
+      CHECK(t->encode_in_parts(text, SpecialText::match, sizes) == whole_match);
+    }
+    CHECK(t->encode_in_parts(" a b ", SpecialText::ordinary, {1, 5}) == t->encode(" a b "));
+    CHECK_THROWS_WITH(t->encode_in_parts(text, SpecialText::ordinary, {0, 10}),
+                      Contains("encode_in_parts: parts of 0 bytes and runs of 10"));
+  }
+}
+
+// What SentencePiece holds while it encodes (its normalized copy, offsets, symbols, heaps, the
+// pieces' protobuf: 115 to 200 bytes a byte) is bounded by the part, not the text. Measured in
+// this process from a reset peak (tests/peak_memory.hpp), after malloc_trim has given back what
+// the run before freed.
+TEST_CASE("SentencePiece: encoding 8 MB, or 4 MB of one word, holds its ids and parts, not the whole text") {
+  std::string text;
+  while (text.size() < (std::size_t{8} << 20)) text += mixed_text();
+  std::string word;
+  while (word.size() < (std::size_t{4} << 20)) word += "abcdefghijklmnopqrstuvwxyz";
+  for (const char* name : kModels) {
+    INFO("model " << name);
+    const auto t = load_sentencepiece(kDir + expected()["models"][name]["file"].get<std::string>());
+    const TokenIds head = t->encode(text.substr(0, text.find(" ", 40000)));
+    for (const std::string* input : {&text, &word}) {
+      INFO(input->size() << " bytes");
+      ::malloc_trim(0);
+      REQUIRE(testing::reset_peak_rss());
+      const long baseline = testing::status_kib("VmRSS");
+      const TokenIds ids = t->encode(*input);
+      const long rise = testing::peak_rise_kib(baseline);
+      // The ids (8 bytes each, twice while the vector grows) and a part's worth of SentencePiece.
+      const long bound = static_cast<long>(2 * ids.capacity() * sizeof(std::int64_t) / 1024) + 48 * 1024;
+      INFO("peak rise " << rise << " KiB for " << ids.size() << " ids, bound " << bound << " KiB");
+      if (!testing::kAddressSanitizer) CHECK(rise < bound);
+      if (input == &text) CHECK(std::equal(head.begin(), head.end(), ids.begin()));
+    }
+  }
+  // A run cut inside gets no dummy-prefix ▁ at the cut: with identity normalization the text comes
+  // back whole.
+  const auto bpe = load_sentencepiece(kDir + "bpe.model");
+  const std::string run = word.substr(0, 100000);
+  CHECK(bpe->decode(bpe->encode_in_parts(run, SpecialText::ordinary, {1000, 4000})) == run);
+}
+
+// Pieces that hold ▁ after another character (split_by_whitespace false) span the spaces a cut
+// would use: such a model encodes a text whole up to a run's size and refuses a longer one.
+TEST_CASE("bad input: a text too long to encode whole, with a model whose pieces join words across spaces") {
+  TempDir dir("xgrad_spm_uncut");
+  train_sentencepiece({kDir + "train.txt"},
+                      SentencePieceTrainerOptions(1000).model_type("bpe").split_by_whitespace(false),
+                      dir.file("joined.model"));
+  const auto t = load_sentencepiece(dir.file("joined.model"));
+  bool joins = false;
+  for (std::size_t id = 0; id < t->vocab_size(); ++id)
+    joins = joins || t->piece(id).find("\xE2\x96\x81", 1) != std::string::npos;
+  REQUIRE(joins);
+  const std::string text = read_bytes(kDir + "train.txt");
+  CHECK(t->encode_in_parts(text, SpecialText::ordinary, {100, text.size()}) == t->encode(text));
+  CHECK_THROWS_WITH(t->encode_in_parts(text, SpecialText::ordinary, {100, 4096}),
+                    Contains("SentencePieceTokenizer::encode: a text of " + std::to_string(text.size()) +
+                             " bytes is more than this model encodes at once (4096;") &&
+                        Contains("joins a character to the space after it; split the text into smaller documents"));
 }
 
 TEST_CASE("SentencePiece: the special tokens are the model's bos, eos, pad and unk ids") {

@@ -165,6 +165,45 @@ TEST_CASE("token files: the streaming writer writes what write_token_file writes
   }
 }
 
+// Each writer has a temporary of its own (writers on one path used to share `path.tmp.PID`: the
+// second truncated the first's file and the first finish() moved it away under the second). On one
+// path the last finish() wins, and every finished file is whole, as for two atomic writes.
+TEST_CASE("token files: two writers on one path in one process each finish a whole file, the last finish wins",
+          "[text][tokens]") {
+  TempDir dir("xgrad_tokfile");
+  const std::string path = dir.file("s.bin");
+  const auto finish_both = [&](bool first_finishes_first) {
+    TokenFileWriter a(path, kBytes), b(path, kBytes);
+    a.append_document({1, 2, 3});
+    b.append_document({4, 5});
+    a.append_document({6});
+    TokenFileWriter& early = first_finishes_first ? a : b;
+    TokenFileWriter& late = first_finishes_first ? b : a;
+    early.finish();
+    const TokenIds early_ids = TokenFile(path).read_ids(0, early.tokens());
+    CHECK(early_ids == (first_finishes_first ? TokenIds{1, 2, 3, 6} : TokenIds{4, 5}));
+    late.finish();
+  };
+  finish_both(true);
+  CHECK(TokenFile(path).read_ids(0, 2) == TokenIds{4, 5});
+  CHECK(TokenFile(path).header().documents == 1);
+  finish_both(false);
+  CHECK(TokenFile(path).read_ids(0, 4) == TokenIds{1, 2, 3, 6});
+  CHECK(TokenFile(path).header().documents == 2);
+  CHECK(dir.entries() == std::set<std::string>{"s.bin"});  // no temporary left
+
+  // write_token_file while a writer of the path is open: neither touches the other's temporary.
+  {
+    TokenFileWriter w(path, kBytes);
+    w.append({7, 8, 9});
+    write_token_file(path, {10}, kBytes);
+    CHECK(TokenFile(path).read_ids(0, 1) == TokenIds{10});
+    w.finish();
+  }
+  CHECK(TokenFile(path).read_ids(0, 3) == TokenIds{7, 8, 9});
+  CHECK(dir.entries() == std::set<std::string>{"s.bin"});
+}
+
 TEST_CASE("bad input: write_token_file names the first bad id and its position, and writes nothing", "[text][tokens]") {
   TempDir dir("xgrad_tokfile");
   write_bytes(dir.file("a.bin"), "earlier");

@@ -15,6 +15,7 @@
 #include "xgrad/core/random.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/load_tokenizer.hpp"
+#include "xgrad/text/sentencepiece_tokenizer.hpp"
 #include "xgrad/text/token_batches.hpp"
 #include "xgrad/text/token_file.hpp"
 
@@ -209,6 +210,23 @@ TEST_CASE("xgrad-tokenize ids and decode: text to a JSON array of ids and back t
   CHECK_THAT(o.out, Contains("encode") && Contains("decode") && Contains("info"));
 }
 
+// A SentencePiece model whose pieces join words across spaces cannot encode a long document in
+// parts without changing ids; the refusal names the document's file.
+TEST_CASE("bad input: xgrad-tokenize names the file of a document its tokenizer refuses", "[text][tool][gemm]") {
+  TempDir dir("xgrad_tokenize_spm");
+  const std::string train = read_bytes(std::string(XGRAD_FIXTURE_DIR) + "/sentencepiece/train.txt");
+  write_bytes(dir.file("train.txt"), train);
+  train_sentencepiece({dir.file("train.txt")},
+                      SentencePieceTrainerOptions(1000).model_type("bpe").split_by_whitespace(false),
+                      dir.file("joined.model"));
+  std::string big;
+  while (big.size() < (std::size_t{1} << 19)) big += train;
+  write_bytes(dir.file("big.txt"), big);
+  check_refused(dir, {"encode", "--tokenizer", "spm", "joined.model", "--out", "t.bin", "train.txt", "big.txt"},
+                "xgrad-tokenize: encoding 'big.txt' (document 1 of 1): SentencePieceTokenizer::encode: a text of " +
+                    std::to_string(big.size()) + " bytes is more than this model encodes at once");
+}
+
 TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", "[text][tool][gemm]") {
   TempDir dir("xgrad_tokenize");
   write_bytes(dir.file("a.txt"), "some text\nmore\n");
@@ -229,8 +247,24 @@ TEST_CASE("bad input: xgrad-tokenize exits 1 with one line and writes nothing", 
                 "--val 't.bin' is the same file as --out 't.bin': one would overwrite the other");
   check_refused(dir, with({"--out", "no/t.bin", "a.txt"}), "no/t.bin");
   check_refused(dir, with({"--out", ".", "a.txt"}), "cannot write '.'");
-  check_refused(dir, with({"--out", "t.bin", "empty.txt"}), "would hold no tokens");
-  check_refused(dir, with({"--out", "old.bin", "--split-lines", "empty.txt"}), "would hold no tokens");
+  check_refused(dir, with({"--out", "t.bin", "empty.txt"}),
+                "encode --out 't.bin' would hold no tokens: its 1 document, from 'empty.txt', is empty (the input "
+                "has no text)");
+  check_refused(dir, with({"--out", "old.bin", "--split-lines", "empty.txt"}),
+                "encode --out 'old.bin' would hold no tokens: no document goes to it (the input has no text)");
+  {  // a seed that puts the empty file in the validation file
+    std::uint64_t seed = 0;
+    while (true) {
+      xgrad::Generator gen(seed);
+      if (draw_below(gen, 2) == 1) break;
+      ++seed;
+    }
+    check_refused(dir,
+                  with({"--out", "t.bin", "--val", "v.bin", "--val-fraction", "0.5", "--seed", std::to_string(seed),
+                        "a.txt", "empty.txt"}),
+                  "encode --val 'v.bin' would hold no tokens: its 1 document, from 'empty.txt', is empty (another "
+                  "--seed or --val-fraction chooses others)");
+  }
   check_refused(dir, with({"--out", "t.bin", "--val", "v.bin", "a.txt"}),
                 "gives 0 validation documents");  // one document
   check_refused(dir, with({"--out", "t.bin", "--val", "v.bin", "--val-fraction", "0.9", "--split-lines", "a.txt"}),

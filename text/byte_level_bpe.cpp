@@ -35,26 +35,84 @@ constexpr std::size_t kShortPiece = 96;
 // The text encode pre-tokenizes at once (pretokenize_in_chunks).
 constexpr std::size_t kChunkBytes = std::size_t{1} << 20;
 
+// Whether each id is outside the BPE (no merge builds or uses it): the special tokens, and the
+// added tokens that are not ordinary tokens too. An added token is an ordinary token too when no
+// other ordinary token has its bytes and it is a single byte or what a merge gives. Ids out of range
+// are skipped (check_bpe_vocabulary refuses them).
+std::vector<bool> outside_the_bpe(const BpeVocabulary& v) {
+  const std::size_t n = v.tokens.size();
+  const auto in_range = [n](std::int64_t id) { return id >= 0 && static_cast<std::uint64_t>(id) < n; };
+  std::vector<bool> outside(n, false), added(n, false);
+  for (const std::int64_t id : v.special_tokens)
+    if (in_range(id)) outside[id] = true;
+  for (const std::int64_t id : v.added_tokens)
+    if (in_range(id) && !outside[id]) added[id] = true;
+  if (v.added_tokens.empty()) return outside;
+  std::unordered_map<std::string_view, std::size_t> plain, added_of;  // ordinary tokens, added ones
+  for (std::size_t id = 0; id < n; ++id)
+    if (!outside[id] && !added[id]) plain.emplace(v.tokens[id], id);
+  for (std::size_t id = 0; id < n; ++id) {
+    if (!added[id]) continue;
+    outside[id] = true;
+    if (plain.count(v.tokens[id])) continue;
+    added_of.emplace(v.tokens[id], id);
+    if (v.tokens[id].size() == 1) outside[id] = false;
+  }
+  for (const auto& [left, right] : v.merges) {
+    if (!in_range(left) || !in_range(right)) continue;
+    const std::string joined = v.tokens[left] + v.tokens[right];
+    if (plain.count(joined)) continue;
+    const auto it = added_of.find(joined);
+    if (it != added_of.end()) outside[it->second] = false;
+  }
+  return outside;
+}
+
+// Ids listed in `list` (each one `article` `what` in messages): each in [0, n) and listed once.
+std::vector<bool> listed(const std::vector<std::int64_t>& list, std::size_t n, const std::string& who,
+                         const std::string& what, const char* article) {
+  std::vector<bool> flags(n, false);
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::int64_t id = list[i];
+    if (id < 0 || static_cast<std::uint64_t>(id) >= n)
+      throw Error(who + ": " + what + " " + std::to_string(i) + " has the id " + std::to_string(id) +
+                  ", outside the vocabulary [0, " + std::to_string(n) + ")");
+    if (flags[id]) throw Error(who + ": the id " + std::to_string(id) + " is listed twice as " + article + " " + what);
+    flags[id] = true;
+  }
+  return flags;
+}
+
 }  // namespace
 
 void check_bpe_vocabulary(const BpeVocabulary& v, const std::string& who) {
   const std::size_t n = v.tokens.size();
   if (n > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     throw Error(who + ": " + std::to_string(n) + " tokens, more than 2^31 - 1");
-  std::vector<bool> special(n, false);
-  for (std::size_t i = 0; i < v.special_tokens.size(); ++i) {
-    const std::int64_t id = v.special_tokens[i];
-    if (id < 0 || static_cast<std::uint64_t>(id) >= n)
-      throw Error(who + ": special token " + std::to_string(i) + " has the id " + std::to_string(id) +
-                  ", outside the vocabulary [0, " + std::to_string(n) + ")");
-    if (special[id]) throw Error(who + ": the id " + std::to_string(id) + " is listed twice as a special token");
-    special[id] = true;
+  const std::vector<bool> special = listed(v.special_tokens, n, who, "special token", "a");
+  const std::vector<bool> added = listed(v.added_tokens, n, who, "added token", "an");
+  const std::vector<bool> later = listed(v.matched_later, n, who, "matched-later token", "a");
+  for (std::size_t id = 0; id < n; ++id) {
+    if (added[id] && special[id])
+      throw Error(who + ": the id " + std::to_string(id) + " is both a special and an added token");
+    if (later[id] && !special[id] && !added[id])
+      throw Error(who + ": the id " + std::to_string(id) + " is matched later but is neither special nor added");
   }
+  std::unordered_map<std::string_view, std::size_t> matched;  // the added and special tokens by text
+  for (const std::vector<std::int64_t>* list : {&v.added_tokens, &v.special_tokens}) {
+    for (const std::int64_t id : *list) {
+      const auto [it, inserted] = matched.emplace(v.tokens[id], id);
+      if (!inserted && (added[id] || added[it->second]))
+        throw Error(who + ": ids " + std::to_string(it->second) + " and " + std::to_string(id) +
+                    " are both matched as the text " + in_quotes(v.tokens[id]));
+    }
+  }
+  const std::vector<bool> outside = outside_the_bpe(v);
   std::unordered_map<std::string_view, std::size_t> id_of;
   id_of.reserve(n);
   for (std::size_t id = 0; id < n; ++id) {
     if (v.tokens[id].empty()) throw Error(who + ": the token of id " + std::to_string(id) + " is empty");
-    if (special[id]) continue;
+    if (outside[id]) continue;
     const auto [it, inserted] = id_of.emplace(v.tokens[id], id);
     if (!inserted)
       throw Error(who + ": ids " + std::to_string(it->second) + " and " + std::to_string(id) + " are both the bytes " +
@@ -84,6 +142,9 @@ void check_bpe_vocabulary(const BpeVocabulary& v, const std::string& who) {
         throw Error(where + " names the id " + std::to_string(part) + ", outside the vocabulary [0, " +
                     std::to_string(n) + ")");
       if (special[part]) throw Error(where + " names the special token " + std::to_string(part));
+      if (outside[part])
+        throw Error(where + " names the added token " + std::to_string(part) + " " + in_quotes(v.tokens[part]) +
+                    ", which is not an ordinary token (neither a single byte nor what a merge gives)");
       if (v.tokens[part].size() > 1 && (made_by[part] < 0 || made_by[part] >= static_cast<std::int64_t>(rank))) {
         throw Error(where + " uses the id " + std::to_string(part) + " " + in_quotes(v.tokens[part]) + ", which " +
                     (made_by[part] < 0 ? std::string("no merge makes")
@@ -103,37 +164,42 @@ void check_bpe_vocabulary(const BpeVocabulary& v, const std::string& who) {
 }
 
 struct ByteLevelBpe::Impl {
+  // Texts matched whole before the BPE, longest first (so that at one position the longest wins).
+  using Texts = std::vector<std::pair<std::string, std::int64_t>>;
+
   BpeVocabulary vocabulary;
-  std::vector<bool> special;
+  std::vector<bool> outside;  // outside_the_bpe
   std::array<std::int32_t, 256> byte_id{};
   TokenIndex index;
   MergeTable merges;
-  std::vector<std::pair<std::string, std::int64_t>> specials_longest_first;
+  // passes[m][p]: the texts matched in pass p (0, then 1 in the text between pass 0's matches),
+  // m = 1 for SpecialText::match (special and added tokens), 0 for ordinary (added tokens only).
+  Texts passes[2][2];
   // Whether the merges make the token of its own bytes, so that a piece equal to it may skip them
   // (for GPT-2 every token; a vocabulary can hold a token its merges reach only through others).
   std::vector<bool> merges_to_itself;
   Gpt2Pretokenizer pretokenizer;
 
-  static std::vector<bool> special_flags(const BpeVocabulary& v) {
-    std::vector<bool> flags(v.tokens.size(), false);
-    for (const std::int64_t id : v.special_tokens) flags[id] = true;
-    return flags;
-  }
-
   explicit Impl(BpeVocabulary v)
       : vocabulary(std::move(v)),
-        special(special_flags(vocabulary)),
-        index(vocabulary.tokens, special),
+        outside(outside_the_bpe(vocabulary)),
+        index(vocabulary.tokens, outside),
         merges(vocabulary, index) {
     for (int b = 0; b < 256; ++b) byte_id[b] = index.find(std::string(1, static_cast<char>(b)));
+    std::vector<bool> later(vocabulary.tokens.size(), false);
+    for (const std::int64_t id : vocabulary.matched_later) later[id] = true;
     for (const std::int64_t id : vocabulary.special_tokens)
-      specials_longest_first.emplace_back(vocabulary.tokens[id], id);
-    std::stable_sort(specials_longest_first.begin(), specials_longest_first.end(),
-                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+      passes[1][later[id]].emplace_back(vocabulary.tokens[id], id);
+    for (const std::int64_t id : vocabulary.added_tokens)
+      for (const int m : {0, 1}) passes[m][later[id]].emplace_back(vocabulary.tokens[id], id);
+    for (auto& mode : passes)
+      for (Texts& texts : mode)
+        std::stable_sort(texts.begin(), texts.end(),
+                         [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     merges_to_itself.assign(vocabulary.tokens.size(), false);
     TokenIds ids;
     for (std::size_t id = 0; id < vocabulary.tokens.size(); ++id) {
-      if (special[id]) continue;
+      if (outside[id]) continue;
       ids.clear();
       merge(vocabulary.tokens[id], ids);
       merges_to_itself[id] = ids.size() == 1 && ids[0] == static_cast<std::int64_t>(id);
@@ -222,7 +288,7 @@ struct ByteLevelBpe::Impl {
       return;
     }
     const std::int32_t whole = index.find(piece);
-    if (whole >= 0 && merges_to_itself[whole]) {
+    if (whole >= 0 && (vocabulary.ignore_merges || merges_to_itself[whole])) {
       out.push_back(whole);
       return;
     }
@@ -244,6 +310,40 @@ struct ByteLevelBpe::Impl {
       for (const std::string_view piece : pieces) encode_piece(piece, out);
     });
   }
+
+  // The texts of passes[mode][pass] matched whole (the earliest occurrence first, the longest where
+  // two start at one place), the text between them through the later passes, then the BPE.
+  void encode_matching(std::string_view text, int mode, int pass, TokenIds& out) const {
+    while (pass < 2 && passes[mode][pass].empty()) ++pass;
+    if (pass == 2) {
+      encode_ordinary(text, out);
+      return;
+    }
+    const Texts& list = passes[mode][pass];
+    std::vector<std::size_t> found(list.size(), 0);  // each text's next occurrence at or after `start`
+    std::vector<bool> searched(list.size(), false);
+    std::size_t start = 0;
+    while (true) {
+      std::size_t best = list.size(), best_at = std::string_view::npos;
+      for (std::size_t k = 0; k < list.size(); ++k) {
+        if (!searched[k] || (found[k] != std::string_view::npos && found[k] < start)) {
+          found[k] = text.find(list[k].first, start);
+          searched[k] = true;
+        }
+        if (found[k] < best_at) {  // strict: at one position the longest (listed first) wins
+          best_at = found[k];
+          best = k;
+        }
+      }
+      if (best == list.size()) {
+        encode_matching(text.substr(start), mode, pass + 1, out);
+        return;
+      }
+      encode_matching(text.substr(start, best_at - start), mode, pass + 1, out);
+      out.push_back(list[best].second);
+      start = best_at + list[best].first.size();
+    }
+  }
 };
 
 ByteLevelBpe::ByteLevelBpe(BpeVocabulary vocabulary) {
@@ -256,34 +356,8 @@ ByteLevelBpe::~ByteLevelBpe() = default;
 TokenIds ByteLevelBpe::encode(std::string_view text, SpecialText specials) const {
   TokenIds ids;
   ids.reserve(text.size() / 3 + 1);
-  const auto& list = impl_->specials_longest_first;
-  if (specials != SpecialText::match || list.empty()) {
-    impl_->encode_ordinary(text, ids);
-    return ids;
-  }
-  std::vector<std::size_t> found(list.size(), 0);  // each special's next occurrence at or after `start`
-  std::vector<bool> searched(list.size(), false);
-  std::size_t start = 0;
-  while (true) {
-    std::size_t best = list.size(), best_at = std::string_view::npos;
-    for (std::size_t k = 0; k < list.size(); ++k) {
-      if (!searched[k] || (found[k] != std::string_view::npos && found[k] < start)) {
-        found[k] = text.find(list[k].first, start);
-        searched[k] = true;
-      }
-      if (found[k] < best_at) {  // strict: at one position the longest (listed first) wins
-        best_at = found[k];
-        best = k;
-      }
-    }
-    if (best == list.size()) {
-      impl_->encode_ordinary(text.substr(start), ids);
-      return ids;
-    }
-    impl_->encode_ordinary(text.substr(start, best_at - start), ids);
-    ids.push_back(list[best].second);
-    start = best_at + list[best].first.size();
-  }
+  impl_->encode_matching(text, specials == SpecialText::match ? 1 : 0, 0, ids);
+  return ids;
 }
 
 std::string ByteLevelBpe::token_bytes(std::int64_t id) const {
@@ -325,12 +399,20 @@ std::string ByteLevelBpe::to_json() const {
     if (rank) out += ',';
     out += '[' + std::to_string(v.merges[rank].first) + ',' + std::to_string(v.merges[rank].second) + ']';
   }
-  out += R"(],"special_tokens":[)";
-  for (std::size_t i = 0; i < v.special_tokens.size(); ++i) {
-    if (i) out += ',';
-    out += std::to_string(v.special_tokens[i]);
-  }
-  out += "]}";
+  const auto ids = [&](const char* name, const std::vector<std::int64_t>& list) {
+    out += std::string(R"(],")") + name + R"(":[)";
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(list[i]);
+    }
+  };
+  ids("special_tokens", v.special_tokens);
+  // Written only when used, so that a vocabulary without them keeps its document (and identity).
+  if (!v.added_tokens.empty()) ids("added_tokens", v.added_tokens);
+  if (!v.matched_later.empty()) ids("matched_later", v.matched_later);
+  out += ']';
+  if (v.ignore_merges) out += R"(,"ignore_merges":true)";
+  out += '}';
   return out;
 }
 
@@ -371,9 +453,19 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, con
       throw Error(who + ": " + where + " is " + xgrad::detail::json_excerpt(merges[r]) + ", not a pair of ids");
     v.merges.emplace_back(integer(merges[r][0], where + "[0]"), integer(merges[r][1], where + "[1]"));
   }
-  const nlohmann::json& specials = field("special_tokens");
-  for (std::size_t i = 0; i < specials.size(); ++i)
-    v.special_tokens.push_back(integer(specials[i], "\"special_tokens\"[" + std::to_string(i) + "]"));
+  const auto read_ids = [&](const char* name, std::vector<std::int64_t>& list) {
+    const nlohmann::json& a = field(name);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      list.push_back(integer(a[i], "\"" + std::string(name) + "\"[" + std::to_string(i) + "]"));
+  };
+  read_ids("special_tokens", v.special_tokens);
+  if (doc.contains("added_tokens")) read_ids("added_tokens", v.added_tokens);
+  if (doc.contains("matched_later")) read_ids("matched_later", v.matched_later);
+  if (doc.contains("ignore_merges")) {
+    if (!doc["ignore_merges"].is_boolean())
+      throw Error(who + ": \"ignore_merges\" is " + detail::json_excerpt(doc["ignore_merges"]) + ", not true or false");
+    v.ignore_merges = doc["ignore_merges"].get<bool>();
+  }
   check_bpe_vocabulary(v, who);
   return std::make_unique<ByteLevelBpe>(std::move(v));
 }

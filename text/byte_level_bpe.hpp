@@ -13,22 +13,27 @@
 
 namespace xgrad::text {
 
-/// Throws an Error starting with `who` unless `vocabulary` can make a tokenizer: the special ids
-/// are in range and distinct; no token is empty; no two ordinary (non-special) tokens have the same
-/// bytes; each of the 256 single bytes is an ordinary token; every merge's parts are ordinary
-/// tokens, made by a single byte or by a merge of lower rank, whose concatenation is an ordinary
-/// token; no merge repeats another. The message names the id or the rank.
+/// Throws an Error starting with `who` unless `vocabulary` can make a tokenizer: the special,
+/// added and matched-later ids are in range and distinct, no id both special and added, each
+/// matched-later id special or added; no added token has the text of another added or special
+/// token; no token is empty; no two ordinary tokens (neither special nor added outside the BPE,
+/// see BpeVocabulary) have the same bytes; each of the 256 single bytes is an ordinary token; every
+/// merge's parts are ordinary tokens, made by a single byte or by a merge of lower rank, whose
+/// concatenation is an ordinary token; no merge repeats another. The message names the id or the
+/// rank.
 void check_bpe_vocabulary(const BpeVocabulary& vocabulary, const std::string& who);
 
 /// Byte-level BPE over a BpeVocabulary (GPT-2's, or one trained the same way).
 ///
-/// encode splits the text at special tokens first (with SpecialText::match: the special tokens'
-/// texts matched whole, the earliest occurrence first and the longest at one position), then into
-/// GPT-2's pieces (Gpt2Pretokenizer), and merges each piece's bytes: the adjacent pair of lowest
-/// merge rank first (the leftmost of equals), until no pair is a merge. Bytes that are not UTF-8
-/// are pieces of their own and give one byte token each, never merged (as the Tokenizer interface
-/// says: byte by byte where the text is invalid). Immutable: encode may run on several threads at
-/// once.
+/// encode splits the text at the added tokens' texts first, and with SpecialText::match at the
+/// special tokens' too (matched whole, the earliest occurrence first and the longest at one
+/// position; the vocabulary's matched_later ones in a second pass, in the text between the others'
+/// matches), then into GPT-2's pieces (Gpt2Pretokenizer), and merges each piece's bytes: the
+/// adjacent pair of lowest merge rank first (the leftmost of equals), until no pair is a merge
+/// (with ignore_merges, a piece that is an ordinary token is that token at once). Bytes that are
+/// not UTF-8 are pieces of their own and give one byte token each, never merged (as the Tokenizer
+/// interface says: byte by byte where the text is invalid). Immutable: encode may run on several
+/// threads at once.
 ///
 /// special_tokens() gives roles by the special tokens' texts: bos `<s>`, `<bos>`, `<|bos|>`,
 /// `<|startoftext|>`, `<|begin_of_text|>`, `[BOS]`; eos `</s>`, `<eos>`, `<|eos|>`, `<|end_of_text|>`,
@@ -50,7 +55,9 @@ class ByteLevelBpe : public Tokenizer {
   SpecialTokens special_tokens() const override;
   std::string kind() const override { return "byte_bpe"; }
   /// {"kind":"byte_bpe","tokens":[...],"merges":[[left,right],...],"special_tokens":[...]}: tokens
-  /// by id in GPT-2's printable form (gpt2_byte_encoding.hpp), merges by rank.
+  /// by id in GPT-2's printable form (gpt2_byte_encoding.hpp), merges by rank; then
+  /// "added_tokens":[...], "matched_later":[...] and "ignore_merges":true only where the vocabulary
+  /// has them (so a vocabulary without them keeps its document and identity).
   std::string to_json() const override;
 
   /// The vocabulary this tokenizer was built from.

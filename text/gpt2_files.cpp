@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -36,15 +37,91 @@ struct MergeText {
 struct AddedToken {
   std::int64_t id;
   std::string content;
-  bool special;
+  bool special, normalized;
   std::string where;
 };
 
-// The vocabulary of printable tokens by id, merges and added tokens; `file` names the file for
-// messages ("load_gpt2_vocabulary: 'dir/vocab.json'").
+// A key that a JSON object repeats, with the values it is given ("" when the object repeats none).
+// nlohmann's parser keeps one of them, so that a repeated token's other id becomes a hole.
+class RepeatedKeyFinder : public nlohmann::json_sax<Json> {
+ public:
+  // Looks in the object at `path` (keys from the root; {} for the root itself).
+  explicit RepeatedKeyFinder(std::vector<std::string> path) : path_(std::move(path)) {}
+  // "the token "hello" is given twice, with the ids 259 and 260", or "".
+  static std::string find(const std::string& text, const std::vector<std::string>& path) {
+    RepeatedKeyFinder finder(path);
+    Json::sax_parse(text, &finder);
+    return finder.found_;
+  }
+
+  bool null() override { return value("null"); }
+  bool boolean(bool b) override { return value(b ? "true" : "false"); }
+  bool number_integer(number_integer_t v) override { return value(std::to_string(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return value(std::to_string(v)); }
+  bool number_float(number_float_t, const string_t& s) override { return value(s); }
+  bool string(string_t&) override { return value("a string"); }
+  bool binary(binary_t&) override { return value("binary"); }
+  bool start_object(std::size_t) override { return start(true); }
+  bool start_array(std::size_t) override { return start(false); }
+  bool key(string_t& k) override {
+    if (skipped_ == 0) keys_.back() = k;
+    return true;
+  }
+  bool end_object() override { return end(); }
+  bool end_array() override { return end(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  // keys_ holds the current key of each object from the root towards the path (only those: any
+  // other container just counts in skipped_, so that deep nesting elsewhere costs nothing).
+  bool start(bool object) {
+    if (skipped_ > 0) {
+      ++skipped_;
+      return true;
+    }
+    if (!value(object ? "an object" : "an array")) return false;
+    const std::size_t depth = keys_.size();
+    if (object && depth <= path_.size() && (depth == 0 || keys_.back() == path_[depth - 1]))
+      keys_.emplace_back();
+    else
+      ++skipped_;
+    return true;
+  }
+  bool end() {
+    if (skipped_ > 0)
+      --skipped_;
+    else
+      keys_.pop_back();
+    if (keys_.size() <= path_.size()) values_.clear();  // left the object at the path
+    return true;
+  }
+  // A value of the current key; false (stop) once the object at the path repeats a key.
+  bool value(const std::string& shown) {
+    if (skipped_ > 0 || keys_.size() != path_.size() + 1) return true;
+    const auto [it, inserted] = values_.emplace(keys_.back(), shown);
+    if (inserted) return true;
+    found_ = "the token " + in_quotes(keys_.back()) + " is given twice, with the ids " + it->second + " and " + shown;
+    return false;
+  }
+
+  std::vector<std::string> path_, keys_;
+  std::size_t skipped_ = 0;
+  std::unordered_map<std::string, std::string> values_;  // of the object at the path, by key
+  std::string found_;
+};
+
+// The vocabulary of printable tokens by id, merges and added tokens; `vocab_file` and
+// `merges_file` name the files for messages ("load_gpt2_vocabulary: 'dir/vocab.json'"), the
+// merges_file also for the added tokens (tokenizer.json's). `repeated_token` says which token the vocab
+// object repeats, or "" (RepeatedKeyFinder; called only when the ids are wrong).
 BpeVocabulary assemble(const std::string& vocab_file, const Json& vocab, const std::string& merges_file,
-                       const std::vector<MergeText>& merges, const std::vector<AddedToken>& added) {
+                       const std::vector<MergeText>& merges, const std::vector<AddedToken>& added, bool ignore_merges,
+                       const std::function<std::string()>& repeated_token) {
   if (!vocab.is_object()) throw Error(vocab_file + " holds " + std::string(vocab.type_name()) + ", not an object");
+  const auto bad_ids = [&](const std::string& what) {
+    const std::string repeated = repeated_token();
+    throw Error(vocab_file + ": " + (repeated.empty() ? what : repeated + " (" + what + ")"));
+  };
   // The ids: vocab entries and added tokens together must run 0..N-1.
   std::unordered_map<std::string, std::int64_t> id_of;
   std::unordered_map<std::int64_t, std::string> printable_of;
@@ -59,17 +136,37 @@ BpeVocabulary assemble(const std::string& vocab_file, const Json& vocab, const s
       throw Error(vocab_file + ": the entry " + in_quotes(key) + " has the negative id " + std::to_string(id));
     const auto [it, inserted] = printable_of.emplace(id, key);
     if (!inserted)
-      throw Error(vocab_file + ": the entries " + in_quotes(it->second) + " and " + in_quotes(key) +
-                  " both have the id " + std::to_string(id));
+      bad_ids("the entries " + in_quotes(it->second) + " and " + in_quotes(key) + " both have the id " +
+              std::to_string(id));
     id_of.emplace(key, id);
   }
-  std::unordered_map<std::int64_t, const AddedToken*> added_at;
-  for (const AddedToken& a : added) {
-    if (a.id < 0) throw Error(vocab_file + ": " + a.where + " has the negative id " + std::to_string(a.id));
-    if (!added_at.emplace(a.id, &a).second)
-      throw Error(vocab_file + ": " + a.where + " repeats the id " + std::to_string(a.id) +
-                  " of an earlier added token");
+  // Hugging Face's tokenizers give each added token, in the file's order, the id of its text in
+  // model.vocab, else the next id after model.vocab's size; a file's other "id" only gets a warning.
+  // xgrad reads the file's ids, so refuses those. (A text given twice Hugging Face gives one id,
+  // with the options of the later token: refused too.)
+  std::unordered_map<std::string, std::size_t> added_index;  // the added token of a text
+  std::int64_t next_id = static_cast<std::int64_t>(vocab.size());
+  for (std::size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& a = added[i];
+    std::int64_t expected;
+    std::string because;
+    if (const auto earlier = added_index.find(a.content); earlier != added_index.end()) {
+      throw Error(merges_file + ": " + a.where + " " + in_quotes(a.content) + " repeats the text of " +
+                  added[earlier->second].where);
+    } else if (const auto in_vocab = id_of.find(a.content); in_vocab != id_of.end()) {
+      expected = in_vocab->second;
+      because = "the id of model.vocab's token of that text";
+    } else {
+      expected = next_id++;
+      because = "the next id after model.vocab's " + std::to_string(vocab.size()) + " tokens and the added ones before";
+    }
+    if (a.id != expected)
+      throw Error(merges_file + ": " + a.where + " " + in_quotes(a.content) + " has the id " + std::to_string(a.id) +
+                  ", but Hugging Face's tokenizers give it the id " + std::to_string(expected) + " (" + because + ")");
+    added_index.emplace(a.content, i);
   }
+  std::unordered_map<std::int64_t, const AddedToken*> added_at;
+  for (const AddedToken& a : added) added_at.emplace(a.id, &a);
   std::vector<std::int64_t> ids;
   ids.reserve(printable_of.size() + added_at.size());
   for (const auto& entry : printable_of) ids.push_back(entry.first);
@@ -78,9 +175,8 @@ BpeVocabulary assemble(const std::string& vocab_file, const Json& vocab, const s
   std::sort(ids.begin(), ids.end());
   for (std::size_t i = 0; i < ids.size(); ++i)
     if (ids[i] != static_cast<std::int64_t>(i))
-      throw Error(vocab_file + ": no token has the id " + std::to_string(i) + " (the ids must run from 0 to " +
-                  std::to_string(ids.size() - 1) + " without holes; the largest is " + std::to_string(ids.back()) +
-                  ")");
+      bad_ids("no token has the id " + std::to_string(i) + " (the ids must run from 0 to " +
+              std::to_string(ids.size() - 1) + " without holes; the largest is " + std::to_string(ids.back()) + ")");
   const std::size_t n = ids.size();
 
   BpeVocabulary v;
@@ -130,16 +226,32 @@ BpeVocabulary assemble(const std::string& vocab_file, const Json& vocab, const s
     if (!inserted) throw Error(where + ": repeats the merge of " + merges[it->second].where);
     v.merges.emplace_back(part_id[0], part_id[1]);
   }
-  std::vector<bool> special(n, false);
+  // A vocab token no merge makes is special, unless a piece can be it whole (ignore_merges).
+  std::vector<bool> special(n, false), matched(n, false);
   for (std::size_t id = 0; id < n; ++id)
-    if (printable_of.count(id) && made_by[id] < 0 && !(printable[id] && v.tokens[id].size() == 1)) special[id] = true;
+    if (printable_of.count(id) && made_by[id] < 0 && !(printable[id] && (v.tokens[id].size() == 1 || ignore_merges)))
+      special[id] = true;
+  bool any_normalized = false, any_not_normalized = false;
   for (const auto& [id, a] : added_at) {
-    if (printable_of.count(id) && !a->special) continue;  // an ordinary token listed again
-    v.tokens[id] = a->content;
-    special[id] = true;
+    (a->normalized ? any_normalized : any_not_normalized) = true;
+    special[id] = a->special;
+    matched[id] = !a->special;
+    if (a->special || !printable_of.count(id)) {
+      v.tokens[id] = a->content;
+    } else if (v.tokens[id] != a->content) {
+      throw Error(merges_file + ": " + a->where + " " + in_quotes(a->content) + " is the vocab's token of id " +
+                  std::to_string(id) + ", whose bytes " + in_quotes(v.tokens[id]) +
+                  " differ from its text; xgrad cannot match the one and decode the other");
+    }
   }
-  for (std::size_t id = 0; id < n; ++id)
+  for (std::size_t id = 0; id < n; ++id) {
     if (special[id]) v.special_tokens.push_back(static_cast<std::int64_t>(id));
+    if (matched[id]) v.added_tokens.push_back(static_cast<std::int64_t>(id));
+    // Hugging Face matches the added tokens with "normalized": false first, then the others.
+    if (any_normalized && any_not_normalized && added_at.count(id) && added_at.at(id)->normalized)
+      v.matched_later.push_back(static_cast<std::int64_t>(id));
+  }
+  v.ignore_merges = ignore_merges;
   check_bpe_vocabulary(v, vocab_file);
   return v;
 }
@@ -183,7 +295,8 @@ BpeVocabulary load_gpt2_vocabulary(const std::string& vocab_json, const std::str
                   " is not two tokens separated by one space");
     merges.push_back({std::string(line.substr(0, space)), std::string(line.substr(space + 1)), where});
   }
-  return assemble(file_label(who, vocab_json), vocab, file_label(who, merges_txt), merges, {});
+  return assemble(file_label(who, vocab_json), vocab, file_label(who, merges_txt), merges, {}, false,
+                  [&] { return RepeatedKeyFinder::find(read_file(vocab_json, who), {}); });
 }
 
 BpeVocabulary load_hf_tokenizer_json(const std::string& path) {
@@ -199,6 +312,13 @@ BpeVocabulary load_hf_tokenizer_json(const std::string& path) {
                   ", not \"BPE\" (xgrad reads byte-level BPE tokenizers only)");
   } else if (!model.contains("merges")) {
     throw Error(file + ": model has neither \"type\" nor \"merges\": not a BPE model");
+  }
+  bool ignore_merges = false;
+  if (model.contains("ignore_merges") && !model["ignore_merges"].is_null()) {
+    if (!model["ignore_merges"].is_boolean())
+      throw Error(file + ": model.ignore_merges is " + detail::json_excerpt(model["ignore_merges"]) +
+                  ", not true or false");
+    ignore_merges = model["ignore_merges"].get<bool>();
   }
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"] != 0)
     throw Error(file + ": model.dropout is " + xgrad::detail::json_excerpt(model["dropout"]) +
@@ -272,16 +392,43 @@ BpeVocabulary load_hf_tokenizer_json(const std::string& path) {
           !t["content"].is_string() || t["content"] == "")
         throw Error(file + ": " + where + " is " + xgrad::detail::json_excerpt(t) +
                     ", not an object with an integer \"id\" and a non-empty string \"content\"");
-      const bool special = t.contains("special") && t["special"].is_boolean() ? t["special"].get<bool>() : false;
-      added.push_back({t["id"].get<std::int64_t>(), t["content"].get<std::string>(), special, where});
+      const std::string content = t["content"].get<std::string>();
+      const auto flag = [&](const char* name, bool absent) {
+        if (!t.contains(name) || t[name].is_null()) return absent;
+        if (!t[name].is_boolean())
+          throw Error(file + ": " + where + "." + name + " is " + detail::json_excerpt(t[name]) +
+                      ", not true or false");
+        return t[name].get<bool>();
+      };
+      // What Hugging Face does with these, xgrad does not: refused rather than ignored.
+      const std::pair<const char*, const char*> options[] = {
+          {"single_word", "matches the token only where no letter, digit or _ is next to it"},
+          {"lstrip", "takes the whitespace before the token into it"},
+          {"rstrip", "takes the whitespace after the token into it"}};
+      for (const auto& [name, what] : options)
+        if (flag(name, false))
+          throw Error(file + ": " + where + " " + in_quotes(content) + " has " + name +
+                      " true, which xgrad does not implement (Hugging Face " + what + ")");
+      const bool special = flag("special", false);
+      added.push_back({t["id"].get<std::int64_t>(), content, special, flag("normalized", !special), where});
     }
   }
-  return assemble(file + " model.vocab", model["vocab"], file, merges, added);
+  return assemble(file + " model.vocab", model["vocab"], file, merges, added, ignore_merges, [&] {
+    return RepeatedKeyFinder::find(read_file(path, who), {"model", "vocab"});
+  });
 }
 
 void save_gpt2_vocabulary(const BpeVocabulary& v, const std::string& dir) {
   const std::string who = "save_gpt2_vocabulary";
   check_bpe_vocabulary(v, who);
+  if (!v.added_tokens.empty())
+    throw Error(who + ": the vocabulary has added tokens (the first is id " + std::to_string(v.added_tokens[0]) + " " +
+                in_quotes(v.tokens[v.added_tokens[0]]) +
+                "), matched in any text; vocab.json and merges.txt cannot say so (keep its tokenizer.json)");
+  if (v.ignore_merges)
+    throw Error(who +
+                ": the vocabulary ignores the merges for a piece that is a token (ignore_merges); "
+                "vocab.json and merges.txt cannot say so (keep its tokenizer.json)");
   const std::string vocab_path = dir + "/vocab.json", merges_path = dir + "/merges.txt";
   std::vector<bool> special(v.tokens.size(), false);
   for (const std::int64_t id : v.special_tokens) special[id] = true;

@@ -7,7 +7,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
-#include <tuple>
+#include <map>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -107,25 +108,31 @@ std::string model_proto_problem(std::string_view b) {
   return "";
 }
 
-// The fields of one protobuf message, in order, as (field number, wire type, payload: the bytes of
-// a length-delimited field, else empty); false when the bytes are not a message.
-bool message_fields(std::string_view b, std::vector<std::tuple<std::uint64_t, std::uint64_t, std::string_view>>& out) {
+// One field of a protobuf message: its number, wire type, the bytes of a length-delimited field
+// (else empty) and the value of a varint one (else 0).
+struct ProtoField {
+  std::uint64_t number, wire;
+  std::string_view payload;
+  std::uint64_t varint;
+};
+
+// The fields of one protobuf message, in order; false when the bytes are not a message.
+bool message_fields(std::string_view b, std::vector<ProtoField>& out) {
   std::size_t pos = 0;
   const auto varint = [&](std::uint64_t& v) { return read_varint(b, pos, v); };
   while (pos < b.size()) {
-    std::uint64_t key = 0, length = 0;
+    std::uint64_t key = 0, length = 0, value = 0;
     if (!varint(key)) return false;
     const std::uint64_t wire = key & 7;
     if (wire == 0) {
-      if (!varint(length)) return false;
-      length = 0;
+      if (!varint(value)) return false;
     } else if (wire == 1 || wire == 5) {
       length = wire == 1 ? 8 : 4;
     } else if (wire != 2 || !varint(length)) {
       return false;
     }
     if (length > b.size() - pos) return false;
-    out.emplace_back(key >> 3, wire, wire == 2 ? b.substr(pos, length) : std::string_view());
+    out.push_back({key >> 3, wire, wire == 2 ? b.substr(pos, length) : std::string_view(), value});
     pos += static_cast<std::size_t>(length);
   }
   return true;
@@ -169,22 +176,111 @@ std::string charsmap_problem(std::string_view blob) {
 // of a ModelProto, as "normalizer_spec.precompiled_charsmap: ...", or "". Messages that are not
 // protobuf are left to SentencePiece's parser.
 std::string model_charsmap_problem(std::string_view model) {
-  std::vector<std::tuple<std::uint64_t, std::uint64_t, std::string_view>> top, spec;
+  std::vector<ProtoField> top, spec;
   if (!message_fields(model, top)) return "";
   for (const std::uint64_t which : {3, 5}) {
     std::string_view charsmap;  // protobuf: the last one wins, across every copy of the message
-    for (const auto& [field, wire, payload] : top) {
-      if (field != which || wire != 2) continue;
+    for (const ProtoField& field : top) {
+      if (field.number != which || field.wire != 2) continue;
       spec.clear();
-      if (!message_fields(payload, spec)) return "";
-      for (const auto& [f, w, p] : spec)
-        if (f == 2 && w == 2) charsmap = p;
+      if (!message_fields(field.payload, spec)) return "";
+      for (const ProtoField& f : spec)
+        if (f.number == 2 && f.wire == 2) charsmap = f.payload;
     }
     const std::string problem = charsmap_problem(charsmap);
     if (!problem.empty())
       return std::string(which == 3 ? "normalizer_spec" : "denormalizer_spec") + ".precompiled_charsmap: " + problem;
   }
   return "";
+}
+
+// What the model says of its dummy-prefix ▁ and its normalization rules (the last copy of each
+// field wins, as protobuf merges them): normalizer_spec.add_dummy_prefix and escape_whitespaces
+// (default true) and precompiled_charsmap, trainer_spec.treat_whitespace_as_suffix (default false).
+struct SpaceSpec {
+  bool add_dummy_prefix = true, escape_whitespaces = true, whitespace_as_suffix = false;
+  std::string_view charsmap;
+};
+
+SpaceSpec space_spec(std::string_view model) {
+  SpaceSpec spec;
+  std::vector<ProtoField> top, inner;
+  if (!message_fields(model, top)) return spec;
+  for (const ProtoField& field : top) {
+    if ((field.number != 2 && field.number != 3) || field.wire != 2) continue;
+    inner.clear();
+    if (!message_fields(field.payload, inner)) continue;
+    for (const ProtoField& f : inner) {
+      if (field.number == 3 && f.number == 3 && f.wire == 0) spec.add_dummy_prefix = f.varint != 0;
+      if (field.number == 3 && f.number == 5 && f.wire == 0) spec.escape_whitespaces = f.varint != 0;
+      if (field.number == 3 && f.number == 2 && f.wire == 2) spec.charsmap = f.payload;
+      if (field.number == 2 && f.number == 24 && f.wire == 0) spec.whitespace_as_suffix = f.varint != 0;
+    }
+  }
+  return spec;
+}
+
+bool ascii_alnum(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+// Why the normalization rules could treat a space between two ASCII letters or digits otherwise
+// than as one space of its own, or "": a rule whose key holds the space next to a letter or digit,
+// a rule for " " giving another text, or one for a key ending in a letter or digit giving text that
+// ends in a space. Walks every key of the (checked, charsmap_problem) trie; see charsmap_problem
+// for its layout.
+std::string walk_charsmap_for_cuts(std::string_view blob) {
+  const auto u32 = [&](std::size_t at) {
+    std::uint32_t v = 0;
+    for (int k = 3; k >= 0; --k) v = (v << 8) | static_cast<unsigned char>(blob[at + k]);
+    return v;
+  };
+  const std::uint32_t trie_bytes = u32(0);
+  std::vector<std::uint32_t> unit(trie_bytes / 4);
+  for (std::size_t i = 0; i < unit.size(); ++i) unit[i] = u32(4 + 4 * i);
+  const std::size_t units = unit.size();
+  const std::string_view strings = blob.substr(4 + trie_bytes);
+  const auto offset = [](std::uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); };
+  struct Node {
+    std::size_t index, depth;
+    char last;  // the key's last byte so far
+  };
+  std::vector<Node> stack{{0, 0, '\0'}};
+  while (!stack.empty()) {
+    const Node node = stack.back();
+    stack.pop_back();
+    const std::uint32_t u = unit[node.index];
+    const std::size_t base = node.index ^ offset(u);
+    if (((u >> 8) & 1) && node.depth > 0) {
+      const std::size_t at = unit[base] & 0x7FFFFFFFu;
+      const std::string_view value = strings.substr(at, strings.find('\0', at) - at);
+      if (node.depth == 1 && node.last == ' ' && value != " ")
+        return "its normalization rules turn a space into \"" + shown(value) + "\"";
+      if (ascii_alnum(node.last) && !value.empty() && value.back() == ' ')
+        return "a normalization rule for a key ending in '" + std::string(1, node.last) +
+               "' gives text ending in a space";
+    }
+    for (unsigned c = 1; c < 256; ++c) {
+      const std::size_t child = base ^ c;
+      if (child >= units || (unit[child] & 0x800000FFu) != c) continue;
+      const char byte = static_cast<char>(c);
+      if ((ascii_alnum(node.last) && byte == ' ') || (node.last == ' ' && ascii_alnum(byte)))
+        return "a normalization rule's key holds a space next to a letter or digit";
+      stack.push_back({child, node.depth + 1, byte});
+    }
+  }
+  return "";
+}
+
+// walk_charsmap_for_cuts, once per rule set and process: it takes about 50 ms on nmt_nfkc's rules,
+// which every model of that rule set shares.
+std::string charsmap_cut_problem(std::string_view blob) {
+  if (blob.empty()) return "";
+  static std::mutex mutex;
+  static std::map<std::string, std::string, std::less<>> walked;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = walked.find(blob);
+  if (it == walked.end()) it = walked.emplace(std::string(blob), walk_charsmap_for_cuts(blob)).first;
+  return it->second;
 }
 
 // "<0x0A>" -> 0x0A; -1 for anything else.
@@ -301,6 +397,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string serialized_model, con
   }
   std::stable_sort(special_texts_.begin(), special_texts_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  find_cuts();
   const auto special = [](int id) { return id >= 0 ? std::optional<std::int64_t>(id) : std::nullopt; };
   specials_.bos = special(processor_->bos_id());
   specials_.eos = special(processor_->eos_id());
@@ -310,16 +407,116 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string serialized_model, con
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
-TokenIds SentencePieceTokenizer::encode_ordinary(std::string_view text) const {
+void SentencePieceTokenizer::find_cuts() {
+  const SpaceSpec spec = space_spec(serialized_model_);
+  if (spec.whitespace_as_suffix) cut_problem_ = "the model puts its ▁ after words (treat_whitespace_as_suffix)";
+  // SentencePiece joins unknown pieces next to each other into one: the space must be a piece.
+  const std::string space = spec.escape_whitespaces ? "\xE2\x96\x81" : " ";
+  const int space_id = processor_->PieceToId(space);
+  if (cut_problem_.empty() && (processor_->IsUnknown(space_id) || processor_->IsControl(space_id)))
+    cut_problem_ =
+        "it has no piece " + quoted(space) + " (unknown text on both sides of a cut would be one unknown id)";
+  for (std::size_t id = 0; id < pieces_.size() && cut_problem_.empty(); ++id) {
+    const std::string& p = pieces_[id].text;
+    for (std::size_t k = 1; k < p.size() && cut_problem_.empty(); ++k) {
+      const bool space = p[k] == ' ' || p.compare(k, 3, "\xE2\x96\x81") == 0;
+      const bool after_space = p[k - 1] == ' ' || (k >= 3 && p.compare(k - 3, 3, "\xE2\x96\x81") == 0);
+      if (space && !after_space)
+        cut_problem_ =
+            "its piece " + quoted(p) + " (id " + std::to_string(id) + ") joins a character to the space after it";
+    }
+  }
+  if (cut_problem_.empty()) cut_problem_ = charsmap_cut_problem(spec.charsmap);
+  if (!cut_problem_.empty()) return;
+  // The same model with add_dummy_prefix the other way round (a later normalizer_spec field 3
+  // overrides the model's; protobuf merges the two messages).
+  const std::string flip = std::string("\x1A\x02\x18") + (spec.add_dummy_prefix ? '\0' : '\1');
+  flipped_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  const auto status = flipped_->LoadFromSerializedProto(serialized_model_ + flip);
+  if (!status.ok()) {
+    cut_problem_ = "SentencePiece refuses it with add_dummy_prefix flipped: " + status.ToString();
+    return;
+  }
+  with_prefix_ = spec.add_dummy_prefix ? processor_.get() : flipped_.get();
+  without_prefix_ = spec.add_dummy_prefix ? flipped_.get() : processor_.get();
+}
+
+void SentencePieceTokenizer::encode_part(const sentencepiece::SentencePieceProcessor& processor, std::string_view part,
+                                         TokenIds& out) const {
   std::vector<int> ids;
-  const auto status = processor_->Encode(text, &ids);
+  const auto status = processor.Encode(part, &ids);
   if (!status.ok()) throw Error("SentencePieceTokenizer::encode: SentencePiece failed: " + status.ToString());
-  return TokenIds(ids.begin(), ids.end());
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
+// SentencePiece holds 100 to 200 bytes for each byte of the text it encodes, so a long text goes
+// to it in parts. A part ends before a space between two ASCII letters or digits; the next part
+// starts after that space and is encoded with the dummy-prefix ▁, which stands for it. Where the
+// model's pieces and normalization rules never join such a space to a neighbour (find_cuts), the
+// ids are those of the whole text: no piece spans the cut, so BPE merges and unigram paths alike
+// fall apart there.
+void SentencePieceTokenizer::encode_ordinary(std::string_view text, const PartSizes& sizes, TokenIds& out) const {
+  const auto space_cut = [&](std::size_t at) {
+    return at + 1 < text.size() && text[at] == ' ' && ascii_alnum(text[at - 1]) && ascii_alnum(text[at + 1]);
+  };
+  if (!cut_problem_.empty()) {
+    if (text.size() > sizes.max_run)
+      throw Error("SentencePieceTokenizer::encode: a text of " + std::to_string(text.size()) +
+                  " bytes is more than this model encodes at once (" + std::to_string(sizes.max_run) +
+                  "; SentencePiece holds 100 to 200 bytes for each), and it cannot be cut at spaces without "
+                  "changing its ids: " +
+                  cut_problem_ + "; split the text into smaller documents");
+    encode_part(*processor_, text, out);
+    return;
+  }
+  const sentencepiece::SentencePieceProcessor* processor = processor_.get();
+  std::size_t start = 0;
+  while (text.size() - start > sizes.part) {
+    // The last cut within the part's size, else the first one after it within a run's size.
+    std::size_t cut = 0;
+    for (std::size_t at = start + sizes.part; at > start && !cut; --at)
+      if (space_cut(at)) cut = at;
+    const std::size_t run_end = std::min(text.size(), start + sizes.max_run);
+    for (std::size_t at = start + sizes.part + 1; at < run_end && !cut; ++at)
+      if (space_cut(at)) cut = at;
+    if (cut) {
+      encode_part(*processor, text.substr(start, cut - start), out);
+      start = cut + 1;
+      processor = with_prefix_;
+      continue;
+    }
+    if (text.size() - start <= sizes.max_run) break;
+    // A run of max_run bytes without such a space (one long word, text without spaces): cut at a
+    // character boundary away from whitespace, the next part without the dummy prefix. The ids next
+    // to this cut may differ from the whole text's.
+    std::size_t at = start + sizes.max_run;
+    const auto bad = [&](std::size_t i) {
+      return (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80 || ascii_space(text[i]) || ascii_space(text[i - 1]);
+    };
+    for (int k = 0; k < 64 && at > start + 1 && bad(at); ++k) --at;
+    while (at > start + 1 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
+    encode_part(*processor, text.substr(start, at - start), out);
+    start = at;
+    processor = without_prefix_;
+  }
+  encode_part(*processor, text.substr(start), out);
 }
 
 TokenIds SentencePieceTokenizer::encode(std::string_view text, SpecialText specials) const {
-  if (specials == SpecialText::ordinary || special_texts_.empty()) return encode_ordinary(text);
+  return encode_in_parts(text, specials, PartSizes());
+}
+
+TokenIds SentencePieceTokenizer::encode_in_parts(std::string_view text, SpecialText specials,
+                                                 const PartSizes& sizes) const {
+  if (sizes.part == 0 || sizes.max_run < sizes.part)
+    throw Error("SentencePieceTokenizer::encode_in_parts: parts of " + std::to_string(sizes.part) +
+                " bytes and runs of " + std::to_string(sizes.max_run) +
+                " (parts of at least 1 byte, runs at least as long)");
   TokenIds out;
+  if (specials == SpecialText::ordinary || special_texts_.empty()) {
+    encode_ordinary(text, sizes, out);
+    return out;
+  }
   std::size_t start = 0;
   for (std::size_t i = 0; i < text.size();) {
     if (!special_first_bytes_[static_cast<unsigned char>(text[i])]) {
@@ -332,18 +529,12 @@ TokenIds SentencePieceTokenizer::encode(std::string_view text, SpecialText speci
       ++i;
       continue;
     }
-    if (i > start) {
-      const TokenIds part = encode_ordinary(text.substr(start, i - start));
-      out.insert(out.end(), part.begin(), part.end());
-    }
+    if (i > start) encode_ordinary(text.substr(start, i - start), sizes, out);
     out.push_back(hit->second);
     i += hit->first.size();
     start = i;
   }
-  if (start < text.size()) {
-    const TokenIds part = encode_ordinary(text.substr(start));
-    out.insert(out.end(), part.begin(), part.end());
-  }
+  if (start < text.size()) encode_ordinary(text.substr(start), sizes, out);
   return out;
 }
 

@@ -49,8 +49,27 @@ class SentencePieceTokenizer : public Tokenizer {
   SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
   SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
 
-  /// SentencePiece's Encode of `text`; `specials` as the class comment says.
+  /// SentencePiece's Encode of `text`; `specials` as the class comment says. A long text goes to
+  /// SentencePiece in parts (which holds 100 to 200 bytes of memory for each byte it encodes at
+  /// once): encode_in_parts with PartSizes().
   TokenIds encode(std::string_view text, SpecialText specials = SpecialText::ordinary) const override;
+
+  /// How encode cuts a long text: into parts of about `part` bytes, each ending before a space
+  /// between two ASCII letters or digits (the next part starting after it, with the model's ▁ for
+  /// it); a run of `max_run` bytes without such a space is cut inside (at a character boundary).
+  struct PartSizes {
+    std::size_t part = std::size_t{1} << 16;
+    std::size_t max_run = std::size_t{1} << 18;
+  };
+  /// encode with these part sizes (encode: PartSizes()). Cut at spaces, the ids are those of the
+  /// whole text when the model's pieces and normalization rules never join such a space to a
+  /// letter or digit next to it and ▁ alone is a piece (true of models trained with
+  /// split_by_whitespace, SentencePiece's default, and its built-in rules: Llama's, T5's); next to
+  /// a cut inside a run they may differ.
+  /// With a model whose pieces or rules do join them (or that puts ▁ after words), a text (between
+  /// special tokens) longer than `max_run` is an Error naming the piece or rule; shorter ones are
+  /// encoded whole. Part sizes of 0, or runs shorter than parts, are an Error.
+  TokenIds encode_in_parts(std::string_view text, SpecialText specials, const PartSizes& sizes) const;
   /// SentencePiece's Decode of `ids`: the dummy-prefix space of the first piece is dropped, a
   /// control id gives nothing, the unknown id gives its surface (" ⁇ " by default), and byte pieces
   /// that do not form UTF-8 give U+FFFD each. An id outside [0, vocab_size) is an Error naming the
@@ -93,8 +112,17 @@ class SentencePieceTokenizer : public Tokenizer {
   std::vector<std::pair<std::string, std::int64_t>> special_texts_;  // longest first
   std::array<bool, 256> special_first_bytes_{};                      // the first bytes of special_texts_
   SpecialTokens specials_;
+  // Why a text cannot be cut at spaces with this model without changing ids, or "".
+  std::string cut_problem_;
+  // The model with add_dummy_prefix flipped, and the processors for a part that starts after a
+  // cut space (with the dummy prefix) or inside a run (without); processor_ or flipped_.
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> flipped_;
+  const sentencepiece::SentencePieceProcessor* with_prefix_ = nullptr;
+  const sentencepiece::SentencePieceProcessor* without_prefix_ = nullptr;
 
-  TokenIds encode_ordinary(std::string_view text) const;
+  void find_cuts();  // sets cut_problem_, or flipped_ and the two processors
+  void encode_ordinary(std::string_view text, const PartSizes& sizes, TokenIds& out) const;
+  void encode_part(const sentencepiece::SentencePieceProcessor& processor, std::string_view part, TokenIds& out) const;
 };
 
 /// Reads the SentencePiece .model file at `path`. A missing file, a folder, an empty file, a cut

@@ -210,14 +210,14 @@ void check_not_an_input(const std::string& output, const std::vector<std::string
 
 TokenFileWriter::TokenFileWriter(const std::string& path, const TokenizerIdentity& tokenizer,
                                  std::optional<std::int64_t> eos)
-    : path_(path), temporary_(temporary_path(path)) {
+    : path_(path) {
   const std::string who = "TokenFileWriter";
   check_tokenizer_fields(tokenizer, eos, who, path);
   check_writable_file(path, who);
   header_.dtype = token_file_dtype(tokenizer.vocab_size);
   header_.tokenizer = tokenizer;
   header_.eos = eos;
-  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  fd_ = create_temporary_file(path, temporary_);
   if (fd_ < 0)
     fail(who, ": cannot write '", path_, "': creating the temporary file '", temporary_,
          "' failed: ", std::strerror(errno));

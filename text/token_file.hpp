@@ -66,9 +66,11 @@ void write_token_file(const std::string& path, const TokenIds& tokens, const Tok
 void check_not_an_input(const std::string& output, const std::vector<std::string>& inputs, const std::string& who);
 
 /// Writes a token file piece by piece, so that a large corpus is never held in memory as ids:
-/// the ids go to the temporary `path.tmp.PID` as they come, and finish() writes the header,
-/// syncs and renames it over path. A writer destroyed before finish() removes its temporary and
-/// leaves path unchanged, as does every Error.
+/// the ids go to a temporary of this writer's own as they come (create_temporary_file:
+/// `path.tmp.PID`, or `path.tmp.PID.N` while another writer holds that name), and finish() writes
+/// the header, syncs and renames it over path. Writers of one path at once each finish a whole
+/// file; the last finish() wins, as for atomic writes. A writer destroyed before finish() removes
+/// its temporary and leaves path unchanged, as does every Error.
 class TokenFileWriter {
  public:
   /// Checks that path can be written (check_writable_file) and the tokenizer fields (as

@@ -170,9 +170,21 @@ std::string read_file(const std::string& path, const std::string& who, std::uint
 
 std::string temporary_path(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
 
+int create_temporary_file(const std::string& path, std::string& name) {
+  name = temporary_path(path);
+  const std::string first = name;
+  // O_EXCL: a name another writer (of this process or of a dead one with the same pid) holds is
+  // never opened, so that no two writers ever write into one file.
+  for (int n = 1;; ++n) {
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd >= 0 || errno != EEXIST || n > 1000) return fd;
+    name = first + "." + std::to_string(n);
+  }
+}
+
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& chunks,
                            const std::string& who) {
-  const std::string tmp = temporary_path(path);
+  std::string tmp;
   auto failed = [&](const auto&... detail) {
     fail(who, ": cannot write '", path, "': ", detail..., " (anything already at that path is unchanged)");
   };
@@ -183,7 +195,7 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
     if (!S_ISREG(st.st_mode)) failed("it is ", kind_of(st.st_mode), ", not a regular file");
   }
 
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+  Fd fd(create_temporary_file(path, tmp));
   if (fd.get() < 0) failed("creating the temporary file '", tmp, "' failed: ", std::strerror(errno));
   // From here on every failure removes the temporary file first.
   auto failed_after_create = [&](const char* step, int err, const auto&... detail) {
@@ -383,7 +395,15 @@ std::size_t remove_stale_temporaries(const std::string& path) {
     const std::string_view entry(e->d_name);
     pid_t pid = 0;
     if (entry.size() <= prefix.size() || entry.compare(0, prefix.size(), prefix) != 0) continue;
-    if (!parse_pid(entry.substr(prefix.size()), pid) || pid == ::getpid()) continue;
+    // "PID", or "PID.N" (create_temporary_file's later names)
+    std::string_view suffix = entry.substr(prefix.size());
+    const std::size_t dot = suffix.find('.');
+    if (dot != std::string_view::npos) {
+      pid_t n = 0;
+      if (!parse_pid(suffix.substr(dot + 1), n)) continue;
+      suffix = suffix.substr(0, dot);
+    }
+    if (!parse_pid(suffix, pid) || pid == ::getpid()) continue;
     if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
     stale.emplace_back(entry);
   }

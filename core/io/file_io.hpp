@@ -15,8 +15,10 @@ namespace xgrad {
 /// as is a file over max_bytes; errors start with `who` and name the path and the OS error.
 std::string read_file(const std::string& path, const std::string& who, std::uint64_t max_bytes = UINT64_MAX);
 
-/// Writes the chunks to `path` atomically: a temporary `path.tmp.PID` (PID: this process's id) in
-/// the same folder, written, fsync'ed, renamed over path, then the folder fsync'ed. On any failure
+/// Writes the chunks to `path` atomically: a temporary of its own (create_temporary_file: `path.tmp.PID`,
+/// PID this process's id) in the same folder, written, fsync'ed, renamed over path, then the folder
+/// fsync'ed. Writes of one path at once (threads or processes) each rename a whole file over it: the
+/// last rename wins. On any failure
 /// the temporary is removed, an earlier file at path is unchanged, and the Error names who, the path
 /// and strerror(errno).
 /// A path that is a folder, a device, a fifo or a socket is refused before anything is written (a
@@ -61,7 +63,8 @@ void check_run_paths(const std::vector<RunPath>& inputs, const std::vector<RunPa
 /// True when a and b name the same file by check_run_paths's comparison.
 bool same_file(const std::string& a, const std::string& b);
 
-/// Removes `path.tmp.PID` files left by writers (of process id PID) that no longer run; returns how many.
+/// Removes `path.tmp.PID` and `path.tmp.PID.N` files left by writers (of process id PID) that no longer
+/// run; returns how many.
 /// Only regular files whose suffix is a pid for which kill(pid, 0) fails with ESRCH are removed: a
 /// live writer's file (even another user's: EPERM), this process's own and any other name are kept.
 /// Best effort: a folder that cannot be listed or a file that cannot be removed is skipped silently.
@@ -69,8 +72,16 @@ bool same_file(const std::string& a, const std::string& b);
 /// another container looks dead from here.
 std::size_t remove_stale_temporaries(const std::string& path);
 
-/// The temporary name write_file_atomically uses in this process: path + ".tmp." + getpid().
+/// The first temporary name create_temporary_file tries in this process: path + ".tmp." + getpid().
 std::string temporary_path(const std::string& path);
+
+/// Creates a new temporary file for a writer that will rename it over `path` (write_file_atomically,
+/// text::TokenFileWriter): temporary_path(path), or while that name is taken (by another writer of
+/// this process, or anything else) the first free of temporary_path(path) + ".1", ".2", ... (up to
+/// 1000). Created with O_EXCL, so that no two writers ever share a file. Returns the descriptor (write
+/// only, mode 0644) and sets `name` to the file's name; on failure returns -1 with errno set, and
+/// `name` is the last name tried.
+int create_temporary_file(const std::string& path, std::string& name);
 
 /// A regular file open for reading; anything else (missing, a folder, a device, a fifo, a socket) is
 /// refused when opening, before any byte is read. Errors start with `who` and name the path.

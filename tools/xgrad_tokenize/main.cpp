@@ -206,21 +206,42 @@ void encode(const EncodeOptions& o, const CLI::App& app) {
   // Without an end-of-text token, documents are joined by the text that separated them.
   const TokenIds joint = eos ? TokenIds{} : tokenizer->encode(splitter.separator, special);
   std::size_t doc = 0;
+  std::vector<std::string> sources[2];  // the input files of the documents of train [0] and val [1]
   for (std::size_t f = 0; f < o.files.size(); ++f) {
     const std::string text = read(o.files[f]);
     const std::vector<std::string_view> docs = splitter.split(text);
     if (with_val && docs.size() != counts[f])
       fail(kProgram, ": '", o.files[f], "' changed while being read (", counts[f], " documents, now ", docs.size(),
            ")");
-    for (std::string_view d : docs) {
-      xgrad::text::TokenFileWriter& w = with_val && is_val[doc] ? *val : train;
+    for (std::size_t k = 0; k < docs.size(); ++k) {
+      const bool to_val = with_val && is_val[doc];
+      xgrad::text::TokenFileWriter& w = to_val ? *val : train;
       if (w.documents() > 0 && !joint.empty()) w.append(joint);
-      w.append_document(tokenizer->encode(d, special));
+      TokenIds ids;
+      try {
+        ids = tokenizer->encode(docs[k], special);
+      } catch (const xgrad::Error& e) {
+        fail(kProgram, ": encoding '", o.files[f], "' (document ", k + 1, " of ", docs.size(), "): ", e.what());
+      }
+      w.append_document(ids);
+      if (sources[to_val].empty() || sources[to_val].back() != o.files[f]) sources[to_val].push_back(o.files[f]);
       ++doc;
     }
   }
-  if (train.tokens() == 0 || (val && val->tokens() == 0))
-    fail(kProgram, ": ", train.tokens() == 0 ? o.out : o.val, " would hold no tokens (the input has no text)");
+  for (const bool is_val_file : {false, true}) {
+    const xgrad::text::TokenFileWriter* w = is_val_file ? val.get() : &train;
+    if (!w || w->tokens() > 0) continue;
+    std::string from;
+    for (const std::string& f : sources[is_val_file]) from += (from.empty() ? "'" : ", '") + f + "'";
+    const std::uint64_t n = w->documents();
+    const std::string what = n == 0   ? std::string("no document goes to it")
+                             : n == 1 ? "its 1 document, from " + from + ", is empty"
+                                      : "its " + std::to_string(n) + " documents, from " + from + ", are empty";
+    fail(kProgram, ": encode ", is_val_file ? "--val '" + o.val : "--out '" + o.out, "' would hold no tokens: ", what,
+         train.tokens() + (val ? val->tokens() : 0) == 0 ? " (the input has no text)"
+         : is_val_file                                   ? " (another --seed or --val-fraction chooses others)"
+                                                         : "");
+  }
   const std::uint32_t dtype = xgrad::text::token_file_dtype(identity.vocab_size);
   std::string report;
   if (val) {
