@@ -14,6 +14,7 @@
 
 #include "test_files.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/file_io.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/token_file.hpp"
 
@@ -22,6 +23,8 @@ using xgrad::testing::read_bytes;
 using xgrad::testing::TempDir;
 using xgrad::testing::write_bytes;
 using namespace xgrad::text;
+using xgrad::check_run_paths;
+using xgrad::RunPath;
 
 namespace {
 
@@ -226,17 +229,18 @@ TEST_CASE("bad input: write_token_file names the first bad id and its position, 
   CHECK(dir.entries() == std::set<std::string>{"a.bin"});
 }
 
+// The one output-path rule (xgrad::check_run_paths) on a token file's inputs.
 TEST_CASE("bad input: an output that is an input is refused, by any spelling or a hard link", "[text][tokens]") {
   TempDir dir("xgrad_tokfile");
   write_bytes(dir.file("in.txt"), "text");
   REQUIRE(::link(dir.file("in.txt").c_str(), dir.file("link.txt").c_str()) == 0);
-  const std::vector<std::string> inputs{dir.file("other.txt"), dir.file("in.txt")};
-  REQUIRE_THROWS_WITH(check_not_an_input(dir.file("in.txt"), inputs, "tool"),
-                      Contains("tool: the output") && Contains("is the input"));
-  REQUIRE_THROWS_WITH(check_not_an_input(dir.path + "/./sub/../in.txt", inputs, "tool"), Contains("is the input"));
-  REQUIRE_THROWS_WITH(check_not_an_input(dir.file("link.txt"), inputs, "tool"), Contains("is the input"));
-  REQUIRE_THROWS_WITH(check_not_an_input(dir.file("other.txt"), inputs, "tool"), Contains("is the input"));
-  CHECK_NOTHROW(check_not_an_input(dir.file("out.bin"), inputs, "tool"));
+  const std::vector<RunPath> inputs{{"the text", dir.file("other.txt")}, {"the text", dir.file("in.txt")}};
+  const auto check = [&](const std::string& out) { check_run_paths(inputs, {{"--out", out}}, "tool"); };
+  REQUIRE_THROWS_WITH(check(dir.file("in.txt")), Contains("tool: --out") && Contains("is the same file as the text"));
+  REQUIRE_THROWS_WITH(check(dir.path + "/./sub/../in.txt"), Contains("is the same file as"));
+  REQUIRE_THROWS_WITH(check(dir.file("link.txt")), Contains("is the same file as"));
+  REQUIRE_THROWS_WITH(check(dir.file("other.txt")), Contains("is the same file as"));
+  CHECK_NOTHROW(check(dir.file("out.bin")));
 }
 
 TEST_CASE("bad input: TokenFile refuses every malformed file, naming the file and the field", "[text][tokens]") {

@@ -463,7 +463,8 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::from_json(std::string_view json, con
   if (doc.contains("matched_later")) read_ids("matched_later", v.matched_later);
   if (doc.contains("ignore_merges")) {
     if (!doc["ignore_merges"].is_boolean())
-      throw Error(who + ": \"ignore_merges\" is " + detail::json_excerpt(doc["ignore_merges"]) + ", not true or false");
+      throw Error(who + ": \"ignore_merges\" is " + xgrad::detail::json_excerpt(doc["ignore_merges"]) +
+                  ", not true or false");
     v.ignore_merges = doc["ignore_merges"].get<bool>();
   }
   check_bpe_vocabulary(v, who);

@@ -316,7 +316,7 @@ BpeVocabulary load_hf_tokenizer_json(const std::string& path) {
   bool ignore_merges = false;
   if (model.contains("ignore_merges") && !model["ignore_merges"].is_null()) {
     if (!model["ignore_merges"].is_boolean())
-      throw Error(file + ": model.ignore_merges is " + detail::json_excerpt(model["ignore_merges"]) +
+      throw Error(file + ": model.ignore_merges is " + xgrad::detail::json_excerpt(model["ignore_merges"]) +
                   ", not true or false");
     ignore_merges = model["ignore_merges"].get<bool>();
   }
@@ -396,7 +396,7 @@ BpeVocabulary load_hf_tokenizer_json(const std::string& path) {
       const auto flag = [&](const char* name, bool absent) {
         if (!t.contains(name) || t[name].is_null()) return absent;
         if (!t[name].is_boolean())
-          throw Error(file + ": " + where + "." + name + " is " + detail::json_excerpt(t[name]) +
+          throw Error(file + ": " + where + "." + name + " is " + xgrad::detail::json_excerpt(t[name]) +
                       ", not true or false");
         return t[name].get<bool>();
       };

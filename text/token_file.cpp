@@ -189,22 +189,6 @@ void write_token_file(const std::string& path, const TokenIds& tokens, const Tok
   write_file_atomically(path, {header, std::string_view(reinterpret_cast<const char*>(ids.data()), ids.size())}, who);
 }
 
-void check_not_an_input(const std::string& output, const std::vector<std::string>& inputs, const std::string& who) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path out_normal = fs::absolute(output, ec).lexically_normal();
-  struct stat out_st;
-  const bool out_exists = ::stat(output.c_str(), &out_st) == 0;
-  for (const std::string& input : inputs) {
-    struct stat in_st;
-    const bool same_inode = out_exists && ::stat(input.c_str(), &in_st) == 0 && in_st.st_dev == out_st.st_dev &&
-                            in_st.st_ino == out_st.st_ino;
-    const bool same_path = !ec && fs::absolute(input, ec).lexically_normal() == out_normal;
-    if (same_inode || same_path)
-      fail(who, ": the output '", output, "' is the input '", input, "'; refusing to overwrite what is being read");
-  }
-}
-
 // ----------------------------------------------------------------------------------------------
 // The streaming writer
 

@@ -61,10 +61,6 @@ std::uint32_t token_file_dtype(std::uint64_t vocab_size);
 void write_token_file(const std::string& path, const TokenIds& tokens, const TokenizerIdentity& tokenizer,
                       std::uint64_t documents = 0, std::optional<std::int64_t> eos = std::nullopt);
 
-/// Refuses an output path that names one of `inputs` (the same file by device and inode, or the
-/// same path once made absolute and normal): an Error starting with `who`, naming both.
-void check_not_an_input(const std::string& output, const std::vector<std::string>& inputs, const std::string& who);
-
 /// Writes a token file piece by piece, so that a large corpus is never held in memory as ids:
 /// the ids go to a temporary of this writer's own as they come (create_temporary_file:
 /// `path.tmp.PID`, or `path.tmp.PID.N` while another writer holds that name), and finish() writes

@@ -323,8 +323,11 @@ Identity identity_of(const std::string& path) {
   if (::stat(path.c_str(), &st) == 0) return {true, st.st_dev, st.st_ino, {}};
   std::error_code ec;
   const fs::path absolute = fs::absolute(follow_links(path), ec);
-  const fs::path resolved = fs::weakly_canonical(absolute, ec);
-  return {false, 0, 0, (ec ? absolute.lexically_normal() : resolved).string()};
+  const fs::path canonical = fs::weakly_canonical(absolute, ec);
+  const std::string resolved = (ec ? absolute.lexically_normal() : canonical).string();
+  // "dir/missing/../in.txt" cannot be opened, but names in.txt once resolved: counted as it.
+  if (::stat(resolved.c_str(), &st) == 0) return {true, st.st_dev, st.st_ino, {}};
+  return {false, 0, 0, resolved};
 }
 
 // The folder an entry at `path` sits in, as spelled: a symlink at path is itself in that folder.
