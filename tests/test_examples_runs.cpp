@@ -838,6 +838,18 @@ TEST_CASE("train_lm under `ulimit -f`: a save past the limit is an error naming 
   REQUIRE_FALSE(std::filesystem::exists(dir.file("ck.safetensors")));
 }
 
+// Every example program ignores SIGXFSZ from its first line (cli::parse), not only train_lm.
+TEST_CASE("gradient_flow under `ulimit -f`: a plot past the limit is an error naming it, not a kill",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_ulimit_gf");
+  const std::string command = "ulimit -f 1 && exec " + exe("gradient_flow") +
+                              " --layers 2 --d-model 8 --heads 2 --vocab 16 --seq-len 8 --batches 1 --batch 2 --out gf";
+  const Outcome o = xgrad::testing::run_program(dir, "/bin/bash", {"-c", command});
+  require_fails(o, "gradient_flow", 1, {"File too large; the file size limit (ulimit -f) is 1024 bytes"});
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("gf")))
+    REQUIRE(e.path().filename().string().find(".tmp.") == std::string::npos);
+}
+
 TEST_CASE("train_lm: a run with --train-tokenizer continues with the same command and --resume",
           "[examples][bad_input][gemm]") {
   TempDir dir("xgrad_runs_resume_bpe");

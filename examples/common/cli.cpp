@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -108,6 +109,10 @@ CLI::Validator real(double lo, double hi, bool open_low, bool allow_inf) {
 }
 
 std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  // Every program starts here. Past a file size limit (ulimit -f) a write then fails with EFBIG,
+  // which the writers report (naming the file and the limit) and clean up after, instead of the
+  // signal killing the run and leaving a temporary behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -65,7 +65,8 @@ void add_threads(CLI::App& app, int& threads);
 CLI::Option* add_precision(CLI::App& app, xgrad::Precision& precision);
 
 // Parses argv. Returns the exit code when main should end now: 0 after --help, 2 for a usage
-// error (printed with the flag's name); std::nullopt to go on.
+// error (printed with the flag's name); std::nullopt to go on. Also sets SIGXFSZ to be ignored, so
+// that a write past `ulimit -f` is an error the program reports, not a kill.
 std::optional<int> parse(CLI::App& app, int argc, char** argv);
 
 // Runs `body` and returns main's exit code: 0, or 2 after a UsageError, 1 after any other

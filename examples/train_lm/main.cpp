@@ -139,9 +139,6 @@ E value_of(const std::string& name, const Names<E>& names) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Past a file size limit (ulimit -f) a write then fails with EFBIG, which the writers report
-  // (naming the file and the limit) and clean up after, instead of the signal killing the run.
-  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"xgrad train_lm: a transformer language model, trained from C++.", "train_lm"};
   TrainConfig c;
   // The architecture flags' values (they override the preset, or the checkpoint's on --resume).
