@@ -19,9 +19,11 @@
 #include "xgrad/inspect/steering.hpp"
 #include "xgrad/nn/transformer.hpp"
 
+#include "error_of.hpp"
 #include "small_models.hpp"
 
 using namespace xgrad;
+using xgrad::testing::error_of;
 using namespace xgrad::inspect;
 using Catch::Matchers::Contains;
 
@@ -40,16 +42,6 @@ IndexArray random_ids(std::uint64_t seed, std::size_t B = kB, std::size_t T = kT
 SteeringVector some_vector(const std::string& point, std::uint64_t seed) {
   Generator gen(seed);
   return {point, gen.normal({kC}, 0.f, 1.f), 2.5f};
-}
-
-// The message of the Error f throws ("" when it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

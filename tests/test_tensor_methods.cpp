@@ -13,8 +13,11 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 
+#include "error_of.hpp"
+
 using namespace xgrad;
 using Catch::Matchers::StartsWith;
+using xgrad::testing::error_of;
 
 namespace {
 
@@ -70,16 +73,6 @@ std::string difference(const Run& a, const Run& b) {
 
 std::string difference(const Fn& method, const Fn& free_form, const std::vector<Array>& values) {
   return difference(run(method, values, 7), run(free_form, values, 7));
-}
-
-// The message of the Error f throws ("" when it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 Array normal(const Shape& shape, std::uint64_t seed) { return Generator(seed).normal(shape, 0.f, 1.f); }
