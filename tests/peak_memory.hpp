@@ -19,12 +19,18 @@ inline long status_kib(const std::string& field) {
   return -1;
 }
 
-// False when the kernel cannot reset the peak (then a measurement would mean nothing).
+// False when the kernel cannot reset the peak (then a measurement would mean nothing). The
+// resident count the kernel reports can lag a large release (it is summed from per-thread caches),
+// so a reset that reads above it is tried again a few times.
 inline bool reset_peak_rss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.close();
-  return static_cast<bool>(out) && status_kib("VmHWM") <= status_kib("VmRSS") + 64;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    std::ofstream out("/proc/self/clear_refs");
+    out << "5";
+    out.close();
+    if (!out) return false;
+    if (status_kib("VmHWM") <= status_kib("VmRSS") + 64) return true;
+  }
+  return false;
 }
 
 // AddressSanitizer's redzones and quarantine hold freed memory back, so a peak measured under it
