@@ -30,9 +30,10 @@ void MpiSharing::check_agreement(const nlohmann::json& settings) {
   const auto first = static_cast<int>(group_.allreduce_min(differ.empty() ? static_cast<std::uint64_t>(group_.size())
                                                                           : static_cast<std::uint64_t>(group_.rank())));
   if (first == group_.size()) return;
-  if (!differ.empty())
-    xgrad::fail("train_lm: rank ", group_.rank(), " was started with other settings than rank 0: ", differ);
-  xgrad::fail("train_lm: rank ", first, " was started with other settings than rank 0 (its message names them)");
+  // Every rank fails with the first differing rank's list: whichever rank's message reaches the
+  // terminal before the job is aborted names the settings.
+  group_.broadcast(differ, first);
+  xgrad::fail("train_lm: rank ", first, " was started with other settings than rank 0: ", differ);
 }
 
 void MpiSharing::check_command_line(const CLI::App& app, const std::set<std::string>& per_process) {
