@@ -1,0 +1,98 @@
+/// @file
+/// The stages of a Hugging Face tokenizer.json pipeline as xgrad builds them (an internal header
+/// of text/): the normalizer, the pre-tokenizer, the model and the decoder, each made from its
+/// JSON object by one factory that refuses, by name and JSON path, any type or option it does not
+/// implement. Text between the stages is valid UTF-8 (HfTokenizer replaces invalid bytes first).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "xgrad/text/detail/hf_fields.hpp"
+#include "xgrad/text/tokenizer.hpp"
+
+namespace xgrad::text::detail {
+
+/// A regular expression of tokenizer.json ({"Regex": "..."} in Oniguruma's syntax, run in PCRE2
+/// with Unicode classes; or {"String": "..."}, matched literally). Immutable; matching is safe on
+/// several threads at once.
+class HfPattern {
+ public:
+  /// Compiles `pattern` (a JSON object with one of the two keys); a pattern PCRE2 cannot compile
+  /// is an Error naming the place, the offset and PCRE2's reason.
+  HfPattern(const Json& pattern, const JsonPlace& place);
+  ~HfPattern();
+  HfPattern(const HfPattern&) = delete;
+  HfPattern& operator=(const HfPattern&) = delete;
+  /// The non-overlapping matches in `text`, left to right, as [begin, end) byte offsets (empty
+  /// matches are skipped).
+  std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// normalizer: text in, text out.
+class HfNormalizer {
+ public:
+  virtual ~HfNormalizer() = default;
+  virtual std::string normalize(std::string text) const = 0;
+};
+/// The normalizer of `json` (null: nullptr). Types: NFC, NFD, NFKC, NFKD, Lowercase, Replace,
+/// Prepend, Strip, StripAccents, Sequence.
+std::unique_ptr<HfNormalizer> make_hf_normalizer(const Json& json, const JsonPlace& place);
+
+/// pre_tokenizer: the pieces of a text, split further. `section` is the index of the text's
+/// section among those the added tokens cut the input into (Metaspace's prepend_scheme "first"
+/// prepends only in section 0).
+class HfPreTokenizer {
+ public:
+  virtual ~HfPreTokenizer() = default;
+  virtual void split(std::vector<std::string>& pieces, std::size_t section) const = 0;
+};
+/// The pre-tokenizer of `json` (null: nullptr). Types: Split, ByteLevel, Metaspace, Digits,
+/// Punctuation, Whitespace, WhitespaceSplit, Sequence.
+std::unique_ptr<HfPreTokenizer> make_hf_pre_tokenizer(const Json& json, const JsonPlace& place);
+
+/// model: one piece of the pre-tokenizer to ids.
+class HfModel {
+ public:
+  virtual ~HfModel() = default;
+  virtual void tokenize(std::string_view piece, TokenIds& out) const = 0;
+  /// Every id's token string as tokenizer.json writes it (ids with no token: "").
+  virtual const std::vector<std::string>& vocabulary() const = 0;
+  /// The id of a token string, or -1.
+  virtual std::int64_t id_of(std::string_view token) const = 0;
+};
+/// The model of `json`: BPE (hf_bpe_model.cpp) or Unigram (hf_unigram_model.cpp).
+std::unique_ptr<HfModel> make_hf_bpe_model(const Json& json, const JsonPlace& place);
+std::unique_ptr<HfModel> make_hf_unigram_model(const Json& json, const JsonPlace& place);
+
+/// decoder: the tokens' strings to the pieces of the text (joined at the end).
+class HfDecoder {
+ public:
+  virtual ~HfDecoder() = default;
+  /// `added[i]` says tokens[i] is an added token (ByteLevel keeps those as they are).
+  virtual void decode_chain(std::vector<std::string>& tokens, std::vector<bool>& added) const = 0;
+};
+/// The decoder of `json` (null: nullptr). Types: ByteLevel, ByteFallback, Fuse, Strip, Replace,
+/// Metaspace, Sequence.
+std::unique_ptr<HfDecoder> make_hf_decoder(const Json& json, const JsonPlace& place);
+
+/// Invalid UTF-8 replaced by U+FFFD as the WHATWG decoder (a browser's, node's TextDecoder) does:
+/// one U+FFFD for each maximal subpart of an ill-formed sequence.
+std::string replace_invalid_utf8(std::string_view bytes);
+
+/// JavaScript's String.prototype.trimStart / trimEnd whitespace (the WhiteSpace and
+/// LineTerminator productions: \t \n \v \f \r, space, U+00A0, U+1680, U+2000-200A, U+2028, U+2029,
+/// U+202F, U+205F, U+3000, U+FEFF): the number of bytes of it at the start / end of `text`.
+std::size_t leading_js_space(std::string_view text);
+std::size_t trailing_js_space(std::string_view text);
+
+}  // namespace xgrad::text::detail
