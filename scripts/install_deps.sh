@@ -4,7 +4,7 @@ set -euo pipefail
 
 packages=(cmake make g++ libxtensor-dev libxtensor-blas-dev xtl-dev libxsimd-dev libopenblas-dev libdnnl-dev ocl-icd-opencl-dev
           catch2 nlohmann-json3-dev libcli11-dev clang libclang-rt-14-dev libopenmpi-dev openmpi-bin
-          chromium fonts-noto-cjk libpng-dev doxygen clang-format-14 pkgconf libpcre2-dev libsentencepiece-dev)
+          chromium fonts-noto-cjk libpng-dev doxygen clang-format-14 pkgconf libpcre2-dev libsentencepiece-dev libicu-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <queue>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -14,8 +13,10 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/utf8.hpp"
+#include "xgrad/text/detail/bpe_merge.hpp"
 #include "xgrad/text/detail/bpe_tables.hpp"
 #include "xgrad/text/detail/pretokenize_in_chunks.hpp"
+#include "xgrad/text/detail/special_roles.hpp"
 #include "xgrad/text/gpt2_byte_encoding.hpp"
 #include "xgrad/text/pretokenizer.hpp"
 
@@ -29,9 +30,6 @@ using detail::TokenIndex;
 
 std::string in_quotes(std::string_view bytes) { return "\"" + readable_bytes(bytes) + "\""; }
 
-// Pieces up to this many bytes merge in arrays with a linear search for the lowest rank; longer
-// ones (long runs of one class) through a heap, so that a huge piece costs n log n, not n^2.
-constexpr std::size_t kShortPiece = 96;
 // The text encode pre-tokenizes at once (pretokenize_in_chunks).
 constexpr std::size_t kChunkBytes = std::size_t{1} << 20;
 
@@ -206,75 +204,6 @@ struct ByteLevelBpe::Impl {
     }
   }
 
-  void merge_short(std::string_view piece, TokenIds& out) const {
-    std::int32_t part[kShortPiece];
-    std::uint32_t rank[kShortPiece];
-    std::int32_t result[kShortPiece];
-    std::size_t n = piece.size();
-    for (std::size_t i = 0; i < n; ++i) part[i] = byte_id[static_cast<unsigned char>(piece[i])];
-    const auto rate = [&](std::size_t i) {
-      const MergeTable::Merge m = merges.find(part[i], part[i + 1]);
-      rank[i] = m.rank;
-      result[i] = m.result;
-    };
-    for (std::size_t i = 0; i + 1 < n; ++i) rate(i);
-    while (n > 1) {
-      std::size_t best = 0;
-      for (std::size_t i = 1; i + 1 < n; ++i)
-        if (rank[i] < rank[best]) best = i;
-      if (rank[best] == kNoRank) break;
-      part[best] = result[best];
-      for (std::size_t i = best + 1; i + 1 < n; ++i) {
-        part[i] = part[i + 1];
-        rank[i] = rank[i + 1];
-        result[i] = result[i + 1];
-      }
-      --n;
-      if (best > 0) rate(best - 1);
-      if (best + 1 < n) rate(best);
-    }
-    out.insert(out.end(), part, part + n);
-  }
-
-  void merge_long(std::string_view piece, TokenIds& out) const {
-    if (piece.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
-      throw Error("ByteLevelBpe::encode: a piece of " + std::to_string(piece.size()) +
-                  " bytes (one run of one character class), more than 2^31 - 1");
-    const auto n = static_cast<std::int32_t>(piece.size());
-    std::vector<std::int32_t> id(n), next(n), prev(n);
-    for (std::int32_t i = 0; i < n; ++i) {
-      id[i] = byte_id[static_cast<unsigned char>(piece[i])];
-      next[i] = i + 1 < n ? i + 1 : -1;
-      prev[i] = i - 1;
-    }
-    struct Candidate {
-      std::uint32_t rank;
-      std::int32_t at, left, right, result;
-      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : at > o.at; }
-    };
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
-    const auto offer = [&](std::int32_t at) {
-      if (at < 0 || next[at] < 0) return;
-      const MergeTable::Merge m = merges.find(id[at], id[next[at]]);
-      if (m.rank != kNoRank) heap.push({m.rank, at, id[at], id[next[at]], m.result});
-    };
-    for (std::int32_t i = 0; i + 1 < n; ++i) offer(i);
-    while (!heap.empty()) {
-      const Candidate c = heap.top();
-      heap.pop();
-      // A node keeps its start position, so the same ids at the same place are the same pair.
-      if (id[c.at] != c.left || next[c.at] < 0 || id[next[c.at]] != c.right) continue;
-      const std::int32_t gone = next[c.at];
-      id[c.at] = c.result;
-      id[gone] = -1;
-      next[c.at] = next[gone];
-      if (next[gone] >= 0) prev[next[gone]] = c.at;
-      offer(prev[c.at]);
-      offer(c.at);
-    }
-    for (std::int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
-  }
-
   void encode_piece(std::string_view piece, TokenIds& out) const {
     if (piece.size() == 1) {
       out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
@@ -296,10 +225,11 @@ struct ByteLevelBpe::Impl {
   }
 
   void merge(std::string_view piece, TokenIds& out) const {
-    if (piece.size() <= kShortPiece)
-      merge_short(piece, out);
-    else
-      merge_long(piece, out);
+    std::int32_t on_stack[detail::kShortWord];
+    std::vector<std::int32_t> on_heap(piece.size() > detail::kShortWord ? piece.size() : 0);
+    std::int32_t* symbols = on_heap.empty() ? on_stack : on_heap.data();
+    for (std::size_t i = 0; i < piece.size(); ++i) symbols[i] = byte_id[static_cast<unsigned char>(piece[i])];
+    detail::merge_symbols(merges, symbols, piece.size(), out, "ByteLevelBpe::encode");
   }
 
   // A chunk at a time, so that the pieces of a long text (16 bytes each, about 4 a word) are never
@@ -370,21 +300,11 @@ std::size_t ByteLevelBpe::vocab_size() const { return impl_->vocabulary.tokens.s
 const BpeVocabulary& ByteLevelBpe::vocabulary() const { return impl_->vocabulary; }
 
 SpecialTokens ByteLevelBpe::special_tokens() const {
-  const auto first_of = [&](std::initializer_list<const char*> texts) -> std::optional<std::int64_t> {
-    for (const char* text : texts)
-      for (const std::int64_t id : impl_->vocabulary.special_tokens)
-        if (impl_->vocabulary.tokens[id] == text) return id;
+  return detail::special_roles_by_text([&](const char* text) -> std::optional<std::int64_t> {
+    for (const std::int64_t id : impl_->vocabulary.special_tokens)
+      if (impl_->vocabulary.tokens[id] == text) return id;
     return std::nullopt;
-  };
-  SpecialTokens roles;
-  roles.bos = first_of({"<s>", "<bos>", "<|bos|>", "<|startoftext|>", "<|begin_of_text|>", "[BOS]"});
-  roles.eos = first_of({"</s>", "<eos>", "<|eos|>", "<|end_of_text|>", "[EOS]"});
-  roles.pad = first_of({"<pad>", "<|pad|>", "<|padding|>", "[PAD]"});
-  roles.unk = first_of({"<unk>", "<|unk|>", "[UNK]"});
-  const std::optional<std::int64_t> end_of_text = first_of({"<|endoftext|>"});
-  if (!roles.bos) roles.bos = end_of_text;
-  if (!roles.eos) roles.eos = end_of_text;
-  return roles;
+  });
 }
 
 std::string ByteLevelBpe::to_json() const {

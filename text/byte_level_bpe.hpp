@@ -49,7 +49,7 @@ class ByteLevelBpe : public Tokenizer {
   ByteLevelBpe(const ByteLevelBpe&) = delete;
   ByteLevelBpe& operator=(const ByteLevelBpe&) = delete;
 
-  TokenIds encode(std::string_view text, SpecialText specials = SpecialText::ordinary) const override;
+  TokenIds encode(std::string_view text, SpecialText specials = SpecialText::as_reference) const override;
   std::string token_bytes(std::int64_t id) const override;
   std::size_t vocab_size() const override;
   SpecialTokens special_tokens() const override;

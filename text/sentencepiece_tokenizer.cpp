@@ -513,7 +513,7 @@ TokenIds SentencePieceTokenizer::encode_in_parts(std::string_view text, SpecialT
                 " bytes and runs of " + std::to_string(sizes.max_run) +
                 " (parts of at least 1 byte, runs at least as long)");
   TokenIds out;
-  if (specials == SpecialText::ordinary || special_texts_.empty()) {
+  if (specials != SpecialText::match || special_texts_.empty()) {
     encode_ordinary(text, sizes, out);
     return out;
   }

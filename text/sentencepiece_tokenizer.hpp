@@ -52,7 +52,7 @@ class SentencePieceTokenizer : public Tokenizer {
   /// SentencePiece's Encode of `text`; `specials` as the class comment says. A long text goes to
   /// SentencePiece in parts (which holds 100 to 200 bytes of memory for each byte it encodes at
   /// once): encode_in_parts with PartSizes().
-  TokenIds encode(std::string_view text, SpecialText specials = SpecialText::ordinary) const override;
+  TokenIds encode(std::string_view text, SpecialText specials = SpecialText::as_reference) const override;
 
   /// How encode cuts a long text: into parts of about `part` bytes, each ending before a space
   /// between two ASCII letters or digits (the next part starting after it, with the model's ▁ for

@@ -9,6 +9,7 @@
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/text/byte_level_bpe.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
+#include "xgrad/text/hf_tokenizer.hpp"
 #include "xgrad/text/sentencepiece_tokenizer.hpp"
 
 namespace xgrad::text {
@@ -132,6 +133,7 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(std::string_view json, const std:
   if (kind == "bytes") return std::make_unique<BytesTokenizer>();
   if (kind == "byte_bpe") return ByteLevelBpe::from_json(json, who);
   if (kind == "sentencepiece") return SentencePieceTokenizer::from_json(json, who);
+  if (kind == "hf") return HfTokenizer::from_json(json, who);
   throw Error(who + ": unknown tokenizer kind \"" + readable_bytes(kind) + "\" (bytes, byte_bpe, sentencepiece)");
 }
 

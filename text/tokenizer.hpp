@@ -29,14 +29,18 @@ struct SpecialTokens {
 
 /// How encode treats the text of a special token (such as `<|endoftext|>`) inside its input.
 enum class SpecialText {
-  ordinary,  ///< as ordinary text, never giving a special id (the default: user text cannot forge one)
+  ordinary,  ///< as ordinary text, never giving a special id (user text cannot forge one)
   match,     ///< matched whole, giving the special token's id
+  /// as the tokenizer's own reference does (the default): Hugging Face's tokenizers match
+  /// (HfTokenizer); SentencePiece's library and GPT-2's files read as tiktoken's encode_ordinary do
+  /// not (SentencePieceTokenizer, ByteLevelBpe); the bytes tokenizer has no special tokens.
+  as_reference,
 };
 
 /// What a token file or a checkpoint records of the tokenizer that made its ids. Two tokenizers
 /// with the same identity encode every text to the same ids.
 struct TokenizerIdentity {
-  std::string kind;              ///< "bytes", "byte_bpe" or "sentencepiece"
+  std::string kind;              ///< "bytes", "byte_bpe", "sentencepiece" or "hf"
   std::uint64_t vocab_size = 0;  ///< ids are in [0, vocab_size)
   std::string digest;            ///< 16 hex digits: FNV-1a 64 of to_json()
 };
@@ -54,7 +58,13 @@ class Tokenizer {
   /// The ids of `text`. Text that is not valid UTF-8 is never refused: the bytes and byte-level
   /// BPE tokenizers encode it byte by byte where it is invalid (as GPT-2 does); SentencePiece
   /// reads such bytes as U+FFFD, as the SentencePiece library does.
-  virtual TokenIds encode(std::string_view text, SpecialText specials = SpecialText::ordinary) const = 0;
+  virtual TokenIds encode(std::string_view text, SpecialText specials = SpecialText::as_reference) const = 0;
+  /// encode's ids with what the tokenizer adds around a text for a model (Hugging Face's
+  /// `add_special_tokens=True`: the post-processor's template, such as Llama 3's
+  /// `<|begin_of_text|>` before the text); the same as encode for a tokenizer that adds nothing.
+  virtual TokenIds encode_for_model(std::string_view text, SpecialText specials = SpecialText::as_reference) const {
+    return encode(text, specials);
+  }
   /// The text of `ids` (bytes, which need not be UTF-8 when the ids cut a character). An id outside
   /// [0, vocab_size) is an Error naming the id and its position.
   virtual std::string decode(const TokenIds& ids) const;
@@ -69,7 +79,7 @@ class Tokenizer {
   virtual std::size_t vocab_size() const = 0;
   /// The special tokens' ids (nullopt for a role the tokenizer has no token for).
   virtual SpecialTokens special_tokens() const = 0;
-  /// "bytes", "byte_bpe" or "sentencepiece".
+  /// "bytes", "byte_bpe", "sentencepiece" or "hf".
   virtual std::string kind() const = 0;
   /// Everything needed to rebuild this tokenizer, as one UTF-8 JSON document with a "kind" field;
   /// tokenizer_from_json reads it back.

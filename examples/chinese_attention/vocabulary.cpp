@@ -41,7 +41,7 @@ const std::string& Vocabulary::word(std::int64_t id) const {
 
 xgrad::text::TokenIds Vocabulary::encode(std::string_view text, xgrad::text::SpecialText specials) const {
   const Sentence words = split_words(std::string(text));
-  if (specials == xgrad::text::SpecialText::ordinary) {
+  if (specials != xgrad::text::SpecialText::match) {
     for (const std::string& w : words) {
       if (w == words_[kPad] || w == words_[kBos] || w == words_[kEos])
         xgrad::fail("Vocabulary: '", w, "' is a special token, not a word of the text");

@@ -209,10 +209,12 @@ int main(int argc, char** argv) {
   CLI::Option* init_flag =
       app.add_option("--init", init, "how the weights are drawn")->check(CLI::IsMember(names_of(kInits)));
   CLI::Option* tokenizer_flag =
-      app.add_option("--tokenizer", tokenizer_choice.spec,
-                     "the tokenizer: bytes (the default, 256 ids), gpt2 DIR (GPT-2's vocab.json and merges.txt, or a "
-                     "tokenizer.json), bpe PATH (a byte-level BPE's folder or tokenizer.json), spm FILE (a "
-                     "SentencePiece .model). The checkpoint stores it; --sample and --resume use the checkpoint's")
+      app.add_option(
+             "--tokenizer", tokenizer_choice.spec,
+             "the tokenizer: bytes (the default, 256 ids), gpt2 DIR (GPT-2's vocab.json and merges.txt, or a "
+             "tokenizer.json), bpe PATH (a byte-level BPE's folder or tokenizer.json), spm FILE (a "
+             "SentencePiece .model), hf DIR (a Hugging Face tokenizer folder: tokenizer.json's whole pipeline). The "
+             "checkpoint stores it; --sample and --resume use the checkpoint's")
           ->expected(1, 2)
           ->type_name("KIND [PATH]");
   app.add_option("--train-tokenizer", tokenizer_choice.train_vocab,

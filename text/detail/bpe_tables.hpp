@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "xgrad/text/bpe_vocabulary.hpp"
@@ -73,19 +74,23 @@ class MergeTable {
     std::uint32_t rank = kNoRank;
     std::int32_t result = -1;
   };
-  explicit MergeTable(const BpeVocabulary& v, const TokenIndex& index) {
-    keys_.assign(table_capacity(v.merges.size()), kEmpty);
+  // The merge of rank r joins merges[r] into the token results[r].
+  MergeTable(const std::vector<std::pair<std::int64_t, std::int64_t>>& merges,
+             const std::vector<std::int32_t>& results) {
+    keys_.assign(table_capacity(merges.size()), kEmpty);
     values_.resize(keys_.size());
     mask_ = keys_.size() - 1;
-    for (std::size_t rank = 0; rank < v.merges.size(); ++rank) {
-      const auto [left, right] = v.merges[rank];
+    for (std::size_t rank = 0; rank < merges.size(); ++rank) {
+      const auto [left, right] = merges[rank];
       const std::uint64_t key = pack(static_cast<std::int32_t>(left), static_cast<std::int32_t>(right));
       std::size_t slot = hash(key);
       while (keys_[slot] != kEmpty) slot = (slot + 1) & mask_;
       keys_[slot] = key;
-      values_[slot] = {static_cast<std::uint32_t>(rank), index.find(v.tokens[left] + v.tokens[right])};
+      values_[slot] = {static_cast<std::uint32_t>(rank), results[rank]};
     }
   }
+  // A byte-level vocabulary's merges: each gives the ordinary token of its parts' bytes joined.
+  MergeTable(const BpeVocabulary& v, const TokenIndex& index) : MergeTable(v.merges, results_of(v, index)) {}
   Merge find(std::int32_t left, std::int32_t right) const {
     const std::uint64_t key = pack(left, right);
     for (std::size_t slot = hash(key);; slot = (slot + 1) & mask_) {
@@ -95,6 +100,12 @@ class MergeTable {
   }
 
  private:
+  static std::vector<std::int32_t> results_of(const BpeVocabulary& v, const TokenIndex& index) {
+    std::vector<std::int32_t> results(v.merges.size());
+    for (std::size_t rank = 0; rank < v.merges.size(); ++rank)
+      results[rank] = index.find(v.tokens[v.merges[rank].first] + v.tokens[v.merges[rank].second]);
+    return results;
+  }
   static constexpr std::uint64_t kEmpty = ~0ull;
   static std::uint64_t pack(std::int32_t left, std::int32_t right) {
     return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) | static_cast<std::uint32_t>(right);

@@ -86,8 +86,8 @@ class HfFields {
   void require_neutral(const char* key, const Json& neutral, const std::string& why) {
     const Json* v = optional(key);
     if (v && *v != neutral)
-      place_.at(key).fail("is " + xgrad::detail::json_excerpt(*v) + "; xgrad implements only " + neutral.dump() +
-                          " (" + why + ")");
+      place_.at(key).fail("is " + xgrad::detail::json_excerpt(*v) + "; xgrad implements only " + neutral.dump() + " (" +
+                          why + ")");
   }
   /// Refuses the first field no getter read.
   void done() const {

@@ -70,7 +70,7 @@ std::vector<std::string> rewrite_tokenizer_option(int argc, char** argv) {
 struct TokenizerOption {
   std::string kind, path;
   void add_to(CLI::App& app) {
-    app.add_option("--tokenizer", kind, "KIND [PATH]: bytes, gpt2 DIR, bpe PATH or spm FILE")->required();
+    app.add_option("--tokenizer", kind, "KIND [PATH]: bytes, gpt2 DIR, bpe PATH, spm FILE or hf DIR")->required();
     app.add_option("--tokenizer-path", path)->group("");  // the PATH of --tokenizer KIND PATH
   }
   std::unique_ptr<Tokenizer> load() const { return xgrad::text::load_tokenizer(kind, path, kProgram); }

@@ -1,0 +1,200 @@
+// tokenizer.json's BPE model, as Hugging Face's tokenizers runs it (models/bpe/model.rs): a piece
+// becomes one symbol per character (the continuing_subword_prefix before every character but the
+// first, the end_of_word_suffix after the last), a character outside the vocabulary becomes its
+// <0xNN> byte tokens (byte_fallback) or the unk token (fused with the unk before it under fuse_unk,
+// dropped without an unk token), and the symbols merge by the merges' ranks.
+#include <array>
+#include <cstdio>
+#include <limits>
+#include <unordered_map>
+
+#include "xgrad/text/detail/bpe_merge.hpp"
+#include "xgrad/text/detail/bpe_tables.hpp"
+#include "xgrad/text/detail/hf_components.hpp"
+
+namespace xgrad::text::detail {
+
+namespace {
+
+std::size_t utf8_length(unsigned char lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
+
+std::string in_quotes(std::string_view token) { return "\"" + readable_bytes(token) + "\""; }
+
+class BpeModel : public HfModel {
+ public:
+  BpeModel(const Json& json, const JsonPlace& place) {
+    HfFields f(json, place);
+    if (f.type() != "BPE") place.fail("is a model of type \"" + f.type() + "\", not BPE");
+    if (const Json* dropout = f.optional("dropout"); dropout && *dropout != 0)
+      place.at("dropout").fail("is " + xgrad::detail::json_excerpt(*dropout) +
+                               "; xgrad encodes without BPE dropout (null)");
+    prefix_ = f.optional_string("continuing_subword_prefix").value_or("");
+    suffix_ = f.optional_string("end_of_word_suffix").value_or("");
+    fuse_unk_ = f.boolean("fuse_unk", false);
+    byte_fallback_ = f.boolean("byte_fallback", false);
+    ignore_merges_ = f.boolean("ignore_merges", false);
+    read_vocab(f.required("vocab"), place.at("vocab"));
+    if (const std::optional<std::string> unk = f.optional_string("unk_token")) {
+      unk_id_ = id_of(*unk);
+      if (unk_id_ < 0) place.at("unk_token").fail(in_quotes(*unk) + " is not in model.vocab");
+    }
+    read_merges(f.required("merges"), place.at("merges"));
+    f.done();
+    if (byte_fallback_) {
+      for (int b = 0; b < 256; ++b) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        byte_id_[b] = static_cast<std::int32_t>(id_of(name));
+        if (byte_id_[b] < 0)
+          place.at("byte_fallback")
+              .fail(std::string("is true, but model.vocab has no byte token ") + name +
+                    " (byte fallback needs all 256)");
+      }
+    }
+    for (int c = 0; c < 128; ++c) {
+      const std::string s(1, static_cast<char>(c));
+      ascii_first_[c] = static_cast<std::int32_t>(id_of(s));
+      ascii_later_[c] = static_cast<std::int32_t>(id_of(prefix_ + s));
+    }
+  }
+
+  void tokenize(std::string_view piece, TokenIds& out) const override {
+    if (piece.empty()) return;
+    if (ignore_merges_) {
+      const std::int32_t whole = index_->find(piece);
+      if (whole >= 0) {
+        out.push_back(whole);
+        return;
+      }
+    }
+    thread_local std::vector<std::int32_t> symbols;
+    thread_local std::string symbol;
+    symbols.clear();
+    std::int32_t pending_unk = -1;  // an unk waiting for fuse_unk's decision
+    for (std::size_t at = 0; at < piece.size();) {
+      const std::size_t length = std::min(utf8_length(static_cast<unsigned char>(piece[at])), piece.size() - at);
+      const bool first = at == 0, last = at + length == piece.size();
+      std::int32_t id;
+      if (length == 1 && !(last && !suffix_.empty()) && static_cast<unsigned char>(piece[at]) < 128) {
+        id = (first ? ascii_first_ : ascii_later_)[static_cast<unsigned char>(piece[at])];
+        symbol.assign(first ? "" : prefix_).append(piece.substr(at, 1));
+      } else {
+        symbol.assign(first ? "" : prefix_).append(piece.substr(at, length)).append(last ? suffix_ : "");
+        id = index_->find(symbol);
+      }
+      at += length;
+      if (id >= 0) {
+        if (pending_unk >= 0) symbols.push_back(pending_unk);
+        pending_unk = -1;
+        symbols.push_back(id);
+        continue;
+      }
+      if (byte_fallback_) {
+        if (pending_unk >= 0) symbols.push_back(pending_unk);
+        pending_unk = -1;
+        for (const char byte : symbol) symbols.push_back(byte_id_[static_cast<unsigned char>(byte)]);
+        continue;
+      }
+      if (unk_id_ < 0) continue;  // Hugging Face drops the character when there is no unk token
+      if (pending_unk >= 0 && !fuse_unk_) symbols.push_back(pending_unk);
+      pending_unk = static_cast<std::int32_t>(unk_id_);
+    }
+    if (pending_unk >= 0) symbols.push_back(pending_unk);
+    merge_symbols(*merges_, symbols.data(), symbols.size(), out, "HfTokenizer::encode (BPE)");
+  }
+
+  const std::vector<std::string>& vocabulary() const override { return tokens_; }
+
+  std::int64_t id_of(std::string_view token) const override { return index_->find(token); }
+
+ private:
+  void read_vocab(const Json& vocab, const JsonPlace& place) {
+    if (!vocab.is_object()) place.fail("is " + xgrad::detail::json_excerpt(vocab) + ", not an object");
+    std::int64_t largest = -1;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      if (!it->is_number_integer() || it->get<std::int64_t>() < 0)
+        place.fail("the token " + in_quotes(it.key()) + " has the id " + xgrad::detail::json_excerpt(*it) +
+                   ", not an integer >= 0");
+      largest = std::max(largest, it->get<std::int64_t>());
+    }
+    // Ids may have gaps (o200k's do), but an id past twice the vocabulary is a file that lies.
+    if (largest >= std::max<std::int64_t>(2 * static_cast<std::int64_t>(vocab.size()), 1024) ||
+        largest >= std::numeric_limits<std::int32_t>::max())
+      place.fail("holds the id " + std::to_string(largest) + " among only " + std::to_string(vocab.size()) + " tokens");
+    tokens_.assign(static_cast<std::size_t>(largest + 1), std::string());
+    std::vector<bool> gap(tokens_.size(), true);
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      const auto id = static_cast<std::size_t>(it->get<std::int64_t>());
+      if (!gap[id])
+        place.fail("the tokens " + in_quotes(tokens_[id]) + " and " + in_quotes(it.key()) + " both have the id " +
+                   std::to_string(id));
+      if (it.key().empty()) place.fail("holds an empty token (id " + std::to_string(id) + ")");
+      tokens_[id] = it.key();
+      gap[id] = false;
+    }
+    index_ = std::make_unique<TokenIndex>(tokens_, gap);
+  }
+
+  void read_merges(const Json& merges, const JsonPlace& place) {
+    if (!merges.is_array()) place.fail("is " + xgrad::detail::json_excerpt(merges) + ", not an array");
+    std::vector<std::pair<std::int64_t, std::int64_t>> pairs;
+    std::vector<std::int32_t> results;
+    pairs.reserve(merges.size());
+    results.reserve(merges.size());
+    std::unordered_map<std::uint64_t, std::size_t> rank_of;
+    rank_of.reserve(merges.size());
+    for (std::size_t rank = 0; rank < merges.size(); ++rank) {
+      const Json& m = merges[rank];
+      const JsonPlace here = place.at(rank);
+      std::string left, right;
+      if (m.is_string()) {
+        const std::string& s = m.get_ref<const std::string&>();
+        const std::size_t space = s.find(' ');
+        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+          here.fail("is " + xgrad::detail::json_excerpt(m) + ", not two tokens separated by one space");
+        left = s.substr(0, space);
+        right = s.substr(space + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        left = m[0].get<std::string>();
+        right = m[1].get<std::string>();
+      } else {
+        here.fail("is " + xgrad::detail::json_excerpt(m) + ", neither \"a b\" nor a pair of strings");
+      }
+      const std::int64_t a = id_of(left), b = id_of(right);
+      if (a < 0) here.fail("the token " + in_quotes(left) + " is not in model.vocab");
+      if (b < 0) here.fail("the token " + in_quotes(right) + " is not in model.vocab");
+      if (!prefix_.empty() && right.compare(0, prefix_.size(), prefix_) != 0)
+        here.fail("the right token " + in_quotes(right) + " does not start with the continuing_subword_prefix " +
+                  in_quotes(prefix_));
+      const std::string joined = left + right.substr(prefix_.size());
+      const std::int64_t result = id_of(joined);
+      if (result < 0)
+        here.fail(in_quotes(left) + " + " + in_quotes(right) + " gives " + in_quotes(joined) + ", not in model.vocab");
+      const auto [it, inserted] =
+          rank_of.emplace((static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint64_t>(b), rank);
+      if (!inserted)
+        here.fail("repeats the merge " + in_quotes(left) + " " + in_quotes(right) + " of rank " +
+                  std::to_string(it->second));
+      pairs.emplace_back(a, b);
+      results.push_back(static_cast<std::int32_t>(result));
+    }
+    merges_ = std::make_unique<MergeTable>(pairs, results);
+  }
+
+  std::vector<std::string> tokens_;
+  std::unique_ptr<TokenIndex> index_;
+  std::unique_ptr<MergeTable> merges_;
+  std::string prefix_, suffix_;
+  bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
+  std::int64_t unk_id_ = -1;
+  std::array<std::int32_t, 256> byte_id_{};
+  std::array<std::int32_t, 128> ascii_first_{}, ascii_later_{};
+};
+
+}  // namespace
+
+std::unique_ptr<HfModel> make_hf_bpe_model(const Json& json, const JsonPlace& place) {
+  return std::make_unique<BpeModel>(json, place);
+}
+
+}  // namespace xgrad::text::detail
