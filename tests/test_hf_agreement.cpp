@@ -1,0 +1,73 @@
+// Today's tokenizer.json files (Llama 3, Qwen 2.5 and 3, Gemma 3, Mistral, GPT-4o's o200k, GPT-2)
+// against Hugging Face's own JavaScript implementation: exact ids with and without the template's
+// special tokens, and exact decoded text, on a varied corpus (tests/fixtures/hf_tokenizers:
+// make_hf_tokenizer_fixtures.mjs wrote the expected values; README.md says what each file holds).
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "xgrad/text/hf_tokenizer.hpp"
+
+using xgrad::text::TokenIds;
+using Json = nlohmann::json;
+
+namespace {
+
+std::string from_hex(const std::string& hex) {
+  std::string bytes;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return bytes;
+}
+
+Json expected(const std::string& name) {
+  std::ifstream in(std::string(XGRAD_FIXTURE_DIR) + "/hf_tokenizers/" + name + ".expected.json");
+  REQUIRE(in);
+  std::stringstream text;
+  text << in.rdbuf();
+  return Json::parse(text.str());
+}
+
+std::string ids_text(const TokenIds& ids) { return Json(ids).dump(); }
+
+// Every case of the corpus: the number that differ, with the first few shown.
+void check_agreement(const std::string& name) {
+  const Json reference = expected(name);
+  const auto tokenizer = xgrad::text::load_hf_tokenizer(std::string(XGRAD_HF_TOKENIZERS_DIR) + "/" + name);
+  std::size_t differ = 0;
+  std::string shown;
+  const auto compare = [&](const Json& c, const char* what, const std::string& got, const std::string& want) {
+    if (got == want) return;
+    if (++differ <= 5)
+      shown += c["name"].get<std::string>() + " " + what + ":\n  xgrad " + got + "\n  want  " + want + "\n";
+  };
+  for (const Json& c : reference["cases"]) {
+    const std::string input = c.contains("hex") ? from_hex(c["hex"].get<std::string>()) : c["text"].get<std::string>();
+    const TokenIds ids = tokenizer->encode(input);
+    const TokenIds with_specials = tokenizer->encode_for_model(input);
+    compare(c, "ids", ids_text(ids), c["ids"].dump());
+    compare(c, "ids_with_specials", ids_text(with_specials), c["ids_with_specials"].dump());
+    const auto text_of = [&](const char* key) {
+      const std::string hex_key = std::string(key) + "_hex";
+      return c.contains(hex_key) ? from_hex(c[hex_key].get<std::string>()) : c[key].get<std::string>();
+    };
+    if (!ids.empty()) compare(c, "decoded", tokenizer->decode(ids), text_of("decoded"));
+    compare(c, "decoded_with_specials", tokenizer->decode(with_specials), text_of("decoded_with_specials"));
+  }
+  INFO(name << ": " << differ << " of " << 4 * reference["cases"].size() << " results differ\n" << shown);
+  CHECK(differ == 0);
+  CHECK(reference["cases"].size() >= 100);
+}
+
+}  // namespace
+
+TEST_CASE("hf agreement: Llama 3 (3.1, 3.2)", "[text]") { check_agreement("llama3"); }
+TEST_CASE("hf agreement: Qwen 2.5", "[text]") { check_agreement("qwen2_5"); }
+TEST_CASE("hf agreement: Qwen 3", "[text]") { check_agreement("qwen3"); }
+TEST_CASE("hf agreement: Gemma 3", "[text]") { check_agreement("gemma3"); }
+TEST_CASE("hf agreement: Mistral", "[text]") { check_agreement("mistral"); }
+TEST_CASE("hf agreement: GPT-4o (o200k)", "[text]") { check_agreement("o200k"); }
+TEST_CASE("hf agreement: GPT-2", "[text]") { check_agreement("gpt2"); }
