@@ -1,8 +1,9 @@
-// Encoding speed of GPT-2's byte-level BPE (text/byte_level_bpe.hpp): for each file, the whole
-// file encoded on one thread `--repeats` times (after one untimed encode), the median in MB/s
-// (10^6 bytes of input a second). bench/tokenize_js.mjs measures js-tiktoken the same way, and
-// bench/compare_tokenize.py alternates the two.
-//     build/bench/bench_tokenize [--tokenizer tests/fixtures/gpt2_tokenizer] [--repeats 15] [--json] FILE...
+// Encoding speed of a tokenizer (GPT-2's byte-level BPE by default, or any kind load_tokenizer
+// opens, such as `--kind hf DIR` for a tokenizer.json pipeline): for each file, the whole file
+// encoded on one thread `--repeats` times (after one untimed encode), the median in MB/s (10^6
+// bytes of input a second). bench/tokenize_js.mjs measures js-tiktoken or Hugging Face's
+// JavaScript tokenizers the same way, and bench/compare_tokenize.py alternates the two.
+//     build/bench/bench_tokenize [--kind hf] [--tokenizer DIR] [--repeats 15] [--json] FILE...
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,21 +14,22 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/file_io.hpp"
-#include "xgrad/text/gpt2_files.hpp"
+#include "xgrad/text/load_tokenizer.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench_tokenize: GPT-2 byte-level BPE encode speed, one thread"};
-  std::string tokenizer = "tests/fixtures/gpt2_tokenizer";
+  CLI::App app{"bench_tokenize: a tokenizer's encode speed, one thread"};
+  std::string kind = "gpt2", tokenizer = "tests/fixtures/gpt2_tokenizer";
   int repeats = 15;
   bool json = false;
   std::vector<std::string> files;
-  app.add_option("--tokenizer", tokenizer, "a folder with vocab.json + merges.txt, or a tokenizer.json");
+  app.add_option("--kind", kind, "the tokenizer's kind, as train_lm's --tokenizer names it (gpt2, bpe, spm, hf)");
+  app.add_option("--tokenizer", tokenizer, "the tokenizer's path (for gpt2: a folder with vocab.json + merges.txt)");
   app.add_option("--repeats", repeats, "timed encodes of each file")->check(CLI::Range(1, 100000));
   app.add_flag("--json", json, "one JSON line per file instead of the table");
   app.add_option("files", files, "the texts to encode")->required();
   CLI11_PARSE(app, argc, argv);
   try {
-    const auto bpe = xgrad::text::load_byte_level_bpe(tokenizer);
+    const auto bpe = xgrad::text::load_tokenizer(kind, tokenizer, "bench_tokenize");
     if (!json) std::printf("%-40s %10s %10s %10s\n", "file", "bytes", "tokens", "MB/s");
     for (const std::string& file : files) {
       const std::string text = xgrad::read_file(file, "bench_tokenize");

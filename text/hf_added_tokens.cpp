@@ -45,6 +45,7 @@ int HfAddedTokenMatcher::child(int node, unsigned char byte) const {
 }
 
 void HfAddedTokenMatcher::add(std::string_view text, int token) {
+  starts_[static_cast<unsigned char>(text[0])] = true;
   int node = 0;
   for (const char c : text) {
     const auto byte = static_cast<unsigned char>(c);
@@ -69,6 +70,10 @@ std::vector<HfSection> HfAddedTokenMatcher::split(std::string_view text,
   std::vector<HfSection> sections;
   std::size_t plain = 0;  // where the current plain section began
   for (std::size_t at = 0; at < text.size();) {
+    if (!starts_[static_cast<unsigned char>(text[at])]) {
+      ++at;
+      continue;
+    }
     int node = 0, found = -1;
     std::size_t found_end = 0;
     for (std::size_t i = at; i < text.size(); ++i) {

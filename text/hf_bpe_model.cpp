@@ -56,6 +56,7 @@ class BpeModel : public HfModel {
       ascii_first_[c] = static_cast<std::int32_t>(id_of(s));
       ascii_later_[c] = static_cast<std::int32_t>(id_of(prefix_ + s));
     }
+    cut_at_metaspace_ = metaspace_only_starts_tokens();
   }
 
   void tokenize(std::string_view piece, TokenIds& out) const override {
@@ -67,6 +68,43 @@ class BpeModel : public HfModel {
         return;
       }
     }
+    if (piece.size() > kCutWordsOver && cut_at_metaspace_) {
+      // A word with no pre-tokenizer before it (Llama 2's and Gemma's layout) is the whole text:
+      // cut before each run of U+2581 that follows another character. No token holds U+2581
+      // after another character (checked at load), so no merge crosses such a cut: the ids are the
+      // same, in n log n of a word's length instead of the text's.
+      std::size_t start = 0;
+      for (std::size_t at = 3; at + 3 <= piece.size(); ++at) {
+        if (piece.compare(at, 3, kMetaspace) == 0 && piece.compare(at - 3, 3, kMetaspace) != 0) {
+          tokenize_word(piece.substr(start, at - start), out);
+          start = at;
+        }
+      }
+      tokenize_word(piece.substr(start), out);
+      return;
+    }
+    tokenize_word(piece, out);
+  }
+
+  const std::vector<std::string>& vocabulary() const override { return tokens_; }
+
+  std::int64_t id_of(std::string_view token) const override { return index_->find(token); }
+
+ private:
+  static constexpr std::size_t kCutWordsOver = 256;
+  static constexpr const char* kMetaspace = "\xE2\x96\x81";  // U+2581, Metaspace's replacement for a space
+
+  // Whether no token holds U+2581 right after another character, so that a word may be cut before
+  // a run of it (tokenize).
+  bool metaspace_only_starts_tokens() const {
+    if (!prefix_.empty() || !suffix_.empty() || id_of(kMetaspace) < 0) return false;
+    for (const std::string& token : tokens_)
+      for (std::size_t at = token.find(kMetaspace, 1); at != std::string::npos; at = token.find(kMetaspace, at + 1))
+        if (at < 3 || token.compare(at - 3, 3, kMetaspace) != 0) return false;
+    return true;
+  }
+
+  void tokenize_word(std::string_view piece, TokenIds& out) const {
     thread_local std::vector<std::int32_t> symbols;
     thread_local std::string symbol;
     symbols.clear();
@@ -103,11 +141,6 @@ class BpeModel : public HfModel {
     merge_symbols(*merges_, symbols.data(), symbols.size(), out, "HfTokenizer::encode (BPE)");
   }
 
-  const std::vector<std::string>& vocabulary() const override { return tokens_; }
-
-  std::int64_t id_of(std::string_view token) const override { return index_->find(token); }
-
- private:
   void read_vocab(const Json& vocab, const JsonPlace& place) {
     if (!vocab.is_object()) place.fail("is " + xgrad::detail::json_excerpt(vocab) + ", not an object");
     std::int64_t largest = -1;
@@ -185,7 +218,7 @@ class BpeModel : public HfModel {
   std::unique_ptr<TokenIndex> index_;
   std::unique_ptr<MergeTable> merges_;
   std::string prefix_, suffix_;
-  bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
+  bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false, cut_at_metaspace_ = false;
   std::int64_t unk_id_ = -1;
   std::array<std::int32_t, 256> byte_id_{};
   std::array<std::int32_t, 128> ascii_first_{}, ascii_later_{};

@@ -50,6 +50,7 @@ class HfAddedTokenMatcher {
   };
   int child(int node, unsigned char byte) const;
   std::vector<Node> nodes_{Node{}};
+  std::array<bool, 256> starts_{};  // the first bytes of the texts: elsewhere no match can start
   std::vector<std::string> texts_;  // by token index, for lengths
 };
 

@@ -29,8 +29,11 @@ class HfPattern {
   ~HfPattern();
   HfPattern(const HfPattern&) = delete;
   HfPattern& operator=(const HfPattern&) = delete;
-  /// The non-overlapping matches in `text`, left to right, as [begin, end) byte offsets (empty
-  /// matches are skipped).
+  /// The non-overlapping matches in `text`, left to right, as [begin, end) byte offsets, as
+  /// Hugging Face's Rust tokenizers finds them (the onig crate's find_iter): an empty match is
+  /// one too (Split cuts there, Replace inserts there), except one that starts where the previous
+  /// match ended; an empty text has none. A match that backtracks past PCRE2's limits is an Error
+  /// naming the place.
   std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const;
 
  private:
