@@ -30,8 +30,8 @@ class Vocabulary : public xgrad::text::Tokenizer {
   // The tokenizer interface: text is split into words at spaces; an unknown word is an Error,
   // and so is a special token's text unless `specials` is match. Decoding joins the words
   // without spaces ("我昨天去了"), as the sentence is written.
-  xgrad::text::TokenIds encode(std::string_view text,
-                               xgrad::text::SpecialText specials = xgrad::text::SpecialText::as_reference) const override;
+  xgrad::text::TokenIds encode(
+      std::string_view text, xgrad::text::SpecialText specials = xgrad::text::SpecialText::as_reference) const override;
   std::string token_bytes(std::int64_t id) const override { return word(id); }
   std::size_t vocab_size() const override { return size(); }
   xgrad::text::SpecialTokens special_tokens() const override { return {kBos, kEos, kPad, std::nullopt}; }
