@@ -94,21 +94,21 @@ std::vector<HfSection> HfAddedTokenMatcher::split(std::string_view text,
       at = found_end;
       continue;
     }
-    if (at > plain) sections.push_back({std::string(text.substr(plain, at - plain)), -1});
-    sections.push_back({std::string(text.substr(at, found_end - at)), found});
+    if (at > plain) sections.push_back({text.substr(plain, at - plain), -1});
+    sections.push_back({text.substr(at, found_end - at), found});
     at = plain = found_end;
   }
-  if (plain < text.size()) sections.push_back({std::string(text.substr(plain)), -1});
+  if (plain < text.size()) sections.push_back({text.substr(plain), -1});
   for (std::size_t i = 0; i < sections.size(); ++i) {
     if (sections[i].token < 0) continue;
     const HfAddedToken& t = tokens[sections[i].token];
     if (t.lstrip && i > 0 && sections[i - 1].token < 0) {
-      std::string& before = sections[i - 1].text;
-      before.resize(before.size() - trailing_js_space(before));
+      std::string_view& before = sections[i - 1].text;
+      before.remove_suffix(trailing_js_space(before));
     }
     if (t.rstrip && i + 1 < sections.size() && sections[i + 1].token < 0) {
-      std::string& after = sections[i + 1].text;
-      after.erase(0, leading_js_space(after));
+      std::string_view& after = sections[i + 1].text;
+      after.remove_prefix(leading_js_space(after));
     }
   }
   return sections;

@@ -4,9 +4,11 @@
 // <0xNN> byte tokens (byte_fallback) or the unk token (fused with the unk before it under fuse_unk,
 // dropped without an unk token), and the symbols merge by the merges' ranks.
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <limits>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "xgrad/text/detail/bpe_merge.hpp"
 #include "xgrad/text/detail/bpe_tables.hpp"
@@ -56,34 +58,43 @@ class BpeModel : public HfModel {
       ascii_first_[c] = static_cast<std::int32_t>(id_of(s));
       ascii_later_[c] = static_cast<std::int32_t>(id_of(prefix_ + s));
     }
-    cut_at_metaspace_ = metaspace_only_starts_tokens();
+    cut_at_metaspace_ = find_metaspace_joins();
+    // Whether each token is what its own characters merge into (without affixes, which a piece
+    // does not carry).
+    if (prefix_.empty() && suffix_.empty()) {
+      std::vector<bool> itself(tokens_.size(), false);
+      TokenIds ids;
+      for (std::size_t id = 0; id < tokens_.size(); ++id) {
+        if (tokens_[id].empty()) continue;
+        ids.clear();
+        tokenize_word(tokens_[id], ids);
+        itself[id] = ids.size() == 1 && ids[0] == static_cast<std::int64_t>(id);
+      }
+      merges_to_itself_ = std::move(itself);
+    }
   }
 
   void tokenize(std::string_view piece, TokenIds& out) const override {
     if (piece.empty()) return;
-    if (ignore_merges_) {
-      const std::int32_t whole = index_->find(piece);
-      if (whole >= 0) {
-        out.push_back(whole);
-        return;
-      }
-    }
+    if (ignore_merges_ && whole_token(piece, out, true)) return;
     if (piece.size() > kCutWordsOver && cut_at_metaspace_) {
       // A word with no pre-tokenizer before it (Llama 2's and Gemma's layout) is the whole text:
-      // cut before each run of U+2581 that follows another character. No token holds U+2581
-      // after another character (checked at load), so no merge crosses such a cut: the ids are the
-      // same, in n log n of a word's length instead of the text's.
+      // cut before each run of U+2581 whose preceding character no token holds right before
+      // U+2581 (Gemma: only '>' in ">▁</"). No merge can cross such a cut, as every merge gives
+      // a token: the ids are the same, in the time of the words instead of the text.
       std::size_t start = 0;
       for (std::size_t at = 3; at + 3 <= piece.size(); ++at) {
-        if (piece.compare(at, 3, kMetaspace) == 0 && piece.compare(at - 3, 3, kMetaspace) != 0) {
-          tokenize_word(piece.substr(start, at - start), out);
-          start = at;
-        }
+        if (piece.compare(at, 3, kMetaspace) != 0 || piece.compare(at - 3, 3, kMetaspace) == 0) continue;
+        std::size_t before = at - 1;
+        while (before > start && (static_cast<unsigned char>(piece[before]) & 0xC0) == 0x80) --before;
+        if (joins_metaspace_.count(std::string(piece.substr(before, at - before)))) continue;
+        tokenize_part(piece.substr(start, at - start), out);
+        start = at;
       }
-      tokenize_word(piece.substr(start), out);
+      tokenize_part(piece.substr(start), out);
       return;
     }
-    tokenize_word(piece, out);
+    tokenize_part(piece, out);
   }
 
   const std::vector<std::string>& vocabulary() const override { return tokens_; }
@@ -91,18 +102,69 @@ class BpeModel : public HfModel {
   std::int64_t id_of(std::string_view token) const override { return index_->find(token); }
 
  private:
-  static constexpr std::size_t kCutWordsOver = 256;
+  static constexpr std::size_t kCutWordsOver = 16;
   static constexpr const char* kMetaspace = "\xE2\x96\x81";  // U+2581, Metaspace's replacement for a space
 
-  // Whether no token holds U+2581 right after another character, so that a word may be cut before
-  // a run of it (tokenize).
-  bool metaspace_only_starts_tokens() const {
+  // Whether a word may be cut before a run of U+2581 (tokenize): no affixes, and U+2581 is a token.
+  // joins_metaspace_ gets the characters some token holds right before U+2581.
+  bool find_metaspace_joins() {
     if (!prefix_.empty() || !suffix_.empty() || id_of(kMetaspace) < 0) return false;
-    for (const std::string& token : tokens_)
-      for (std::size_t at = token.find(kMetaspace, 1); at != std::string::npos; at = token.find(kMetaspace, at + 1))
-        if (at < 3 || token.compare(at - 3, 3, kMetaspace) != 0) return false;
+    for (const std::string& token : tokens_) {
+      for (std::size_t at = token.find(kMetaspace, 1); at != std::string::npos; at = token.find(kMetaspace, at + 1)) {
+        if (at >= 3 && token.compare(at - 3, 3, kMetaspace) == 0) continue;
+        std::size_t before = at - 1;
+        while (before > 0 && (static_cast<unsigned char>(token[before]) & 0xC0) == 0x80) --before;
+        joins_metaspace_.insert(token.substr(before, at - before));
+      }
+    }
     return true;
   }
+
+  // The id of a piece that is a token its own characters merge into (most pieces of a text, such as
+  // " the"), or with `any` (ignore_merges, for a whole word) any token: true when it was appended.
+  bool whole_token(std::string_view piece, TokenIds& out, bool any) const {
+    const std::int32_t whole = index_->find(piece);
+    if (whole < 0 || !(any || (!merges_to_itself_.empty() && merges_to_itself_[whole]))) return false;
+    out.push_back(whole);
+    return true;
+  }
+
+  void tokenize_part(std::string_view piece, TokenIds& out) const {
+    if (whole_token(piece, out, false)) return;
+    if (piece.size() > kCachedWordBytes) {
+      tokenize_word(piece, out);
+      return;
+    }
+    // The ids of recent words, per thread and for this model only (as Hugging Face's tokenizers
+    // keep a word cache): a text repeats its words, and merging one costs a hash probe per pair.
+    thread_local WordCache cache;
+    if (cache.model != serial_) {
+      cache.ids.clear();
+      cache.model = serial_;
+    }
+    cache.key.assign(piece);
+    const auto hit = cache.ids.find(cache.key);
+    if (hit != cache.ids.end()) {
+      out.insert(out.end(), hit->second.begin(), hit->second.end());
+      return;
+    }
+    const std::size_t first = out.size();
+    tokenize_word(piece, out);
+    if (cache.ids.size() >= kCachedWords) cache.ids.clear();
+    cache.ids.emplace(cache.key, TokenIds(out.begin() + first, out.end()));
+  }
+
+  struct WordCache {
+    std::uint64_t model = 0;
+    std::unordered_map<std::string, TokenIds> ids;
+    std::string key;
+  };
+  static constexpr std::size_t kCachedWordBytes = 64, kCachedWords = 8192;
+  static std::uint64_t next_serial() {
+    static std::atomic<std::uint64_t> serial{0};
+    return ++serial;
+  }
+  const std::uint64_t serial_ = next_serial();  // tells this model's cached words from another's
 
   void tokenize_word(std::string_view piece, TokenIds& out) const {
     thread_local std::vector<std::int32_t> symbols;
@@ -222,6 +284,8 @@ class BpeModel : public HfModel {
   std::int64_t unk_id_ = -1;
   std::array<std::int32_t, 256> byte_id_{};
   std::array<std::int32_t, 128> ascii_first_{}, ascii_later_{};
+  std::vector<bool> merges_to_itself_;  // by id; empty when the model has affixes
+  std::unordered_set<std::string> joins_metaspace_;
 };
 
 }  // namespace

@@ -320,7 +320,6 @@ struct HfTokenizer::Impl {
     const std::string_view text = replaced.empty() ? input : std::string_view(replaced);
     const int mode = specials == SpecialText::ordinary ? 0 : 1;
     const std::vector<HfSection> sections = matchers[mode][0].split(text, added);
-    std::vector<std::string> pieces;
     for (std::size_t i = 0; i < sections.size(); ++i) {
       const HfSection& s = sections[i];
       if (s.token >= 0) {
@@ -328,19 +327,28 @@ struct HfTokenizer::Impl {
         continue;
       }
       if (s.text.empty()) continue;
-      const std::string normalized = normalizer ? normalizer->normalize(s.text) : s.text;
+      std::string normalized = normalizer ? normalizer->normalize(std::string(s.text)) : std::string(s.text);
       if (normalized.empty()) continue;
+      if (matchers[mode][1].empty()) {
+        encode_plain(std::move(normalized), i, ids);
+        continue;
+      }
       for (const HfSection& sub : matchers[mode][1].split(normalized, added)) {
-        if (sub.token >= 0) {
+        if (sub.token >= 0)
           ids.push_back(added[sub.token].id);
-          continue;
-        }
-        if (sub.text.empty()) continue;
-        pieces.assign(1, sub.text);
-        if (pre_tokenizer) pre_tokenizer->split(pieces, i);
-        for (const std::string& piece : pieces) model->tokenize(piece, ids);
+        else if (!sub.text.empty())
+          encode_plain(std::string(sub.text), i, ids);
       }
     }
+  }
+
+  // Normalized text with no added token in it: the pre-tokenizer's pieces through the model.
+  void encode_plain(std::string&& text, std::size_t section, TokenIds& ids) const {
+    thread_local std::vector<std::string> pieces;
+    pieces.clear();
+    pieces.push_back(std::move(text));
+    if (pre_tokenizer) pre_tokenizer->split(pieces, section);
+    for (const std::string& piece : pieces) model->tokenize(piece, ids);
   }
 };
 

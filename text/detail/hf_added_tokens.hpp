@@ -23,10 +23,10 @@ struct HfAddedToken {
   bool single_word = false;  ///< matched only where no word character touches it
 };
 
-/// A part of a text: plain text, or the match of an added token (token >= 0, an index into the
-/// matcher's list).
+/// A part of a text (a view into it): plain text, or the match of an added token (token >= 0, an
+/// index into the matcher's list).
 struct HfSection {
-  std::string text;
+  std::string_view text;
   int token = -1;
 };
 
@@ -38,7 +38,7 @@ class HfAddedTokenMatcher {
   /// Adds `text` as the token of index `token` (its options in `tokens[token]`).
   void add(std::string_view text, int token);
   bool empty() const { return nodes_.size() == 1; }
-  /// `text` cut into plain sections and matches, then the whitespace next to an lstrip / rstrip
+  /// `text` cut into plain sections and matches (views into `text`), then the whitespace next to an lstrip / rstrip
   /// match removed from the plain sections beside it (JavaScript's trim, as Hugging Face's
   /// JavaScript tokenizers do).
   std::vector<HfSection> split(std::string_view text, const std::vector<HfAddedToken>& tokens) const;
