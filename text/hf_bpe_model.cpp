@@ -83,8 +83,11 @@ class BpeModel : public HfModel {
       // U+2581 (Gemma: only '>' in ">▁</"). No merge can cross such a cut, as every merge gives
       // a token: the ids are the same, in the time of the words instead of the text.
       std::size_t start = 0;
+      const auto metaspace_at = [&](std::size_t at) {
+        return piece[at] == kMetaspace[0] && piece[at + 1] == kMetaspace[1] && piece[at + 2] == kMetaspace[2];
+      };
       for (std::size_t at = 3; at + 3 <= piece.size(); ++at) {
-        if (piece.compare(at, 3, kMetaspace) != 0 || piece.compare(at - 3, 3, kMetaspace) == 0) continue;
+        if (!metaspace_at(at) || metaspace_at(at - 3)) continue;
         std::size_t before = at - 1;
         while (before > start && (static_cast<unsigned char>(piece[before]) & 0xC0) == 0x80) --before;
         if (joins_metaspace_.count(std::string(piece.substr(before, at - before)))) continue;
@@ -130,13 +133,13 @@ class BpeModel : public HfModel {
   }
 
   void tokenize_part(std::string_view piece, TokenIds& out) const {
-    if (whole_token(piece, out, false)) return;
     if (piece.size() > kCachedWordBytes) {
-      tokenize_word(piece, out);
+      if (!whole_token(piece, out, false)) tokenize_word(piece, out);
       return;
     }
     // The ids of recent words, per thread and for this model only (as Hugging Face's tokenizers
-    // keep a word cache): a text repeats its words, and merging one costs a hash probe per pair.
+    // keep a word cache): a text repeats its words, and a small table stays in the processor's
+    // cache where the vocabulary (megabytes) and the merges do not.
     thread_local WordCache cache;
     if (cache.model != serial_) {
       cache.ids.clear();
@@ -149,7 +152,7 @@ class BpeModel : public HfModel {
       return;
     }
     const std::size_t first = out.size();
-    tokenize_word(piece, out);
+    if (!whole_token(piece, out, false)) tokenize_word(piece, out);
     if (cache.ids.size() >= kCachedWords) cache.ids.clear();
     cache.ids.emplace(cache.key, TokenIds(out.begin() + first, out.end()));
   }

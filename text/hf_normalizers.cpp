@@ -44,7 +44,8 @@ class Replace final : public HfNormalizer {
   Replace(const Json& pattern, std::string content, const JsonPlace& place)
       : pattern_(pattern, place), content_(std::move(content)) {}
   std::string normalize(std::string text) const override {
-    const auto matches = pattern_.find_all(text);
+    thread_local std::vector<std::pair<std::size_t, std::size_t>> matches;
+    pattern_.find_all(text, matches);
     if (matches.empty()) return text;
     std::string out;
     out.reserve(text.size() + matches.size() * content_.size());

@@ -122,9 +122,9 @@ HfPattern::~HfPattern() = default;
 
 // The onig crate's FindMatches: each search starts where the last match ended; an empty match
 // right where the previous match ended is skipped by searching again one character further.
-std::vector<std::pair<std::size_t, std::size_t>> HfPattern::find_all(std::string_view text) const {
-  std::vector<std::pair<std::size_t, std::size_t>> matches;
-  if (text.empty()) return matches;  // tokenizer/pattern.rs: an empty text has no match, not even ""
+void HfPattern::find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& matches) const {
+  matches.clear();
+  if (text.empty()) return;  // tokenizer/pattern.rs: an empty text has no match, not even ""
   if (impl_->code && !is_valid_utf8(text)) impl_->place.at("Regex").fail("cannot match a text that is not valid UTF-8");
   thread_local ThreadMatchState state;
   std::size_t from = 0, begin = 0, end = 0, last_end = 0;
@@ -139,7 +139,6 @@ std::vector<std::pair<std::size_t, std::size_t>> HfPattern::find_all(std::string
     any = true;
     last_end = from = end;
   }
-  return matches;
 }
 
 }  // namespace xgrad::text::detail

@@ -133,14 +133,19 @@ class PieceSplitter : public HfPreTokenizer {
   // The non-empty stretches `cut` keeps of each piece (cut(piece, segments) fills the segments).
   template <typename Cut>
   static void split_each(std::vector<std::string>& pieces, bool& first_at_start, Cut cut) {
-    std::vector<std::string> out;
-    out.reserve(pieces.size() * 2);
-    std::vector<Segment> segments;
+    // Buffers kept per thread: a text's every section passes here.
+    thread_local std::vector<std::string> out;
+    thread_local std::vector<Segment> segments;
+    out.clear();
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       const std::string& piece = pieces[i];
       segments.clear();
       cut(piece, segments);
       const std::size_t before = out.size();
+      if (segments.size() == 1 && segments[0].begin == 0 && segments[0].end == piece.size()) {
+        out.push_back(std::move(pieces[i]));  // the piece whole: moved, not copied
+        continue;
+      }
       out.reserve(before + segments.size());
       for (const Segment& s : segments) {
         if (s.end == s.begin) continue;
@@ -161,7 +166,9 @@ class Split final : public PieceSplitter {
       : pattern_(pattern, place), behavior_(behavior), invert_(invert) {}
   void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
     split_each(pieces, first_at_start, [&](std::string_view piece, std::vector<Segment>& segments) {
-      segments_of_matches(pattern_.find_all(piece), piece.size(), segments);
+      thread_local std::vector<std::pair<std::size_t, std::size_t>> matches;
+      pattern_.find_all(piece, matches);
+      segments_of_matches(matches, piece.size(), segments);
       if (invert_)
         for (Segment& s : segments) s.match = !s.match;
       apply_behavior(segments, behavior_);
@@ -257,7 +264,9 @@ class ByteLevel final : public PieceSplitter {
         if (!piece.empty() && piece[0] != ' ') piece.insert(piece.begin(), ' ');
     if (pattern_)
       split_each(pieces, first_at_start, [&](std::string_view piece, std::vector<Segment>& segments) {
-        segments_of_matches(pattern_->find_all(piece), piece.size(), segments);
+        thread_local std::vector<std::pair<std::size_t, std::size_t>> matches;
+        pattern_->find_all(piece, matches);
+        segments_of_matches(matches, piece.size(), segments);
       });
     for (std::string& piece : pieces) piece = gpt2_printable_from_bytes(piece);
   }

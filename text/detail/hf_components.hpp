@@ -34,7 +34,8 @@ class HfPattern {
   /// one too (Split cuts there, Replace inserts there), except one that starts where the previous
   /// match ended; an empty text has none. A match that backtracks past PCRE2's limits is an Error
   /// naming the place.
-  std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const;
+  /// (Into `matches`, cleared first, so that a caller may keep one buffer.)
+  void find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& matches) const;
 
  private:
   struct Impl;
