@@ -4,11 +4,14 @@
 // make_hf_tokenizer_fixtures.mjs wrote the expected values; README.md says what each file holds).
 #include <catch2/catch.hpp>
 
+#include <malloc.h>
+
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "peak_memory.hpp"
 #include "xgrad/text/hf_tokenizer.hpp"
 
 using xgrad::text::TokenIds;
@@ -71,3 +74,29 @@ TEST_CASE("hf agreement: Gemma 3", "[text]") { check_agreement("gemma3"); }
 TEST_CASE("hf agreement: Mistral", "[text]") { check_agreement("mistral"); }
 TEST_CASE("hf agreement: GPT-4o (o200k)", "[text]") { check_agreement("o200k"); }
 TEST_CASE("hf agreement: GPT-2", "[text]") { check_agreement("gpt2"); }
+
+// What encode holds is linear in the text: each section's normalized copy and its pieces (one
+// string of 32 bytes for about 5 bytes of English, twice while a stage builds the next), measured
+// at 28 bytes a byte for Llama 3 and 12 for Mistral on this text (docs/text.md).
+// The bound catches a copy too many or a quadratic growth; the peak is this process's from a reset
+// (tests/peak_memory.hpp).
+TEST_CASE("hf encode of 8 MB holds a bounded number of bytes per input byte", "[text]") {
+  std::string text;
+  const Json reference = expected("llama3");
+  while (text.size() < (std::size_t{8} << 20))
+    for (const Json& c : reference["cases"])
+      if (c.contains("text") && c["text"].get<std::string>().find('<') == std::string::npos)
+        text += c["text"].get<std::string>() + "\n";  // no special-token text: one section, the worst case
+  for (const char* name : {"llama3", "mistral"}) {
+    INFO(name);
+    const auto tokenizer = xgrad::text::load_hf_tokenizer(std::string(XGRAD_HF_TOKENIZERS_DIR) + "/" + name);
+    tokenizer->encode(text.substr(0, 100000));  // the word cache and the buffers, outside the measure
+    ::malloc_trim(0);
+    if (!xgrad::testing::kAddressSanitizer) REQUIRE(xgrad::testing::reset_peak_rss());
+    const long baseline = xgrad::testing::status_kib("VmRSS");
+    const TokenIds ids = tokenizer->encode(text);
+    const double per_byte = xgrad::testing::peak_rise_kib(baseline) * 1024.0 / static_cast<double>(text.size());
+    INFO(per_byte << " bytes a byte for " << ids.size() << " ids");
+    if (!xgrad::testing::kAddressSanitizer) CHECK(per_byte < 40);
+  }
+}

@@ -125,6 +125,23 @@ TEST_CASE("train_lm trains through GPT-2's tokenizer, stores it, and --sample de
   CHECK_THAT(other.err, Catch::Contains("vocab") || Catch::Contains("tokenizer"));
 }
 
+TEST_CASE("train_lm trains through a Hugging Face tokenizer folder, stores it, and --sample decodes with it",
+          "[gemm]") {
+  TempDir dir("xgrad_lm_hf_tok");
+  write_bytes(dir.file("a.txt"), some_text());
+  const std::string ck = dir.file("ck.safetensors"), mistral = std::string(XGRAD_HF_TOKENIZERS_DIR) + "/mistral";
+  require_ok(run(dir, tiny({dir.file("a.txt"), "--tokenizer", "hf", mistral, "--checkpoint", ck, "--out", dir.path})));
+  const auto hf = xgrad::text::load_tokenizer("hf", mistral);
+  REQUIRE(lm::checkpoint_tokenizer(ck)->identity() == hf->identity());
+  CHECK(lm::checkpoint_config(ck).vocab_size == 32000);
+  const Outcome sampled = run(dir, {"--checkpoint", ck, "--sample", "8", "--temperature", "0", "--prompt", "The fox"});
+  require_ok(sampled);
+  const auto loaded = xgrad::nn::load_language_model(ck);
+  xgrad::Generator gen(0);
+  const auto ids = loaded.model->generate(hf->encode("The fox"), 8, {0.f, 0}, gen);
+  CHECK(sampled.out == hf->decode(ids) + "\n");
+}
+
 TEST_CASE("train_lm --train-tokenizer trains a BPE on the training text, stores it and saves it", "[gemm]") {
   TempDir dir("xgrad_lm_bpe");
   write_bytes(dir.file("a.txt"), some_text());
