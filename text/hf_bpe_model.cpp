@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
@@ -133,36 +134,48 @@ class BpeModel : public HfModel {
   }
 
   void tokenize_part(std::string_view piece, TokenIds& out) const {
-    if (piece.size() > kCachedWordBytes) {
+    if (piece.size() > WordCache::kBytes) {
       if (!whole_token(piece, out, false)) tokenize_word(piece, out);
       return;
     }
     // The ids of recent words, per thread and for this model only (as Hugging Face's tokenizers
     // keep a word cache): a text repeats its words, and a small table stays in the processor's
-    // cache where the vocabulary (megabytes) and the merges do not.
+    // cache where the vocabulary (megabytes) and the merges do not. Direct-mapped: a word's slot
+    // holds the last word of its hash there.
     thread_local WordCache cache;
     if (cache.model != serial_) {
-      cache.ids.clear();
+      cache.slots.assign(WordCache::kSlots, WordCache::Slot{});
       cache.model = serial_;
     }
-    cache.key.assign(piece);
-    const auto hit = cache.ids.find(cache.key);
-    if (hit != cache.ids.end()) {
-      out.insert(out.end(), hit->second.begin(), hit->second.end());
+    const std::uint64_t hash = hash_bytes(piece) | 1;  // 0 marks an empty slot
+    // The slot from the product's high bits, which every byte of the word reaches.
+    WordCache::Slot& slot = cache.slots[(hash * 0x9E3779B97F4A7C15ull) >> (64 - WordCache::kSlotBits)];
+    if (slot.hash == hash && slot.bytes == piece.size() && std::memcmp(slot.word, piece.data(), piece.size()) == 0) {
+      out.insert(out.end(), slot.ids, slot.ids + slot.count);
       return;
     }
     const std::size_t first = out.size();
     if (!whole_token(piece, out, false)) tokenize_word(piece, out);
-    if (cache.ids.size() >= kCachedWords) cache.ids.clear();
-    cache.ids.emplace(cache.key, TokenIds(out.begin() + first, out.end()));
+    if (out.size() - first > WordCache::kIds) return;
+    slot.hash = hash;
+    slot.bytes = static_cast<std::uint8_t>(piece.size());
+    slot.count = static_cast<std::uint8_t>(out.size() - first);
+    std::memcpy(slot.word, piece.data(), piece.size());
+    for (std::size_t i = 0; i < slot.count; ++i) slot.ids[i] = static_cast<std::int32_t>(out[first + i]);
   }
 
   struct WordCache {
+    static constexpr int kSlotBits = 13;
+    static constexpr std::size_t kSlots = std::size_t{1} << kSlotBits, kBytes = 62, kIds = 14;
+    struct Slot {  // two 64-byte cache lines
+      std::uint64_t hash = 0;
+      std::uint8_t bytes = 0, count = 0;
+      char word[kBytes];
+      std::int32_t ids[kIds];
+    };
     std::uint64_t model = 0;
-    std::unordered_map<std::string, TokenIds> ids;
-    std::string key;
+    std::vector<Slot> slots;
   };
-  static constexpr std::size_t kCachedWordBytes = 64, kCachedWords = 8192;
   static std::uint64_t next_serial() {
     static std::atomic<std::uint64_t> serial{0};
     return ++serial;
