@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -99,4 +100,33 @@ TEST_CASE("hf encode of 8 MB holds a bounded number of bytes per input byte", "[
     INFO(per_byte << " bytes a byte for " << ids.size() << " ids");
     if (!xgrad::testing::kAddressSanitizer) CHECK(per_byte < 40);
   }
+}
+
+// Each thread keeps its own word cache and buffers; two threads encoding with one tokenizer, and one
+// thread switching between two tokenizers, give the ids of one thread alone.
+TEST_CASE("hf encode on two threads at once, and one thread switching tokenizers, gives the same ids", "[text]") {
+  const Json reference = expected("gemma3");
+  std::string text;
+  for (const Json& c : reference["cases"])
+    if (c.contains("text")) text += c["text"].get<std::string>() + "\n";
+  const auto gemma = xgrad::text::load_hf_tokenizer(std::string(XGRAD_HF_TOKENIZERS_DIR) + "/gemma3");
+  const auto mistral = xgrad::text::load_hf_tokenizer(std::string(XGRAD_HF_TOKENIZERS_DIR) + "/mistral");
+  const TokenIds want_gemma = gemma->encode(text), want_mistral = mistral->encode(text);
+  std::vector<TokenIds> got(4);
+  std::thread a([&] {
+    for (int r = 0; r < 3; ++r) got[0] = gemma->encode(text);
+  });
+  std::thread b([&] {
+    for (int r = 0; r < 3; ++r) {
+      got[1] = gemma->encode(text);
+      got[2] = mistral->encode(text);
+    }
+  });
+  a.join();
+  b.join();
+  got[3] = gemma->encode(text);
+  CHECK(got[0] == want_gemma);
+  CHECK(got[1] == want_gemma);
+  CHECK(got[2] == want_mistral);
+  CHECK(got[3] == want_gemma);
 }

@@ -227,4 +227,8 @@ TEST_CASE("hf tokenizer: what the file says that xgrad does not do is refused by
   CHECK_THAT(error_of([&] { HfTokenizer(deep, "", "test"); }), Catch::Contains("deeper than 64"));
   CHECK_THAT(error_of([&] { xgrad::text::load_hf_tokenizer("/nonexistent/dir"); }),
              Catch::Contains("load_hf_tokenizer") && Catch::Contains("does not exist"));
+  // Files that are not files: the one reader of files refuses them by kind.
+  CHECK_THAT(error_of([&] { xgrad::text::load_hf_tokenizer("/dev/zero"); }),
+             Catch::Contains("/dev/zero") && Catch::Contains("not a regular file"));
+  CHECK_THAT(error_of([&] { xgrad::text::load_hf_tokenizer("/"); }), Catch::Contains("'//tokenizer.json'"));
 }
