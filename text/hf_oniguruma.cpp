@@ -187,16 +187,16 @@ class Translator {
       return true;
     }
     if (!std::isalpha(static_cast<unsigned char>(e)) && e != '\0') {  // an escaped symbol or non-ASCII
-      out_ += '\\';
       ++at_;
+      if (static_cast<unsigned char>(e) < 0x80) out_ += '\\';  // a non-ASCII character needs none
       literal();
       return true;
     }
     return false;
   }
 
-  // \p{Name} \p{^Name} \P{Name}: Word rewritten, other names left to PCRE2 (whose Unicode names
-  // Oniguruma shares). Returns (negated, is Word) and leaves at_ after the closing brace.
+  // \p{Name} \p{^Name} \P{Name}, read up to its closing brace: Word and the long category names
+  // rewritten, other names left to PCRE2 (whose Unicode names Oniguruma shares).
   struct Property {
     std::string text;
     bool negated = false;

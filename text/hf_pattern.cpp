@@ -18,7 +18,7 @@ namespace {
 // Oniguruma's default retry limit is also 10 million; past it a match is an Error, not a hang.
 constexpr std::uint32_t kMatchLimit = 10'000'000;
 constexpr std::uint32_t kHeapLimitKiB = 256 * 1024;  // the interpreter's backtracking memory
-constexpr std::size_t kJitStackMax = 8 * 1024 * 1024;
+constexpr std::size_t kJitStackMax = 256 * 1024 * 1024;
 
 // One match block, JIT stack and match context per thread, shared by every pattern, so that
 // matching may run on several threads at once.

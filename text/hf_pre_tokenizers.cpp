@@ -146,7 +146,8 @@ class PieceSplitter : public HfPreTokenizer {
         out.push_back(std::move(pieces[i]));  // the piece whole: moved, not copied
         continue;
       }
-      out.reserve(before + segments.size());
+      if (out.capacity() < before + segments.size())
+        out.reserve(std::max(2 * out.capacity(), before + segments.size()));
       for (const Segment& s : segments) {
         if (s.end == s.begin) continue;
         if (i == 0 && out.size() == before && s.begin != 0) first_at_start = false;

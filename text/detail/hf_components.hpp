@@ -54,7 +54,8 @@ std::unique_ptr<HfNormalizer> make_hf_normalizer(const Json& json, const JsonPla
 
 /// pre_tokenizer: the pieces of a text, split further. `section` is the index of the text's
 /// section among those the added tokens cut the input into (Metaspace's prepend_scheme "first"
-/// prepends only in section 0).
+/// prepends only in section 0, and there only to the piece that starts the input, as Rust's
+/// `offsets_original().0 == 0`). Empty pieces are dropped.
 class HfPreTokenizer {
  public:
   virtual ~HfPreTokenizer() = default;

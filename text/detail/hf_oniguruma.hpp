@@ -17,11 +17,11 @@ namespace xgrad::text::detail {
 /// PCRE2's vertical space), \O, \uHHHH, (?m) (Oniguruma's dot-all), {,n}, an interval followed by
 /// + * or another interval (a repeat in Oniguruma, possessive or an error in PCRE2), {n}? (optional
 /// in Oniguruma, lazy in PCRE2), nested classes [a[bc]] and the long names of general categories
-/// (\p{Letter} is \p{L}). Refused by name, as an Error at
-/// `place`: what has no translation here (class intersection &&, POSIX brackets [:alpha:], a
-/// nested negated class, \W \O and negated \p{Word} inside a class, the options other than i and
-/// m, absent groups (?~...), conditionals, callouts, \Q \E \y \Y \C \M, \X (PCRE2 10.42 joins two emoji into one
-/// grapheme cluster) and the letter escapes neither syntax shares). What PCRE2 itself refuses is left to its compiler.
+/// (\p{Letter} is \p{L}). Refused by name, as an Error at `place`: what has no translation here
+/// (class intersection &&, POSIX brackets [:alpha:], a nested negated class, \W \O and a negated
+/// \p{Word} inside a class, the options other than i and m, absent groups (?~...), conditionals,
+/// callouts, \Q \E \y \Y \C \M, \X (PCRE2 10.42 makes two emoji one grapheme cluster) and the
+/// letter escapes neither syntax shares). What PCRE2 itself refuses is left to its compiler.
 ///
 /// Not rewritten, a known difference: under (?i) Oniguruma also matches the multi-character case
 /// foldings (ß matches "ss", ﬁ matches "fi"), PCRE2 the one-character ones only.
