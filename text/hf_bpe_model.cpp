@@ -14,12 +14,11 @@
 #include "xgrad/text/detail/bpe_merge.hpp"
 #include "xgrad/text/detail/bpe_tables.hpp"
 #include "xgrad/text/detail/hf_components.hpp"
+#include "xgrad/text/detail/hf_unicode.hpp"
 
 namespace xgrad::text::detail {
 
 namespace {
-
-std::size_t utf8_length(unsigned char lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
 
 std::string in_quotes(std::string_view token) { return "\"" + readable_bytes(token) + "\""; }
 

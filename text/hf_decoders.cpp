@@ -12,6 +12,7 @@
 
 #include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/text/detail/hf_components.hpp"
+#include "xgrad/text/detail/hf_unicode.hpp"
 #include "xgrad/text/gpt2_byte_encoding.hpp"
 
 namespace xgrad::text::detail {
@@ -20,15 +21,6 @@ namespace {
 
 using Tokens = std::vector<std::string>;
 using Flags = std::vector<bool>;
-
-// The length of the UTF-8 character that begins with `lead` (1 for a byte that begins none, so
-// that a walk over bytes that are not UTF-8 still ends).
-std::size_t utf8_length(unsigned char lead) {
-  if (lead >= 0xF0 && lead <= 0xF4) return 4;
-  if (lead >= 0xE0 && lead <= 0xEF) return 3;
-  if (lead >= 0xC2 && lead <= 0xDF) return 2;
-  return 1;
-}
 
 // A string of the file as a message quotes it (bounded, bytes that are not UTF-8 replaced).
 std::string quoted(const std::string& text) { return xgrad::detail::json_excerpt(Json(text)); }
@@ -53,40 +45,50 @@ std::string one_character(HfFields& fields, const char* key, const std::optional
 // `added` as long as `tokens` (a missing flag is false), so that no decoder reads past it.
 void match_flags(const Tokens& tokens, Flags& added) { added.resize(tokens.size(), false); }
 
+// Each run of tokens that `bytes_of` gives bytes for becomes one token, the run's bytes decoded with
+// U+FFFD for each maximal ill-formed subpart (the JS's TextDecoder); every other token passes
+// through as it is, with its flag.
+template <typename BytesOf>
+void join_byte_runs(Tokens& tokens, Flags& added, BytesOf bytes_of) {
+  match_flags(tokens, added);
+  Tokens out;
+  Flags out_added;
+  std::string run;
+  bool in_run = false;
+  const auto end_run = [&] {
+    if (!in_run) return;
+    out.push_back(replace_invalid_utf8(run));
+    out_added.push_back(false);
+    run.clear();
+    in_run = false;
+  };
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (const std::optional<std::string> bytes = bytes_of(tokens[i], added[i])) {
+      run += *bytes;
+      in_run = true;
+      continue;
+    }
+    end_run();
+    out.push_back(std::move(tokens[i]));
+    out_added.push_back(added[i]);
+  }
+  end_run();
+  tokens = std::move(out);
+  added = std::move(out_added);
+}
+
 // ByteLevel: each run of tokens that are not added tokens is joined, its characters mapped back to
-// the bytes GPT-2's table prints them as, and the bytes decoded with U+FFFD for what is not UTF-8;
-// an added token passes through as it is (JS's ByteLevel decoder). A token with a character outside
-// the table gives its own UTF-8 bytes, as Rust's does (pre_tokenizers/byte_level.rs, decode_chain);
-// the JS maps such a character to the byte 0.
+// the bytes GPT-2's table prints them as; an added token passes through as it is (JS's ByteLevel
+// decoder). A token with a character outside the table gives its own UTF-8 bytes, as Rust's does
+// (pre_tokenizers/byte_level.rs, decode_chain); the JS maps such a character to the byte 0.
 class ByteLevelDecoder : public HfDecoder {
  public:
   void decode_chain(Tokens& tokens, Flags& added) const override {
-    match_flags(tokens, added);
-    Tokens out;
-    Flags out_added;
-    std::string run;
-    bool in_run = false;
-    const auto end_run = [&] {
-      if (!in_run) return;
-      out.push_back(replace_invalid_utf8(run));
-      out_added.push_back(false);
-      run.clear();
-      in_run = false;
-    };
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      if (added[i]) {
-        end_run();
-        out.push_back(std::move(tokens[i]));
-        out_added.push_back(true);
-        continue;
-      }
-      const std::optional<std::string> bytes = gpt2_bytes_from_printable(tokens[i]);
-      run += bytes ? *bytes : tokens[i];
-      in_run = true;
-    }
-    end_run();
-    tokens = std::move(out);
-    added = std::move(out_added);
+    join_byte_runs(tokens, added, [](const std::string& token, bool is_added) -> std::optional<std::string> {
+      if (is_added) return std::nullopt;
+      std::optional<std::string> bytes = gpt2_bytes_from_printable(token);
+      return bytes ? bytes : token;
+    });
   }
 };
 
@@ -112,32 +114,11 @@ int fallback_byte(const std::string& token) {
 class ByteFallbackDecoder : public HfDecoder {
  public:
   void decode_chain(Tokens& tokens, Flags& added) const override {
-    match_flags(tokens, added);
-    Tokens out;
-    Flags out_added;
-    std::string run;
-    bool in_run = false;
-    const auto end_run = [&] {
-      if (!in_run) return;
-      out.push_back(replace_invalid_utf8(run));
-      out_added.push_back(false);
-      run.clear();
-      in_run = false;
-    };
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      const int byte = fallback_byte(tokens[i]);
-      if (byte >= 0) {
-        run += static_cast<char>(byte);
-        in_run = true;
-        continue;
-      }
-      end_run();
-      out.push_back(std::move(tokens[i]));
-      out_added.push_back(added[i]);
-    }
-    end_run();
-    tokens = std::move(out);
-    added = std::move(out_added);
+    join_byte_runs(tokens, added, [](const std::string& token, bool) -> std::optional<std::string> {
+      const int byte = fallback_byte(token);
+      if (byte < 0) return std::nullopt;
+      return std::string(1, static_cast<char>(byte));
+    });
   }
 };
 

@@ -7,6 +7,7 @@
 #include <pcre2.h>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/utf8.hpp"
 #include "xgrad/text/detail/hf_components.hpp"
 #include "xgrad/text/detail/hf_oniguruma.hpp"
 #include "xgrad/text/detail/hf_unicode.hpp"
@@ -125,7 +126,8 @@ HfPattern::~HfPattern() = default;
 void HfPattern::find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& matches) const {
   matches.clear();
   if (text.empty()) return;  // tokenizer/pattern.rs: an empty text has no match, not even ""
-  if (impl_->code && !is_valid_utf8(text)) impl_->place.at("Regex").fail("cannot match a text that is not valid UTF-8");
+  if (impl_->code && first_invalid_utf8(text))
+    impl_->place.at("Regex").fail("cannot match a text that is not valid UTF-8");
   thread_local ThreadMatchState state;
   std::size_t from = 0, begin = 0, end = 0, last_end = 0;
   bool any = false;

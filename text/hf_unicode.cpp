@@ -157,51 +157,6 @@ std::string replace_invalid_utf8(std::string_view bytes) {
   return out;
 }
 
-bool is_valid_utf8(std::string_view bytes) {
-  std::size_t at = 0;
-  const std::size_t n = bytes.size();
-  while (at < n) {
-    // Eight ASCII bytes at a time, the common case.
-    if (at + 8 <= n) {
-      std::uint64_t word;
-      std::memcpy(&word, bytes.data() + at, 8);
-      if ((word & 0x8080808080808080ull) == 0) {
-        at += 8;
-        continue;
-      }
-    }
-    const unsigned char lead = static_cast<unsigned char>(bytes[at]);
-    if (lead < 0x80) {
-      ++at;
-      continue;
-    }
-    std::size_t continuations = 0;
-    unsigned char lower = 0x80, upper = 0xBF;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      continuations = 1;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      continuations = 2;
-      if (lead == 0xE0) lower = 0xA0;
-      if (lead == 0xED) upper = 0x9F;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      continuations = 3;
-      if (lead == 0xF0) lower = 0x90;
-      if (lead == 0xF4) upper = 0x8F;
-    } else {
-      return false;
-    }
-    if (n - at <= continuations) return false;
-    for (std::size_t k = 1; k <= continuations; ++k) {
-      const unsigned char b = static_cast<unsigned char>(bytes[at + k]);
-      if (b < lower || b > upper) return false;
-      lower = 0x80;
-      upper = 0xBF;
-    }
-    at += continuations + 1;
-  }
-  return true;
-}
-
 std::size_t leading_js_space(std::string_view text) { return leading(text, is_js_space); }
 std::size_t trailing_js_space(std::string_view text) { return trailing(text, is_js_space); }
 std::size_t leading_white_space(std::string_view text) { return leading(text, is_white_space); }

@@ -22,20 +22,13 @@
 
 #include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/text/detail/hf_components.hpp"
+#include "xgrad/text/detail/hf_unicode.hpp"
 
 namespace xgrad::text::detail {
 
 namespace {
 
 constexpr double kUnkPenalty = 10.0;  // unk's score is the lowest piece's minus this (model.rs K_UNK_PENALTY)
-
-// The length of the UTF-8 character that begins with `lead` (1 for a byte that begins none).
-std::size_t utf8_length(unsigned char lead) {
-  if (lead >= 0xF0 && lead <= 0xF4) return 4;
-  if (lead >= 0xE0 && lead <= 0xEF) return 3;
-  if (lead >= 0xC2 && lead <= 0xDF) return 2;
-  return 1;
-}
 
 // The vocabulary's pieces as a byte trie laid out breadth first, so that each node's children are
 // contiguous and sorted by byte: walking a text from one position visits the pieces that are

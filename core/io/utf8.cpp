@@ -1,7 +1,9 @@
 // UTF-8 validation (RFC 3629) and byte escaping for messages.
 #include "xgrad/core/io/utf8.hpp"
 
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include "xgrad/core/error.hpp"
 
@@ -10,6 +12,14 @@ namespace xgrad {
 std::optional<std::size_t> first_invalid_utf8(std::string_view s) {
   const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
   for (std::size_t i = 0; i < s.size();) {
+    if (i + 8 <= s.size()) {  // eight ASCII bytes at a time, the common case
+      std::uint64_t word;
+      std::memcpy(&word, s.data() + i, 8);
+      if ((word & 0x8080808080808080ull) == 0) {
+        i += 8;
+        continue;
+      }
+    }
     const unsigned char lead = byte(i);
     std::size_t len = 0;
     unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte

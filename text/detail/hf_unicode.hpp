@@ -22,11 +22,14 @@ inline char32_t next_code_point(std::string_view text, std::size_t& at) {
          (byte(at - 1) & 0x3Fu);
 }
 
-/// The number of bytes of the UTF-8 character whose lead byte is `lead`.
-inline std::size_t utf8_length(unsigned char lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
-
-/// Whether `bytes` is valid UTF-8 (no overlong form, surrogate nor code point past U+10FFFF).
-bool is_valid_utf8(std::string_view bytes);
+/// The number of bytes of the UTF-8 character whose lead byte is `lead` (1 for a byte that leads
+/// none, so that a walk over bytes that are not UTF-8 still ends).
+inline std::size_t utf8_length(unsigned char lead) {
+  if (lead >= 0xF0 && lead <= 0xF4) return 4;
+  if (lead >= 0xE0 && lead <= 0xEF) return 3;
+  if (lead >= 0xC2 && lead <= 0xDF) return 2;
+  return 1;
+}
 
 /// `c` in UTF-8, appended to `out`.
 void append_utf8(std::string& out, char32_t c);
