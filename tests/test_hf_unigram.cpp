@@ -30,8 +30,11 @@ using xgrad::testing::error_of;
 using xgrad::testing::read_bytes;
 using xgrad::text::TokenIds;
 
-// The bytes this program holds through operator new, and their peak since it was last set.
+// The bytes this program holds through operator new, and their peak since it was last set. Not
+// under AddressSanitizer, whose own operator new must pair with its delete: the count stays 0 there
+// and the memory bound is not checked.
 std::atomic<long long> held_bytes{0}, peak_held_bytes{0};
+#if !defined(__SANITIZE_ADDRESS__)
 
 void* operator new(std::size_t size) {
   void* p = std::malloc(size == 0 ? 1 : size);
@@ -54,6 +57,7 @@ void operator delete(void* p) noexcept {
 void operator delete[](void* p) noexcept { operator delete(p); }
 void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
 void operator delete[](void* p, std::size_t) noexcept { operator delete(p); }
+#endif
 
 namespace {
 
@@ -191,8 +195,10 @@ TEST_CASE("Unigram: a piece of 1 MB encodes in memory linear in its size", "[tex
     const long long rise = peak_held_bytes.load() - baseline;
     const long long bound = 64 * static_cast<long long>(piece->size());
     INFO("peak rise " << rise << " bytes, bound " << bound);
+#if !defined(__SANITIZE_ADDRESS__)
     CHECK(rise > 16 * static_cast<long long>(piece->size()));  // the count sees best_path's table
     CHECK(rise < bound);
+#endif
     if (piece == &ab) {
       CHECK(ids == TokenIds(ab.size() / 2, 14));
     } else {
