@@ -144,18 +144,27 @@ class BpeModel : public HfModel {
     thread_local WordCache cache;
     if (cache.model != serial_) {
       cache.slots.assign(WordCache::kSlots, WordCache::Slot{});
+      cache.older.assign(WordCache::kSlots / 2, 0);
       cache.model = serial_;
     }
     const std::uint64_t hash = hash_bytes(piece) | 1;  // 0 marks an empty slot
-    // The slot from the product's high bits, which every byte of the word reaches.
-    WordCache::Slot& slot = cache.slots[(hash * 0x9E3779B97F4A7C15ull) >> (64 - WordCache::kSlotBits)];
-    if (slot.hash == hash && slot.bytes == piece.size() && std::memcmp(slot.word, piece.data(), piece.size()) == 0) {
-      out.insert(out.end(), slot.ids, slot.ids + slot.count);
-      return;
+    // Two slots a word may take (a set), from the product's high bits, which every byte reaches;
+    // a new word replaces the set's older one.
+    const std::size_t set = ((hash * 0x9E3779B97F4A7C15ull) >> (64 - WordCache::kSetBits)) * 2;
+    for (std::size_t way = 0; way < 2; ++way) {
+      const WordCache::Slot& slot = cache.slots[set + way];
+      if (slot.hash == hash && slot.bytes == piece.size() && std::memcmp(slot.word, piece.data(), piece.size()) == 0) {
+        out.insert(out.end(), slot.ids, slot.ids + slot.count);
+        cache.older[set / 2] = static_cast<std::uint8_t>(1 - way);
+        return;
+      }
     }
     const std::size_t first = out.size();
     if (!whole_token(piece, out, false)) tokenize_word(piece, out);
     if (out.size() - first > WordCache::kIds) return;
+    const std::size_t way = cache.older[set / 2];
+    cache.older[set / 2] = static_cast<std::uint8_t>(1 - way);
+    WordCache::Slot& slot = cache.slots[set + way];
     slot.hash = hash;
     slot.bytes = static_cast<std::uint8_t>(piece.size());
     slot.count = static_cast<std::uint8_t>(out.size() - first);
@@ -164,8 +173,8 @@ class BpeModel : public HfModel {
   }
 
   struct WordCache {
-    static constexpr int kSlotBits = 13;
-    static constexpr std::size_t kSlots = std::size_t{1} << kSlotBits, kBytes = 62, kIds = 14;
+    static constexpr int kSetBits = 13;  // 8,192 sets of two slots: 2 MB a thread
+    static constexpr std::size_t kSlots = std::size_t{2} << kSetBits, kBytes = 62, kIds = 14;
     struct Slot {  // two 64-byte cache lines
       std::uint64_t hash = 0;
       std::uint8_t bytes = 0, count = 0;
@@ -174,6 +183,7 @@ class BpeModel : public HfModel {
     };
     std::uint64_t model = 0;
     std::vector<Slot> slots;
+    std::vector<std::uint8_t> older;  // by set: the way a new word takes
   };
   static std::uint64_t next_serial() {
     static std::atomic<std::uint64_t> serial{0};
