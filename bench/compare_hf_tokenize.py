@@ -20,7 +20,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LICENCES = ["GPL-3", "Apache-2.0", "GPL-2", "LGPL-2.1", "MPL-2.0"]
-NAMES = ["llama3", "qwen2_5", "qwen3", "gemma3", "mistral", "o200k", "gpt2"]
+NAMES = ["llama3", "qwen2_5", "qwen3", "gemma3", "mistral", "o200k", "gpt2", "phi3_shape", "smollm2_shape"]
 
 
 def xgrad_rate(build, folder, text, repeats):

@@ -1,11 +1,12 @@
-// Today's tokenizer.json files (Llama 3, Qwen 2.5 and 3, Gemma 3, Mistral, GPT-4o's o200k, GPT-2)
-// against Hugging Face's own JavaScript implementation: exact ids with and without the template's
-// special tokens, and exact decoded text, on a varied corpus (tests/fixtures/hf_tokenizers:
+// Today's tokenizer.json files (Llama 3, Qwen 2.5 and 3, Gemma 3, Mistral, GPT-4o's o200k, GPT-2,
+// and the structure of Phi-3's and SmolLM2's) against Hugging Face's own JavaScript implementation: exact ids with and
+// without the template's special tokens, and exact decoded text, on a varied corpus (tests/fixtures/hf_tokenizers:
 // make_hf_tokenizer_fixtures.mjs wrote the expected values; README.md says what each file holds).
 #include <catch2/catch.hpp>
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -37,8 +38,11 @@ Json expected(const std::string& name) {
 
 std::string ids_text(const TokenIds& ids) { return Json(ids).dump(); }
 
-// Every case of the corpus: the number that differ, with the first few shown.
-void check_agreement(const std::string& name) {
+// Every case of the corpus: the number that differ, with the first few shown. A case in
+// `follows_rust` is one where the JavaScript port departs from Hugging Face's Rust library
+// (compare_with_rust.mjs beside the fixtures shows it) and xgrad follows Rust: there its ids must
+// differ from the JavaScript ones, so that the list stays exact.
+void check_agreement(const std::string& name, const std::vector<std::string>& follows_rust = {}) {
   const Json reference = expected(name);
   const auto tokenizer = xgrad::text::load_hf_tokenizer(std::string(XGRAD_HF_TOKENIZERS_DIR) + "/" + name);
   std::size_t differ = 0;
@@ -52,6 +56,10 @@ void check_agreement(const std::string& name) {
     const std::string input = c.contains("hex") ? from_hex(c["hex"].get<std::string>()) : c["text"].get<std::string>();
     const TokenIds ids = tokenizer->encode(input);
     const TokenIds with_specials = tokenizer->encode_for_model(input);
+    if (std::find(follows_rust.begin(), follows_rust.end(), c["name"]) != follows_rust.end()) {
+      if (ids_text(ids) == c["ids"].dump()) compare(c, "ids (should follow Rust's, not these)", "", c["ids"].dump());
+      continue;
+    }
     compare(c, "ids", ids_text(ids), c["ids"].dump());
     compare(c, "ids_with_specials", ids_text(with_specials), c["ids_with_specials"].dump());
     const auto text_of = [&](const char* key) {
@@ -75,11 +83,18 @@ TEST_CASE("hf agreement: Gemma 3", "[text]") { check_agreement("gemma3"); }
 TEST_CASE("hf agreement: Mistral", "[text]") { check_agreement("mistral"); }
 TEST_CASE("hf agreement: GPT-4o (o200k)", "[text]") { check_agreement("o200k"); }
 TEST_CASE("hf agreement: GPT-2", "[text]") { check_agreement("gpt2"); }
+// Phi-3's and SmolLM2's files are not to be had here: these two have their structure (added tokens
+// with rstrip, a non-special </s>, a template that adds nothing; Digits before ByteLevel) on
+// Mistral's and GPT-2's vocabularies (the fixtures' README).
+TEST_CASE("hf agreement: Phi-3's structure", "[text]") { check_agreement("phi3_shape"); }
+// The JavaScript port's Digits splits only 0-9; Rust's (and xgrad's) every numeric character.
+TEST_CASE("hf agreement: SmolLM2's structure", "[text]") { check_agreement("smollm2_shape", {"circled_roman"}); }
 
-// What encode holds is linear in the text: each section's normalized copy and its pieces (one
-// string of 32 bytes for about 5 bytes of English, twice while a stage builds the next), measured
-// at 28 bytes a byte for Llama 3 and 12 for Mistral on this text (docs/text.md).
-// The bound catches a copy too many or a quadratic growth; the peak is this process's from a reset
+// What encode holds besides the ids: one normalized copy of a section (none without a normalizer)
+// and one piece per pre-tokenizer stage, each handed to the model as soon as it is cut. The ids
+// (8 bytes each, about one for 4 bytes of English, twice while the vector grows) are most of it:
+// measured at 5.4 bytes a byte for Llama 3 and 8.6 for Mistral on this text (docs/text.md); holding
+// every piece at once took 21 and 13. The peak is this process's from a reset
 // (tests/peak_memory.hpp).
 TEST_CASE("hf encode of 8 MB holds a bounded number of bytes per input byte", "[text]") {
   std::string text;
@@ -98,7 +113,7 @@ TEST_CASE("hf encode of 8 MB holds a bounded number of bytes per input byte", "[
     const TokenIds ids = tokenizer->encode(text);
     const double per_byte = xgrad::testing::peak_rise_kib(baseline) * 1024.0 / static_cast<double>(text.size());
     INFO(per_byte << " bytes a byte for " << ids.size() << " ids");
-    if (!xgrad::testing::kAddressSanitizer) CHECK(per_byte < 40);
+    if (!xgrad::testing::kAddressSanitizer) CHECK(per_byte < 12);
   }
 }
 

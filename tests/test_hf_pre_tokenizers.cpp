@@ -24,8 +24,8 @@ const JsonPlace kPlace{"test.json", "pre_tokenizer"};
 
 std::vector<std::string> pieces_of(const Json& config, const std::string& text, std::size_t section = 0) {
   const std::unique_ptr<HfPreTokenizer> pre_tokenizer = make_hf_pre_tokenizer(config, kPlace);
-  std::vector<std::string> pieces{text};
-  pre_tokenizer->split(pieces, section);
+  std::vector<std::string> pieces;
+  pre_tokenizer->split(text, section, [&](std::string_view piece) { pieces.emplace_back(piece); });
   return pieces;
 }
 
@@ -198,6 +198,23 @@ TEST_CASE("hf patterns: a million characters through a repeated group are one ma
   CHECK(pieces[0] == std::string(1 << 20, 'a'));
 }
 
+// A piece goes on to the next stage (and to the model) as soon as it is cut: a stage's stretches are
+// still being walked while the stages after it split each of them, with buffers of their own.
+TEST_CASE("hf pre-tokenizers: a Sequence hands each piece on as it is cut, stage within stage", "[text]") {
+  const Json twice = {{"type", "Sequence"},
+                      {"pretokenizers",
+                       {split(regex(" "), "Removed"),
+                        split(regex("b"), "Isolated"),
+                        {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "first"}, {"split", true}}}}};
+  const std::unique_ptr<HfPreTokenizer> pre_tokenizer = make_hf_pre_tokenizer(twice, kPlace);
+  std::vector<std::string> order;
+  pre_tokenizer->split("abc ab xbx", 0, [&](std::string_view piece) { order.emplace_back(piece); });
+  CHECK(order == std::vector<std::string>{"_a", "b", "c", "a", "b", "x", "b", "x"});
+  order.clear();
+  pre_tokenizer->split("abc", 1, [&](std::string_view piece) { order.emplace_back(piece); });
+  CHECK(order == std::vector<std::string>{"a", "b", "c"});  // "first": only the start of section 0
+}
+
 TEST_CASE("hf patterns: text that is not UTF-8 is refused, not read past", "[text][bad_input]") {
   const HfPattern pattern(regex("\\p{L}+"), kPlace.at("pattern"));
   std::vector<std::pair<std::size_t, std::size_t>> matches;
@@ -222,8 +239,9 @@ TEST_CASE("hf pre-tokenizers: one pre-tokenizer splits on several threads at onc
     threads.emplace_back([&, t] {
       for (int round = 0; round < 50; ++round)
         for (const Json* c : llama) {
-          std::vector<std::string> pieces{c->at("text").get<std::string>()};
-          pre_tokenizer->split(pieces, 0);
+          std::vector<std::string> pieces;
+          pre_tokenizer->split(c->at("text").get<std::string>(), 0,
+                               [&](std::string_view piece) { pieces.emplace_back(piece); });
           if (pieces != c->at("pieces").get<std::vector<std::string>>()) ++wrong[t];
         }
     });

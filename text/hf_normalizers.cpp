@@ -44,17 +44,17 @@ class Replace final : public HfNormalizer {
   Replace(const Json& pattern, std::string content, const JsonPlace& place)
       : pattern_(pattern, place), content_(std::move(content)) {}
   std::string normalize(std::string text) const override {
-    thread_local std::vector<std::pair<std::size_t, std::size_t>> matches;
-    pattern_.find_all(text, matches);
-    if (matches.empty()) return text;
     std::string out;
-    out.reserve(text.size() + matches.size() * content_.size());
     std::size_t copied = 0;
-    for (const auto& [begin, end] : matches) {
+    bool any = false;
+    pattern_.for_each_match(text, [&](std::size_t begin, std::size_t end) {
+      if (!any) out.reserve(text.size() + text.size() / 2 + content_.size());  // " " to "▁": 1.36x on English
+      any = true;
       out.append(text, copied, begin - copied);
       out += content_;
       copied = end;
-    }
+    });
+    if (!any) return text;
     out.append(text, copied, std::string::npos);
     return out;
   }

@@ -123,11 +123,11 @@ HfPattern::~HfPattern() = default;
 
 // The onig crate's FindMatches: each search starts where the last match ended; an empty match
 // right where the previous match ended is skipped by searching again one character further.
-void HfPattern::find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& matches) const {
-  matches.clear();
+void HfPattern::for_each_match(std::string_view text, FunctionRef<void(std::size_t, std::size_t)> each) const {
   if (text.empty()) return;  // tokenizer/pattern.rs: an empty text has no match, not even ""
   if (impl_->code && first_invalid_utf8(text))
     impl_->place.at("Regex").fail("cannot match a text that is not valid UTF-8");
+  // `each` may match other patterns on this thread: the state is read before it is called.
   thread_local ThreadMatchState state;
   std::size_t from = 0, begin = 0, end = 0, last_end = 0;
   bool any = false;
@@ -137,10 +137,15 @@ void HfPattern::find_all(std::string_view text, std::vector<std::pair<std::size_
       from = end + utf8_length(static_cast<unsigned char>(text[end]));
       continue;
     }
-    matches.emplace_back(begin, end);
     any = true;
     last_end = from = end;
+    each(begin, end);
   }
+}
+
+void HfPattern::find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& matches) const {
+  matches.clear();
+  for_each_match(text, [&](std::size_t begin, std::size_t end) { matches.emplace_back(begin, end); });
 }
 
 }  // namespace xgrad::text::detail

@@ -4,6 +4,7 @@
 // on every numeric character, Punctuation's behavior. A field Rust requires is required here too;
 // a field xgrad does not read is refused by name.
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,40 +22,6 @@ constexpr int kMaxNesting = 64;  // Sequences in Sequences (the JSON reader stop
 // GPT-2's pattern, which ByteLevel splits by (pre_tokenizers/byte_level.rs RE).
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-// A stretch of a piece, and whether the pattern matched it.
-struct Segment {
-  std::size_t begin, end;
-  bool match;
-};
-
-// tokenizer/pattern.rs `impl Pattern for &SysRegex`: the matches with the stretches between them.
-void segments_of_matches(const std::vector<std::pair<std::size_t, std::size_t>>& matches, std::size_t size,
-                         std::vector<Segment>& out) {
-  std::size_t previous = 0;
-  for (const auto& [begin, end] : matches) {
-    if (previous != begin) out.push_back({previous, begin, false});
-    out.push_back({begin, end, true});
-    previous = end;
-  }
-  if (previous != size) out.push_back({previous, size, false});
-}
-
-// tokenizer/pattern.rs `impl Pattern for F: Fn(char) -> bool`: each character that holds is a
-// match of its own; the runs between them are not.
-template <typename Predicate>
-void segments_of_characters(std::string_view text, Predicate holds, std::vector<Segment>& out) {
-  std::size_t run = 0, at = 0;
-  while (at < text.size()) {
-    const std::size_t begin = at;
-    if (holds(next_code_point(text, at))) {
-      if (run < begin) out.push_back({run, begin, false});
-      out.push_back({begin, at, true});
-      run = at;
-    }
-  }
-  if (run < text.size()) out.push_back({run, text.size(), false});
-}
-
 enum class Behavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
 
 Behavior behavior_of(const std::string& name, const JsonPlace& place) {
@@ -66,97 +33,146 @@ Behavior behavior_of(const std::string& name, const JsonPlace& place) {
   place.fail("is \"" + name + "\", not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
 }
 
-// tokenizer/normalizer.rs NormalizedString::split: the stretches each behavior keeps, in order
-// (the empty ones are dropped by the caller, as PreTokenizedString::split does).
-void apply_behavior(std::vector<Segment>& segments, Behavior behavior) {
-  std::vector<Segment> kept;
-  kept.reserve(segments.size());
-  bool previous_match = false;
-  switch (behavior) {
-    case Behavior::isolated:
-      return;
-    case Behavior::removed:
-      for (const Segment& s : segments)
-        if (!s.match) kept.push_back(s);
-      break;
-    case Behavior::contiguous:  // runs of matches, and runs of the rest, each one stretch
-      for (const Segment& s : segments) {
-        if (s.match == previous_match && !kept.empty()) {
-          kept.back().end = s.end;
-        } else {
-          kept.push_back(s);
-        }
-        previous_match = s.match;
-      }
-      break;
-    case Behavior::merged_with_previous:  // a match joins the stretch before it
-      for (const Segment& s : segments) {
-        if (s.match && !previous_match && !kept.empty()) {
-          kept.back().end = s.end;
-        } else {
-          kept.push_back(s);
-        }
-        previous_match = s.match;
-      }
-      break;
-    case Behavior::merged_with_next:  // a match joins the stretch after it (Rust folds from the end)
-      for (auto s = segments.rbegin(); s != segments.rend(); ++s) {
-        if (s->match && !previous_match && !kept.empty()) {
-          kept.back().begin = s->begin;
-        } else {
-          kept.push_back(*s);
-        }
-        previous_match = s->match;
-      }
-      std::reverse(kept.begin(), kept.end());
-      break;
-  }
-  segments.swap(kept);
-}
+// A piece and whether it begins where the input does (Rust's `offsets_original().0 == 0`, which
+// Metaspace's prepend_scheme "first" asks; only the first piece of section 0 can).
+using Next = FunctionRef<void(std::string_view piece, bool at_start)>;
 
-// Every pre-tokenizer here splits each piece into stretches of it. `first_at_start` tells whether
-// pieces[0] begins where the input does (Rust's `offsets_original().0 == 0`, which Metaspace's
-// prepend_scheme "first" asks); a step that drops the start of pieces[0] clears it.
+// tokenizer/normalizer.rs NormalizedString::split: the stretches of a piece, each marked as a match
+// of the delimiter or not, come in order; the behavior decides which are kept and which join, and
+// each non-empty stretch it keeps goes on to `next` as soon as it is whole (Rust folds over all of
+// them; each behavior needs one stretch of look-back).
+class Stretches {
+ public:
+  Stretches(Behavior behavior, std::string_view piece, bool at_start, Next next)
+      : behavior_(behavior), piece_(piece), at_start_(at_start), next_(next) {}
+  Stretches(const Stretches&) = delete;
+  Stretches& operator=(const Stretches&) = delete;
+
+  void add(std::size_t begin, std::size_t end, bool match) {
+    switch (behavior_) {
+      case Behavior::isolated:
+        return hand_on(begin, end);
+      case Behavior::removed:
+        if (!match) hand_on(begin, end);
+        return;
+      case Behavior::contiguous:  // runs of matches, and runs of the rest, each one stretch
+        if (pending_ && pending_match_ == match) {
+          pending_end_ = end;
+          return;
+        }
+        break;
+      case Behavior::merged_with_previous:  // a match joins the stretch before it
+        if (match && pending_ && !previous_match_) {
+          pending_end_ = end;
+          previous_match_ = match;
+          return;
+        }
+        break;
+      case Behavior::merged_with_next:  // a match joins the stretch after it (Rust folds from the end)
+        if (pending_ && pending_match_ && !match) {
+          hand_on(pending_begin_, end);
+          pending_ = false;
+          previous_match_ = match;
+          return;
+        }
+        break;
+    }
+    finish();
+    pending_ = true;
+    pending_begin_ = begin;
+    pending_end_ = end;
+    pending_match_ = previous_match_ = match;
+  }
+
+  // The matches of `pattern` in the piece and the stretches between them (tokenizer/pattern.rs
+  // `impl Pattern for &SysRegex`), with `invert` the other way round.
+  void add_matches(const HfPattern& pattern, bool invert) {
+    std::size_t previous = 0;
+    pattern.for_each_match(piece_, [&](std::size_t begin, std::size_t end) {
+      if (previous != begin) add(previous, begin, invert);
+      add(begin, end, !invert);
+      previous = end;
+    });
+    if (previous != piece_.size()) add(previous, piece_.size(), invert);
+  }
+
+  // tokenizer/pattern.rs `impl Pattern for F: Fn(char) -> bool`: each character that holds is a
+  // match of its own; the runs between them are not.
+  template <typename Predicate>
+  void add_characters(Predicate holds) {
+    std::size_t run = 0, at = 0;
+    while (at < piece_.size()) {
+      const std::size_t begin = at;
+      if (holds(next_code_point(piece_, at))) {
+        if (run < begin) add(run, begin, false);
+        add(begin, at, true);
+        run = at;
+      }
+    }
+    if (run < piece_.size()) add(run, piece_.size(), false);
+  }
+
+  // The stretch still held back; call once after the last add.
+  void finish() {
+    if (pending_) hand_on(pending_begin_, pending_end_);
+    pending_ = false;
+  }
+
+ private:
+  void hand_on(std::size_t begin, std::size_t end) {
+    if (end != begin) next_(piece_.substr(begin, end - begin), at_start_ && begin == 0);
+  }
+
+  Behavior behavior_;
+  std::string_view piece_;
+  bool at_start_;
+  Next next_;
+  bool pending_ = false, pending_match_ = false, previous_match_ = false;
+  std::size_t pending_begin_ = 0, pending_end_ = 0;
+};
+
+// The text a stage rewrites (ByteLevel, Metaspace) stays in use while the stages after it run on
+// its pieces: each running stage takes buffers of its own from this thread's stack of them.
+struct Scratch {
+  std::string text, mapped;
+};
+
+class ScratchLease {
+ public:
+  ScratchLease() : pool_(pool()) {
+    if (pool_.used == pool_.levels.size()) pool_.levels.emplace_back();  // a deque: earlier levels stay put
+    scratch_ = &pool_.levels[pool_.used++];
+  }
+  ~ScratchLease() { --pool_.used; }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  Scratch& operator*() const { return *scratch_; }
+  Scratch* operator->() const { return scratch_; }
+
+ private:
+  struct Pool {
+    std::deque<Scratch> levels;
+    std::size_t used = 0;
+  };
+  static Pool& pool() {
+    thread_local Pool p;
+    return p;
+  }
+  Pool& pool_;
+  Scratch* scratch_;
+};
+
+// Every pre-tokenizer here cuts each piece into stretches of it and hands them on one by one.
 class PieceSplitter : public HfPreTokenizer {
  public:
-  void split(std::vector<std::string>& pieces, std::size_t section) const final {
-    bool first_at_start = section == 0;
-    run(pieces, first_at_start);
+  void split(std::string_view text, std::size_t section, FunctionRef<void(std::string_view)> each) const final {
     // Rust drops every empty piece (PreTokenizedString::split); ByteLevel without its regex and
     // Metaspace without split pass an empty text through.
-    pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const std::string& p) { return p.empty(); }),
-                 pieces.end());
+    run(text, section == 0, [&](std::string_view piece, bool) {
+      if (!piece.empty()) each(piece);
+    });
   }
-  virtual void run(std::vector<std::string>& pieces, bool& first_at_start) const = 0;
-
- protected:
-  // The non-empty stretches `cut` keeps of each piece (cut(piece, segments) fills the segments).
-  template <typename Cut>
-  static void split_each(std::vector<std::string>& pieces, bool& first_at_start, Cut cut) {
-    // Buffers kept per thread: a text's every section passes here.
-    thread_local std::vector<std::string> out;
-    thread_local std::vector<Segment> segments;
-    out.clear();
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      const std::string& piece = pieces[i];
-      segments.clear();
-      cut(piece, segments);
-      const std::size_t before = out.size();
-      if (segments.size() == 1 && segments[0].begin == 0 && segments[0].end == piece.size()) {
-        out.push_back(std::move(pieces[i]));  // the piece whole: moved, not copied
-        continue;
-      }
-      if (out.capacity() < before + segments.size())
-        out.reserve(std::max(2 * out.capacity(), before + segments.size()));
-      for (const Segment& s : segments) {
-        if (s.end == s.begin) continue;
-        if (i == 0 && out.size() == before && s.begin != 0) first_at_start = false;
-        out.emplace_back(piece, s.begin, s.end - s.begin);
-      }
-      if (i == 0 && out.size() == before) first_at_start = false;  // pieces[0] is gone
-    }
-    pieces.swap(out);
-  }
+  virtual void run(std::string_view piece, bool at_start, Next next) const = 0;
 };
 
 // pre_tokenizers/split.rs: the pattern's matches (with `invert`, the stretches between them are
@@ -165,15 +181,10 @@ class Split final : public PieceSplitter {
  public:
   Split(const Json& pattern, const JsonPlace& place, Behavior behavior, bool invert)
       : pattern_(pattern, place), behavior_(behavior), invert_(invert) {}
-  void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
-    split_each(pieces, first_at_start, [&](std::string_view piece, std::vector<Segment>& segments) {
-      thread_local std::vector<std::pair<std::size_t, std::size_t>> matches;
-      pattern_.find_all(piece, matches);
-      segments_of_matches(matches, piece.size(), segments);
-      if (invert_)
-        for (Segment& s : segments) s.match = !s.match;
-      apply_behavior(segments, behavior_);
-    });
+  void run(std::string_view piece, bool at_start, Next next) const override {
+    Stretches stretches(behavior_, piece, at_start, next);
+    stretches.add_matches(pattern_, invert_);
+    stretches.finish();
   }
 
  private:
@@ -188,11 +199,10 @@ template <typename Predicate>
 class CharacterSplit final : public PieceSplitter {
  public:
   CharacterSplit(Predicate holds, Behavior behavior) : holds_(holds), behavior_(behavior) {}
-  void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
-    split_each(pieces, first_at_start, [&](std::string_view piece, std::vector<Segment>& segments) {
-      segments_of_characters(piece, holds_, segments);
-      apply_behavior(segments, behavior_);
-    });
+  void run(std::string_view piece, bool at_start, Next next) const override {
+    Stretches stretches(behavior_, piece, at_start, next);
+    stretches.add_characters(holds_);
+    stretches.finish();
   }
 
  private:
@@ -209,25 +219,23 @@ std::unique_ptr<PieceSplitter> split_on(Predicate holds, Behavior behavior) {
 // Removed: what lies between them, whitespace, is dropped).
 class Whitespace final : public PieceSplitter {
  public:
-  void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
-    split_each(pieces, first_at_start, [](std::string_view piece, std::vector<Segment>& segments) {
-      std::size_t at = 0;
-      while (at < piece.size()) {
-        const std::size_t begin = at;
-        const char32_t c = next_code_point(piece, at);
-        if (is_white_space(c)) continue;
-        const bool word = is_regex_word(c);
-        std::size_t end = at;
-        while (end < piece.size()) {
-          std::size_t next = end;
-          const char32_t d = next_code_point(piece, next);
-          if (word ? !is_regex_word(d) : is_regex_word(d) || is_white_space(d)) break;
-          end = next;
-        }
-        segments.push_back({begin, end, true});
-        at = end;
+  void run(std::string_view piece, bool at_start, Next next) const override {
+    std::size_t at = 0;
+    while (at < piece.size()) {
+      const std::size_t begin = at;
+      const char32_t c = next_code_point(piece, at);
+      if (is_white_space(c)) continue;
+      const bool word = is_regex_word(c);
+      std::size_t end = at;
+      while (end < piece.size()) {
+        std::size_t after = end;
+        const char32_t d = next_code_point(piece, after);
+        if (word ? !is_regex_word(d) : is_regex_word(d) || is_white_space(d)) break;
+        end = after;
       }
-    });
+      next(piece.substr(begin, end - begin), at_start && begin == 0);
+      at = end;
+    }
   }
 };
 
@@ -235,16 +243,14 @@ class Whitespace final : public PieceSplitter {
 class FixedLength final : public PieceSplitter {
  public:
   explicit FixedLength(std::size_t length) : length_(length) {}
-  void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
-    split_each(pieces, first_at_start, [&](std::string_view piece, std::vector<Segment>& segments) {
-      std::size_t at = 0;
-      while (at < piece.size()) {
-        const std::size_t begin = at;
-        for (std::size_t n = 0; n < length_ && at < piece.size(); ++n)
-          at += utf8_length(static_cast<unsigned char>(piece[at]));
-        segments.push_back({begin, at, false});
-      }
-    });
+  void run(std::string_view piece, bool at_start, Next next) const override {
+    std::size_t at = 0;
+    while (at < piece.size()) {
+      const std::size_t begin = at;
+      for (std::size_t n = 0; n < length_ && at < piece.size(); ++n)
+        at += utf8_length(static_cast<unsigned char>(piece[at]));
+      next(piece.substr(begin, at - begin), at_start && begin == 0);
+    }
   }
 
  private:
@@ -259,17 +265,19 @@ class ByteLevel final : public PieceSplitter {
   ByteLevel(bool add_prefix_space, bool use_regex, const JsonPlace& place)
       : add_prefix_space_(add_prefix_space),
         pattern_(use_regex ? std::make_unique<HfPattern>(Json{{"Regex", kGpt2Pattern}}, place) : nullptr) {}
-  void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
-    if (add_prefix_space_)
-      for (std::string& piece : pieces)
-        if (!piece.empty() && piece[0] != ' ') piece.insert(piece.begin(), ' ');
-    if (pattern_)
-      split_each(pieces, first_at_start, [&](std::string_view piece, std::vector<Segment>& segments) {
-        thread_local std::vector<std::pair<std::size_t, std::size_t>> matches;
-        pattern_->find_all(piece, matches);
-        segments_of_matches(matches, piece.size(), segments);
-      });
-    for (std::string& piece : pieces) piece = gpt2_printable_from_bytes(piece);
+  void run(std::string_view piece, bool at_start, Next next) const override {
+    const ScratchLease scratch;
+    if (add_prefix_space_ && !piece.empty() && piece[0] != ' ') {
+      scratch->text.assign(1, ' ').append(piece);
+      piece = scratch->text;
+    }
+    const auto hand_on = [&](std::string_view stretch, bool starts) {
+      scratch->mapped = gpt2_printable_from_bytes(stretch);
+      next(scratch->mapped, starts);
+    };
+    if (!pattern_) return hand_on(piece, at_start);
+    Stretches stretches(Behavior::isolated, piece, at_start, hand_on);
+    stretches.add_matches(*pattern_, false);
   }
 
  private:
@@ -289,26 +297,21 @@ class Metaspace final : public PieceSplitter {
       : replacement_code_(replacement), scheme_(scheme), split_(split) {
     append_utf8(replacement_, replacement);
   }
-  void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      std::string& piece = pieces[i];
-      if (piece.find(' ') != std::string::npos) {
-        std::string replaced;
-        replaced.reserve(piece.size() + piece.size() / 2);
-        for (const char c : piece) c == ' ' ? replaced += replacement_ : replaced += c;
-        piece.swap(replaced);
-      }
-      const bool starts_with_replacement = piece.compare(0, replacement_.size(), replacement_) == 0;
-      const bool prepend =
-          scheme_ == PrependScheme::always || (scheme_ == PrependScheme::first && i == 0 && first_at_start);
-      if (prepend && !starts_with_replacement && !piece.empty()) piece.insert(0, replacement_);
+  void run(std::string_view piece, bool at_start, Next next) const override {
+    const ScratchLease scratch;
+    const bool prepend =
+        !piece.empty() && (scheme_ == PrependScheme::always || (scheme_ == PrependScheme::first && at_start));
+    if (piece.find(' ') != std::string_view::npos || prepend) {
+      std::string& replaced = scratch->text;
+      replaced.clear();
+      for (const char c : piece) c == ' ' ? replaced += replacement_ : replaced += c;
+      if (prepend && replaced.compare(0, replacement_.size(), replacement_) != 0) replaced.insert(0, replacement_);
+      piece = replaced;
     }
-    if (split_)
-      split_each(pieces, first_at_start, [&](std::string_view piece, std::vector<Segment>& segments) {
-        segments_of_characters(
-            piece, [&](char32_t c) { return c == replacement_code_; }, segments);
-        apply_behavior(segments, Behavior::merged_with_next);
-      });
+    if (!split_) return next(piece, at_start);
+    Stretches stretches(Behavior::merged_with_next, piece, at_start, next);
+    stretches.add_characters([&](char32_t c) { return c == replacement_code_; });
+    stretches.finish();
   }
 
  private:
@@ -320,9 +323,9 @@ class Metaspace final : public PieceSplitter {
 
 class BertPreTokenizer final : public PieceSplitter {
  public:
-  void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
-    whitespace_->run(pieces, first_at_start);
-    punctuation_->run(pieces, first_at_start);
+  void run(std::string_view piece, bool at_start, Next next) const override {
+    whitespace_->run(piece, at_start,
+                     [&](std::string_view word, bool starts) { punctuation_->run(word, starts, next); });
   }
 
  private:
@@ -333,11 +336,14 @@ class BertPreTokenizer final : public PieceSplitter {
 class Sequence final : public PieceSplitter {
  public:
   explicit Sequence(std::vector<std::unique_ptr<PieceSplitter>> steps) : steps_(std::move(steps)) {}
-  void run(std::vector<std::string>& pieces, bool& first_at_start) const override {
-    for (const auto& step : steps_) step->run(pieces, first_at_start);
-  }
+  void run(std::string_view piece, bool at_start, Next next) const override { run_from(0, piece, at_start, next); }
 
  private:
+  void run_from(std::size_t step, std::string_view piece, bool at_start, Next next) const {
+    if (step == steps_.size()) return next(piece, at_start);
+    steps_[step]->run(piece, at_start,
+                      [&](std::string_view part, bool starts) { run_from(step + 1, part, starts, next); });
+  }
   std::vector<std::unique_ptr<PieceSplitter>> steps_;
 };
 

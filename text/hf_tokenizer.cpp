@@ -330,25 +330,23 @@ struct HfTokenizer::Impl {
       std::string normalized = normalizer ? normalizer->normalize(std::string(s.text)) : std::string(s.text);
       if (normalized.empty()) continue;
       if (matchers[mode][1].empty()) {
-        encode_plain(std::move(normalized), i, ids);
+        encode_plain(normalized, i, ids);
         continue;
       }
       for (const HfSection& sub : matchers[mode][1].split(normalized, added)) {
         if (sub.token >= 0)
           ids.push_back(added[sub.token].id);
         else if (!sub.text.empty())
-          encode_plain(std::string(sub.text), i, ids);
+          encode_plain(sub.text, i, ids);
       }
     }
   }
 
-  // Normalized text with no added token in it: the pre-tokenizer's pieces through the model.
-  void encode_plain(std::string&& text, std::size_t section, TokenIds& ids) const {
-    thread_local std::vector<std::string> pieces;
-    pieces.clear();
-    pieces.push_back(std::move(text));
-    if (pre_tokenizer) pre_tokenizer->split(pieces, section);
-    for (const std::string& piece : pieces) model->tokenize(piece, ids);
+  // Normalized text with no added token in it: each of the pre-tokenizer's pieces through the model
+  // as soon as it is cut.
+  void encode_plain(std::string_view text, std::size_t section, TokenIds& ids) const {
+    if (!pre_tokenizer) return model->tokenize(text, ids);
+    pre_tokenizer->split(text, section, [&](std::string_view piece) { model->tokenize(piece, ids); });
   }
 };
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,25 @@
 #include "xgrad/text/tokenizer.hpp"
 
 namespace xgrad::text::detail {
+
+/// A callable passed by reference for the duration of one call (never stored): no allocation, one
+/// indirect call.
+template <typename Signature>
+class FunctionRef;
+template <typename R, typename... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, FunctionRef>>>
+  FunctionRef(F&& f)  // NOLINT(google-explicit-constructor): a lambda converts, as std::function's does
+      : object_(const_cast<void*>(static_cast<const void*>(&f))), call_([](void* object, Args... args) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(object))(std::forward<Args>(args)...);
+        }) {}
+  R operator()(Args... args) const { return call_(object_, std::forward<Args>(args)...); }
+
+ private:
+  void* object_;
+  R (*call_)(void*, Args...);
+};
 
 /// A regular expression of tokenizer.json ({"Regex": "..."} in Oniguruma's syntax, run in PCRE2
 /// with Unicode classes; or {"String": "..."}, matched literally). Immutable; matching is safe on
@@ -34,7 +54,9 @@ class HfPattern {
   /// one too (Split cuts there, Replace inserts there), except one that starts where the previous
   /// match ended; an empty text has none. A match that backtracks past PCRE2's limits is an Error
   /// naming the place.
-  /// (Into `matches`, cleared first, so that a caller may keep one buffer.)
+  /// Each match handed to `each(begin, end)` as it is found (`each` may match other patterns).
+  void for_each_match(std::string_view text, FunctionRef<void(std::size_t, std::size_t)> each) const;
+  /// The same, into `matches` (cleared first, so that a caller may keep one buffer).
   void find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& matches) const;
 
  private:
@@ -52,14 +74,16 @@ class HfNormalizer {
 /// Prepend, Strip, StripAccents, Sequence.
 std::unique_ptr<HfNormalizer> make_hf_normalizer(const Json& json, const JsonPlace& place);
 
-/// pre_tokenizer: the pieces of a text, split further. `section` is the index of the text's
-/// section among those the added tokens cut the input into (Metaspace's prepend_scheme "first"
-/// prepends only in section 0, and there only to the piece that starts the input, as Rust's
-/// `offsets_original().0 == 0`). Empty pieces are dropped.
+/// pre_tokenizer: a text cut into pieces, each handed to `each` as soon as it is made (so what a
+/// pre-tokenizer holds is bounded by one piece per stage, never all the text's pieces). `section`
+/// is the index of the text's section among those the added tokens cut the input into
+/// (Metaspace's prepend_scheme "first" prepends only in section 0, and there only to the piece
+/// that starts the input, as Rust's `offsets_original().0 == 0`). Empty pieces are dropped. A
+/// piece is valid until `each` returns.
 class HfPreTokenizer {
  public:
   virtual ~HfPreTokenizer() = default;
-  virtual void split(std::vector<std::string>& pieces, std::size_t section) const = 0;
+  virtual void split(std::string_view text, std::size_t section, FunctionRef<void(std::string_view)> each) const = 0;
 };
 /// The pre-tokenizer of `json` (null: nullptr). Types: Split, ByteLevel, Metaspace, Digits,
 /// Punctuation, Whitespace, WhitespaceSplit, Sequence.
