@@ -558,7 +558,9 @@ TEST_CASE(
   REQUIRE(got.size() == want.size());
   for (const auto& [name, a] : got) REQUIRE(a == *want.at(name));
   INFO(L << " layers: " << whole_cost << " CPU s; " << L / 4 << " layers: " << quarter_cost << " CPU s");
-  REQUIRE(whole_cost < 8 * quarter_cost);  // linear: about 4; quadratic: about 16
+  // Linear matching with the model's n log n bookkeeping and its cache misses measured 6.8 to 7.0
+  // alone and 8.04 beside other tests; quadratic would be about 16.
+  REQUIRE(whole_cost < 11 * quarter_cost);
 
   // 6000 blocks hold 96k values but ~200 MB of modules: with 64 MiB of address space to spare the
   // model is refused before it is built (its values alone would fit). AddressSanitizer's allocator
