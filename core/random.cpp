@@ -26,6 +26,7 @@ Generator::Generator(const Generator& other) {
   std::lock_guard<std::mutex> lock(other.mutex_);
   engine_ = other.engine_;
   spawned_ = other.spawned_;
+  zero_arrays_ = other.zero_arrays_;
 }
 
 Generator& Generator::operator=(const Generator& other) {
@@ -33,7 +34,14 @@ Generator& Generator::operator=(const Generator& other) {
   std::scoped_lock lock(mutex_, other.mutex_);
   engine_ = other.engine_;
   spawned_ = other.spawned_;
+  zero_arrays_ = other.zero_arrays_;
   return *this;
+}
+
+Generator Generator::for_loading(std::uint64_t seed) {
+  Generator g(seed);
+  g.zero_arrays_ = true;
+  return g;
 }
 
 Generator Generator::spawn() {
@@ -112,15 +120,27 @@ std::uint64_t Generator::below(std::uint64_t n) {
 Array Generator::uniform(const Shape& shape, float low, float high) {
   Array a = array_of(shape, "Generator::uniform");
   std::lock_guard<std::mutex> lock(mutex_);
+  if (zero_arrays_) {
+    a.fill(0.f);
+    return a;
+  }
   for (float& v : a) v = draw_uniform(low, high);
   return a;
 }
 
 Array Generator::normal(const Shape& shape, float mean, float stddev) {
   Array a = array_of(shape, "Generator::normal");
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (float& v : a) v = mean + stddev * draw_normal();
+  fill_normal(a, mean, stddev);
   return a;
+}
+
+void Generator::fill_normal(Array& a, float mean, float stddev) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (zero_arrays_) {
+    a.fill(0.f);
+    return;
+  }
+  for (float& v : a) v = mean + stddev * draw_normal();
 }
 
 std::string Generator::state() const {

@@ -21,6 +21,11 @@ class Generator {
  public:
   /// A generator seeded as manual_seed(seed) seeds it.
   explicit Generator(std::uint64_t seed = 0) { manual_seed(seed); }
+  /// A generator to build a model whose every weight a loader then overwrites: its array draws
+  /// (uniform(shape, ...), normal(shape, ...)) give zeros and draw nothing, so a model of 150M
+  /// weights costs its allocation rather than 150M draws; its other draws and its spawns are
+  /// Generator(seed)'s. Copies keep the mode.
+  static Generator for_loading(std::uint64_t seed = 0);
   /// Copies the engine's state (the copy is an independent stream continuing from it) and the
   /// spawn count.
   Generator(const Generator& other);
@@ -44,12 +49,17 @@ class Generator {
   /// Uniform integer in [0, n), without modulo bias; n must be in [1, 2^32] (else an Error).
   std::uint64_t below(std::uint64_t n);
 
-  /// An array of `shape` with every element drawn as uniform(low, high), in row-major order.
-  /// A shape whose size passes size_t or the memory left throws, naming the shape.
+  /// An array of `shape` with every element drawn as uniform(low, high), in row-major order
+  /// (zeros from a for_loading generator). A shape whose size passes size_t or the memory left
+  /// throws, naming the shape.
   Array uniform(const Shape& shape, float low, float high);
   /// An array of `shape` with every element drawn as normal(mean, stddev), in row-major order
-  /// (a shape too large throws, as for uniform).
+  /// (zeros from a for_loading generator; a shape too large throws, as for uniform).
   Array normal(const Shape& shape, float mean, float stddev);
+  /// Every element of `a` drawn as normal(mean, stddev) in row-major order, in place: the values
+  /// of normal(a.shape(), mean, stddev), without a second array (zeros from a for_loading
+  /// generator).
+  void fill_normal(Array& a, float mean, float stddev);
 
   /// The engine's full state as text, to checkpoint and restore a run exactly.
   std::string state() const;
@@ -66,6 +76,7 @@ class Generator {
   mutable std::mutex mutex_;
   std::mt19937 engine_;
   std::uint64_t spawned_ = 0;
+  bool zero_arrays_ = false;  // for_loading
 };
 
 /// SplitMix64 of (base, index): base + index times the golden ratio, through SplitMix64's

@@ -289,7 +289,9 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
   check_available_memory(wanted.bytes, who,
                          "building the model of '" + path + "' (" + std::to_string(o.num_layers()) + " blocks, " +
                              std::to_string(static_cast<std::uint64_t>(wanted.values)) + " float32 values)");
-  Generator init(0);  // every value is overwritten by the load
+  // A strict load overwrites every value: the weights are not drawn first. A loose one keeps the
+  // drawn values of what the file lacks.
+  Generator init = load_options.strict() ? Generator::for_loading(0) : Generator(0);
   LoadedLanguageModel out;
   out.model = std::make_unique<LanguageModel>(o, init);
   out.checkpoint = load_split(path, s, *out.model, load_options, who);

@@ -476,7 +476,7 @@ std::shared_ptr<LanguageModel> load_llama(const std::string& directory) {
                          "the model in '" + directory + "' (" + std::to_string(static_cast<std::uint64_t>(values)) +
                              " float32 parameters in " + std::to_string(c.L) + " blocks)");
 
-  Generator init(0);
+  Generator init = Generator::for_loading(0);  // every parameter is read from the file below
   auto model = std::make_shared<LanguageModel>(c.options, init);
   std::map<std::string, Array*> params;
   for (auto& [name, t] : model->named_parameters()) params[name] = &t.mutable_value();

@@ -425,7 +425,7 @@ std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t nu
                          "the model in '" + path + "' (" + std::to_string(static_cast<std::uint64_t>(values)) +
                              " float32 parameters in " + std::to_string(g.L) + " blocks)");
 
-  Generator init(0);
+  Generator init = Generator::for_loading(0);  // every parameter is read from the file below
   auto model = std::make_shared<LanguageModel>(g.options, init);
   std::map<std::string, Array*> params;
   for (auto& [name, t] : model->named_parameters()) params[name] = &t.mutable_value();

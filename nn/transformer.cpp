@@ -186,7 +186,7 @@ namespace {
 // GPT-2's init (Init::gpt2): see the enum.
 void init_gpt2(LanguageModel& model, Generator& gen) {
   const float std = 0.02f, residual_std = std / std::sqrt(2.f * static_cast<float>(model.blocks.size()));
-  auto normal = [&](Tensor& w, float s) { w.mutable_value() = gen.normal(w.shape(), 0.f, s); };
+  auto normal = [&](Tensor& w, float s) { gen.fill_normal(w.mutable_value(), 0.f, s); };  // in place: no second copy
   auto linear = [&](Linear& l, float s) {
     normal(l.weight, s);
     if (l.bias.defined()) l.bias.mutable_value().fill(0.f);

@@ -269,6 +269,9 @@ TEST_CASE("array draws fill in row-major order from the scalar sequence", "[rand
   const Array z = g.normal({4, 1, 2}, 0.f, 2.f);
   REQUIRE(shape_str(z.shape()) == "(4, 1, 2)");
   for (float v : z) REQUIRE(v == ref.normal(0.f, 2.f));
+  Array in_place = Array::from_shape({3, 2});
+  g.fill_normal(in_place, 1.f, 0.5f);
+  for (float v : in_place) REQUIRE(v == ref.normal(1.f, 0.5f));
 }
 
 TEST_CASE("pinned: the first uniform() and normal() values for seed 42", "[random][pinned]") {
@@ -325,4 +328,26 @@ TEST_CASE("spawn draws nothing from its parent, is deterministic, and its childr
   r.spawn();
   r.set_state(Generator(77).state());
   REQUIRE(r.spawn().next_u32() == Generator(77).spawn().next_u32());
+}
+
+// What a loader builds its model with: the weights' arrays cost an allocation, not a draw each.
+TEST_CASE("a for_loading generator's array draws are zeros and draw nothing; the rest is Generator(seed)'s",
+          "[random]") {
+  Generator loading = Generator::for_loading(9), ref(9);
+  const Array u = loading.uniform({2, 3}, -1.f, 1.f), n = loading.normal({4}, 1.f, 2.f);
+  REQUIRE(shape_str(u.shape()) == "(2, 3)");
+  REQUIRE(shape_str(n.shape()) == "(4)");
+  for (float v : u) REQUIRE(v == 0.f);
+  for (float v : n) REQUIRE(v == 0.f);
+  Array filled = Array::from_shape({2});
+  filled.fill(7.f);
+  loading.fill_normal(filled, 0.f, 1.f);
+  REQUIRE((filled(0) == 0.f && filled(1) == 0.f));
+  REQUIRE(loading.next_u32() == ref.next_u32());  // the engine did not move
+  REQUIRE(loading.uniform(-1.f, 1.f) == ref.uniform(-1.f, 1.f));
+  REQUIRE(loading.spawn().next_u32() == ref.spawn().next_u32());
+  REQUIRE(loading.spawn().uniform({1}, 0.f, 1.f)(0) != 0.f);  // a spawn draws as usual
+  Generator copy = loading;
+  REQUIRE(copy.normal({2}, 5.f, 1.f)(1) == 0.f);  // a copy keeps the mode
+  REQUIRE(Generator(9).uniform({1}, 5.f, 6.f)(0) >= 5.f);
 }

@@ -1,0 +1,88 @@
+// How long a Hugging Face Llama-layout folder takes to load, and the memory it takes, against
+// reading the same safetensors bytes into one buffer (the floor: what any loader must at least
+// do). The first load gives the peak resident memory it adds (VmHWM, lowered to VmRSS through
+// /proc/self/clear_refs just before, minus that VmRSS) as a multiple of the weights' bytes; then the two alternate
+// --reps times on a warm page cache and the table quotes medians.
+//     build/bench/bench_load_model DIR [--reps 5] [--threads 1]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/cli.hpp"
+#include "xgrad/xgrad.hpp"
+
+using namespace xgrad;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// A field of /proc/self/status in KiB (VmRSS, VmHWM).
+long status_kib(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
+  return -1;
+}
+
+template <typename F>
+double seconds(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  std::size_t reps = 5, threads = 1;
+  CLI::App app{"load time and peak memory of a Llama-layout folder, against reading its bytes", "bench_load_model"};
+  app.add_option("dir", dir, "a folder with config.json and model.safetensors")->required();
+  app.add_option("--reps", reps, "timed loads of each")->transform(cli::count(1, 1000))->capture_default_str();
+  app.add_option("--threads", threads, "kernel threads")->transform(cli::count(1, 256))->capture_default_str();
+  if (const auto code = cli::parse(app, argc, argv)) return *code;
+  return cli::run("bench_load_model", [&] {
+    set_num_threads(threads);
+    const std::string file = dir + "/model.safetensors";
+    const auto read_all = [&] {
+      std::ifstream in(file, std::ios::binary);
+      std::vector<char> bytes(static_cast<std::size_t>(in.seekg(0, std::ios::end).tellg()));
+      in.seekg(0).read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      return bytes.size();
+    };
+    const double file_bytes = static_cast<double>(read_all());  // also warms the page cache
+    {  // the peak (VmHWM) lowered to the resident size, so that the file's read above is not it
+      std::ofstream reset("/proc/self/clear_refs");
+      reset << "5";
+    }
+    const long before = status_kib("VmRSS");
+    std::size_t params = 0;
+    {
+      const auto model = nn::load_llama(dir);
+      for (const auto& p : model->parameters()) params += p.size();
+    }
+    const double peak_rise = static_cast<double>(status_kib("VmHWM") - before) * 1024.0;
+    std::vector<double> load, read;
+    for (std::size_t r = 0; r < reps; ++r) {
+      read.push_back(seconds(read_all));
+      load.push_back(seconds([&] { nn::load_llama(dir); }));
+    }
+    const double weights = 4.0 * static_cast<double>(params);
+    std::printf("%s: %zu parameters (%.0f MiB as F32), file %.0f MiB, %zu thread(s)\n", dir.c_str(), params,
+                weights / 1048576.0, file_bytes / 1048576.0, threads);
+    std::printf("| | seconds (median of %zu) | GB/s of the file |\n|---|---:|---:|\n", reps);
+    std::printf("| read the file into one buffer | %.3f | %.2f |\n", median(read), file_bytes / median(read) / 1e9);
+    std::printf("| nn::load_llama | %.3f | %.2f |\n", median(load), file_bytes / median(load) / 1e9);
+    std::printf("load / read: %.1fx; peak memory the first load added: %.0f MiB, %.2fx the weights' F32 bytes\n",
+                median(load) / median(read), peak_rise / 1048576.0, peak_rise / weights);
+  });
+}
