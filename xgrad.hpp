@@ -1,7 +1,7 @@
 /// @file
 /// Everything the xgrad library offers, in one include: `#include "xgrad/xgrad.hpp"` is the
-/// one umbrella header, for core/, nn/, optim/ and inspect/. Data-parallel training on MPI is the
-/// separate library xgrad::distributed, with its own headers under xgrad/distributed/.
+/// one umbrella header, for core/, nn/, optim/, weights/ and inspect/. Data-parallel training on
+/// MPI is the separate library xgrad::distributed, with its own headers under xgrad/distributed/.
 #pragma once
 
 #include "xgrad/core/arg.hpp"
@@ -21,29 +21,26 @@
 #include "xgrad/core/random.hpp"
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/attention_viewer.hpp"
+#include "xgrad/inspect/head_importance.hpp"
 #include "xgrad/inspect/head_patterns.hpp"
 #include "xgrad/inspect/hook_names.hpp"
 #include "xgrad/inspect/logit_lens.hpp"
 #include "xgrad/inspect/patching.hpp"
 #include "xgrad/inspect/patching_sweep.hpp"
+#include "xgrad/inspect/probe.hpp"
 #include "xgrad/inspect/residual_decomposition.hpp"
 #include "xgrad/inspect/sae_training.hpp"
 #include "xgrad/inspect/sparse_autoencoder.hpp"
 #include "xgrad/inspect/steering.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "xgrad/nn/attention.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/hook.hpp"
 #include "xgrad/nn/init.hpp"
 #include "xgrad/nn/layers.hpp"
-#include "xgrad/nn/llama_import.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/options.hpp"
-#include "xgrad/nn/probe.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/residual.hpp"
-#include "xgrad/nn/torch_import.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/nn/weight_decay.hpp"
 #include "xgrad/optim/adam.hpp"
@@ -52,6 +49,10 @@
 #include "xgrad/optim/optimizer.hpp"
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/llama_import.hpp"
+#include "xgrad/weights/model_options_json.hpp"
+#include "xgrad/weights/torch_import.hpp"
 // Tokenizers and token files: declared here, defined in the xgrad::text library (link it to use them).
 #include "xgrad/text/bpe_trainer.hpp"
 #include "xgrad/text/bpe_vocabulary.hpp"
@@ -70,6 +71,6 @@
 /// @namespace xgrad
 /// All of xgrad's API. Directly in it: tensors and the tape, the differentiable ops, gradient
 /// checking, random numbers, threads, errors and file I/O (the headers under core/; matrix
-/// products are in xgrad::blas). Modules are in xgrad::nn, optimizers in xgrad::optim, tools that
-/// look inside a model in xgrad::inspect, tokenizers and token files in xgrad::text, and
-/// data-parallel training in xgrad::distributed.
+/// products are in xgrad::blas). Modules are in xgrad::nn, optimizers in xgrad::optim, what reads
+/// and writes model files in xgrad::weights, tools that look inside a model in xgrad::inspect,
+/// tokenizers and token files in xgrad::text, and data-parallel training in xgrad::distributed.

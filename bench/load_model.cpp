@@ -67,21 +67,21 @@ int main(int argc, char** argv) {
     const long before = status_kib("VmRSS");
     std::size_t params = 0;
     {
-      const auto model = nn::load_llama(dir);
+      const auto model = weights::load_llama(dir);
       for (const auto& p : model->parameters()) params += p.size();
     }
     const double peak_rise = static_cast<double>(status_kib("VmHWM") - before) * 1024.0;
     std::vector<double> load, read;
     for (std::size_t r = 0; r < reps; ++r) {
       read.push_back(seconds(read_all));
-      load.push_back(seconds([&] { nn::load_llama(dir); }));
+      load.push_back(seconds([&] { weights::load_llama(dir); }));
     }
     const double weights = 4.0 * static_cast<double>(params);
     std::printf("%s: %zu parameters (%.0f MiB as F32), file %.0f MiB, %zu thread(s)\n", dir.c_str(), params,
                 weights / 1048576.0, file_bytes / 1048576.0, threads);
     std::printf("| | seconds (median of %zu) | GB/s of the file |\n|---|---:|---:|\n", reps);
     std::printf("| read the file into one buffer | %.3f | %.2f |\n", median(read), file_bytes / median(read) / 1e9);
-    std::printf("| nn::load_llama | %.3f | %.2f |\n", median(load), file_bytes / median(load) / 1e9);
+    std::printf("| weights::load_llama | %.3f | %.2f |\n", median(load), file_bytes / median(load) / 1e9);
     std::printf("load / read: %.1fx; peak memory the first load added: %.0f MiB, %.2fx the weights' F32 bytes\n",
                 median(load) / median(read), peak_rise / 1048576.0, peak_rise / weights);
   });

@@ -13,8 +13,9 @@
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/transformer.hpp"
 
-/// Looking inside a model: activation caches and patching at hook points, the logit lens, head
-/// statistics and detectors, SVG pictures and an HTML attention viewer.
+/// Looking inside a model: activation caches and patching at hook points, probes of activations
+/// and gradients, head importance, the logit lens, head statistics and detectors, SVG pictures and
+/// an HTML attention viewer.
 namespace xgrad::inspect {
 
 /// Chooses hook points by full name.

@@ -15,8 +15,8 @@
 #include "xgrad/inspect/detail/regions.hpp"
 #include "xgrad/inspect/hook_names.hpp"
 #include "xgrad/inspect/patching.hpp"
+#include "xgrad/inspect/probe.hpp"
 #include "xgrad/inspect/svg.hpp"
-#include "xgrad/nn/probe.hpp"
 
 namespace xgrad::inspect {
 
@@ -261,7 +261,7 @@ SweepResult attribution_patching(nn::Module& root, const std::function<Tensor()>
   const KeptGradients kept(root);
   const GradMode grad_on(true);
   const std::set<std::string> wanted(p.points.begin(), p.points.end());
-  nn::ProbeSet probes(root, [&wanted](const std::string& name) { return wanted.count(name) != 0; });
+  ProbeSet probes(root, [&wanted](const std::string& name) { return wanted.count(name) != 0; });
   const Tensor m = metric(corrupted_run());
   r.corrupted = finite_scalar(m, who, "the corrupted run");
   m.backward();

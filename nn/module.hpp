@@ -12,9 +12,8 @@
 #include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/hook.hpp"
 
-/// Modules (the layers, attention, the transformer and its language model), their state and
-/// checkpoints, hook points and the tools that read them (probes, head importance), and the
-/// import of PyTorch and GPT-2 weights.
+/// Modules (the layers, attention, the transformer and its language model), their parameters and
+/// buffers, and hook points.
 namespace xgrad::nn {
 
 /// The base of every layer: named parameters, buffers and child modules with dotted paths in a

@@ -261,28 +261,6 @@ struct LanguageModelOptions {
   }
 };
 
-/// The options as one JSON object with every field under its own name (enums by name: "pre",
-/// "gelu_tanh", "sinusoidal"); what save_checkpoint stores for a LanguageModel under
-/// "xgrad.model_options". Defined in language_model_options.cpp.
-std::string to_json(const LanguageModelOptions& options);
-/// Reads to_json's text back. A field that is missing, unknown, of the wrong type or out of range
-/// is an Error naming `who`, the field and the value (so are text that is not a JSON object, a
-/// field given twice, and options LanguageModel::check refuses).
-LanguageModelOptions language_model_options_from_json(const std::string& text, const std::string& who);
-/// One field in which two options differ, with both values as to_json writes them.
-struct OptionsDifference {
-  /// The field's name (e.g.\ "num_heads"), then its value in the stored and in the given options.
-  std::string field, stored, given;
-};
-/// The architecture fields in which `given` differs from `stored`, in to_json's order: every
-/// field but dropout (a training setting that does not change what the weights compute in eval
-/// mode, so a caller may pick another). Two spellings of one model are no difference: num_kv_heads
-/// 0 and num_heads, rotary_dim 0 and the head size; nor are fields that build nothing: rope_theta
-/// and rotary_dim without rotary positions, head_bias with tied embeddings, norm_bias with RMSNorm
-/// or without a norm weight.
-std::vector<OptionsDifference> architecture_differences(const LanguageModelOptions& stored,
-                                                        const LanguageModelOptions& given);
-
 /// Whether LanguageModel::forward returns the attention weights. keep forms them in every block
 /// (the full kernel); none lets long inputs take the tiled kernel, which forms none (see
 /// AttentionKernel), and returns no attentions. loss runs with none.

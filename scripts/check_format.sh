@@ -10,7 +10,7 @@ if ! command -v "$format" > /dev/null; then
   echo "check_format: clang-format-14 is not installed (scripts/install_deps.sh installs it)" >&2
   exit 1
 fi
-mapfile -t files < <(find xgrad.hpp core nn optim inspect distributed text tools examples bench tests \
+mapfile -t files < <(find xgrad.hpp core nn optim weights inspect distributed text tools examples bench tests \
                        \( -name '*.cpp' -o -name '*.hpp' \) -not -path 'tests/fuzz_corpus/*' -not -path 'tests/fixtures/*' | sort)
 if [ "${1:-}" = --fix ]; then
   "$format" -i "${files[@]}"

@@ -39,7 +39,7 @@ allowed="$out/warnings-undocumented.log"
 if ! (
   cat docs/Doxyfile
   echo "OUTPUT_DIRECTORY = \"$out\""
-  echo "INPUT = $src/xgrad.hpp $src/core $src/nn $src/optim $src/inspect $src/distributed $src/text $src/docs/mainpage.md"
+  echo "INPUT = $src/xgrad.hpp $src/core $src/nn $src/optim $src/weights $src/inspect $src/distributed $src/text $src/docs/mainpage.md"
   echo "USE_MDFILE_AS_MAINPAGE = $src/docs/mainpage.md"
   echo "STRIP_FROM_PATH = $view"
   echo "STRIP_FROM_INC_PATH = $view"
@@ -65,7 +65,7 @@ while read -r ns; do
   grep -q "href=\"$page\"" "$out/html/namespaces.html" ||
     echo "docs.sh: namespace $ns is not documented (doxygen leaves out its page)" >> "$log"
 done < <(grep -rhoE --include='*.hpp' --exclude-dir=detail '^namespace xgrad(::[a-z_]+)* [{]' \
-           xgrad.hpp core nn optim inspect distributed text | cut -d' ' -f2 | sort -u)
+           xgrad.hpp core nn optim weights inspect distributed text | cut -d' ' -f2 | sort -u)
 if [ -s "$log" ]; then
   cat "$log" >&2
   echo "docs.sh: $(grep -c . "$log") warning line(s) above; the reference is not complete" >&2

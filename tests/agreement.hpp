@@ -15,9 +15,9 @@
 #include <catch2/catch.hpp>
 
 #include "fixture.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 namespace xgrad::testing {
 
@@ -106,7 +106,7 @@ inline void load_params(const std::string& case_name, nn::Module& module, const 
   }
   NamedArrays state;
   for (const auto& [n, v] : c.at("params").items()) state.emplace_back(n, to_array(v));
-  nn::load_state_dict(module, state);
+  weights::load_state_dict(module, state);
   module.eval();  // dropout off (it is 0 as well)
   for (const auto& [n, p] : module.named_parameters()) {
     INFO("case " << case_name << ": parameter '" << n << "' was not loaded");

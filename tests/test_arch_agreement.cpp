@@ -1,7 +1,7 @@
 // Agreement of every LanguageModel architecture with PyTorch: checkpoints that
 // tests/fixtures/make_arch_fixtures.py wrote (tests/fixtures/arch/<case>.safetensors, through the
-// mirror module of tools/xgrad_to_torch.py) are built and loaded by nn::load_language_model, and
-// the logits, every block's attention weights, the loss and every parameter's gradient are
+// mirror module of tools/xgrad_to_torch.py) are built and loaded by weights::load_language_model,
+// and the logits, every block's attention weights, the loss and every parameter's gradient are
 // compared with PyTorch's (<case>.expected.safetensors). No Python here.
 // Shapes: B batch, T length, H heads, V vocabulary.
 #include <algorithm>
@@ -20,8 +20,9 @@
 #include "fixture.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/io/safetensors.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/model_options_json.hpp"
 
 using namespace xgrad;
 using nlohmann::json;
@@ -91,7 +92,7 @@ void compare(const std::string& case_name, const std::string& what, const Array&
 void check_options_round_trip(const std::string& case_name, const nn::LanguageModel& model) {
   const json stored =
       json::parse(load_safetensors(case_path(case_name, ".safetensors")).metadata.at("xgrad.model_options"));
-  const json written = json::parse(nn::to_json(model.options()));
+  const json written = json::parse(weights::to_json(model.options()));
   std::set<std::string> stored_fields, written_fields;
   for (const auto& [k, v] : stored.items()) stored_fields.insert(k);
   for (const auto& [k, v] : written.items()) written_fields.insert(k);
@@ -116,7 +117,7 @@ bool key_bias_grad_is_zero(const nn::LanguageModelOptions& o) {
 
 void run_case(const std::string& name) {
   const Expected want = expected_of(name);
-  nn::LoadedLanguageModel loaded = nn::load_language_model(case_path(name, ".safetensors"));
+  weights::LoadedLanguageModel loaded = weights::load_language_model(case_path(name, ".safetensors"));
   nn::LanguageModel& model = *loaded.model;
   model.eval();
   check_options_round_trip(name, model);
@@ -184,7 +185,7 @@ NamedArrays state_of(const std::string& name) { return load_safetensors(case_pat
 double error_with(const std::string& name, const nn::LanguageModelOptions& options, bool use_padding = true) {
   const Expected want = expected_of(name);
   nn::LanguageModel model(options);
-  nn::load_state_dict(model, state_of(name));
+  weights::load_state_dict(model, state_of(name));
   model.eval();
   NoGradGuard no_grad;
   const IndexArray ids = to_ids(want.at("ids"));
@@ -195,7 +196,7 @@ double error_with(const std::string& name, const nn::LanguageModelOptions& optio
 }
 
 nn::LanguageModelOptions stored_options(const std::string& name) {
-  return nn::load_language_model(case_path(name, ".safetensors")).model->options();
+  return weights::load_language_model(case_path(name, ".safetensors")).model->options();
 }
 
 }  // namespace

@@ -16,11 +16,12 @@
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/llama_import.hpp"
-#include "xgrad/nn/torch_import.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/llama_import.hpp"
+#include "xgrad/weights/model_options_json.hpp"
+#include "xgrad/weights/torch_import.hpp"
 
 #include "test_files.hpp"
 
@@ -38,7 +39,7 @@ Options copy(const Options& o) {
   return o;
 }
 
-std::vector<std::string> fields(const std::vector<nn::OptionsDifference>& diff) {
+std::vector<std::string> fields(const std::vector<weights::OptionsDifference>& diff) {
   std::vector<std::string> out;
   for (const auto& d : diff) out.push_back(d.field);
   return out;
@@ -60,7 +61,7 @@ TEST_CASE("bad input: a rope_theta whose frequencies or angles pass float32 is r
   CHECK_THROWS_WITH(nn::LanguageModel(tiny, gen),
                     Contains("LanguageModel: rope_theta 1.4013e-45 with rotary_dim 16 gives the frequency inf, and "
                              "the angle at position max_len - 1 = 7 passes float32"));
-  CHECK_THROWS_WITH(nn::language_model_options_from_json(nn::to_json(tiny), "who"),
+  CHECK_THROWS_WITH(weights::language_model_options_from_json(weights::to_json(tiny), "who"),
                     Contains("who: LanguageModel: rope_theta 1.4013e-45 with rotary_dim 16"));
   // A finite top frequency (about 2e33 for theta 1e-38) passes float32 only at a far position.
   const auto small_theta = nn::LanguageModelOptions(11, 16, 1, 1).d_ff(8).positional(nn::Positional::rotary);
@@ -73,7 +74,7 @@ TEST_CASE("bad input: a rope_theta whose frequencies or angles pass float32 is r
                        R"({"vocab_size": 11, "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 1,)"
                        R"( "num_attention_heads": 1, "max_position_embeddings": 8, "rms_norm_eps": 1e-5,)"
                        R"( "rope_theta": 1e-45})");
-  CHECK_THROWS_WITH(nn::llama_options(dir.path),
+  CHECK_THROWS_WITH(weights::llama_options(dir.path),
                     Contains("llama_options: '" + dir.file("config.json") +
                              "' describes a model xgrad refuses: LanguageModel: rope_theta 1.4013e-45"));
   // The op itself, for a caller of rotary_embedding.
@@ -95,36 +96,38 @@ TEST_CASE("bad input: a rope_theta whose frequencies or angles pass float32 is r
 TEST_CASE("architectures: two spellings of one model, or fields that build nothing, are no difference",
           "[nn][arch][options][bug]") {
   // Each pair builds the same parameters; the stored and asked options were refused as contradicting.
-  CHECK(nn::architecture_differences(small(), small().num_kv_heads(4)).empty());
-  CHECK(nn::architecture_differences(small(), small().rotary_dim(2).rope_theta(5e5f)).empty());  // learned positions
+  CHECK(weights::architecture_differences(small(), small().num_kv_heads(4)).empty());
+  CHECK(
+      weights::architecture_differences(small(), small().rotary_dim(2).rope_theta(5e5f)).empty());  // learned positions
   const auto rope = small().positional(nn::Positional::rotary);
-  CHECK(nn::architecture_differences(rope, copy(rope).rotary_dim(4)).empty());  // 0 is the head size 4
-  CHECK(nn::architecture_differences(small().tie_embeddings(true), small().tie_embeddings(true).head_bias(false))
+  CHECK(weights::architecture_differences(rope, copy(rope).rotary_dim(4)).empty());  // 0 is the head size 4
+  CHECK(weights::architecture_differences(small().tie_embeddings(true), small().tie_embeddings(true).head_bias(false))
             .empty());
-  CHECK(nn::architecture_differences(small().norm_kind(nn::NormKind::rms_norm),
-                                     small().norm_kind(nn::NormKind::rms_norm).norm_bias(false))
+  CHECK(weights::architecture_differences(small().norm_kind(nn::NormKind::rms_norm),
+                                          small().norm_kind(nn::NormKind::rms_norm).norm_bias(false))
             .empty());
-  CHECK(nn::architecture_differences(small().norm_affine(false), small().norm_affine(false).norm_bias(false)).empty());
+  CHECK(weights::architecture_differences(small().norm_affine(false), small().norm_affine(false).norm_bias(false))
+            .empty());
   // Real differences are still named, in to_json's order.
-  CHECK(fields(nn::architecture_differences(rope, copy(rope).rotary_dim(2).num_kv_heads(2))) ==
+  CHECK(fields(weights::architecture_differences(rope, copy(rope).rotary_dim(2).num_kv_heads(2))) ==
         std::vector<std::string>{"num_kv_heads", "rotary_dim"});
-  CHECK(fields(nn::architecture_differences(rope, copy(rope).rope_theta(5e5f))) ==
+  CHECK(fields(weights::architecture_differences(rope, copy(rope).rope_theta(5e5f))) ==
         std::vector<std::string>{"rope_theta"});
-  CHECK(fields(nn::architecture_differences(small(), nn::LanguageModelOptions(11, 16, 2, 1).d_ff(8).max_len(8))) ==
+  CHECK(fields(weights::architecture_differences(small(), nn::LanguageModelOptions(11, 16, 2, 1).d_ff(8).max_len(8))) ==
         std::vector<std::string>{"num_heads"});  // num_kv_heads 0 on both sides follows num_heads
-  CHECK(fields(nn::architecture_differences(small(), small().head_bias(false))) ==
+  CHECK(fields(weights::architecture_differences(small(), small().head_bias(false))) ==
         std::vector<std::string>{"head_bias"});
-  CHECK(fields(nn::architecture_differences(small(), small().norm_bias(false))) ==
+  CHECK(fields(weights::architecture_differences(small(), small().norm_bias(false))) ==
         std::vector<std::string>{"norm_bias"});
 
   // A checkpoint saved with num_kv_heads 4 loads with the options that leave it 0.
   Generator gen(2);
   nn::LanguageModel lm(small().num_kv_heads(4), gen);
   const std::string path = "test_arch_review_kv.safetensors";
-  nn::save_checkpoint(path, lm);
-  const nn::LoadedLanguageModel loaded = nn::load_language_model(path, small());
+  weights::save_checkpoint(path, lm);
+  const weights::LoadedLanguageModel loaded = weights::load_language_model(path, small());
   CHECK(loaded.model->options().num_kv_heads() == 4);
-  CHECK_THROWS_WITH(nn::load_language_model(path, small().num_kv_heads(2)),
+  CHECK_THROWS_WITH(weights::load_language_model(path, small().num_kv_heads(2)),
                     Contains("the stored model options contradict the ones asked for: num_kv_heads 4 in the file, 2 "
                              "asked"));
   std::remove(path.c_str());
@@ -137,13 +140,13 @@ TEST_CASE("architectures: a tied parameter answers to its second name, as PyTorc
   CHECK(tied.parameter("head.weight").is_same(tied.tok_emb->weight));
 
   // A state holding both names with one value (torch.nn.Module.state_dict of a tied model) loads.
-  NamedArrays state = nn::state_dict(tied);
+  NamedArrays state = weights::state_dict(tied);
   const Array emb = tied.tok_emb->weight.value();
   for (auto& [name, a] : state) {
     if (name == "tok_emb.weight") a = emb * 2.f;
   }
   state.emplace_back("head.weight", emb * 2.f);
-  const nn::LoadResult r = nn::load_state_dict(tied, state);
+  const weights::LoadResult r = weights::load_state_dict(tied, state);
   CHECK(r.unexpected_keys.empty());
   CHECK(tied.tok_emb->weight.value() == Array(emb * 2.f));
 
@@ -155,7 +158,7 @@ TEST_CASE("architectures: a tied parameter answers to its second name, as PyTorc
   for (auto& [name, a] : by_head) {
     if (name == "head.weight") a = emb * 3.f;
   }
-  nn::load_state_dict(tied, by_head);
+  weights::load_state_dict(tied, by_head);
   CHECK(tied.tok_emb->weight.value() == Array(emb * 3.f));
 
   // Two different values for one matrix: refused, strict or not, and nothing is loaded.
@@ -163,14 +166,14 @@ TEST_CASE("architectures: a tied parameter answers to its second name, as PyTorc
     if (name == "head.weight") a(4, 1) += 1.f;
   }
   for (bool strict : {true, false}) {
-    CHECK_THROWS_WITH(nn::load_state_dict(tied, state, nn::LoadOptions().strict(strict)),
+    CHECK_THROWS_WITH(weights::load_state_dict(tied, state, weights::LoadOptions().strict(strict)),
                       Contains("load_state_dict: 'head.weight' is the parameter 'tok_emb.weight' (tied), and the "
                                "state gives the two names different values (first at flat position 65)"));
     CHECK(tied.tok_emb->weight.value() == Array(emb * 3.f));
   }
   // A second name of another shape is a shape error, as for the first name.
   state.back().second = xt::zeros<float>({3, 16});
-  CHECK_THROWS_WITH(nn::load_state_dict(tied, state),
+  CHECK_THROWS_WITH(weights::load_state_dict(tied, state),
                     Contains("load_state_dict: parameter 'head.weight' has shape (3, 16) in the state but (11, 16) in "
                              "the module"));
 }
@@ -217,18 +220,18 @@ TEST_CASE("bad input: a TransformerEncoderLayer state for a block torch's layer 
           "[nn][arch][import][bad_input][bug]") {
   const auto classic = nn::TransformerBlockOptions(8, 2).d_ff(16).dropout(0.f);
   // Checked before the state is read: an empty one is refused for the options alone.
-  CHECK_THROWS_WITH(nn::from_torch_encoder_layer({}, copy(classic).num_kv_heads(1)),
+  CHECK_THROWS_WITH(weights::from_torch_encoder_layer({}, copy(classic).num_kv_heads(1)),
                     Contains("from_torch_encoder_layer: torch.nn.TransformerEncoderLayer has LayerNorms with weights "
                              "and biases, every bias, one key/value head per head, no QK-norm, no rotary positions "
                              "and an ungated activation; the options ask for num_kv_heads 1"));
   nn::TransformerBlockOptions llama = copy(classic).activation(nn::Activation::swiglu).num_kv_heads(1);
   llama.norm_options(nn::NormOptions().kind(nn::NormKind::rms_norm));
   llama.attention(nn::MultiHeadAttentionOptions(llama.attention()).qk_norm(true).qkv_bias(false));
-  CHECK_THROWS_WITH(nn::from_torch_encoder_layer({}, llama),
+  CHECK_THROWS_WITH(weights::from_torch_encoder_layer({}, llama),
                     Contains("the options ask for norm_kind rms_norm, a projection without a bias, num_kv_heads 1, "
                              "qk_norm, a gated activation"));
   // The classic options pass the check and reach the state's own checks.
-  CHECK_THROWS_WITH(nn::from_torch_encoder_layer({}, classic), !Contains("torch.nn.TransformerEncoderLayer has"));
+  CHECK_THROWS_WITH(weights::from_torch_encoder_layer({}, classic), !Contains("torch.nn.TransformerEncoderLayer has"));
 }
 
 TEST_CASE("bad input: layers whose weights pass size_t or the memory left are refused before they are filled",

@@ -25,10 +25,11 @@
 #include "xgrad/inspect/activation_cache.hpp"
 #include "xgrad/inspect/patching.hpp"
 #include "xgrad/nn/attention.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/nn/weight_decay.hpp"
 #include "xgrad/optim/adam.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/model_options_json.hpp"
 
 #include "module_gradcheck.hpp"
 #include "peak_memory.hpp"  // kAddressSanitizer
@@ -243,14 +244,14 @@ TEST_CASE("architectures: tied embeddings are one parameter whose gradient sums 
     seen += p.is_same(tied.tok_emb->weight) ? 1 : 0;
   }
   REQUIRE(seen == 1);
-  REQUIRE(nn::state_dict(tied).size() == tied.named_parameters().size());
+  REQUIRE(weights::state_dict(tied).size() == tied.named_parameters().size());
 
   // The same weights untied, head.weight a copy: the tied gradient is the sum of the two.
   Generator gen2(93);
   nn::LanguageModel untied(base().head_bias(false), gen2);
-  NamedArrays state = nn::state_dict(tied);
+  NamedArrays state = weights::state_dict(tied);
   state.emplace_back("head.weight", tied.tok_emb->weight.value());
-  nn::load_state_dict(untied, state);
+  weights::load_state_dict(untied, state);
   const IndexArray ids = {{1, 2, 3, 4}}, targets = {{2, 3, 4, 5}};
   tied.loss(ids, targets).backward();
   untied.loss(ids, targets).backward();
@@ -259,8 +260,8 @@ TEST_CASE("architectures: tied embeddings are one parameter whose gradient sums 
 
   // Saved and loaded, the tie holds.
   const std::string path = "test_architectures_tied.safetensors";
-  nn::save_checkpoint(path, tied);
-  nn::LoadedLanguageModel loaded = nn::load_language_model(path);
+  weights::save_checkpoint(path, tied);
+  weights::LoadedLanguageModel loaded = weights::load_language_model(path);
   REQUIRE(loaded.model->head->weight.is_same(loaded.model->tok_emb->weight));
   REQUIRE(max_abs_diff(loaded.model->tok_emb->weight.value(), tied.tok_emb->weight.value()) == 0.f);
   std::remove(path.c_str());
@@ -329,7 +330,7 @@ TEST_CASE("architectures: the options' JSON holds every field, and old files rea
                      .tie_embeddings(true)
                      .norm_eps(1e-6f)
                      .max_len(64);
-  const std::string text = nn::to_json(o);
+  const std::string text = weights::to_json(o);
   const nlohmann::json j = nlohmann::json::parse(text);
   for (const char* field :
        {"num_kv_heads", "norm_kind", "norm_eps", "norm_affine", "norm_bias", "rope_theta", "rotary_dim", "qk_norm",
@@ -340,15 +341,15 @@ TEST_CASE("architectures: the options' JSON holds every field, and old files rea
   CHECK(j.at("activation") == "swiglu");
   CHECK(j.at("positional") == "rotary");
   CHECK(j.at("norm_kind") == "rms_norm");
-  const nn::LanguageModelOptions back = nn::language_model_options_from_json(text, "test");
-  CHECK(nn::architecture_differences(o, back).empty());
-  CHECK(nn::to_json(back) == text);
+  const nn::LanguageModelOptions back = weights::language_model_options_from_json(text, "test");
+  CHECK(weights::architecture_differences(o, back).empty());
+  CHECK(weights::to_json(back) == text);
 
   // A file written before these options: layer_norm_eps, no new fields.
   const std::string old =
       R"({"vocab_size":7,"d_model":8,"num_heads":2,"num_layers":1,"d_ff":16,"max_len":6,"dropout":0.1,)"
       R"("norm":"post","activation":"relu","positional":"sinusoidal","layer_norm_eps":0.001})";
-  const nn::LanguageModelOptions classic = nn::language_model_options_from_json(old, "test");
+  const nn::LanguageModelOptions classic = weights::language_model_options_from_json(old, "test");
   CHECK(classic.norm_eps() == 1e-3f);
   CHECK(classic.norm_kind() == nn::NormKind::layer_norm);
   CHECK(classic.num_kv_heads() == 0);
@@ -356,27 +357,27 @@ TEST_CASE("architectures: the options' JSON holds every field, and old files rea
   CHECK_FALSE(classic.tie_embeddings());
   CHECK(classic.init() == nn::Init::pytorch);
   CHECK_THROWS_WITH(
-      nn::language_model_options_from_json(old.substr(0, old.size() - 1) + R"(,"norm_eps":0.001})", "who"),
+      weights::language_model_options_from_json(old.substr(0, old.size() - 1) + R"(,"norm_eps":0.001})", "who"),
       Contains("who: the model options hold both \"norm_eps\" and its old name \"layer_norm_eps\""));
   nlohmann::json bad = j;
   bad["norm_kind"] = "batch_norm";
-  CHECK_THROWS_WITH(nn::language_model_options_from_json(bad.dump(), "who"),
+  CHECK_THROWS_WITH(weights::language_model_options_from_json(bad.dump(), "who"),
                     Contains("model option norm_kind = \"batch_norm\" is not one of layer_norm, rms_norm"));
   bad = j;
   bad["activation"] = "swish";
-  CHECK_THROWS_WITH(nn::language_model_options_from_json(bad.dump(), "who"),
+  CHECK_THROWS_WITH(weights::language_model_options_from_json(bad.dump(), "who"),
                     Contains("model option activation = \"swish\" is not one of gelu, gelu_tanh, relu, swiglu"));
   bad = j;
   bad["qk_norm"] = 1;
-  CHECK_THROWS_WITH(nn::language_model_options_from_json(bad.dump(), "who"),
+  CHECK_THROWS_WITH(weights::language_model_options_from_json(bad.dump(), "who"),
                     Contains("model option qk_norm = 1 is not true or false"));
   bad = j;
   bad["num_kv_heads"] = 3;
-  CHECK_THROWS_WITH(nn::language_model_options_from_json(bad.dump(), "who"),
+  CHECK_THROWS_WITH(weights::language_model_options_from_json(bad.dump(), "who"),
                     Contains("who: MultiHeadAttention: num_heads 8 is not divisible by num_kv_heads 3"));
   bad = j;
   bad["rotary_dim"] = 6;
-  CHECK_THROWS_WITH(nn::language_model_options_from_json(bad.dump(), "who"),
+  CHECK_THROWS_WITH(weights::language_model_options_from_json(bad.dump(), "who"),
                     Contains("rotary_dim 6 must be even and at most the head size 4"));
 }
 

@@ -27,8 +27,8 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/attention.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;

@@ -31,15 +31,15 @@
 #include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
+#include "xgrad/inspect/head_importance.hpp"
 #include "xgrad/nn/attention.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 #include "small_models.hpp"
 
@@ -592,11 +592,11 @@ TEST_CASE("gate_heads rejects gates of the wrong shape, naming both shapes", "[b
   const Tensor x = randn({2, 3, 8}, 7);
   for (const Shape& s : std::vector<Shape>{{3}, {1, 2}, {}, {2, 1}, {8}}) {
     INFO("gates " << shape_str(s));
-    REQUIRE_THROWS_WITH(nn::gate_heads(mha, Tensor::ones(s)),
+    REQUIRE_THROWS_WITH(inspect::gate_heads(mha, Tensor::ones(s)),
                         Contains("gate_heads") && Contains(shape_str(s)) && Contains("(2,)"));
   }
-  REQUIRE_THROWS_WITH(nn::gate_heads(mha, Tensor()), Contains("gate_heads") && Contains("undefined"));
-  const nn::HookHandle gate = nn::gate_heads(mha, Tensor::ones({2}));
+  REQUIRE_THROWS_WITH(inspect::gate_heads(mha, Tensor()), Contains("gate_heads") && Contains("undefined"));
+  const nn::HookHandle gate = inspect::gate_heads(mha, Tensor::ones({2}));
   REQUIRE_NOTHROW(mha.forward(x));
 }
 
@@ -823,22 +823,23 @@ TEST_CASE("LrSchedule rejects a non-finite min_lr and stays finite at extreme st
 // =============================================================================================
 // Checkpoints and optimizer state (the rest: test_checkpoint.cpp, test_optim.cpp)
 
-TEST_CASE("nn::load_state_dict on a single layer names the parameter and both shapes", "[bad_input][checkpoint]") {
+TEST_CASE("weights::load_state_dict on a single layer names the parameter and both shapes", "[bad_input][checkpoint]") {
   Generator gen(15);
   nn::Linear lin(2, 3, true, gen);
-  const NamedArrays before = nn::state_dict(lin);
+  const NamedArrays before = weights::state_dict(lin);
   NamedArrays wrong = before;
   wrong[0].second = Array::from_shape({2, 3});
-  REQUIRE_THROWS_WITH(nn::load_state_dict(lin, wrong),
+  REQUIRE_THROWS_WITH(weights::load_state_dict(lin, wrong),
                       Contains("load_state_dict") && Contains("'weight'") && Contains("(2, 3)") && Contains("(3, 2)"));
   NamedArrays missing = before;
   missing.pop_back();
-  REQUIRE_THROWS_WITH(nn::load_state_dict(lin, missing),
+  REQUIRE_THROWS_WITH(weights::load_state_dict(lin, missing),
                       Contains("load_state_dict") && Contains("missing parameter 'bias'"));
-  REQUIRE_THROWS_WITH(nn::load_state_dict(lin, NamedArrays{}), Contains("missing parameter 'weight'"));
+  REQUIRE_THROWS_WITH(weights::load_state_dict(lin, NamedArrays{}), Contains("missing parameter 'weight'"));
   NamedArrays extra = before;
   extra.emplace_back("x", Array{1.f});
-  REQUIRE_THROWS_WITH(nn::load_state_dict(lin, extra), Contains("load_state_dict") && Contains("unexpected entry 'x'"));
+  REQUIRE_THROWS_WITH(weights::load_state_dict(lin, extra),
+                      Contains("load_state_dict") && Contains("unexpected entry 'x'"));
   REQUIRE(lin.weight.value() == before[0].second);
 }
 

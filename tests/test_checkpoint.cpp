@@ -1,5 +1,5 @@
 // Checkpoints: the safetensors format (layout, round trip, every kind of corrupt input as a clear
-// xgrad::Error), atomic saving, and nn::save_checkpoint / load_checkpoint with a model and an
+// xgrad::Error), atomic saving, and weights::save_checkpoint / load_checkpoint with a model and an
 // optimizer (exact resume; all-or-nothing loading; formats 1 and 2; buffers; strict(false);
 // stored LanguageModel options and load_language_model). Agreement with PyTorch lives elsewhere.
 #include <catch2/catch.hpp>
@@ -27,10 +27,11 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/model_options_json.hpp"
 
 #include "fixture.hpp"
 #include "peak_memory.hpp"
@@ -292,7 +293,7 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
   for (int i = 0; i < 2; ++i) train_step(a, opt_a);
   const NamedArrays opt_state = opt_a.state_dict();
   REQUIRE(!opt_state.empty());
-  nn::save_checkpoint(path, a, opt_state, {{"step", "2"}, {"run", "test"}});
+  weights::save_checkpoint(path, a, opt_state, {{"step", "2"}, {"run", "test"}});
 
   // The file holds the parameters by name and the optimizer state under "optimizer:".
   {
@@ -306,10 +307,10 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
 
   Generator gen_b(2);
   nn::LanguageModel b(small_lm(), gen_b);
-  const NamedArrays saved = nn::state_dict(a);
+  const NamedArrays saved = weights::state_dict(a);
   REQUIRE(any_param_differs(b, saved));  // a different seed really gives different weights
 
-  nn::Checkpoint ck = nn::load_checkpoint(path, b);
+  weights::Checkpoint ck = weights::load_checkpoint(path, b);
   require_params_equal(b, saved);
   CHECK(ck.metadata == Metadata{{"step", "2"}, {"run", "test"}});
 
@@ -333,7 +334,7 @@ TEST_CASE("checkpoint restores a LanguageModel and AdamW exactly", "[checkpoint]
   for (int i = 0; i < 3; ++i) {
     train_step(a, opt_a);
     train_step(b, opt_b);
-    require_params_equal(b, nn::state_dict(a));
+    require_params_equal(b, weights::state_dict(a));
   }
   REQUIRE(any_param_differs(a, saved));  // and training really moved the weights
 }
@@ -355,7 +356,7 @@ TEST_CASE("a checkpoint with the names from before the ffn.norm rename loads and
   // The file as the old layout wrote it: every tensor under its old name.
   NamedArrays all;
   std::size_t renamed = 0;
-  for (const auto& [name, v] : nn::state_dict(a)) {
+  for (const auto& [name, v] : weights::state_dict(a)) {
     all.emplace_back(old_name(name), v);
     renamed += old_name(name) != name;
   }
@@ -365,26 +366,27 @@ TEST_CASE("a checkpoint with the names from before the ffn.norm rename loads and
 
   Generator gen_b(2);
   nn::LanguageModel b(small_lm(), gen_b);
-  const nn::Checkpoint ck = nn::load_checkpoint(path, b);
-  require_params_equal(b, nn::state_dict(a));
+  const weights::Checkpoint ck = weights::load_checkpoint(path, b);
+  require_params_equal(b, weights::state_dict(a));
   optim::AdamW opt_b(b.named_parameters(), optim::AdamW::defaults(1e-2f));
   REQUIRE_NOTHROW(opt_b.load_state_dict(ck.optimizer_state));
   for (int i = 0; i < 2; ++i) {
     train_step(a, opt_a);
     train_step(b, opt_b);
-    require_params_equal(b, nn::state_dict(a));
+    require_params_equal(b, weights::state_dict(a));
   }
 
   // load_state_dict takes the old names too; a state holding both names keeps the strict check.
   Generator gen_c(3);
   nn::LanguageModel c(small_lm(), gen_c);
   NamedArrays old_state;
-  for (const auto& [name, v] : nn::state_dict(a)) old_state.emplace_back(old_name(name), v);
-  nn::load_state_dict(c, old_state);
-  require_params_equal(c, nn::state_dict(a));
-  NamedArrays both = nn::state_dict(a);
+  for (const auto& [name, v] : weights::state_dict(a)) old_state.emplace_back(old_name(name), v);
+  weights::load_state_dict(c, old_state);
+  require_params_equal(c, weights::state_dict(a));
+  NamedArrays both = weights::state_dict(a);
   both.emplace_back("blocks.0.ffn_norm.weight", both.front().second);
-  REQUIRE_THROWS_WITH(nn::load_state_dict(c, both), Catch::Contains("unexpected entry 'blocks.0.ffn_norm.weight'"));
+  REQUIRE_THROWS_WITH(weights::load_state_dict(c, both),
+                      Catch::Contains("unexpected entry 'blocks.0.ffn_norm.weight'"));
 }
 
 TEST_CASE("a checkpoint without optimizer state returns an empty optimizer_state", "[checkpoint]") {
@@ -392,11 +394,11 @@ TEST_CASE("a checkpoint without optimizer state returns an empty optimizer_state
   const std::string path = dir.file("m.safetensors");
   Generator g1(3), g2(4);
   nn::LanguageModel a(small_lm(), g1), b(small_lm(), g2);
-  nn::save_checkpoint(path, a);
-  nn::Checkpoint ck = nn::load_checkpoint(path, b);
+  weights::save_checkpoint(path, a);
+  weights::Checkpoint ck = weights::load_checkpoint(path, b);
   CHECK(ck.optimizer_state.empty());
   CHECK(ck.metadata.empty());
-  require_params_equal(b, nn::state_dict(a));
+  require_params_equal(b, weights::state_dict(a));
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -420,13 +422,13 @@ TEST_CASE("saving over an existing checkpoint replaces it and leaves no temporar
   // The same through save_checkpoint.
   Generator g1(5), g2(6);
   nn::LanguageModel a(small_lm(), g1), b(small_lm(), g2);
-  nn::save_checkpoint(path, a);
-  nn::save_checkpoint(path, b);
+  weights::save_checkpoint(path, a);
+  weights::save_checkpoint(path, b);
   CHECK(dir.entries() == std::set<std::string>{"ckpt.safetensors"});
   Generator g3(7);
   nn::LanguageModel c(small_lm(), g3);
-  nn::load_checkpoint(path, c);
-  require_params_equal(c, nn::state_dict(b));
+  weights::load_checkpoint(path, c);
+  require_params_equal(c, weights::state_dict(b));
 }
 
 TEST_CASE("saving into a missing directory throws and creates nothing", "[checkpoint]") {
@@ -441,7 +443,7 @@ TEST_CASE("saving into a missing directory throws and creates nothing", "[checkp
 
   Generator g(8);
   nn::LanguageModel m(small_lm(), g);
-  REQUIRE_THROWS_AS(nn::save_checkpoint(path, m), Error);
+  REQUIRE_THROWS_AS(weights::save_checkpoint(path, m), Error);
   CHECK(!fs::exists(missing));
   CHECK(dir.entries().empty());
 }
@@ -467,7 +469,7 @@ TEST_CASE("when the rename fails the error is an xgrad::Error and earlier files 
 
   Generator g(9);
   nn::LanguageModel m(small_lm(), g);
-  REQUIRE_THROWS_AS(nn::save_checkpoint(target, m), Error);
+  REQUIRE_THROWS_AS(weights::save_checkpoint(target, m), Error);
   CHECK(dir.entries() == std::set<std::string>{"keep.safetensors", "target"});
 
   // An empty directory as the target fails the same way.
@@ -764,8 +766,8 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
   Generator g_target(10), g_other(11);
   nn::LanguageModel target(small_lm(), g_target);
   nn::LanguageModel other(small_lm(), g_other);
-  const NamedArrays before = nn::state_dict(target);
-  const NamedArrays good = nn::state_dict(other);
+  const NamedArrays before = weights::state_dict(target);
+  const NamedArrays good = weights::state_dict(other);
   REQUIRE(good.size() >= 5);
   REQUIRE(any_param_differs(target, good));
 
@@ -775,9 +777,9 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     state.erase(state.begin() + static_cast<std::ptrdiff_t>(state.size() / 2));
     const std::string path = dir.file("missing.safetensors");
     save_safetensors(path, state);
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") &&
-                                                               Contains("missing.safetensors") &&
-                                                               Contains("missing parameter '" + dropped + "'"));
+    REQUIRE_THROWS_WITH(weights::load_checkpoint(path, target), Contains("load_checkpoint") &&
+                                                                    Contains("missing.safetensors") &&
+                                                                    Contains("missing parameter '" + dropped + "'"));
     require_params_equal(target, before);
   }
   SECTION("an unexpected extra name") {
@@ -785,7 +787,7 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     state.emplace_back("extra.weight", filled({2, 2}, 1.f));
     const std::string path = dir.file("extra.safetensors");
     save_safetensors(path, state);
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target),
+    REQUIRE_THROWS_WITH(weights::load_checkpoint(path, target),
                         Contains("load_checkpoint") && Contains("unexpected entry 'extra.weight'"));
     require_params_equal(target, before);
   }
@@ -795,7 +797,7 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     state[1].first = "renamed.weight";
     const std::string path = dir.file("renamed.safetensors");
     save_safetensors(path, state);
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("missing parameter '" + renamed + "'"));
+    REQUIRE_THROWS_WITH(weights::load_checkpoint(path, target), Contains("missing parameter '" + renamed + "'"));
     require_params_equal(target, before);
   }
   SECTION("a wrong shape after several good parameters") {
@@ -811,92 +813,93 @@ TEST_CASE("load_checkpoint leaves the model unchanged on every error", "[checkpo
     // Check the bad entry really is last in the file.
     SafetensorsContents raw = load_safetensors(path);
     REQUIRE(raw.tensors.back().first == bad_name);
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") &&
-                                                               Contains("'" + bad_name + "'") && Contains(bad_shape) &&
-                                                               Contains(good_shape));
+    REQUIRE_THROWS_WITH(weights::load_checkpoint(path, target), Contains("load_checkpoint") &&
+                                                                    Contains("'" + bad_name + "'") &&
+                                                                    Contains(bad_shape) && Contains(good_shape));
     require_params_equal(target, before);
   }
   SECTION("a corrupted file") {
     const std::string path = dir.file("corrupt.safetensors");
-    nn::save_checkpoint(path, other);
+    weights::save_checkpoint(path, other);
     const std::string full = read_bytes(path);
     write_bytes(path, full.substr(0, full.size() - 6));
-    REQUIRE_THROWS_AS(nn::load_checkpoint(path, target), Error);
+    REQUIRE_THROWS_AS(weights::load_checkpoint(path, target), Error);
     require_params_equal(target, before);
     // Garbage in the header.
     std::string garbled = full;
     garbled[8] = 'X';
     write_bytes(path, garbled);
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("not valid JSON"));
+    REQUIRE_THROWS_WITH(weights::load_checkpoint(path, target), Contains("not valid JSON"));
     require_params_equal(target, before);
   }
   SECTION("a missing file") {
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(dir.file("nope.safetensors"), target), Contains("cannot open"));
+    REQUIRE_THROWS_WITH(weights::load_checkpoint(dir.file("nope.safetensors"), target), Contains("cannot open"));
     require_params_equal(target, before);
   }
   SECTION("a checkpoint of a model with a different shape") {
     Generator g(12);
     nn::LanguageModel bigger(nn::LanguageModelOptions(11, 8, 2, 3).d_ff(16).max_len(8).dropout(0.f), g);
     const std::string path = dir.file("bigger.safetensors");
-    nn::save_checkpoint(path, bigger);
+    weights::save_checkpoint(path, bigger);
     // The stored options name the difference; a file without them, the first extra tensor.
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("load_checkpoint") &&
-                                                               Contains("bigger.safetensors") &&
-                                                               Contains("num_layers 3 in the file, 2 in the model"));
+    REQUIRE_THROWS_WITH(weights::load_checkpoint(path, target),
+                        Contains("load_checkpoint") && Contains("bigger.safetensors") &&
+                            Contains("num_layers 3 in the file, 2 in the model"));
     require_params_equal(target, before);
-    save_safetensors(path, nn::state_dict(bigger));
-    REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("unexpected entry 'blocks.2."));
+    save_safetensors(path, weights::state_dict(bigger));
+    REQUIRE_THROWS_WITH(weights::load_checkpoint(path, target), Contains("unexpected entry 'blocks.2."));
     require_params_equal(target, before);
   }
   // After all that, a good checkpoint still loads.
   const std::string path = dir.file("good.safetensors");
-  nn::save_checkpoint(path, other);
-  nn::load_checkpoint(path, target);
+  weights::save_checkpoint(path, other);
+  weights::load_checkpoint(path, target);
   require_params_equal(target, good);
 }
 
-TEST_CASE("nn::load_state_dict errors name the parameter and the shapes", "[checkpoint]") {
+TEST_CASE("weights::load_state_dict errors name the parameter and the shapes", "[checkpoint]") {
   Generator g1(13), g2(14);
   nn::LanguageModel m(small_lm(), g1), other(small_lm(), g2);
-  const NamedArrays before = nn::state_dict(m);
-  NamedArrays state = nn::state_dict(other);
+  const NamedArrays before = weights::state_dict(m);
+  NamedArrays state = weights::state_dict(other);
 
   SECTION("wrong shape") {
     // "head.weight" is (V, C) = (11, 8).
     for (auto& [name, a] : state) {
       if (name == "head.weight") a = filled({8, 11}, 1.f);
     }
-    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict") && Contains("'head.weight'") &&
-                                                           Contains("(8, 11) in the state") &&
-                                                           Contains("(11, 8) in the module"));
+    REQUIRE_THROWS_WITH(weights::load_state_dict(m, state), Contains("load_state_dict") && Contains("'head.weight'") &&
+                                                                Contains("(8, 11) in the state") &&
+                                                                Contains("(11, 8) in the module"));
   }
   SECTION("missing") {
     state.erase(state.begin());
-    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict: missing parameter 'tok_emb.weight'"));
+    REQUIRE_THROWS_WITH(weights::load_state_dict(m, state),
+                        Contains("load_state_dict: missing parameter 'tok_emb.weight'"));
   }
   SECTION("unexpected") {
     state.emplace_back("ghost", Array(1.f));
-    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("load_state_dict: unexpected entry 'ghost'"));
+    REQUIRE_THROWS_WITH(weights::load_state_dict(m, state), Contains("load_state_dict: unexpected entry 'ghost'"));
   }
   SECTION("duplicate") {
     state.push_back(state.front());
-    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state), Contains("'tok_emb.weight' appears twice"));
+    REQUIRE_THROWS_WITH(weights::load_state_dict(m, state), Contains("'tok_emb.weight' appears twice"));
   }
   SECTION("0-d instead of a vector") {
     for (auto& [name, a] : state) {
       if (name == "head.bias") a = Array(1.f);
     }
-    REQUIRE_THROWS_WITH(nn::load_state_dict(m, state),
+    REQUIRE_THROWS_WITH(weights::load_state_dict(m, state),
                         Contains("'head.bias'") && Contains("() in the state") && Contains("(11) in the module"));
   }
   require_params_equal(m, before);
 }
 
-TEST_CASE("nn::load_state_dict copies values and does not alias the state", "[checkpoint]") {
+TEST_CASE("weights::load_state_dict copies values and does not alias the state", "[checkpoint]") {
   Generator g1(15), g2(16);
   nn::LanguageModel m(small_lm(), g1), other(small_lm(), g2);
-  NamedArrays state = nn::state_dict(other);
-  nn::load_state_dict(m, state);
+  NamedArrays state = weights::state_dict(other);
+  weights::load_state_dict(m, state);
   require_params_equal(m, state);
   const NamedArrays copy = state;
   state[0].second.data()[0] += 1.f;  // editing the state afterwards does not reach the module
@@ -916,9 +919,9 @@ TEST_CASE("a module with a child named optimizer round-trips with its optimizer'
   optim::AdamW opt_a(a.named_parameters(), optim::AdamW::defaults(1e-2f).weight_decay(0.05f));
   for (int i = 0; i < 2; ++i) train_step(a, opt_a);
   opt_a.set_lr(0.0042f);  // as a schedule would
-  CHECK(names_of(nn::state_dict(a)) ==
+  CHECK(names_of(weights::state_dict(a)) ==
         std::vector<std::string>{"scale", "updates", "optimizer.weight", "optimizer.bias"});
-  nn::save_checkpoint(path, a, opt_a.state_dict(), {{"step", "2"}});
+  weights::save_checkpoint(path, a, opt_a.state_dict(), {{"step", "2"}});
 
   {
     const SafetensorsContents raw = load_safetensors(path);
@@ -933,9 +936,9 @@ TEST_CASE("a module with a child named optimizer round-trips with its optimizer'
   }
 
   REQUIRE(b.updates.value()() == 0.f);
-  const nn::Checkpoint ck = nn::load_checkpoint(path, b);
-  const NamedArrays saved = nn::state_dict(a);
-  const NamedArrays got = nn::state_dict(b);
+  const weights::Checkpoint ck = weights::load_checkpoint(path, b);
+  const NamedArrays saved = weights::state_dict(a);
+  const NamedArrays got = weights::state_dict(b);
   REQUIRE(names_of(got) == names_of(saved));
   for (std::size_t i = 0; i < got.size(); ++i) CHECK(bit_equal(got[i].second, saved[i].second));
   CHECK(b.updates.value()() == 2.f);  // the buffer came back
@@ -970,7 +973,7 @@ TEST_CASE("a format-1 checkpoint (optimizer.<name>, no marker, no options) still
     REQUIRE(raw.tensors.back().first.rfind("optimizer.", 0) == 0);
   }
   nn::LanguageModel model(o);
-  const nn::Checkpoint ck = nn::load_checkpoint(path, model);
+  const weights::Checkpoint ck = weights::load_checkpoint(path, model);
   CHECK(!ck.model_options);
   CHECK(ck.metadata == Metadata{{"written_by", "tests/test_torch_export.cpp"}});
   std::set<std::string> params;
@@ -987,11 +990,11 @@ TEST_CASE("a format-1 checkpoint (optimizer.<name>, no marker, no options) still
   CHECK(opt.options().weight_decay() == 0.01f);
 
   // load_language_model needs the options for it, and then builds the same model.
-  REQUIRE_THROWS_WITH(nn::load_language_model(path),
+  REQUIRE_THROWS_WITH(weights::load_language_model(path),
                       Contains("load_language_model: '" + path + "'") && Contains("the file stores no model options"));
-  const nn::LoadedLanguageModel loaded = nn::load_language_model(path, o);
+  const weights::LoadedLanguageModel loaded = weights::load_language_model(path, o);
   CHECK(loaded.checkpoint.optimizer_state.size() == ck.optimizer_state.size());
-  const NamedArrays want = nn::state_dict(model);
+  const NamedArrays want = weights::state_dict(model);
   require_params_equal(*loaded.model, want);
 }
 
@@ -1005,7 +1008,7 @@ TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every fiel
                                          .activation(nn::Activation::gelu_tanh)
                                          .positional(nn::Positional::sinusoidal)
                                          .norm_eps(1e-3f);
-  const std::string text = nn::to_json(o);
+  const std::string text = weights::to_json(o);
   for (const char* part : {"\"vocab_size\":13", "\"d_model\":12", "\"num_heads\":3", "\"num_layers\":2", "\"d_ff\":20",
                            "\"max_len\":9", "\"norm\":\"post\"", "\"activation\":\"gelu_tanh\"",
                            "\"positional\":\"sinusoidal\"", "\"dropout\":0.25", "\"norm_eps\":"}) {
@@ -1018,16 +1021,16 @@ TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every fiel
            x.dropout() == y.dropout() && x.norm() == y.norm() && x.activation() == y.activation() &&
            x.positional() == y.positional() && x.norm_eps() == y.norm_eps();
   };
-  CHECK(same(nn::language_model_options_from_json(text, "test"), o));
-  CHECK(nn::architecture_differences(o, o).empty());
+  CHECK(same(weights::language_model_options_from_json(text, "test"), o));
+  CHECK(weights::architecture_differences(o, o).empty());
 
   Generator gen(5);
   nn::LanguageModel model(o, gen);
   const std::string path = dir.file("lm.safetensors");
-  nn::save_checkpoint(path, model);
+  weights::save_checkpoint(path, model);
   CHECK(load_safetensors(path).metadata.at("xgrad.model_options") == text);
 
-  nn::LoadedLanguageModel loaded = nn::load_language_model(path);
+  weights::LoadedLanguageModel loaded = weights::load_language_model(path);
   CHECK(same(loaded.model->options(), o));
   REQUIRE(loaded.checkpoint.model_options);
   CHECK(same(*loaded.checkpoint.model_options, o));
@@ -1039,7 +1042,8 @@ TEST_CASE("LanguageModelOptions go through JSON and a checkpoint with every fiel
   CHECK(bit_equal(loaded.model->forward(ids).logits.value(), model.forward(ids).logits.value()));
 
   // The caller's dropout is a training setting, not a contradiction; the rest come from the file.
-  const nn::LoadedLanguageModel no_dropout = nn::load_language_model(path, nn::LanguageModelOptions(o).dropout(0.f));
+  const weights::LoadedLanguageModel no_dropout =
+      weights::load_language_model(path, nn::LanguageModelOptions(o).dropout(0.f));
   CHECK(no_dropout.model->options().dropout() == 0.f);
   CHECK(no_dropout.model->options().positional() == nn::Positional::sinusoidal);
 }
@@ -1049,28 +1053,30 @@ TEST_CASE("stored options that contradict the caller's are named field by field"
   const std::string path = dir.file("lm.safetensors");
   Generator gen(6);
   nn::LanguageModel saved(small_lm(), gen);
-  nn::save_checkpoint(path, saved);
+  weights::save_checkpoint(path, saved);
 
   const auto wrong = small_lm().num_heads(4).norm_eps(1e-3f).dropout(0.3f);
   REQUIRE_THROWS_WITH(
-      nn::load_language_model(path, wrong),
+      weights::load_language_model(path, wrong),
       Contains("load_language_model: '" + path + "': the stored model options contradict the ones asked for: ") &&
           Contains("num_heads 2 in the file, 4 asked; norm_eps ") && !Contains("dropout"));
   Generator gen_b(7);
   nn::LanguageModel four_heads(small_lm().num_heads(4), gen_b);
-  const NamedArrays before = nn::state_dict(four_heads);
-  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, four_heads), Contains("load_checkpoint: '" + path + "'") &&
-                                                                 Contains("num_heads 2 in the file, 4 in the model"));
+  const NamedArrays before = weights::state_dict(four_heads);
+  REQUIRE_THROWS_WITH(
+      weights::load_checkpoint(path, four_heads),
+      Contains("load_checkpoint: '" + path + "'") && Contains("num_heads 2 in the file, 4 in the model"));
   require_params_equal(four_heads, before);
   REQUIRE_THROWS_WITH(
-      nn::check_model_options(small_lm(), small_lm().norm(nn::Norm::post).activation(nn::Activation::relu), "caller"),
+      weights::check_model_options(small_lm(), small_lm().norm(nn::Norm::post).activation(nn::Activation::relu),
+                                   "caller"),
       Contains("caller: the stored model options contradict the ones asked for: norm \"pre\" in the file, "
                "\"post\" asked; activation \"gelu\" in the file, \"relu\" asked"));
-  REQUIRE_NOTHROW(nn::check_model_options(small_lm(), small_lm().dropout(0.5f), "caller"));
+  REQUIRE_NOTHROW(weights::check_model_options(small_lm(), small_lm().dropout(0.5f), "caller"));
 }
 
 TEST_CASE("model options and checkpoint formats that cannot be read are refused naming the field", "[checkpoint]") {
-  const std::string good = nn::to_json(small_lm());
+  const std::string good = weights::to_json(small_lm());
   auto edited = [&](const std::string& key, const nlohmann::json& value) {
     nlohmann::json j = nlohmann::json::parse(good);
     if (value.is_discarded()) {
@@ -1096,91 +1102,92 @@ TEST_CASE("model options and checkpoint formats that cannot be read are refused 
   };
   for (const auto& [text, message] : cases) {
     INFO(text);
-    REQUIRE_THROWS_WITH(nn::language_model_options_from_json(text, "who"), Contains(message));
+    REQUIRE_THROWS_WITH(weights::language_model_options_from_json(text, "who"), Contains(message));
   }
 
   TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("lm.safetensors");
   Generator gen(8);
   nn::LanguageModel model(small_lm(), gen);
-  nn::save_checkpoint(path, model);
+  weights::save_checkpoint(path, model);
   SafetensorsContents c = load_safetensors(path);
   const std::string tampered = dir.file("tampered.safetensors");
 
   // Options describing a model far larger than the file: refused before anything is built.
   c.metadata["xgrad.model_options"] = edited("num_layers", 100000);
   save_safetensors(tampered, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_language_model(tampered), Contains("load_language_model: '" + tampered + "'") &&
-                                                             Contains("describe a model of ") &&
-                                                             Contains("but the file holds"));
-  REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model), Contains("num_layers 100000 in the file, 2 in the model"));
+  REQUIRE_THROWS_WITH(weights::load_language_model(tampered), Contains("load_language_model: '" + tampered + "'") &&
+                                                                  Contains("describe a model of ") &&
+                                                                  Contains("but the file holds"));
+  REQUIRE_THROWS_WITH(weights::load_checkpoint(tampered, model),
+                      Contains("num_layers 100000 in the file, 2 in the model"));
   // Options the library refuses.
   c.metadata["xgrad.model_options"] = edited("num_heads", 3);
   save_safetensors(tampered, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
+  REQUIRE_THROWS_WITH(weights::load_language_model(tampered),
                       Contains("load_language_model: '" + tampered + "'") && Contains("num_heads 3"));
   c.metadata["xgrad.model_options"] = "{";
   save_safetensors(tampered, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_checkpoint(tampered, model),
+  REQUIRE_THROWS_WITH(weights::load_checkpoint(tampered, model),
                       Contains("load_checkpoint: '" + tampered + "': the model options text is not JSON"));
   // A format this xgrad does not know.
   c.metadata["xgrad.model_options"] = good;
   c.metadata["xgrad.checkpoint"] = "3";
   save_safetensors(tampered, c.tensors, c.metadata);
   REQUIRE_THROWS_WITH(
-      nn::load_checkpoint(tampered, model),
+      weights::load_checkpoint(tampered, model),
       Contains("load_checkpoint: '" + tampered + "' has checkpoint format \"3\"; this xgrad reads formats 1 and 2"));
 }
 
 TEST_CASE("strict(false) loads the names both have and lists the others, as PyTorch does", "[checkpoint]") {
   Generator g1(31), g2(32);
   nn::LanguageModel m(small_lm(), g1), other(small_lm(), g2);
-  const NamedArrays before = nn::state_dict(m);
-  NamedArrays state = without(nn::state_dict(other), {"head.bias", "final_norm.weight"});
+  const NamedArrays before = weights::state_dict(m);
+  NamedArrays state = without(weights::state_dict(other), {"head.bias", "final_norm.weight"});
   state.emplace_back("ghost", Array(1.f));
   state.emplace_back("extra.w", Array{1.f, 2.f});
 
-  REQUIRE_THROWS_WITH(nn::load_state_dict(m, state),
+  REQUIRE_THROWS_WITH(weights::load_state_dict(m, state),
                       Contains("load_state_dict: missing parameter 'final_norm.weight'"));
   require_params_equal(m, before);
 
-  const nn::LoadResult r = nn::load_state_dict(m, state, nn::LoadOptions().strict(false));
+  const weights::LoadResult r = weights::load_state_dict(m, state, weights::LoadOptions().strict(false));
   CHECK(r.missing_keys == std::vector<std::string>{"final_norm.weight", "head.bias"});  // the module's order
   CHECK(r.unexpected_keys == std::vector<std::string>{"ghost", "extra.w"});             // the state's order
-  const NamedArrays now = nn::state_dict(m), theirs = nn::state_dict(other);
+  const NamedArrays now = weights::state_dict(m), theirs = weights::state_dict(other);
   for (std::size_t i = 0; i < now.size(); ++i) {
     INFO(now[i].first);
     const bool kept = now[i].first == "head.bias" || now[i].first == "final_norm.weight";
     CHECK(bit_equal(now[i].second, kept ? before[i].second : theirs[i].second));
   }
   // A strict load of a full state reports nothing.
-  const nn::LoadResult full = nn::load_state_dict(m, nn::state_dict(other));
+  const weights::LoadResult full = weights::load_state_dict(m, weights::state_dict(other));
   CHECK(full.missing_keys.empty());
   CHECK(full.unexpected_keys.empty());
 
   // Shapes and non-finite weights are refused either way, before anything is written.
   Generator g3(33);
   nn::LanguageModel target(small_lm(), g3);
-  const NamedArrays target_before = nn::state_dict(target);
+  const NamedArrays target_before = weights::state_dict(target);
   NamedArrays misshapen = state;
   for (auto& [name, a] : misshapen) {
     if (name == "head.weight") a = filled({8, 11}, 1.f);
   }
-  REQUIRE_THROWS_WITH(nn::load_state_dict(target, misshapen, nn::LoadOptions().strict(false)),
+  REQUIRE_THROWS_WITH(weights::load_state_dict(target, misshapen, weights::LoadOptions().strict(false)),
                       Contains("parameter 'head.weight' has shape (8, 11) in the state but (11, 8) in the module"));
   NamedArrays nan_state = state;
   nan_state.back().second = Array{1.f, 2.f};
   nan_state.front().second.data()[1] = std::nanf("");
-  REQUIRE_THROWS_WITH(nn::load_state_dict(target, nan_state, nn::LoadOptions().strict(false)),
+  REQUIRE_THROWS_WITH(weights::load_state_dict(target, nan_state, weights::LoadOptions().strict(false)),
                       Contains("parameter '" + nan_state.front().first + "' holds nan at flat position 1"));
   require_params_equal(target, target_before);
 
   // Through a file.
   TempDir dir("xgrad_ckpt");
   const std::string path = dir.file("partial.safetensors");
-  save_safetensors(path, without(nn::state_dict(other), {"tok_emb.weight"}));
-  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, target), Contains("missing parameter 'tok_emb.weight'"));
-  const nn::Checkpoint ck = nn::load_checkpoint(path, target, nn::LoadOptions().strict(false));
+  save_safetensors(path, without(weights::state_dict(other), {"tok_emb.weight"}));
+  REQUIRE_THROWS_WITH(weights::load_checkpoint(path, target), Contains("missing parameter 'tok_emb.weight'"));
+  const weights::Checkpoint ck = weights::load_checkpoint(path, target, weights::LoadOptions().strict(false));
   CHECK(ck.missing_keys == std::vector<std::string>{"tok_emb.weight"});
   CHECK(ck.unexpected_keys.empty());
   CHECK(bit_equal(target.head->weight.value(), other.head->weight.value()));
@@ -1190,16 +1197,16 @@ TEST_CASE("buffers load back by name, and a missing or misshapen buffer is named
   Generator g1(41), g2(42);
   WithOptimizerChild a(g1), b(g2);
   a.updates.mutable_value() = Array(-INFINITY);  // buffers may hold any value
-  nn::load_state_dict(b, nn::state_dict(a));
+  weights::load_state_dict(b, weights::state_dict(a));
   CHECK(b.updates.value()() == -INFINITY);
-  REQUIRE_THROWS_WITH(nn::load_state_dict(b, without(nn::state_dict(a), {"updates"})),
+  REQUIRE_THROWS_WITH(weights::load_state_dict(b, without(weights::state_dict(a), {"updates"})),
                       Contains("load_state_dict: missing buffer 'updates'"));
-  NamedArrays misshapen = nn::state_dict(a);
+  NamedArrays misshapen = weights::state_dict(a);
   misshapen[1].second = Array{1.f, 2.f};
-  REQUIRE_THROWS_WITH(nn::load_state_dict(b, misshapen),
+  REQUIRE_THROWS_WITH(weights::load_state_dict(b, misshapen),
                       Contains("load_state_dict: buffer 'updates' has shape (2) in the state but () in the module"));
-  const nn::LoadResult r =
-      nn::load_state_dict(b, without(nn::state_dict(a), {"updates"}), nn::LoadOptions().strict(false));
+  const weights::LoadResult r =
+      weights::load_state_dict(b, without(weights::state_dict(a), {"updates"}), weights::LoadOptions().strict(false));
   CHECK(r.missing_keys == std::vector<std::string>{"updates"});
 }
 
@@ -1209,25 +1216,25 @@ TEST_CASE("save_checkpoint refuses names and metadata that are not UTF-8, naming
   const std::string path = dir.file("m.safetensors");
   Generator gen(51);
   WithOptimizerChild m(gen);
-  nn::save_checkpoint(path, m, {}, {{"k", "v"}});
+  weights::save_checkpoint(path, m, {}, {{"k", "v"}});
   const std::string good = read_bytes(path);
   const std::vector<std::pair<std::function<void()>, std::string>>
       cases =
           {
               {[&] {
-    nn::save_checkpoint(path, m, {{std::string("w") + '\xff', Array(1.f)}});
+    weights::save_checkpoint(path, m, {{std::string("w") + '\xff', Array(1.f)}});
                },
                "save_checkpoint: optimizer state name \"w\\xFF\" is not valid UTF-8 (byte 0xFF at offset 1)"},
               {[&] {
-    nn::save_checkpoint(path, m, {}, {{std::string("k") + '\xc0', "v"}});
+    weights::save_checkpoint(path, m, {}, {{std::string("k") + '\xc0', "v"}});
                },
                "save_checkpoint: metadata key \"k\\xC0\" is not valid UTF-8 (byte 0xC0 at offset 1)"},
       {[&] {
-    nn::save_checkpoint(path, m, {}, {{"note", "\xe2\x82"}});
+    weights::save_checkpoint(path, m, {}, {{"note", "\xe2\x82"}});
        },
        "save_checkpoint: metadata value of 'note' \"\\xE2\\x82\" is not valid UTF-8 (byte 0xE2 at offset 0)"},
       {[&] {
-    nn::save_checkpoint(path, m, {}, {{"xgrad.model_options", "{}"}});
+    weights::save_checkpoint(path, m, {}, {{"xgrad.model_options", "{}"}});
        },
        "save_checkpoint: metadata key 'xgrad.model_options' is reserved"},
       };
@@ -1249,8 +1256,8 @@ TEST_CASE(
       Generator gen(3);
       nn::LanguageModel m(nn::LanguageModelOptions(7, 6, 2, 3).d_ff(5).max_len(4).norm(norm).positional(pos), gen);
       const std::string path = dir.file("m.safetensors");
-      nn::save_checkpoint(path, m);
-      REQUIRE(nn::load_language_model(path).model->num_parameters() == m.num_parameters());
+      weights::save_checkpoint(path, m);
+      REQUIRE(weights::load_language_model(path).model->num_parameters() == m.num_parameters());
     }
   }
   // A sinusoidal table (max_len x d_model) is built, not saved: 65536 positions of a 131k-value
@@ -1261,8 +1268,8 @@ TEST_CASE(
         nn::LanguageModelOptions(256, 64, 4, 2).positional(nn::Positional::sinusoidal).max_len(65536).dropout(0.f);
     nn::LanguageModel m(o, gen);
     const std::string path = dir.file("long.safetensors");
-    nn::save_checkpoint(path, m);
-    const nn::LoadedLanguageModel back = nn::load_language_model(path);
+    weights::save_checkpoint(path, m);
+    const weights::LoadedLanguageModel back = weights::load_language_model(path);
     REQUIRE(back.model->options().max_len() == 65536);
     m.eval();
     back.model->eval();
@@ -1274,7 +1281,7 @@ TEST_CASE(
   // 56 s and 5 GB before "missing parameter"; now refused by the tensor count, before building.
   Generator gen(5);
   nn::LanguageModel tiny(nn::LanguageModelOptions(2, 1, 1, 1).d_ff(1).max_len(1), gen);
-  SafetensorsContents c = nn::checkpoint_contents(tiny);
+  SafetensorsContents c = weights::checkpoint_contents(tiny);
   nlohmann::json j = nlohmann::json::parse(c.metadata.at("xgrad.model_options"));
   j["num_layers"] = 150000;
   c.metadata["xgrad.model_options"] = j.dump();
@@ -1293,7 +1300,7 @@ TEST_CASE(
   // (AddressSanitizer holds freed memory back, so the bound is checked without it).
   const bool measured = !testing::kAddressSanitizer && testing::reset_peak_rss();
   const long baseline_kib = testing::status_kib("VmRSS");
-  REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
+  REQUIRE_THROWS_WITH(weights::load_language_model(tampered),
                       Contains("load_language_model: '" + tampered + "': its model options (") &&
                           Contains(") describe a model of " + want));
   if (measured) REQUIRE(testing::peak_rise_kib(baseline_kib) < 64 * 1024);
@@ -1303,7 +1310,7 @@ TEST_CASE(
     j["norm_eps"] = eps;
     c.metadata["xgrad.model_options"] = j.dump();
     save_safetensors(tampered, c.tensors, c.metadata);
-    REQUIRE_THROWS_WITH(nn::load_language_model(tampered),
+    REQUIRE_THROWS_WITH(weights::load_language_model(tampered),
                         Contains("load_language_model: '" + tampered + "': LanguageModel: norm_eps ") &&
                             Contains(" must be finite and > 0"));
   }
@@ -1311,7 +1318,7 @@ TEST_CASE(
 
 TEST_CASE("stored model options with a field twice or values that describe no model are refused by every reader",
           "[checkpoint][bad_input][bug]") {
-  const std::string good = nn::to_json(small_lm());
+  const std::string good = weights::to_json(small_lm());
   auto edited = [&](const std::string& key, const std::string& value) {
     nlohmann::json j = nlohmann::json::parse(good);
     j.erase(key);
@@ -1320,7 +1327,7 @@ TEST_CASE("stored model options with a field twice or values that describe no mo
   };
   // A field twice: the JSON reader kept the last ("num_heads" 2, then 4, read as 4).
   const std::string twice = good.substr(0, good.size() - 1) + ",\"num_heads\":4}";
-  REQUIRE_THROWS_WITH(nn::language_model_options_from_json(twice, "who"),
+  REQUIRE_THROWS_WITH(weights::language_model_options_from_json(twice, "who"),
                       "who: the model options hold the field \"num_heads\" twice");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {edited("dropout", "5"), "who: MultiHeadAttention: dropout 5 is outside [0, 1)"},
@@ -1335,20 +1342,20 @@ TEST_CASE("stored model options with a field twice or values that describe no mo
   };
   for (const auto& [text, message] : cases) {
     INFO(text);
-    REQUIRE_THROWS_WITH(nn::language_model_options_from_json(text, "who"), message);
+    REQUIRE_THROWS_WITH(weights::language_model_options_from_json(text, "who"), message);
   }
   // load_checkpoint, which builds nothing, refuses them too (a stored dropout of 5 came back as options).
   TempDir dir("xgrad_ckpt");
   Generator gen(2);
   nn::Linear plain(2, 2, true, gen);
-  SafetensorsContents c = nn::checkpoint_contents(plain);
+  SafetensorsContents c = weights::checkpoint_contents(plain);
   c.metadata["xgrad.model_options"] = edited("dropout", "5");
   const std::string path = dir.file("dropout.safetensors");
   save_safetensors(path, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_checkpoint(path, plain),
+  REQUIRE_THROWS_WITH(weights::load_checkpoint(path, plain),
                       "load_checkpoint: '" + path + "': MultiHeadAttention: dropout 5 is outside [0, 1)");
   c.metadata["xgrad.model_options"] = twice;
   save_safetensors(path, c.tensors, c.metadata);
-  REQUIRE_THROWS_WITH(nn::load_language_model(path),
+  REQUIRE_THROWS_WITH(weights::load_language_model(path),
                       "load_language_model: '" + path + "': the model options hold the field \"num_heads\" twice");
 }

@@ -31,8 +31,8 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 #include "small_models.hpp"
 #include "test_files.hpp"
@@ -76,15 +76,15 @@ struct Snapshot {
   Metadata metadata;
 };
 
-// What nn::save_checkpoint writes for a snapshot's model (checked against save_checkpoint's own
-// file below).
+// What weights::save_checkpoint writes for a snapshot's model (checked against save_checkpoint's
+// own file below).
 SafetensorsContents checkpoint_contents(const nn::Module& model, const Snapshot& s) {
-  return nn::checkpoint_contents(model, s.optimizer_state, s.metadata);
+  return weights::checkpoint_contents(model, s.optimizer_state, s.metadata);
 }
 
 // The child: saves checkpoint B to `path` again and again, writing 'S' to the pipe just before
 // each save and 'D' after it. It calls save_safetensors on contents built in advance rather than
-// nn::save_checkpoint, which first copies every array: that way the temporary file is opened
+// weights::save_checkpoint, which first copies every array: that way the temporary file is opened
 // microseconds after 'S', so the parent's delays fall inside the write. Bounded (50 saves or
 // 8 s) in case nobody kills it; never returns.
 [[noreturn]] void child_saves(int fd, const std::string& path, const NamedArrays& contents, const Metadata& metadata) {
@@ -189,19 +189,19 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
   // stronger.)
   Generator g_a(31), g_b(32), g_probe(33);
   nn::LanguageModel model_a(small_lm(), g_a), model_b(small_lm(), g_b), probe(small_lm(), g_probe);
-  Snapshot a{nn::state_dict(model_a),
+  Snapshot a{weights::state_dict(model_a),
              {{"moments.m", pattern({2u << 20}, 1.f)}, {"moments.v", pattern({1024, 2048}, 2.f)}},
              {{"step", "100"}, {"which", "A"}}};
-  Snapshot b{nn::state_dict(model_b),
+  Snapshot b{weights::state_dict(model_b),
              {{"moments.m", pattern({2048, 1024}, -3.f)},
               {"moments.v", pattern({2u << 20}, -4.f)},
               {"moments.extra", pattern({1024}, 5.f)}},
              {{"step", "200"}, {"which", "B"}}};
 
   // The reference bytes of each file, and how long one save takes here. The child's way of
-  // saving B writes exactly what nn::save_checkpoint writes.
+  // saving B writes exactly what weights::save_checkpoint writes.
   const SafetensorsContents contents_b = checkpoint_contents(model_b, b);
-  nn::save_checkpoint(dir.file("b_reference"), model_b, b.optimizer_state, b.metadata);
+  weights::save_checkpoint(dir.file("b_reference"), model_b, b.optimizer_state, b.metadata);
   const std::string bytes_b = read_bytes(dir.file("b_reference"));
   save_safetensors(dir.file("b_direct"), contents_b.tensors, contents_b.metadata);
   REQUIRE(read_bytes(dir.file("b_direct")) == bytes_b);
@@ -209,7 +209,7 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
   fs::remove(dir.file("b_direct"));
   const double setup_s = std::chrono::duration<double>(Clock::now() - test_start).count();
   const auto t0 = Clock::now();
-  nn::save_checkpoint(path, model_a, a.optimizer_state, a.metadata);
+  weights::save_checkpoint(path, model_a, a.optimizer_state, a.metadata);
   const double save_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   const std::string bytes_a = read_bytes(path);
   REQUIRE(bytes_a.size() > (16u << 20));
@@ -242,7 +242,7 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
     const auto round_start = Clock::now();
     INFO("round " << round << ": kill " << when);
     // Every round starts from A, saved while the previous round's leftover is still there.
-    if (round > 0) nn::save_checkpoint(path, model_a, a.optimizer_state, a.metadata);
+    if (round > 0) weights::save_checkpoint(path, model_a, a.optimizer_state, a.metadata);
     for (const std::string& f : leftovers(dir.path, base)) fs::remove(f);
     REQUIRE(fs::file_size(path) == bytes_a.size());  // its bytes are compared after the kill
 
@@ -296,9 +296,9 @@ TEST_CASE("a save killed mid-write leaves either the previous checkpoint or the 
 
     // And it loads, through the checkpoint API, as the same snapshot.
     const Snapshot& expect = is_a ? a : b;
-    nn::Checkpoint ck;
-    REQUIRE_NOTHROW(ck = nn::load_checkpoint(path, probe));
-    CHECK(named_equal(nn::state_dict(probe), expect.params));
+    weights::Checkpoint ck;
+    REQUIRE_NOTHROW(ck = weights::load_checkpoint(path, probe));
+    CHECK(named_equal(weights::state_dict(probe), expect.params));
     CHECK(named_equal(ck.optimizer_state, expect.optimizer_state));
     CHECK(ck.metadata == expect.metadata);
 

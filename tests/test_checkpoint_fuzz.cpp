@@ -1,5 +1,5 @@
 // A deterministic mutation fuzzer for the checkpoint reader: parse_safetensors and
-// nn::load_checkpoint on inputs mutated from the committed seed corpus in tests/fuzz_corpus/.
+// weights::load_checkpoint on inputs mutated from the committed seed corpus in tests/fuzz_corpus/.
 // Every mutation is drawn from an xgrad::Generator with a fixed seed, so every run tries the same
 // inputs, and input i can be rebuilt on its own. Not coverage-guided: a bounded list sized for CI
 // (also under ASan/UBSan). The single-edit and single-file truncation tests live in
@@ -45,8 +45,8 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 #include "safetensors_bytes.hpp"
 #include "small_models.hpp"
@@ -1056,10 +1056,10 @@ TEST_CASE("load_checkpoint of mutated checkpoints leaves the model unchanged whe
   Generator g_target(21), g_other(22);
   nn::LanguageModel target(small_lm(), g_target);
   nn::LanguageModel other(small_lm(), g_other);
-  const NamedArrays original = nn::state_dict(target);
-  REQUIRE(!params_equal(target, nn::state_dict(other)));
+  const NamedArrays original = weights::state_dict(target);
+  REQUIRE(!params_equal(target, weights::state_dict(other)));
 
-  nn::save_checkpoint(path, other, {{"step", Array(3.f)}}, {{"epoch", "1"}});
+  weights::save_checkpoint(path, other, {{"step", Array(3.f)}}, {{"epoch", "1"}});
   const std::vector<std::string> corpus = {read_bytes(path)};
 
   std::size_t accepted = 0, rejected = 0;
@@ -1071,9 +1071,9 @@ TEST_CASE("load_checkpoint of mutated checkpoints leaves the model unchanged whe
     INFO("checkpoint input " << i << " (" << what << ")");
     const CurrentInput current(bytes, "checkpoint " + std::to_string(i) + " (" + what + ")");
     write_bytes(path, bytes);
-    const NamedArrays before = nn::state_dict(target);
+    const NamedArrays before = weights::state_dict(target);
     try {
-      nn::load_checkpoint(path, target);
+      weights::load_checkpoint(path, target);
       ++accepted;
       // Accepted: the model now holds exactly the file's parameters.
       const SafetensorsContents c = parse_safetensors(bytes);
@@ -1084,7 +1084,7 @@ TEST_CASE("load_checkpoint of mutated checkpoints leaves the model unchanged whe
         }
       }
       REQUIRE(params_equal(target, expect));
-      nn::load_state_dict(target, original);
+      weights::load_state_dict(target, original);
     } catch (const Error&) {
       ++rejected;
       if (!params_equal(target, before))

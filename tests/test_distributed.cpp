@@ -14,11 +14,11 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/distributed/data_parallel.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/clip.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 using namespace xgrad;
 using distributed::DataParallel;

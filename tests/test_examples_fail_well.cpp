@@ -19,8 +19,9 @@
 #include "run_program.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/io/safetensors.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/torch_import.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/model_options_json.hpp"
+#include "xgrad/weights/torch_import.hpp"
 
 using xgrad::testing::read_bytes;
 using xgrad::testing::TempDir;
@@ -374,9 +375,10 @@ TEST_CASE("train_lm --sample --import gpt2 samples from a GPT-2-layout checkpoin
                            "0", "--prompt", prompt});
     INFO(o);
     REQUIRE(o.code == 0);
-    const xgrad::nn::ImportedLanguageModel imported = xgrad::nn::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
+    const xgrad::weights::ImportedLanguageModel imported =
+        xgrad::weights::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
     xgrad::nn::LanguageModel model(imported.options);
-    xgrad::nn::load_state_dict(model, imported.state);
+    xgrad::weights::load_state_dict(model, imported.state);
     xgrad::Generator gen(0);
     const auto ids = model.generate({'H', 'i'}, 40, {0.f, 0}, gen);
     std::string want;
@@ -430,7 +432,7 @@ TEST_CASE("train_lm stores the model options in every checkpoint and refuses fla
   const xgrad::Metadata meta = xgrad::load_safetensors(ck).metadata;
   REQUIRE(meta.at("xgrad.checkpoint") == "2");
   const xgrad::nn::LanguageModelOptions o =
-      xgrad::nn::language_model_options_from_json(meta.at("xgrad.model_options"), "test");
+      xgrad::weights::language_model_options_from_json(meta.at("xgrad.model_options"), "test");
   CHECK(o.vocab_size() == 256);
   CHECK(o.num_layers() == 1);
   CHECK(o.d_model() == 16);

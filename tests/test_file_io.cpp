@@ -29,8 +29,8 @@
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 #include "test_files.hpp"
 
@@ -484,53 +484,53 @@ TEST_CASE("load_checkpoint refuses NaN and infinite weights, naming the file, pa
   Generator g_target(3), g_source(4);
   nn::Linear target(2, 3, true, g_target);
   nn::Linear source(2, 3, true, g_source);
-  const NamedArrays before = nn::state_dict(target);
+  const NamedArrays before = weights::state_dict(target);
   REQUIRE(before[0].first == "weight");
   REQUIRE(before[1].first == "bias");
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   auto unchanged = [&] {
-    const NamedArrays now = nn::state_dict(target);
+    const NamedArrays now = weights::state_dict(target);
     return bit_equal(now[0].second, before[0].second) && bit_equal(now[1].second, before[1].second);
   };
 
-  NamedArrays bad = nn::state_dict(source);
+  NamedArrays bad = weights::state_dict(source);
   bad[0].second.data()[4] = nan;
-  nn::save_checkpoint(path, source);  // a good file first: the bad one replaces it below
+  weights::save_checkpoint(path, source);  // a good file first: the bad one replaces it below
   save_safetensors(path, {{"weight", bad[0].second}, {"bias", bad[1].second}, {"optimizer.w.step", Array(1.f)}});
-  CHECK(error_of([&] { nn::load_checkpoint(path, target); }) ==
+  CHECK(error_of([&] { weights::load_checkpoint(path, target); }) ==
         "load_checkpoint: '" + path +
             "': load_state_dict: parameter 'weight' holds nan at flat position 4 of 6; "
             "refusing non-finite weights (LoadOptions().allow_non_finite(true) loads them)");
   CHECK(unchanged());
 
-  NamedArrays bad_bias = nn::state_dict(source);
+  NamedArrays bad_bias = weights::state_dict(source);
   bad_bias[1].second.data()[1] = -inf;
-  nn::save_checkpoint(path, source);
+  weights::save_checkpoint(path, source);
   save_safetensors(path, bad_bias);
-  CHECK_THAT(error_of([&] { nn::load_checkpoint(path, target); }),
+  CHECK_THAT(error_of([&] { weights::load_checkpoint(path, target); }),
              Contains(path) && Contains("parameter 'bias' holds -inf at flat position 1 of 3"));
   CHECK(unchanged());
-  CHECK_THAT(error_of([&] { nn::load_state_dict(target, bad_bias); }),
+  CHECK_THAT(error_of([&] { weights::load_state_dict(target, bad_bias); }),
              Contains("load_state_dict: parameter 'bias' holds -inf at flat position 1 of 3"));
   bad_bias[1].second.data()[1] = inf;
-  CHECK_THAT(error_of([&] { nn::load_state_dict(target, bad_bias); }),
+  CHECK_THAT(error_of([&] { weights::load_state_dict(target, bad_bias); }),
              Contains("parameter 'bias' holds inf at flat position 1"));
   CHECK(unchanged());
 
   // Allowed explicitly, the values arrive bit for bit.
   save_safetensors(path, {{"weight", bad[0].second}, {"bias", bad[1].second}});
-  REQUIRE_NOTHROW(nn::load_checkpoint(path, target, nn::LoadOptions().allow_non_finite(true)));
+  REQUIRE_NOTHROW(weights::load_checkpoint(path, target, weights::LoadOptions().allow_non_finite(true)));
   CHECK(std::isnan(target.weight.value().data()[4]));
   CHECK(bit_equal(target.weight.value(), bad[0].second));
-  REQUIRE_NOTHROW(nn::load_state_dict(target, bad_bias, nn::LoadOptions().allow_non_finite(true)));
+  REQUIRE_NOTHROW(weights::load_state_dict(target, bad_bias, weights::LoadOptions().allow_non_finite(true)));
   CHECK(target.bias.value().data()[1] == inf);
 
   // Finite values load as before, through both calls' old signatures.
-  REQUIRE_NOTHROW(nn::load_state_dict(target, before));
+  REQUIRE_NOTHROW(weights::load_state_dict(target, before));
   CHECK(unchanged());
-  nn::save_checkpoint(path, source);
-  REQUIRE_NOTHROW(nn::load_checkpoint(path, target));
-  CHECK(bit_equal(target.weight.value(), nn::state_dict(source)[0].second));
+  weights::save_checkpoint(path, source);
+  REQUIRE_NOTHROW(weights::load_checkpoint(path, target));
+  CHECK(bit_equal(target.weight.value(), weights::state_dict(source)[0].second));
 }
 
 // ----------------------------------------------------------------------------------------------

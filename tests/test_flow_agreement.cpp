@@ -19,9 +19,9 @@
 #include "fixture.hpp"
 #include "flow.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/probe.hpp"
+#include "xgrad/inspect/probe.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 using namespace xgrad;
 using nlohmann::json;
@@ -92,7 +92,7 @@ void run_placement(const std::string& placement) {
           .positional(nn::Positional::learned));
   NamedArrays state;
   for (const auto& [name, v] : p.at("params").items()) state.emplace_back(name, testing::to_array(v));
-  nn::load_state_dict(model, state);  // throws naming a missing or unexpected parameter
+  weights::load_state_dict(model, state);  // throws naming a missing or unexpected parameter
   for (const auto& [name, param] : model.named_parameters()) {
     INFO(placement << ": parameter '" << name << "' was not loaded");
     REQUIRE(testing::rel_error(param.value(), testing::to_array(p.at("params").at(name))) == 0.0);

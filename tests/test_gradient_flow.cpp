@@ -18,8 +18,8 @@
 #include "flow.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
+#include "xgrad/inspect/probe.hpp"
 #include "xgrad/nn/layers.hpp"
-#include "xgrad/nn/probe.hpp"
 
 using namespace xgrad;
 using nn::Norm;
@@ -110,7 +110,7 @@ TEST_CASE("measure reports residual flows consistent with a ProbeSet's gradients
     const gradflow::FlowResult r = gradflow::measure(*model, batches);
     REQUIRE(r.layers.size() == c.layers);
     REQUIRE(r.heads.size() == c.layers * c.heads);
-    for (const nn::HeadScore& h : r.heads) {
+    for (const inspect::HeadScore& h : r.heads) {
       REQUIRE(std::isfinite(h.importance));
       REQUIRE(h.importance > 0);
     }
@@ -125,7 +125,7 @@ TEST_CASE("measure reports residual flows consistent with a ProbeSet's gradients
     const double w = 1.0 / static_cast<double>(batches.size());
     for (const gradflow::LmBatch& b : batches) {
       model->zero_grad();
-      nn::ProbeSet probes(*model);
+      inspect::ProbeSet probes(*model);
       const Tensor l = model->loss(b.ids, b.targets);
       l.backward();
       loss += w * l.item();

@@ -17,9 +17,9 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/head_importance.hpp"
+#include "xgrad/inspect/head_importance.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 #include "small_models.hpp"
 

@@ -18,9 +18,9 @@
 #include "xgrad/inspect/patching_sweep.hpp"
 #include "xgrad/inspect/sae_training.hpp"
 #include "xgrad/inspect/steering.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 using namespace xgrad;
 
@@ -73,7 +73,7 @@ const Trained& trained() {
       opt.step();
       r.loss = l.value()();
     }
-    r.weights = nn::state_dict(model);
+    r.weights = weights::state_dict(model);
     return r;
   }();
   return t;
@@ -85,7 +85,7 @@ TEST_CASE("the previous-token detector finds the head a trained two-layer model 
           "[gemm][long]") {
   Generator gen(11);
   nn::LanguageModel model(model_options(), gen);
-  nn::load_state_dict(model, trained().weights);
+  weights::load_state_dict(model, trained().weights);
   Generator data = trained().data;
   IndexArray ids, targets;
   const double loss = trained().loss;

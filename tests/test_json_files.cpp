@@ -14,10 +14,10 @@
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/inspect/sparse_autoencoder.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/llama_import.hpp"
 #include "xgrad/text/gpt2_files.hpp"
 #include "xgrad/text/tokenizer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/llama_import.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;
@@ -93,7 +93,7 @@ TEST_CASE("every loader refuses deep JSON in its files by name", "[json][bad_inp
   SECTION("a field of a Llama folder's config.json") {
     const std::string cfg = dir.file("config.json");
     write_bytes(cfg, "{\"hidden_size\": " + nested(kDeep) + "}");
-    CHECK_THROWS_WITH(xgrad::nn::load_llama(dir.path), Contains(too_deep("load_llama: '" + cfg + "'")));
+    CHECK_THROWS_WITH(xgrad::weights::load_llama(dir.path), Contains(too_deep("load_llama: '" + cfg + "'")));
   }
   SECTION("a weight-map value of a sharded Llama folder's index") {
     for (const char* file : {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
@@ -102,7 +102,7 @@ TEST_CASE("every loader refuses deep JSON in its files by name", "[json][bad_inp
     }
     const std::string index = dir.file("model.safetensors.index.json");
     write_bytes(index, "{\"weight_map\": {\"model.norm.weight\": " + nested(kDeep) + "}}");
-    CHECK_THROWS_WITH(xgrad::nn::load_llama(dir.path), Contains(too_deep("load_llama: '" + index + "'")));
+    CHECK_THROWS_WITH(xgrad::weights::load_llama(dir.path), Contains(too_deep("load_llama: '" + index + "'")));
   }
   SECTION("a field of an SAE's cfg.json") {
     const std::string cfg = dir.file("cfg.json");
@@ -114,7 +114,7 @@ TEST_CASE("every loader refuses deep JSON in its files by name", "[json][bad_inp
     xgrad::save_safetensors(
         path, {{"w", xt::xarray<float>{1.f}}},
         {{"xgrad.checkpoint", "2"}, {"xgrad.model_options", "{\"d_model\": " + nested(kDeep) + "}"}});
-    CHECK_THROWS_WITH(xgrad::nn::load_language_model(path),
+    CHECK_THROWS_WITH(xgrad::weights::load_language_model(path),
                       Contains(too_deep("load_language_model: '" + path + "': the model options text")));
   }
   SECTION("train_lm's stored config (read by --sample and --resume)") {

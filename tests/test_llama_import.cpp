@@ -1,5 +1,6 @@
-// nn/llama_import against tests/fixtures/llama/ (make_llama_fixtures.py: Hugging Face folders of a
-// tiny LlamaForCausalLM and its logits from a float64 torch mirror), and every bad input it refuses.
+// weights/llama_import against tests/fixtures/llama/ (make_llama_fixtures.py: Hugging Face folders
+// of a tiny LlamaForCausalLM and its logits from a float64 torch mirror), and every bad input it
+// refuses.
 // Shapes: B batch, T length, V vocabulary, C hidden_size, H heads, KV key/value heads, F intermediate.
 #include <cstdint>
 #include <filesystem>
@@ -16,7 +17,8 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
-#include "xgrad/nn/llama_import.hpp"
+#include "xgrad/weights/llama_import.hpp"
+#include "xgrad/weights/model_options_json.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;
@@ -109,7 +111,7 @@ TEST_CASE("Llama-layout folders load with the logits of the PyTorch mirror (F32,
                         {"sharded", 2, false, true, 8, 1e-5f, 500000.f}};
   for (const Case& c : cases) {
     SECTION(c.name) {
-      const std::shared_ptr<nn::LanguageModel> model = nn::load_llama(folder(c.name));
+      const std::shared_ptr<nn::LanguageModel> model = weights::load_llama(folder(c.name));
       const nn::LanguageModelOptions& o = model->options();
       CHECK(o.vocab_size() == 19);
       CHECK(o.d_model() == 16);
@@ -135,7 +137,7 @@ TEST_CASE("Llama-layout folders load with the logits of the PyTorch mirror (F32,
       CHECK_FALSE(o.head_bias());
       CHECK(o.tie_embeddings() == c.tied);
       CHECK(model->num_parameters() == llama_parameters(19, 16, 4, c.KV, 2, 40, c.tied, c.bias));
-      CHECK(nn::to_json(nn::llama_options(folder(c.name))) == nn::to_json(o));
+      CHECK(weights::to_json(weights::llama_options(folder(c.name))) == weights::to_json(o));
 
       const auto [ids, want] = expected(c.name);
       NoGradGuard no_grad;
@@ -151,7 +153,7 @@ TEST_CASE("Llama-layout folders load with the logits of the PyTorch mirror (F32,
 
 TEST_CASE("Llama import: every Hugging Face tensor lands in its xgrad parameter, bit for bit", "[llama_import]") {
   const NamedArrays file = load_safetensors(folder("untied_f32") + "/model.safetensors").tensors;
-  const std::shared_ptr<nn::LanguageModel> model = nn::load_llama(folder("untied_f32"));
+  const std::shared_ptr<nn::LanguageModel> model = weights::load_llama(folder("untied_f32"));
   const std::map<std::string, std::string> layer = {
       {"input_layernorm.weight", "attn.norm.weight"}, {"self_attn.q_proj.weight", "attn.w_q.weight"},
       {"self_attn.k_proj.weight", "attn.w_k.weight"}, {"self_attn.v_proj.weight", "attn.w_v.weight"},
@@ -179,8 +181,8 @@ TEST_CASE("Llama import: the sharded folder gives the parameters of the same ten
   NamedArrays all = load_safetensors(b.path("model-00001-of-00002.safetensors")).tensors;
   for (auto& t : load_safetensors(b.path("model-00002-of-00002.safetensors")).tensors) all.push_back(t);
   save_safetensors(b.path("model.safetensors"), all);
-  const auto one = nn::load_llama(b.path());
-  const auto sharded = nn::load_llama(folder("sharded"));
+  const auto one = weights::load_llama(b.path());
+  const auto sharded = weights::load_llama(folder("sharded"));
   for (const auto& [name, p] : sharded->named_parameters()) {
     INFO(name);
     CHECK(one->parameter(name).value() == p.value());
@@ -194,7 +196,7 @@ TEST_CASE("Llama import: a tied model's lm_head.weight is accepted only as a cop
   const Array emb = get(state, "model.embed_tokens.weight");
   state.emplace_back("lm_head.weight", emb);
   save_safetensors(b.path("model.safetensors"), state);
-  const auto model = nn::load_llama(b.path());
+  const auto model = weights::load_llama(b.path());
   CHECK(model->parameter("tok_emb.weight").value() == emb);
   CHECK(model->num_parameters() == llama_parameters(19, 16, 4, 1, 2, 40, true, false));
 
@@ -203,7 +205,7 @@ TEST_CASE("Llama import: a tied model's lm_head.weight is accepted only as a cop
   state.back().second = other;
   save_safetensors(b.path("model.safetensors"), state);
   REQUIRE_THROWS_WITH(
-      nn::load_llama(b.path()),
+      weights::load_llama(b.path()),
       Contains("load_llama: tie_word_embeddings is true, but 'lm_head.weight' in '" + b.path("model.safetensors") +
                "' differs from 'model.embed_tokens.weight' at flat position 5") &&
           Contains("set tie_word_embeddings false to use lm_head.weight as the head"));
@@ -211,8 +213,8 @@ TEST_CASE("Llama import: a tied model's lm_head.weight is accepted only as a cop
   state.back().second = Array::from_shape({19, 8});
   state.back().second.fill(0.f);
   save_safetensors(b.path("model.safetensors"), state);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), Contains("load_llama: tensor 'lm_head.weight' in '" +
-                                                         b.path("model.safetensors") + "' has shape (19, 8)"));
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()), Contains("load_llama: tensor 'lm_head.weight' in '" +
+                                                              b.path("model.safetensors") + "' has shape (19, 8)"));
 }
 
 TEST_CASE("Llama import: rotary inv_freq buffers of older checkpoints are skipped", "[llama_import]") {
@@ -222,7 +224,7 @@ TEST_CASE("Llama import: rotary inv_freq buffers of older checkpoints are skippe
   inv_freq.fill(1.f);
   state.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", inv_freq);
   save_safetensors(b.path("model.safetensors"), state);
-  CHECK(nn::load_llama(b.path())->num_parameters() == llama_parameters(19, 16, 4, 2, 2, 40, false, false));
+  CHECK(weights::load_llama(b.path())->num_parameters() == llama_parameters(19, 16, 4, 2, 2, 40, false, false));
 }
 
 TEST_CASE("bad input: config.json missing, not JSON, or with a missing, mistyped or out-of-range field",
@@ -232,18 +234,19 @@ TEST_CASE("bad input: config.json missing, not JSON, or with a missing, mistyped
   const std::string at = "load_llama: '" + cfg + "': ";
 
   fs::remove(cfg);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: cannot open '" + cfg + "': No such file or directory");
-  REQUIRE_THROWS_WITH(nn::llama_options(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
+                      "load_llama: cannot open '" + cfg + "': No such file or directory");
+  REQUIRE_THROWS_WITH(weights::llama_options(b.path()),
                       "llama_options: cannot open '" + cfg + "': No such file or directory");
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path("none")), Contains("load_llama: cannot open '" + b.path("none") +
-                                                               "/config.json': No such file or directory"));
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path("none")), Contains("load_llama: cannot open '" + b.path("none") +
+                                                                    "/config.json': No such file or directory"));
 
   testing::write_bytes(cfg, "{\"hidden_size\": 16,");
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), Contains("load_llama: '" + cfg + "' is not JSON: "));
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()), Contains("load_llama: '" + cfg + "' is not JSON: "));
   testing::write_bytes(cfg, "[16, 4]");
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: '" + cfg + "' holds a JSON array, not an object");
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()), "load_llama: '" + cfg + "' holds a JSON array, not an object");
   testing::write_bytes(cfg, "{\"rope_theta\": 1e999}");
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       Contains("load_llama: '" + cfg + "' is not JSON: ") && Contains("number overflow"));
 
   fs::copy(folder("untied_f32") + "/config.json", cfg, fs::copy_options::overwrite_existing);
@@ -252,8 +255,9 @@ TEST_CASE("bad input: config.json missing, not JSON, or with a missing, mistyped
     INFO(field);
     const json saved = b.config();
     b.edit(field, kRemove);
-    REQUIRE_THROWS_WITH(nn::load_llama(b.path()), at + "missing field \"" + field + "\"");
-    REQUIRE_THROWS_WITH(nn::llama_options(b.path()), "llama_options: '" + cfg + "': missing field \"" + field + "\"");
+    REQUIRE_THROWS_WITH(weights::load_llama(b.path()), at + "missing field \"" + field + "\"");
+    REQUIRE_THROWS_WITH(weights::llama_options(b.path()),
+                        "llama_options: '" + cfg + "': missing field \"" + field + "\"");
     b.set_config(saved);
   }
   for (const char* field : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -262,7 +266,7 @@ TEST_CASE("bad input: config.json missing, not JSON, or with a missing, mistyped
     const json saved = b.config();
     for (const json& bad : {json("16"), json(-16), json(16.5), json(0), json(true), json::array({16})}) {
       b.edit(field, bad);
-      REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+      REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                           at + "field \"" + field + "\" must be a positive integer, got " + bad.dump());
     }
     b.set_config(saved);
@@ -271,11 +275,11 @@ TEST_CASE("bad input: config.json missing, not JSON, or with a missing, mistyped
     INFO(field);
     const json saved = b.config();
     b.edit(field, "1e-5");
-    REQUIRE_THROWS_WITH(nn::load_llama(b.path()), at + "field \"" + field + "\" must be a number, got \"1e-5\"");
+    REQUIRE_THROWS_WITH(weights::load_llama(b.path()), at + "field \"" + field + "\" must be a number, got \"1e-5\"");
     // 1e39 and 1e-50 are finite doubles but infinity and 0 in float32.
     for (const json& bad : {json(0), json(-1e-5), json(1e39), json(1e-50), json(-1e39)}) {
       b.edit(field, bad);
-      REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+      REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                           at + "field \"" + field + "\" must be finite and > 0 as a float32, got " + bad.dump());
     }
     b.set_config(saved);
@@ -284,7 +288,7 @@ TEST_CASE("bad input: config.json missing, not JSON, or with a missing, mistyped
     INFO(field);
     const json saved = b.config();
     b.edit(field, 1);
-    REQUIRE_THROWS_WITH(nn::load_llama(b.path()), at + "field \"" + field + "\" must be true or false, got 1");
+    REQUIRE_THROWS_WITH(weights::load_llama(b.path()), at + "field \"" + field + "\" must be true or false, got 1");
     b.set_config(saved);
   }
 }
@@ -299,8 +303,8 @@ TEST_CASE("bad input: config.json fields that disagree, or that xgrad's model ca
     INFO(field << " = " << value.dump());
     b.set_config(saved);
     b.edit(field, value);
-    REQUIRE_THROWS_WITH(nn::load_llama(b.path()), at + message);
-    REQUIRE_THROWS_WITH(nn::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
+    REQUIRE_THROWS_WITH(weights::load_llama(b.path()), at + message);
+    REQUIRE_THROWS_WITH(weights::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
   };
   refused("num_attention_heads", 3, "num_attention_heads 3 does not divide hidden_size 16");
   refused("num_key_value_heads", 3, "num_key_value_heads 3 does not divide num_attention_heads 4");
@@ -324,7 +328,7 @@ TEST_CASE("bad input: config.json fields that disagree, or that xgrad's model ca
   b.edit("rope_scaling", kRemove);
   b.edit("head_dim", nullptr);
   b.edit("hidden_act", kRemove);
-  const nn::LanguageModelOptions o = nn::llama_options(b.path());
+  const nn::LanguageModelOptions o = weights::llama_options(b.path());
   CHECK(o.num_kv_heads() == 4);
   CHECK(o.rope_theta() == 10000.f);
   CHECK(o.activation() == nn::Activation::swiglu);
@@ -353,8 +357,8 @@ TEST_CASE("bad input: config.json fields that change the forward pass are read o
   auto refused = [&](const json& fields, const std::string& message) {
     INFO(fields.dump());
     with(fields);
-    REQUIRE_THROWS_WITH(nn::load_llama(b.path()), at + message);
-    REQUIRE_THROWS_WITH(nn::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
+    REQUIRE_THROWS_WITH(weights::load_llama(b.path()), at + message);
+    REQUIRE_THROWS_WITH(weights::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
   };
   refused({{"model_type", "granite"}}, "model_type \"granite\" is not implemented (this xgrad loads \"llama\")");
   refused({{"model_type", "mistral"}, {"sliding_window", 4096}},
@@ -384,7 +388,7 @@ TEST_CASE("bad input: config.json fields that change the forward pass are read o
 
   // transformers 5 writes RoPE's base only in rope_parameters.
   with({{"rope_theta", kRemove}, {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}}}});
-  CHECK(nn::llama_options(b.path()).rope_theta() == 500000.f);
+  CHECK(weights::llama_options(b.path()).rope_theta() == 500000.f);
   // The fields that change nothing, and the neutral values of the refused ones, load.
   with({{"model_type", kRemove},
         {"sliding_window", nullptr},
@@ -393,7 +397,7 @@ TEST_CASE("bad input: config.json fields that change the forward pass are read o
         {"pad_token_id", 0},
         {"_name_or_path", "tiny"},
         {"transformers.js_config", {{"dtype", "q4"}}}});
-  CHECK(nn::llama_options(b.path()).rope_theta() == 500000.f);
+  CHECK(weights::llama_options(b.path()).rope_theta() == 500000.f);
 }
 
 TEST_CASE("bad input: a tensor missing, unexpected, of the wrong shape or not finite names both names and shapes",
@@ -403,11 +407,11 @@ TEST_CASE("bad input: a tensor missing, unexpected, of the wrong shape or not fi
   const NamedArrays state = load_safetensors(file).tensors;
 
   save_safetensors(file, without(state, "model.layers.1.mlp.up_proj.weight"));
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: '" + file +
-                                                    "' lacks tensor 'model.layers.1.mlp.up_proj.weight' (40, 16) "
-                                                    "(xgrad's blocks.1.ffn.linear1.weight)");
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()), "load_llama: '" + file +
+                                                         "' lacks tensor 'model.layers.1.mlp.up_proj.weight' (40, 16) "
+                                                         "(xgrad's blocks.1.ffn.linear1.weight)");
   save_safetensors(file, without(without(state, "lm_head.weight"), "model.norm.weight"));
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       "load_llama: '" + file +
                           "' lacks tensor 'model.norm.weight' (16) (xgrad's final_norm.weight) and 1 more tensors "
                           "the model needs");
@@ -415,7 +419,7 @@ TEST_CASE("bad input: a tensor missing, unexpected, of the wrong shape or not fi
   // A layer count far past the file's: the first missing tensor, without a list of every layer's.
   save_safetensors(file, state);
   b.edit("num_hidden_layers", 1000000000000);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       "load_llama: '" + file +
                           "' lacks tensor 'model.layers.2.input_layernorm.weight' (16) (xgrad's "
                           "blocks.2.attn.norm.weight); num_hidden_layers 1000000000000 needs 9 tensors per layer, and "
@@ -425,33 +429,35 @@ TEST_CASE("bad input: a tensor missing, unexpected, of the wrong shape or not fi
   NamedArrays extra = state;
   extra.emplace_back("model.layers.2.mlp.up_proj.weight", get(state, "model.layers.1.mlp.up_proj.weight"));
   save_safetensors(file, extra);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: tensor 'model.layers.2.mlp.up_proj.weight' (40, 16) in '" +
-                                                    file +
-                                                    "' is not part of the model config.json describes (no xgrad "
-                                                    "parameter takes it)");
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
+                      "load_llama: tensor 'model.layers.2.mlp.up_proj.weight' (40, 16) in '" + file +
+                          "' is not part of the model config.json describes (no xgrad "
+                          "parameter takes it)");
   // A bias when attention_bias is false.
   extra = state;
   Array bias = Array::from_shape({16});
   bias.fill(0.f);
   extra.emplace_back("model.layers.0.self_attn.q_proj.bias", bias);
   save_safetensors(file, extra);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), Contains("tensor 'model.layers.0.self_attn.q_proj.bias' (16) in '" +
-                                                         file + "' is not part of the model"));
+  REQUIRE_THROWS_WITH(
+      weights::load_llama(b.path()),
+      Contains("tensor 'model.layers.0.self_attn.q_proj.bias' (16) in '" + file + "' is not part of the model"));
 
   NamedArrays wide = state;
   for (auto& [name, a] : wide) {
     if (name == "model.layers.0.self_attn.k_proj.weight") a = get(state, "model.layers.0.self_attn.q_proj.weight");
   }
   save_safetensors(file, wide);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       "load_llama: tensor 'model.layers.0.self_attn.k_proj.weight' in '" + file +
                           "' has shape (16, 16); xgrad's blocks.0.attn.w_k.weight needs (8, 16)");
   // config.json and the weights of another model: the first tensor whose shape differs.
   b.edit("intermediate_size", 48);
   save_safetensors(file, state);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: tensor 'model.layers.0.mlp.gate_proj.weight' in '" + file +
-                                                    "' has shape (40, 16); xgrad's blocks.0.ffn.gate.weight "
-                                                    "needs (48, 16)");
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()), "load_llama: tensor 'model.layers.0.mlp.gate_proj.weight' in '" +
+                                                         file +
+                                                         "' has shape (40, 16); xgrad's blocks.0.ffn.gate.weight "
+                                                         "needs (48, 16)");
   b.edit("intermediate_size", 40);
 
   NamedArrays nan = state;
@@ -459,16 +465,16 @@ TEST_CASE("bad input: a tensor missing, unexpected, of the wrong shape or not fi
     if (name == "model.layers.1.self_attn.o_proj.weight") a.data()[3] = std::numeric_limits<float>::quiet_NaN();
   }
   save_safetensors(file, nan);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       "load_llama: tensor 'model.layers.1.self_attn.o_proj.weight' in '" + file +
                           "' holds nan (in blocks.1.attn.w_o.weight at flat position 3); refusing non-finite weights");
 
   fs::remove(file);
   REQUIRE_THROWS_WITH(
-      nn::load_llama(b.path()),
+      weights::load_llama(b.path()),
       "load_llama: '" + b.path() + "' holds neither model.safetensors nor model.safetensors.index.json");
   testing::write_bytes(b.path("pytorch_model.bin"), "not read");
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       Contains("(pytorch_model.bin files are not read: convert them to safetensors)"));
 }
 
@@ -483,7 +489,7 @@ TEST_CASE("bad input: an index naming a missing shard, not naming a tensor, or t
   json j = saved;
   j["weight_map"]["lm_head.weight"] = "model-00003-of-00003.safetensors";
   write_index(j);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       "load_llama: '" + index +
                           "' puts tensor 'lm_head.weight' in shard 'model-00003-of-00003.safetensors', but '" +
                           b.path("model-00003-of-00003.safetensors") + "' does not exist");
@@ -491,14 +497,14 @@ TEST_CASE("bad input: an index naming a missing shard, not naming a tensor, or t
   j = saved;
   j["weight_map"].erase("model.norm.weight");
   write_index(j);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: shard '" + two +
-                                                    "' holds tensor 'model.norm.weight', which the weight_map of '" +
-                                                    index + "' does not name");
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
+                      "load_llama: shard '" + two + "' holds tensor 'model.norm.weight', which the weight_map of '" +
+                          index + "' does not name");
 
   j = saved;
   j["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors";
   write_index(j);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       "load_llama: '" + index +
                           "' puts tensor 'model.norm.weight' in shard 'model-00001-of-00002.safetensors', but it is "
                           "in '" +
@@ -507,34 +513,34 @@ TEST_CASE("bad input: an index naming a missing shard, not naming a tensor, or t
   j = saved;
   j["weight_map"]["model.layers.7.mlp.up_proj.weight"] = "model-00002-of-00002.safetensors";
   write_index(j);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: '" + index +
-                                                    "' puts tensor 'model.layers.7.mlp.up_proj.weight' in shard "
-                                                    "'model-00002-of-00002.safetensors', which does not hold it");
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()), "load_llama: '" + index +
+                                                         "' puts tensor 'model.layers.7.mlp.up_proj.weight' in shard "
+                                                         "'model-00002-of-00002.safetensors', which does not hold it");
 
   for (const json& bad : {json("../model-00001-of-00002.safetensors"), json(""), json(3)}) {
     j = saved;
     j["weight_map"]["model.norm.weight"] = bad;
     write_index(j);
-    REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: '" + index +
-                                                      "': weight_map[\"model.norm.weight\"] must be the name of a "
-                                                      "file in '" +
-                                                      b.path() + "', got " + bad.dump());
+    REQUIRE_THROWS_WITH(weights::load_llama(b.path()), "load_llama: '" + index +
+                                                           "': weight_map[\"model.norm.weight\"] must be the name of a "
+                                                           "file in '" +
+                                                           b.path() + "', got " + bad.dump());
   }
   write_index(json({{"metadata", {{"total_size", 1}}}}));
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), "load_llama: '" + index + "': missing field \"weight_map\"");
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()), "load_llama: '" + index + "': missing field \"weight_map\"");
   write_index(json({{"weight_map", json::array()}}));
   REQUIRE_THROWS_WITH(
-      nn::load_llama(b.path()),
+      weights::load_llama(b.path()),
       "load_llama: '" + index + "': field \"weight_map\" must be an object (tensor name -> shard file), got []");
   testing::write_bytes(index, "{\"weight_map\": ");
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()), Contains("load_llama: '" + index + "' is not JSON: "));
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()), Contains("load_llama: '" + index + "' is not JSON: "));
 
   // Both shards hold model.norm.weight.
   write_index(saved);
   NamedArrays first = load_safetensors(one).tensors;
   first.emplace_back("model.norm.weight", get(load_safetensors(two).tensors, "model.norm.weight"));
   save_safetensors(one, first);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       "load_llama: tensor 'model.norm.weight' is in two shards, '" + one + "' and '" + two + "'");
 
   // A tensor neither shard holds nor the index names: the index lacks it.
@@ -544,7 +550,7 @@ TEST_CASE("bad input: an index naming a missing shard, not naming a tensor, or t
   j = saved;
   j["weight_map"].erase("model.norm.weight");
   write_index(j);
-  REQUIRE_THROWS_WITH(nn::load_llama(b.path()),
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
                       "load_llama: '" + index + "' lacks tensor 'model.norm.weight' (16) (xgrad's final_norm.weight)");
 }
 
@@ -584,10 +590,10 @@ TEST_CASE("bad input: a model larger than the memory left is refused before it i
   fs::resize_file(file, 8 + text.size() + offset);
 
   const std::size_t params = llama_parameters(V, C, H, H, 1, F, true, false);
-  REQUIRE_THROWS_WITH(nn::load_llama(dir.path),
+  REQUIRE_THROWS_WITH(weights::load_llama(dir.path),
                       Contains("load_llama: the model in '" + dir.path + "' (" + std::to_string(params) +
                                " float32 parameters in 1 blocks) needs ") &&
                           Contains("GiB, more than the ") && Contains(" this process can still allocate"));
   // The options alone are fine: llama_options reads no weights.
-  CHECK(nn::llama_options(dir.path).d_model() == C);
+  CHECK(weights::llama_options(dir.path).d_model() == C);
 }

@@ -21,8 +21,8 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/nn/attention.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 using namespace xgrad;
 using nlohmann::json;

@@ -20,10 +20,10 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/attention.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 #include "module_gradcheck.hpp"
 #include "small_models.hpp"
@@ -337,7 +337,7 @@ TEST_CASE("FeedForward gradients, exact and tanh-approximated GELU", "[nn][gradc
   Generator gen(16);
   nn::FeedForward exact(nn::FeedForwardOptions(4, 6).activation(nn::Activation::gelu).dropout(0.f), gen);
   nn::FeedForward tanh(nn::FeedForwardOptions(4, 6).activation(nn::Activation::gelu_tanh).dropout(0.f), gen);
-  nn::load_state_dict(tanh, nn::state_dict(exact));
+  weights::load_state_dict(tanh, weights::state_dict(exact));
   const Tensor x = randn({2, 3, 4}, 17);
   REQUIRE(xt::amax(xt::abs(exact.forward(x).value() - tanh.forward(x).value()))() > 1e-5f);
 }

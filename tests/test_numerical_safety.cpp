@@ -21,8 +21,8 @@
 #include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
+#include "xgrad/inspect/head_importance.hpp"
 #include "xgrad/nn/attention.hpp"
-#include "xgrad/nn/head_importance.hpp"
 #include "xgrad/nn/layers.hpp"
 
 using namespace xgrad;
@@ -396,7 +396,7 @@ TEST_CASE("MultiHeadAttention with a query whose keys are all masked gives zero 
       mask.causal = true;
       mask.key_padding_mask = Mask{{true, false, false}, {false, false, false}};
       const Tensor gates = Tensor::ones({2}, true);  // the head-importance path too
-      const nn::HookHandle gate = nn::gate_heads(mha, gates);
+      const nn::HookHandle gate = inspect::gate_heads(mha, gates);
       const nn::AttentionOutput out = mha.forward(x, mask);
       CHECK(query_weights_zero(out.weights.value(), 0, 0));
       require_rows_sum_to_one(out.weights.value(), 0, 1);

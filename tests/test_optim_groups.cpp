@@ -18,13 +18,13 @@
 #include "test_files.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/nn/weight_decay.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 using namespace xgrad;
 using namespace xgrad::optim;
@@ -636,11 +636,11 @@ TEST_CASE("a LanguageModel trained with the decay groups resumes bit for bit fro
   for (int i = 0; i < 2; ++i) step(model, opt);
   opt.set_lr(1.5e-3f);
   testing::TempDir dir("xgrad_optim_groups");
-  nn::save_checkpoint(dir.file("lm.safetensors"), model, opt.state_dict());
+  weights::save_checkpoint(dir.file("lm.safetensors"), model, opt.state_dict());
 
   Generator other(12);
   nn::LanguageModel resumed(testing::small_lm(), other);
-  const nn::Checkpoint c = nn::load_checkpoint(dir.file("lm.safetensors"), resumed);
+  const weights::Checkpoint c = weights::load_checkpoint(dir.file("lm.safetensors"), resumed);
   AdamW resumed_opt(decay_groups(nn::split_for_weight_decay(resumed), 0.5f), AdamOptions(1.f));
   resumed_opt.load_state_dict(c.optimizer_state);
   CHECK(resumed_opt.lr() == 1.5e-3f);

@@ -23,9 +23,9 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/nn/head_importance.hpp"
+#include "xgrad/inspect/head_importance.hpp"
+#include "xgrad/inspect/probe.hpp"
 #include "xgrad/nn/layers.hpp"
-#include "xgrad/nn/probe.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 #include "small_models.hpp"
@@ -231,7 +231,7 @@ TEST_CASE("a ProbeSet records every hook point but the scores, in forward order,
     INFO(norm_name(norm));
     auto model = make_lm(norm);
     const Batch b = make_batch(1);
-    nn::ProbeSet probes(*model);
+    inspect::ProbeSet probes(*model);
     REQUIRE(probes.names().empty());
     model->loss(b.ids, b.targets);
 
@@ -301,7 +301,7 @@ void require_probes_change_nothing(Norm norm, bool bitwise) {
   const NamedArrays plain_grads = gradients_of(*model);
   model->zero_grad();
 
-  nn::ProbeSet probes(*model);
+  inspect::ProbeSet probes(*model);
   const Tensor probed_logits = model->forward(b.ids).logits;
   const Tensor probed = cross_entropy(probed_logits, b.targets);
   probed.backward();
@@ -342,13 +342,13 @@ TEST_CASE("a destroyed ProbeSet leaves no hook behind, and two at once record th
   const Batch b = make_batch(3);
   const std::size_t points = expected_points(kL, Norm::pre).size();
   {
-    nn::ProbeSet probes(*model);
+    inspect::ProbeSet probes(*model);
     REQUIRE(model->num_hooks() == points);
     model->loss(b.ids, b.targets);
     REQUIRE(probes.names().size() == points);
     {
       // A second ProbeSet, on the whole tree or a sub-tree, records alongside the first.
-      nn::ProbeSet other(*model), on_block(*model->blocks[1]);
+      inspect::ProbeSet other(*model), on_block(*model->blocks[1]);
       model->loss(b.ids, b.targets);
       REQUIRE(other.names() == probes.names());
       for (const std::string& n : probes.names()) {
@@ -373,7 +373,7 @@ TEST_CASE("a destroyed ProbeSet leaves no hook behind, and two at once record th
 
   // A sub-tree can be probed on its own, with paths from its root.
   {
-    nn::ProbeSet block_probes(*model->blocks[0]);
+    inspect::ProbeSet block_probes(*model->blocks[0]);
     REQUIRE(model->blocks[1]->num_hooks() == 0);
     model->loss(b.ids, b.targets);
     REQUIRE(block_probes.has("stream_in"));
@@ -381,7 +381,7 @@ TEST_CASE("a destroyed ProbeSet leaves no hook behind, and two at once record th
     REQUIRE_FALSE(block_probes.has("blocks.0.stream_in"));
     REQUIRE_FALSE(block_probes.has("blocks.1.stream_in"));
   }
-  nn::ProbeSet again(*model);
+  inspect::ProbeSet again(*model);
   REQUIRE(again.names().empty());
   model->loss(b.ids, b.targets);
   REQUIRE(again.names().size() == points);
@@ -395,16 +395,16 @@ TEST_CASE("at every residual connection the skip and branch gradients add up to 
     INFO(norm_name(norm));
     auto model = make_lm(norm);
     const Batch b = make_batch(4);
-    nn::ProbeSet probes(*model);
+    inspect::ProbeSet probes(*model);
     model->loss(b.ids, b.targets).backward();
 
-    const std::vector<nn::ResidualFlow> flows = probes.residual_flows();
+    const std::vector<inspect::ResidualFlow> flows = probes.residual_flows();
     REQUIRE(flows.size() == 2 * kL);
     for (std::size_t l = 0; l < kL; ++l) {
       REQUIRE(flows[2 * l].name == "blocks." + std::to_string(l) + ".attn.residual");
       REQUIRE(flows[2 * l + 1].name == "blocks." + std::to_string(l) + ".ffn.residual");
     }
-    for (const nn::ResidualFlow& f : flows) {
+    for (const inspect::ResidualFlow& f : flows) {
       INFO(f.name);
       const Array &g_in = probes.gradient(f.name + ".in"), &g_skip = probes.gradient(f.name + ".skip"),
                   &g_branch = probes.gradient(f.name + ".branch"), &g_out = probes.gradient(f.name + ".out");
@@ -450,7 +450,7 @@ TEST_CASE("the gradient of the stream entering each block equals finite differen
       Array act, probe_grad;
       float model_loss = 0;
       {
-        nn::ProbeSet probes(*model);
+        inspect::ProbeSet probes(*model);
         const Tensor loss = model->loss(b.ids, b.targets);
         loss.backward();
         model_loss = loss.item();
@@ -496,7 +496,7 @@ TEST_CASE("the gradients through the feed-forward branch and skip paths equal fi
       Array x, g_branch, g_skip;
       float model_loss = 0;
       {
-        nn::ProbeSet probes(*model);
+        inspect::ProbeSet probes(*model);
         const Tensor loss = model->loss(b.ids, b.targets);
         loss.backward();
         model_loss = loss.item();
@@ -547,7 +547,7 @@ TEST_CASE("gradient_norms gives every parameter's gradient norm, 0 without a gra
 
   // Before any backward every norm is 0.
   {
-    const auto norms = nn::gradient_norms(*model);
+    const auto norms = inspect::gradient_norms(*model);
     REQUIRE(norms.size() == params.size());
     for (std::size_t i = 0; i < params.size(); ++i) {
       REQUIRE(norms[i].first == params[i].first);
@@ -560,7 +560,7 @@ TEST_CASE("gradient_norms gives every parameter's gradient norm, 0 without a gra
   forgotten.zero_grad();
   REQUIRE_FALSE(forgotten.has_grad());
 
-  const auto norms = nn::gradient_norms(*model);
+  const auto norms = inspect::gradient_norms(*model);
   REQUIRE(norms.size() == params.size());
   std::size_t nonzero = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -576,7 +576,7 @@ TEST_CASE("gradient_norms gives every parameter's gradient norm, 0 without a gra
   }
   REQUIRE(nonzero == params.size() - 1);
 
-  const std::string table = nn::gradient_norm_table(*model);
+  const std::string table = inspect::gradient_norm_table(*model);
   REQUIRE(table.find("grad norm") != std::string::npos);
   for (std::size_t i = 0; i < params.size(); ++i) {
     INFO(params[i].first);
@@ -607,7 +607,7 @@ TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as fin
     const NamedArrays plain_grads = gradients_of(*model);
     model->zero_grad();
 
-    nn::HeadImportance importance(*model);
+    inspect::HeadImportance importance(*model);
     REQUIRE(importance.size() == kL);
     for (std::size_t l = 0; l < kL; ++l) REQUIRE(bitwise_equal(importance.gates(l).value(), xt::ones<float>({kH})));
     // Gates are not parameters.
@@ -628,12 +628,12 @@ TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as fin
     REQUIRE(importance.batches() == 1);
     for (std::size_t l = 0; l < kL; ++l) REQUIRE_FALSE(importance.gates(l).has_grad());
 
-    const std::vector<nn::HeadScore> scores = importance.scores();
+    const std::vector<inspect::HeadScore> scores = importance.scores();
     REQUIRE(scores.size() == kL * kH);
     double largest = 0;  // the largest |dL/dgate|: far above the tolerance somewhere
     for (std::size_t l = 0; l < kL; ++l) {
       for (std::size_t h = 0; h < kH; ++h) {
-        const nn::HeadScore& s = scores[l * kH + h];
+        const inspect::HeadScore& s = scores[l * kH + h];
         INFO(s.module << " head " << s.head);
         REQUIRE(s.module == "blocks." + std::to_string(l) + ".attn");
         REQUIRE(s.head == h);
@@ -665,9 +665,9 @@ TEST_CASE("head gates change nothing and each head's score is |dL/dgate|, as fin
 
 TEST_CASE("head importance averages absolute gate gradients over batches", "[gemm]") {
   auto model = make_lm(Norm::pre);
-  nn::HeadImportance importance(*model);
+  inspect::HeadImportance importance(*model);
   REQUIRE(importance.batches() == 0);
-  for (const nn::HeadScore& s : importance.scores()) REQUIRE(s.importance == 0.0);
+  for (const inspect::HeadScore& s : importance.scores()) REQUIRE(s.importance == 0.0);
 
   constexpr std::size_t kBatches = 4;
   std::vector<std::vector<double>> g(kL * kH);  // per head, dL/dgate of each batch
@@ -684,7 +684,7 @@ TEST_CASE("head importance averages absolute gate gradients over batches", "[gem
   // accumulate() without a fresh backward: no gradient reached the gates.
   REQUIRE_THROWS_AS(importance.accumulate(), Error);
 
-  const std::vector<nn::HeadScore> scores = importance.scores();
+  const std::vector<inspect::HeadScore> scores = importance.scores();
   REQUIRE(scores.size() == kL * kH);
   bool some_sign_differs = false;  // so that mean |g| and |mean g| differ and the test can tell
   for (std::size_t i = 0; i < scores.size(); ++i) {
@@ -711,12 +711,12 @@ TEST_CASE(
   auto model = make_lm(Norm::post);
   const Batch b = make_batch(9);
   {
-    nn::HeadImportance importance(*model);
+    inspect::HeadImportance importance(*model);
     REQUIRE(model->num_hooks() == kL);
     // accumulate() before any backward: nothing reached the gates.
     REQUIRE_THROWS_AS(importance.accumulate(), Error);
     // A second tool at once: both gates are 1, so each receives the same dL/dgate.
-    nn::HeadImportance other(*model);
+    inspect::HeadImportance other(*model);
     model->loss(b.ids, b.targets).backward();
     for (std::size_t l = 0; l < kL; ++l) REQUIRE(bitwise_equal(importance.gates(l).grad(), other.gates(l).grad()));
     REQUIRE_THROWS_AS(importance.gates(kL), Error);
@@ -724,13 +724,13 @@ TEST_CASE(
   REQUIRE(model->num_hooks() == 0);
   const Tensor loss = model->loss(b.ids, b.targets);  // runs ungated
   REQUIRE(std::isfinite(loss.item()));
-  { nn::HeadImportance again(*model); }  // can be installed again
+  { inspect::HeadImportance again(*model); }  // can be installed again
 
   Generator gen(0);
   nn::Linear linear(4, 4, true, gen);
-  auto no_attention = [&] { nn::HeadImportance imp(linear); };
+  auto no_attention = [&] { inspect::HeadImportance imp(linear); };
   REQUIRE_THROWS_AS(no_attention(), Error);
   nn::FeedForward ffn(nn::FeedForwardOptions(4, 8).dropout(0.f), gen);
-  auto ffn_only = [&] { nn::HeadImportance imp(ffn); };
+  auto ffn_only = [&] { inspect::HeadImportance imp(ffn); };
   REQUIRE_THROWS_AS(ffn_only(), Error);
 }

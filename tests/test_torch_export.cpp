@@ -21,8 +21,9 @@
 #include "fixture.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/io/safetensors.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/transformer.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/model_options_json.hpp"
 
 using namespace xgrad;
 using nlohmann::json;
@@ -107,7 +108,7 @@ void write_checkpoint(const Case& c, std::uint64_t seed) {
     const bool weight = ends_with(name, ".weight");
     p.mutable_value() = gen.normal(p.shape(), weight ? 1.f : 0.f, weight ? 0.3f : 0.2f);
   }
-  save_checkpoint(testing::fixture_path(c.file), model, {}, {{"written_by", "tests/test_torch_export.cpp"}});
+  weights::save_checkpoint(testing::fixture_path(c.file), model, {}, {{"written_by", "tests/test_torch_export.cpp"}});
 }
 
 const json& fixture() {
@@ -147,7 +148,7 @@ TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools
       CHECK(f.at("tool_arguments").size() == (c.stored_options ? 0u : 3u));
 
       nn::LanguageModel model(options(c));
-      const nn::Checkpoint ckpt = nn::load_checkpoint(testing::fixture_path(c.file), model);
+      const weights::Checkpoint ckpt = weights::load_checkpoint(testing::fixture_path(c.file), model);
       CHECK(ckpt.optimizer_state.empty() == !c.optimizer);
       CHECK(ckpt.model_options.has_value() == c.stored_options);
       for (const auto& [name, p] : model.named_parameters()) {
@@ -167,8 +168,8 @@ TEST_CASE("torch export: xgrad's checkpoints give PyTorch's logits through tools
       CHECK(err <= kTol);
       if (c.stored_options) {
         // The model the file describes, built from the file alone, gives the same logits.
-        nn::LoadedLanguageModel loaded = nn::load_language_model(testing::fixture_path(c.file));
-        CHECK(nn::architecture_differences(loaded.model->options(), options(c)).empty());
+        weights::LoadedLanguageModel loaded = weights::load_language_model(testing::fixture_path(c.file));
+        CHECK(weights::architecture_differences(loaded.model->options(), options(c)).empty());
         loaded.model->eval();
         CHECK(testing::rel_error(logits_of(*loaded.model, f), want) <= kTol);
       }
@@ -187,20 +188,21 @@ TEST_CASE("torch export: the comparison fails for the wrong options", "[torch][e
 
   SECTION("a file with stored options refuses a model of other options, naming each field") {
     nn::LanguageModel as_post(options(pre).norm(nn::Norm::post));
-    CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(pre.file), as_post),
+    CHECK_THROWS_WITH(weights::load_checkpoint(testing::fixture_path(pre.file), as_post),
                       Catch::Contains("xgrad_lm_pre.safetensors") &&
                           Catch::Contains("norm \"pre\" in the file, \"post\" in the model"));
     nn::LanguageModel four_heads(options(pre, 4).activation(nn::Activation::relu));
-    CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(pre.file), four_heads),
+    CHECK_THROWS_WITH(weights::load_checkpoint(testing::fixture_path(pre.file), four_heads),
                       Catch::Contains("num_heads 2 in the file, 4 in the model") &&
                           Catch::Contains("activation \"gelu\" in the file, \"relu\" in the model"));
-    CHECK_THROWS_WITH(nn::load_language_model(testing::fixture_path(post.file), options(post, 4).norm_eps(1e-5f)),
+    CHECK_THROWS_WITH(weights::load_language_model(testing::fixture_path(post.file), options(post, 4).norm_eps(1e-5f)),
                       Catch::Contains("load_language_model") && Catch::Contains("num_heads 2 in the file, 4 asked") &&
                           Catch::Contains("norm_eps"));
   }
   SECTION("the wrong placement is an error for a format-1 file too: final_norm is unexpected") {
     nn::LanguageModel as_post(options(format1).norm(nn::Norm::post));
-    CHECK_THROWS_WITH(nn::load_checkpoint(testing::fixture_path(format1.file), as_post), Catch::Contains("final_norm"));
+    CHECK_THROWS_WITH(weights::load_checkpoint(testing::fixture_path(format1.file), as_post),
+                      Catch::Contains("final_norm"));
   }
   SECTION("the wrong placement disagrees once final_norm is dropped") {
     nn::LanguageModel as_post(options(pre).norm(nn::Norm::post));
@@ -208,20 +210,20 @@ TEST_CASE("torch export: the comparison fails for the wrong options", "[torch][e
     for (auto& [name, a] : load_safetensors(testing::fixture_path(pre.file)).tensors) {
       if (name.rfind("final_norm.", 0) != 0 && name.rfind("optimizer:", 0) != 0) state.emplace_back(name, a);
     }
-    nn::load_state_dict(as_post, state);
+    weights::load_state_dict(as_post, state);
     as_post.eval();
     CHECK(testing::rel_error(logits_of(as_post, f), want) > 1e-2);
   }
   SECTION("a format-1 file cannot tell: other head counts and activations load but disagree") {
     nn::LanguageModel four_heads(options(format1, 4));
-    nn::load_checkpoint(testing::fixture_path(format1.file), four_heads);
+    weights::load_checkpoint(testing::fixture_path(format1.file), four_heads);
     four_heads.eval();
     CHECK(testing::rel_error(logits_of(four_heads, f1), want1) > 1e-3);
     nn::LanguageModel relu(options(format1).activation(nn::Activation::relu));
-    nn::load_checkpoint(testing::fixture_path(format1.file), relu);
+    weights::load_checkpoint(testing::fixture_path(format1.file), relu);
     relu.eval();
     CHECK(testing::rel_error(logits_of(relu, f1), want1) > 1e-3);
-    CHECK_THROWS_WITH(nn::load_language_model(testing::fixture_path(format1.file)),
+    CHECK_THROWS_WITH(weights::load_language_model(testing::fixture_path(format1.file)),
                       Catch::Contains("stores no model options"));
   }
 }
@@ -259,9 +261,9 @@ TEST_CASE("torch export: --hf-out wrote the Llama checkpoint as a Hugging Face L
   std::ifstream in(dir + "/config.json");
   REQUIRE(in);
   const json config = json::parse(in);
-  nn::LoadedLanguageModel loaded = nn::load_language_model(testing::fixture_path(llama.file));
+  weights::LoadedLanguageModel loaded = weights::load_language_model(testing::fixture_path(llama.file));
   const nn::LanguageModelOptions& o = loaded.model->options();
-  CHECK(nn::architecture_differences(o, options(llama)).empty());
+  CHECK(weights::architecture_differences(o, options(llama)).empty());
 
   SECTION("config.json") {
     CHECK(config.at("architectures") == json::array({"LlamaForCausalLM"}));

@@ -1,6 +1,6 @@
 // Weights from PyTorch: safetensors F16 and BF16 (exact reading, round-to-nearest-even writing),
-// and nn/torch_import's layouts against PyTorch's outputs on tests/fixtures/import_*.safetensors
-// (make_import_fixtures.py writes them). No Python here.
+// and weights/torch_import's layouts against PyTorch's outputs on
+// tests/fixtures/import_*.safetensors (make_import_fixtures.py writes them). No Python here.
 // Shapes: B batch, T length, S key length, C d_model, H heads, V vocabulary.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -29,8 +29,8 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/torch_import.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/torch_import.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;
@@ -235,7 +235,7 @@ TEST_CASE("nn.MultiheadAttention's packed weights load into Attention", "[import
   const auto options = nn::MultiHeadAttentionOptions(8, 2).norm(nn::Norm::none).dropout(0.f);
   const NamedArrays& torch_state = fixture("import_mha.safetensors");
   nn::MultiHeadAttention attn(options);
-  nn::load_state_dict(attn, nn::from_torch_multihead_attention(torch_state, options));
+  weights::load_state_dict(attn, weights::from_torch_multihead_attention(torch_state, options));
   NoGradGuard no_grad;
   const nn::AttentionOutput y = attn.forward(Tensor(output("mha.x")));
   require_close(y.output.value(), output("mha.out"), "mha output");
@@ -243,7 +243,7 @@ TEST_CASE("nn.MultiheadAttention's packed weights load into Attention", "[import
   for (const char* name : {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}) {
     INFO(name);
     require_checked(torch_state, name,
-                    [&](const NamedArrays& s) { return nn::from_torch_multihead_attention(s, options); });
+                    [&](const NamedArrays& s) { return weights::from_torch_multihead_attention(s, options); });
   }
 }
 
@@ -252,7 +252,7 @@ TEST_CASE("nn.MultiheadAttention with kdim and vdim (separate projections) loads
   const auto options = nn::MultiHeadAttentionOptions(8, 2).kdim(6).vdim(5).norm(nn::Norm::none).dropout(0.f);
   const NamedArrays& torch_state = fixture("import_mha_kv.safetensors");
   nn::MultiHeadAttention attn(options);
-  nn::load_state_dict(attn, nn::from_torch_multihead_attention(torch_state, options));
+  weights::load_state_dict(attn, weights::from_torch_multihead_attention(torch_state, options));
   NoGradGuard no_grad;
   const nn::AttentionOutput y =
       attn.forward(Tensor(output("mha_kv.query")), Tensor(output("mha_kv.key")), Tensor(output("mha_kv.value")));
@@ -261,11 +261,11 @@ TEST_CASE("nn.MultiheadAttention with kdim and vdim (separate projections) loads
   for (const char* name : {"q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"}) {
     INFO(name);
     require_checked(torch_state, name,
-                    [&](const NamedArrays& s) { return nn::from_torch_multihead_attention(s, options); });
+                    [&](const NamedArrays& s) { return weights::from_torch_multihead_attention(s, options); });
   }
   // The packed layout where the widths differ is refused, naming what is missing.
   REQUIRE_THROWS_WITH(
-      nn::from_torch_multihead_attention(fixture("import_mha.safetensors"), options),
+      weights::from_torch_multihead_attention(fixture("import_mha.safetensors"), options),
       Contains("missing tensors 'q_proj_weight' (8, 8), 'k_proj_weight' (8, 6), 'v_proj_weight' (8, 5)"));
 }
 
@@ -281,14 +281,14 @@ TEST_CASE("nn.TransformerEncoderLayer, Post-Norm (relu) and Pre-Norm (gelu), loa
                              .activation(pre ? nn::Activation::gelu : nn::Activation::relu);
     const NamedArrays& torch_state = fixture("import_" + name + ".safetensors");
     nn::TransformerBlock block(options);
-    nn::load_state_dict(block, nn::from_torch_encoder_layer(torch_state, options));
+    weights::load_state_dict(block, weights::from_torch_encoder_layer(torch_state, options));
     block.eval();
     NoGradGuard no_grad;
     require_close(block.forward(Tensor(output(name + ".x"))).output.value(), output(name + ".out"), name);
     require_checked(torch_state, "norm2.weight",
-                    [&](const NamedArrays& s) { return nn::from_torch_encoder_layer(s, options); });
+                    [&](const NamedArrays& s) { return weights::from_torch_encoder_layer(s, options); });
     require_checked(torch_state, "self_attn.in_proj_weight",
-                    [&](const NamedArrays& s) { return nn::from_torch_encoder_layer(s, options); });
+                    [&](const NamedArrays& s) { return weights::from_torch_encoder_layer(s, options); });
   }
 }
 
@@ -299,26 +299,26 @@ TEST_CASE("a GPT-2 state dict (F32, and F16 under transformer. with an lm_head) 
   for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>(ids_f.data()[i]);
   for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"}) {
     INFO(file);
-    const nn::ImportedLanguageModel imported = nn::from_gpt2(fixture(file), 2);
+    const weights::ImportedLanguageModel imported = weights::from_gpt2(fixture(file), 2);
     const nn::LanguageModelOptions& o = imported.options;
     REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 &&
              o.max_len() == 16 && o.d_ff() == 32));
     REQUIRE((o.norm() == nn::Norm::pre && o.activation() == nn::Activation::gelu_tanh && o.norm_eps() == 1e-5f));
     nn::LanguageModel model(o);
-    nn::load_state_dict(model, imported.state);
+    weights::load_state_dict(model, imported.state);
     model.eval();
     NoGradGuard no_grad;
     const bool f16 = file.find("f16") != std::string::npos;
     require_close(model.forward(ids).logits.value(), output(f16 ? "gpt2_f16.logits" : "gpt2.logits"), file);
   }
-  REQUIRE_THROWS_WITH(nn::from_gpt2(fixture("import_gpt2.safetensors"), 3),
+  REQUIRE_THROWS_WITH(weights::from_gpt2(fixture("import_gpt2.safetensors"), 3),
                       Contains("from_gpt2: num_heads 3 does not divide d_model 8"));
 }
 
 TEST_CASE("GPT-2: missing, extra and misshapen tensors are errors naming them, and the model is unchanged",
           "[import]") {
   const NamedArrays& state = fixture("import_gpt2.safetensors");
-  auto import = [](const NamedArrays& s) { return nn::from_gpt2(s, 2); };
+  auto import = [](const NamedArrays& s) { return weights::from_gpt2(s, 2); };
   for (const char* name : {"wpe.weight", "h.1.attn.c_attn.weight", "h.0.mlp.c_proj.weight", "ln_f.bias"}) {
     INFO(name);
     require_checked(state, name, import);
@@ -336,10 +336,10 @@ TEST_CASE("GPT-2: missing, extra and misshapen tensors are errors naming them, a
 
   // Loading stops before anything is written.
   nn::LanguageModel model(import(state).options);
-  const NamedArrays before = nn::state_dict(model);
+  const NamedArrays before = weights::state_dict(model);
   Array wide = Array::from_shape({16, 9});
-  REQUIRE_THROWS_AS(nn::load_state_dict(model, import(with(state, "wpe.weight", &wide)).state), Error);
-  const NamedArrays after = nn::state_dict(model);
+  REQUIRE_THROWS_AS(weights::load_state_dict(model, import(with(state, "wpe.weight", &wide)).state), Error);
+  const NamedArrays after = weights::state_dict(model);
   for (std::size_t i = 0; i < before.size(); ++i) REQUIRE(testing::rel_error(after[i].second, before[i].second) == 0.0);
 }
 
@@ -399,14 +399,14 @@ TEST_CASE("load_gpt2 reads a GPT-2 file into the model from_gpt2 and load_state_
   for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"}) {
     INFO(file);
     const std::string path = testing::fixture_path(file);
-    const nn::ImportedLanguageModel imported = nn::from_gpt2(fixture(file), 2);
+    const weights::ImportedLanguageModel imported = weights::from_gpt2(fixture(file), 2);
     nn::LanguageModel want(imported.options);
-    nn::load_state_dict(want, imported.state);
-    const std::shared_ptr<nn::LanguageModel> got = nn::load_gpt2(path, 2);
+    weights::load_state_dict(want, imported.state);
+    const std::shared_ptr<nn::LanguageModel> got = weights::load_gpt2(path, 2);
     const nn::LanguageModelOptions& o = got->options();
     REQUIRE((o.vocab_size() == 256 && o.d_model() == 8 && o.num_heads() == 2 && o.num_layers() == 2 &&
              o.max_len() == 16 && o.d_ff() == 32 && o.activation() == nn::Activation::gelu_tanh && o.dropout() == 0.f));
-    const nn::LanguageModelOptions header_only = nn::gpt2_options(path, 2);
+    const nn::LanguageModelOptions header_only = weights::gpt2_options(path, 2);
     REQUIRE((header_only.vocab_size() == 256 && header_only.num_layers() == 2 && header_only.d_ff() == 32));
     const NamedTensors a = got->named_parameters(), b = want.named_parameters();
     REQUIRE(a.size() == b.size());
@@ -429,25 +429,25 @@ TEST_CASE("load_gpt2 refuses what from_gpt2 refuses, and non-finite weights, nam
   const NamedArrays& state = fixture("import_gpt2.safetensors");
   const std::string short_path = dir.file("short.safetensors");
   save_safetensors(short_path, with(state, "h.1.mlp.c_fc.bias", nullptr));
-  REQUIRE_THROWS_WITH(nn::load_gpt2(short_path, 2), "load_gpt2: missing tensor 'h.1.mlp.c_fc.bias' (32)");
-  REQUIRE_THROWS_WITH(nn::gpt2_options(short_path, 2), "gpt2_options: missing tensor 'h.1.mlp.c_fc.bias' (32)");
+  REQUIRE_THROWS_WITH(weights::load_gpt2(short_path, 2), "load_gpt2: missing tensor 'h.1.mlp.c_fc.bias' (32)");
+  REQUIRE_THROWS_WITH(weights::gpt2_options(short_path, 2), "gpt2_options: missing tensor 'h.1.mlp.c_fc.bias' (32)");
   const std::string path = testing::fixture_path("import_gpt2.safetensors");
-  REQUIRE_THROWS_WITH(nn::load_gpt2(path, 3), Contains("load_gpt2: num_heads 3 does not divide d_model 8"));
+  REQUIRE_THROWS_WITH(weights::load_gpt2(path, 3), Contains("load_gpt2: num_heads 3 does not divide d_model 8"));
   Array wide = Array::from_shape({16, 9});
   wide.fill(0.f);
   const std::string wide_path = dir.file("wide.safetensors");
   save_safetensors(wide_path, with(state, "wpe.weight", &wide));
-  REQUIRE_THROWS_WITH(nn::load_gpt2(wide_path, 2),
+  REQUIRE_THROWS_WITH(weights::load_gpt2(wide_path, 2),
                       "load_gpt2: tensor 'wpe.weight' has shape (16, 9), expected (16, 8)");
   Array bad = get(state, "h.0.attn.c_attn.weight");
   bad(3, 17) = std::numeric_limits<float>::quiet_NaN();  // column 17 of (8, 24): w_v row 1, input 3
   const std::string nan_path = dir.file("nan.safetensors");
   save_safetensors(nan_path, with(state, "h.0.attn.c_attn.weight", &bad));
-  REQUIRE_THROWS_WITH(nn::load_gpt2(nan_path, 2),
+  REQUIRE_THROWS_WITH(weights::load_gpt2(nan_path, 2),
                       "load_gpt2: tensor 'h.0.attn.c_attn.weight' in '" + nan_path +
                           "' holds nan (in blocks.0.attn.w_v.weight at flat position 11); refusing "
                           "non-finite weights");
-  REQUIRE_THROWS_WITH(nn::load_gpt2(dir.file("none.safetensors"), 2), Contains("load_safetensors: cannot open"));
+  REQUIRE_THROWS_WITH(weights::load_gpt2(dir.file("none.safetensors"), 2), Contains("load_safetensors: cannot open"));
 }
 
 // Run by the test below in a process of its own: loads XGRAD_GPT2_FILE with load_gpt2 (mode
@@ -473,12 +473,12 @@ TEST_CASE("child: import a GPT-2 file and report the peak memory", "[.gpt2_child
   std::size_t params = 0;
   try {
     if (std::string(mode) == "stream") {
-      params = nn::load_gpt2(file, 2)->num_parameters();
+      params = weights::load_gpt2(file, 2)->num_parameters();
     } else {
       const NamedArrays tensors = load_safetensors(file).tensors;
-      const nn::ImportedLanguageModel imported = nn::from_gpt2(tensors, 2);
+      const weights::ImportedLanguageModel imported = weights::from_gpt2(tensors, 2);
       nn::LanguageModel model(imported.options);
-      nn::load_state_dict(model, imported.state);
+      weights::load_state_dict(model, imported.state);
       params = model.num_parameters();
     }
   } catch (const Error& e) {
@@ -548,13 +548,13 @@ TEST_CASE(
   save_safetensors(path, gpt2_state(2, 2, 1, L, 1, 7));  // num_heads 2, as the child reads it
   save_safetensors(quarter, gpt2_state(2, 2, 1, L / 4, 1, 7));
   std::shared_ptr<nn::LanguageModel> m;
-  const double whole_cost = testing::least_cpu_seconds(2, [&] { m = nn::load_gpt2(path, 2); });
-  const double quarter_cost = testing::least_cpu_seconds(2, [&] { nn::load_gpt2(quarter, 2); });
+  const double whole_cost = testing::least_cpu_seconds(2, [&] { m = weights::load_gpt2(path, 2); });
+  const double quarter_cost = testing::least_cpu_seconds(2, [&] { weights::load_gpt2(quarter, 2); });
   REQUIRE(m->options().num_layers() == L);
-  const nn::ImportedLanguageModel ref = nn::from_gpt2(load_safetensors(path).tensors, 2);
+  const weights::ImportedLanguageModel ref = weights::from_gpt2(load_safetensors(path).tensors, 2);
   std::map<std::string, const Array*> want;
   for (const auto& [name, a] : ref.state) want[name] = &a;
-  const NamedArrays got = nn::state_dict(*m);
+  const NamedArrays got = weights::state_dict(*m);
   REQUIRE(got.size() == want.size());
   for (const auto& [name, a] : got) REQUIRE(a == *want.at(name));
   INFO(L << " layers: " << whole_cost << " CPU s; " << L / 4 << " layers: " << quarter_cost << " CPU s");

@@ -19,6 +19,7 @@
 #include "test_files.hpp"
 #include "trainer.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/weights/model_options_json.hpp"
 
 using namespace lm;
 using xgrad::testing::Outcome;
@@ -369,7 +370,7 @@ TEST_CASE("the default train_lm run keeps its classic model and its weight decay
   const TrainConfig c;
   CHECK(c.arch == "classic");
   const auto classic = xgrad::nn::LanguageModelOptions(256, 128, 4, 2).d_ff(512).max_len(64).dropout(0.1f);
-  const auto differences = xgrad::nn::architecture_differences(classic, model_options(c));
+  const auto differences = xgrad::weights::architecture_differences(classic, model_options(c));
   for (const auto& d : differences) INFO(d.field << ": " << d.stored << " vs " << d.given);
   REQUIRE(differences.empty());
   TrainConfig preset = c;
@@ -401,8 +402,8 @@ TEST_CASE("the default train_lm run keeps its classic model and its weight decay
   const xgrad::Metadata meta = xgrad::load_safetensors(ck).metadata;
   TrainConfig ran = TrainConfig::from_json(nlohmann::json::parse(meta.at("config")));
   REQUIRE(ran.arch == "classic");
-  REQUIRE(xgrad::nn::architecture_differences(
-              xgrad::nn::language_model_options_from_json(meta.at("xgrad.model_options"), "test"),
+  REQUIRE(xgrad::weights::architecture_differences(
+              xgrad::weights::language_model_options_from_json(meta.at("xgrad.model_options"), "test"),
               xgrad::nn::LanguageModelOptions(256, 128, 4, 2).d_ff(512).max_len(16).dropout(0.f))
               .empty());
 }

@@ -14,12 +14,12 @@
 #include "test_files.hpp"
 #include "trainer.hpp"
 #include "xgrad/core/io/safetensors.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/torch_import.hpp"
 #include "xgrad/text/byte_level_bpe.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/load_tokenizer.hpp"
 #include "xgrad/text/token_file.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/torch_import.hpp"
 
 using xgrad::testing::Outcome;
 using xgrad::testing::read_bytes;
@@ -109,7 +109,7 @@ TEST_CASE("train_lm trains through GPT-2's tokenizer, stores it, and --sample de
 
   const Outcome sampled = run(dir, {"--checkpoint", ck, "--sample", "12", "--temperature", "0", "--prompt", "The fox"});
   require_ok(sampled);
-  const auto loaded = xgrad::nn::load_language_model(ck);
+  const auto loaded = xgrad::weights::load_language_model(ck);
   xgrad::Generator gen(0);
   const auto ids = loaded.model->generate(gpt2->encode("The fox"), 12, {0.f, 0}, gen);
   REQUIRE(ids.size() == gpt2->encode("The fox").size() + 12);
@@ -136,7 +136,7 @@ TEST_CASE("train_lm trains through a Hugging Face tokenizer folder, stores it, a
   CHECK(lm::checkpoint_config(ck).vocab_size == 32000);
   const Outcome sampled = run(dir, {"--checkpoint", ck, "--sample", "8", "--temperature", "0", "--prompt", "The fox"});
   require_ok(sampled);
-  const auto loaded = xgrad::nn::load_language_model(ck);
+  const auto loaded = xgrad::weights::load_language_model(ck);
   xgrad::Generator gen(0);
   const auto ids = loaded.model->generate(hf->encode("The fox"), 8, {0.f, 0}, gen);
   CHECK(sampled.out == hf->decode(ids) + "\n");
@@ -190,9 +190,10 @@ TEST_CASE("train_lm --sample --import gpt2 with GPT-2's vocabulary samples what 
                               "gpt2", gpt2_dir(), "--temperature", "0", "--prompt", prompt});
   require_ok(o);
   const auto tokenizer = xgrad::text::load_tokenizer("gpt2", gpt2_dir());
-  const xgrad::nn::ImportedLanguageModel imported = xgrad::nn::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
+  const xgrad::weights::ImportedLanguageModel imported =
+      xgrad::weights::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
   xgrad::nn::LanguageModel model(imported.options);
-  xgrad::nn::load_state_dict(model, imported.state);
+  xgrad::weights::load_state_dict(model, imported.state);
   xgrad::Generator sampling(0);
   const auto ids = model.generate(tokenizer->encode(prompt), 20, {0.f, 0}, sampling);
   REQUIRE(ids.size() == tokenizer->encode(prompt).size() + 20);

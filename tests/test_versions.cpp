@@ -14,9 +14,9 @@
 #include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/random.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/optim/sgd.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 using namespace xgrad;
 using Catch::Contains;
@@ -154,7 +154,7 @@ TEST_CASE("load_state_dict between forward and backward is refused", "[versions]
   x.set_name("h");
   Tensor y = sum(lin.forward(x));
   const std::uint64_t before = lin.weight.version();
-  nn::load_state_dict(lin, {{"weight", Array{{10.f, 20.f, 30.f}}}});
+  weights::load_state_dict(lin, {{"weight", Array{{10.f, 20.f, 30.f}}}});
   REQUIRE(lin.weight.version() == before + 1);
   REQUIRE_THROWS_WITH(y.backward(), Contains(changed("linear", 1, "'weight', shape (1, 3)")));
   REQUIRE_FALSE(x.has_grad());

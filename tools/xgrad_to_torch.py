@@ -2,7 +2,7 @@
 """Runs an xgrad LanguageModel checkpoint in PyTorch, and writes a Llama-style one as a Hugging Face
 LlamaForCausalLM directory.
 
-Reads the safetensors file that nn::save_checkpoint writes (with numpy and json only; the
+Reads the safetensors file that weights::save_checkpoint writes (with numpy and json only; the
 optimizer's tensors are skipped), builds the equivalent torch.nn.Module, with xgrad's parameter
 names, and loads the weights into it strictly. Checkpoints of format 2 (metadata
 "xgrad.checkpoint" = "2") store the model options as JSON under "xgrad.model_options": the

@@ -48,7 +48,7 @@ std::unique_ptr<nn::LanguageModel> make_model(const FlowConfig& c, nn::Norm norm
 namespace {
 double norm_of(const Array& a) { return std::sqrt(sum_of_squares(a)); }
 
-void add_flow(nn::ResidualFlow& acc, const nn::ResidualFlow& f, double w) {
+void add_flow(inspect::ResidualFlow& acc, const inspect::ResidualFlow& f, double w) {
   acc.name = f.name;
   acc.out += w * f.out;
   acc.skip += w * f.skip;
@@ -65,8 +65,8 @@ FlowResult measure(nn::LanguageModel& model, const std::vector<LmBatch>& batches
   std::vector<Array> ffn_sum(L);
   FlowResult r;
   r.layers.resize(L);
-  nn::ProbeSet probes(model);
-  nn::HeadImportance importance(model);
+  inspect::ProbeSet probes(model);
+  inspect::HeadImportance importance(model);
   for (const LmBatch& b : batches) {
     model.zero_grad();
     probes.clear();
@@ -74,7 +74,7 @@ FlowResult measure(nn::LanguageModel& model, const std::vector<LmBatch>& batches
     loss.backward();
     importance.accumulate();
     r.loss += w * loss.item();
-    const std::vector<nn::ResidualFlow> flows = probes.residual_flows();  // attention, then FFN, per block
+    const std::vector<inspect::ResidualFlow> flows = probes.residual_flows();  // attention, then FFN, per block
     if (flows.size() != 2 * L) fail("measure: expected ", 2 * L, " residual connections, probes saw ", flows.size());
     for (std::size_t l = 0; l < L; ++l) {
       const Array& g = model.blocks[l]->ffn->linear2->weight.grad();

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "xgrad/nn/head_importance.hpp"
-#include "xgrad/nn/probe.hpp"
+#include "xgrad/inspect/head_importance.hpp"
+#include "xgrad/inspect/probe.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 namespace gradflow {
@@ -44,13 +44,13 @@ struct LayerFlow {
   double ffn_weight_grad_norm = 0;
   // E|dL/dx|: norm of the gradient of the residual stream entering the layer, averaged.
   double residual_grad_norm = 0;
-  xgrad::nn::ResidualFlow attention, feed_forward;  // averaged over batches
+  xgrad::inspect::ResidualFlow attention, feed_forward;  // averaged over batches
 };
 
 struct FlowResult {
   std::vector<LayerFlow> layers;
-  std::vector<xgrad::nn::HeadScore> heads;  // Michel et al. head importance
-  double loss = 0;                          // mean loss over the batches
+  std::vector<xgrad::inspect::HeadScore> heads;  // Michel et al. head importance
+  double loss = 0;                               // mean loss over the batches
 };
 
 // Backward over every batch at the model's current weights (nothing is updated).

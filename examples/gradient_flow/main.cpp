@@ -31,7 +31,7 @@ FlowResult run(const FlowConfig& c, Norm norm) {
 nlohmann::json layers_json(const FlowResult& r) {
   nlohmann::json j = nlohmann::json::array();
   for (const LayerFlow& l : r.layers) {
-    auto flow = [](const xgrad::nn::ResidualFlow& f) {
+    auto flow = [](const xgrad::inspect::ResidualFlow& f) {
       return nlohmann::json{{"out", f.out}, {"skip", f.skip}, {"branch", f.branch}, {"total", f.total}};
     };
     j.push_back({{"layer", l.layer},

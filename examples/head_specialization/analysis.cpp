@@ -8,7 +8,7 @@
 
 #include "common/argmax.hpp"
 #include "xgrad/core/autograd/tape.hpp"
-#include "xgrad/nn/head_importance.hpp"
+#include "xgrad/inspect/head_importance.hpp"
 
 namespace headspec {
 
@@ -76,7 +76,7 @@ std::vector<HeadStats> analyze_heads(OffsetModel& model, const ShiftTask& task, 
         for (std::size_t k = 0; k < T; ++k) s.pattern[t][k] = weights[l][0](0, h, t, k);
       Array gates = xt::ones<float>({H});
       gates(h) = 0.f;
-      const nn::HookHandle ablation = nn::gate_heads(*model.layers[l], Tensor(gates));
+      const nn::HookHandle ablation = inspect::gate_heads(*model.layers[l], Tensor(gates));
       s.ablated = evaluate(model, task, data);
       stats.push_back(std::move(s));
     }

@@ -27,8 +27,8 @@
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
-#include "xgrad/nn/checkpoint.hpp"
-#include "xgrad/nn/torch_import.hpp"
+#include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/torch_import.hpp"
 
 using namespace lm;
 
@@ -401,13 +401,13 @@ int main(int argc, char** argv) {
       std::shared_ptr<const xgrad::text::Tokenizer> tokenizer;
       cli::as_usage([&] { tokenizer = make_tokenizer(tokenizer_choice, {}); });
       // Read tensor by tensor into the model: the peak is the model's size, not the file's twice.
-      if (const auto options = xgrad::nn::gpt2_options(checkpoint, c.heads);
+      if (const auto options = xgrad::weights::gpt2_options(checkpoint, c.heads);
           options.vocab_size() != tokenizer->vocab_size()) {
         cli::usage_error("--import gpt2: '", checkpoint, "' has a vocabulary of ", options.vocab_size(),
                          " tokens and the ", tokenizer->kind(), " tokenizer ", tokenizer->vocab_size(),
                          options.vocab_size() == 50257 ? ": give --tokenizer gpt2 DIR with GPT-2's files" : "");
       }
-      const std::shared_ptr<xgrad::nn::LanguageModel> model = xgrad::nn::load_gpt2(checkpoint, c.heads);
+      const std::shared_ptr<xgrad::nn::LanguageModel> model = xgrad::weights::load_gpt2(checkpoint, c.heads);
       if (lead) print_line(sample_text(*model, *tokenizer, prompt, sample, temperature, top_k, c.seed));
       return;
     }
@@ -416,14 +416,15 @@ int main(int argc, char** argv) {
       const TrainConfig saved = checkpoint_config(checkpoint);
       // The model the file's options describe (older files: its config's); the architecture
       // flags given with --sample must agree with it.
-      const auto loaded = xgrad::nn::load_language_model(checkpoint, model_options(saved));
+      const auto loaded = xgrad::weights::load_language_model(checkpoint, model_options(saved));
       TrainConfig base = saved;
       base.d_ff = model_options(saved).d_ff();  // not 4 x an asked --d-model
       const TrainConfig asked = with_flags(base);
       if (asked.arch != saved.arch)
         cli::usage_error("--sample: '", checkpoint, "' holds an --arch ", saved.arch, " model, not ", asked.arch);
       cli::as_usage([&] {
-        xgrad::nn::check_model_options(loaded.model->options(), model_options(asked), "--sample: '" + checkpoint + "'");
+        xgrad::weights::check_model_options(loaded.model->options(), model_options(asked),
+                                            "--sample: '" + checkpoint + "'");
       });
       const auto tokenizer = checkpoint_tokenizer(checkpoint);
       if (tokenizer->vocab_size() != loaded.model->options().vocab_size())

@@ -16,13 +16,13 @@
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/io/utf8.hpp"
-#include "xgrad/nn/checkpoint.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/weight_decay.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/token_file.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 namespace lm {
 
@@ -513,7 +513,7 @@ void Trainer::check_saveable() const {
 void Trainer::save(const std::string& path) { save(path, data_.state()); }
 
 void Trainer::save(const std::string& path, const std::string& data_state) {
-  if (sharing_->rank() == 0) nn::save_checkpoint(path, *model_, optimizer_->state_dict(), metadata(data_state));
+  if (sharing_->rank() == 0) weights::save_checkpoint(path, *model_, optimizer_->state_dict(), metadata(data_state));
   saved_step_ = step_;  // on every rank, so each one's messages say what rank 0's file holds
 }
 
@@ -606,7 +606,7 @@ void Trainer::resume(const std::string& checkpoint) {
     fail("train_lm: checkpoint '", checkpoint, "': the metadata field \"data_rng\" (the batch order's random state) ",
          "cannot be read: ", e.what());
   }
-  const nn::Checkpoint ck = nn::load_checkpoint(checkpoint, *model_);
+  const weights::Checkpoint ck = weights::load_checkpoint(checkpoint, *model_);
   optimizer_->load_state_dict(ck.optimizer_state);
   data_ = data;
   step_ = step;

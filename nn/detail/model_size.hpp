@@ -1,5 +1,5 @@
 // What a LanguageModel of given options holds and takes, from the options alone: the checks before
-// a model is built (LanguageModel's constructor, load_language_model) use it.
+// a model is built (LanguageModel's constructor, weights::load_language_model) use it.
 #pragma once
 
 #include "xgrad/nn/transformer.hpp"

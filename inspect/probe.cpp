@@ -1,5 +1,5 @@
 // ProbeSet bookkeeping and gradient-norm reports.
-#include "xgrad/nn/probe.hpp"
+#include "xgrad/inspect/probe.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,18 +9,18 @@
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::inspect {
 
 namespace {
 double norm(const Array& a) { return std::sqrt(sum_of_squares(a)); }
 }  // namespace
 
-ProbeSet::ProbeSet(Module& root, std::function<bool(const std::string&)> which) {
+ProbeSet::ProbeSet(nn::Module& root, std::function<bool(const std::string&)> which) {
   for (const std::string& point : root.hook_points()) {
-    const bool formed_on_request = point_ends_with(point, ".scores") || point == "scores" ||
-                                   point_ends_with(point, ".result") || point == "result";
+    const bool formed_on_request = nn::point_ends_with(point, ".scores") || point == "scores" ||
+                                   nn::point_ends_with(point, ".result") || point == "result";
     if (which ? !which(point) : formed_on_request) continue;
-    const bool path_copy = point_ends_with(point, "residual.skip") || point_ends_with(point, "residual.branch");
+    const bool path_copy = nn::point_ends_with(point, "residual.skip") || nn::point_ends_with(point, "residual.branch");
     // The hooks hold the records, not the ProbeSet: a forward on another thread that still
     // calls one after the ProbeSet is gone writes into records nobody reads.
     hooks_.push_back(root.add_forward_hook(point, [records = records_, point, path_copy](const Tensor& t) {
@@ -79,7 +79,7 @@ std::vector<ResidualFlow> ProbeSet::residual_flows() const {
   std::vector<ResidualFlow> flows;
   const std::string suffix = ".skip";
   for (const std::string& name : names()) {
-    if (!point_ends_with(name, suffix)) continue;
+    if (!nn::point_ends_with(name, suffix)) continue;
     const std::string base = name.substr(0, name.size() - suffix.size());
     if (!has(base + ".branch") || !has(base + ".out")) continue;
     const Tensor &skip = tensor(name), &branch = tensor(base + ".branch"), &out = tensor(base + ".out");
@@ -95,13 +95,13 @@ std::vector<ResidualFlow> ProbeSet::residual_flows() const {
   return flows;
 }
 
-std::vector<std::pair<std::string, double>> gradient_norms(const Module& module) {
+std::vector<std::pair<std::string, double>> gradient_norms(const nn::Module& module) {
   std::vector<std::pair<std::string, double>> out;
   for (const auto& [name, p] : module.named_parameters()) out.emplace_back(name, p.has_grad() ? norm(p.grad()) : 0.0);
   return out;
 }
 
-std::string gradient_norm_table(const Module& module) {
+std::string gradient_norm_table(const nn::Module& module) {
   const NamedTensors params = module.named_parameters();
   std::size_t width = 9;
   for (const auto& [n, p] : params) width = std::max(width, n.size());
@@ -117,4 +117,4 @@ std::string gradient_norm_table(const Module& module) {
   return os.str();
 }
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::inspect

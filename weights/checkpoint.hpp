@@ -16,7 +16,10 @@
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/transformer.hpp"
 
-namespace xgrad::nn {
+/// What reads and writes model files: module states and checkpoints, the options' JSON, PyTorch's
+/// and GPT-2's layouts, and Hugging Face's Llama folders. nn builds the modules; weights fills
+/// and saves them.
+namespace xgrad::weights {
 
 /// How loading treats what it finds, e.g.\ LoadOptions().allow_non_finite(true).strict(false).
 struct LoadOptions {
@@ -39,7 +42,7 @@ struct LoadResult {
 };
 
 /// Copies of the parameter and buffer values by dotted name (Module::named_state's order).
-NamedArrays state_dict(const Module& module);
+NamedArrays state_dict(const nn::Module& module);
 /// Copies values into the module's parameters and buffers. Missing or unexpected names (when
 /// strict), wrong shapes, a name given twice and (unless allowed) non-finite parameter values
 /// are errors, checked before anything is written, so on error the module is unchanged. States
@@ -47,23 +50,23 @@ NamedArrays state_dict(const Module& module);
 /// "blocks.N.ffn.norm.*") load under the new names, with one line on stderr saying so. A tied
 /// parameter may also be given under its other names (head.weight with tied embeddings, as
 /// torch's state_dict writes it); all its entries must then hold the same values.
-LoadResult load_state_dict(Module& module, const NamedArrays& state, const LoadOptions& options = {});
+LoadResult load_state_dict(nn::Module& module, const NamedArrays& state, const LoadOptions& options = {});
 
 /// The tensors and metadata save_checkpoint writes (format 2): state_dict, then the optimizer's
 /// entries as "optimizer:<name>"; the caller's metadata plus "xgrad.checkpoint" and, for a
 /// LanguageModel, "xgrad.model_options". Names and metadata that are not UTF-8, and metadata keys
 /// starting with "xgrad." (reserved), are Errors naming save_checkpoint and the bytes.
-SafetensorsContents checkpoint_contents(const Module& module, const NamedArrays& optimizer_state = {},
+SafetensorsContents checkpoint_contents(const nn::Module& module, const NamedArrays& optimizer_state = {},
                                         const Metadata& metadata = {});
 /// Saves checkpoint_contents atomically (see save_safetensors).
-void save_checkpoint(const std::string& path, const Module& module, const NamedArrays& optimizer_state = {},
+void save_checkpoint(const std::string& path, const nn::Module& module, const NamedArrays& optimizer_state = {},
                      const Metadata& metadata = {});
 
 /// What load_checkpoint returns besides the module's state.
 struct Checkpoint {
-  NamedArrays optimizer_state;                        ///< names without the prefix, for Optimizer::load_state_dict
-  Metadata metadata;                                  ///< the caller's metadata, without the "xgrad." keys
-  std::optional<LanguageModelOptions> model_options;  ///< when the file stores them
+  NamedArrays optimizer_state;                            ///< names without the prefix, for Optimizer::load_state_dict
+  Metadata metadata;                                      ///< the caller's metadata, without the "xgrad." keys
+  std::optional<nn::LanguageModelOptions> model_options;  ///< when the file stores them
   /// As in LoadResult (non-empty only with strict(false)): missing_keys, the module's names the
   /// file lacks, and unexpected_keys, the file's names the module lacks.
   std::vector<std::string> missing_keys, unexpected_keys;
@@ -72,12 +75,12 @@ struct Checkpoint {
 /// Loads the module's state (checked as load_state_dict does; all or nothing) and returns the
 /// rest; errors name the file. When `module` is a LanguageModel and the file stores model
 /// options, every architecture field (architecture_differences) must agree with the model's.
-Checkpoint load_checkpoint(const std::string& path, Module& module, const LoadOptions& options = {});
+Checkpoint load_checkpoint(const std::string& path, nn::Module& module, const LoadOptions& options = {});
 
 /// What load_language_model returns.
 struct LoadedLanguageModel {
-  std::unique_ptr<LanguageModel> model;  ///< the model, built and loaded
-  Checkpoint checkpoint;                 ///< the rest of the file
+  std::unique_ptr<nn::LanguageModel> model;  ///< the model, built and loaded
+  Checkpoint checkpoint;                     ///< the rest of the file
 };
 
 /// Builds the LanguageModel that the file's "xgrad.model_options" describe and loads it. The
@@ -89,11 +92,12 @@ LoadedLanguageModel load_language_model(const std::string& path, const LoadOptio
 /// contradicts the file is named in one Error ("num_heads 2 in the file, 4 asked"); the model
 /// takes `expected`'s dropout. A file without stored options (format 1, or saved from another
 /// module type) is built from `expected`.
-LoadedLanguageModel load_language_model(const std::string& path, const LanguageModelOptions& expected,
+LoadedLanguageModel load_language_model(const std::string& path, const nn::LanguageModelOptions& expected,
                                         const LoadOptions& options = {});
 
 /// Throws "<who>: ... <field> <stored> in the file, <given> asked; ..." naming every architecture
 /// field in which `given` contradicts `stored`.
-void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given, const std::string& who);
+void check_model_options(const nn::LanguageModelOptions& stored, const nn::LanguageModelOptions& given,
+                         const std::string& who);
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::weights

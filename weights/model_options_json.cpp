@@ -1,5 +1,7 @@
 // LanguageModelOptions to and from JSON (the architecture a checkpoint stores), and the fields
 // in which two options differ.
+#include "xgrad/weights/model_options_json.hpp"
+
 #include <cmath>
 #include <functional>
 #include <set>
@@ -12,9 +14,16 @@
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/core/io/utf8.hpp"
-#include "xgrad/nn/transformer.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::weights {
+
+using nn::Activation;
+using nn::Init;
+using nn::LanguageModel;
+using nn::LanguageModelOptions;
+using nn::Norm;
+using nn::NormKind;
+using nn::Positional;
 
 namespace {
 
@@ -223,4 +232,4 @@ std::vector<OptionsDifference> architecture_differences(const LanguageModelOptio
   return out;
 }
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::weights

@@ -1,14 +1,14 @@
 // Head gates on the attention's "context" hook point, and their accumulated gradients.
-#include "xgrad/nn/head_importance.hpp"
+#include "xgrad/inspect/head_importance.hpp"
 
 #include <cmath>
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::inspect {
 
-HookHandle gate_heads(Attention& attention, const Tensor& gates) {
+nn::HookHandle gate_heads(nn::Attention& attention, const Tensor& gates) {
   const std::size_t H = attention.options().num_heads();
   if (!gates.defined() || gates.shape() != Shape{H}) {
     fail("gate_heads: gates of shape ", gates.defined() ? shape_str(gates.shape()) : std::string("(undefined)"),
@@ -22,13 +22,13 @@ HookHandle gate_heads(Attention& attention, const Tensor& gates) {
   });
 }
 
-HeadImportance::HeadImportance(Module& root) {
+HeadImportance::HeadImportance(nn::Module& root) {
   for (auto& [path, m] : root.named_modules()) {
-    auto* attention = dynamic_cast<Attention*>(m);
+    auto* attention = dynamic_cast<nn::Attention*>(m);
     if (!attention) continue;
     const std::size_t H = attention->options().num_heads();
     Tensor gate(xt::ones<float>({H}), true);
-    HookHandle hook = gate_heads(*attention, gate);
+    nn::HookHandle hook = gate_heads(*attention, gate);
     gates_.push_back({path, gate, std::vector<double>(H, 0.0), std::move(hook)});
   }
   if (gates_.empty()) fail("HeadImportance: no attention in the module tree");
@@ -61,4 +61,4 @@ const Tensor& HeadImportance::gates(std::size_t i) const {
   return gates_[i].gate;
 }
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::inspect

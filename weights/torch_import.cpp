@@ -1,6 +1,6 @@
 // PyTorch and GPT-2 state dicts to xgrad's names: the expected tensors of each layout, one check
 // against them, then slices and transposes into xgrad's Linear layout (out, in).
-#include "xgrad/nn/torch_import.hpp"
+#include "xgrad/weights/torch_import.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/random.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::weights {
 
 namespace {
 
@@ -148,7 +148,7 @@ void map_attention(const Source& source, const NamedArrays& state, NamedArrays& 
 }
 
 // Key and value widths of the attention `o` builds.
-std::pair<std::size_t, std::size_t> key_value_widths(const MultiHeadAttentionOptions& o) {
+std::pair<std::size_t, std::size_t> key_value_widths(const nn::MultiHeadAttentionOptions& o) {
   return {o.kdim() ? o.kdim() : o.d_model(), o.vdim() ? o.vdim() : o.d_model()};
 }
 
@@ -173,7 +173,7 @@ bool is_gpt2_buffer(const std::string& rest) { return rest == "attn.bias" || res
 
 }  // namespace
 
-NamedArrays from_torch_multihead_attention(const NamedArrays& state, const MultiHeadAttentionOptions& options) {
+NamedArrays from_torch_multihead_attention(const NamedArrays& state, const nn::MultiHeadAttentionOptions& options) {
   const std::size_t E = options.d_model();
   if (options.qkv_bias() != options.out_bias() || options.kv_heads() != options.num_heads() || options.qk_norm()) {
     fail(
@@ -191,23 +191,23 @@ NamedArrays from_torch_multihead_attention(const NamedArrays& state, const Multi
   return out;
 }
 
-NamedArrays from_torch_encoder_layer(const NamedArrays& state, const TransformerBlockOptions& options) {
+NamedArrays from_torch_encoder_layer(const NamedArrays& state, const nn::TransformerBlockOptions& options) {
   const std::size_t C = options.d_model(), F = options.d_ff();
   // The options whose block torch.nn.TransformerEncoderLayer cannot be (the state would not load into it).
-  const MultiHeadAttentionOptions& a = options.attention();
-  const NormOptions& n = options.norm_options();
-  const FeedForwardOptions& f = options.feed_forward();
+  const nn::MultiHeadAttentionOptions& a = options.attention();
+  const nn::NormOptions& n = options.norm_options();
+  const nn::FeedForwardOptions& f = options.feed_forward();
   std::string asked;
   auto unless = [&](bool fits, const std::string& what) {
     if (!fits) asked += (asked.empty() ? "" : ", ") + what;
   };
-  unless(n.kind() == NormKind::layer_norm, "norm_kind rms_norm");
+  unless(n.kind() == nn::NormKind::layer_norm, "norm_kind rms_norm");
   unless(n.affine() && n.bias(), "norms without a weight or bias");
   unless(a.qkv_bias() && a.out_bias() && f.bias(), "a projection without a bias");
   unless(a.kv_heads() == a.num_heads(), "num_kv_heads " + std::to_string(a.kv_heads()));
   unless(!a.qk_norm(), "qk_norm");
   unless(!a.rotary(), "rotary positions");
-  unless(!is_gated(f.activation()), "a gated activation");
+  unless(!nn::is_gated(f.activation()), "a gated activation");
   if (!asked.empty()) {
     fail(
         "from_torch_encoder_layer: torch.nn.TransformerEncoderLayer has LayerNorms with weights and biases, every "
@@ -242,7 +242,7 @@ namespace {
 struct Gpt2Layout {
   std::size_t V, C, P, F, L;
   bool has_head;  // an lm_head.weight (else the head is tied to wte)
-  LanguageModelOptions options;
+  nn::LanguageModelOptions options;
   std::unique_ptr<Source> source;
 };
 
@@ -320,15 +320,15 @@ Gpt2Layout gpt2_layout(const char* who, const std::vector<Input>& inputs, std::s
   if (has_head) ex.push_back({"lm_head.weight", {V, C}});
   auto source = std::make_unique<Source>(who, inputs, ex, prefix, skipped);
 
-  LanguageModelOptions options = LanguageModelOptions(V, C, num_heads, L)
-                                     .d_ff(F)
-                                     .max_len(P)
-                                     .dropout(0.f)
-                                     .norm(Norm::pre)
-                                     .activation(Activation::gelu_tanh)
-                                     .positional(Positional::learned)
-                                     .norm_eps(1e-5f);
-  LanguageModel::check(options);
+  nn::LanguageModelOptions options = nn::LanguageModelOptions(V, C, num_heads, L)
+                                         .d_ff(F)
+                                         .max_len(P)
+                                         .dropout(0.f)
+                                         .norm(nn::Norm::pre)
+                                         .activation(nn::Activation::gelu_tanh)
+                                         .positional(nn::Positional::learned)
+                                         .norm_eps(1e-5f);
+  nn::LanguageModel::check(options);
   return {V, C, P, F, L, has_head, options, std::move(source)};
 }
 
@@ -397,12 +397,12 @@ std::vector<Input> inputs_of(const SafetensorsReader& file) {
 
 }  // namespace
 
-LanguageModelOptions gpt2_options(const std::string& path, std::size_t num_heads) {
+nn::LanguageModelOptions gpt2_options(const std::string& path, std::size_t num_heads) {
   const SafetensorsReader file(path);
   return gpt2_layout("gpt2_options", inputs_of(file), num_heads).options;
 }
 
-std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t num_heads) {
+std::shared_ptr<nn::LanguageModel> load_gpt2(const std::string& path, std::size_t num_heads) {
   const char* who = "load_gpt2";
   SafetensorsReader file(path);
   const Gpt2Layout g = gpt2_layout(who, inputs_of(file), num_heads);
@@ -426,7 +426,7 @@ std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t nu
                              " float32 parameters in " + std::to_string(g.L) + " blocks)");
 
   Generator init = Generator::for_loading(0);  // every parameter is read from the file below
-  auto model = std::make_shared<LanguageModel>(g.options, init);
+  auto model = std::make_shared<nn::LanguageModel>(g.options, init);
   std::map<std::string, Array*> params;
   for (auto& [name, t] : model->named_parameters()) params[name] = &t.mutable_value();
   auto param = [&](const std::string& name) -> Array& {
@@ -487,4 +487,4 @@ std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t nu
   return model;
 }
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::weights

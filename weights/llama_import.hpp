@@ -13,7 +13,7 @@
 
 #include "xgrad/nn/transformer.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::weights {
 
 /// The options of the LanguageModel a Llama-layout checkpoint folder holds, from its config.json
 /// alone (no weights are read).
@@ -39,7 +39,7 @@ namespace xgrad::nn {
 /// name, since it may change the computation. A field that is missing, of the wrong JSON type, out of
 /// range, or inconsistent with another is an Error naming the file and the field; so are a
 /// config.json that is missing or not a JSON object, and options LanguageModel::check refuses.
-LanguageModelOptions llama_options(const std::string& directory);
+nn::LanguageModelOptions llama_options(const std::string& directory);
 
 /// A new LanguageModel with the weights of the Llama-layout checkpoint in `directory`, in eval mode.
 /// The options come from config.json (llama_options). The weights come from model.safetensors
@@ -73,6 +73,6 @@ LanguageModelOptions llama_options(const std::string& directory);
 /// in a file that lacks them, and tensors two shards both hold), then the model's memory against
 /// what this process can still allocate. Then each tensor is read once, straight into its
 /// parameter; a non-finite weight is an Error naming the tensor and the file.
-std::shared_ptr<LanguageModel> load_llama(const std::string& directory);
+std::shared_ptr<nn::LanguageModel> load_llama(const std::string& directory);
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::weights

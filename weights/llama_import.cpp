@@ -1,6 +1,6 @@
 // Llama-layout checkpoints into a LanguageModel: config.json read field by field, the files'
 // headers checked against the tensors it implies, then each tensor read once into its parameter.
-#include "xgrad/nn/llama_import.hpp"
+#include "xgrad/weights/llama_import.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -20,7 +20,7 @@
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/random.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::weights {
 
 namespace {
 
@@ -195,7 +195,7 @@ void require_value(const ConfigReader& r, const char* who, const char* field, co
 struct LlamaConfig {
   std::size_t V, C, H, KV, L, F;
   bool tied, attention_bias, mlp_bias;
-  LanguageModelOptions options;
+  nn::LanguageModelOptions options;
 };
 
 LlamaConfig read_config(const std::string& directory, const char* who) {
@@ -235,29 +235,29 @@ LlamaConfig read_config(const std::string& directory, const char* who) {
          " is odd; rotary embeddings need it even");
   }
   r.refuse_unread(kInertFields);
-  LanguageModelOptions options = LanguageModelOptions(V, C, H, L)
-                                     .d_ff(F)
-                                     .max_len(P)
-                                     .dropout(0.f)
-                                     .norm(Norm::pre)
-                                     .norm_kind(NormKind::rms_norm)
-                                     .norm_eps(eps)
-                                     .norm_affine(true)
-                                     .norm_bias(false)
-                                     .num_kv_heads(KV)
-                                     .activation(Activation::swiglu)
-                                     .positional(Positional::rotary)
-                                     .rope_theta(theta)
-                                     .rotary_dim(0)
-                                     .qk_norm(false)
-                                     .qkv_bias(attention_bias)
-                                     .out_bias(attention_bias)
-                                     .ffn_bias(mlp_bias)
-                                     .head_bias(false)
-                                     .tie_embeddings(tied)
-                                     .init(Init::gpt2);
+  nn::LanguageModelOptions options = nn::LanguageModelOptions(V, C, H, L)
+                                         .d_ff(F)
+                                         .max_len(P)
+                                         .dropout(0.f)
+                                         .norm(nn::Norm::pre)
+                                         .norm_kind(nn::NormKind::rms_norm)
+                                         .norm_eps(eps)
+                                         .norm_affine(true)
+                                         .norm_bias(false)
+                                         .num_kv_heads(KV)
+                                         .activation(nn::Activation::swiglu)
+                                         .positional(nn::Positional::rotary)
+                                         .rope_theta(theta)
+                                         .rotary_dim(0)
+                                         .qk_norm(false)
+                                         .qkv_bias(attention_bias)
+                                         .out_bias(attention_bias)
+                                         .ffn_bias(mlp_bias)
+                                         .head_bias(false)
+                                         .tie_embeddings(tied)
+                                         .init(nn::Init::gpt2);
   try {
-    LanguageModel::check(options);
+    nn::LanguageModel::check(options);
   } catch (const Error& e) {
     fail(who, ": '", path, "' describes a model xgrad refuses: ", e.what());
   }
@@ -439,11 +439,11 @@ void check_tensors(const Checkpoint& ck, const std::vector<Expected>& ex, const 
 
 }  // namespace
 
-LanguageModelOptions llama_options(const std::string& directory) {
+nn::LanguageModelOptions llama_options(const std::string& directory) {
   return read_config(directory, "llama_options").options;
 }
 
-std::shared_ptr<LanguageModel> load_llama(const std::string& directory) {
+std::shared_ptr<nn::LanguageModel> load_llama(const std::string& directory) {
   const char* who = "load_llama";
   const LlamaConfig c = read_config(directory, who);
   Checkpoint ck = open_checkpoint(directory, who);
@@ -477,7 +477,7 @@ std::shared_ptr<LanguageModel> load_llama(const std::string& directory) {
                              " float32 parameters in " + std::to_string(c.L) + " blocks)");
 
   Generator init = Generator::for_loading(0);  // every parameter is read from the file below
-  auto model = std::make_shared<LanguageModel>(c.options, init);
+  auto model = std::make_shared<nn::LanguageModel>(c.options, init);
   std::map<std::string, Array*> params;
   for (auto& [name, t] : model->named_parameters()) params[name] = &t.mutable_value();
   if (params.size() != ex.size()) {
@@ -520,4 +520,4 @@ std::shared_ptr<LanguageModel> load_llama(const std::string& directory) {
   return model;
 }
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::weights

@@ -1,5 +1,5 @@
 // Module state dictionaries and checkpoint files.
-#include "xgrad/nn/checkpoint.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +13,9 @@
 #include "xgrad/core/io/utf8.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/detail/model_size.hpp"
+#include "xgrad/weights/model_options_json.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::weights {
 
 namespace {
 const std::string kFormatKey = "xgrad.checkpoint", kFormat = "2", kModelOptionsKey = "xgrad.model_options";
@@ -47,7 +48,7 @@ std::size_t rename_old_entries(NamedArrays& state, IsExpected is_expected) {
   return renamed;
 }
 
-std::size_t rename_old_parameters(const Module& module, NamedArrays& state) {
+std::size_t rename_old_parameters(const nn::Module& module, NamedArrays& state) {
   std::set<std::string> params;
   for (const auto& [name, p] : module.named_state()) params.insert(name);
   return rename_old_entries(state, [&](const std::string& n) { return params.count(n) != 0; });
@@ -62,13 +63,13 @@ void say_renamed(const std::string& who, std::size_t renamed) {
 }
 }  // namespace
 
-NamedArrays state_dict(const Module& module) {
+NamedArrays state_dict(const nn::Module& module) {
   NamedArrays out;
   for (const auto& [name, t] : module.named_state()) out.emplace_back(name, t.value());
   return out;
 }
 
-LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const LoadOptions& options) {
+LoadResult load_state_dict(nn::Module& module, const NamedArrays& state_in, const LoadOptions& options) {
   NamedTensors targets = module.named_state();
   std::set<std::string> params;
   for (const auto& [name, p] : module.named_parameters()) params.insert(name);
@@ -176,8 +177,8 @@ LoadResult load_state_dict(Module& module, const NamedArrays& state_in, const Lo
 namespace {
 
 // `asked`: the given options are a caller's ("4 asked"), otherwise a model's ("4 in the model").
-void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given, const std::string& who,
-                         bool asked) {
+void check_model_options(const nn::LanguageModelOptions& stored, const nn::LanguageModelOptions& given,
+                         const std::string& who, bool asked) {
   const std::vector<OptionsDifference> diff = architecture_differences(stored, given);
   if (diff.empty()) return;
   std::string list;
@@ -225,8 +226,9 @@ Split split(const std::string& path, SafetensorsContents& file, const char* who)
 }
 
 // Loads split entries into `module`: renames old names, checks a LanguageModel's options, loads.
-Checkpoint load_split(const std::string& path, Split& s, Module& module, const LoadOptions& options, const char* who) {
-  if (const auto* lm = dynamic_cast<const LanguageModel*>(&module); lm && s.rest.model_options) {
+Checkpoint load_split(const std::string& path, Split& s, nn::Module& module, const LoadOptions& options,
+                      const char* who) {
+  if (const auto* lm = dynamic_cast<const nn::LanguageModel*>(&module); lm && s.rest.model_options) {
     check_model_options(*s.rest.model_options, lm->options(), std::string(who) + ": '" + path + "'", false);
   }
   // Optimizer entries are "<parameter>.<slot>".
@@ -248,13 +250,13 @@ Checkpoint load_split(const std::string& path, Split& s, Module& module, const L
   return std::move(s.rest);
 }
 
-LoadedLanguageModel build_and_load(const std::string& path, const std::optional<LanguageModelOptions>& expected,
+LoadedLanguageModel build_and_load(const std::string& path, const std::optional<nn::LanguageModelOptions>& expected,
                                    const LoadOptions& load_options) {
   const char* who = "load_language_model";
   const std::string where = std::string(who) + ": '" + path + "'";
   SafetensorsContents file = load_safetensors(path);
   Split s = split(path, file, who);
-  LanguageModelOptions o(1, 1, 1, 1);
+  nn::LanguageModelOptions o(1, 1, 1, 1);
   if (s.rest.model_options) {
     if (expected) check_model_options(*s.rest.model_options, *expected, where, true);
     o = *s.rest.model_options;
@@ -266,7 +268,7 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
          "\"); give them for a file saved without them: load_language_model(path, options)");
   }
   try {
-    LanguageModel::check(o);
+    nn::LanguageModel::check(o);
   } catch (const Error& e) {
     fail(where, ": ", e.what());
   }
@@ -275,7 +277,7 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
   double file_values = 0;
   for (const auto& [name, a] : s.model) file_values += static_cast<double>(a.size());
   const double file_tensors = static_cast<double>(s.model.size());
-  const detail::ModelSize wanted = detail::model_size(o);
+  const nn::detail::ModelSize wanted = nn::detail::model_size(o);
   if (wanted.values > 4 * file_values + (1 << 20) || wanted.tensors > 4 * file_tensors + 64) {
     const auto whole = [](double v) {
       char buf[48];
@@ -293,19 +295,19 @@ LoadedLanguageModel build_and_load(const std::string& path, const std::optional<
   // drawn values of what the file lacks.
   Generator init = load_options.strict() ? Generator::for_loading(0) : Generator(0);
   LoadedLanguageModel out;
-  out.model = std::make_unique<LanguageModel>(o, init);
+  out.model = std::make_unique<nn::LanguageModel>(o, init);
   out.checkpoint = load_split(path, s, *out.model, load_options, who);
   return out;
 }
 
 }  // namespace
 
-void check_model_options(const LanguageModelOptions& stored, const LanguageModelOptions& given,
+void check_model_options(const nn::LanguageModelOptions& stored, const nn::LanguageModelOptions& given,
                          const std::string& who) {
   check_model_options(stored, given, who, true);
 }
 
-SafetensorsContents checkpoint_contents(const Module& module, const NamedArrays& optimizer_state,
+SafetensorsContents checkpoint_contents(const nn::Module& module, const NamedArrays& optimizer_state,
                                         const Metadata& metadata) {
   const char* who = "save_checkpoint";
   SafetensorsContents out;
@@ -324,18 +326,18 @@ SafetensorsContents checkpoint_contents(const Module& module, const NamedArrays&
   }
   out.metadata = metadata;
   out.metadata[kFormatKey] = kFormat;
-  if (const auto* lm = dynamic_cast<const LanguageModel*>(&module))
+  if (const auto* lm = dynamic_cast<const nn::LanguageModel*>(&module))
     out.metadata[kModelOptionsKey] = to_json(lm->options());
   return out;
 }
 
-void save_checkpoint(const std::string& path, const Module& module, const NamedArrays& optimizer_state,
+void save_checkpoint(const std::string& path, const nn::Module& module, const NamedArrays& optimizer_state,
                      const Metadata& metadata) {
   const SafetensorsContents c = checkpoint_contents(module, optimizer_state, metadata);
   save_safetensors(path, c.tensors, c.metadata);
 }
 
-Checkpoint load_checkpoint(const std::string& path, Module& module, const LoadOptions& options) {
+Checkpoint load_checkpoint(const std::string& path, nn::Module& module, const LoadOptions& options) {
   SafetensorsContents file = load_safetensors(path);
   Split s = split(path, file, "load_checkpoint");
   return load_split(path, s, module, options, "load_checkpoint");
@@ -345,9 +347,9 @@ LoadedLanguageModel load_language_model(const std::string& path, const LoadOptio
   return build_and_load(path, std::nullopt, options);
 }
 
-LoadedLanguageModel load_language_model(const std::string& path, const LanguageModelOptions& expected,
+LoadedLanguageModel load_language_model(const std::string& path, const nn::LanguageModelOptions& expected,
                                         const LoadOptions& options) {
   return build_and_load(path, expected, options);
 }
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::weights

@@ -9,13 +9,13 @@
 
 #include "xgrad/nn/attention.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::inspect {
 
 /// Multiplies each head's output (the attention's "context" point, heads side by side) by its
 /// gate, gates (H,), while the returned handle lives: a gate of 0 ablates its head, and a gate
 /// that requires grad receives dL/dgate. Several gates may be attached at once; each multiplies.
 /// Gates of another shape throw.
-[[nodiscard]] HookHandle gate_heads(Attention& attention, const Tensor& gates);
+[[nodiscard]] nn::HookHandle gate_heads(nn::Attention& attention, const Tensor& gates);
 
 /// The importance of one head.
 struct HeadScore {
@@ -30,7 +30,7 @@ class HeadImportance {
  public:
   /// Gates every attention under root with ones that require grad (changing no value) until it
   /// is destroyed. A tree without an attention throws.
-  explicit HeadImportance(Module& root);
+  explicit HeadImportance(nn::Module& root);
   HeadImportance(const HeadImportance&) = delete;
   HeadImportance& operator=(const HeadImportance&) = delete;
 
@@ -53,10 +53,10 @@ class HeadImportance {
     std::string path;
     Tensor gate;
     std::vector<double> sum;
-    HookHandle hook;
+    nn::HookHandle hook;
   };
   std::vector<Gate> gates_;
   std::size_t batches_ = 0;
 };
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::inspect

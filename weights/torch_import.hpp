@@ -1,6 +1,7 @@
 // PyTorch state dicts (torch's names and layouts) turned into xgrad's names and layouts, ready for
-// nn::load_state_dict. Every function checks the whole input first: a missing, extra or misshapen
-// tensor is an Error naming it (and, when misshapen, the shape it has and the one expected).
+// load_state_dict (checkpoint.hpp). Every function checks the whole input first: a missing, extra
+// or misshapen tensor is an Error naming it (and, when misshapen, the shape it has and the one
+// expected).
 // Values are copied as they are; load_state_dict checks that they are finite.
 //
 // Shapes: C = E = d_model (embed_dim), kdim / vdim the key and value widths, F FFN width,
@@ -14,7 +15,7 @@
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/transformer.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::weights {
 
 /// The state of a PyTorch nn.MultiheadAttention under an Attention's names.
 /// nn.MultiheadAttention(E, H, batch_first=True) -> Attention (or a MultiHeadAttention with
@@ -29,7 +30,7 @@ namespace xgrad::nn {
 /// in_proj_weight (cross-attention: forward(query, key, value)). Without bias
 /// (options.bias() false) there is no in_proj_bias and no out_proj.bias. Not supported:
 /// add_bias_kv (bias_k, bias_v are extra tensors).
-NamedArrays from_torch_multihead_attention(const NamedArrays& state, const MultiHeadAttentionOptions& options);
+NamedArrays from_torch_multihead_attention(const NamedArrays& state, const nn::MultiHeadAttentionOptions& options);
 
 /// The state of a PyTorch nn.TransformerEncoderLayer under a TransformerBlock's names.
 /// nn.TransformerEncoderLayer(C, H, F, batch_first=True) -> TransformerBlock built with `options`
@@ -45,12 +46,12 @@ NamedArrays from_torch_multihead_attention(const NamedArrays& state, const Multi
 /// x = norm1(x + sa(x)); x = norm2(x + ff(x)). Options that build another block (RMSNorm, norms
 /// or projections without biases, grouped-query heads, QK-norm, rotary positions, a gated
 /// feed-forward) throw, naming each, before the state is read.
-NamedArrays from_torch_encoder_layer(const NamedArrays& state, const TransformerBlockOptions& options);
+NamedArrays from_torch_encoder_layer(const NamedArrays& state, const nn::TransformerBlockOptions& options);
 
 /// What from_gpt2 returns: a LanguageModel's options and its state.
 struct ImportedLanguageModel {
-  LanguageModelOptions options;  ///< the options of the LanguageModel the state fits
-  NamedArrays state;             ///< for load_state_dict on LanguageModel(options)
+  nn::LanguageModelOptions options;  ///< the options of the LanguageModel the state fits
+  NamedArrays state;                 ///< for load_state_dict on LanguageModel(options)
 };
 
 /// The options and state of the LanguageModel that a GPT-2 state dict becomes.
@@ -77,7 +78,7 @@ ImportedLanguageModel from_gpt2(const NamedArrays& state, std::size_t num_heads)
 
 /// The options of the LanguageModel in a GPT-2 safetensors file, from its header alone (checked as
 /// from_gpt2 checks a state; none of the data is read).
-LanguageModelOptions gpt2_options(const std::string& path, std::size_t num_heads);
+nn::LanguageModelOptions gpt2_options(const std::string& path, std::size_t num_heads);
 
 /// A GPT-2 safetensors file (F32, F16 or BF16) read straight into a new LanguageModel, with the
 /// layout from_gpt2 gives: the header is checked first, then the model's memory against what this
@@ -85,6 +86,6 @@ LanguageModelOptions gpt2_options(const std::string& path, std::size_t num_heads
 /// is read once into the parameters that take it (Conv1D weights transposed a block of rows at a
 /// time, through a 1 MiB buffer). The peak memory is the model's own, not the file held two or
 /// three times over. A non-finite weight is an Error naming the tensor.
-std::shared_ptr<LanguageModel> load_gpt2(const std::string& path, std::size_t num_heads);
+std::shared_ptr<nn::LanguageModel> load_gpt2(const std::string& path, std::size_t num_heads);
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::weights

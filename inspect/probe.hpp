@@ -1,4 +1,4 @@
-// Probes: read activations and gradients at every hook point of a model (hook.hpp) without
+// Probes: read activations and gradients at every hook point of a model (nn/hook.hpp) without
 // editing its code. A ProbeSet attaches a forward hook to each point of a module tree; forward
 // records the points (retaining their gradients), and after backward each point's gradient is
 // readable. The points are the modules' hook points, e.g.
@@ -18,7 +18,7 @@
 
 #include "xgrad/nn/module.hpp"
 
-namespace xgrad::nn {
+namespace xgrad::inspect {
 
 /// Gradient norms at one residual connection y = x + f(LN(x)) (Pre-Norm) or y = LN(x + f(x))
 /// (Post-Norm), after backward. All norms are L2.
@@ -42,7 +42,7 @@ class ProbeSet {
   /// arriving through each path can be read apart; no value changes, and a gradient can differ in its last bits where x
   /// has more than two consumers (Post-Norm attention), since its parts are added in another order. Other hooks may be
   /// attached at the same time.
-  explicit ProbeSet(Module& root, std::function<bool(const std::string&)> which = {});
+  explicit ProbeSet(nn::Module& root, std::function<bool(const std::string&)> which = {});
   ProbeSet(const ProbeSet&) = delete;
   ProbeSet& operator=(const ProbeSet&) = delete;
 
@@ -74,12 +74,12 @@ class ProbeSet {
     std::map<std::string, Tensor> points;
   };
   std::shared_ptr<Records> records_ = std::make_shared<Records>();
-  std::vector<HookHandle> hooks_;
+  std::vector<nn::HookHandle> hooks_;
 };
 
 /// The L2 norm of each parameter's gradient by dotted name (0 for a parameter without one).
-std::vector<std::pair<std::string, double>> gradient_norms(const Module& module);
+std::vector<std::pair<std::string, double>> gradient_norms(const nn::Module& module);
 /// The same as a table: name, shape, gradient norm.
-std::string gradient_norm_table(const Module& module);
+std::string gradient_norm_table(const nn::Module& module);
 
-}  // namespace xgrad::nn
+}  // namespace xgrad::inspect
