@@ -331,7 +331,7 @@ TEST_CASE("spawn draws nothing from its parent, is deterministic, and its childr
 }
 
 // What a loader builds its model with: the weights' arrays cost an allocation, not a draw each.
-TEST_CASE("a for_loading generator's array draws are zeros and draw nothing; the rest is Generator(seed)'s",
+TEST_CASE("a for_loading generator's array draws are zeros and draw nothing, the rest is Generator(seed)'s",
           "[random]") {
   Generator loading = Generator::for_loading(9), ref(9);
   const Array u = loading.uniform({2, 3}, -1.f, 1.f), n = loading.normal({4}, 1.f, 2.f);
