@@ -84,7 +84,7 @@ ResidualStack decompose_residual(const nn::LanguageModel& model, const Activatio
   const char* who = "decompose_residual";
   check_pre_norm(model, who);
   const Shape btc = final_stream(model, cache, who).shape();
-  const std::size_t B = btc[0], T = btc[1], C = btc[2], H = model.options().num_heads(), D = C / H;
+  const std::size_t B = btc[0], T = btc[1], C = btc[2], H = model.options().num_heads();
 
   std::vector<std::string> labels = {"tok_embed"};
   if (model.pos_emb || model.pos_table) labels.push_back("pos_embed");
@@ -104,17 +104,19 @@ ResidualStack decompose_residual(const nn::LanguageModel& model, const Activatio
   const std::size_t per = B * T * C;
   for (std::size_t l = 0; l < model.blocks.size(); ++l) {
     if (by_head) {
-      // head h: z_h W_o[:, hD .. (h+1)D]^T, from the context (B, T, C) whose channels hD .. are z_h
+      // head h: z_h W_o[:, hD .. (h+1)D]^T, from the context (B, T, H D) whose channels hD .. are z_h
+      const std::size_t D = model.blocks[l]->attn->options().head_dim(), HD = H * D;
       const Array& context = need(cache, block(l) + ".attn.context", who);
-      if (context.shape() != btc) fail(who, ": the context of block ", l, " has shape ", shape_str(context.shape()));
+      if (context.shape() != Shape{B, T, HD})
+        fail(who, ": the context of block ", l, " has shape ", shape_str(context.shape()));
       const nn::Linear& w_o = *model.blocks[l]->attn->w_o;
-      const Array& w = w_o.weight.value();  // (C, C): out x in
+      const Array& w = w_o.weight.value();  // (C, H D): out x in
       for (std::size_t h = 0; h < H; ++h, ++n) {
         float* out = s.stack.data() + n * per;
         for (std::size_t r = 0; r < B * T; ++r) {
-          const float* z = context.data() + r * C + h * D;
+          const float* z = context.data() + r * HD + h * D;
           for (std::size_t j = 0; j < C; ++j) {
-            const float* wj = w.data() + j * C + h * D;
+            const float* wj = w.data() + j * HD + h * D;
             double acc = 0;
             for (std::size_t d = 0; d < D; ++d) acc += static_cast<double>(z[d]) * wj[d];
             out[r * C + j] = static_cast<float>(acc);

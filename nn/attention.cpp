@@ -43,8 +43,9 @@ void Attention::check(const MultiHeadAttentionOptions& o) {
   if (o.num_heads() == 0 || o.d_model() == 0) {
     fail("MultiHeadAttention: d_model ", o.d_model(), " and num_heads ", o.num_heads(), " must be positive");
   }
-  if (o.d_model() % o.num_heads() != 0) {
-    fail("MultiHeadAttention: d_model ", o.d_model(), " is not divisible by num_heads ", o.num_heads());
+  if (!o.head_dim_set() && o.d_model() % o.num_heads() != 0) {
+    fail("MultiHeadAttention: d_model ", o.d_model(), " is not divisible by num_heads ", o.num_heads(),
+         " (or set head_dim)");
   }
   if (o.num_heads() % o.kv_heads() != 0) {
     fail("MultiHeadAttention: num_heads ", o.num_heads(), " is not divisible by num_kv_heads ", o.kv_heads());
@@ -67,11 +68,11 @@ void Attention::check(const MultiHeadAttentionOptions& o) {
 
 Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : RandomStream(gen), options_(o) {
   check(o);
-  const std::size_t C = o.d_model(), KVD = o.kv_heads() * o.head_dim();
-  w_q = register_module("w_q", std::make_shared<Linear>(C, C, o.qkv_bias(), gen));
+  const std::size_t C = o.d_model(), HD = o.num_heads() * o.head_dim(), KVD = o.kv_heads() * o.head_dim();
+  w_q = register_module("w_q", std::make_shared<Linear>(C, HD, o.qkv_bias(), gen));
   w_k = register_module("w_k", std::make_shared<Linear>(key_width(o), KVD, o.qkv_bias(), gen));
   w_v = register_module("w_v", std::make_shared<Linear>(value_width(o), KVD, o.qkv_bias(), gen));
-  w_o = register_module("w_o", std::make_shared<Linear>(C, C, o.out_bias(), gen));
+  w_o = register_module("w_o", std::make_shared<Linear>(HD, C, o.out_bias(), gen));
   if (o.qk_norm()) {
     q_norm = register_module("q_norm", std::make_shared<RMSNorm>(o.head_dim(), o.norm_options().eps()));
     k_norm = register_module("k_norm", std::make_shared<RMSNorm>(o.head_dim(), o.norm_options().eps()));
@@ -83,15 +84,15 @@ Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : Rando
   }
 }
 
-// The context (B, T, C) through the points context, z and result to w_o's output. z and result
+// The context (B, T, H D) through the points context, z and result to w_o's output. z and result
 // are formed only while hooked. With result, out = sum over heads of result + w_o's bias, where
 // result[b, t, h] = z[b, t, h] W_o[:, hD .. (h+1)D]^T: each head's share of out, before the bias.
 Tensor Attention::project_out(const Tensor& context_in) const {
   Tensor context = hook("context", context_in);
   const auto B = static_cast<std::int64_t>(context.shape()[0]), T = static_cast<std::int64_t>(context.shape()[1]);
   const auto H = static_cast<std::int64_t>(options_.num_heads()), D = static_cast<std::int64_t>(options_.head_dim());
-  const std::int64_t C = H * D;
-  if (hooked("z")) context = reshape(hook("z", reshape(context, {B, T, H, D})), {B, T, C});
+  const auto C = static_cast<std::int64_t>(options_.d_model());
+  if (hooked("z")) context = reshape(hook("z", reshape(context, {B, T, H, D})), {B, T, H * D});
   if (!hooked("result")) return hook("out", w_o->forward(context));
   const Tensor z_by_head = reshape(permute(reshape(context, {B, T, H, D}), {2, 0, 1, 3}), {H, B * T, D});
   const Tensor w_by_head = permute(reshape(w_o->weight, {C, H, D}), {1, 2, 0});  // (H, D, C)
@@ -240,10 +241,10 @@ bool Attention::tiled(const AttentionMask& m, std::size_t T, std::size_t S, std:
   return kernel == AttentionKernel::tiled || S >= kTiledFromKeys;
 }
 
-// q (B, T, C), k and v (B, S, KV D); queries are positions offset .. offset + T - 1 for the causal mask.
+// q (B, T, H D), k and v (B, S, KV D); queries are positions offset .. offset + T - 1 for the causal mask.
 AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, const Tensor& kv_v,
                                         const AttentionMask& mask, std::size_t offset) const {
-  const std::size_t C = options_.d_model(), H = options_.num_heads(), D = C / H;
+  const std::size_t H = options_.num_heads(), D = options_.head_dim();
   const std::size_t B = q.shape()[0], T = q.shape()[1], S = kv_k.shape()[1];
   const Tensor k = repeat_heads(kv_k, options_.kv_heads(), H / options_.kv_heads(), D);
   const Tensor v = repeat_heads(kv_v, options_.kv_heads(), H / options_.kv_heads(), D);

@@ -14,14 +14,14 @@
 //     none:      y = Attention(x)            (no residual, no norm: compose your own)
 //
 // Hook points of Attention (hook.hpp), in forward order:
-//   q          (B, T, C) the query projection, heads side by side (head h is channels hD .. (h+1)D)
+//   q          (B, T, H D) the query projection, heads side by side (head h is channels hD .. (h+1)D)
 //   k, v       (B, S, KV D) the key and value projections, after QK-norm (with a KVCache: every
 //              cached position)
-//   rot_q      (B, T, C) q turned by RoPE (rotary only)
+//   rot_q      (B, T, H D) q turned by RoPE (rotary only)
 //   rot_k      (B, S, KV D) k turned by RoPE (rotary only)
 //   scores     (B, H, T, S) scale Q_h K_h^T before masks and softmax (formed only while hooked)
 //   pattern    (B, H, T, S) the attention weights, before dropout
-//   context    (B, T, C) each head's output, side by side, before W_o
+//   context    (B, T, H D) each head's output, side by side, before W_o
 //   z          (B, T, H, D) the same values with a head axis (formed only while hooked)
 //   result     (B, T, H, C) each head's share of out, z_h W_o[h] without W_o's bias: out is their
 //              sum plus the bias (formed only while hooked; out is then computed from it)
@@ -29,7 +29,7 @@
 //
 // Shapes: B batch, T query length, S key length (S = T: self-attention), C = d_model,
 // H heads, KV key/value heads (KV divides H; query head h uses key/value head h / (H / KV)),
-// D = C / H.
+// D = C / H unless head_dim sets another width (the q, context and z points are then H D wide).
 #pragma once
 
 #include <memory>
@@ -97,8 +97,19 @@ struct MultiHeadAttentionOptions {
   MultiHeadAttentionOptions& bias(bool on) { return qkv_bias(on).out_bias(on); }
   /// KV: num_kv_heads, or num_heads when that is 0.
   std::size_t kv_heads() const { return num_kv_heads_ ? num_kv_heads_ : num_heads_; }
-  /// D = d_model / num_heads.
-  std::size_t head_dim() const { return num_heads_ ? d_model_ / num_heads_ : 0; }
+  /// D, each head's width: the one set, or d_model / num_heads.
+  std::size_t head_dim() const { return head_dim_ ? head_dim_ : num_heads_ ? d_model_ / num_heads_ : 0; }
+  /// Sets D (0: d_model / num_heads, which H must then divide). With another D, w_q maps C to
+  /// H D and w_o maps H D back to C (Qwen 3, Gemma).
+  MultiHeadAttentionOptions& head_dim(std::size_t d) {
+    head_dim_ = d;
+    return *this;
+  }
+  /// Whether head_dim was set (not derived from d_model / num_heads).
+  bool head_dim_set() const { return head_dim_ != 0; }
+
+ private:
+  std::size_t head_dim_ = 0;
 };
 
 /// Masks for one forward call. In the boolean masks true marks a key that may NOT be attended to.

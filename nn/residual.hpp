@@ -70,6 +70,19 @@ class Residual : public Sublayer {
     return out;
   }
 
+  /// The branch alone, f(norm(x)) (Pre-Norm; f(x) without a norm), for a parallel residual whose
+  /// skip path another sublayer's connection carries. Hook points residual.in, residual.branch and
+  /// residual.out (which then holds f's output, not a sum).
+  template <class... Args>
+  auto forward_branch(const Tensor& x, Args&&... args) const {
+    Sublayer::check_input(x);
+    const Tensor branch = this->hook("residual.branch", this->hook("residual.in", x));
+    auto out = Sublayer::forward(placement_ == Norm::pre ? norm->forward(branch) : branch, std::forward<Args>(args)...);
+    Tensor& f = residual_output(out);
+    f = this->hook("residual.out", f);
+    return out;
+  }
+
   /// The sublayer alone, f, without the connection and the norm.
   const Sublayer& sublayer() const { return *this; }
   /// Where the norm sits.

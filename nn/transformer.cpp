@@ -96,6 +96,7 @@ Tensor FeedForward::forward(const Tensor& x) const {
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& gen) : options_(o) {
   if (o.norm() == Norm::none) fail("TransformerBlock: norm must be Norm::pre or Norm::post");
+  if (o.parallel_residual() && o.norm() != Norm::pre) fail("TransformerBlock: parallel_residual needs Norm::pre");
   if (o.feed_forward().d_model() != o.d_model()) {
     fail("TransformerBlock: the feed-forward's d_model ", o.feed_forward().d_model(), " is not the attention's ",
          o.d_model());
@@ -113,16 +114,42 @@ BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask
     fail("TransformerBlock: input must be (B, T, C) with C = d_model ", options_.d_model(), ", got ",
          shape_str(x.shape()));
   }
-  const AttentionOutput a = attn->forward(hook("stream_in", x), mask, cache, positions);
-  const Tensor y = ffn->forward(hook("stream_mid", a.output));
+  const Tensor in = hook("stream_in", x);
+  const AttentionOutput a = attn->forward(in, mask, cache, positions);
+  const Tensor mid = hook("stream_mid", a.output);
+  const Tensor y = options_.parallel_residual() ? mid + ffn->forward_branch(in) : ffn->forward(mid);
   return {hook("stream_out", y), a.weights};
+}
+
+TransformerBlockOptions LanguageModelOptions::block() const {
+  const auto attention = MultiHeadAttentionOptions(d_model_, num_heads_)
+                             .num_kv_heads(num_kv_heads_)
+                             .head_dim(head_dim_)
+                             .dropout(dropout_)
+                             .norm(norm_)
+                             .norm_options(norm_options())
+                             .qkv_bias(qkv_bias_)
+                             .out_bias(out_bias_)
+                             .rotary(positional_ == Positional::rotary)
+                             .rope_theta(rope_theta_)
+                             .rotary_dim(rotary_dim_)
+                             .qk_norm(qk_norm_)
+                             .kernel(attention_kernel_)
+                             .attention_tile(attention_tile_);
+  const auto feed_forward =
+      FeedForwardOptions(d_model_, d_ff_).activation(activation_).dropout(dropout_).bias(ffn_bias_);
+  return TransformerBlockOptions(d_model_, num_heads_)
+      .attention(attention)
+      .feed_forward(feed_forward)
+      .parallel_residual(parallel_residual_);
 }
 
 LanguageModelOptions LanguageModelOptions::gpt2_style(std::size_t V, std::size_t C, std::size_t H, std::size_t L) {
   return LanguageModelOptions(V, C, H, L)
       .positional(Positional::learned)
       .norm(Norm::pre)
-      .norm_options(NormOptions().kind(NormKind::layer_norm).eps(1e-5f))
+      .norm_kind(NormKind::layer_norm)
+      .norm_eps(1e-5f)
       .activation(Activation::gelu_tanh)
       .tie_embeddings(true)
       .init(Init::gpt2);
@@ -134,7 +161,8 @@ LanguageModelOptions LanguageModelOptions::llama_style(std::size_t V, std::size_
   return LanguageModelOptions(V, C, H, L)
       .positional(Positional::rotary)
       .norm(Norm::pre)
-      .norm_options(NormOptions().kind(NormKind::rms_norm).eps(1e-5f))
+      .norm_kind(NormKind::rms_norm)
+      .norm_eps(1e-5f)
       .activation(Activation::swiglu)
       .d_ff(hidden)
       .num_kv_heads(KV)
@@ -148,24 +176,18 @@ void LanguageModel::check(const LanguageModelOptions& o) {
          " must be positive");
   }
   if (o.norm() == Norm::none) fail("LanguageModel: norm must be Norm::pre or Norm::post");
+  if (o.parallel_residual() && o.norm() != Norm::pre) fail("LanguageModel: parallel_residual needs Norm::pre");
   if (!(std::isfinite(o.norm_eps()) && o.norm_eps() > 0.f)) {
     fail("LanguageModel: norm_eps ", o.norm_eps(), " must be finite and > 0");
   }
   if (o.d_ff() == 0) fail("LanguageModel: d_ff 0 must be positive");
-  if (o.block().feed_forward().d_model() != o.d_model()) {
-    fail("LanguageModel: the feed-forward's d_model ", o.block().feed_forward().d_model(), " is not d_model ",
-         o.d_model());
-  }
   if (static_cast<int>(o.positional()) < 0 || static_cast<int>(o.positional()) > static_cast<int>(Positional::rotary))
     fail("LanguageModel: unknown positional ", static_cast<int>(o.positional()));
   if (o.init() != Init::pytorch && o.init() != Init::gpt2)
     fail("LanguageModel: unknown init ", static_cast<int>(o.init()));
-  if (o.block().attention().rotary()) {
-    fail("LanguageModel: set positional(Positional::rotary) for RoPE, not the attention's rotary option");
-  }
-  // The attention as the model builds it (rotary from positional), so its checks name the option.
-  MultiHeadAttentionOptions attention = o.block().attention();
-  Attention::check(attention.rotary(o.positional() == Positional::rotary));
+  // The attention as the model builds it, so its checks name the option.
+  const MultiHeadAttentionOptions attention = o.block().attention();
+  Attention::check(attention);
   if (attention.rotary()) {
     // RoPE's highest frequency, 1 / theta^((r - 2) / r) for theta < 1, at the last position: a tiny
     // theta passes float32 there, and the angles' cos and sin would be NaN.
@@ -210,15 +232,16 @@ detail::ModelSize detail::model_size(const LanguageModelOptions& o) {
   const double V = static_cast<double>(o.vocab_size()), C = static_cast<double>(o.d_model()),
                F = static_cast<double>(o.d_ff()), L = static_cast<double>(o.num_layers()),
                P = static_cast<double>(o.max_len());
-  const MultiHeadAttentionOptions& a = o.block().attention();
+  const MultiHeadAttentionOptions a = o.block().attention();
   const double D = static_cast<double>(a.head_dim()), KVD = D * static_cast<double>(a.kv_heads());
-  const NormOptions& n = o.norm_options();
+  const double HD = D * static_cast<double>(a.num_heads());
+  const NormOptions n = o.norm_options();
   const bool norm_bias = n.affine() && n.bias() && n.kind() == NormKind::layer_norm;
   detail::ModelSize block;  // one block's
   for (int k = 0; k < 2; ++k) block.add(C, n.affine()), block.add(C, norm_bias);
-  block.add(C * C), block.add(C, a.qkv_bias());
+  block.add(HD * C), block.add(HD, a.qkv_bias());
   for (int k = 0; k < 2; ++k) block.add(KVD * C), block.add(KVD, a.qkv_bias());
-  block.add(C * C), block.add(C, a.out_bias());
+  block.add(C * HD), block.add(C, a.out_bias());
   for (int k = 0; k < 2; ++k) block.add(D, a.qk_norm());
   for (int k = 0; k < (is_gated(o.activation()) ? 2 : 1); ++k) block.add(F * C), block.add(F, o.ffn_bias());
   block.add(C * F), block.add(C, o.ffn_bias());
@@ -249,8 +272,7 @@ LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : op
   } else if (o.positional() == Positional::sinusoidal) {
     pos_table = std::make_shared<SinusoidalPositionalEncoding>(o.max_len(), o.d_model());
   }
-  TransformerBlockOptions block = o.block();
-  block.attention(MultiHeadAttentionOptions(o.block().attention()).rotary(o.positional() == Positional::rotary));
+  const TransformerBlockOptions block = o.block();
   auto list = register_module("blocks", std::make_shared<ModuleList>());
   for (std::size_t i = 0; i < o.num_layers(); ++i) {
     blocks.push_back(list->push_back(std::make_shared<TransformerBlock>(block, gen)));

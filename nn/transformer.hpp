@@ -79,6 +79,9 @@ struct TransformerBlockOptions {
   XGRAD_NESTED_ARG(std::size_t, num_kv_heads, attention_, num_kv_heads);
   XGRAD_NESTED_ARG(AttentionKernel, attention_kernel, attention_, kernel);
   XGRAD_NESTED_ARG(std::size_t, attention_tile, attention_, attention_tile);  ///< the tiled kernel's tile
+  /// y = x + attn(attn.norm(x)) + ffn(ffn.norm(x)): both sublayers read the block's input
+  /// (GPT-NeoX, Pythia); Pre-Norm only.
+  XGRAD_ARG(bool, parallel_residual, false);
 
  public:
   /// The model width C.
@@ -111,9 +114,10 @@ struct BlockOutput {
 /// Attention then feed-forward, each in its own residual connection with its norm, both placed by
 /// options.norm():
 /// Pre-Norm x = x + attn(attn.norm(x)); y = x + ffn(ffn.norm(x)),
-/// Post-Norm x = attn.norm(x + attn(x)); y = ffn.norm(x + ffn(x)).
+/// Post-Norm x = attn.norm(x + attn(x)); y = ffn.norm(x + ffn(x)),
+/// parallel (Pre-Norm) m = x + attn(attn.norm(x)); y = m + ffn(ffn.norm(x)).
 /// Hook points stream_in, stream_mid, stream_out: the residual stream entering the block,
-/// between its sublayers, and leaving it.
+/// between its sublayers (m when parallel), and leaving it.
 class TransformerBlock : public Module {
  public:
   /// Builds attn and ffn from `options` and `gen`; norm none, and a feed-forward whose d_model is
@@ -142,14 +146,18 @@ enum class Positional { learned, sinusoidal, none, rotary };
 /// sqrt(2 num_layers)).
 enum class Init { pytorch, gpt2 };
 
-/// The options of LanguageModel, e.g.\ LanguageModelOptions(50257, 768, 12, 12).max_len(1024):
-/// the model's own fields and its blocks' options (block(), composed of the attention's and the
-/// feed-forward's); the setters below set the nested fields.
+/// The options of LanguageModel, e.g.\ LanguageModelOptions(50257, 768, 12, 12).max_len(1024): one
+/// flat description of the model, as a checkpoint writes it (weights/model_options_json.hpp) and a
+/// config.json maps onto it. Every block gets the same options, derived by block().
 struct LanguageModelOptions {
   /// vocab_size V, d_model C, num_heads H (H must divide C) and num_layers; d_ff 4 C; the other
   /// options at their defaults.
   LanguageModelOptions(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads, std::size_t num_layers)
-      : vocab_size_(vocab_size), num_layers_(num_layers), block_(d_model, num_heads) {}
+      : vocab_size_(vocab_size),
+        d_model_(d_model),
+        num_heads_(num_heads),
+        num_layers_(num_layers),
+        d_ff_(4 * d_model) {}
   /// A GPT-2-style model: learned positions, Pre-Norm LayerNorm (eps 1e-5), GELU (tanh) MLP of
   /// 4 C, biases, tied embeddings, GPT-2 init.
   static LanguageModelOptions gpt2_style(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads,
@@ -160,105 +168,52 @@ struct LanguageModelOptions {
   static LanguageModelOptions llama_style(std::size_t vocab_size, std::size_t d_model, std::size_t num_heads,
                                           std::size_t num_layers, std::size_t num_kv_heads);
 
-  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);         ///< the number of token ids V
-  XGRAD_REQUIRED_ARG(std::size_t, num_layers);         ///< the number of TransformerBlocks
-  XGRAD_REQUIRED_ARG(TransformerBlockOptions, block);  ///< every block's options
-  XGRAD_ARG(std::size_t, max_len, 256);                ///< the most positions a forward takes
+  // The model.
+  XGRAD_REQUIRED_ARG(std::size_t, vocab_size);  ///< the number of token ids V
+  XGRAD_REQUIRED_ARG(std::size_t, d_model);     ///< the model width C
+  XGRAD_REQUIRED_ARG(std::size_t, num_heads);   ///< attention heads per block H
+  XGRAD_REQUIRED_ARG(std::size_t, num_layers);  ///< the number of TransformerBlocks
+  XGRAD_ARG(std::size_t, max_len, 256);         ///< the most positions a forward takes
   XGRAD_ARG(Positional, positional, Positional::learned);
   XGRAD_ARG(bool, tie_embeddings, false);  ///< head.weight is tok_emb.weight
   XGRAD_ARG(bool, head_bias, true);        ///< the head's bias (none when tied)
   XGRAD_ARG(Init, init, Init::pytorch);
-  XGRAD_NESTED_ARG(std::size_t, d_ff, block_, d_ff);                  ///< the feed-forwards' hidden width F
-  XGRAD_NESTED_ARG(Norm, norm, block_, norm);                         ///< pre or post (Pre-Norm adds final_norm)
-  XGRAD_NESTED_ARG(NormOptions, norm_options, block_, norm_options);  ///< every norm's options
-  XGRAD_NESTED_ARG(Activation, activation, block_, activation);       ///< the feed-forwards' activation
-  XGRAD_NESTED_ARG(std::size_t, num_kv_heads, block_, num_kv_heads);  ///< key/value heads; 0: num_heads
+  // The norms (every block's two and Pre-Norm's final one).
+  XGRAD_ARG(Norm, norm, Norm::pre);  ///< pre or post (Pre-Norm adds final_norm)
+  XGRAD_ARG(NormKind, norm_kind, NormKind::layer_norm);
+  XGRAD_ARG(float, norm_eps, 1e-5f);   ///< finite and > 0
+  XGRAD_ARG(bool, norm_affine, true);  ///< whether the norms have a weight
+  XGRAD_ARG(bool, norm_bias, true);    ///< whether the LayerNorms with a weight have a bias
+  // The attentions.
+  XGRAD_ARG(std::size_t, num_kv_heads, 0);  ///< key/value heads KV (KV divides H); 0: num_heads
+  XGRAD_ARG(std::size_t, head_dim, 0);      ///< each head's width D; 0: d_model / num_heads
+  XGRAD_ARG(bool, qkv_bias, true);          ///< biases of w_q, w_k and w_v
+  XGRAD_ARG(bool, out_bias, true);          ///< the bias of w_o
+  XGRAD_ARG(float, rope_theta, 10000.f);    ///< RoPE's base (positional rotary)
+  XGRAD_ARG(std::size_t, rotary_dim, 0);    ///< the channels of each head RoPE turns; 0: all
+  XGRAD_ARG(bool, qk_norm, false);          ///< an RMSNorm over each head's q and k, before RoPE
   /// Every attention's kernel (see AttentionKernel); not stored in checkpoints.
-  XGRAD_NESTED_ARG(AttentionKernel, attention_kernel, block_, attention_kernel);
-  XGRAD_NESTED_ARG(std::size_t, attention_tile, block_, attention_tile);  ///< the tiled kernel's tile
+  XGRAD_ARG(AttentionKernel, attention_kernel, AttentionKernel::automatic);
+  XGRAD_ARG(std::size_t, attention_tile, 128);  ///< the tiled kernel's tile
+  // The feed-forwards.
+  XGRAD_REQUIRED_ARG(std::size_t, d_ff);  ///< the hidden width F
+  XGRAD_ARG(Activation, activation, Activation::gelu);
+  XGRAD_ARG(bool, ffn_bias, true);  ///< biases of the feed-forward projections
+  /// Both sublayers of a block read its input: y = x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX,
+  /// Pythia); Pre-Norm only.
+  XGRAD_ARG(bool, parallel_residual, false);
+  /// The attention-weight and FFN-hidden dropout, while training.
+  XGRAD_ARG(float, dropout, 0.1f);
 
  public:
-  /// The model width C.
-  std::size_t d_model() const { return block_.d_model(); }
-  /// Sets the model width C (of the attentions and the feed-forwards).
-  LanguageModelOptions& d_model(std::size_t c) {
-    block_.feed_forward(FeedForwardOptions(block_.feed_forward()).d_model(c));
-    return attention(MultiHeadAttentionOptions(block_.attention()).d_model(c));
-  }
-  /// Attention heads per block.
-  std::size_t num_heads() const { return block_.num_heads(); }
-  /// Sets the attention heads per block.
-  LanguageModelOptions& num_heads(std::size_t h) {
-    return attention(MultiHeadAttentionOptions(block_.attention()).num_heads(h));
-  }
-  /// The attention-weight and FFN-hidden dropout, while training.
-  float dropout() const { return block_.dropout(); }
-  /// Sets both dropouts of every block.
-  LanguageModelOptions& dropout(float p) {
-    block_.dropout(p);
-    return *this;
-  }
-  /// Every norm's kind.
-  NormKind norm_kind() const { return norm_options().kind(); }
-  /// Sets every norm's kind.
-  LanguageModelOptions& norm_kind(NormKind k) { return norm_options(NormOptions(norm_options()).kind(k)); }
-  /// Every norm's eps.
-  float norm_eps() const { return norm_options().eps(); }
-  /// Sets every norm's eps.
-  LanguageModelOptions& norm_eps(float e) { return norm_options(NormOptions(norm_options()).eps(e)); }
-  /// Whether the norms have a weight.
-  bool norm_affine() const { return norm_options().affine(); }
-  /// Sets whether the norms have a weight.
-  LanguageModelOptions& norm_affine(bool on) { return norm_options(NormOptions(norm_options()).affine(on)); }
-  /// Whether the LayerNorms have a bias.
-  bool norm_bias() const { return norm_options().bias(); }
-  /// Sets whether the LayerNorms have a bias.
-  LanguageModelOptions& norm_bias(bool on) { return norm_options(NormOptions(norm_options()).bias(on)); }
-  /// RoPE's base (positional rotary).
-  float rope_theta() const { return block_.attention().rope_theta(); }
-  /// Sets RoPE's base.
-  LanguageModelOptions& rope_theta(float t) {
-    return attention(MultiHeadAttentionOptions(block_.attention()).rope_theta(t));
-  }
-  /// The channels of each head RoPE turns; 0: all.
-  std::size_t rotary_dim() const { return block_.attention().rotary_dim(); }
-  /// Sets the channels of each head RoPE turns.
-  LanguageModelOptions& rotary_dim(std::size_t r) {
-    return attention(MultiHeadAttentionOptions(block_.attention()).rotary_dim(r));
-  }
-  /// Whether the attentions norm each head's q and k.
-  bool qk_norm() const { return block_.attention().qk_norm(); }
-  /// Sets QK-norm.
-  LanguageModelOptions& qk_norm(bool on) {
-    return attention(MultiHeadAttentionOptions(block_.attention()).qk_norm(on));
-  }
-  /// Whether w_q, w_k and w_v have biases.
-  bool qkv_bias() const { return block_.attention().qkv_bias(); }
-  /// Sets the biases of w_q, w_k and w_v.
-  LanguageModelOptions& qkv_bias(bool on) {
-    return attention(MultiHeadAttentionOptions(block_.attention()).qkv_bias(on));
-  }
-  /// Whether w_o has a bias.
-  bool out_bias() const { return block_.attention().out_bias(); }
-  /// Sets the bias of w_o.
-  LanguageModelOptions& out_bias(bool on) {
-    return attention(MultiHeadAttentionOptions(block_.attention()).out_bias(on));
-  }
-  /// Whether the feed-forward projections have biases.
-  bool ffn_bias() const { return block_.feed_forward().bias(); }
-  /// Sets the biases of the feed-forward projections.
-  LanguageModelOptions& ffn_bias(bool on) {
-    block_.feed_forward(FeedForwardOptions(block_.feed_forward()).bias(on));
-    return *this;
-  }
   /// Sets every bias but the norms': qkv_bias, out_bias, ffn_bias and head_bias.
   LanguageModelOptions& bias(bool on) { return qkv_bias(on).out_bias(on).ffn_bias(on).head_bias(on); }
-
- private:
-  LanguageModelOptions& attention(const MultiHeadAttentionOptions& a) {
-    block_.attention(a);
-    return *this;
+  /// Every norm's options.
+  NormOptions norm_options() const {
+    return NormOptions().kind(norm_kind_).eps(norm_eps_).affine(norm_affine_).bias(norm_bias_);
   }
+  /// Every block's options, derived from these (rotary from positional).
+  TransformerBlockOptions block() const;
 };
 
 /// Whether LanguageModel::forward returns the attention weights. keep forms them in every block

@@ -545,6 +545,47 @@ TEST_CASE("TransformerBlock gradients, Pre-Norm and Post-Norm, causal", "[nn][gr
   }
 }
 
+TEST_CASE("TransformerBlock gradients with a parallel residual and heads wider than d_model / H",
+          "[nn][gradcheck][transformer][gemm]") {
+  // parallel: y = x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX); head_dim 6 with C 8 and 2 heads:
+  // w_q (12, 8), w_o (8, 12) (Qwen 3).
+  nn::AttentionMask mask;
+  mask.causal = true;
+  for (const bool parallel : {true, false}) {
+    for (const std::size_t head_dim : {std::size_t{0}, std::size_t{6}}) {
+      INFO("parallel " << parallel << ", head_dim " << head_dim);
+      Generator gen(43);
+      nn::TransformerBlockOptions o =
+          nn::TransformerBlockOptions(kC, kH).d_ff(12).dropout(0.f).parallel_residual(parallel);
+      o.attention(nn::MultiHeadAttentionOptions(o.attention()).head_dim(head_dim).qk_norm(head_dim != 0));
+      nn::TransformerBlock block(o, gen);
+      REQUIRE(block.attn->w_q->weight.shape() == Shape{head_dim ? kH * head_dim : kC, kC});
+      randomize_norms(block, 44);
+      const Tensor x = randn({kB, kT, kC}, 45);
+      const CheckResult res =
+          check_module_grads(block, [&](const Ins& in) { return block.forward(in[0], mask).output; }, {x});
+      INFO(res.report);
+      REQUIRE(res.ok);
+      REQUIRE(res.checked + res.skipped == total_elements(block, {x}));
+      REQUIRE(res.skipped * 10 < res.checked);
+    }
+  }
+  // The parallel block is the sum of its parts: x + attn(norm1(x)) + ffn(norm2(x)).
+  Generator gen(46);
+  nn::TransformerBlock block(nn::TransformerBlockOptions(kC, kH).d_ff(12).dropout(0.f).parallel_residual(true), gen);
+  randomize_norms(block, 47);
+  const Tensor x = randn({kB, kT, kC}, 48);
+  NoGradGuard no_grad;
+  const Array y = block.forward(x, mask).output.value();
+  const Tensor a = block.attn->sublayer().forward(block.attn->norm->forward(x), mask).output;
+  const Tensor f = block.ffn->sublayer().forward(block.ffn->norm->forward(x));
+  const Array want = (x + a + f).value();
+  REQUIRE(xt::allclose(y, want, 1e-6, 1e-6));
+  REQUIRE_THROWS_WITH(
+      nn::TransformerBlock(nn::TransformerBlockOptions(kC, kH).norm(nn::Norm::post).parallel_residual(true)),
+      "TransformerBlock: parallel_residual needs Norm::pre");
+}
+
 TEST_CASE("LanguageModel loss gradient of every parameter", "[nn][gradcheck][transformer][gemm][long]") {
   // vocab 7, d_model 8, 2 heads, 2 layers, max_len 6, dropout 0
   const IndexArray ids = {{0, 3, 6, 1, 1, 5}, {2, 4, 4, 0, 6, 3}};

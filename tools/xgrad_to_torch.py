@@ -31,7 +31,7 @@ field that stands in the way.
 
 tests/fixtures/make_export_fixtures.py with tests/test_torch_export.cpp, and
 tests/fixtures/make_arch_fixtures.py with tests/test_arch_agreement.cpp, check it against xgrad.
-Shapes: B batch, T length, C d_model, H heads, KV key/value heads, D = C / H, V vocabulary,
+Shapes: B batch, T length, C d_model, H heads, KV key/value heads, D head_dim (C / H unless set), V vocabulary,
 F FFN width.
 """
 
@@ -58,12 +58,13 @@ ACTIVATIONS = {  # act, and whether the feed-forward is gated: linear2(act(gate(
 COUNTS = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len")
 CHOICES = {"norm": ("pre", "post"), "norm_kind": ("layer_norm", "rms_norm"), "activation": tuple(ACTIVATIONS),
            "positional": ("learned", "sinusoidal", "none", "rotary"), "init": ("pytorch", "gpt2")}
-BOOLS = ("norm_affine", "norm_bias", "qk_norm", "qkv_bias", "out_bias", "ffn_bias", "head_bias", "tie_embeddings")
+BOOLS = ("norm_affine", "norm_bias", "qk_norm", "qkv_bias", "out_bias", "ffn_bias", "head_bias", "tie_embeddings",
+         "parallel_residual")
 # The value a field has in files written before it existed (num_kv_heads 0: num_heads).
-CLASSIC = {"num_kv_heads": 0, "norm_kind": "layer_norm", "norm_eps": 1e-5, "norm_affine": True, "norm_bias": True,
+CLASSIC = {"num_kv_heads": 0, "head_dim": 0, "norm_kind": "layer_norm", "norm_eps": 1e-5, "norm_affine": True, "norm_bias": True,
            "activation": "gelu", "positional": "learned", "rope_theta": 10000.0, "rotary_dim": 0, "qk_norm": False,
            "qkv_bias": True, "out_bias": True, "ffn_bias": True, "head_bias": True, "tie_embeddings": False,
-           "init": "pytorch"}
+           "init": "pytorch", "parallel_residual": False}
 DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
           "U8": "u1", "BOOL": "?"}
 
@@ -119,6 +120,11 @@ def save_safetensors(path, tensors, metadata=None):
     os.replace(temporary, path)
 
 
+def head_dim(o):
+    """D: head_dim, or d_model / num_heads when it is 0."""
+    return o["head_dim"] or o["d_model"] // o["num_heads"]
+
+
 def complete_options(stored, who):
     """The stored options with every field the file lacks at its classic value, checked: an unknown
     field (an architecture this tool cannot build), a missing count, a value of the wrong type or
@@ -140,11 +146,12 @@ def complete_options(stored, who):
     if o["num_kv_heads"] is None or type(o["num_kv_heads"]) is int and o["num_kv_heads"] == 0:
         o["num_kv_heads"] = o["num_heads"]  # 0: one key/value head per query head, as xgrad writes it
     bad = lambda name, why: ValueError("%s: model option %s = %s %s" % (who, name, json.dumps(o[name]), why))
-    for name in COUNTS + ("num_kv_heads", "rotary_dim"):
+    for name in COUNTS + ("num_kv_heads", "rotary_dim", "head_dim"):
         v = o[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "rotary_dim" else 1):
+        count = name in ("rotary_dim", "head_dim")  # 0 allowed
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if count else 1):
             if not (name == "max_len" and v is None):  # a format-1 file with sinusoidal positions
-                raise bad(name, "is not a positive whole number" if name != "rotary_dim" else "is not a count")
+                raise bad(name, "is not a positive whole number" if not count else "is not a count")
     for name in ("dropout", "norm_eps", "rope_theta"):
         if isinstance(o[name], bool) or not isinstance(o[name], (int, float)) or not math.isfinite(o[name]):
             raise bad(name, "is not a finite number")
@@ -158,11 +165,11 @@ def complete_options(stored, who):
         raise bad("dropout", "is not in [0, 1)")
     if o["norm_eps"] <= 0 or o["rope_theta"] <= 0:
         raise bad("norm_eps" if o["norm_eps"] <= 0 else "rope_theta", "is not positive")
-    if o["d_model"] % o["num_heads"]:
+    if not o["head_dim"] and o["d_model"] % o["num_heads"]:
         raise bad("num_heads", "does not divide d_model %d" % o["d_model"])
     if o["num_heads"] % o["num_kv_heads"]:
         raise bad("num_kv_heads", "does not divide num_heads %d" % o["num_heads"])
-    d = o["d_model"] // o["num_heads"]
+    d = head_dim(o)
     if o["rotary_dim"] % 2 or o["rotary_dim"] > d:
         raise bad("rotary_dim", "is not an even count up to the head size %d" % d)
     if o["positional"] == "rotary" and (o["rotary_dim"] or d) % 2:
@@ -231,7 +238,7 @@ class Attention(nn.Module):
     def __init__(self, o):
         super().__init__()
         c, self.heads, self.kv_heads = o["d_model"], o["num_heads"], o["num_kv_heads"]
-        d = self.head_dim = c // self.heads
+        d = self.head_dim = head_dim(o)
         self.w_q = nn.Linear(c, self.heads * d, bias=o["qkv_bias"])
         self.w_k = nn.Linear(c, self.kv_heads * d, bias=o["qkv_bias"])
         self.w_v = nn.Linear(c, self.kv_heads * d, bias=o["qkv_bias"])
@@ -286,15 +293,19 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-Norm x + f(norm(x)), Post-Norm norm(x + f(x)), for f = attn, then ffn; each owns its norm."""
+    """Pre-Norm x + f(norm(x)), Post-Norm norm(x + f(x)), for f = attn, then ffn; each owns its norm.
+    With parallel_residual (Pre-Norm): x + attn(norm1(x)) + ffn(norm2(x))."""
 
     def __init__(self, o):
         super().__init__()
         self.pre, self.attn, self.ffn = o["norm"] == "pre", Attention(o), FeedForward(o)
+        self.parallel = o["parallel_residual"]
         self.attn.norm, self.ffn.norm = norm_of(o), norm_of(o)
 
     def forward(self, x, positions, padding=None):
         a, weights = self.attn(self.attn.norm(x) if self.pre else x, positions, padding)
+        if self.parallel:
+            return x + a + self.ffn(self.ffn.norm(x)), weights
         x = x + a if self.pre else self.attn.norm(x + a)
         x = x + self.ffn(self.ffn.norm(x)) if self.pre else self.ffn.norm(x + self.ffn(x))
         return x, weights
@@ -423,10 +434,10 @@ def llama_name(name):
 
 def llama_obstacles(o):
     """The fields (as 'field value') of complete options that the Llama layout cannot express."""
-    d = o["d_model"] // o["num_heads"]
+    d = head_dim(o)
     need = [("norm", "pre"), ("norm_kind", "rms_norm"), ("norm_affine", True), ("positional", "rotary"),
             ("activation", "swiglu"), ("qk_norm", False), ("qkv_bias", False), ("out_bias", False),
-            ("ffn_bias", False)]
+            ("ffn_bias", False), ("parallel_residual", False)]
     out = ["%s %s (Llama has %s)" % (f, json.dumps(o[f]), json.dumps(v)) for f, v in need if o[f] != v]
     if o["positional"] == "rotary" and o["rotary_dim"] not in (0, d):
         out.append("rotary_dim %d (Llama rotates all %d channels of a head)" % (o["rotary_dim"], d))
@@ -447,7 +458,7 @@ def llama_config(o):
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": o["vocab_size"],
             "hidden_size": o["d_model"], "intermediate_size": o["d_ff"], "num_hidden_layers": o["num_layers"],
             "num_attention_heads": o["num_heads"], "num_key_value_heads": o["num_kv_heads"],
-            "head_dim": o["d_model"] // o["num_heads"], "hidden_act": "silu",
+            "head_dim": head_dim(o), "hidden_act": "silu",
             "max_position_embeddings": o["max_len"], "rms_norm_eps": f32_json(o["norm_eps"]),
             "rope_theta": f32_json(o["rope_theta"]), "rope_scaling": None, "tie_word_embeddings": o["tie_embeddings"],
             "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "torch_dtype": "float32"}

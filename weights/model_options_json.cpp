@@ -60,9 +60,8 @@ bool as_bool(const json& v) {
   return v.get<bool>();
 }
 
-// An enum's names, in the enum's order.
 template <class E>
-using Names = std::vector<std::pair<const char*, E>>;
+using Names = OptionNames<E>;
 
 template <class E>
 E as_enum(const json& v, const Names<E>& names) {
@@ -72,28 +71,17 @@ E as_enum(const json& v, const Names<E>& names) {
     }
   }
   std::string known;
-  for (const auto& [n, e] : names) known += (known.empty() ? "" : ", ") + std::string(n);
+  for (const auto& [n, e] : names) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("is not one of " + known);
 }
 
 template <class E>
 const char* name_of(E e, const Names<E>& names) {
   for (const auto& [n, v] : names) {
-    if (v == e) return n;
+    if (v == e) return n.c_str();
   }
   return "?";
 }
-
-const Names<Norm> kNorms = {{"pre", Norm::pre}, {"post", Norm::post}};
-const Names<NormKind> kNormKinds = {{"layer_norm", NormKind::layer_norm}, {"rms_norm", NormKind::rms_norm}};
-const Names<Activation> kActivations = {{"gelu", Activation::gelu},   {"gelu_tanh", Activation::gelu_tanh},
-                                        {"relu", Activation::relu},   {"swiglu", Activation::swiglu},
-                                        {"geglu", Activation::geglu}, {"geglu_tanh", Activation::geglu_tanh}};
-const Names<Positional> kPositionals = {{"learned", Positional::learned},
-                                        {"sinusoidal", Positional::sinusoidal},
-                                        {"none", Positional::none},
-                                        {"rotary", Positional::rotary}};
-const Names<Init> kInits = {{"pytorch", Init::pytorch}, {"gpt2", Init::gpt2}};
 
 // A field written as its own value and read with `read` (as_count, as_float or as_bool).
 #define XGRAD_FIELD(f, arch, read, ...)                                                                                \
@@ -117,26 +105,28 @@ const std::vector<Field>& fields() {
       XGRAD_FIELD(d_model, true, as_count),
       XGRAD_FIELD(num_heads, true, as_count),
       XGRAD_FIELD(num_kv_heads, true, as_count, 0u),
+      XGRAD_FIELD(head_dim, true, as_count, 0u),
       XGRAD_FIELD(num_layers, true, as_count),
       XGRAD_FIELD(d_ff, true, as_count),
       XGRAD_FIELD(max_len, true, as_count),
       XGRAD_FIELD(dropout, false, as_float),
-      XGRAD_ENUM_FIELD(norm, kNorms),
-      XGRAD_ENUM_FIELD(norm_kind, kNormKinds, "layer_norm"),
+      XGRAD_ENUM_FIELD(norm, norm_names()),
+      XGRAD_ENUM_FIELD(norm_kind, norm_kind_names(), "layer_norm"),
       XGRAD_FIELD(norm_eps, true, as_float, 1e-5),
       XGRAD_FIELD(norm_affine, true, as_bool, true),
       XGRAD_FIELD(norm_bias, true, as_bool, true),
-      XGRAD_ENUM_FIELD(activation, kActivations),
-      XGRAD_ENUM_FIELD(positional, kPositionals),
+      XGRAD_ENUM_FIELD(activation, activation_names()),
+      XGRAD_ENUM_FIELD(positional, positional_names()),
       XGRAD_FIELD(rope_theta, true, as_float, 10000.0),
       XGRAD_FIELD(rotary_dim, true, as_count, 0u),
       XGRAD_FIELD(qk_norm, true, as_bool, false),
       XGRAD_FIELD(qkv_bias, true, as_bool, true),
       XGRAD_FIELD(out_bias, true, as_bool, true),
       XGRAD_FIELD(ffn_bias, true, as_bool, true),
+      XGRAD_FIELD(parallel_residual, true, as_bool, false),
       XGRAD_FIELD(head_bias, true, as_bool, true),
       XGRAD_FIELD(tie_embeddings, true, as_bool, false),
-      XGRAD_ENUM_FIELD(init, kInits, "pytorch"),
+      XGRAD_ENUM_FIELD(init, init_names(), "pytorch"),
   };
   return all;
 }
@@ -148,6 +138,36 @@ const std::vector<Field>& fields() {
 constexpr const char* kOldEps = "layer_norm_eps";
 
 }  // namespace
+
+const OptionNames<Norm>& norm_names() {
+  static const OptionNames<Norm> names = {{"pre", Norm::pre}, {"post", Norm::post}};
+  return names;
+}
+
+const OptionNames<NormKind>& norm_kind_names() {
+  static const OptionNames<NormKind> names = {{"layer_norm", NormKind::layer_norm}, {"rms_norm", NormKind::rms_norm}};
+  return names;
+}
+
+const OptionNames<Activation>& activation_names() {
+  static const OptionNames<Activation> names = {{"gelu", Activation::gelu},   {"gelu_tanh", Activation::gelu_tanh},
+                                                {"relu", Activation::relu},   {"swiglu", Activation::swiglu},
+                                                {"geglu", Activation::geglu}, {"geglu_tanh", Activation::geglu_tanh}};
+  return names;
+}
+
+const OptionNames<Positional>& positional_names() {
+  static const OptionNames<Positional> names = {{"learned", Positional::learned},
+                                                {"sinusoidal", Positional::sinusoidal},
+                                                {"none", Positional::none},
+                                                {"rotary", Positional::rotary}};
+  return names;
+}
+
+const OptionNames<Init>& init_names() {
+  static const OptionNames<Init> names = {{"pytorch", Init::pytorch}, {"gpt2", Init::gpt2}};
+  return names;
+}
 
 std::string to_json(const LanguageModelOptions& o) {
   json j = json::object();
@@ -210,6 +230,7 @@ namespace {
 LanguageModelOptions canonical(LanguageModelOptions o, const LanguageModelOptions& other) {
   const bool rotary = o.positional() == Positional::rotary;
   if (o.num_kv_heads() == 0 && other.num_kv_heads() != 0) o.num_kv_heads(o.num_heads());
+  if (o.head_dim() == 0 && other.head_dim() != 0) o.head_dim(o.block().attention().head_dim());
   if (rotary && o.rotary_dim() == 0 && other.rotary_dim() != 0 && other.positional() == Positional::rotary)
     o.rotary_dim(o.block().attention().head_dim());
   if (!rotary) o.rotary_dim(0).rope_theta(10000.f);

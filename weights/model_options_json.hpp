@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xgrad/nn/transformer.hpp"
@@ -17,6 +18,15 @@ std::string to_json(const nn::LanguageModelOptions& options);
 /// is an Error naming `who`, the field and the value (so are text that is not a JSON object, a
 /// field given twice, and options LanguageModel::check refuses).
 nn::LanguageModelOptions language_model_options_from_json(const std::string& text, const std::string& who);
+/// The names of an option's values as files and command lines spell them, in the enum's order.
+template <class E>
+using OptionNames = std::vector<std::pair<std::string, E>>;
+const OptionNames<nn::Norm>& norm_names();              ///< pre, post
+const OptionNames<nn::NormKind>& norm_kind_names();     ///< layer_norm, rms_norm
+const OptionNames<nn::Activation>& activation_names();  ///< gelu, gelu_tanh, relu, swiglu, geglu, geglu_tanh
+const OptionNames<nn::Positional>& positional_names();  ///< learned, sinusoidal, none, rotary
+const OptionNames<nn::Init>& init_names();              ///< pytorch, gpt2
+
 /// One field in which two options differ, with both values as to_json writes them.
 struct OptionsDifference {
   /// The field's name (e.g.\ "num_heads"), then its value in the stored and in the given options.
@@ -25,8 +35,8 @@ struct OptionsDifference {
 /// The architecture fields in which `given` differs from `stored`, in to_json's order: every
 /// field but dropout (a training setting that does not change what the weights compute in eval
 /// mode, so a caller may pick another). Two spellings of one model are no difference: num_kv_heads
-/// 0 and num_heads, rotary_dim 0 and the head size; nor are fields that build nothing: rope_theta
-/// and rotary_dim without rotary positions, head_bias with tied embeddings, norm_bias with RMSNorm
+/// 0 and num_heads, head_dim 0 and d_model / num_heads, rotary_dim 0 and the head size; nor are fields that build
+/// nothing: rope_theta and rotary_dim without rotary positions, head_bias with tied embeddings, norm_bias with RMSNorm
 /// or without a norm weight.
 std::vector<OptionsDifference> architecture_differences(const nn::LanguageModelOptions& stored,
                                                         const nn::LanguageModelOptions& given);

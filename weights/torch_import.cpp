@@ -175,12 +175,13 @@ bool is_gpt2_buffer(const std::string& rest) { return rest == "attn.bias" || res
 
 NamedArrays from_torch_multihead_attention(const NamedArrays& state, const nn::MultiHeadAttentionOptions& options) {
   const std::size_t E = options.d_model();
-  if (options.qkv_bias() != options.out_bias() || options.kv_heads() != options.num_heads() || options.qk_norm()) {
+  if (options.qkv_bias() != options.out_bias() || options.kv_heads() != options.num_heads() || options.qk_norm() ||
+      options.head_dim_set()) {
     fail(
         "from_torch_multihead_attention: torch.nn.MultiheadAttention has one bias switch for all four projections, "
-        "one key/value head per head and no QK-norm; the options ask for qkv_bias ",
+        "one key/value head per head, no QK-norm and heads of d_model / num_heads; the options ask for qkv_bias ",
         options.qkv_bias(), ", out_bias ", options.out_bias(), ", num_kv_heads ", options.kv_heads(), ", qk_norm ",
-        options.qk_norm());
+        options.qk_norm(), ", head_dim ", options.head_dim_set() ? std::to_string(options.head_dim()) : "unset");
   }
   const auto [kdim, vdim] = key_value_widths(options);
   std::vector<Expected> ex;
@@ -208,6 +209,8 @@ NamedArrays from_torch_encoder_layer(const NamedArrays& state, const nn::Transfo
   unless(!a.qk_norm(), "qk_norm");
   unless(!a.rotary(), "rotary positions");
   unless(!nn::is_gated(f.activation()), "a gated activation");
+  unless(!a.head_dim_set(), "head_dim " + std::to_string(a.head_dim()));
+  unless(!options.parallel_residual(), "parallel_residual");
   if (!asked.empty()) {
     fail(
         "from_torch_encoder_layer: torch.nn.TransformerEncoderLayer has LayerNorms with weights and biases, every "

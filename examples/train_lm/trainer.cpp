@@ -23,6 +23,7 @@
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/token_file.hpp"
 #include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/model_options_json.hpp"
 
 namespace lm {
 
@@ -76,16 +77,10 @@ E enum_field(const nlohmann::json& j, const char* key, const Names<E>& names, E 
 
 }  // namespace
 
-const Names<nn::NormKind> kNormKinds = {{"layer_norm", nn::NormKind::layer_norm}, {"rms_norm", nn::NormKind::rms_norm}};
-const Names<nn::Positional> kPositionals = {{"learned", nn::Positional::learned},
-                                            {"sinusoidal", nn::Positional::sinusoidal},
-                                            {"none", nn::Positional::none},
-                                            {"rotary", nn::Positional::rotary}};
-const Names<nn::Activation> kActivations = {
-    {"gelu", nn::Activation::gelu},   {"gelu_tanh", nn::Activation::gelu_tanh},
-    {"relu", nn::Activation::relu},   {"swiglu", nn::Activation::swiglu},
-    {"geglu", nn::Activation::geglu}, {"geglu_tanh", nn::Activation::geglu_tanh}};
-const Names<nn::Init> kInits = {{"pytorch", nn::Init::pytorch}, {"gpt2", nn::Init::gpt2}};
+const Names<nn::NormKind> kNormKinds = weights::norm_kind_names();
+const Names<nn::Positional> kPositionals = weights::positional_names();
+const Names<nn::Activation> kActivations = weights::activation_names();
+const Names<nn::Init> kInits = weights::init_names();
 const std::vector<std::string> kArchs = {"classic", "gpt2", "llama"};
 
 DataSource identify(const std::string& name, const std::string& text) {
