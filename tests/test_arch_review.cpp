@@ -19,7 +19,7 @@
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/weights/checkpoint.hpp"
-#include "xgrad/weights/llama_import.hpp"
+#include "xgrad/weights/hf_import.hpp"
 #include "xgrad/weights/model_options_json.hpp"
 #include "xgrad/weights/torch_import.hpp"
 

@@ -17,7 +17,7 @@
 #include "xgrad/text/gpt2_files.hpp"
 #include "xgrad/text/tokenizer.hpp"
 #include "xgrad/weights/checkpoint.hpp"
-#include "xgrad/weights/llama_import.hpp"
+#include "xgrad/weights/hf_import.hpp"
 
 using namespace xgrad;
 using Catch::Matchers::Contains;

@@ -17,7 +17,7 @@
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
-#include "xgrad/weights/llama_import.hpp"
+#include "xgrad/weights/hf_import.hpp"
 #include "xgrad/weights/model_options_json.hpp"
 
 using namespace xgrad;
@@ -315,8 +315,7 @@ TEST_CASE("bad input: config.json fields that disagree, or that xgrad's model ca
   refused("rope_scaling", json({{"factor", 8.0}, {"rope_type", "llama3"}}),
           "field \"rope_scaling\" is {\"factor\":8.0,\"rope_type\":\"llama3\"}; scaled rotary embeddings are not "
           "implemented (only an absent or null rope_scaling)");
-  refused("head_dim", 8,
-          "field \"head_dim\" is 8, not hidden_size / num_attention_heads = 16 / 4 = 4 (xgrad's heads are that wide)");
+  refused("head_dim", 5, "field \"head_dim\" is 5 is odd; rotary embeddings need it even");
   refused("num_attention_heads", 16,
           "the head width hidden_size / num_attention_heads = 1 is odd; rotary embeddings need it even");
 
@@ -329,9 +328,16 @@ TEST_CASE("bad input: config.json fields that disagree, or that xgrad's model ca
   b.edit("head_dim", nullptr);
   b.edit("hidden_act", kRemove);
   const nn::LanguageModelOptions o = weights::llama_options(b.path());
+  CHECK(o.head_dim() == 0);
   CHECK(o.num_kv_heads() == 4);
   CHECK(o.rope_theta() == 10000.f);
   CHECK(o.activation() == nn::Activation::swiglu);
+  // A head_dim other than C / H: w_q maps C to H D and w_o back (the weights must then be that shape).
+  b.edit("head_dim", 8);
+  CHECK(weights::llama_options(b.path()).head_dim() == 8);
+  REQUIRE_THROWS_WITH(weights::load_llama(b.path()),
+                      Contains("tensor 'model.layers.0.self_attn.q_proj.weight' in '" + b.path("model.safetensors") +
+                               "' has shape (16, 16); xgrad's blocks.0.attn.w_q.weight needs (32, 16)"));
 }
 
 // Every field that changes the forward pass is read or refused by name: a field no reader looks at
@@ -360,9 +366,10 @@ TEST_CASE("bad input: config.json fields that change the forward pass are read o
     REQUIRE_THROWS_WITH(weights::load_llama(b.path()), at + message);
     REQUIRE_THROWS_WITH(weights::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
   };
-  refused({{"model_type", "granite"}}, "model_type \"granite\" is not implemented (this xgrad loads \"llama\")");
+  const std::string families = "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"phi3\", \"gpt_neox\")";
+  refused({{"model_type", "granite"}}, "model_type \"granite\" is not implemented " + families);
   refused({{"model_type", "mistral"}, {"sliding_window", 4096}},
-          "model_type \"mistral\" is not implemented (this xgrad loads \"llama\")");
+          "model_type \"mistral\" is not implemented " + families);
   refused({{"sliding_window", 4}}, "field \"sliding_window\" is 4; sliding-window attention is not implemented");
   refused({{"attention_dropout", 0.1}},
           "field \"attention_dropout\" is 0.1; dropout on the attention weights is not implemented");

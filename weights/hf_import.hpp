@@ -1,15 +1,20 @@
 /// @file
-/// Hugging Face Llama-layout checkpoints (LlamaForCausalLM: config.json and model.safetensors, or
-/// shards under model.safetensors.index.json) read into a LanguageModel. Everything is checked
-/// before the model is built: config.json field by field, then every file's header against the
-/// tensors the configuration needs.
+/// Hugging Face checkpoint folders (config.json and model.safetensors, or shards under
+/// model.safetensors.index.json) read into a LanguageModel, by the family config.json's
+/// model_type names: "llama" (Llama 2 and 3, SmolLM2), "qwen2" (Qwen 2 and 2.5), "qwen3", "phi3",
+/// "gpt_neox" (Pythia).
+/// Everything is checked before the model is built: config.json field by field (a field that may
+/// change the forward pass and is not implemented is refused by name), then every file's header
+/// against the tensors the configuration needs; then each tensor is read straight into its
+/// parameter (no random initialization first).
 //
-// Shapes: C hidden_size, H num_attention_heads, KV num_key_value_heads, D = C / H, F
-// intermediate_size, V vocab_size, L num_hidden_layers.
+// Shapes: C hidden_size, H num_attention_heads, KV num_key_value_heads, D head_dim (default
+// C / H), F intermediate_size, V vocab_size, L num_hidden_layers.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "xgrad/nn/transformer.hpp"
 
@@ -28,10 +33,10 @@ namespace xgrad::weights {
 ///   tie_word_embeddings (default false)    -> tie_embeddings
 ///   attention_bias (default false)         -> qkv_bias and out_bias
 ///   mlp_bias (default false)               -> ffn_bias
-///   head_dim (optional)                    -> must equal C / H
+///   head_dim (optional, default C / H)    -> head_dim (w_q C -> H D, w_o H D -> C); even
 ///   hidden_act                             -> must be "silu" (activation swiglu)
 ///   rope_scaling                           -> must be absent or null
-///   model_type                             -> must be "llama" (or absent)
+///   model_type                             -> "llama" (or absent)
 ///   attention_dropout, sliding_window, rope_interleaved -> must be 0, null, false (or absent)
 /// @endcode
 /// and Pre-Norm, no head bias, dropout 0. Fields that do not change the forward pass (names,
@@ -74,5 +79,35 @@ nn::LanguageModelOptions llama_options(const std::string& directory);
 /// what this process can still allocate. Then each tensor is read once, straight into its
 /// parameter; a non-finite weight is an Error naming the tensor and the file.
 std::shared_ptr<nn::LanguageModel> load_llama(const std::string& directory);
+
+/// The model_types load_hf_model reads, in the order messages list them.
+std::vector<std::string> hf_model_types();
+
+/// The options of the LanguageModel the Hugging Face folder `directory` holds, from config.json
+/// alone, by its model_type (absent: "llama"):
+/// @code{.unparsed}
+///   llama   as llama_options
+///   qwen2   as llama, with biases on q_proj, k_proj and v_proj (not o_proj) and none elsewhere
+///           (qkv_bias, no out_bias); use_sliding_window must be false and layer_types, when
+///           given, all "full_attention" (sliding_window and max_window_layers then change nothing)
+///   qwen3   as qwen2, with self_attn.q_norm and k_norm (qk_norm: an RMSNorm of D with rms_norm_eps
+///           over each head's q and k, before RoPE), head_dim (default 128, as Qwen3Config's),
+///           and attention_bias (default false) for all four projections
+///   phi3    as llama, with self_attn.qkv_proj (H D + 2 KV D, C) read as w_q, w_k and w_v (rows
+///           in that order) and mlp.gate_up_proj (2 F, C) as gate then up; partial_rotary_factor
+///           (default 1) gives rotary_dim = int(D * factor); resid_pdrop, embd_pdrop 0 and
+///           sliding_window null (else refused)
+///   gpt_neox  Pythia: LayerNorms with biases (layer_norm_eps), parallel_residual from
+///           use_parallel_residual (default true), rotary_dim int(D * rotary_pct) (default 0.25)
+///           with base rotary_emb_base (or rope_theta), exact GELU MLP with biases,
+///           attention.query_key_value (3 C, C) read per head (head i's q, k, v are rows
+///           3 D i + 0, D, 2 D, D each), an untied embed_out
+/// @endcode
+/// Any other model_type is refused, naming the ones implemented.
+nn::LanguageModelOptions hf_model_options(const std::string& directory);
+/// A new LanguageModel with the weights of the Hugging Face folder `directory`, in eval mode: the
+/// options as hf_model_options gives them, the files and checks as load_llama's, with each
+/// family's tensor names (Llama's, Qwen 3's q_norm and k_norm, Phi-3's fused projections).
+std::shared_ptr<nn::LanguageModel> load_hf_model(const std::string& directory);
 
 }  // namespace xgrad::weights

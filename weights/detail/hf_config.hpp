@@ -1,0 +1,115 @@
+// A Hugging Face folder's config.json, read field by field, and the layout of its tensors: what
+// each family (weights/hf_<family>.cpp) maps its config.json onto, and weights/hf_import.cpp
+// reads. Internal to weights/.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/nn/transformer.hpp"
+
+namespace xgrad::weights::detail {
+
+/// The fields of config.json, each checked as it is read; errors name the file and the field.
+/// Every field read is noted: refuse_unread names the first field no reader took.
+class ConfigReader {
+ public:
+  ConfigReader(const char* who, std::string path);
+
+  /// A positive integer. `fallback` 0: the field is required. `null_is_absent`: Hugging Face
+  /// reads an explicit null as the default.
+  std::size_t count(const char* field, std::size_t fallback = 0, bool null_is_absent = false) const;
+  /// A number > 0 that float32 holds as a finite value other than 0.
+  float positive_float(const char* field, bool required, float fallback = 0.f) const;
+  float positive_float(const nlohmann::json& v, const std::string& field) const;
+  /// A number in [0, 1] (a dropout or a fraction); absent or null: fallback.
+  double fraction(const char* field, double fallback) const;
+  bool flag(const char* field, bool fallback) const;
+  /// A string; absent or null: fallback (nullptr: the field is required).
+  std::string text(const char* field, const char* fallback) const;
+  /// The field, or nullptr when it is absent (or null, when that reads as absent).
+  const nlohmann::json* find(const char* field, bool null_is_absent) const;
+  /// The field's only implemented value is `expected` (or null, or absent): any other is refused,
+  /// naming what it would have turned on.
+  void require(const char* field, const nlohmann::json& expected, const char* what) const;
+  /// Every field may change the forward pass unless it was read or is inert (names, token ids,
+  /// generation defaults, ...; kInertFields, plus `more`): the first other one is refused by name.
+  void refuse_unread(const std::set<std::string>& more = {}) const;
+  /// An Error beginning "who: 'path': ".
+  [[noreturn]] void fail_field(const std::string& message) const;
+
+  const std::string& path() const { return path_; }
+  const char* who() const { return who_; }
+
+ private:
+  const char* who_;
+  std::string path_;
+  nlohmann::json j_;
+  mutable std::set<std::string> read_;
+};
+
+/// RoPE's base: `rope_theta` (default 10000), or transformers 5's `rope_parameters`
+/// {"rope_type": "default", "rope_theta": ...}; rope_scaling must be absent or null. Scaled variants
+/// (llama3, linear, dynamic, yarn, ...) are refused by name.
+float read_rope_theta(const ConfigReader& r);
+
+/// The hidden activation `field` must be `expected` (or absent).
+void require_activation(const ConfigReader& r, const char* field, const char* expected, const char* what);
+
+/// A span of rows of a tensor (elements, for a vector).
+struct Rows {
+  std::size_t first, count;
+};
+
+/// One parameter read from a checkpoint's tensor: the whole tensor, or some of its rows in order
+/// (a part of a fused projection: Phi-3's qkv_proj, GPT-NeoX's per-head query_key_value).
+struct TensorMap {
+  std::string hf;               ///< the tensor's name in the files
+  std::string xgrad;            ///< the parameter's name
+  Shape shape;                  ///< the parameter's shape
+  Shape source = {};            ///< the tensor's shape in the files; empty: shape
+  std::vector<Rows> rows = {};  ///< the source's rows taken, in order; empty: all of it
+  const Shape& file_shape() const { return source.empty() ? shape : source; }
+};
+
+/// What a family's config.json describes: the model's options and where each parameter is.
+struct HfLayout {
+  nn::LanguageModelOptions options{1, 1, 1, 1};
+  std::vector<TensorMap> before, after;                      ///< the tensors before and after the layers
+  std::function<std::vector<TensorMap>(std::size_t)> layer;  ///< layer n's tensors
+  /// The head's tensor, which a tied checkpoint may also hold as a copy of the embedding.
+  std::string head;
+  /// Buffers older versions saved beside the weights (rotary inv_freq, causal masks): skipped.
+  std::function<bool(const std::string&)> buffer = [](const std::string&) { return false; };
+};
+
+/// A linear layer's weight (out, in) and, with `bias`, its bias (out).
+void add_linear(std::vector<TensorMap>& out, const std::string& hf, const std::string& xgrad, std::size_t rows,
+                std::size_t cols, bool bias);
+
+/// The fields Llama, Qwen 2 and 3, Mistral and Phi-3 share, read into options with their common
+/// architecture: Pre-Norm RMSNorm, RoPE over whole heads, SwiGLU, no biases, dropout 0, GPT-2's
+/// init; vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+/// num_key_value_heads, head_dim, max_position_embeddings, rms_norm_eps, rope_theta (or
+/// rope_parameters), tie_word_embeddings, hidden_act "silu", attention_dropout 0. An absent
+/// head_dim is `default_head_dim` (0: hidden_size / num_attention_heads).
+nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t default_head_dim = 0);
+/// Llama's tensor names (model.embed_tokens, model.layers.N.self_attn.q_proj, ..., lm_head) for
+/// the model `o` describes: biases, q_norm and k_norm as its options have them.
+HfLayout llama_names(const nn::LanguageModelOptions& o);
+
+/// The families, one per file: each reads its fields from `r` (refusing what it does not
+/// implement) and gives the layout. refuse_unread is called after it.
+HfLayout llama_layout(const ConfigReader& r);
+HfLayout qwen2_layout(const ConfigReader& r);
+HfLayout qwen3_layout(const ConfigReader& r);
+HfLayout phi3_layout(const ConfigReader& r);
+HfLayout gpt_neox_layout(const ConfigReader& r);
+
+}  // namespace xgrad::weights::detail

@@ -1,0 +1,189 @@
+// config.json's reader and the pieces every family shares.
+#include "xgrad/weights/detail/hf_config.hpp"
+
+#include <cmath>
+#include <cstdint>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
+
+namespace xgrad::weights::detail {
+
+namespace {
+
+using json = nlohmann::json;
+using xgrad::detail::json_excerpt;
+
+constexpr std::uint64_t kMaxJsonBytes = std::uint64_t{64} << 20;
+
+// Fields that do not change the forward pass: names and versions, token ids, generation defaults,
+// the initialisation of training from scratch, the files' dtype (their headers give it), and the
+// runtime's settings. pretraining_tp > 1 makes Hugging Face compute the same products in slices.
+const std::set<std::string> kInertFields = {"_name_or_path",
+                                            "architectures",
+                                            "transformers_version",
+                                            "torch_dtype",
+                                            "dtype",
+                                            "_commit_hash",
+                                            "_attn_implementation",
+                                            "transformers.js_config",
+                                            "is_llama_config",
+                                            "tokenizer_class",
+                                            "bos_token_id",
+                                            "eos_token_id",
+                                            "pad_token_id",
+                                            "use_cache",
+                                            "initializer_range",
+                                            "pretraining_tp",
+                                            "output_attentions",
+                                            "output_hidden_states",
+                                            "return_dict",
+                                            "torchscript",
+                                            "id2label",
+                                            "label2id",
+                                            "max_length",
+                                            "min_length",
+                                            "do_sample",
+                                            "num_beams",
+                                            "temperature",
+                                            "top_k",
+                                            "top_p",
+                                            "repetition_penalty",
+                                            "length_penalty",
+                                            "no_repeat_ngram_size",
+                                            "num_return_sequences",
+                                            "early_stopping",
+                                            "task_specific_params"};
+
+}  // namespace
+
+ConfigReader::ConfigReader(const char* who, std::string path)
+    : who_(who), path_(std::move(path)), j_(xgrad::detail::read_json_object(path_, who, kMaxJsonBytes)) {}
+
+void ConfigReader::fail_field(const std::string& message) const { fail(who_, ": '", path_, "': ", message); }
+
+std::size_t ConfigReader::count(const char* field, std::size_t fallback, bool null_is_absent) const {
+  const json* v = find(field, null_is_absent);
+  if (!v) {
+    if (fallback == 0) fail_field(std::string("missing field \"") + field + "\"");
+    return fallback;
+  }
+  const bool positive = (v->is_number_unsigned() && v->get<std::uint64_t>() > 0) ||
+                        (v->is_number_integer() && v->get<std::int64_t>() > 0);
+  if (!positive) fail_field(std::string("field \"") + field + "\" must be a positive integer, got " + json_excerpt(*v));
+  return static_cast<std::size_t>(v->get<std::uint64_t>());
+}
+
+float ConfigReader::positive_float(const char* field, bool required, float fallback) const {
+  const json* v = find(field, false);
+  if (!v) {
+    if (required) fail_field(std::string("missing field \"") + field + "\"");
+    return fallback;
+  }
+  return positive_float(*v, field);
+}
+
+float ConfigReader::positive_float(const json& v, const std::string& field) const {
+  if (!v.is_number()) fail_field("field \"" + field + "\" must be a number, got " + json_excerpt(v));
+  const double d = v.get<double>();
+  const float f = static_cast<float>(d);
+  if (!(d > 0) || !std::isfinite(f) || f == 0.f) {
+    fail_field("field \"" + field + "\" must be finite and > 0 as a float32, got " + json_excerpt(v));
+  }
+  return f;
+}
+
+double ConfigReader::fraction(const char* field, double fallback) const {
+  const json* v = find(field, true);
+  if (!v) return fallback;
+  if (!v->is_number() || !(v->get<double>() >= 0.0 && v->get<double>() <= 1.0))
+    fail_field(std::string("field \"") + field + "\" must be a number in [0, 1], got " + json_excerpt(*v));
+  return v->get<double>();
+}
+
+bool ConfigReader::flag(const char* field, bool fallback) const {
+  const json* v = find(field, false);
+  if (!v) return fallback;
+  if (!v->is_boolean())
+    fail_field(std::string("field \"") + field + "\" must be true or false, got " + json_excerpt(*v));
+  return v->get<bool>();
+}
+
+std::string ConfigReader::text(const char* field, const char* fallback) const {
+  const json* v = find(field, true);
+  if (!v) {
+    if (!fallback) fail_field(std::string("missing field \"") + field + "\"");
+    return fallback;
+  }
+  if (!v->is_string()) fail_field(std::string("field \"") + field + "\" must be a string, got " + json_excerpt(*v));
+  return v->get<std::string>();
+}
+
+const json* ConfigReader::find(const char* field, bool null_is_absent) const {
+  read_.insert(field);
+  const auto it = j_.find(field);
+  if (it == j_.end() || (null_is_absent && it->is_null())) return nullptr;
+  return &*it;
+}
+
+void ConfigReader::require(const char* field, const json& expected, const char* what) const {
+  const json* v = find(field, true);
+  if (v && *v != expected) {
+    fail_field(std::string("field \"") + field + "\" is " + json_excerpt(*v) + "; " + what + " is not implemented");
+  }
+}
+
+void ConfigReader::refuse_unread(const std::set<std::string>& more) const {
+  for (const auto& [key, value] : j_.items()) {
+    if (!read_.count(key) && !kInertFields.count(key) && !more.count(key)) {
+      fail_field("field " + json_excerpt(json(key), 80) + " (" + json_excerpt(value, 40) +
+                 ") is not implemented; it may change the forward pass, so the folder is refused");
+    }
+  }
+}
+
+float read_rope_theta(const ConfigReader& r) {
+  const json* top = r.find("rope_theta", false);
+  float theta = r.positive_float("rope_theta", false, 10000.f);
+  if (const json* scaling = r.find("rope_scaling", true)) {
+    r.fail_field("field \"rope_scaling\" is " + json_excerpt(*scaling) +
+                 "; scaled rotary embeddings are not implemented (only an absent or null rope_scaling)");
+  }
+  const json* p = r.find("rope_parameters", true);
+  if (!p) return theta;
+  if (!p->is_object()) r.fail_field("field \"rope_parameters\" must be an object, got " + json_excerpt(*p));
+  if (const auto type = p->find("rope_type"); type != p->end() && *type != "default") {
+    r.fail_field("field \"rope_parameters\" has rope_type " + json_excerpt(*type) +
+                 "; scaled rotary embeddings are not implemented (only \"default\")");
+  }
+  for (const auto& [key, value] : p->items()) {
+    if (key == "rope_type") continue;
+    if (key == "rope_theta") {
+      const float given = r.positive_float(value, "rope_parameters.rope_theta");
+      if (top && given != theta) {
+        fail(r.who(), ": '", r.path(), "': rope_theta ", theta, " and rope_parameters.rope_theta ", given, " differ");
+      }
+      theta = given;
+    } else {
+      r.fail_field("field \"rope_parameters\" has " + json_excerpt(json(key), 80) +
+                   ", which is not implemented (only rope_type \"default\" and rope_theta)");
+    }
+  }
+  return theta;
+}
+
+void require_activation(const ConfigReader& r, const char* field, const char* expected, const char* what) {
+  const std::string act = r.text(field, expected);
+  if (act != expected) {
+    r.fail_field(std::string("field \"") + field + "\" is " + json_excerpt(json(act)) + "; only \"" + expected +
+                 "\" (" + what + ") is supported");
+  }
+}
+
+void add_linear(std::vector<TensorMap>& out, const std::string& hf, const std::string& xgrad, std::size_t rows,
+                std::size_t cols, bool bias) {
+  out.push_back({hf + ".weight", xgrad + ".weight", {rows, cols}});
+  if (bias) out.push_back({hf + ".bias", xgrad + ".bias", {rows}});
+}
+
+}  // namespace xgrad::weights::detail
