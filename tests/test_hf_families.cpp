@@ -179,6 +179,10 @@ TEST_CASE("hf families: what each family does not implement is refused by name",
     b.edit("use_sliding_window", true);
     CHECK_THAT(b.error(), Contains("field \"use_sliding_window\" is true; sliding-window attention "
                                    "(use_sliding_window) is not implemented"));
+    b.edit("use_sliding_window", false);
+    b.edit("use_mrope", true);
+    CHECK_THAT(b.error(), Contains("field \"use_mrope\" is true; multimodal rotary embeddings (use_mrope) is not "
+                                   "implemented"));
   }
   {
     Broken b("qwen3");
@@ -260,16 +264,17 @@ TEST_CASE("hf families: a fused tensor of the wrong shape, or missing, is named 
                                  "blocks.0.ffn.gate.weight)"));
 }
 
-TEST_CASE("hf families: the residual stream of a parallel block and of wide heads decomposes into its parts, head "
-          "by head, and the logits attribute to them",
-          "[hf_families][gemm]") {
+TEST_CASE(
+    "hf families: the residual stream of a parallel block and of wide heads decomposes into its parts, head "
+    "by head, and the logits attribute to them",
+    "[hf_families][gemm]") {
   for (const char* name : {"gpt_neox", "qwen3"}) {
     SECTION(name) {
       const auto model = weights::load_hf_model(folder(name));
       const IndexArray ids = as_ids(expected(name).at("ids"));
       NoGradGuard no_grad;
-      const inspect::ActivationCache cache =
-          inspect::cache_activations(*model, [&] { model->forward(ids); }, inspect::residual_points());
+      const inspect::ActivationCache cache = inspect::cache_activations(
+          *model, [&] { model->forward(ids); }, inspect::residual_points());
       const Array& out = cache.at("blocks.1.stream_out");
       for (const bool by_head : {false, true}) {
         const inspect::ResidualStack s = inspect::decompose_residual(*model, cache, by_head);
@@ -277,7 +282,7 @@ TEST_CASE("hf families: the residual stream of a parallel block and of wide head
         INFO("by_head " << by_head);
         CHECK(testing::rel_error(sum, out) <= 1e-5);
         const std::size_t w_o_bias = std::string(name) == "gpt_neox" ? 1 : 0;  // "blocks.L.attn.bias"
-        const std::size_t per_layer = by_head ? 4 + w_o_bias + 1 : 2;            // heads (or attn), ffn
+        const std::size_t per_layer = by_head ? 4 + w_o_bias + 1 : 2;          // heads (or attn), ffn
         CHECK(s.labels.size() == 1 + 2 * per_layer);
       }
       // the attributions of the decomposition sum to the logit of each next token

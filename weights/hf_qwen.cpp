@@ -11,10 +11,12 @@ namespace xgrad::weights::detail {
 
 namespace {
 
+// Qwen 2's config.json also says use_mrope false (Qwen2-VL's position scheme; true is refused).
 // Sliding-window attention is on only with use_sliding_window (and then from layer
 // max_window_layers on), or where layer_types names "sliding_attention": both refused; without
 // it sliding_window and max_window_layers change nothing.
 void refuse_sliding_window(const ConfigReader& r) {
+  r.require("use_mrope", false, "multimodal rotary embeddings (use_mrope)");
   r.require("use_sliding_window", false, "sliding-window attention (use_sliding_window)");
   r.find("sliding_window", true);
   r.find("max_window_layers", true);
