@@ -189,13 +189,12 @@ void LanguageModel::check(const LanguageModelOptions& o) {
   const MultiHeadAttentionOptions attention = o.block().attention();
   Attention::check(attention);
   if (attention.rotary()) {
-    // RoPE's highest frequency, 1 / theta^((r - 2) / r) for theta < 1, at the last position: a tiny
-    // theta passes float32 there, and the angles' cos and sin would be NaN.
+    // RoPE's highest frequency, the largest 1 / theta^(2i / r) over i < r / 2: 1 (i = 0) for
+    // theta >= 1, 1 / theta^((r - 2) / r) (the last i) for theta < 1. At the last position a tiny
+    // theta passes float32 there, and the angles' cos and sin would be NaN. O(1), whatever r.
     const std::size_t r = attention.rotary_dim() ? attention.rotary_dim() : attention.head_dim();
-    float top = 0.f;
-    for (std::size_t i = 0; i < r / 2; ++i) {
-      top = std::max(top, 1.f / std::pow(attention.rope_theta(), static_cast<float>(2 * i) / static_cast<float>(r)));
-    }
+    const std::size_t i = attention.rope_theta() >= 1.f ? 0 : r / 2 - 1;
+    const float top = 1.f / std::pow(attention.rope_theta(), static_cast<float>(2 * i) / static_cast<float>(r));
     if (!std::isfinite(static_cast<float>(o.max_len() - 1) * top)) {
       fail("LanguageModel: rope_theta ", attention.rope_theta(), " with rotary_dim ", r, " gives the frequency ", top,
            ", and the angle at position max_len - 1 = ", o.max_len() - 1, " passes float32");

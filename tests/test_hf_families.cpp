@@ -194,6 +194,10 @@ TEST_CASE("hf families: what each family does not implement is refused by name",
     Broken b("qwen3");
     b.edit("head_dim", 5);
     CHECK_THAT(b.error(), Contains("field \"head_dim\" is 5 is odd; rotary embeddings need it even"));
+    // A vast head_dim is checked in O(1) (RoPE's top frequency was a loop over the head once), then
+    // against the files' shapes.
+    b.edit("head_dim", 1000000000);
+    CHECK_THAT(b.error(), Contains("xgrad's blocks.0.attn.w_q.weight needs (4000000000, 16)"));
   }
   {
     Broken b("phi3");
