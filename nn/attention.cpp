@@ -113,7 +113,7 @@ Tensor Attention::norm_heads(const std::shared_ptr<RMSNorm>& norm, const Tensor&
 }
 
 std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::size_t H, std::size_t T, std::size_t S,
-                                  std::size_t offset) {
+                                  std::size_t offset, std::size_t window) {
   if (!m.causal && !m.attn_mask && !m.key_padding_mask && !m.additive_mask) return std::nullopt;
   const Shape full = {B, H, T, S};
   if (m.attn_mask) check_broadcasts("attn_mask", m.attn_mask->shape(), full);
@@ -140,8 +140,9 @@ std::optional<Mask> combine_masks(const AttentionMask& m, std::size_t B, std::si
     for (std::size_t h = 0; h < H; ++h)
       for (std::size_t t = 0; t < T; ++t)
         for (std::size_t s = 0; s < S; ++s, ++i) {
-          o[i] = (m.causal && s > t + offset) || (m.attn_mask && attn.data()[i]) ||
-                 (m.key_padding_mask && (*m.key_padding_mask)(b, s)) || (m.additive_mask && std::isinf(add.data()[i]));
+          o[i] = (m.causal && (s > t + offset || (window > 0 && s + window <= t + offset))) ||
+                 (m.attn_mask && attn.data()[i]) || (m.key_padding_mask && (*m.key_padding_mask)(b, s)) ||
+                 (m.additive_mask && std::isinf(add.data()[i]));
         }
   return out;
 }
@@ -170,10 +171,11 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
            ", which do not continue an input of shape ", shape_str(x.shape()), " (keys (B, P, ", KVD, "))");
     }
   }
-  const std::size_t offset = cache ? cache->length() : 0;
-  // An empty cache too: its keys are kept before RoPE and turned by 0 .. P - 1 at each later step.
+  // held: the keys the cache holds, of positions first .. first + held - 1; x's are the next T.
+  const std::size_t held = cache ? cache->held() : 0, first = cache ? cache->dropped : 0;
+  // An empty cache too: its keys are kept before RoPE and turned by their positions at each later step.
   if (positions && cache) {
-    fail("MultiHeadAttention: positions are given with a KVCache holding ", offset,
+    fail("MultiHeadAttention: positions are given with a KVCache holding ", held,
          " positions (cached positions count from 0 and continue from its length)");
   }
   // Three products, not one on the packed [W_q; W_k; W_v] and a split: bench_fused_products
@@ -182,7 +184,7 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
   // benchmark's shapes), and 0.97x forward alone.
   const Tensor q = hook("q", norm_heads(q_norm, w_q->forward(x)));
   Tensor k = norm_heads(k_norm, w_k->forward(x)), v = w_v->forward(x);
-  if (offset > 0) {
+  if (held > 0) {
     k = concat({cache->k, k}, 1);
     v = concat({cache->v, v}, 1);
   }
@@ -196,19 +198,23 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
       for (std::size_t i = 0; i < n; ++i) p(i) = static_cast<std::int64_t>(first + i);
       return p;
     };
-    const IndexArray query_pos = positions ? *positions : count_from(offset, T);
-    const IndexArray key_pos = offset > 0 ? count_from(0, S) : query_pos;
+    const IndexArray query_pos = positions ? *positions : count_from(first + held, T);
+    const IndexArray key_pos = held > 0 ? count_from(first, S) : query_pos;
     const float theta = options_.rope_theta();
     const std::size_t r = options_.rotary_dim();
     rotated_q = hook("rot_q", rotary_embedding(q, options_.num_heads(), query_pos, theta, r));
     hooked_k = hook("rot_k", rotary_embedding(hooked_k, options_.kv_heads(), key_pos, theta, r));
   }
-  AttentionOutput out = attend_heads(rotated_q, hooked_k, hooked_v, mask, offset);
+  const std::size_t window = options_.sliding_window();
+  AttentionOutput out = attend_heads(rotated_q, hooked_k, hooked_v, mask, held, window);
   if (cache) {
     // Stored as they were before the hooks (a hook sees every position at each step, as without
-    // a cache), and only once the step has succeeded.
-    cache->k = k;
-    cache->v = v;
+    // a cache), and only once the step has succeeded. A window keeps its last `window` positions:
+    // the next query sees no earlier key.
+    const std::size_t S = k.shape()[1], drop = window > 0 && mask.causal && S > window ? S - window : 0;
+    cache->k = drop ? slice(k, 1, drop, S) : k;
+    cache->v = drop ? slice(v, 1, drop, S) : v;
+    cache->dropped = first + drop;
   }
   return out;
 }
@@ -230,7 +236,7 @@ AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const
   if (options_.rotary()) fail("MultiHeadAttention: rotary positions apply to self-attention only");
   const Tensor q = hook("q", norm_heads(q_norm, w_q->forward(query)));
   const Tensor k = hook("k", norm_heads(k_norm, w_k->forward(key)));
-  return attend_heads(q, k, hook("v", w_v->forward(value)), mask, 0);
+  return attend_heads(q, k, hook("v", w_v->forward(value)), mask, 0, options_.sliding_window());
 }
 
 bool Attention::tiled(const AttentionMask& m, std::size_t T, std::size_t S, std::size_t offset) const {
@@ -241,29 +247,33 @@ bool Attention::tiled(const AttentionMask& m, std::size_t T, std::size_t S, std:
   return kernel == AttentionKernel::tiled || S >= kTiledFromKeys;
 }
 
-// q (B, T, H D), k and v (B, S, KV D); queries are positions offset .. offset + T - 1 for the causal mask.
+// q (B, T, H D), k and v (B, S, KV D); queries are positions offset .. offset + T - 1 for the
+// causal mask, which a window > 0 narrows to the last `window` keys of each.
 AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, const Tensor& kv_v,
-                                        const AttentionMask& mask, std::size_t offset) const {
+                                        const AttentionMask& mask, std::size_t offset, std::size_t window) const {
   const std::size_t H = options_.num_heads(), D = options_.head_dim();
   const std::size_t B = q.shape()[0], T = q.shape()[1], S = kv_k.shape()[1];
   const Tensor k = repeat_heads(kv_k, options_.kv_heads(), H / options_.kv_heads(), D);
   const Tensor v = repeat_heads(kv_v, options_.kv_heads(), H / options_.kv_heads(), D);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   AttentionMask m = mask;
-  if (m.causal && offset + 1 >= S) m.causal = false;  // the first query already sees every key
+  if (!m.causal || S <= window) window = 0;                          // no query has a key outside its window
+  if (m.causal && offset + 1 >= S && window == 0) m.causal = false;  // the first query already sees every key
   const float p = is_training() ? options_.dropout() : 0.f;
   if (tiled(m, T, S, offset)) {
     FlashAttentionOptions f;
     f.query_tile = f.key_tile = options_.attention_tile();
     f.dropout = p;
     f.generator = &generator();
+    f.window = window;
     // flash_attention's causal mask ends each query's keys at S - T + t, which is offset + t here
     return {project_out(flash_attention(q, k, v, H, scale, m.causal, f)), Tensor()};
   }
   // A causal mask alone is applied inside the fused kernel; any other mask is combined in full.
   const bool causal_only = m.causal && offset == 0 && !m.attn_mask && !m.key_padding_mask && !m.additive_mask;
   const bool unfused = hooked("scores") || m.additive_mask;
-  const std::optional<Mask> blocked = causal_only && !unfused ? std::nullopt : combine_masks(m, B, H, T, S, offset);
+  const std::optional<Mask> blocked =
+      causal_only && !unfused ? std::nullopt : combine_masks(m, B, H, T, S, offset, window);
 
   Tensor weights;  // (B, H, T, S)
   if (unfused) {
@@ -276,7 +286,7 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
     }
     weights = blocked ? masked_softmax(scores, *blocked) : softmax(scores);
   } else {
-    weights = attention_weights(q, k, H, scale, causal_only, blocked ? &*blocked : nullptr);
+    weights = attention_weights(q, k, H, scale, causal_only, blocked ? &*blocked : nullptr, causal_only ? window : 0);
   }
   weights = hook("pattern", weights);
   return {project_out(attend(dropout(weights, p, p > 0.f, generator()), v, H)), weights};  // context (B, T, C)

@@ -87,6 +87,10 @@ struct MultiHeadAttentionOptions {
   /// An RMSNorm (eps from norm_options, with a weight) over each head's q and each key head's k,
   /// before RoPE (QK-norm).
   XGRAD_ARG(bool, qk_norm, false);
+  /// Sliding-window attention (Mistral): under the causal mask, the query at position p sees only
+  /// keys p - sliding_window + 1 .. p, in both kernels; a KVCache then keeps only the last
+  /// sliding_window positions. 0: no window.
+  XGRAD_ARG(std::size_t, sliding_window, 0);
   /// The attention kernel (see AttentionKernel); a runtime choice that checkpoints do not store.
   XGRAD_ARG(AttentionKernel, kernel, AttentionKernel::automatic);
   /// The tiled kernel's query and key tile, 1 .. 1024 (128 ran long's step 1.1 times faster than 64).
@@ -132,17 +136,22 @@ struct AttentionMask {
 /// The keys and values an Attention has projected so far, for generating one position at a time:
 /// forward(x, mask, &cache) projects only x's positions, appends them, and attends over all.
 /// It holds only the KV key/value heads (grouped-query attention shrinks it by H / KV), after
-/// QK-norm and before RoPE (keys are turned by their positions at each step).
+/// QK-norm and before RoPE (keys are turned by their positions at each step). With a
+/// sliding_window it keeps only the last sliding_window positions: the earlier ones are dropped.
 /// The stored tensors keep their autograd history while gradients are recorded: run cached steps
 /// under NoGradGuard (generate does) unless a backward through every step is wanted.
 struct KVCache {
-  /// The keys k and the values v, each (B, P, KV * D): the P positions seen so far; undefined
-  /// while empty.
+  /// The keys k and the values v, each (B, P, KV * D): the P positions held, the last ones seen;
+  /// undefined while empty.
   Tensor k, v;
+  /// The positions seen before the held ones, which a sliding window no longer needs.
+  std::size_t dropped = 0;
   /// P, the number of positions held (0 while empty).
-  std::size_t length() const { return k.defined() ? k.shape()[1] : 0; }
+  std::size_t held() const { return k.defined() ? k.shape()[1] : 0; }
+  /// The number of positions seen, dropped ones included: the next position's index.
+  std::size_t length() const { return dropped + held(); }
   /// Empties the cache.
-  void clear() { k = Tensor(), v = Tensor(); }
+  void clear() { k = Tensor(), v = Tensor(), dropped = 0; }
 };
 
 /// What Attention::forward returns.
@@ -202,7 +211,7 @@ class Attention : public Module, public RandomStream {
   // Whether the tiled kernel computes this call (see AttentionKernel).
   bool tiled(const AttentionMask& mask, std::size_t T, std::size_t S, std::size_t offset) const;
   AttentionOutput attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
-                               std::size_t offset) const;
+                               std::size_t offset, std::size_t window) const;
   Tensor project_out(const Tensor& context) const;  // context -> z -> result -> out, the points on the way
   MultiHeadAttentionOptions options_;
 };
@@ -221,10 +230,11 @@ class MultiHeadAttention : public Residual<Attention> {
 };
 
 /// The combined boolean mask (true = blocked) for a (B, H, T, S) score tensor, or nullopt when
-/// `mask` asks for none; queries are positions offset to offset + T - 1 for the causal mask, and
-/// the -inf entries of additive_mask count as blocked. Throws naming the mask whose shape or
-/// values do not fit.
+/// `mask` asks for none; queries are positions offset to offset + T - 1 for the causal mask (and,
+/// with a `window` > 0, see only keys within `window` positions of their own), and the -inf
+/// entries of additive_mask count as blocked. Throws naming the mask whose shape or values do not
+/// fit.
 std::optional<Mask> combine_masks(const AttentionMask& mask, std::size_t B, std::size_t H, std::size_t T, std::size_t S,
-                                  std::size_t offset = 0);
+                                  std::size_t offset = 0, std::size_t window = 0);
 
 }  // namespace xgrad::nn

@@ -134,6 +134,7 @@ TransformerBlockOptions LanguageModelOptions::block() const {
                              .rope_theta(rope_theta_)
                              .rotary_dim(rotary_dim_)
                              .qk_norm(qk_norm_)
+                             .sliding_window(sliding_window_)
                              .kernel(attention_kernel_)
                              .attention_tile(attention_tile_);
   const auto feed_forward =
@@ -526,21 +527,23 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
     fail(who, ": no memory for the token ids of ", sizes);
   }
   std::size_t recorded = 0;  // positions whose attention rows are kept
-  // Keeps the rows of the positions that have not run before: weights (1, H, n, S) of the queries
-  // begin + S - n .. begin + S - 1 over the keys begin .. begin + S - 1.
-  auto keep_rows = [&](const std::vector<Tensor>& attentions, std::size_t begin) {
+  // Keeps the rows of the positions that have not run before: block l's weights (1, H, n, S) of
+  // the queries end - n .. end - 1 over the keys end - S .. end - 1 (S is less than the context
+  // where a sliding window has dropped keys from the cache).
+  auto keep_rows = [&](const std::vector<Tensor>& attentions, std::size_t end) {
     if (out.attention.empty()) return;
-    const std::size_t H = options_.num_heads(), n = attentions[0].shape()[2], S = attentions[0].shape()[3];
+    const std::size_t H = options_.num_heads(), n = attentions[0].shape()[2];
     for (std::size_t l = 0; l < attentions.size(); ++l) {
       const float* w = attentions[l].value().data();
+      const std::size_t S = attentions[l].shape()[3];
       for (std::size_t h = 0; h < H; ++h)
         for (std::size_t i = 0; i < n; ++i) {
-          const std::size_t query = begin + S - n + i;
+          const std::size_t query = end - n + i;
           if (query < recorded) continue;
-          std::copy_n(w + (h * n + i) * S, S, &out.attention[l](h, query, begin));
+          std::copy_n(w + (h * n + i) * S, S, &out.attention[l](h, query, end - S));
         }
     }
-    recorded = begin + S;
+    recorded = end;
   };
 
   const bool was_training = is_training();
@@ -559,7 +562,7 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
       LanguageModelOutput run = use_cache
                                     ? forward_cached(row_of(tokens, begin + cache.length(), tokens.size()), cache, kept)
                                     : forward(row_of(tokens, begin, tokens.size()), kept);
-      keep_rows(run.attentions, begin);
+      keep_rows(run.attentions, tokens.size());
       const std::size_t n = run.logits.shape()[1];
       tokens.push_back(pick_token(run.logits.value().data() + (n - 1) * V, V, opt, gen, step));
     }

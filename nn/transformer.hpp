@@ -192,6 +192,8 @@ struct LanguageModelOptions {
   XGRAD_ARG(float, rope_theta, 10000.f);    ///< RoPE's base (positional rotary)
   XGRAD_ARG(std::size_t, rotary_dim, 0);    ///< the channels of each head RoPE turns; 0: all
   XGRAD_ARG(bool, qk_norm, false);          ///< an RMSNorm over each head's q and k, before RoPE
+  /// Each query sees only its last sliding_window positions (Mistral); 0: every earlier one.
+  XGRAD_ARG(std::size_t, sliding_window, 0);
   /// Every attention's kernel (see AttentionKernel); not stored in checkpoints.
   XGRAD_ARG(AttentionKernel, attention_kernel, AttentionKernel::automatic);
   XGRAD_ARG(std::size_t, attention_tile, 128);  ///< the tiled kernel's tile
@@ -257,7 +259,7 @@ struct GenerateOptions {
 /// Keys and values of every block, for LanguageModel::forward_cached.
 struct LanguageModelCache {
   std::vector<KVCache> blocks;  ///< one per block; empty until the first forward_cached
-  /// The number of positions held (0 while empty).
+  /// The number of positions seen (0 while empty), those a sliding window dropped included.
   std::size_t length() const { return blocks.empty() ? 0 : blocks.front().length(); }
   /// Empties the cache.
   void clear() { blocks.clear(); }
@@ -297,8 +299,9 @@ class LanguageModel : public Module {
                               Attentions attentions = Attentions::keep) const;
   /// ids (B, n): the next n positions after the cache.length() positions whose keys and values
   /// `cache` holds (empty: positions 0 .. n-1); appends theirs (a failed call appends nothing).
-  /// logits (B, n, V); attentions (B, H, n, cache.length()) per block (the length after the
-  /// call), over every cached position. Hook points see the n new positions only, except k and
+  /// logits (B, n, V); attentions (B, H, n, S) per block, over the keys it attended to: the
+  /// positions its cache held and the n new ones (S = cache.length() after the call, unless a
+  /// sliding window had dropped the first ones). Hook points see the n new positions only, except k and
   /// v (every position).
   LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache,
                                      Attentions attentions = Attentions::keep) const;

@@ -165,6 +165,44 @@ TEST_CASE("cached steps with the tiled kernel give the logits of one full forwar
   }
 }
 
+TEST_CASE(
+    "a sliding window: both kernels agree in a training step, and cached steps keep only the window and give the "
+    "logits of one full forward",
+    "[attention_kernels][gemm]") {
+  const auto windowed = [](AttentionKernel kernel) {
+    return small(kernel, 30).sliding_window(5).positional(nn::Positional::rotary).num_kv_heads(2);
+  };
+  require_steps_agree(windowed(AttentionKernel::tiled), windowed(AttentionKernel::full));
+  for (const AttentionKernel kernel : {AttentionKernel::tiled, AttentionKernel::full}) {
+    INFO("kernel " << (kernel == AttentionKernel::tiled ? "tiled" : "full"));
+    Generator gen(8);
+    nn::LanguageModel model(windowed(kernel), gen);
+    model.eval();
+    NoGradGuard no_grad;
+    const IndexArray ids = make_ids(1, 30, 9);
+    const Array whole = model.forward(ids, nn::Attentions::none).logits.value();
+    Generator same(8);  // the same draws: the window adds no parameter
+    nn::LanguageModel plain(small(kernel, 30).positional(nn::Positional::rotary).num_kv_heads(2), same);
+    plain.eval();
+    CHECK(max_abs_diff(plain.forward(ids, nn::Attentions::none).logits.value(), whole) > 1e-3);  // it matters
+    nn::LanguageModelCache cache;
+    std::size_t done = 0;
+    for (std::size_t n : {11, 1, 7, 2, 9}) {
+      IndexArray chunk = IndexArray::from_shape({1, n});
+      for (std::size_t t = 0; t < n; ++t) chunk(0, t) = ids(0, done + t);
+      const nn::LanguageModelOutput out = model.forward_cached(chunk, cache, nn::Attentions::keep);
+      const Array& logits = out.logits.value();
+      for (std::size_t t = 0; t < n; ++t)
+        for (std::size_t v = 0; v < 50; ++v) REQUIRE(std::abs(logits(0, t, v) - whole(0, done + t, v)) < 1e-4);
+      done += n;
+      CHECK(cache.length() == done);
+      for (const nn::KVCache& block : cache.blocks) CHECK(block.held() == std::min<std::size_t>(done, 5));
+      // the weights span the keys attended to: those held before the step and the new ones
+      CHECK(out.attentions[0].shape()[3] == std::min<std::size_t>(done - n, 5) + n);
+    }
+  }
+}
+
 TEST_CASE("a long step with the tiled kernel keeps memory linear in T", "[attention_kernels][memory][gemm]") {
   if (testing::kAddressSanitizer) return;  // its quarantine holds freed memory back
   // One layer, T 4096, 4 heads: the full kernel keeps (1, 4, 4096, 4096) floats, 256 MiB, for the

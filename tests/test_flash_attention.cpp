@@ -113,6 +113,77 @@ TEST_CASE("flash_attention agrees with the unfused ops forward and backward, ove
   }
 }
 
+// The blocked keys of a bottom-right causal mask narrowed to a sliding window: query t (position
+// S - T + t) sees keys S - T + t - window + 1 .. S - T + t.
+Mask window_mask(std::size_t T, std::size_t S, std::size_t window) {
+  Mask m = causal_mask(T, S);
+  for (std::size_t t = 0; t < T; ++t)
+    for (std::size_t s = 0; s < S; ++s) m(0, 0, t, s) = m(0, 0, t, s) || s + T + window <= S + t;
+  return m;
+}
+
+TEST_CASE(
+    "a sliding window in flash_attention and attention_weights is the causal mask narrowed to the last keys, "
+    "forward, backward and finite differences",
+    "[flash_attention][gemm]") {
+  struct Case {
+    std::size_t T, S, window, tq, tk;
+    float dropout;
+  };
+  const std::vector<Case> cases = {
+      {9, 9, 3, 2, 2, 0.f},    // tiles wholly before the window are skipped
+      {9, 9, 3, 4, 4, 0.f},    // the window starts inside a tile
+      {9, 9, 1, 3, 2, 0.f},    // each query sees itself only
+      {9, 9, 20, 4, 4, 0.f},   // a window wider than the keys: the causal mask
+      {4, 10, 3, 1, 3, 0.f},   // a cache's next 4 positions
+      {17, 17, 5, 4, 8, 0.3f}  // with dropout, its mask regenerated
+  };
+  for (const Case& c : cases) {
+    INFO("T " << c.T << " S " << c.S << " window " << c.window << " tiles " << c.tq << "x" << c.tk);
+    const Tensor q = randn({2, c.T, 8}, 21), k = randn({2, c.S, 8}, 22), v = randn({2, c.S, 8}, 23);
+    const Mask m = window_mask(c.T, c.S, c.window);
+    Generator g1(5), g2(5);
+    FlashAttentionOptions o;
+    o.query_tile = c.tq;
+    o.key_tile = c.tk;
+    o.window = c.window;
+    o.dropout = c.dropout;
+    o.generator = &g1;
+    const Run tiled =
+        run([&](auto& a, auto& b, auto& d) { return flash_attention(a, b, d, 2, 0.5f, true, o); }, q, k, v);
+    const Run full = run(
+        [&](auto& a, auto& b, auto& d) {
+      Tensor w = attention_weights(a, b, 2, 0.5f, false, &m);
+      if (c.dropout > 0.f) w = dropout(w, c.dropout, true, g2);
+      return attend(w, d, 2);
+        },
+        q, k, v);
+    require_close(tiled, full, 2e-5);
+    if (c.T == c.S && c.dropout == 0.f) {  // the full kernel's own window (top-left, as its causal mask)
+      const Run fused =
+          run([&](auto& a, auto& b,
+                  auto& d) { return attend(attention_weights(a, b, 2, 0.5f, true, nullptr, c.window), d, 2); },
+              q, k, v);
+      require_close(fused, full, 2e-5);
+    }
+    // the window changes the result unless it covers every key
+    const Run causal = run([&](auto& a, auto& b, auto& d) { return reference(a, b, d, 2, 0.5f, true); }, q, k, v);
+    if (c.window < c.S && c.dropout == 0.f) CHECK(max_abs_diff(causal.out, tiled.out) > 1e-3);
+  }
+  const Tensor q = randn({2, 6, 4}, 24), k = randn({2, 6, 4}, 25), v = randn({2, 6, 4}, 26);
+  FlashAttentionOptions o;
+  o.query_tile = 2;
+  o.key_tile = 2;
+  o.window = 3;
+  REQUIRE_GRADCHECK([&](const Ins& in) { return flash_attention(in[0], in[1], in[2], 2, 0.7f, true, o); }, {q, k, v});
+  REQUIRE_GRADCHECK([&](const Ins& in) { return attention_weights(in[0], in[1], 2, 0.7f, true, nullptr, 2); }, {q, k});
+  CHECK_THROWS_WITH(attention_weights(q, k, 2, 0.7f, false, nullptr, 2),
+                    Catch::Contains("attention_weights: a window of 2 needs the causal mask"));
+  o.window = 4;
+  CHECK_THROWS_WITH(flash_attention(q, k, v, 2, 0.7f, false, o),
+                    Catch::Contains("flash_attention: a window of 4 needs the causal mask"));
+}
+
 TEST_CASE("flash_attention's dropout is the mask dropout draws on the weights, regenerated in backward",
           "[flash_attention][gemm]") {
   const Tensor q = randn({2, 19, 8}, 4), k = randn({2, 19, 8}, 5), v = randn({2, 19, 8}, 6);

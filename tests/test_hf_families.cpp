@@ -1,4 +1,4 @@
-// weights/hf_import's families beside Llama (qwen2, qwen3, phi3) against tests/fixtures/hf_families/
+// weights/hf_import's families beside Llama (qwen2, qwen3, mistral, phi3, gpt_neox) against tests/fixtures/hf_families/
 // (make_hf_family_fixtures.py: tiny Hugging Face folders with a float64 torch mirror's logits, loss
 // and gradients), the cached forward against the full one, and what each family refuses.
 // Shapes: B batch, T length, V vocabulary, C hidden_size, H heads, KV key/value heads, D head_dim.
@@ -68,18 +68,20 @@ struct Broken {
 }  // namespace
 
 TEST_CASE(
-    "Qwen 2, Qwen 3, Phi-3 and GPT-NeoX folders load with the logits, loss and gradients of the PyTorch "
-    "mirror",
+    "Qwen 2, Qwen 3, Mistral, Phi-3 and GPT-NeoX folders load with the logits, loss and gradients of the "
+    "PyTorch mirror",
     "[hf_families][gemm]") {
   struct Case {
     const char* name;
     bool neox, qkv_bias, out_bias, qk_norm, tied, parallel;
-    std::size_t head_dim, rotary_dim;
+    std::size_t head_dim, rotary_dim, window = 0;
   };
   const Case cases[] = {{"qwen2", false, true, false, false, false, false, 0, 0},
                         {"qwen2_tied", false, true, false, false, true, false, 0, 0},
                         {"qwen3", false, false, false, true, true, false, 8, 0},
                         {"phi3", false, false, false, false, false, false, 0, 2},
+                        {"phi3_window", false, false, false, false, true, false, 0, 2, 4},
+                        {"mistral", false, false, false, false, false, false, 0, 0, 3},
                         {"gpt_neox", true, true, true, false, false, true, 0, 2},
                         {"gpt_neox_sequential", true, true, true, false, false, false, 0, 2}};
   for (const Case& c : cases) {
@@ -99,6 +101,7 @@ TEST_CASE(
       CHECK(o.rotary_dim() == c.rotary_dim);
       CHECK(o.tie_embeddings() == c.tied);
       CHECK(o.parallel_residual() == c.parallel);
+      CHECK(o.sliding_window() == c.window);
       CHECK(o.dropout() == 0.f);
 
       std::map<std::string, Array> e = expected(name);
@@ -133,9 +136,10 @@ TEST_CASE(
 }
 
 TEST_CASE("hf families: the cached forward, in chunks and token by token, equals the full one", "[hf_families][gemm]") {
-  for (const char* name : {"qwen2", "qwen3", "phi3", "gpt_neox"}) {
+  for (const char* name : {"qwen2", "qwen3", "phi3", "gpt_neox", "mistral", "phi3_window"}) {
     SECTION(name) {
       const auto model = weights::load_hf_model(folder(name));
+      const std::size_t window = model->options().sliding_window();
       const IndexArray ids = as_ids(expected(name).at("ids"));
       const std::size_t B = ids.shape()[0], T = ids.shape()[1];
       NoGradGuard no_grad;
@@ -155,13 +159,39 @@ TEST_CASE("hf families: the cached forward, in chunks and token by token, equals
         }
         INFO("chunk " << chunk);
         CHECK(testing::rel_error(cached, full) <= kLogitTol);
+        // a sliding window keeps only its last positions
+        CHECK(cache.length() == T);
+        for (const nn::KVCache& block : cache.blocks) CHECK(block.held() == (window ? window : T));
       }
     }
   }
 }
 
+TEST_CASE(
+    "hf families: generation with a sliding window gives the same tokens and attention rows with and without the "
+    "cache",
+    "[hf_families][gemm]") {
+  const auto model = weights::load_hf_model(folder("mistral"));
+  nn::GenerateOptions cached, uncached;
+  uncached.use_cache = false;
+  Generator g1(5), g2(5);  // sampled, the same draws
+  const nn::Generation a = model->generate_with_attention({3, 5, 7, 11}, 12, cached, g1);
+  const nn::Generation b = model->generate_with_attention({3, 5, 7, 11}, 12, uncached, g2);
+  CHECK(a.tokens == b.tokens);
+  REQUIRE(a.attention.size() == b.attention.size());
+  for (std::size_t l = 0; l < a.attention.size(); ++l) {
+    CHECK(testing::rel_error(a.attention[l], b.attention[l]) <= 1e-5);
+    // query p's row is zero outside keys p - 2 .. p (sliding_window 3)
+    const Array& w = a.attention[l];
+    for (std::size_t p = 0; p < w.shape()[1]; ++p)
+      for (std::size_t s = 0; s < w.shape()[2]; ++s)
+        if (s > p || s + 3 <= p) CHECK(w(0, p, s) == 0.f);
+  }
+}
+
 TEST_CASE("hf families: what each family does not implement is refused by name", "[hf_families][bad_input]") {
-  const std::string families = "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"phi3\", \"gpt_neox\")";
+  const std::string families =
+      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\")";
   {
     Broken b("qwen2");
     b.edit("model_type", "gemma2");
@@ -208,9 +238,18 @@ TEST_CASE("hf families: what each family does not implement is refused by name",
     CHECK_THAT(b.error(), Contains("field \"partial_rotary_factor\" must be a number in [0, 1], got 1.5"));
   }
   {
-    Broken b("phi3");
-    b.edit("sliding_window", 2047);
-    CHECK_THAT(b.error(), Contains("field \"sliding_window\" is 2047; sliding-window attention is not implemented"));
+    Broken b("mistral");
+    b.edit("sliding_window", 0);
+    CHECK_THAT(b.error(), Contains("field \"sliding_window\" must be a positive integer, got 0"));
+    b.edit("sliding_window", "4096");
+    CHECK_THAT(b.error(), Contains("field \"sliding_window\" must be a positive integer, got \"4096\""));
+    // a window of max_position_embeddings (64) or more covers every position: none
+    b.edit("sliding_window", 1000000000000);
+    CHECK(weights::hf_model_options(b.dir.path).sliding_window() == 0);
+    b.edit("sliding_window", nullptr);
+    CHECK(weights::hf_model_options(b.dir.path).sliding_window() == 0);
+    b.edit("attention_bias", true);
+    CHECK_THAT(b.error(), Contains("attention_bias"));
   }
   {
     Broken b("phi3");

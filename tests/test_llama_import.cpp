@@ -366,10 +366,11 @@ TEST_CASE("bad input: config.json fields that change the forward pass are read o
     REQUIRE_THROWS_WITH(weights::load_llama(b.path()), at + message);
     REQUIRE_THROWS_WITH(weights::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
   };
-  const std::string families = "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"phi3\", \"gpt_neox\")";
+  const std::string families =
+      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\")";
   refused({{"model_type", "granite"}}, "model_type \"granite\" is not implemented " + families);
   refused({{"model_type", "mistral"}, {"sliding_window", 4096}},
-          "model_type \"mistral\" is not implemented " + families);
+          "model_type \"mistral\" is not \"llama\"; load_hf_model and hf_model_options read every family");
   refused({{"sliding_window", 4}}, "field \"sliding_window\" is 4; sliding-window attention is not implemented");
   refused({{"attention_dropout", 0.1}},
           "field \"attention_dropout\" is 0.1; dropout on the attention weights is not implemented");

@@ -444,6 +444,34 @@ TEST_CASE("MultiHeadAttention gradients with an attn_mask", "[nn][gradcheck][att
   check_attention(mask, 25);
 }
 
+TEST_CASE("MultiHeadAttention gradients with a sliding window, alone and with a key padding mask",
+          "[nn][gradcheck][attention][gemm]") {
+  const std::size_t T = 5, window = 2;
+  nn::AttentionMask mask;
+  mask.causal = true;
+  for (const bool padded : {false, true}) {
+    if (padded) mask.key_padding_mask = Mask{{false, false, false, true, false}, {true, false, false, false, false}};
+    INFO("padded " << padded);
+    Generator gen(29);
+    nn::MultiHeadAttention mha(
+        nn::MultiHeadAttentionOptions(8, 4).num_kv_heads(2).rotary(true).dropout(0.f).sliding_window(window), gen);
+    randomize_norms(mha, 30);
+    const Tensor x = randn({2, T, 8}, 31);
+    REQUIRE_GRADS_OK(check_module_grads(mha, [&](const Ins& in) { return mha.forward(in[0], mask).output; }, {x}));
+    const Array w = mha.forward(x, mask).weights.value();
+    std::size_t outside = 0, inside = 0;
+    for (std::size_t b = 0; b < 2; ++b)
+      for (std::size_t h = 0; h < 4; ++h)
+        for (std::size_t t = 0; t < T; ++t)
+          for (std::size_t s = 0; s < T; ++s) {
+            const bool seen = s <= t && s + window > t && !testing::blocked_at(mask, b, h, t, s);
+            (seen ? inside : outside) += w(b, h, t, s) != 0.f;
+          }
+    CHECK(outside == 0);
+    CHECK(inside > 0);
+  }
+}
+
 TEST_CASE("MultiHeadAttention gradient of the returned attention weights", "[nn][gradcheck][attention][gemm]") {
   nn::AttentionMask mask;
   mask.causal = true;

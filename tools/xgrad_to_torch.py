@@ -61,7 +61,7 @@ CHOICES = {"norm": ("pre", "post"), "norm_kind": ("layer_norm", "rms_norm"), "ac
 BOOLS = ("norm_affine", "norm_bias", "qk_norm", "qkv_bias", "out_bias", "ffn_bias", "head_bias", "tie_embeddings",
          "parallel_residual")
 # The value a field has in files written before it existed (num_kv_heads 0: num_heads).
-CLASSIC = {"num_kv_heads": 0, "head_dim": 0, "norm_kind": "layer_norm", "norm_eps": 1e-5, "norm_affine": True, "norm_bias": True,
+CLASSIC = {"num_kv_heads": 0, "head_dim": 0, "sliding_window": 0, "norm_kind": "layer_norm", "norm_eps": 1e-5, "norm_affine": True, "norm_bias": True,
            "activation": "gelu", "positional": "learned", "rope_theta": 10000.0, "rotary_dim": 0, "qk_norm": False,
            "qkv_bias": True, "out_bias": True, "ffn_bias": True, "head_bias": True, "tie_embeddings": False,
            "init": "pytorch", "parallel_residual": False}
@@ -146,9 +146,9 @@ def complete_options(stored, who):
     if o["num_kv_heads"] is None or type(o["num_kv_heads"]) is int and o["num_kv_heads"] == 0:
         o["num_kv_heads"] = o["num_heads"]  # 0: one key/value head per query head, as xgrad writes it
     bad = lambda name, why: ValueError("%s: model option %s = %s %s" % (who, name, json.dumps(o[name]), why))
-    for name in COUNTS + ("num_kv_heads", "rotary_dim", "head_dim"):
+    for name in COUNTS + ("num_kv_heads", "rotary_dim", "head_dim", "sliding_window"):
         v = o[name]
-        count = name in ("rotary_dim", "head_dim")  # 0 allowed
+        count = name in ("rotary_dim", "head_dim", "sliding_window")  # 0 allowed
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if count else 1):
             if not (name == "max_len" and v is None):  # a format-1 file with sinusoidal positions
                 raise bad(name, "is not a positive whole number" if not count else "is not a count")
@@ -248,6 +248,7 @@ class Attention(nn.Module):
             self.k_norm = Norm(d, "rms_norm", o["norm_eps"])
         self.rotary_dim = (o["rotary_dim"] or d) if o["positional"] == "rotary" else 0
         self.rope_theta = o["rope_theta"]
+        self.window = o["sliding_window"]
         self.dropout = nn.Dropout(o["dropout"])
 
     def forward(self, x, positions, padding=None):
@@ -265,6 +266,8 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # Hugging Face's repeat_kv
         scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(self.head_dim))
         blocked = torch.ones(t, t, dtype=torch.bool).triu(1)
+        if self.window:  # query i sees keys i - window + 1 .. i
+            blocked = blocked | torch.ones(t, t, dtype=torch.bool).tril(-self.window)
         if padding is not None:
             blocked = blocked | padding[:, None, None, :]
         none_left = blocked.all(-1, keepdim=True)
@@ -437,7 +440,7 @@ def llama_obstacles(o):
     d = head_dim(o)
     need = [("norm", "pre"), ("norm_kind", "rms_norm"), ("norm_affine", True), ("positional", "rotary"),
             ("activation", "swiglu"), ("qk_norm", False), ("qkv_bias", False), ("out_bias", False),
-            ("ffn_bias", False), ("parallel_residual", False)]
+            ("ffn_bias", False), ("parallel_residual", False), ("sliding_window", 0)]
     out = ["%s %s (Llama has %s)" % (f, json.dumps(o[f]), json.dumps(v)) for f, v in need if o[f] != v]
     if o["positional"] == "rotary" and o["rotary_dim"] not in (0, d):
         out.append("rotary_dim %d (Llama rotates all %d channels of a head)" % (o["rotary_dim"], d))

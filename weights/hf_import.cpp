@@ -46,11 +46,9 @@ struct Family {
   const char* model_type;
   HfLayout (*layout)(const ConfigReader&);
 };
-constexpr Family kFamilies[] = {{"llama", detail::llama_layout},
-                                {"qwen2", detail::qwen2_layout},
-                                {"qwen3", detail::qwen3_layout},
-                                {"phi3", detail::phi3_layout},
-                                {"gpt_neox", detail::gpt_neox_layout}};
+constexpr Family kFamilies[] = {{"llama", detail::llama_layout}, {"qwen2", detail::qwen2_layout},
+                                {"qwen3", detail::qwen3_layout}, {"mistral", detail::mistral_layout},
+                                {"phi3", detail::phi3_layout},   {"gpt_neox", detail::gpt_neox_layout}};
 
 // config.json, read and checked: the model's options and where its parameters are. `only`, when
 // given, is the one model_type taken.

@@ -1,8 +1,8 @@
 /// @file
 /// Hugging Face checkpoint folders (config.json and model.safetensors, or shards under
 /// model.safetensors.index.json) read into a LanguageModel, by the family config.json's
-/// model_type names: "llama" (Llama 2 and 3, SmolLM2), "qwen2" (Qwen 2 and 2.5), "qwen3", "phi3",
-/// "gpt_neox" (Pythia).
+/// model_type names: "llama" (Llama 2 and 3, SmolLM2), "qwen2" (Qwen 2 and 2.5), "qwen3",
+/// "mistral", "phi3", "gpt_neox" (Pythia).
 /// Everything is checked before the model is built: config.json field by field (a field that may
 /// change the forward pass and is not implemented is refused by name), then every file's header
 /// against the tensors the configuration needs; then each tensor is read straight into its
@@ -93,10 +93,12 @@ std::vector<std::string> hf_model_types();
 ///   qwen3   as qwen2, with self_attn.q_norm and k_norm (qk_norm: an RMSNorm of D with rms_norm_eps
 ///           over each head's q and k, before RoPE), head_dim (default 128, as Qwen3Config's),
 ///           and attention_bias (default false) for all four projections
+///   mistral as llama, with sliding_window (null: none) -> sliding_window: query i sees keys
+///           i - sliding_window + 1 .. i, and the KV cache keeps that many positions
 ///   phi3    as llama, with self_attn.qkv_proj (H D + 2 KV D, C) read as w_q, w_k and w_v (rows
 ///           in that order) and mlp.gate_up_proj (2 F, C) as gate then up; partial_rotary_factor
-///           (default 1) gives rotary_dim = int(D * factor); resid_pdrop, embd_pdrop 0 and
-///           sliding_window null (else refused)
+///           (default 1) gives rotary_dim = int(D * factor); resid_pdrop and embd_pdrop 0;
+///           sliding_window as mistral's
 ///   gpt_neox  Pythia: LayerNorms with biases (layer_norm_eps), parallel_residual from
 ///           use_parallel_residual (default true), rotary_dim int(D * rotary_pct) (default 0.25)
 ///           with base rotary_emb_base (or rope_theta), exact GELU MLP with biases,

@@ -1,6 +1,7 @@
 // The Phi-3 family (model_type "phi3": Phi-3 and Phi-3.5 mini, Phi-4 mini): Llama's architecture
 // with q, k and v in one fused qkv_proj and gate and up in one gate_up_proj, whose rows are read
-// into xgrad's separate projections; partial_rotary_factor turns the first part of each head.
+// into xgrad's separate projections; partial_rotary_factor turns the first part of each head;
+// sliding_window, when a number, narrows every layer's attention (Phi-3-mini-4k's 2047).
 // Formulas as in transformers 4.57's models/phi3/modeling_phi3.py.
 #include <cmath>
 #include <string>
@@ -15,7 +16,7 @@ HfLayout phi3_layout(const ConfigReader& r) {
   nn::LanguageModelOptions o = read_llama_like(r);
   r.require("resid_pdrop", 0.0, "dropout on the sublayers' outputs");
   r.require("embd_pdrop", 0.0, "dropout on the embeddings");
-  r.require("sliding_window", nullptr, "sliding-window attention");
+  o.sliding_window(read_sliding_window(r, o.max_len()));
   r.find("original_max_position_embeddings", true);  // read by scaled RoPE only, which is refused
   const std::size_t D = o.block().attention().head_dim();
   const double factor = r.fraction("partial_rotary_factor", 1.0);

@@ -120,6 +120,7 @@ const std::vector<Field>& fields() {
       XGRAD_FIELD(rope_theta, true, as_float, 10000.0),
       XGRAD_FIELD(rotary_dim, true, as_count, 0u),
       XGRAD_FIELD(qk_norm, true, as_bool, false),
+      XGRAD_FIELD(sliding_window, true, as_count, 0u),
       XGRAD_FIELD(qkv_bias, true, as_bool, true),
       XGRAD_FIELD(out_bias, true, as_bool, true),
       XGRAD_FIELD(ffn_bias, true, as_bool, true),

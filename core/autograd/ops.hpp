@@ -147,12 +147,13 @@ Tensor linear_activation(const Tensor& x, const Tensor& weight, const Tensor& bi
 // ---- multi-head attention (ops_attention.cpp), heads side by side in the channels ----
 /// The attention weights of `heads` heads of width D = C / heads: q (B, T, C), k (B, S, C) ->
 /// P (B, H, T, S), P[b, h] = softmax over s of scale * q_h k_h^T, where q_h = q[b, :, hD:(h+1)D].
-/// Keys with s > t (causal) or where `mask` (broadcastable to (B, H, T, S)) is true get weight 0;
-/// a query with no key left gets all zeros. The same values, up to the products' rounding, as
-/// masked_softmax(matmul(q_heads, k_heads, false, true) * scale, mask) on the heads split out
-/// with reshape and permute, without those copies.
+/// Keys with s > t (causal) or where `mask` (broadcastable to (B, H, T, S)) is true get weight 0,
+/// and with causal and a `window` > 0 also keys with s <= t - window (a sliding window: query t
+/// sees its last `window` positions, its own included); a query with no key left gets all zeros. The same values, up to
+/// the products' rounding, as masked_softmax(matmul(q_heads, k_heads, false, true) * scale, mask) on the heads split
+/// out with reshape and permute, without those copies.
 Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal = false,
-                         const Mask* mask = nullptr);
+                         const Mask* mask = nullptr, std::size_t window = 0);
 /// The scores alone, before any mask or softmax: scale q_h k_h^T, (B, H, T, S). With
 /// masked_softmax along the last axis it gives attention_weights' bits (one kernel per formula).
 Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, float scale);
@@ -174,6 +175,9 @@ struct FlashAttentionOptions {
   /// regenerated tile by tile in backward and never stored.
   float dropout = 0.f;
   Generator* generator = nullptr;  ///< dropout's key is drawn from it (default_generator() when null)
+  /// With causal, a sliding window: query t (position S - T + t) sees only keys
+  /// S - T + t - window + 1 .. S - T + t, and tiles wholly before that are skipped. 0: no window.
+  std::size_t window = 0;
 };
 /// attend(dropout(attention_weights(q, k, heads, scale, causal)), v, heads) without forming the
 /// weights: q (B, T, C), k and v (B, S, C) -> (B, T, C). An online softmax runs over tiles of

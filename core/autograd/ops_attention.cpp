@@ -210,8 +210,9 @@ Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, flo
 }
 
 Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, float scale, bool causal,
-                         const Mask* mask) {
+                         const Mask* mask, std::size_t window) {
   const Heads d = check_heads("attention_weights", q, k, heads, "q", "k");
+  if (window > 0 && !causal) fail("attention_weights: a window of ", window, " needs the causal mask");
   const Precision precision = autocast_precision();  // the forward's, for backward's products too
   const Shape ws = {d.B, d.H, d.T, d.S};
   std::shared_ptr<std::vector<std::uint8_t>> keep;
@@ -224,10 +225,14 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, std::size_t heads, fl
   const std::uint8_t* kp = keep ? keep->data() : nullptr;
   for_each_head_block(d, d.T * d.S * (d.D + 4), [&](const HeadBlock& k) {
     block_scores(d, k, scale, Q, K, W);
-    // Row softmax over the kept keys (s <= t when causal, mask false); a row with none kept is 0.
+    // Row softmax over the kept keys (s <= t when causal, within the window, mask false); a row
+    // with none kept is 0.
     for_each_row(d, k, [&](std::size_t r) {
-      const std::size_t t = r % d.T;
-      kernels::masked_softmax_row(W + r * d.S, d.S, causal ? std::min(d.S, t + 1) : d.S, kp ? kp + r * d.S : nullptr);
+      const std::size_t t = r % d.T, end = causal ? std::min(d.S, t + 1) : d.S;
+      const std::size_t lo = window > 0 && t + 1 > window ? std::min(end, t + 1 - window) : 0;
+      float* row = W + r * d.S;
+      std::fill(row, row + lo, 0.f);
+      kernels::masked_softmax_row(row + lo, d.S - lo, end - lo, kp ? kp + r * d.S + lo : nullptr);
     });
   });
   return record("attention_weights", std::move(w), {q, k}, [d, scale, precision](GradContext& ctx) {

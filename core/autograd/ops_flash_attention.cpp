@@ -41,13 +41,30 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Dims {
   std::size_t B, T, S, H, D, C, Tq, Tk;
   bool causal;
-  // Keys query t may see: s < end(t). Causal is bottom-right aligned (query t is position S - T + t).
+  std::size_t window;  // with causal: keys within `window` positions of the query (0: every earlier one)
+  // Keys query t may see: begin(t) <= s < end(t). Causal is bottom-right aligned (query t is
+  // position S - T + t).
   std::size_t end(std::size_t t) const {
     if (!causal) return S;
     const std::size_t shifted = t + 1 + S;  // S - T + t + 1, kept unsigned
     return shifted <= T ? 0 : std::min(S, shifted - T);
   }
+  std::size_t begin(std::size_t t) const {
+    if (!causal || window == 0) return 0;
+    const std::size_t shifted = t + 1 + S;  // S - T + t + 1
+    return shifted <= T + window ? 0 : shifted - T - window;
+  }
 };
+
+// Row t's live keys within the tile of keys s0 .. s0 + n - 1, as offsets [lo, hi) into it.
+struct Live {
+  std::size_t lo, hi;
+};
+Live live_keys(const Dims& d, std::size_t t, std::size_t s0, std::size_t n) {
+  const std::size_t e = d.end(t), b = d.begin(t);
+  const std::size_t hi = e > s0 ? std::min(n, e - s0) : 0, lo = b > s0 ? std::min(n, b - s0) : 0;
+  return {lo, std::max(lo, hi)};
+}
 
 Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t heads, float scale, bool causal,
                   const FlashAttentionOptions& o) {
@@ -64,11 +81,12 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t
          " must both be (B, S, C) with q's B and C, q being ", shape_str(qs));
   }
   if (!std::isfinite(scale)) fail("flash_attention: scale ", scale, " is not finite");
+  if (o.window > 0 && !causal) fail("flash_attention: a window of ", o.window, " needs the causal mask");
   if (o.query_tile < 1 || o.query_tile > kMaxTile || o.key_tile < 1 || o.key_tile > kMaxTile) {
     fail("flash_attention: query_tile ", o.query_tile, " and key_tile ", o.key_tile, " must be in [1, ", kMaxTile, "]");
   }
   detail::check_dropout_probability("flash_attention: dropout", o.dropout);
-  return {qs[0], qs[1], ks[1], heads, qs[2] / heads, qs[2], o.query_tile, o.key_tile, causal};
+  return {qs[0], qs[1], ks[1], heads, qs[2] / heads, qs[2], o.query_tile, o.key_tile, causal, o.window};
 }
 
 // One tile's dropout: row[j] *= keep / (1 - p) for keys s0 .. s0 + n - 1 of row r of (B, H, T),
@@ -118,17 +136,19 @@ void forward_tile(const Dims& d, std::size_t b, std::size_t h, std::size_t t0, f
   std::vector<std::uint8_t> keep(d.Tk);
   std::vector<std::uint8_t> nan(nq, 0);
   const Operand q = Q.at((b * d.T + t0) * d.C + h * d.D);
-  const std::size_t last = d.end(t0 + nq - 1);  // keys any row of the tile sees
-  for (std::size_t s0 = 0; s0 < last; s0 += d.Tk) {
+  // keys any row of the tile sees; the walk starts on the key tiles' grid
+  const std::size_t first = d.begin(t0) / d.Tk * d.Tk, last = d.end(t0 + nq - 1);
+  for (std::size_t s0 = first; s0 < last; s0 += d.Tk) {
     const std::size_t n = std::min(d.Tk, last - s0);
     const Operand k = K.at((b * d.S + s0) * d.C + h * d.D), v = V.at((b * d.S + s0) * d.C + h * d.D);
     product(false, true, nq, n, d.D, scale, q, d.C, k, d.C, 0.f, z.data(), d.Tk);
     for (std::size_t i = 0; i < nq; ++i) {
       float* zi = z.data() + i * d.Tk;
-      const std::size_t e = d.end(t0 + i), kept = e > s0 ? std::min(n, e - s0) : 0;
+      const Live k = live_keys(d, t0 + i, s0, n);
       bool seen_nan = false;
       float correction = 0.f;
-      const float sum = kernels::online_softmax_row(zi, n, kept, &m[i], &seen_nan, &correction);
+      std::fill(zi, zi + k.lo, 0.f);  // before the window
+      const float sum = kernels::online_softmax_row(zi + k.lo, n - k.lo, k.hi - k.lo, &m[i], &seen_nan, &correction);
       if (seen_nan) nan[i] = true;
       if (m[i] == kNegInf) continue;  // no key yet: z is zeros, nothing to add
       l[i] = l[i] * correction + sum;
@@ -181,17 +201,18 @@ void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Ope
     const std::size_t kv = (b * d.S + s0) * d.C + hd;
     for (std::size_t t0 = 0; t0 < d.T; t0 += d.Tq) {
       const std::size_t nq = std::min(d.Tq, d.T - t0);
-      if (d.end(t0 + nq - 1) <= s0) continue;  // above the causal diagonal
+      if (d.end(t0 + nq - 1) <= s0 || d.begin(t0) >= s0 + n) continue;  // above the diagonal, before the window
       const std::size_t qo = (b * d.T + t0) * d.C + hd;
       product(false, true, nq, n, d.D, scale, Q.at(qo), d.C, K.at(kv), d.C, 0.f, p.data(), d.Tk);
       product(false, true, nq, n, d.D, 1.f, G.at(qo), d.C, V.at(kv), d.C, 0.f, dp.data(), d.Tk);
       for (std::size_t i = 0; i < nq; ++i) {
         float* pi = p.data() + i * d.Tk;
         float* dpi = dp.data() + i * d.Tk;
-        const std::size_t e = d.end(t0 + i), kept = e > s0 ? std::min(n, e - s0) : 0;
+        const Live k = live_keys(d, t0 + i, s0, n);
         const float li = lse[t0 + i];
-        const std::size_t live = std::isfinite(li) ? kept : 0;  // no key, or NaN scores: no gradient
-        kernels::exp_shifted_row(pi, n, live, li);
+        const std::size_t live = std::isfinite(li) ? k.hi - k.lo : 0;  // no key, or NaN scores: no gradient
+        std::fill(pi, pi + k.lo, 0.f);
+        kernels::exp_shifted_row(pi + k.lo, n - k.lo, live, li);
         if (sv.dropout) {
           // the row's flags drawn once, then applied to P (for dV) and to dP
           const std::size_t r = (b * d.H + h) * d.T + t0 + i;

@@ -104,11 +104,16 @@ nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t defa
 /// the model `o` describes: biases, q_norm and k_norm as its options have them.
 HfLayout llama_names(const nn::LanguageModelOptions& o);
 
+/// sliding_window: a positive count, or 0 (no window) when it is absent, null, or max_len or more
+/// (a window that covers every position a forward takes).
+std::size_t read_sliding_window(const ConfigReader& r, std::size_t max_len);
+
 /// The families, one per file: each reads its fields from `r` (refusing what it does not
 /// implement) and gives the layout. refuse_unread is called after it.
 HfLayout llama_layout(const ConfigReader& r);
 HfLayout qwen2_layout(const ConfigReader& r);
 HfLayout qwen3_layout(const ConfigReader& r);
+HfLayout mistral_layout(const ConfigReader& r);
 HfLayout phi3_layout(const ConfigReader& r);
 HfLayout gpt_neox_layout(const ConfigReader& r);
 
