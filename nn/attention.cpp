@@ -60,6 +60,11 @@ void Attention::check(const MultiHeadAttentionOptions& o) {
   if (o.rotary_dim() % 2 != 0 || o.rotary_dim() > D) {
     fail("MultiHeadAttention: rotary_dim ", o.rotary_dim(), " must be even and at most the head size ", D);
   }
+  check_rope_scaling(o.rope_scaling(), "MultiHeadAttention");
+  const std::size_t r = o.rotary_dim() ? o.rotary_dim() : D;
+  if (o.rotary() && o.rope_scaling().type == RopeScaling::Type::dynamic && r < 4) {
+    fail("MultiHeadAttention: dynamic rope scaling needs at least 4 rotary channels, got ", r);
+  }
   if (o.rotary() && D % 2 != 0) fail("MultiHeadAttention: rotary needs an even head size, got ", D);
   if (o.attention_tile() < 1 || o.attention_tile() > 1024) {
     fail("MultiHeadAttention: attention_tile ", o.attention_tile(), " is outside [1, 1024]");
@@ -202,8 +207,9 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
     const IndexArray key_pos = held > 0 ? count_from(first, S) : query_pos;
     const float theta = options_.rope_theta();
     const std::size_t r = options_.rotary_dim();
-    rotated_q = hook("rot_q", rotary_embedding(q, options_.num_heads(), query_pos, theta, r));
-    hooked_k = hook("rot_k", rotary_embedding(hooked_k, options_.kv_heads(), key_pos, theta, r));
+    const RopeScaling& scaling = options_.rope_scaling();
+    rotated_q = hook("rot_q", rotary_embedding(q, options_.num_heads(), query_pos, theta, r, scaling));
+    hooked_k = hook("rot_k", rotary_embedding(hooked_k, options_.kv_heads(), key_pos, theta, r, scaling));
   }
   const std::size_t window = options_.sliding_window();
   AttentionOutput out = attend_heads(rotated_q, hooked_k, hooked_v, mask, held, window);

@@ -82,6 +82,8 @@ struct MultiHeadAttentionOptions {
   /// pairing (see rotary_embedding in core/autograd/ops.hpp).
   XGRAD_ARG(bool, rotary, false);
   XGRAD_ARG(float, rope_theta, 10000.f);  ///< RoPE's base: finite and > 0
+  /// RoPE's frequency scaling for long contexts (linear, dynamic, llama3; see RopeScaling).
+  XGRAD_ARG(RopeScaling, rope_scaling, RopeScaling());
   /// The channels of each head that RoPE turns (even, at most D; 0 means D): partial rotary.
   XGRAD_ARG(std::size_t, rotary_dim, 0);
   /// An RMSNorm (eps from norm_options, with a weight) over each head's q and each key head's k,

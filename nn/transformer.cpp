@@ -132,6 +132,7 @@ TransformerBlockOptions LanguageModelOptions::block() const {
                              .out_bias(out_bias_)
                              .rotary(positional_ == Positional::rotary)
                              .rope_theta(rope_theta_)
+                             .rope_scaling(rope_scaling_options())
                              .rotary_dim(rotary_dim_)
                              .qk_norm(qk_norm_)
                              .sliding_window(sliding_window_)

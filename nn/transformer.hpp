@@ -191,7 +191,14 @@ struct LanguageModelOptions {
   XGRAD_ARG(bool, out_bias, true);          ///< the bias of w_o
   XGRAD_ARG(float, rope_theta, 10000.f);    ///< RoPE's base (positional rotary)
   XGRAD_ARG(std::size_t, rotary_dim, 0);    ///< the channels of each head RoPE turns; 0: all
-  XGRAD_ARG(bool, qk_norm, false);          ///< an RMSNorm over each head's q and k, before RoPE
+  /// RoPE's frequency scaling (see RopeScaling): its type, factor, llama3's low and high frequency
+  /// factors, and the context trained on (dynamic and llama3).
+  XGRAD_ARG(RopeScaling::Type, rope_scaling, RopeScaling::Type::none);
+  XGRAD_ARG(float, rope_factor, 1.f);
+  XGRAD_ARG(float, rope_low_freq_factor, 1.f);
+  XGRAD_ARG(float, rope_high_freq_factor, 4.f);
+  XGRAD_ARG(std::size_t, rope_original_max_len, 0);
+  XGRAD_ARG(bool, qk_norm, false);  ///< an RMSNorm over each head's q and k, before RoPE
   /// Each query sees only its last sliding_window positions (Mistral); 0: every earlier one.
   XGRAD_ARG(std::size_t, sliding_window, 0);
   /// Every attention's kernel (see AttentionKernel); not stored in checkpoints.
@@ -213,6 +220,18 @@ struct LanguageModelOptions {
   /// Every norm's options.
   NormOptions norm_options() const {
     return NormOptions().kind(norm_kind_).eps(norm_eps_).affine(norm_affine_).bias(norm_bias_);
+  }
+  /// RoPE's scaling as the attentions take it.
+  RopeScaling rope_scaling_options() const {
+    return {rope_scaling_, rope_factor_, rope_low_freq_factor_, rope_high_freq_factor_, rope_original_max_len_};
+  }
+  /// Sets the five rope_ fields from `s`.
+  LanguageModelOptions& rope_scaling_options(const RopeScaling& s) {
+    return rope_scaling(s.type)
+        .rope_factor(s.factor)
+        .rope_low_freq_factor(s.low_freq_factor)
+        .rope_high_freq_factor(s.high_freq_factor)
+        .rope_original_max_len(s.original_max_len);
   }
   /// Every block's options, derived from these (rotary from positional).
   TransformerBlockOptions block() const;

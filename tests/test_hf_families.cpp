@@ -2,6 +2,7 @@
 // (make_hf_family_fixtures.py: tiny Hugging Face folders with a float64 torch mirror's logits, loss
 // and gradients), the cached forward against the full one, and what each family refuses.
 // Shapes: B batch, T length, V vocabulary, C hidden_size, H heads, KV key/value heads, D head_dim.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -9,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <xtensor/xmath.hpp>
 
 #include "fixture.hpp"
 #include "test_files.hpp"
@@ -65,6 +67,44 @@ struct Broken {
   testing::TempDir dir;
 };
 
+// The folder's model against the mirror: logits, loss, and every parameter's gradient after one
+// backward (fused tensors split as xgrad holds them).
+void check_agreement(const std::string& name, nn::LanguageModel& model) {
+  std::map<std::string, Array> e = expected(name);
+  const IndexArray ids = as_ids(e.at("ids")), targets = as_ids(e.at("targets"));
+  {
+    NoGradGuard no_grad;
+    const double err = testing::rel_error(model.forward(ids).logits.value(), e.at("logits"));
+    CAPTURE(err);
+    CHECK(err <= kLogitTol);
+  }
+  model.zero_grad();
+  const Tensor loss = model.loss(ids, targets);
+  CHECK(loss.value()() == Approx(e.at("loss")()).epsilon(1e-5));
+  loss.backward();
+  std::size_t compared = 0;
+  for (const auto& [pname, p] : model.named_parameters()) {
+    const auto want = e.find("grad." + pname);
+    INFO(pname);
+    REQUIRE(want != e.end());
+    REQUIRE(p.grad().shape() == want->second.shape());
+    const double largest = xt::amax(xt::abs(want->second))();
+    if (largest < 1e-10) {
+      // Zero in exact arithmetic (GPT-2's key bias: the softmax ignores a shift common to a row of
+      // scores): float32 rounding is all either side holds.
+      CHECK(double(xt::amax(xt::abs(p.grad()))()) <= 1e-5);
+    } else {
+      const double err = testing::rel_error(p.grad(), want->second);
+      CAPTURE(err);
+      CHECK(err <= kGradTol);
+    }
+    ++compared;
+  }
+  std::size_t grads = 0;
+  for (const auto& [n, a] : e) grads += n.rfind("grad.", 0) == 0;
+  CHECK(compared == grads);
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -82,6 +122,9 @@ TEST_CASE(
                         {"phi3", false, false, false, false, false, false, 0, 2},
                         {"phi3_window", false, false, false, false, true, false, 0, 2, 4},
                         {"mistral", false, false, false, false, false, false, 0, 0, 3},
+                        {"llama_rope_llama3", false, false, false, false, false, false, 8, 0},
+                        {"llama_rope_linear", false, false, false, false, false, false, 8, 0},
+                        {"llama_rope_dynamic", false, false, false, false, false, false, 8, 0},
                         {"gpt_neox", true, true, true, false, false, true, 0, 2},
                         {"gpt_neox_sequential", true, true, true, false, false, false, 0, 2}};
   for (const Case& c : cases) {
@@ -103,40 +146,35 @@ TEST_CASE(
       CHECK(o.parallel_residual() == c.parallel);
       CHECK(o.sliding_window() == c.window);
       CHECK(o.dropout() == 0.f);
+      check_agreement(name, *model);
+    }
+  }
+}
 
-      std::map<std::string, Array> e = expected(name);
-      const IndexArray ids = as_ids(e.at("ids")), targets = as_ids(e.at("targets"));
-      {
-        NoGradGuard no_grad;
-        const double err = testing::rel_error(model->forward(ids).logits.value(), e.at("logits"));
-        CAPTURE(err);
-        CHECK(err <= kLogitTol);
-      }
-      // One training step's gradients, parameter by parameter (fused tensors split as xgrad holds them).
-      model->zero_grad();
-      const Tensor loss = model->loss(ids, targets);
-      CHECK(loss.value()() == Approx(e.at("loss")()).epsilon(1e-5));
-      loss.backward();
-      std::size_t compared = 0;
-      for (const auto& [pname, p] : model->named_parameters()) {
-        const auto want = e.find("grad." + pname);
-        INFO(pname);
-        REQUIRE(want != e.end());
-        REQUIRE(p.grad().shape() == want->second.shape());
-        const double err = testing::rel_error(p.grad(), want->second);
-        CAPTURE(err);
-        CHECK(err <= kGradTol);
-        ++compared;
-      }
-      std::size_t grads = 0;
-      for (const auto& [n, a] : e) grads += n.rfind("grad.", 0) == 0;
-      CHECK(compared == grads);
+TEST_CASE(
+    "GPT-2 folders, with and without the transformer. prefix, load with the logits, loss and gradients of the "
+    "PyTorch mirror",
+    "[hf_families][gemm]") {
+  for (const char* name : {"gpt2", "gpt2_bare"}) {
+    SECTION(name) {
+      const bool bare = std::string(name) == "gpt2_bare";
+      const std::shared_ptr<nn::LanguageModel> model = weights::load_hf_model(folder(name));
+      const nn::LanguageModelOptions& o = model->options();
+      CHECK(weights::to_json(weights::hf_model_options(folder(name))) == weights::to_json(o));
+      CHECK(o.positional() == nn::Positional::learned);
+      CHECK(o.activation() == (bare ? nn::Activation::gelu : nn::Activation::gelu_tanh));
+      CHECK(o.d_ff() == (bare ? 24 : 64));
+      CHECK(o.tie_embeddings() == !bare);
+      CHECK(o.max_len() == 64);
+      CHECK(o.dropout() == 0.f);  // the published 0.1s act in training only
+      check_agreement(name, *model);
     }
   }
 }
 
 TEST_CASE("hf families: the cached forward, in chunks and token by token, equals the full one", "[hf_families][gemm]") {
-  for (const char* name : {"qwen2", "qwen3", "phi3", "gpt_neox", "mistral", "phi3_window"}) {
+  for (const char* name : {"qwen2", "qwen3", "phi3", "gpt_neox", "mistral", "phi3_window", "llama_rope_llama3",
+                           "llama_rope_linear", "gpt2"}) {
     SECTION(name) {
       const auto model = weights::load_hf_model(folder(name));
       const std::size_t window = model->options().sliding_window();
@@ -167,6 +205,81 @@ TEST_CASE("hf families: the cached forward, in chunks and token by token, equals
   }
 }
 
+TEST_CASE("hf families: rope_scaling of types linear, dynamic and llama3 is read into the options", "[hf_families]") {
+  using Type = RopeScaling::Type;
+  const nn::LanguageModelOptions llama3 = weights::hf_model_options(folder("llama_rope_llama3"));
+  CHECK(llama3.rope_scaling() == Type::llama3);
+  CHECK(llama3.rope_factor() == 8.f);
+  CHECK(llama3.rope_low_freq_factor() == 1.f);
+  CHECK(llama3.rope_high_freq_factor() == 4.f);
+  CHECK(llama3.rope_original_max_len() == 128);
+  CHECK(llama3.max_len() == 1024);
+  const nn::LanguageModelOptions linear = weights::hf_model_options(folder("llama_rope_linear"));
+  CHECK(linear.rope_scaling() == Type::linear);
+  CHECK(linear.rope_factor() == 2.f);
+  // dynamic: the trained context is max_position_embeddings (4), and max_len reaches factor times it
+  const nn::LanguageModelOptions dynamic = weights::hf_model_options(folder("llama_rope_dynamic"));
+  CHECK(dynamic.rope_scaling() == Type::dynamic);
+  CHECK(dynamic.rope_original_max_len() == 4);
+  CHECK(dynamic.max_len() == 8);
+  // transformers 5 spells it as rope_parameters, with RoPE's base inside
+  Broken b("llama_rope_llama3");
+  json j = json::parse(testing::read_bytes(b.dir.file("config.json")));
+  json p = j["rope_scaling"];
+  p["rope_theta"] = j["rope_theta"];
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = p;
+  testing::write_bytes(b.dir.file("config.json"), j.dump());
+  CHECK(weights::to_json(weights::hf_model_options(b.dir.path)) == weights::to_json(llama3));
+}
+
+TEST_CASE(
+    "hf families: dynamic rope scaling turns a cached step's query and keys by the frequencies of the sequence so "
+    "far",
+    "[hf_families][gemm]") {
+  // One block: the step's logits are one forward's over the positions so far (with more blocks, the
+  // keys of later blocks hold what earlier steps computed at their own frequencies, as in Hugging
+  // Face's cache). Trained context 6, max_len 12.
+  const auto o = nn::LanguageModelOptions::llama_style(23, 16, 4, 1, 2)
+                     .max_len(12)
+                     .rope_scaling_options({RopeScaling::Type::dynamic, 2.f, 1.f, 4.f, 6});
+  Generator gen(3);
+  nn::LanguageModel model(o, gen);
+  model.eval();
+  NoGradGuard no_grad;
+  nn::LanguageModelCache cache;
+  std::vector<std::int64_t> ids;
+  double past = 0;  // how far the scaled steps are from the unscaled frequencies' logits
+  for (std::size_t t = 0; t < 12; ++t) {
+    ids.push_back(static_cast<std::int64_t>((t * 7 + 3) % 23));
+    IndexArray one = IndexArray::from_shape({1, 1}), prefix = IndexArray::from_shape({1, t + 1});
+    one(0, 0) = ids.back();
+    std::copy(ids.begin(), ids.end(), prefix.begin());
+    const Array step = model.forward_cached(one, cache, nn::Attentions::none).logits.value();
+    const Array whole = model.forward(prefix, nn::Attentions::none).logits.value();
+    INFO("position " << t);
+    double worst = 0;
+    for (std::size_t v = 0; v < 23; ++v) worst = std::max(worst, double(std::abs(step(0, 0, v) - whole(0, t, v))));
+    CHECK(worst <= 1e-4);
+    if (t < 6) continue;
+    Generator same(3);
+    nn::LanguageModel plain(nn::LanguageModelOptions::llama_style(23, 16, 4, 1, 2).max_len(12), same);
+    const Array unscaled = plain.forward(prefix, nn::Attentions::none).logits.value();
+    for (std::size_t v = 0; v < 23; ++v) past = std::max(past, double(std::abs(unscaled(0, t, v) - whole(0, t, v))));
+  }
+  CHECK(past > 1e-3);  // the scaling acted
+  // The two-block fixture: within the trained context (4 positions), cached steps are the forward's.
+  const auto loaded = weights::load_hf_model(folder("llama_rope_dynamic"));
+  const IndexArray fixture_ids = as_ids(expected("llama_rope_dynamic").at("ids"));
+  IndexArray four = IndexArray::from_shape({1, 4});
+  for (std::size_t t = 0; t < 4; ++t) four(0, t) = fixture_ids(0, t);
+  nn::LanguageModelCache steps;
+  const Array full = loaded->forward(four, nn::Attentions::none).logits.value();
+  const Array cached = loaded->forward_cached(four, steps, nn::Attentions::none).logits.value();
+  CHECK(testing::rel_error(cached, full) <= 1e-5);
+}
+
 TEST_CASE(
     "hf families: generation with a sliding window gives the same tokens and attention rows with and without the "
     "cache",
@@ -191,7 +304,7 @@ TEST_CASE(
 
 TEST_CASE("hf families: what each family does not implement is refused by name", "[hf_families][bad_input]") {
   const std::string families =
-      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\")";
+      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\", \"gpt2\")";
   {
     Broken b("qwen2");
     b.edit("model_type", "gemma2");
@@ -260,8 +373,39 @@ TEST_CASE("hf families: what each family does not implement is refused by name",
   {
     Broken b("phi3");
     b.edit("rope_scaling", json{{"type", "longrope"}});
-    CHECK_THAT(b.error(), Contains("field \"rope_scaling\" is {\"type\":\"longrope\"}; scaled rotary embeddings are "
-                                   "not implemented"));
+    CHECK_THAT(b.error(), Contains("field \"rope_scaling\" has rope_type \"longrope\"; only \"default\", \"linear\", "
+                                   "\"dynamic\" and \"llama3\" scaled rotary embeddings are implemented"));
+  }
+  {
+    Broken b("llama_rope_llama3");
+    json s = json::parse(testing::read_bytes(b.dir.file("config.json")))["rope_scaling"];
+    s["attention_factor"] = 1.5;
+    b.edit("rope_scaling", s);
+    CHECK_THAT(b.error(), Contains("field \"rope_scaling\" has \"attention_factor\" (1.5), which rope_type \"llama3\" "
+                                   "does not read; it is not implemented"));
+    s.erase("attention_factor");
+    s["type"] = "linear";
+    b.edit("rope_scaling", s);
+    CHECK_THAT(b.error(), Contains("has rope_type \"llama3\" and type \"linear\", which differ"));
+    s.erase("type");
+    s["low_freq_factor"] = 4.0;
+    b.edit("rope_scaling", s);
+    CHECK_THAT(b.error(), Contains("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor, got 4 and 4"));
+    s["low_freq_factor"] = 1.0;
+    s["factor"] = 0.5;
+    b.edit("rope_scaling", s);
+    CHECK_THAT(b.error(), Contains("rope scaling factor 0.5 must be >= 1"));
+    s["factor"] = 8.0;
+    s["original_max_position_embeddings"] = 12.5;
+    b.edit("rope_scaling", s);
+    CHECK_THAT(b.error(),
+               Contains("has original_max_position_embeddings 12.5, which is not a whole number up to 2^32"));
+    s.erase("original_max_position_embeddings");
+    b.edit("rope_scaling", s);
+    CHECK_THAT(b.error(), Contains("field \"rope_scaling\" of rope_type \"llama3\" lacks "
+                                   "\"original_max_position_embeddings\""));
+    b.edit("rope_parameters", json{{"rope_type", "default"}});
+    CHECK_THAT(b.error(), Contains("fields \"rope_scaling\" and \"rope_parameters\" are both given"));
   }
   {
     Broken b("gpt_neox");
@@ -280,6 +424,21 @@ TEST_CASE("hf families: what each family does not implement is refused by name",
     b.edit("hidden_dropout", 0.1);
     CHECK_THAT(b.error(), Contains("field \"hidden_dropout\" is 0.1; dropout on the sublayers' outputs is not "
                                    "implemented"));
+  }
+  {
+    Broken b("gpt2");
+    b.edit("scale_attn_by_inverse_layer_idx", true);
+    CHECK_THAT(b.error(), Contains("field \"scale_attn_by_inverse_layer_idx\" is true; scaling each layer's attention "
+                                   "by 1 / (layer + 1) is not implemented"));
+    b.edit("scale_attn_by_inverse_layer_idx", false);
+    b.edit("activation_function", "swish");
+    CHECK_THAT(b.error(), Contains("field \"activation_function\" is \"swish\"; only \"gelu_new\""));
+    b.edit("activation_function", "gelu_new");
+    b.edit("resid_pdrop", 1.5);
+    CHECK_THAT(b.error(), Contains("field \"resid_pdrop\" must be a number in [0, 1], got 1.5"));
+    b.edit("resid_pdrop", 0.1);
+    b.edit("n_head", 3);
+    CHECK_THAT(b.error(), Contains("n_head 3 does not divide n_embd 16"));
   }
   {
     Broken b("qwen2");

@@ -313,8 +313,10 @@ TEST_CASE("bad input: config.json fields that disagree, or that xgrad's model ca
           "field \"hidden_act\" is \"gelu\"; only \"silu\" (the SwiGLU feed-forward) is supported");
   refused("hidden_act", 7, "field \"hidden_act\" must be a string, got 7");
   refused("rope_scaling", json({{"factor", 8.0}, {"rope_type", "llama3"}}),
-          "field \"rope_scaling\" is {\"factor\":8.0,\"rope_type\":\"llama3\"}; scaled rotary embeddings are not "
-          "implemented (only an absent or null rope_scaling)");
+          "field \"rope_scaling\" of rope_type \"llama3\" lacks \"low_freq_factor\"");
+  refused("rope_scaling", json({{"factor", 8.0}, {"rope_type", "yarn"}}),
+          "field \"rope_scaling\" has rope_type \"yarn\"; only \"default\", \"linear\", \"dynamic\" and \"llama3\" "
+          "scaled rotary embeddings are implemented");
   refused("head_dim", 5, "field \"head_dim\" is 5 is odd; rotary embeddings need it even");
   refused("num_attention_heads", 16,
           "the head width hidden_size / num_attention_heads = 1 is odd; rotary embeddings need it even");
@@ -367,7 +369,7 @@ TEST_CASE("bad input: config.json fields that change the forward pass are read o
     REQUIRE_THROWS_WITH(weights::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
   };
   const std::string families =
-      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\")";
+      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\", \"gpt2\")";
   refused({{"model_type", "granite"}}, "model_type \"granite\" is not implemented " + families);
   refused({{"model_type", "mistral"}, {"sliding_window", 4096}},
           "model_type \"mistral\" is not \"llama\"; load_hf_model and hf_model_options read every family");
@@ -382,14 +384,14 @@ TEST_CASE("bad input: config.json fields that change the forward pass are read o
   refused({{"quantization_config", {{"bits", 4}}}},
           "field \"quantization_config\" ({\"bits\":4}) is not implemented; it may change the forward pass, so the "
           "folder is refused");
-  refused({{"rope_theta", kRemove}, {"rope_parameters", {{"rope_type", "llama3"}, {"factor", 8.0}}}},
-          "field \"rope_parameters\" has rope_type \"llama3\"; scaled rotary embeddings are not implemented (only "
-          "\"default\")");
+  refused({{"rope_theta", kRemove}, {"rope_parameters", {{"rope_type", "longrope"}, {"factor", 8.0}}}},
+          "field \"rope_parameters\" has rope_type \"longrope\"; only \"default\", \"linear\", \"dynamic\" and "
+          "\"llama3\" scaled rotary embeddings are implemented");
   refused({{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000.0}}}},
           "rope_theta 500000 and rope_parameters.rope_theta 1000 differ");
   refused({{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}}},
-          "field \"rope_parameters\" has \"partial_rotary_factor\", which is not implemented (only rope_type "
-          "\"default\" and rope_theta)");
+          "field \"rope_parameters\" has \"partial_rotary_factor\" (0.5), which rope_type \"default\" does not read; "
+          "it is not implemented");
   refused({{"rope_parameters", {{"rope_theta", -1}}}},
           "field \"rope_parameters.rope_theta\" must be finite and > 0 as a float32, got -1");
   refused({{"rope_parameters", 5}}, "field \"rope_parameters\" must be an object, got 5");

@@ -141,6 +141,45 @@ TEST_CASE("rotary_embedding passes gradcheck, full and partial", "[rotary][gradc
   }
 }
 
+TEST_CASE(
+    "rotary_embedding with scaled frequencies: linear divides them by the factor, dynamic changes nothing within the "
+    "trained context, llama3 keeps the fast ones, and each passes gradcheck",
+    "[rotary][gradcheck]") {
+  using Type = RopeScaling::Type;
+  // One head of 8 at position 6, theta 10000: inverse frequencies 1, 0.1, 0.01, 0.001.
+  const Array x = randn({1, 1, 8}, 31);
+  const auto turned = [&](const RopeScaling& s, std::int64_t p = 6) {
+    return rotary_embedding(Tensor(x), 1, at(p), 10000.f, 0, s).value();
+  };
+  const Array plain = turned({});
+  // linear: the angle of frequency i at position p is p f_i / factor; channel 0 turns by 6 / 2 rad
+  const Array linear = turned({Type::linear, 2.f});
+  CHECK(linear(0, 0, 0) == Approx(x(0, 0, 0) * std::cos(3.0) - x(0, 0, 4) * std::sin(3.0)).margin(1e-6));
+  // dynamic: positions up to original_max_len turn as without scaling; past it, the base grows
+  CHECK(bool(turned({Type::dynamic, 2.f, 1.f, 4.f, 7}) == plain));
+  const Array dynamic = turned({Type::dynamic, 2.f, 1.f, 4.f, 6});  // length 7 > 6
+  CHECK(dynamic(0, 0, 0) == plain(0, 0, 0));                        // frequency 1 whatever the base
+  CHECK(std::abs(dynamic(0, 0, 1) - plain(0, 0, 1)) > 1e-4);
+  // llama3 with original context 128, factors 1 and 4: wavelength 2 pi (channel 0) is kept
+  const Array llama3 = turned({Type::llama3, 8.f, 1.f, 4.f, 128});
+  CHECK(llama3(0, 0, 0) == plain(0, 0, 0));
+  CHECK(std::abs(llama3(0, 0, 2) - plain(0, 0, 2)) > 1e-5);
+  // each is the same rotation for its gradient
+  IndexArray pos = {{0, 3, 7}, {2, 2, 50}};
+  for (const RopeScaling& s : {RopeScaling{Type::linear, 3.f}, RopeScaling{Type::dynamic, 2.f, 1.f, 4.f, 10},
+                               RopeScaling{Type::llama3, 8.f, 1.f, 4.f, 128}}) {
+    const GradcheckResult res =
+        gradcheck([&](const std::vector<Tensor>& in) { return rotary_embedding(in[0], 2, pos, 100.f, 4, s); },
+                  {Tensor(randn({2, 3, 12}, 5), true)});
+    INFO(res.report);
+    REQUIRE(res.ok);
+  }
+  CHECK_THROWS_WITH(turned({Type::linear, 0.5f}),
+                    Catch::Contains("rotary_embedding: rope scaling factor 0.5 must be >= 1"));
+  CHECK_THROWS_WITH(turned({Type::llama3, 8.f, 1.f, 4.f, 0}),
+                    Catch::Contains("rotary_embedding: rope scaling needs original_max_len > 0"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Agreement with PyTorch
 

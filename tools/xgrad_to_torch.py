@@ -57,12 +57,15 @@ ACTIVATIONS = {  # act, and whether the feed-forward is gated: linear2(act(gate(
 }
 COUNTS = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len")
 CHOICES = {"norm": ("pre", "post"), "norm_kind": ("layer_norm", "rms_norm"), "activation": tuple(ACTIVATIONS),
-           "positional": ("learned", "sinusoidal", "none", "rotary"), "init": ("pytorch", "gpt2")}
+           "positional": ("learned", "sinusoidal", "none", "rotary"), "init": ("pytorch", "gpt2"),
+           "rope_scaling": ("none", "linear", "dynamic", "llama3")}
 BOOLS = ("norm_affine", "norm_bias", "qk_norm", "qkv_bias", "out_bias", "ffn_bias", "head_bias", "tie_embeddings",
          "parallel_residual")
 # The value a field has in files written before it existed (num_kv_heads 0: num_heads).
 CLASSIC = {"num_kv_heads": 0, "head_dim": 0, "sliding_window": 0, "norm_kind": "layer_norm", "norm_eps": 1e-5, "norm_affine": True, "norm_bias": True,
            "activation": "gelu", "positional": "learned", "rope_theta": 10000.0, "rotary_dim": 0, "qk_norm": False,
+           "rope_scaling": "none", "rope_factor": 1.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+           "rope_original_max_len": 0,
            "qkv_bias": True, "out_bias": True, "ffn_bias": True, "head_bias": True, "tie_embeddings": False,
            "init": "pytorch", "parallel_residual": False}
 DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
@@ -146,13 +149,14 @@ def complete_options(stored, who):
     if o["num_kv_heads"] is None or type(o["num_kv_heads"]) is int and o["num_kv_heads"] == 0:
         o["num_kv_heads"] = o["num_heads"]  # 0: one key/value head per query head, as xgrad writes it
     bad = lambda name, why: ValueError("%s: model option %s = %s %s" % (who, name, json.dumps(o[name]), why))
-    for name in COUNTS + ("num_kv_heads", "rotary_dim", "head_dim", "sliding_window"):
+    zero_ok = ("rotary_dim", "head_dim", "sliding_window", "rope_original_max_len")
+    for name in COUNTS + ("num_kv_heads",) + zero_ok:
         v = o[name]
-        count = name in ("rotary_dim", "head_dim", "sliding_window")  # 0 allowed
+        count = name in zero_ok  # 0 allowed
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if count else 1):
             if not (name == "max_len" and v is None):  # a format-1 file with sinusoidal positions
                 raise bad(name, "is not a positive whole number" if not count else "is not a count")
-    for name in ("dropout", "norm_eps", "rope_theta"):
+    for name in ("dropout", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
         if isinstance(o[name], bool) or not isinstance(o[name], (int, float)) or not math.isfinite(o[name]):
             raise bad(name, "is not a finite number")
     for name, choices in CHOICES.items():
@@ -219,12 +223,32 @@ def norm_of(o):
     return Norm(o["d_model"], o["norm_kind"], o["norm_eps"], o["norm_affine"], o["norm_bias"])
 
 
-def rotate(x, positions, r, theta):
+def inv_freq(r, theta, o, length):
+    """theta^(-2i/r), scaled by the options' rope_scaling as transformers 4.57's modeling_rope_utils
+    computes it in float32 (dynamic: from length, the call's last position + 1)."""
+    kind, factor = o["rope_scaling"], o["rope_factor"]
+    n = o["rope_original_max_len"]
+    if kind == "dynamic" and length > n:
+        theta = theta * ((factor * length / n) - (factor - 1)) ** (r / (r - 2))
+    f = 1.0 / (theta ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
+    if kind == "linear":
+        f = f / factor
+    elif kind == "llama3":
+        low, high = o["rope_low_freq_factor"], o["rope_high_freq_factor"]
+        wavelen = 2 * math.pi / f
+        scaled = torch.where(wavelen > n / low, f / factor, f)
+        smooth = (n / wavelen - low) / (high - low)
+        medium = ~(wavelen < n / high) * ~(wavelen > n / low)
+        f = torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return f
+
+
+def rotate(x, positions, r, theta, o):
     """Hugging Face's rotate_half RoPE on the first r channels of each head of x (B, H, T, D), at
-    positions (B, T): channel i pairs with i + r/2, inv_freq_i = theta^(-2i/r); the other D - r
-    channels pass (GPT-NeoX's partial rotary)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
-    freqs = positions.float()[:, None, :, None] * inv_freq  # (B, 1, T, r/2)
+    positions (B, T): channel i pairs with i + r/2, inv_freq_i = theta^(-2i/r) (scaled as the
+    options o say); the other D - r channels pass (GPT-NeoX's partial rotary)."""
+    freq = inv_freq(r, theta, o, int(positions.max()) + 1)
+    freqs = positions.float()[:, None, :, None] * freq  # (B, 1, T, r/2)
     emb = torch.cat((freqs, freqs), dim=-1)
     rot, rest = x[..., :r], x[..., r:]
     half = torch.cat((-rot[..., r // 2:], rot[..., :r // 2]), dim=-1)
@@ -247,7 +271,7 @@ class Attention(nn.Module):
             self.q_norm = Norm(d, "rms_norm", o["norm_eps"])
             self.k_norm = Norm(d, "rms_norm", o["norm_eps"])
         self.rotary_dim = (o["rotary_dim"] or d) if o["positional"] == "rotary" else 0
-        self.rope_theta = o["rope_theta"]
+        self.rope_theta, self.options = o["rope_theta"], o
         self.window = o["sliding_window"]
         self.dropout = nn.Dropout(o["dropout"])
 
@@ -260,8 +284,8 @@ class Attention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary_dim:
-            q, k = rotate(q, positions, self.rotary_dim, self.rope_theta), rotate(k, positions, self.rotary_dim,
-                                                                                   self.rope_theta)
+            q = rotate(q, positions, self.rotary_dim, self.rope_theta, self.options)
+            k = rotate(k, positions, self.rotary_dim, self.rope_theta, self.options)
         group = self.heads // self.kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # Hugging Face's repeat_kv
         scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(self.head_dim))
@@ -456,14 +480,30 @@ def f32_json(v):
     return short if np.float32(short) == x else float(x)
 
 
+def rope_scaling_config(o):
+    """config.json's rope_scaling for the options' scaling (None without one)."""
+    kind = o["rope_scaling"]
+    if kind == "none":
+        return None
+    out = {"rope_type": kind, "factor": f32_json(o["rope_factor"])}
+    if kind == "llama3":
+        out.update({"low_freq_factor": f32_json(o["rope_low_freq_factor"]),
+                    "high_freq_factor": f32_json(o["rope_high_freq_factor"]),
+                    "original_max_position_embeddings": o["rope_original_max_len"]})
+    return out
+
+
 def llama_config(o):
-    """config.json of LlamaForCausalLM for complete options that llama_obstacles passes."""
+    """config.json of LlamaForCausalLM for complete options that llama_obstacles passes (dynamic
+    RoPE: Hugging Face takes the trained context from max_position_embeddings)."""
+    dynamic = o["rope_scaling"] == "dynamic"
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": o["vocab_size"],
             "hidden_size": o["d_model"], "intermediate_size": o["d_ff"], "num_hidden_layers": o["num_layers"],
             "num_attention_heads": o["num_heads"], "num_key_value_heads": o["num_kv_heads"],
             "head_dim": head_dim(o), "hidden_act": "silu",
-            "max_position_embeddings": o["max_len"], "rms_norm_eps": f32_json(o["norm_eps"]),
-            "rope_theta": f32_json(o["rope_theta"]), "rope_scaling": None, "tie_word_embeddings": o["tie_embeddings"],
+            "max_position_embeddings": o["rope_original_max_len"] if dynamic else o["max_len"],
+            "rms_norm_eps": f32_json(o["norm_eps"]), "rope_theta": f32_json(o["rope_theta"]),
+            "rope_scaling": rope_scaling_config(o), "tie_word_embeddings": o["tie_embeddings"],
             "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "torch_dtype": "float32"}
 
 

@@ -1,6 +1,7 @@
 // config.json's reader and the pieces every family shares.
 #include "xgrad/weights/detail/hf_config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -142,34 +143,81 @@ void ConfigReader::refuse_unread(const std::set<std::string>& more) const {
   }
 }
 
-float read_rope_theta(const ConfigReader& r) {
-  const json* top = r.find("rope_theta", false);
-  float theta = r.positive_float("rope_theta", false, 10000.f);
-  if (const json* scaling = r.find("rope_scaling", true)) {
-    r.fail_field("field \"rope_scaling\" is " + json_excerpt(*scaling) +
-                 "; scaled rotary embeddings are not implemented (only an absent or null rope_scaling)");
+namespace {
+
+// The scaling `obj` (rope_scaling, or rope_parameters) describes; `field` names it in messages and
+// *theta takes a rope_theta inside it.
+RopeScaling read_scaling(const ConfigReader& r, const char* field, const json& obj, std::size_t max_position_embeddings,
+                         const json* top_theta, float* theta) {
+  using Type = RopeScaling::Type;
+  const std::string at = std::string("field \"") + field + "\"";
+  if (!obj.is_object()) r.fail_field(at + " must be an object, got " + json_excerpt(obj));
+  const auto rope_type = obj.find("rope_type"), legacy = obj.find("type");
+  if (rope_type != obj.end() && legacy != obj.end() && *rope_type != *legacy) {
+    r.fail_field(at + " has rope_type " + json_excerpt(*rope_type) + " and type " + json_excerpt(*legacy) +
+                 ", which differ");
   }
-  const json* p = r.find("rope_parameters", true);
-  if (!p) return theta;
-  if (!p->is_object()) r.fail_field("field \"rope_parameters\" must be an object, got " + json_excerpt(*p));
-  if (const auto type = p->find("rope_type"); type != p->end() && *type != "default") {
-    r.fail_field("field \"rope_parameters\" has rope_type " + json_excerpt(*type) +
-                 "; scaled rotary embeddings are not implemented (only \"default\")");
+  const json type = rope_type != obj.end() ? *rope_type : legacy != obj.end() ? *legacy : json("default");
+  static const std::pair<const char*, Type> kTypes[] = {
+      {"default", Type::none}, {"linear", Type::linear}, {"dynamic", Type::dynamic}, {"llama3", Type::llama3}};
+  RopeScaling s;
+  bool known = false;
+  for (const auto& [name, t] : kTypes) {
+    if (type == name) s.type = t, known = true;
   }
-  for (const auto& [key, value] : p->items()) {
-    if (key == "rope_type") continue;
-    if (key == "rope_theta") {
-      const float given = r.positive_float(value, "rope_parameters.rope_theta");
-      if (top && given != theta) {
-        fail(r.who(), ": '", r.path(), "': rope_theta ", theta, " and rope_parameters.rope_theta ", given, " differ");
-      }
-      theta = given;
-    } else {
-      r.fail_field("field \"rope_parameters\" has " + json_excerpt(json(key), 80) +
-                   ", which is not implemented (only rope_type \"default\" and rope_theta)");
+  if (!known) {
+    r.fail_field(at + " has rope_type " + json_excerpt(type) +
+                 "; only \"default\", \"linear\", \"dynamic\" and \"llama3\" scaled rotary embeddings are implemented");
+  }
+  const auto number = [&](const std::string& key) {
+    const auto it = obj.find(key);
+    if (it == obj.end()) r.fail_field(at + " of rope_type " + json_excerpt(type) + " lacks \"" + key + "\"");
+    return r.positive_float(*it, std::string(field) + "." + key);
+  };
+  std::vector<std::string> read = {"rope_type", "type"};
+  if (s.type != Type::none) s.factor = number("factor"), read.push_back("factor");
+  if (s.type == Type::dynamic) s.original_max_len = max_position_embeddings;  // as Hugging Face's dynamic RoPE
+  if (s.type == Type::llama3) {
+    s.low_freq_factor = number("low_freq_factor");
+    s.high_freq_factor = number("high_freq_factor");
+    const float original = number("original_max_position_embeddings");
+    if (original != std::floor(original) || original > 4294967296.f) {
+      r.fail_field(at + " has original_max_position_embeddings " +
+                   json_excerpt(obj["original_max_position_embeddings"]) + ", which is not a whole number up to 2^32");
     }
+    s.original_max_len = static_cast<std::size_t>(original);
+    read.insert(read.end(), {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
   }
-  return theta;
+  for (const auto& [key, value] : obj.items()) {
+    if (std::find(read.begin(), read.end(), key) != read.end()) continue;
+    if (key == "rope_theta") {
+      const float given = r.positive_float(value, std::string(field) + ".rope_theta");
+      if (top_theta && given != *theta) {
+        fail(r.who(), ": '", r.path(), "': rope_theta ", *theta, " and ", field, ".rope_theta ", given, " differ");
+      }
+      *theta = given;
+      continue;
+    }
+    r.fail_field(at + " has " + json_excerpt(json(key), 80) + " (" + json_excerpt(value, 40) + "), which rope_type " +
+                 json_excerpt(type) + " does not read; it is not implemented");
+  }
+  return s;
+}
+
+}  // namespace
+
+Rope read_rope(const ConfigReader& r, std::size_t max_position_embeddings) {
+  const json* top = r.find("rope_theta", false);
+  Rope rope{r.positive_float("rope_theta", false, 10000.f), {}};
+  const json* scaling = r.find("rope_scaling", true);
+  const json* parameters = r.find("rope_parameters", true);
+  if (scaling && parameters)
+    r.fail_field("fields \"rope_scaling\" and \"rope_parameters\" are both given; one describes RoPE");
+  if (scaling) rope.scaling = read_scaling(r, "rope_scaling", *scaling, max_position_embeddings, top, &rope.theta);
+  if (parameters) {
+    rope.scaling = read_scaling(r, "rope_parameters", *parameters, max_position_embeddings, top, &rope.theta);
+  }
+  return rope;
 }
 
 void require_activation(const ConfigReader& r, const char* field, const char* expected, const char* what) {

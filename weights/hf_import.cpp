@@ -48,7 +48,8 @@ struct Family {
 };
 constexpr Family kFamilies[] = {{"llama", detail::llama_layout}, {"qwen2", detail::qwen2_layout},
                                 {"qwen3", detail::qwen3_layout}, {"mistral", detail::mistral_layout},
-                                {"phi3", detail::phi3_layout},   {"gpt_neox", detail::gpt_neox_layout}};
+                                {"phi3", detail::phi3_layout},   {"gpt_neox", detail::gpt_neox_layout},
+                                {"gpt2", detail::gpt2_layout}};
 
 // config.json, read and checked: the model's options and where its parameters are. `only`, when
 // given, is the one model_type taken.
@@ -77,13 +78,20 @@ HfLayout read_config(const std::string& directory, const char* who, const char* 
   return layout;
 }
 
-// Every tensor of the first `layers` layers, in order: before, the layers, after.
-std::vector<TensorMap> expected_tensors(const HfLayout& l, std::size_t layers) {
+// Every tensor of the first `layers` layers, in order: before, the layers, after; without the
+// layout's optional prefix when `bare`.
+std::vector<TensorMap> expected_tensors(const HfLayout& l, std::size_t layers, bool bare) {
   std::vector<TensorMap> ex = l.before;
   for (std::size_t n = 0; n < layers; ++n) {
     for (TensorMap& t : l.layer(n)) ex.push_back(std::move(t));
   }
   ex.insert(ex.end(), l.after.begin(), l.after.end());
+  const std::string& prefix = l.optional_prefix;
+  if (bare) {
+    for (TensorMap& t : ex) {
+      if (t.hf.compare(0, prefix.size(), prefix) == 0) t.hf.erase(0, prefix.size());
+    }
+  }
   return ex;
 }
 
@@ -225,9 +233,31 @@ void check_tensors(const Checkpoint& ck, const std::vector<TensorMap>& ex, const
   }
 }
 
+// The parameter (rows, R) from the columns of a transposed source (R, K), read a block of source
+// rows at a time (about 1 MiB).
+void read_transposed(const Checkpoint& ck, const TensorMap& e, Array& dst) {
+  const Location& at = ck.tensors.at(e.hf);
+  const std::size_t R = e.file_shape()[0], K = e.file_shape()[1];
+  const std::vector<detail::Rows> columns = e.rows.empty() ? std::vector<detail::Rows>{{0, K}} : e.rows;
+  const std::size_t block = std::max<std::size_t>(1, (std::size_t{1} << 18) / std::max<std::size_t>(1, K));
+  std::vector<float> buffer(std::min(block, R) * K);
+  float* out = dst.data();
+  for (std::size_t r0 = 0; r0 < R; r0 += block) {
+    const std::size_t n = std::min(block, R - r0);
+    ck.files[at.file]->read(at.index, r0 * K, n * K, buffer.data());
+    std::size_t row = 0;  // the parameter's row: the source's column
+    for (const detail::Rows& c : columns) {
+      for (std::size_t j = c.first; j < c.first + c.count; ++j, ++row) {
+        for (std::size_t i = 0; i < n; ++i) out[row * R + r0 + i] = buffer[i * K + j];
+      }
+    }
+  }
+}
+
 // The parameter's values from its tensor: all of it, or its rows in order.
 void read_tensor(const Checkpoint& ck, const TensorMap& e, Array& dst) {
   const Location& at = ck.tensors.at(e.hf);
+  if (e.transposed) return read_transposed(ck, e, dst);
   if (e.rows.empty()) {
     ck.files[at.file]->read(at.index, 0, dst.size(), dst.data());
     return;
@@ -245,18 +275,22 @@ std::shared_ptr<nn::LanguageModel> load(const std::string& directory, const char
   const HfLayout l = read_config(directory, who, only);
   const nn::LanguageModelOptions& o = l.options;
   Checkpoint ck = open_checkpoint(directory, who);
+  const std::string& prefix = l.optional_prefix;
+  const bool bare = !prefix.empty() && std::none_of(ck.tensors.begin(), ck.tensors.end(), [&](const auto& t) {
+    return t.first.compare(0, prefix.size(), prefix) == 0;
+  });
   // More layers than the files have tensors for: the first missing one is among the layers they
   // could hold, so the list of every expected tensor (which could be vast) is never built.
   std::set<std::string> layer0;
   for (const TensorMap& t : l.layer(0)) layer0.insert(t.hf);
   const std::size_t per_layer = layer0.size(), layers_held = ck.tensors.size() / per_layer + 1;
   if (o.num_layers() > layers_held) {
-    check_tensors(ck, expected_tensors(l, layers_held), l, who,
+    check_tensors(ck, expected_tensors(l, layers_held, bare), l, who,
                   "; num_hidden_layers " + std::to_string(o.num_layers()) + " needs " + std::to_string(per_layer) +
                       " tensors per layer, and the checkpoint holds " + std::to_string(ck.tensors.size()) +
                       " tensors in all");
   }
-  const std::vector<TensorMap> ex = expected_tensors(l, o.num_layers());
+  const std::vector<TensorMap> ex = expected_tensors(l, o.num_layers(), bare);
   check_tensors(ck, ex, l, who);
 
   // The model's own memory, checked before it is built; each block's modules and tensors take

@@ -2,7 +2,7 @@
 /// Hugging Face checkpoint folders (config.json and model.safetensors, or shards under
 /// model.safetensors.index.json) read into a LanguageModel, by the family config.json's
 /// model_type names: "llama" (Llama 2 and 3, SmolLM2), "qwen2" (Qwen 2 and 2.5), "qwen3",
-/// "mistral", "phi3", "gpt_neox" (Pythia).
+/// "mistral", "phi3", "gpt_neox" (Pythia), "gpt2".
 /// Everything is checked before the model is built: config.json field by field (a field that may
 /// change the forward pass and is not implemented is refused by name), then every file's header
 /// against the tensors the configuration needs; then each tensor is read straight into its
@@ -35,7 +35,10 @@ namespace xgrad::weights {
 ///   mlp_bias (default false)               -> ffn_bias
 ///   head_dim (optional, default C / H)    -> head_dim (w_q C -> H D, w_o H D -> C); even
 ///   hidden_act                             -> must be "silu" (activation swiglu)
-///   rope_scaling                           -> must be absent or null
+///   rope_scaling (or rope_parameters' scaling fields) of rope_type default, linear (factor),
+///     dynamic (factor; max_len becomes factor * max_position_embeddings) or llama3 (factor,
+///     low_freq_factor, high_freq_factor, original_max_position_embeddings)
+///                                          -> rope_scaling and its rope_ fields (RopeScaling)
 ///   model_type                             -> "llama" (or absent)
 ///   attention_dropout, sliding_window, rope_interleaved -> must be 0, null, false (or absent)
 /// @endcode
@@ -104,6 +107,11 @@ std::vector<std::string> hf_model_types();
 ///           with base rotary_emb_base (or rope_theta), exact GELU MLP with biases,
 ///           attention.query_key_value (3 C, C) read per head (head i's q, k, v are rows
 ///           3 D i + 0, D, 2 D, D each), an untied embed_out
+///   gpt2    learned positions, LayerNorms and projections with biases, tied by default; n_embd,
+///           n_head, n_layer, n_positions, n_inner, layer_norm_epsilon, activation_function
+///           (gelu_new, gelu_pytorch_tanh, gelu, relu); Conv1D weights (in, out) read transposed,
+///           attn.c_attn's columns as q, k, v; names with or without "transformer."; the
+///           training dropouts (embd_pdrop, attn_pdrop, resid_pdrop) read, the model at dropout 0
 /// @endcode
 /// Any other model_type is refused, naming the ones implemented.
 nn::LanguageModelOptions hf_model_options(const std::string& directory);

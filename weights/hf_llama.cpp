@@ -1,5 +1,6 @@
 // The Llama family (model_type "llama": Llama 2 and 3, SmolLM2, TinyLlama) and the fields and
 // tensor names the Llama-like families share.
+#include <cmath>
 #include <string>
 
 #include "xgrad/core/error.hpp"
@@ -12,7 +13,11 @@ nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t defa
   const std::size_t L = r.count("num_hidden_layers"), H = r.count("num_attention_heads");
   const std::size_t KV = r.count("num_key_value_heads", H, true), P = r.count("max_position_embeddings");
   const float eps = r.positive_float("rms_norm_eps", true);
-  const float theta = read_rope_theta(r);
+  const Rope rope = read_rope(r, P);
+  // Dynamic scaling stretches RoPE past the trained context, by factor at most: so may max_len.
+  const std::size_t max_len = rope.scaling.type == RopeScaling::Type::dynamic
+                                  ? static_cast<std::size_t>(std::floor(static_cast<double>(P) * rope.scaling.factor))
+                                  : P;
   const bool tied = r.flag("tie_word_embeddings", false);
   require_activation(r, "hidden_act", "silu", "the SwiGLU feed-forward");
   r.require("attention_dropout", 0.0, "dropout on the attention weights");
@@ -31,7 +36,7 @@ nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t defa
   }
   return nn::LanguageModelOptions(V, C, H, L)
       .d_ff(F)
-      .max_len(P)
+      .max_len(max_len)
       .dropout(0.f)
       .norm(nn::Norm::pre)
       .norm_kind(nn::NormKind::rms_norm)
@@ -42,7 +47,8 @@ nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t defa
       .head_dim(head_dim_given && D != C / H ? D : 0)
       .activation(nn::Activation::swiglu)
       .positional(nn::Positional::rotary)
-      .rope_theta(theta)
+      .rope_theta(rope.theta)
+      .rope_scaling_options(rope.scaling)
       .rotary_dim(0)
       .qk_norm(false)
       .bias(false)

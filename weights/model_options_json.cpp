@@ -119,6 +119,11 @@ const std::vector<Field>& fields() {
       XGRAD_ENUM_FIELD(positional, positional_names()),
       XGRAD_FIELD(rope_theta, true, as_float, 10000.0),
       XGRAD_FIELD(rotary_dim, true, as_count, 0u),
+      XGRAD_ENUM_FIELD(rope_scaling, rope_scaling_names(), "none"),
+      XGRAD_FIELD(rope_factor, true, as_float, 1.0),
+      XGRAD_FIELD(rope_low_freq_factor, true, as_float, 1.0),
+      XGRAD_FIELD(rope_high_freq_factor, true, as_float, 4.0),
+      XGRAD_FIELD(rope_original_max_len, true, as_count, 0u),
       XGRAD_FIELD(qk_norm, true, as_bool, false),
       XGRAD_FIELD(sliding_window, true, as_count, 0u),
       XGRAD_FIELD(qkv_bias, true, as_bool, true),
@@ -162,6 +167,13 @@ const OptionNames<Positional>& positional_names() {
                                                 {"sinusoidal", Positional::sinusoidal},
                                                 {"none", Positional::none},
                                                 {"rotary", Positional::rotary}};
+  return names;
+}
+
+const OptionNames<RopeScaling::Type>& rope_scaling_names() {
+  using T = RopeScaling::Type;
+  static const OptionNames<T> names = {
+      {"none", T::none}, {"linear", T::linear}, {"dynamic", T::dynamic}, {"llama3", T::llama3}};
   return names;
 }
 
@@ -234,7 +246,10 @@ LanguageModelOptions canonical(LanguageModelOptions o, const LanguageModelOption
   if (o.head_dim() == 0 && other.head_dim() != 0) o.head_dim(o.block().attention().head_dim());
   if (rotary && o.rotary_dim() == 0 && other.rotary_dim() != 0 && other.positional() == Positional::rotary)
     o.rotary_dim(o.block().attention().head_dim());
-  if (!rotary) o.rotary_dim(0).rope_theta(10000.f);
+  if (!rotary) o.rotary_dim(0).rope_theta(10000.f).rope_scaling(RopeScaling::Type::none);
+  if (o.rope_scaling() == RopeScaling::Type::none) {
+    o.rope_factor(1.f).rope_low_freq_factor(1.f).rope_high_freq_factor(4.f).rope_original_max_len(0);
+  }
   if (o.tie_embeddings()) o.head_bias(false);
   if (o.norm_kind() == NormKind::rms_norm || !o.norm_affine()) o.norm_bias(false);
   return o;

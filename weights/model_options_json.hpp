@@ -21,11 +21,12 @@ nn::LanguageModelOptions language_model_options_from_json(const std::string& tex
 /// The names of an option's values as files and command lines spell them, in the enum's order.
 template <class E>
 using OptionNames = std::vector<std::pair<std::string, E>>;
-const OptionNames<nn::Norm>& norm_names();              ///< pre, post
-const OptionNames<nn::NormKind>& norm_kind_names();     ///< layer_norm, rms_norm
-const OptionNames<nn::Activation>& activation_names();  ///< gelu, gelu_tanh, relu, swiglu, geglu, geglu_tanh
-const OptionNames<nn::Positional>& positional_names();  ///< learned, sinusoidal, none, rotary
-const OptionNames<nn::Init>& init_names();              ///< pytorch, gpt2
+const OptionNames<nn::Norm>& norm_names();                   ///< pre, post
+const OptionNames<nn::NormKind>& norm_kind_names();          ///< layer_norm, rms_norm
+const OptionNames<nn::Activation>& activation_names();       ///< gelu, gelu_tanh, relu, swiglu, geglu, geglu_tanh
+const OptionNames<nn::Positional>& positional_names();       ///< learned, sinusoidal, none, rotary
+const OptionNames<nn::Init>& init_names();                   ///< pytorch, gpt2
+const OptionNames<RopeScaling::Type>& rope_scaling_names();  ///< none, linear, dynamic, llama3
 
 /// One field in which two options differ, with both values as to_json writes them.
 struct OptionsDifference {
@@ -36,8 +37,8 @@ struct OptionsDifference {
 /// field but dropout (a training setting that does not change what the weights compute in eval
 /// mode, so a caller may pick another). Two spellings of one model are no difference: num_kv_heads
 /// 0 and num_heads, head_dim 0 and d_model / num_heads, rotary_dim 0 and the head size; nor are fields that build
-/// nothing: rope_theta and rotary_dim without rotary positions, head_bias with tied embeddings, norm_bias with RMSNorm
-/// or without a norm weight.
+/// nothing: rope_theta, rotary_dim and the RoPE scaling without rotary positions, the rope_ factors without a scaling,
+/// head_bias with tied embeddings, norm_bias with RMSNorm or without a norm weight.
 std::vector<OptionsDifference> architecture_differences(const nn::LanguageModelOptions& stored,
                                                         const nn::LanguageModelOptions& given);
 

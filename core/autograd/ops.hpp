@@ -193,6 +193,30 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
                        bool causal = false, const FlashAttentionOptions& options = {});
 
 // ---- rotary position embedding (ops_rotary.cpp) ----
+/// How RoPE's frequencies f_i = theta^(-2i/r) are scaled for contexts longer than the model was
+/// trained on: Hugging Face's rope_scaling (rope_parameters) of these types, with their formulas
+/// (transformers 4.57's modeling_rope_utils.py), each for factor >= 1:
+///  - none: f_i.
+///  - linear: f_i / factor (positions interpolated).
+///  - dynamic (NTK): while the call's positions reach L = max position + 1 > original_max_len,
+///    theta becomes theta (factor L / original_max_len - (factor - 1))^(r / (r - 2)); below, f_i.
+///    From the call's own positions: a cached step turns its query and the cached keys by the
+///    frequencies of the sequence so far; what deeper blocks cached at earlier steps keeps the
+///    frequencies of those steps, as Hugging Face's cache does.
+///  - llama3 (Llama 3.1 and later): with the wavelength w_i = 2 pi / f_i and the original context
+///    N = original_max_len, f_i where w_i < N / high_freq_factor, f_i / factor where
+///    w_i > N / low_freq_factor, and between them (1 - s) f_i / factor + s f_i with
+///    s = (N / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+struct RopeScaling {
+  enum class Type { none, linear, dynamic, llama3 };
+  Type type = Type::none;
+  float factor = 1.f;                ///< finite and >= 1
+  float low_freq_factor = 1.f;       ///< llama3; finite, > 0 and below high_freq_factor
+  float high_freq_factor = 4.f;      ///< llama3
+  std::size_t original_max_len = 0;  ///< dynamic and llama3: the context trained on (> 0)
+};
+/// Throws, naming `who` and the field, unless `s` describes a scaling rotary_embedding computes.
+void check_rope_scaling(const RopeScaling& s, const char* who);
 /// Rotates each head of q or k by its token's position (RoPE), on the attention ops' layout:
 /// x (B, T, C) with `heads` heads of width D = C / heads side by side in the channels.
 ///
@@ -204,11 +228,12 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
 /// entry (a cached forward continues from the cached length, a padded row counts its real
 /// tokens), or (1, T) or (T), shared by every entry; positions are never negative. theta^(-2i/r) and the
 /// angle are rounded to float as PyTorch's float32 computes them; their cos and sin are evaluated
-/// in double and rounded once. The gradient is the transpose rotation (angle negated). An Error
+/// in double and rounded once; `scaling` scales the frequencies first (RopeScaling), in float as
+/// PyTorch's float32 does. The gradient is the transpose rotation (angle negated). An Error
 /// naming the op for an odd rotary_dim or one larger than D, heads not dividing C, theta not
 /// finite and > 0, and positions of the wrong shape or negative.
 Tensor rotary_embedding(const Tensor& x, std::size_t heads, const IndexArray& positions, float theta = 10000.f,
-                        std::size_t rotary_dim = 0);
+                        std::size_t rotary_dim = 0, const RopeScaling& scaling = {});
 
 // ---- neural-network functions (ops_nn.cpp) ----
 /// Numerically stable softmax along `axis`.

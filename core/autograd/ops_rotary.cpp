@@ -59,13 +59,41 @@ struct Table {
   std::vector<float> cos, sin;
 };
 
-std::shared_ptr<const Table> rotary_table(const RotaryShape& d, const IndexArray& positions, float theta) {
-  const std::size_t half = d.r / 2, rows = positions.size();
-  std::vector<float> inv_freq(half);
-  for (std::size_t i = 0; i < half; ++i) {
-    const float e = static_cast<float>(2 * i) / static_cast<float>(d.r);
+// inv_freq, scaled as RopeScaling says; `length` is the call's max position + 1 (dynamic).
+std::vector<float> frequencies(std::size_t r, float theta, const RopeScaling& s, std::size_t length) {
+  using Type = RopeScaling::Type;
+  if (s.type == Type::dynamic && length > s.original_max_len) {
+    const double n = static_cast<double>(s.original_max_len), f = s.factor, rd = static_cast<double>(r);
+    theta = static_cast<float>(theta * std::pow(f * static_cast<double>(length) / n - (f - 1), rd / (rd - 2)));
+  }
+  std::vector<float> inv_freq(r / 2);
+  for (std::size_t i = 0; i < r / 2; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(r);
     inv_freq[i] = 1.f / std::pow(theta, e);
   }
+  if (s.type == Type::linear) {
+    for (float& f : inv_freq) f /= s.factor;
+  } else if (s.type == Type::llama3) {
+    const float n = static_cast<float>(s.original_max_len), low = s.low_freq_factor, high = s.high_freq_factor;
+    const float low_wavelen = n / low, high_wavelen = n / high;
+    for (float& f : inv_freq) {
+      const float wavelen = static_cast<float>(2 * 3.141592653589793) / f;  // 2 math.pi / inv_freq
+      if (wavelen > low_wavelen) {
+        f /= s.factor;
+      } else if (!(wavelen < high_wavelen)) {
+        const float smooth = (n / wavelen - low) / (high - low);
+        f = (1.f - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  return inv_freq;
+}
+
+std::shared_ptr<const Table> rotary_table(const RotaryShape& d, const IndexArray& positions, float theta,
+                                          const RopeScaling& scaling) {
+  const std::size_t half = d.r / 2, rows = positions.size();
+  const std::int64_t last = positions.size() ? *std::max_element(positions.begin(), positions.end()) : 0;
+  const std::vector<float> inv_freq = frequencies(d.r, theta, scaling, static_cast<std::size_t>(last) + 1);
   // A theta far below 1 gives frequencies (or angles) past float32: cos and sin of them are NaN.
   const float top_freq = *std::max_element(inv_freq.begin(), inv_freq.end());
   const std::int64_t top_pos = positions.size() ? *std::max_element(positions.begin(), positions.end()) : 0;
@@ -113,10 +141,30 @@ void rotate(const RotaryShape& d, const Table& t, const float* x, float* y, floa
 
 }  // namespace
 
+void check_rope_scaling(const RopeScaling& s, const char* who) {
+  using Type = RopeScaling::Type;
+  if (s.type == Type::none) return;
+  if (!(std::isfinite(s.factor) && s.factor >= 1.f)) fail(who, ": rope scaling factor ", s.factor, " must be >= 1");
+  if (s.type == Type::linear) return;
+  if (s.original_max_len == 0) fail(who, ": rope scaling needs original_max_len > 0 (the context trained on)");
+  if (s.type == Type::llama3 &&
+      !(std::isfinite(s.high_freq_factor) && s.low_freq_factor > 0.f && s.low_freq_factor < s.high_freq_factor)) {
+    fail(who, ": llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor, got ", s.low_freq_factor, " and ",
+         s.high_freq_factor);
+  }
+  if (s.type == Type::dynamic && s.original_max_len < 2) {
+    fail(who, ": dynamic rope scaling needs original_max_len >= 2, got ", s.original_max_len);
+  }
+}
+
 Tensor rotary_embedding(const Tensor& x, std::size_t heads, const IndexArray& positions, float theta,
-                        std::size_t rotary_dim) {
+                        std::size_t rotary_dim, const RopeScaling& scaling) {
   const RotaryShape d = check_rotary(x, heads, positions, theta, rotary_dim);
-  std::shared_ptr<const Table> table = rotary_table(d, positions, theta);
+  check_rope_scaling(scaling, "rotary_embedding");
+  if (scaling.type == RopeScaling::Type::dynamic && d.r < 4) {
+    fail("rotary_embedding: dynamic rope scaling needs rotary_dim >= 4 (its exponent is r / (r - 2)), got ", d.r);
+  }
+  std::shared_ptr<const Table> table = rotary_table(d, positions, theta, scaling);
   Array y = Array::from_shape(x.shape());
   rotate(d, *table, x.value().data(), y.data(), 1.f);
   return record("rotary_embedding", std::move(y), {x}, [d, table](GradContext& ctx) {

@@ -54,10 +54,18 @@ class ConfigReader {
   mutable std::set<std::string> read_;
 };
 
-/// RoPE's base: `rope_theta` (default 10000), or transformers 5's `rope_parameters`
-/// {"rope_type": "default", "rope_theta": ...}; rope_scaling must be absent or null. Scaled variants
-/// (llama3, linear, dynamic, yarn, ...) are refused by name.
-float read_rope_theta(const ConfigReader& r);
+/// RoPE's base and scaling.
+struct Rope {
+  float theta;
+  RopeScaling scaling;
+};
+/// `rope_theta` (default 10000) and `rope_scaling`, or transformers 5's `rope_parameters` (its
+/// rope_type, rope_theta and the scaling's fields): rope_type (or the older "type") "default",
+/// "linear" (factor), "dynamic" (factor; the original context is max_position_embeddings, as in
+/// Hugging Face's dynamic RoPE) or "llama3" (factor, low_freq_factor, high_freq_factor,
+/// original_max_position_embeddings). Other types (yarn, longrope, ...) and fields are refused by
+/// name, as are two values of rope_theta that differ.
+Rope read_rope(const ConfigReader& r, std::size_t max_position_embeddings);
 
 /// The hidden activation `field` must be `expected` (or absent).
 void require_activation(const ConfigReader& r, const char* field, const char* expected, const char* what);
@@ -75,6 +83,9 @@ struct TensorMap {
   Shape shape;                  ///< the parameter's shape
   Shape source = {};            ///< the tensor's shape in the files; empty: shape
   std::vector<Rows> rows = {};  ///< the source's rows taken, in order; empty: all of it
+  /// The source (in, out) holds the parameter transposed (GPT-2's Conv1D): `rows` then name the
+  /// source's columns, each of which becomes a row of the parameter.
+  bool transposed = false;
   const Shape& file_shape() const { return source.empty() ? shape : source; }
 };
 
@@ -87,6 +98,9 @@ struct HfLayout {
   std::string head;
   /// Buffers older versions saved beside the weights (rotary inv_freq, causal masks): skipped.
   std::function<bool(const std::string&)> buffer = [](const std::string&) { return false; };
+  /// A prefix of the names that files may leave out (GPT-2's "transformer.", which a GPT2Model
+  /// saved alone lacks): when no tensor starts with it, it is dropped from every name.
+  std::string optional_prefix;
 };
 
 /// A linear layer's weight (out, in) and, with `bias`, its bias (out).
@@ -116,5 +130,6 @@ HfLayout qwen3_layout(const ConfigReader& r);
 HfLayout mistral_layout(const ConfigReader& r);
 HfLayout phi3_layout(const ConfigReader& r);
 HfLayout gpt_neox_layout(const ConfigReader& r);
+HfLayout gpt2_layout(const ConfigReader& r);
 
 }  // namespace xgrad::weights::detail
