@@ -467,10 +467,10 @@ TEST_CASE("hf families: a fused tensor of the wrong shape, or missing, is named 
 }
 
 TEST_CASE(
-    "hf families: the residual stream of a parallel block and of wide heads decomposes into its parts, head "
-    "by head, and the logits attribute to them",
+    "hf families: the residual stream of a parallel block, of wide heads, of sliding windows and of GPT-2 "
+    "decomposes into its parts, head by head, and the logits attribute to them",
     "[hf_families][gemm]") {
-  for (const char* name : {"gpt_neox", "qwen3"}) {
+  for (const char* name : {"gpt_neox", "qwen3", "mistral", "gpt2"}) {
     SECTION(name) {
       const auto model = weights::load_hf_model(folder(name));
       const IndexArray ids = as_ids(expected(name).at("ids"));
@@ -483,9 +483,11 @@ TEST_CASE(
         const Array sum = xt::sum(s.stack, {0});
         INFO("by_head " << by_head);
         CHECK(testing::rel_error(sum, out) <= 1e-5);
-        const std::size_t w_o_bias = std::string(name) == "gpt_neox" ? 1 : 0;  // "blocks.L.attn.bias"
-        const std::size_t per_layer = by_head ? 4 + w_o_bias + 1 : 2;          // heads (or attn), ffn
-        CHECK(s.labels.size() == 1 + 2 * per_layer);
+        const bool gpt2 = std::string(name) == "gpt2";
+        const std::size_t embeds = gpt2 ? 2 : 1;  // learned positions are a part of their own
+        const std::size_t w_o_bias = gpt2 || std::string(name) == "gpt_neox" ? 1 : 0;  // "blocks.L.attn.bias"
+        const std::size_t per_layer = by_head ? 4 + w_o_bias + 1 : 2;                  // heads (or attn), ffn
+        CHECK(s.labels.size() == embeds + 2 * per_layer);
       }
       // the attributions of the decomposition sum to the logit of each next token
       const inspect::ResidualStack s = inspect::decompose_residual(*model, cache, true);
