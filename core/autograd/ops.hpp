@@ -208,8 +208,14 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
 ///    w_i > N / low_freq_factor, and between them (1 - s) f_i / factor + s f_i with
 ///    s = (N / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
 struct RopeScaling {
-  enum class Type { none, linear, dynamic, llama3 };
-  Type type = Type::none;
+  /// The scaling's formula, as Hugging Face's rope_type names it.
+  enum class Type {
+    none,     ///< f_i ("default")
+    linear,   ///< f_i / factor
+    dynamic,  ///< dynamic NTK: a larger base past original_max_len
+    llama3,   ///< Llama 3.1's blend by wavelength
+  };
+  Type type = Type::none;            ///< which formula
   float factor = 1.f;                ///< finite and >= 1
   float low_freq_factor = 1.f;       ///< llama3; finite, > 0 and below high_freq_factor
   float high_freq_factor = 4.f;      ///< llama3
