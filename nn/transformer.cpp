@@ -362,6 +362,13 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& ke
   for (std::size_t b = 0; b < B; ++b) {
     std::int64_t real = 0;
     for (std::size_t t = 0; t < T; ++t) {
+      // A sliding window counts keys by index: padding between real tokens would put other keys in it.
+      if (options_.sliding_window() > 0 && t > 0 && key_padding_mask(b, t) && !key_padding_mask(b, t - 1) &&
+          std::find(&key_padding_mask(b, t), &key_padding_mask(b, 0) + T, false) != &key_padding_mask(b, 0) + T) {
+        fail("LanguageModel: row ", b, " of key_padding_mask has padding at position ", t,
+             " between real tokens; with sliding_window ", options_.sliding_window(),
+             " padding must sit at a row's start or end");
+      }
       positions(b, t) = real;
       if (!key_padding_mask(b, t)) ++real;
     }

@@ -313,7 +313,8 @@ class LanguageModel : public Module {
   /// A batch of sequences of different lengths: key_padding_mask (B, T) marks padding tokens (true),
   /// anywhere in a row, which no query attends to. Positions count each row's tokens that are not
   /// padding, so a row gets the logits it gets alone whether it is padded on the left or the
-  /// right. A padding token's own logits mean nothing; give its target kIgnoreIndex.
+  /// right. A padding token's own logits mean nothing; give its target kIgnoreIndex. With a
+  /// sliding_window the padding must sit at a row's start or end (the window counts keys by index).
   LanguageModelOutput forward(const IndexArray& ids, const Mask& key_padding_mask,
                               Attentions attentions = Attentions::keep) const;
   /// ids (B, n): the next n positions after the cache.length() positions whose keys and values

@@ -200,6 +200,23 @@ TEST_CASE(
       // the weights span the keys attended to: those held before the step and the new ones
       CHECK(out.attentions[0].shape()[3] == std::min<std::size_t>(done - n, 5) + n);
     }
+    // A row padded on the left gets the logits it gets alone; padding between real tokens is refused.
+    const std::size_t pad = 4, real = 20;
+    IndexArray alone = IndexArray::from_shape({1, real}), padded = IndexArray::from_shape({1, pad + real});
+    Mask mask = xt::zeros<bool>(Shape{1, pad + real});
+    for (std::size_t t = 0; t < pad; ++t) padded(0, t) = 0, mask(0, t) = true;
+    for (std::size_t t = 0; t < real; ++t) alone(0, t) = padded(0, pad + t) = ids(0, t);
+    const Array a = model.forward(alone, nn::Attentions::none).logits.value();
+    const Array p = model.forward(padded, mask, nn::Attentions::none).logits.value();
+    double worst = 0;
+    for (std::size_t t = 0; t < real; ++t)
+      for (std::size_t v = 0; v < 50; ++v) worst = std::max(worst, double(std::abs(a(0, t, v) - p(0, pad + t, v))));
+    CHECK(worst < 1e-4);
+    mask(0, 0) = false;
+    mask(0, 10) = true;
+    CHECK_THROWS_WITH(model.forward(padded, mask, nn::Attentions::none),
+                      Catch::Contains("row 0 of key_padding_mask has padding at position 1 between real tokens; with "
+                                      "sliding_window 5 padding must sit at a row's start or end"));
   }
 }
 
