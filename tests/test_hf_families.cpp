@@ -408,6 +408,11 @@ TEST_CASE("hf families: what each family does not implement is refused by name",
     CHECK_THAT(b.error(), Contains("fields \"rope_scaling\" and \"rope_parameters\" are both given"));
   }
   {
+    Broken b("llama_rope_dynamic");
+    b.edit("rope_scaling", json{{"type", "dynamic"}, {"factor", 1e30}});
+    CHECK_THAT(b.error(), Contains("times max_position_embeddings 4 is past 2^32 positions"));
+  }
+  {
     Broken b("gpt_neox");
     b.edit("rotary_pct", 0.3);
     CHECK_THAT(b.error(), Contains("rotary_pct 0.3 turns 1 of the 4 channels of each head; it must be a positive even "

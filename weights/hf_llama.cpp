@@ -15,9 +15,14 @@ nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t defa
   const float eps = r.positive_float("rms_norm_eps", true);
   const Rope rope = read_rope(r, P);
   // Dynamic scaling stretches RoPE past the trained context, by factor at most: so may max_len.
-  const std::size_t max_len = rope.scaling.type == RopeScaling::Type::dynamic
-                                  ? static_cast<std::size_t>(std::floor(static_cast<double>(P) * rope.scaling.factor))
-                                  : P;
+  const double reach = rope.scaling.type == RopeScaling::Type::dynamic
+                           ? std::floor(static_cast<double>(P) * rope.scaling.factor)
+                           : static_cast<double>(P);
+  if (reach > 4294967296.0) {
+    r.fail_field("dynamic rope scaling's factor " + std::to_string(rope.scaling.factor) +
+                 " times max_position_embeddings " + std::to_string(P) + " is past 2^32 positions");
+  }
+  const auto max_len = static_cast<std::size_t>(reach);
   const bool tied = r.flag("tie_word_embeddings", false);
   require_activation(r, "hidden_act", "silu", "the SwiGLU feed-forward");
   r.require("attention_dropout", 0.0, "dropout on the attention weights");
