@@ -63,9 +63,7 @@ std::vector<LensLayer> logit_lens(nn::LanguageModel& model, const IndexArray& id
   }
   std::vector<LensLayer> layers;
   for (const std::string& point : cache.names()) {
-    Tensor h(cache.at(point));
-    if (model.final_norm) h = model.final_norm->forward(h);
-    const Tensor logits = model.head->forward(h);
+    const Tensor logits = model.unembed(Tensor(cache.at(point)));
     LensLayer layer;
     layer.point = point;
     layer.loss = cross_entropy(logits, targets).value()();

@@ -31,6 +31,11 @@ void check_pre_norm(const nn::LanguageModel& model, const char* who) {
          ": a Post-Norm model normalizes its stream after every sublayer, so the stream is not a sum of its "
          "components; decomposition needs a Pre-Norm model (or one without norms)");
   }
+  if (model.options().norm() == nn::Norm::sandwich) {
+    fail(who,
+         ": a sandwich-norm model (Gemma) normalizes each sublayer's output before adding it, so the attention's and "
+         "the feed-forward's out points are not what the stream receives; decomposition needs a Pre-Norm model");
+  }
 }
 
 // `value` (B, T, C), or (T, C) shared by the batch, as (B, T, C) into entry n of `stack`.
@@ -179,6 +184,10 @@ LogitAttribution direct_logit_attribution(const nn::LanguageModel& model, const 
                                           const std::optional<IndexArray>& other) {
   const char* who = "direct_logit_attribution";
   check_pre_norm(model, who);
+  if (model.options().final_softcap() > 0.f) {
+    fail(who, ": the logits pass final_softcap ", model.options().final_softcap(),
+         " (a tanh), so they are not a sum of the stream's components");
+  }
   if (stack.labels.size() != (stack.stack.dimension() == 4 ? stack.stack.shape()[0] : 0)) {
     fail(who, ": the stack has ", stack.labels.size(), " labels for an array of shape ", shape_str(stack.stack.shape()),
          " (expected (N, B, T, C) with N labels)");
@@ -205,6 +214,8 @@ LogitAttribution direct_logit_attribution(const nn::LanguageModel& model, const 
   const float* head_bias = model.head->bias.defined() ? model.head->bias.value().data() : nullptr;
   const nn::NormLayer* norm = model.final_norm.get();
   const float* gamma = norm && norm->weight.defined() ? norm->weight.value().data() : nullptr;
+  const auto* rms = dynamic_cast<const nn::RMSNorm*>(norm);
+  const float offset = rms && rms->unit_offset() ? 1.f : 0.f;  // the scale is 1 + weight
   const float* beta = norm && norm->bias.defined() ? norm->bias.value().data() : nullptr;
 
   LogitAttribution a;
@@ -217,14 +228,14 @@ LogitAttribution direct_logit_attribution(const nn::LanguageModel& model, const 
     const auto v = static_cast<std::size_t>(tokens.data()[r]);
     double bias_logit = head_bias ? head_bias[v] : 0.;
     for (std::size_t c = 0; c < C; ++c) {
-      direction[c] = static_cast<double>(w.data()[v * C + c]) * (gamma ? gamma[c] : 1.f);
+      direction[c] = static_cast<double>(w.data()[v * C + c]) * (gamma ? gamma[c] + offset : 1.f);
       if (beta) bias_logit += static_cast<double>(beta[c]) * w.data()[v * C + c];
     }
     if (other) {
       const auto u = static_cast<std::size_t>(other->data()[r]);
       if (head_bias) bias_logit -= head_bias[u];
       for (std::size_t c = 0; c < C; ++c) {
-        direction[c] -= static_cast<double>(w.data()[u * C + c]) * (gamma ? gamma[c] : 1.f);
+        direction[c] -= static_cast<double>(w.data()[u * C + c]) * (gamma ? gamma[c] + offset : 1.f);
         if (beta) bias_logit -= static_cast<double>(beta[c]) * w.data()[u * C + c];
       }
     }

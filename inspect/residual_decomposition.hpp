@@ -43,8 +43,9 @@ ResidualStack accumulated_residual(const nn::LanguageModel& model, const Activat
 /// "blocks.L.ffn" (their sublayers' outputs). With by_head, each attention is split into its heads,
 /// "blocks.L.attn.head.H" (z_h W_o[h]), and "blocks.L.attn.bias" (W_o's bias, when it has one).
 /// The entries sum to the cached "blocks.{last}.stream_out" within fp32 rounding. Throws for a
-/// Post-Norm model (its stream is normalized after every sublayer, so it is no such sum) and for
-/// a cache that lacks a point it needs (naming it).
+/// Post-Norm model (its stream is normalized after every sublayer, so it is no such sum), for a
+/// sandwich-norm model (Gemma: what the stream receives is each sublayer's output normalized, not
+/// its out point) and for a cache that lacks a point it needs (naming it).
 ResidualStack decompose_residual(const nn::LanguageModel& model, const ActivationCache& cache, bool by_head = false);
 
 /// Each entry of `stack` (N, B, T, C) scaled as the final norm scales the whole stream at that
@@ -66,7 +67,8 @@ struct LogitAttribution {
 
 /// `tokens` and `other` are (B, T) ids; `other`, when given, turns each logit into the logit
 /// difference tokens - other (e.g.\ the right answer's logit minus a wrong one's). Throws for ids
-/// outside the vocabulary, and for shapes that do not match the stack's (B, T).
+/// outside the vocabulary, for shapes that do not match the stack's (B, T), for the models
+/// decompose_residual refuses, and for logits under final_softcap (no longer a sum).
 LogitAttribution direct_logit_attribution(const nn::LanguageModel& model, const ActivationCache& cache,
                                           const ResidualStack& stack, const IndexArray& tokens,
                                           const std::optional<IndexArray>& other = std::nullopt);

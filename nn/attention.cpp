@@ -39,6 +39,10 @@ Tensor repeat_heads(const Tensor& x, std::size_t kv_heads, std::size_t groups, s
 
 }  // namespace
 
+float MultiHeadAttentionOptions::score_scale() const {
+  return scale_ > 0.f ? scale_ : 1.f / std::sqrt(static_cast<float>(head_dim()));
+}
+
 void Attention::check(const MultiHeadAttentionOptions& o) {
   if (o.num_heads() == 0 || o.d_model() == 0) {
     fail("MultiHeadAttention: d_model ", o.d_model(), " and num_heads ", o.num_heads(), " must be positive");
@@ -66,6 +70,10 @@ void Attention::check(const MultiHeadAttentionOptions& o) {
     fail("MultiHeadAttention: dynamic rope scaling needs at least 4 rotary channels, got ", r);
   }
   if (o.rotary() && D % 2 != 0) fail("MultiHeadAttention: rotary needs an even head size, got ", D);
+  if (!(std::isfinite(o.scale()) && o.scale() >= 0.f))
+    fail("MultiHeadAttention: scale ", o.scale(), " must be finite and >= 0 (0: 1 / sqrt(head_dim))");
+  if (!(std::isfinite(o.logit_softcap()) && o.logit_softcap() >= 0.f))
+    fail("MultiHeadAttention: logit_softcap ", o.logit_softcap(), " must be finite and >= 0 (0: none)");
   if (o.attention_tile() < 1 || o.attention_tile() > 1024) {
     fail("MultiHeadAttention: attention_tile ", o.attention_tile(), " is outside [1, 1024]");
   }
@@ -79,8 +87,10 @@ Attention::Attention(const MultiHeadAttentionOptions& o, Generator& gen) : Rando
   w_v = register_module("w_v", std::make_shared<Linear>(value_width(o), KVD, o.qkv_bias(), gen));
   w_o = register_module("w_o", std::make_shared<Linear>(HD, C, o.out_bias(), gen));
   if (o.qk_norm()) {
-    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(o.head_dim(), o.norm_options().eps()));
-    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(o.head_dim(), o.norm_options().eps()));
+    const float eps = o.norm_options().eps();
+    const bool offset = o.norm_options().unit_offset();
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(o.head_dim(), eps, true, offset));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(o.head_dim(), eps, true, offset));
   }
   if (o.rotary()) {
     declare_hook_points({"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "context", "z", "result", "out"});
@@ -248,6 +258,7 @@ AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const
 bool Attention::tiled(const AttentionMask& m, std::size_t T, std::size_t S, std::size_t offset) const {
   const AttentionKernel kernel = options_.kernel();
   if (kernel == AttentionKernel::full || m.need_weights || hooked("scores") || hooked("pattern")) return false;
+  if (options_.logit_softcap() > 0.f) return false;
   if (m.attn_mask || m.key_padding_mask || m.additive_mask) return false;
   if (m.causal && offset + T != S) return false;  // flash_attention's causal mask is bottom-right aligned
   return kernel == AttentionKernel::tiled || S >= kTiledFromKeys;
@@ -261,7 +272,7 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
   const std::size_t B = q.shape()[0], T = q.shape()[1], S = kv_k.shape()[1];
   const Tensor k = repeat_heads(kv_k, options_.kv_heads(), H / options_.kv_heads(), D);
   const Tensor v = repeat_heads(kv_v, options_.kv_heads(), H / options_.kv_heads(), D);
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const float scale = options_.score_scale(), cap = options_.logit_softcap();
   AttentionMask m = mask;
   if (!m.causal || S <= window) window = 0;                          // no query has a key outside its window
   if (m.causal && offset + 1 >= S && window == 0) m.causal = false;  // the first query already sees every key
@@ -277,14 +288,16 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
   }
   // A causal mask alone is applied inside the fused kernel; any other mask is combined in full.
   const bool causal_only = m.causal && offset == 0 && !m.attn_mask && !m.key_padding_mask && !m.additive_mask;
-  const bool unfused = hooked("scores") || m.additive_mask;
+  const bool unfused = hooked("scores") || m.additive_mask || cap > 0.f;
   const std::optional<Mask> blocked =
       causal_only && !unfused ? std::nullopt : combine_masks(m, B, H, T, S, offset, window);
 
   Tensor weights;  // (B, H, T, S)
   if (unfused) {
     // The same kernels as the fused op, so the same bits when the hooks change nothing.
-    Tensor scores = hook("scores", attention_scores(q, k, H, scale));
+    Tensor scores = attention_scores(q, k, H, scale);
+    if (cap > 0.f) scores = tanh(scores / cap) * cap;  // Gemma 2's attn_logit_softcapping
+    scores = hook("scores", scores);
     if (m.additive_mask) {
       Array finite = *m.additive_mask;  // -inf entries are in `blocked`; 0 keeps them finite here
       for (float& a : finite) a = std::isinf(a) ? 0.f : a;

@@ -19,7 +19,8 @@
 //              cached position)
 //   rot_q      (B, T, H D) q turned by RoPE (rotary only)
 //   rot_k      (B, S, KV D) k turned by RoPE (rotary only)
-//   scores     (B, H, T, S) scale Q_h K_h^T before masks and softmax (formed only while hooked)
+//   scores     (B, H, T, S) scale Q_h K_h^T (soft-capped with logit_softcap) before masks and
+//              softmax (formed only while hooked or capped)
 //   pattern    (B, H, T, S) the attention weights, before dropout
 //   context    (B, T, H D) each head's output, side by side, before W_o
 //   z          (B, T, H, D) the same values with a head axis (formed only while hooked)
@@ -49,7 +50,7 @@ namespace xgrad::nn {
 ///  - automatic: tiled from kTiledFromKeys keys on, full below (measured: bench_attention_kernels).
 /// Whatever the choice, the full kernel runs when the weights are needed: AttentionMask's
 /// need_weights, a hook on scores or pattern, or a mask other than causal (attn_mask,
-/// key_padding_mask, additive_mask). The kernels agree within fp32 rounding, dropout included
+/// key_padding_mask, additive_mask), and with logit_softcap. The kernels agree within fp32 rounding, dropout included
 /// (tiled regenerates the mask the full kernel draws, from the same generator draw).
 enum class AttentionKernel { automatic, tiled, full };
 
@@ -86,13 +87,18 @@ struct MultiHeadAttentionOptions {
   XGRAD_ARG(RopeScaling, rope_scaling, RopeScaling());
   /// The channels of each head that RoPE turns (even, at most D; 0 means D): partial rotary.
   XGRAD_ARG(std::size_t, rotary_dim, 0);
-  /// An RMSNorm (eps from norm_options, with a weight) over each head's q and each key head's k,
-  /// before RoPE (QK-norm).
+  /// An RMSNorm (eps and unit_offset from norm_options, with a weight) over each head's q and each
+  /// key head's k, before RoPE (QK-norm).
   XGRAD_ARG(bool, qk_norm, false);
   /// Sliding-window attention (Mistral): under the causal mask, the query at position p sees only
   /// keys p - sliding_window + 1 .. p, in both kernels; a KVCache then keeps only the last
   /// sliding_window positions. 0: no window.
   XGRAD_ARG(std::size_t, sliding_window, 0);
+  /// The scores' scale: Q_h K_h^T * scale; 0 means 1 / sqrt(D) (Gemma: 1 / sqrt(query_pre_attn_scalar)).
+  XGRAD_ARG(float, scale, 0.f);
+  /// Soft-capping of the scaled scores, s -> cap tanh(s / cap), before masks and softmax (Gemma 2);
+  /// 0: none. The full kernel computes a capped attention (the tiled kernel has no cap).
+  XGRAD_ARG(float, logit_softcap, 0.f);
   /// The attention kernel (see AttentionKernel); a runtime choice that checkpoints do not store.
   XGRAD_ARG(AttentionKernel, kernel, AttentionKernel::automatic);
   /// The tiled kernel's query and key tile, 1 .. 1024 (128 ran long's step 1.1 times faster than 64).
@@ -113,6 +119,8 @@ struct MultiHeadAttentionOptions {
   }
   /// Whether head_dim was set (not derived from d_model / num_heads).
   bool head_dim_set() const { return head_dim_ != 0; }
+  /// The scores' scale as applied: scale, or 1 / sqrt(head_dim()) when that is 0.
+  float score_scale() const;
 
  private:
   std::size_t head_dim_ = 0;

@@ -57,11 +57,13 @@ void check_norm_options(const NormOptions& o, const char* who) {
     fail(who, ": unknown norm kind ", static_cast<int>(o.kind()));
   }
   if (!(o.eps() > 0.f && std::isfinite(o.eps()))) fail(who, ": norm eps ", o.eps(), " must be finite and > 0");
+  if (o.unit_offset() && (o.kind() != NormKind::rms_norm || !o.affine()))
+    fail(who, ": norm unit_offset (a scale of 1 + weight) needs an RMSNorm with a weight");
 }
 
 std::shared_ptr<NormLayer> make_norm(std::size_t features, const NormOptions& o) {
   check_norm_options(o, "make_norm");
-  if (o.kind() == NormKind::rms_norm) return std::make_shared<RMSNorm>(features, o.eps(), o.affine());
+  if (o.kind() == NormKind::rms_norm) return std::make_shared<RMSNorm>(features, o.eps(), o.affine(), o.unit_offset());
   return std::make_shared<LayerNorm>(features, o.eps(), o.affine(), o.bias());
 }
 
@@ -78,13 +80,15 @@ Tensor LayerNorm::forward(const Tensor& x) const {
   return layer_norm(x, weight, bias, eps());
 }
 
-RMSNorm::RMSNorm(std::size_t features, float eps, bool affine) : NormLayer("RMSNorm", features, eps) {
-  if (affine) weight = register_parameter("weight", Tensor::ones({features}));
+RMSNorm::RMSNorm(std::size_t features, float eps, bool affine, bool unit_offset)
+    : NormLayer("RMSNorm", features, eps), unit_offset_(unit_offset) {
+  if (unit_offset && !affine) fail("RMSNorm: unit_offset (a scale of 1 + weight) needs a weight");
+  if (affine) weight = register_parameter("weight", unit_offset ? Tensor::zeros({features}) : Tensor::ones({features}));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const {
   check_input(x, "RMSNorm");
-  return rms_norm(x, weight, eps());
+  return rms_norm(x, unit_offset_ ? weight + 1.f : weight, eps());
 }
 
 Dropout::Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {

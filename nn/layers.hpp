@@ -43,12 +43,19 @@ class LayerNorm : public NormLayer {
 /// Root-mean-square norm over the last axis: x / sqrt(mean(x^2) + eps) * weight, with no mean
 /// subtracted and no bias (the norm of Llama-style models). Init: weight 1. Without `affine` it
 /// has no parameters. The default eps, 1e-6, is Hugging Face Llama's `rms_norm_eps` default.
+/// With `unit_offset` it scales by (1 + weight), the weight starting at 0 (Gemma's RMSNorm).
 class RMSNorm : public NormLayer {
  public:
-  /// Throws for 0 features and for an eps that is not finite and positive.
-  explicit RMSNorm(std::size_t features, float eps = 1e-6f, bool affine = true);
+  /// Throws for 0 features, for an eps that is not finite and positive, and for unit_offset
+  /// without `affine`.
+  explicit RMSNorm(std::size_t features, float eps = 1e-6f, bool affine = true, bool unit_offset = false);
   /// The normalized x; throws naming the shape when x does not end in `features`.
   Tensor forward(const Tensor& x) const override;
+  /// Whether the scale is 1 + weight.
+  bool unit_offset() const { return unit_offset_; }
+
+ private:
+  bool unit_offset_;
 };
 
 /// Inverted dropout while training, identity in eval mode. Masks come from `gen`; threads

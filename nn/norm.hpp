@@ -10,7 +10,8 @@
 namespace xgrad::nn {
 
 /// Which normalization a norm computes over the last axis.
-/// layer_norm: (x - mean) / sqrt(var + eps) * weight + bias; rms_norm: x / sqrt(mean(x^2) + eps) * weight.
+/// layer_norm: (x - mean) / sqrt(var + eps) * weight + bias; rms_norm: x / sqrt(mean(x^2) + eps) * weight
+/// (or * (1 + weight) with NormOptions::unit_offset).
 enum class NormKind { layer_norm, rms_norm };
 
 /// What norm to build, e.g.\ NormOptions().kind(NormKind::rms_norm).eps(1e-6f).
@@ -20,6 +21,8 @@ struct NormOptions {
   XGRAD_ARG(bool, affine, true);                    ///< whether the norm has a weight
   /// Whether a LayerNorm with a weight also has a bias (an RMSNorm never has one).
   XGRAD_ARG(bool, bias, true);
+  /// An RMSNorm with a weight scales by (1 + weight), the weight starting at 0 (Gemma's norms).
+  XGRAD_ARG(bool, unit_offset, false);
 };
 
 /// A norm over the last axis of `features` values: the base of LayerNorm and RMSNorm, so a layer
@@ -48,11 +51,11 @@ class NormLayer : public Module {
 };
 
 /// The norm `options` describe over `features` values: LayerNorm(features, eps, affine, bias) or
-/// RMSNorm(features, eps, affine).
+/// RMSNorm(features, eps, affine, unit_offset).
 std::shared_ptr<NormLayer> make_norm(std::size_t features, const NormOptions& options);
 
 /// Throws, naming `who` and the option, for options make_norm refuses (an eps that is not finite
-/// and positive, an unknown kind).
+/// and positive, an unknown kind, unit_offset on a LayerNorm or on a norm without a weight).
 void check_norm_options(const NormOptions& options, const char* who);
 
 }  // namespace xgrad::nn

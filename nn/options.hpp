@@ -8,7 +8,8 @@ namespace xgrad::nn {
 
 /// Where the norm sits around a residual sublayer f:
 ///   pre:  y = x + f(norm(x))      post: y = norm(x + f(x))      none: y = f(x) (no residual, no norm)
-enum class Norm { pre, post, none };
+///   sandwich: y = x + post_norm(f(norm(x))) (Gemma 2 and 3: a norm before and after f)
+enum class Norm { pre, post, none, sandwich };
 
 /// The activation of a feed-forward sublayer.
 /// gelu: the exact (erf) GELU; gelu_tanh: its tanh approximation (GPT-2's); relu. The gated

@@ -95,7 +95,7 @@ Tensor FeedForward::forward(const Tensor& x) const {
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, Generator& gen) : options_(o) {
-  if (o.norm() == Norm::none) fail("TransformerBlock: norm must be Norm::pre or Norm::post");
+  if (o.norm() == Norm::none) fail("TransformerBlock: norm must be Norm::pre, Norm::post or Norm::sandwich");
   if (o.parallel_residual() && o.norm() != Norm::pre) fail("TransformerBlock: parallel_residual needs Norm::pre");
   if (o.feed_forward().d_model() != o.d_model()) {
     fail("TransformerBlock: the feed-forward's d_model ", o.feed_forward().d_model(), " is not the attention's ",
@@ -121,7 +121,13 @@ BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask
   return {hook("stream_out", y), a.weights};
 }
 
-TransformerBlockOptions LanguageModelOptions::block() const {
+bool LanguageModelOptions::windowed(std::size_t layer) const {
+  return sliding_window_ > 0 &&
+         std::find(full_attention_layers_.begin(), full_attention_layers_.end(), layer) == full_attention_layers_.end();
+}
+
+TransformerBlockOptions LanguageModelOptions::block(std::size_t layer) const {
+  const bool window = windowed(layer), local = window && rope_local_theta_ > 0.f;
   const auto attention = MultiHeadAttentionOptions(d_model_, num_heads_)
                              .num_kv_heads(num_kv_heads_)
                              .head_dim(head_dim_)
@@ -131,11 +137,13 @@ TransformerBlockOptions LanguageModelOptions::block() const {
                              .qkv_bias(qkv_bias_)
                              .out_bias(out_bias_)
                              .rotary(positional_ == Positional::rotary)
-                             .rope_theta(rope_theta_)
-                             .rope_scaling(rope_scaling_options())
+                             .rope_theta(local ? rope_local_theta_ : rope_theta_)
+                             .rope_scaling(local ? RopeScaling() : rope_scaling_options())
                              .rotary_dim(rotary_dim_)
                              .qk_norm(qk_norm_)
-                             .sliding_window(sliding_window_)
+                             .sliding_window(window ? sliding_window_ : 0)
+                             .scale(attn_scale_)
+                             .logit_softcap(attn_softcap_)
                              .kernel(attention_kernel_)
                              .attention_tile(attention_tile_);
   const auto feed_forward =
@@ -177,20 +185,46 @@ void LanguageModel::check(const LanguageModelOptions& o) {
     fail("LanguageModel: vocab_size ", o.vocab_size(), ", num_layers ", o.num_layers(), " and max_len ", o.max_len(),
          " must be positive");
   }
-  if (o.norm() == Norm::none) fail("LanguageModel: norm must be Norm::pre or Norm::post");
+  if (o.norm() == Norm::none) fail("LanguageModel: norm must be Norm::pre, Norm::post or Norm::sandwich");
   if (o.parallel_residual() && o.norm() != Norm::pre) fail("LanguageModel: parallel_residual needs Norm::pre");
   if (!(std::isfinite(o.norm_eps()) && o.norm_eps() > 0.f)) {
     fail("LanguageModel: norm_eps ", o.norm_eps(), " must be finite and > 0");
   }
   if (o.d_ff() == 0) fail("LanguageModel: d_ff 0 must be positive");
+  if (!(std::isfinite(o.embed_scale()) && o.embed_scale() > 0.f))
+    fail("LanguageModel: embed_scale ", o.embed_scale(), " must be finite and > 0");
+  if (!(std::isfinite(o.final_softcap()) && o.final_softcap() >= 0.f))
+    fail("LanguageModel: final_softcap ", o.final_softcap(), " must be finite and >= 0 (0: none)");
+  if (!(std::isfinite(o.rope_local_theta()) && o.rope_local_theta() >= 0.f))
+    fail("LanguageModel: rope_local_theta ", o.rope_local_theta(), " must be finite and >= 0 (0: rope_theta)");
+  if (o.sliding_window() == 0 && (!o.full_attention_layers().empty() || o.rope_local_theta() > 0.f))
+    fail("LanguageModel: full_attention_layers and rope_local_theta apply to windowed blocks; sliding_window is 0");
+  for (std::size_t i = 0; i < o.full_attention_layers().size(); ++i) {
+    const std::size_t l = o.full_attention_layers()[i];
+    if (l >= o.num_layers() || (i > 0 && l <= o.full_attention_layers()[i - 1])) {
+      fail("LanguageModel: full_attention_layers[", i, "] = ", l, " is not a block index in increasing order below ",
+           "num_layers ", o.num_layers());
+    }
+  }
   if (static_cast<int>(o.positional()) < 0 || static_cast<int>(o.positional()) > static_cast<int>(Positional::rotary))
     fail("LanguageModel: unknown positional ", static_cast<int>(o.positional()));
   if (o.init() != Init::pytorch && o.init() != Init::gpt2)
     fail("LanguageModel: unknown init ", static_cast<int>(o.init()));
   // The attention as the model builds it, so its checks name the option.
-  const MultiHeadAttentionOptions attention = o.block().attention();
-  Attention::check(attention);
-  if (attention.rotary()) {
+  // Blocks differ only by the window and its RoPE base: one of each kind is checked.
+  // O(full_attention_layers), whatever num_layers: the first full block, or the first windowed one.
+  std::vector<std::size_t> kinds = {0};
+  const std::vector<std::size_t>& full = o.full_attention_layers();
+  if (o.sliding_window() > 0 && !full.empty()) {
+    std::size_t first_windowed = 0;
+    while (first_windowed < full.size() && full[first_windowed] == first_windowed) ++first_windowed;
+    const std::size_t other = o.windowed(0) ? full.front() : first_windowed;
+    if (other > 0 && other < o.num_layers()) kinds.push_back(other);
+  }
+  for (std::size_t layer : kinds) {
+    const MultiHeadAttentionOptions attention = o.block(layer).attention();
+    Attention::check(attention);
+    if (!attention.rotary()) continue;
     // RoPE's highest frequency, the largest 1 / theta^(2i / r) over i < r / 2: 1 (i = 0) for
     // theta >= 1, 1 / theta^((r - 2) / r) (the last i) for theta < 1. At the last position a tiny
     // theta passes float32 there, and the angles' cos and sin would be NaN. O(1), whatever r.
@@ -239,7 +273,7 @@ detail::ModelSize detail::model_size(const LanguageModelOptions& o) {
   const NormOptions n = o.norm_options();
   const bool norm_bias = n.affine() && n.bias() && n.kind() == NormKind::layer_norm;
   detail::ModelSize block;  // one block's
-  for (int k = 0; k < 2; ++k) block.add(C, n.affine()), block.add(C, norm_bias);
+  for (int k = 0; k < (o.norm() == Norm::sandwich ? 4 : 2); ++k) block.add(C, n.affine()), block.add(C, norm_bias);
   block.add(HD * C), block.add(HD, a.qkv_bias());
   for (int k = 0; k < 2; ++k) block.add(KVD * C), block.add(KVD, a.qkv_bias());
   block.add(C * HD), block.add(C, a.out_bias());
@@ -249,7 +283,7 @@ detail::ModelSize detail::model_size(const LanguageModelOptions& o) {
   detail::ModelSize m;
   m.add(V * C);
   m.add(P * C, o.positional() == Positional::learned);
-  if (o.norm() == Norm::pre) m.add(C, n.affine()), m.add(C, norm_bias);
+  if (o.norm() != Norm::post) m.add(C, n.affine()), m.add(C, norm_bias);
   m.add(V * C, !o.tie_embeddings()), m.add(V, !o.tie_embeddings() && o.head_bias());
   m.values += L * block.values;
   m.tensors += L * block.tensors;
@@ -273,12 +307,11 @@ LanguageModel::LanguageModel(const LanguageModelOptions& o, Generator& gen) : op
   } else if (o.positional() == Positional::sinusoidal) {
     pos_table = std::make_shared<SinusoidalPositionalEncoding>(o.max_len(), o.d_model());
   }
-  const TransformerBlockOptions block = o.block();
   auto list = register_module("blocks", std::make_shared<ModuleList>());
   for (std::size_t i = 0; i < o.num_layers(); ++i) {
-    blocks.push_back(list->push_back(std::make_shared<TransformerBlock>(block, gen)));
+    blocks.push_back(list->push_back(std::make_shared<TransformerBlock>(o.block(i), gen)));
   }
-  if (o.norm() == Norm::pre) final_norm = register_module("final_norm", make_norm(o.d_model(), o.norm_options()));
+  if (o.norm() != Norm::post) final_norm = register_module("final_norm", make_norm(o.d_model(), o.norm_options()));
   if (o.tie_embeddings()) {
     head = register_module("head", std::make_shared<Linear>(tok_emb->weight));  // listed once, as tok_emb.weight
   } else {
@@ -313,7 +346,9 @@ void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
 
 LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& positions, const Mask* padding,
                                        LanguageModelCache* cache, Attentions attentions) const {
-  Tensor h = hook("tok_embed", tok_emb->forward(ids));             // (B, T, C)
+  Tensor h = tok_emb->forward(ids);  // (B, T, C)
+  if (options_.embed_scale() != 1.f) h = h * options_.embed_scale();
+  h = hook("tok_embed", h);
   if (pos_emb) h = h + hook("pos_embed", pos_emb->at(positions));  // (T, C), or (B, T, C) with padding
   if (pos_table) h = h + hook("pos_embed", pos_table->at(positions));
   h = hook("embed", h);
@@ -330,7 +365,7 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
     if (mask.need_weights) out.attentions.push_back(b.attention);
   }
   if (final_norm) h = hook("normalized", final_norm->forward(h));
-  out.logits = hook("logits", head->forward(h));
+  out.logits = hook("logits", head_logits(h));
   return out;
 }
 
@@ -344,6 +379,14 @@ IndexArray count_positions(std::size_t first, std::size_t T) {
 }
 
 }  // namespace
+
+Tensor LanguageModel::head_logits(const Tensor& h) const {
+  const float cap = options_.final_softcap();
+  const Tensor logits = head->forward(h);
+  return cap > 0.f ? tanh(logits / cap) * cap : logits;  // Gemma 2's final_logit_softcapping
+}
+
+Tensor LanguageModel::unembed(const Tensor& h) const { return head_logits(final_norm ? final_norm->forward(h) : h); }
 
 LanguageModelOutput LanguageModel::forward(const IndexArray& ids, Attentions attentions) const {
   check_ids(ids, 0);

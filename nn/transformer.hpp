@@ -4,17 +4,18 @@
 // both:
 //   Pre-Norm:  x = x + attn(attn.norm(x));  y = x + ffn(ffn.norm(x))
 //   Post-Norm: x = attn.norm(x + attn(x));  y = ffn.norm(x + ffn(x))
-// LanguageModel: h = tok_emb(ids) + pos(T) (or RoPE inside attention); h = block_1..N(h) with a
-//   causal mask; Pre-Norm adds a final norm; logits = head(h) (head.weight may be tok_emb.weight).
+// LanguageModel: h = embed_scale tok_emb(ids) + pos(T) (or RoPE inside attention); h = block_1..N(h)
+//   with a causal mask; Pre-Norm and sandwich add a final norm; logits = head(h) (head.weight may be
+//   tok_emb.weight), soft-capped with final_softcap.
 //
 // Hook points (hook.hpp), besides the attention's and each residual connection's:
 //   FeedForward       pre (the activation's input), pre_linear (gated: the up projection),
 //                     hidden (after the activation, the gate product and dropout), out
 //   TransformerBlock  stream_in, stream_mid, stream_out: the residual stream entering the block,
 //                     between its sublayers, and leaving it
-//   LanguageModel     tok_embed (B, T, C: the token embeddings), pos_embed (learned or sinusoidal
+//   LanguageModel     tok_embed (B, T, C: the token embeddings, times embed_scale), pos_embed (learned or sinusoidal
 //                     positions only: (T, C), or (B, T, C) with a padding mask), embed (their sum),
-//                     normalized (Pre-Norm only: the final norm's output, the head's input), logits
+//                     normalized (Pre-Norm and sandwich: the final norm's output, the head's input), logits
 // Shapes: B batch, T length, C d_model, V vocabulary, F FFN width.
 #pragma once
 
@@ -148,7 +149,8 @@ enum class Init { pytorch, gpt2 };
 
 /// The options of LanguageModel, e.g.\ LanguageModelOptions(50257, 768, 12, 12).max_len(1024): one
 /// flat description of the model, as a checkpoint writes it (weights/model_options_json.hpp) and a
-/// config.json maps onto it. Every block gets the same options, derived by block().
+/// config.json maps onto it. Block i's options are derived by block(i): every block gets the same,
+/// but for its window (full_attention_layers) and the RoPE base that goes with it (rope_local_theta).
 struct LanguageModelOptions {
   /// vocab_size V, d_model C, num_heads H (H must divide C) and num_layers; d_ff 4 C; the other
   /// options at their defaults.
@@ -178,12 +180,18 @@ struct LanguageModelOptions {
   XGRAD_ARG(bool, tie_embeddings, false);  ///< head.weight is tok_emb.weight
   XGRAD_ARG(bool, head_bias, true);        ///< the head's bias (none when tied)
   XGRAD_ARG(Init, init, Init::pytorch);
+  /// The token embeddings are multiplied by it (Gemma: sqrt(d_model)); the tied head is not.
+  XGRAD_ARG(float, embed_scale, 1.f);
+  /// Soft-capping of the logits, z -> cap tanh(z / cap) (Gemma 2's final_logit_softcapping); 0: none.
+  XGRAD_ARG(float, final_softcap, 0.f);
   // The norms (every block's two and Pre-Norm's final one).
-  XGRAD_ARG(Norm, norm, Norm::pre);  ///< pre or post (Pre-Norm adds final_norm)
+  XGRAD_ARG(Norm, norm, Norm::pre);  ///< pre, post or sandwich (pre and sandwich add final_norm)
   XGRAD_ARG(NormKind, norm_kind, NormKind::layer_norm);
   XGRAD_ARG(float, norm_eps, 1e-5f);   ///< finite and > 0
   XGRAD_ARG(bool, norm_affine, true);  ///< whether the norms have a weight
   XGRAD_ARG(bool, norm_bias, true);    ///< whether the LayerNorms with a weight have a bias
+  /// RMSNorms scale by (1 + weight), the weights starting at 0 (Gemma), the q and k norms too.
+  XGRAD_ARG(bool, norm_unit_offset, false);
   // The attentions.
   XGRAD_ARG(std::size_t, num_kv_heads, 0);  ///< key/value heads KV (KV divides H); 0: num_heads
   XGRAD_ARG(std::size_t, head_dim, 0);      ///< each head's width D; 0: d_model / num_heads
@@ -201,6 +209,17 @@ struct LanguageModelOptions {
   XGRAD_ARG(bool, qk_norm, false);  ///< an RMSNorm over each head's q and k, before RoPE
   /// Each query sees only its last sliding_window positions (Mistral); 0: every earlier one.
   XGRAD_ARG(std::size_t, sliding_window, 0);
+  /// With a sliding_window, the blocks (by index) that attend to every earlier position instead;
+  /// empty: every block has the window. Gemma 2 alternates (1, 3, 5, ...), Gemma 3 takes every
+  /// sixth (5, 11, ...).
+  XGRAD_ARG(std::vector<std::size_t>, full_attention_layers, {});
+  /// The RoPE base of the windowed blocks, which then take no rope_scaling (Gemma 3's local base);
+  /// 0: rope_theta and the scaling, as the other blocks.
+  XGRAD_ARG(float, rope_local_theta, 0.f);
+  /// The scores' scale, Q K^T * attn_scale; 0: 1 / sqrt(D) (Gemma: 1 / sqrt(query_pre_attn_scalar)).
+  XGRAD_ARG(float, attn_scale, 0.f);
+  /// Soft-capping of every attention's scaled scores, s -> cap tanh(s / cap) (Gemma 2); 0: none.
+  XGRAD_ARG(float, attn_softcap, 0.f);
   /// Every attention's kernel (see AttentionKernel); not stored in checkpoints.
   XGRAD_ARG(AttentionKernel, attention_kernel, AttentionKernel::automatic);
   XGRAD_ARG(std::size_t, attention_tile, 128);  ///< the tiled kernel's tile
@@ -219,7 +238,12 @@ struct LanguageModelOptions {
   LanguageModelOptions& bias(bool on) { return qkv_bias(on).out_bias(on).ffn_bias(on).head_bias(on); }
   /// Every norm's options.
   NormOptions norm_options() const {
-    return NormOptions().kind(norm_kind_).eps(norm_eps_).affine(norm_affine_).bias(norm_bias_);
+    return NormOptions()
+        .kind(norm_kind_)
+        .eps(norm_eps_)
+        .affine(norm_affine_)
+        .bias(norm_bias_)
+        .unit_offset(norm_unit_offset_);
   }
   /// RoPE's scaling as the attentions take it.
   RopeScaling rope_scaling_options() const {
@@ -233,8 +257,11 @@ struct LanguageModelOptions {
         .rope_high_freq_factor(s.high_freq_factor)
         .rope_original_max_len(s.original_max_len);
   }
-  /// Every block's options, derived from these (rotary from positional).
-  TransformerBlockOptions block() const;
+  /// Block `layer`'s options, derived from these (rotary from positional; the window unless the
+  /// block is in full_attention_layers, and with it rope_local_theta).
+  TransformerBlockOptions block(std::size_t layer = 0) const;
+  /// Whether block `layer` attends through the sliding window.
+  bool windowed(std::size_t layer) const;
 };
 
 /// Whether LanguageModel::forward returns the attention weights. keep forms them in every block
@@ -294,12 +321,12 @@ struct Generation {
   std::vector<Array> attention;
 };
 
-/// A decoder-only language model: h = tok_emb(ids) + positions (learned or sinusoidal; none
-/// and rotary add nothing here); h = blocks (causal attention); Pre-Norm adds final_norm;
-/// logits = head(h). With tie_embeddings, head.weight is tok_emb.weight: one parameter (listed
-/// once, as tok_emb.weight) that gets gradients from both uses. Hook points tok_embed (the token
-/// embeddings), pos_embed (learned or sinusoidal positions only), embed (their sum), normalized
-/// (Pre-Norm only: the final norm's output) and logits, besides its blocks'.
+/// A decoder-only language model: h = embed_scale tok_emb(ids) + positions (learned or
+/// sinusoidal; none and rotary add nothing here); h = blocks (causal attention); Pre-Norm and
+/// sandwich add final_norm; logits = head(h), soft-capped with final_softcap. With tie_embeddings, head.weight is
+/// tok_emb.weight: one parameter (listed once, as tok_emb.weight) that gets gradients from both uses. Hook points
+/// tok_embed (the token embeddings), pos_embed (learned or sinusoidal positions only), embed (their sum), normalized
+/// (Pre-Norm and sandwich: the final norm's output) and logits (after final_softcap), besides its blocks'.
 class LanguageModel : public Module {
  public:
   /// Checks the options (check), then draws every parameter from `gen`.
@@ -341,6 +368,9 @@ class LanguageModel : public Module {
   /// front, as the ids are, when they cannot be held).
   Generation generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
+  /// The logits forward gives for a last block's output h (B, T, C): the final norm (if any), the
+  /// head and final_softcap, without hooks (the logit lens's readout).
+  Tensor unembed(const Tensor& h) const;
   /// The options it was built with.
   const LanguageModelOptions& options() const { return options_; }
 
@@ -349,12 +379,13 @@ class LanguageModel : public Module {
   /// When positional is sinusoidal (not a registered module: the table is not saved).
   std::shared_ptr<SinusoidalPositionalEncoding> pos_table;
   std::vector<std::shared_ptr<TransformerBlock>> blocks;  ///< the blocks, registered as "blocks.0" ...
-  std::shared_ptr<NormLayer> final_norm;                  ///< Pre-Norm only
+  std::shared_ptr<NormLayer> final_norm;                  ///< Pre-Norm and sandwich only
   std::shared_ptr<Linear> head;                           ///< C -> V (its weight tok_emb's when tied)
 
  private:
   void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached
   void check_targets(const IndexArray& ids, const IndexArray& targets) const;
+  Tensor head_logits(const Tensor& h) const;  // the head, then final_softcap
   Generation generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& options,
                            Generator& gen, bool keep_attention);
   // The one path of every forward: embeds ids at `positions` (B, T) or (T), applies the position

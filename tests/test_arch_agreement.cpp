@@ -34,10 +34,10 @@ constexpr double kGradTol = 1e-4;    // each parameter's gradient, the same meas
 
 // Every case make_arch_fixtures.py writes.
 const char* const kCases[] = {
-    "classic_pre",  "classic_post", "sinusoidal", "rms_norm",   "no_affine",   "rope",
-    "rope_partial", "gqa",          "mqa",        "qk_norm",    "swiglu",      "geglu",
-    "tied",         "no_bias",      "llama",      "llama_tied", "padded_rope", "padded_learned",
-    "parallel",     "wide_heads",   "window",     "rope_llama3"};
+    "classic_pre",  "classic_post", "sinusoidal", "rms_norm",    "no_affine",   "rope",
+    "rope_partial", "gqa",          "mqa",        "qk_norm",     "swiglu",      "geglu",
+    "tied",         "no_bias",      "llama",      "llama_tied",  "padded_rope", "padded_learned",
+    "parallel",     "wide_heads",   "window",     "rope_llama3", "gemma"};
 
 std::string case_path(const std::string& name, const char* suffix) {
   return testing::fixture_path("arch/" + name + suffix);

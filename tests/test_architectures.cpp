@@ -68,6 +68,24 @@ std::vector<Variant> variants() {
                                                                           .norm_bias(false)
                                                                           .init(nn::Init::gpt2)},
       {"gpt2 style", nn::LanguageModelOptions::gpt2_style(11, 16, 4, 2).max_len(12).dropout(0.f)},
+      {"gemma (sandwich (1 + w) RMSNorms, caps, a windowed and a full block, local RoPE base, scaled embeddings)",
+       base()
+           .norm(nn::Norm::sandwich)
+           .norm_kind(nn::NormKind::rms_norm)
+           .norm_unit_offset(true)
+           .activation(nn::Activation::geglu_tanh)
+           .positional(nn::Positional::rotary)
+           .qk_norm(true)
+           .head_dim(8)
+           .num_kv_heads(2)
+           .sliding_window(3)
+           .full_attention_layers({1})
+           .rope_local_theta(100.f)
+           .attn_scale(0.3f)
+           .attn_softcap(1.5f)
+           .final_softcap(2.f)
+           .embed_scale(4.f)
+           .tie_embeddings(true)},
   };
 }
 
@@ -496,4 +514,84 @@ TEST_CASE("architectures: patching one key/value head of grouped-query attention
   REQUIRE(own(0, 1, 0) != want(0, 1, 0));
   CHECK_THROWS_WITH(inspect::PatchSet(lm, source, {{"blocks.0.attn.k", 2, std::nullopt}}),
                     Contains("PatchSet: head 2 at point 'blocks.0.attn.k', whose attention has 2 key/value heads"));
+}
+
+TEST_CASE("architectures: Gemma's options are checked by name before anything is built", "[nn][arch][bad_input]") {
+  const nn::LanguageModelOptions ok = base().positional(nn::Positional::rotary).sliding_window(3);
+  auto error = [](const nn::LanguageModelOptions& o) {
+    try {
+      nn::LanguageModel::check(o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK(error(nn::LanguageModelOptions(ok).full_attention_layers({1}).rope_local_theta(100.f)) == "(accepted)");
+  CHECK_THAT(error(base().full_attention_layers({1})),
+             Contains("LanguageModel: full_attention_layers and rope_local_theta apply to windowed blocks; "
+                      "sliding_window is 0"));
+  CHECK_THAT(error(base().rope_local_theta(100.f)), Contains("sliding_window is 0"));
+  CHECK_THAT(error(nn::LanguageModelOptions(ok).full_attention_layers({2})),
+             Contains("full_attention_layers[0] = 2 is not a block index in increasing order below num_layers 2"));
+  CHECK_THAT(error(nn::LanguageModelOptions(ok).full_attention_layers({1, 1})),
+             Contains("full_attention_layers[1] = 1 is not a block index"));
+  CHECK_THAT(error(nn::LanguageModelOptions(ok).rope_local_theta(-1.f)),
+             Contains("LanguageModel: rope_local_theta -1 must be finite and >= 0 (0: rope_theta)"));
+  CHECK_THAT(error(base().norm_unit_offset(true)),
+             Contains("MultiHeadAttention: norm unit_offset (a scale of 1 + weight) needs an RMSNorm with a weight"));
+  CHECK_THAT(error(base().norm_kind(nn::NormKind::rms_norm).norm_affine(false).norm_unit_offset(true)),
+             Contains("needs an RMSNorm with a weight"));
+  CHECK_THAT(error(base().attn_softcap(-1.f)),
+             Contains("MultiHeadAttention: logit_softcap -1 must be finite and >= 0 (0: none)"));
+  CHECK_THAT(error(base().attn_scale(std::nanf(""))),
+             Contains("MultiHeadAttention: scale nan must be finite and >= 0"));
+  CHECK_THAT(error(base().final_softcap(INFINITY)),
+             Contains("LanguageModel: final_softcap inf must be finite and >= 0"));
+  CHECK_THAT(error(base().embed_scale(0.f)), Contains("LanguageModel: embed_scale 0 must be finite and > 0"));
+  CHECK_THAT(error(base().norm(nn::Norm::none)),
+             Contains("LanguageModel: norm must be Norm::pre, Norm::post or Norm::sandwich"));
+  CHECK_THROWS_WITH(nn::RMSNorm(4, 1e-6f, false, true),
+                    Contains("RMSNorm: unit_offset (a scale of 1 + weight) needs a weight"));
+  // A (1 + w) norm starts at the identity scale: its weight is 0.
+  const nn::RMSNorm gemma_norm(4, 1e-6f, true, true);
+  CHECK(xt::amax(xt::abs(gemma_norm.weight.value()))() == 0.f);
+}
+
+TEST_CASE("architectures: attention with a scale and a soft cap, and sandwich norms, gradchecked with the input",
+          "[nn][gradcheck][arch][gemm]") {
+  for (const nn::Norm norm : {nn::Norm::pre, nn::Norm::sandwich}) {
+    INFO("sandwich " << (norm == nn::Norm::sandwich));
+    Generator gen(73);
+    nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions(16, 4)
+                                   .num_kv_heads(2)
+                                   .dropout(0.f)
+                                   .norm(norm)
+                                   .qk_norm(true)
+                                   .rotary(true)
+                                   .sliding_window(2)
+                                   .scale(0.35f)
+                                   .logit_softcap(1.f)
+                                   .norm_options(nn::NormOptions().kind(nn::NormKind::rms_norm).unit_offset(true)),
+                               gen);
+    randomize_norms(mha, 74);
+    for (auto& [name, p] : mha.named_parameters()) {  // (1 + w) scales near 1, as randomize_norms means
+      if (name.find("norm.weight") != std::string::npos) p.mutable_value() -= 1.f;
+    }
+    REQUIRE(static_cast<bool>(mha.post_norm) == (norm == nn::Norm::sandwich));
+    nn::AttentionMask mask;
+    mask.causal = true;
+    const Tensor x = randn({2, 5, 16}, 75);
+    const GradcheckResult res =
+        check_module_grads(mha, [&](const Ins& in) { return mha.forward(in[0], mask).output; }, {x});
+    INFO(res.report);
+    REQUIRE(res.ok);
+    REQUIRE(res.tensors == 1 + mha.named_parameters().size());
+    // the cap bends the scores: without it the output differs
+    Generator same(73);
+    nn::MultiHeadAttention uncapped(nn::MultiHeadAttentionOptions(mha.options()).logit_softcap(0.f), same);
+    weights::load_state_dict(uncapped, weights::state_dict(mha));
+    NoGradGuard no_grad;
+    const Array a = mha.forward(x, mask).output.value(), b = uncapped.forward(x, mask).output.value();
+    CHECK(xt::amax(xt::abs(a - b))() > 1e-3);
+  }
 }

@@ -1093,7 +1093,7 @@ TEST_CASE("model options and checkpoint formats that cannot be read are refused 
       {edited("num_heads", -2), "who: model option num_heads = -2 is not a whole number up to 2^32"},
       {edited("d_model", 2.5), "model option d_model = 2.5 is not a whole number"},
       {edited("num_layers", 1e30), "model option num_layers = 1e+30 is not a whole number"},
-      {edited("norm", "sideways"), "model option norm = \"sideways\" is not one of pre, post"},
+      {edited("norm", "sideways"), "model option norm = \"sideways\" is not one of pre, post, sandwich"},
       {edited("activation", 3), "model option activation = 3 is not one of gelu, gelu_tanh, relu"},
       {edited("dropout", "0.1"), "model option dropout = \"0.1\" is not a number"},
       {edited("norm_eps", 1e300), "model option norm_eps = 1e+300 is not a finite float"},
@@ -1337,7 +1337,7 @@ TEST_CASE("stored model options with a field twice or values that describe no mo
       {edited("vocab_size", "0"), "who: LanguageModel: vocab_size 0, num_layers 2 and max_len 8 must be positive"},
       {edited("d_model", "8.0"), "who: model option d_model = 8.0 is not a whole number up to 2^32"},
       {edited("dropout", "true"), "who: model option dropout = true is not a number"},
-      {edited("norm", "null"), "who: model option norm = null is not one of pre, post"},
+      {edited("norm", "null"), "who: model option norm = null is not one of pre, post, sandwich"},
       {edited("max_len", "1e30"), "who: model option max_len = 1e+30 is not a whole number up to 2^32"},
   };
   for (const auto& [text, message] : cases) {

@@ -1,4 +1,4 @@
-// weights/hf_import's families beside Llama (qwen2, qwen3, mistral, phi3, gpt_neox) against tests/fixtures/hf_families/
+// weights/hf_import's families beside Llama (qwen2, qwen3, mistral, phi3, gpt_neox, gpt2) against tests/fixtures/hf_families/
 // (make_hf_family_fixtures.py: tiny Hugging Face folders with a float64 torch mirror's logits, loss
 // and gradients), the cached forward against the full one, and what each family refuses.
 // Shapes: B batch, T length, V vocabulary, C hidden_size, H heads, KV key/value heads, D head_dim.
@@ -12,8 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xmath.hpp>
 
-#include "fixture.hpp"
-#include "test_files.hpp"
+#include "hf_families.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/safetensors.hpp"
@@ -27,85 +26,12 @@ using Catch::Matchers::Contains;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr double kLogitTol = 1e-5, kGradTol = 1e-4;  // max |got - want| / max |want|
-
-std::string folder(const std::string& name) { return testing::fixture_path("hf_families/" + name); }
-
-std::map<std::string, Array> expected(const std::string& name) {
-  std::map<std::string, Array> out;
-  for (auto& [n, a] : load_safetensors(folder(name) + "/expected.safetensors").tensors) out.emplace(n, a);
-  return out;
-}
-
-IndexArray as_ids(const Array& a) {
-  IndexArray out = IndexArray::from_shape(a.shape());
-  for (std::size_t i = 0; i < a.size(); ++i) out.data()[i] = static_cast<std::int64_t>(a.data()[i]);
-  return out;
-}
-
-// A copy of a fixture folder to break.
-struct Broken {
-  explicit Broken(const std::string& name) : dir("xgrad_hf_family") {
-    for (const auto& e : fs::directory_iterator(folder(name)))
-      fs::copy(e.path(), dir.path + "/" + e.path().filename().string());
-  }
-  void edit(const std::string& field, const json& value) const {
-    json j = json::parse(testing::read_bytes(dir.file("config.json")));
-    j[field] = value;
-    testing::write_bytes(dir.file("config.json"), j.dump(2));
-  }
-  std::string error() const {
-    try {
-      weights::load_hf_model(dir.path);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "(loaded)";
-  }
-  testing::TempDir dir;
-};
-
-// The folder's model against the mirror: logits, loss, and every parameter's gradient after one
-// backward (fused tensors split as xgrad holds them).
-void check_agreement(const std::string& name, nn::LanguageModel& model) {
-  std::map<std::string, Array> e = expected(name);
-  const IndexArray ids = as_ids(e.at("ids")), targets = as_ids(e.at("targets"));
-  {
-    NoGradGuard no_grad;
-    const double err = testing::rel_error(model.forward(ids).logits.value(), e.at("logits"));
-    CAPTURE(err);
-    CHECK(err <= kLogitTol);
-  }
-  model.zero_grad();
-  const Tensor loss = model.loss(ids, targets);
-  CHECK(loss.value()() == Approx(e.at("loss")()).epsilon(1e-5));
-  loss.backward();
-  std::size_t compared = 0;
-  for (const auto& [pname, p] : model.named_parameters()) {
-    const auto want = e.find("grad." + pname);
-    INFO(pname);
-    REQUIRE(want != e.end());
-    REQUIRE(p.grad().shape() == want->second.shape());
-    const double largest = xt::amax(xt::abs(want->second))();
-    if (largest < 1e-10) {
-      // Zero in exact arithmetic (GPT-2's key bias: the softmax ignores a shift common to a row of
-      // scores): float32 rounding is all either side holds.
-      CHECK(double(xt::amax(xt::abs(p.grad()))()) <= 1e-5);
-    } else {
-      const double err = testing::rel_error(p.grad(), want->second);
-      CAPTURE(err);
-      CHECK(err <= kGradTol);
-    }
-    ++compared;
-  }
-  std::size_t grads = 0;
-  for (const auto& [n, a] : e) grads += n.rfind("grad.", 0) == 0;
-  CHECK(compared == grads);
-}
-
-}  // namespace
+using testing::as_ids;
+using testing::check_agreement;
+using testing::expected;
+using testing::folder;
+using testing::kLogitTol;
+using Broken = testing::BrokenFolder;
 
 TEST_CASE(
     "Qwen 2, Qwen 3, Mistral, Phi-3 and GPT-NeoX folders load with the logits, loss and gradients of the "
@@ -174,10 +100,9 @@ TEST_CASE(
 
 TEST_CASE("hf families: the cached forward, in chunks and token by token, equals the full one", "[hf_families][gemm]") {
   for (const char* name : {"qwen2", "qwen3", "phi3", "gpt_neox", "mistral", "phi3_window", "llama_rope_llama3",
-                           "llama_rope_linear", "gpt2"}) {
+                           "llama_rope_linear", "gpt2", "gemma2", "gemma3", "gemma3_scaled", "qwen2_window"}) {
     SECTION(name) {
       const auto model = weights::load_hf_model(folder(name));
-      const std::size_t window = model->options().sliding_window();
       const IndexArray ids = as_ids(expected(name).at("ids"));
       const std::size_t B = ids.shape()[0], T = ids.shape()[1];
       NoGradGuard no_grad;
@@ -197,9 +122,12 @@ TEST_CASE("hf families: the cached forward, in chunks and token by token, equals
         }
         INFO("chunk " << chunk);
         CHECK(testing::rel_error(cached, full) <= kLogitTol);
-        // a sliding window keeps only its last positions
+        // a windowed block keeps only its last positions, a full one every position
         CHECK(cache.length() == T);
-        for (const nn::KVCache& block : cache.blocks) CHECK(block.held() == (window ? window : T));
+        for (std::size_t l = 0; l < cache.blocks.size(); ++l) {
+          const std::size_t window = model->blocks[l]->attn->options().sliding_window();
+          CHECK(cache.blocks[l].held() == (window ? window : T));
+        }
       }
     }
   }
@@ -304,11 +232,14 @@ TEST_CASE(
 
 TEST_CASE("hf families: what each family does not implement is refused by name", "[hf_families][bad_input]") {
   const std::string families =
-      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\", \"gpt2\")";
+      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\", \"gpt2\", "
+      "\"gemma2\", \"gemma3_text\")";
   {
     Broken b("qwen2");
-    b.edit("model_type", "gemma2");
-    CHECK_THAT(b.error(), Contains("config.json': model_type \"gemma2\" is not implemented " + families));
+    b.edit("model_type", "gemma");
+    CHECK_THAT(b.error(), Contains("config.json': model_type \"gemma\" is not implemented " + families));
+    b.edit("model_type", "gemma3");  // the image-and-text model; its text model is gemma3_text
+    CHECK_THAT(b.error(), Contains("config.json': model_type \"gemma3\" is not implemented " + families));
   }
   {
     Broken b("qwen2");
@@ -319,19 +250,18 @@ TEST_CASE("hf families: what each family does not implement is refused by name",
   }
   {
     Broken b("qwen2");
-    b.edit("use_sliding_window", true);
-    CHECK_THAT(b.error(), Contains("field \"use_sliding_window\" is true; sliding-window attention "
-                                   "(use_sliding_window) is not implemented"));
-    b.edit("use_sliding_window", false);
     b.edit("use_mrope", true);
     CHECK_THAT(b.error(), Contains("field \"use_mrope\" is true; multimodal rotary embeddings (use_mrope) is not "
                                    "implemented"));
   }
   {
     Broken b("qwen3");
-    b.edit("layer_types", json::array({"full_attention", "sliding_attention"}));
-    CHECK_THAT(b.error(), Contains("field \"layer_types\" holds \"sliding_attention\"; only \"full_attention\" layers "
-                                   "are implemented"));
+    b.edit("layer_types", json::array({"full_attention", "chunked_attention"}));
+    CHECK_THAT(b.error(), Contains("field \"layer_types\" holds \"chunked_attention\" at index 1; "
+                                   "\"sliding_attention\" and \"full_attention\" are implemented"));
+    b.edit("layer_types", json::array({"full_attention"}));
+    CHECK_THAT(b.error(), Contains("field \"layer_types\" must be an array of num_hidden_layers 2 entries, got "
+                                   "[\"full_attention\"]"));
   }
   {
     Broken b("qwen3");

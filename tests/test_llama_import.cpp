@@ -369,7 +369,8 @@ TEST_CASE("bad input: config.json fields that change the forward pass are read o
     REQUIRE_THROWS_WITH(weights::llama_options(b.path()), "llama_options: '" + cfg + "': " + message);
   };
   const std::string families =
-      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\", \"gpt2\")";
+      "(this xgrad loads \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gpt_neox\", \"gpt2\", "
+      "\"gemma2\", \"gemma3_text\")";
   refused({{"model_type", "granite"}}, "model_type \"granite\" is not implemented " + families);
   refused({{"model_type", "mistral"}, {"sliding_window", 4096}},
           "model_type \"mistral\" is not \"llama\"; load_hf_model and hf_model_options read every family");

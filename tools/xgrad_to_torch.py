@@ -56,18 +56,21 @@ ACTIVATIONS = {  # act, and whether the feed-forward is gated: linear2(act(gate(
     "geglu_tanh": (lambda x: F.gelu(x, approximate="tanh"), True),
 }
 COUNTS = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len")
-CHOICES = {"norm": ("pre", "post"), "norm_kind": ("layer_norm", "rms_norm"), "activation": tuple(ACTIVATIONS),
+CHOICES = {"norm": ("pre", "post", "sandwich"), "norm_kind": ("layer_norm", "rms_norm"), "activation": tuple(ACTIVATIONS),
            "positional": ("learned", "sinusoidal", "none", "rotary"), "init": ("pytorch", "gpt2"),
            "rope_scaling": ("none", "linear", "dynamic", "llama3")}
 BOOLS = ("norm_affine", "norm_bias", "qk_norm", "qkv_bias", "out_bias", "ffn_bias", "head_bias", "tie_embeddings",
-         "parallel_residual")
+         "parallel_residual", "norm_unit_offset")
+# Non-negative numbers, 0 meaning off (or, for attn_scale, 1 / sqrt(D)); embed_scale is positive.
+SCALES = ("rope_local_theta", "attn_scale", "attn_softcap", "embed_scale", "final_softcap")
 # The value a field has in files written before it existed (num_kv_heads 0: num_heads).
 CLASSIC = {"num_kv_heads": 0, "head_dim": 0, "sliding_window": 0, "norm_kind": "layer_norm", "norm_eps": 1e-5, "norm_affine": True, "norm_bias": True,
            "activation": "gelu", "positional": "learned", "rope_theta": 10000.0, "rotary_dim": 0, "qk_norm": False,
            "rope_scaling": "none", "rope_factor": 1.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
            "rope_original_max_len": 0,
            "qkv_bias": True, "out_bias": True, "ffn_bias": True, "head_bias": True, "tie_embeddings": False,
-           "init": "pytorch", "parallel_residual": False}
+           "init": "pytorch", "parallel_residual": False, "norm_unit_offset": False, "full_attention_layers": [],
+           "rope_local_theta": 0.0, "attn_scale": 0.0, "attn_softcap": 0.0, "embed_scale": 1.0, "final_softcap": 0.0}
 DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
           "U8": "u1", "BOOL": "?"}
 
@@ -156,7 +159,8 @@ def complete_options(stored, who):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if count else 1):
             if not (name == "max_len" and v is None):  # a format-1 file with sinusoidal positions
                 raise bad(name, "is not a positive whole number" if not count else "is not a count")
-    for name in ("dropout", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+    for name in ("dropout", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
+                 "rope_high_freq_factor") + SCALES:
         if isinstance(o[name], bool) or not isinstance(o[name], (int, float)) or not math.isfinite(o[name]):
             raise bad(name, "is not a finite number")
     for name, choices in CHOICES.items():
@@ -165,6 +169,17 @@ def complete_options(stored, who):
     for name in BOOLS:
         if not isinstance(o[name], bool):
             raise bad(name, "is not true or false")
+    for name in SCALES:
+        if o[name] < 0 or (name == "embed_scale" and o[name] == 0):
+            raise bad(name, "is not positive" if name == "embed_scale" else "is negative")
+    layers = o["full_attention_layers"]
+    if not isinstance(layers, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers) or \
+            layers != sorted(set(layers)) or any(not 0 <= i < o["num_layers"] for i in layers):
+        raise bad("full_attention_layers", "is not a list of block indexes in increasing order")
+    if (layers or o["rope_local_theta"]) and not o["sliding_window"]:
+        raise bad("full_attention_layers" if layers else "rope_local_theta", "needs a sliding_window")
+    if o["norm_unit_offset"] and (o["norm_kind"] != "rms_norm" or not o["norm_affine"]):
+        raise bad("norm_unit_offset", "needs an RMSNorm with a weight")
     if not 0 <= o["dropout"] < 1:
         raise bad("dropout", "is not in [0, 1)")
     if o["norm_eps"] <= 0 or o["rope_theta"] <= 0:
@@ -203,12 +218,13 @@ def read_checkpoint(path):
 
 class Norm(nn.Module):
     """LayerNorm, or RMSNorm x / sqrt(mean(x^2) + eps) * weight in float32 (Hugging Face's
-    LlamaRMSNorm), over the last axis; weight when affine, bias for a LayerNorm with bias."""
+    LlamaRMSNorm; with unit_offset * (1 + weight), Gemma's), over the last axis; weight when affine,
+    bias for a LayerNorm with bias."""
 
-    def __init__(self, width, kind, eps, affine=True, bias=True):
+    def __init__(self, width, kind, eps, affine=True, bias=True, unit_offset=False):
         super().__init__()
-        self.kind, self.eps = kind, eps
-        self.weight = nn.Parameter(torch.ones(width)) if affine else None
+        self.kind, self.eps, self.offset = kind, eps, 1.0 if unit_offset else 0.0
+        self.weight = nn.Parameter(torch.ones(width) - self.offset) if affine else None
         self.bias = nn.Parameter(torch.zeros(width)) if affine and bias and kind == "layer_norm" else None
 
     def forward(self, x):
@@ -216,11 +232,16 @@ class Norm(nn.Module):
             return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return y.to(x.dtype) if self.weight is None else self.weight * y.to(x.dtype)
+        return y.to(x.dtype) if self.weight is None else (self.offset + self.weight) * y.to(x.dtype)
 
 
 def norm_of(o):
-    return Norm(o["d_model"], o["norm_kind"], o["norm_eps"], o["norm_affine"], o["norm_bias"])
+    return Norm(o["d_model"], o["norm_kind"], o["norm_eps"], o["norm_affine"], o["norm_bias"], o["norm_unit_offset"])
+
+
+def windowed(o, layer):
+    """Whether block `layer` attends through the sliding window (full_attention_layers opt out)."""
+    return o["sliding_window"] > 0 and layer not in o["full_attention_layers"]
 
 
 def inv_freq(r, theta, o, length):
@@ -256,10 +277,12 @@ def rotate(x, positions, r, theta, o):
 
 
 class Attention(nn.Module):
-    """softmax(Q_h K_{h/(H/KV)}^T / sqrt(D) + causal and padding masks) V, heads concatenated,
-    then w_o; QK-norm and RoPE on q and k first when the options ask for them."""
+    """softmax(cap(Q_h K_{h/(H/KV)}^T * scale) + causal and padding masks) V, heads concatenated,
+    then w_o, with scale attn_scale or 1 / sqrt(D) and cap s -> c tanh(s / c) for attn_softcap c;
+    QK-norm and RoPE on q and k first when the options ask for them. Block `layer` takes the
+    sliding window unless full_attention_layers lists it, and then rope_local_theta without scaling."""
 
-    def __init__(self, o):
+    def __init__(self, o, layer=0):
         super().__init__()
         c, self.heads, self.kv_heads = o["d_model"], o["num_heads"], o["num_kv_heads"]
         d = self.head_dim = head_dim(o)
@@ -268,11 +291,14 @@ class Attention(nn.Module):
         self.w_v = nn.Linear(c, self.kv_heads * d, bias=o["qkv_bias"])
         self.w_o = nn.Linear(self.heads * d, c, bias=o["out_bias"])
         if o["qk_norm"]:
-            self.q_norm = Norm(d, "rms_norm", o["norm_eps"])
-            self.k_norm = Norm(d, "rms_norm", o["norm_eps"])
+            self.q_norm = Norm(d, "rms_norm", o["norm_eps"], unit_offset=o["norm_unit_offset"])
+            self.k_norm = Norm(d, "rms_norm", o["norm_eps"], unit_offset=o["norm_unit_offset"])
         self.rotary_dim = (o["rotary_dim"] or d) if o["positional"] == "rotary" else 0
         self.rope_theta, self.options = o["rope_theta"], o
-        self.window = o["sliding_window"]
+        self.window = o["sliding_window"] if windowed(o, layer) else 0
+        if self.window and o["rope_local_theta"]:
+            self.rope_theta, self.options = o["rope_local_theta"], dict(o, rope_scaling="none")
+        self.scale, self.cap = o["attn_scale"] or 1.0 / math.sqrt(d), o["attn_softcap"]
         self.dropout = nn.Dropout(o["dropout"])
 
     def forward(self, x, positions, padding=None):
@@ -288,7 +314,9 @@ class Attention(nn.Module):
             k = rotate(k, positions, self.rotary_dim, self.rope_theta, self.options)
         group = self.heads // self.kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # Hugging Face's repeat_kv
-        scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(self.head_dim))
+        scores = q @ k.transpose(-2, -1) * self.scale
+        if self.cap:
+            scores = torch.tanh(scores / self.cap) * self.cap
         blocked = torch.ones(t, t, dtype=torch.bool).triu(1)
         if self.window:  # query i sees keys i - window + 1 .. i
             blocked = blocked | torch.ones(t, t, dtype=torch.bool).tril(-self.window)
@@ -320,17 +348,24 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-Norm x + f(norm(x)), Post-Norm norm(x + f(x)), for f = attn, then ffn; each owns its norm.
-    With parallel_residual (Pre-Norm): x + attn(norm1(x)) + ffn(norm2(x))."""
+    """Pre-Norm x + f(norm(x)), Post-Norm norm(x + f(x)), sandwich x + post_norm(f(norm(x))), for
+    f = attn, then ffn; each owns its norms. With parallel_residual (Pre-Norm): x + attn(norm1(x)) +
+    ffn(norm2(x))."""
 
-    def __init__(self, o):
+    def __init__(self, o, layer=0):
         super().__init__()
-        self.pre, self.attn, self.ffn = o["norm"] == "pre", Attention(o), FeedForward(o)
+        self.pre, self.attn, self.ffn = o["norm"] != "post", Attention(o, layer), FeedForward(o)
         self.parallel = o["parallel_residual"]
         self.attn.norm, self.ffn.norm = norm_of(o), norm_of(o)
+        if o["norm"] == "sandwich":
+            self.attn.post_norm, self.ffn.post_norm = norm_of(o), norm_of(o)
 
     def forward(self, x, positions, padding=None):
         a, weights = self.attn(self.attn.norm(x) if self.pre else x, positions, padding)
+        if hasattr(self.attn, "post_norm"):
+            a = self.attn.post_norm(a)
+            x = x + a
+            return x + self.ffn.post_norm(self.ffn(self.ffn.norm(x))), weights
         if self.parallel:
             return x + a + self.ffn(self.ffn.norm(x)), weights
         x = x + a if self.pre else self.attn.norm(x + a)
@@ -357,8 +392,8 @@ class LanguageModel(nn.Module):
         self.tok_emb = nn.Embedding(o["vocab_size"], o["d_model"])
         if o["positional"] == "learned":
             self.pos_emb = nn.Embedding(o["max_len"], o["d_model"])  # the same parameter name, "pos_emb.weight"
-        self.blocks = nn.ModuleList(Block(o) for _ in range(o["num_layers"]))
-        self.final_norm = norm_of(o) if o["norm"] == "pre" else None
+        self.blocks = nn.ModuleList(Block(o, n) for n in range(o["num_layers"]))
+        self.final_norm = norm_of(o) if o["norm"] != "post" else None
         if not o["tie_embeddings"]:
             self.head = nn.Linear(o["d_model"], o["vocab_size"], bias=o["head_bias"])
 
@@ -381,6 +416,8 @@ class LanguageModel(nn.Module):
             real = (~key_padding_mask).long()
             positions = real.cumsum(1) - real  # exclusive
         h = self.tok_emb(ids)
+        if self.options["embed_scale"] != 1.0:
+            h = h * self.options["embed_scale"]
         if self.options["positional"] == "learned":
             h = h + self.pos_emb(positions)
         elif self.options["positional"] == "sinusoidal":
@@ -392,6 +429,8 @@ class LanguageModel(nn.Module):
         if self.final_norm is not None:
             h = self.final_norm(h)
         logits = h @ self.tok_emb.weight.t() if self.options["tie_embeddings"] else self.head(h)
+        if self.options["final_softcap"]:
+            logits = torch.tanh(logits / self.options["final_softcap"]) * self.options["final_softcap"]
         return (logits, attentions) if return_attentions else logits
 
     def loss(self, ids, targets, key_padding_mask=None):
@@ -464,7 +503,8 @@ def llama_obstacles(o):
     d = head_dim(o)
     need = [("norm", "pre"), ("norm_kind", "rms_norm"), ("norm_affine", True), ("positional", "rotary"),
             ("activation", "swiglu"), ("qk_norm", False), ("qkv_bias", False), ("out_bias", False),
-            ("ffn_bias", False), ("parallel_residual", False), ("sliding_window", 0)]
+            ("ffn_bias", False), ("parallel_residual", False), ("sliding_window", 0), ("norm_unit_offset", False),
+            ("attn_scale", 0.0), ("attn_softcap", 0.0), ("embed_scale", 1.0), ("final_softcap", 0.0)]
     out = ["%s %s (Llama has %s)" % (f, json.dumps(o[f]), json.dumps(v)) for f, v in need if o[f] != v]
     if o["positional"] == "rotary" and o["rotary_dim"] not in (0, d):
         out.append("rotary_dim %d (Llama rotates all %d channels of a head)" % (o["rotary_dim"], d))

@@ -228,6 +228,26 @@ void require_activation(const ConfigReader& r, const char* field, const char* ex
   }
 }
 
+std::vector<std::size_t> read_full_attention_layers(const ConfigReader& r, std::size_t L,
+                                                    const std::function<bool(std::size_t)>& slides) {
+  const json* types = r.find("layer_types", true);
+  if (types && (!types->is_array() || types->size() != L)) {
+    r.fail_field("field \"layer_types\" must be an array of num_hidden_layers " + std::to_string(L) + " entries, got " +
+                 json_excerpt(*types));
+  }
+  std::vector<std::size_t> full;
+  for (std::size_t i = 0; i < L; ++i) {
+    const json t = types ? (*types)[i] : json(slides(i) ? "sliding_attention" : "full_attention");
+    if (t == "full_attention") {
+      full.push_back(i);
+    } else if (t != "sliding_attention") {
+      r.fail_field("field \"layer_types\" holds " + json_excerpt(t) + " at index " + std::to_string(i) +
+                   "; \"sliding_attention\" and \"full_attention\" are implemented");
+    }
+  }
+  return full;
+}
+
 void add_linear(std::vector<TensorMap>& out, const std::string& hf, const std::string& xgrad, std::size_t rows,
                 std::size_t cols, bool bias) {
   out.push_back({hf + ".weight", xgrad + ".weight", {rows, cols}});

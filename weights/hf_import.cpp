@@ -46,10 +46,10 @@ struct Family {
   const char* model_type;
   HfLayout (*layout)(const ConfigReader&);
 };
-constexpr Family kFamilies[] = {{"llama", detail::llama_layout}, {"qwen2", detail::qwen2_layout},
-                                {"qwen3", detail::qwen3_layout}, {"mistral", detail::mistral_layout},
-                                {"phi3", detail::phi3_layout},   {"gpt_neox", detail::gpt_neox_layout},
-                                {"gpt2", detail::gpt2_layout}};
+constexpr Family kFamilies[] = {
+    {"llama", detail::llama_layout},     {"qwen2", detail::qwen2_layout},   {"qwen3", detail::qwen3_layout},
+    {"mistral", detail::mistral_layout}, {"phi3", detail::phi3_layout},     {"gpt_neox", detail::gpt_neox_layout},
+    {"gpt2", detail::gpt2_layout},       {"gemma2", detail::gemma2_layout}, {"gemma3_text", detail::gemma3_layout}};
 
 // config.json, read and checked: the model's options and where its parameters are. `only`, when
 // given, is the one model_type taken.

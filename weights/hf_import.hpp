@@ -2,7 +2,7 @@
 /// Hugging Face checkpoint folders (config.json and model.safetensors, or shards under
 /// model.safetensors.index.json) read into a LanguageModel, by the family config.json's
 /// model_type names: "llama" (Llama 2 and 3, SmolLM2), "qwen2" (Qwen 2 and 2.5), "qwen3",
-/// "mistral", "phi3", "gpt_neox" (Pythia), "gpt2".
+/// "mistral", "phi3", "gpt_neox" (Pythia), "gpt2", "gemma2", "gemma3_text" (Gemma 3's text models).
 /// Everything is checked before the model is built: config.json field by field (a field that may
 /// change the forward pass and is not implemented is refused by name), then every file's header
 /// against the tensors the configuration needs; then each tensor is read straight into its
@@ -91,8 +91,9 @@ std::vector<std::string> hf_model_types();
 /// @code{.unparsed}
 ///   llama   as llama_options
 ///   qwen2   as llama, with biases on q_proj, k_proj and v_proj (not o_proj) and none elsewhere
-///           (qkv_bias, no out_bias); use_sliding_window must be false and layer_types, when
-///           given, all "full_attention" (sliding_window and max_window_layers then change nothing)
+///           (qkv_bias, no out_bias); with use_sliding_window, sliding_window on the layers
+///           layer_types calls "sliding_attention" (absent: from max_window_layers on), the others
+///           in full_attention_layers; without it, every layer attends to every earlier position
 ///   qwen3   as qwen2, with self_attn.q_norm and k_norm (qk_norm: an RMSNorm of D with rms_norm_eps
 ///           over each head's q and k, before RoPE), head_dim (default 128, as Qwen3Config's),
 ///           and attention_bias (default false) for all four projections
@@ -112,8 +113,22 @@ std::vector<std::string> hf_model_types();
 ///           (gelu_new, gelu_pytorch_tanh, gelu, relu); Conv1D weights (in, out) read transposed,
 ///           attn.c_attn's columns as q, k, v; names with or without "transformer."; the
 ///           training dropouts (embd_pdrop, attn_pdrop, resid_pdrop) read, the model at dropout 0
+///   gemma2  Gemma 2: norm sandwich (input_layernorm and post_attention_layernorm around the
+///           attention, pre_feedforward_layernorm and post_feedforward_layernorm around the MLP),
+///           RMSNorms scaling by 1 + weight (norm_unit_offset), GeGLU with the tanh GELU
+///           (hidden_activation gelu_pytorch_tanh), head_dim (default 256), embeddings times
+///           sqrt(hidden_size) (embed_scale), scores times query_pre_attn_scalar^-0.5 (attn_scale,
+///           default 256), attn_logit_softcapping (default 50) and final_logit_softcapping
+///           (default 30; null: none), sliding_window on the layers layer_types calls
+///           "sliding_attention" (absent: the even layers 0, 2, ...), tied by default
+///   gemma3_text  Gemma 3 (gemma-3-1b, and the text model of the larger ones): gemma2's layout
+///           with q_norm and k_norm (qk_norm, 1 + weight), rope_theta (default 1e6) and its
+///           rope_scaling on the full layers and rope_local_base_freq (default 1e4, unscaled) on
+///           the sliding ones (rope_local_theta), layer_types or sliding_window_pattern (default 6:
+///           every sixth layer full), no caps by default; use_bidirectional_attention must be false
 /// @endcode
-/// Any other model_type is refused, naming the ones implemented.
+/// Any other model_type is refused, naming the ones implemented ("gemma3", the image-and-text
+/// model, among them: its text model is gemma3_text).
 nn::LanguageModelOptions hf_model_options(const std::string& directory);
 /// A new LanguageModel with the weights of the Hugging Face folder `directory`, in eval mode: the
 /// options as hf_model_options gives them, the files and checks as load_llama's, with each

@@ -8,7 +8,7 @@
 
 namespace xgrad::weights::detail {
 
-nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t default_head_dim) {
+nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t default_head_dim, bool swiglu) {
   const std::size_t V = r.count("vocab_size"), C = r.count("hidden_size"), F = r.count("intermediate_size");
   const std::size_t L = r.count("num_hidden_layers"), H = r.count("num_attention_heads");
   const std::size_t KV = r.count("num_key_value_heads", H, true), P = r.count("max_position_embeddings");
@@ -24,7 +24,7 @@ nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t defa
   }
   const auto max_len = static_cast<std::size_t>(reach);
   const bool tied = r.flag("tie_word_embeddings", false);
-  require_activation(r, "hidden_act", "silu", "the SwiGLU feed-forward");
+  if (swiglu) require_activation(r, "hidden_act", "silu", "the SwiGLU feed-forward");
   r.require("attention_dropout", 0.0, "dropout on the attention weights");
   const bool head_dim_given = r.find("head_dim", true) != nullptr || default_head_dim != 0;
   if (!head_dim_given && C % H != 0)

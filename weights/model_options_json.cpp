@@ -48,6 +48,18 @@ std::size_t as_count(const json& v) {
   return static_cast<std::size_t>(v.get<std::uint64_t>());
 }
 
+// A list of counts, at most 2^20 of them (a layer index each).
+std::vector<std::size_t> as_counts(const json& v) {
+  const char* what = "is not a list of at most 2^20 whole numbers up to 2^32";
+  if (!v.is_array() || v.size() > (std::size_t{1} << 20)) throw std::invalid_argument(what);
+  std::vector<std::size_t> out;
+  for (const json& e : v) {
+    if (!e.is_number_unsigned() || e.get<std::uint64_t>() > (std::uint64_t{1} << 32)) throw std::invalid_argument(what);
+    out.push_back(static_cast<std::size_t>(e.get<std::uint64_t>()));
+  }
+  return out;
+}
+
 float as_float(const json& v) {
   if (!v.is_number()) throw std::invalid_argument("is not a number");
   const double d = v.get<double>();
@@ -115,6 +127,7 @@ const std::vector<Field>& fields() {
       XGRAD_FIELD(norm_eps, true, as_float, 1e-5),
       XGRAD_FIELD(norm_affine, true, as_bool, true),
       XGRAD_FIELD(norm_bias, true, as_bool, true),
+      XGRAD_FIELD(norm_unit_offset, true, as_bool, false),
       XGRAD_ENUM_FIELD(activation, activation_names()),
       XGRAD_ENUM_FIELD(positional, positional_names()),
       XGRAD_FIELD(rope_theta, true, as_float, 10000.0),
@@ -126,12 +139,20 @@ const std::vector<Field>& fields() {
       XGRAD_FIELD(rope_original_max_len, true, as_count, 0u),
       XGRAD_FIELD(qk_norm, true, as_bool, false),
       XGRAD_FIELD(sliding_window, true, as_count, 0u),
+      Field{"full_attention_layers", true,
+            [](const LanguageModelOptions& o) { return json(o.full_attention_layers()); },
+            [](LanguageModelOptions& o, const json& v) { o.full_attention_layers(as_counts(v)); }, json::array()},
+      XGRAD_FIELD(rope_local_theta, true, as_float, 0.0),
+      XGRAD_FIELD(attn_scale, true, as_float, 0.0),
+      XGRAD_FIELD(attn_softcap, true, as_float, 0.0),
       XGRAD_FIELD(qkv_bias, true, as_bool, true),
       XGRAD_FIELD(out_bias, true, as_bool, true),
       XGRAD_FIELD(ffn_bias, true, as_bool, true),
       XGRAD_FIELD(parallel_residual, true, as_bool, false),
       XGRAD_FIELD(head_bias, true, as_bool, true),
       XGRAD_FIELD(tie_embeddings, true, as_bool, false),
+      XGRAD_FIELD(embed_scale, true, as_float, 1.0),
+      XGRAD_FIELD(final_softcap, true, as_float, 0.0),
       XGRAD_ENUM_FIELD(init, init_names(), "pytorch"),
   };
   return all;
@@ -146,7 +167,7 @@ constexpr const char* kOldEps = "layer_norm_eps";
 }  // namespace
 
 const OptionNames<Norm>& norm_names() {
-  static const OptionNames<Norm> names = {{"pre", Norm::pre}, {"post", Norm::post}};
+  static const OptionNames<Norm> names = {{"pre", Norm::pre}, {"post", Norm::post}, {"sandwich", Norm::sandwich}};
   return names;
 }
 

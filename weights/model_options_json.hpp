@@ -21,7 +21,7 @@ nn::LanguageModelOptions language_model_options_from_json(const std::string& tex
 /// The names of an option's values as files and command lines spell them, in the enum's order.
 template <class E>
 using OptionNames = std::vector<std::pair<std::string, E>>;
-const OptionNames<nn::Norm>& norm_names();                   ///< pre, post
+const OptionNames<nn::Norm>& norm_names();                   ///< pre, post, sandwich
 const OptionNames<nn::NormKind>& norm_kind_names();          ///< layer_norm, rms_norm
 const OptionNames<nn::Activation>& activation_names();       ///< gelu, gelu_tanh, relu, swiglu, geglu, geglu_tanh
 const OptionNames<nn::Positional>& positional_names();       ///< learned, sinusoidal, none, rotary

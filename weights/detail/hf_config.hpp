@@ -111,12 +111,18 @@ void add_linear(std::vector<TensorMap>& out, const std::string& hf, const std::s
 /// architecture: Pre-Norm RMSNorm, RoPE over whole heads, SwiGLU, no biases, dropout 0, GPT-2's
 /// init; vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 /// num_key_value_heads, head_dim, max_position_embeddings, rms_norm_eps, rope_theta (or
-/// rope_parameters), tie_word_embeddings, hidden_act "silu", attention_dropout 0. An absent
-/// head_dim is `default_head_dim` (0: hidden_size / num_attention_heads).
-nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t default_head_dim = 0);
+/// rope_parameters), tie_word_embeddings, hidden_act "silu" (unless !swiglu: the caller reads the
+/// activation), attention_dropout 0. An absent head_dim is `default_head_dim` (0: hidden_size /
+/// num_attention_heads).
+nn::LanguageModelOptions read_llama_like(const ConfigReader& r, std::size_t default_head_dim = 0, bool swiglu = true);
 /// Llama's tensor names (model.embed_tokens, model.layers.N.self_attn.q_proj, ..., lm_head) for
 /// the model `o` describes: biases, q_norm and k_norm as its options have them.
 HfLayout llama_names(const nn::LanguageModelOptions& o);
+
+/// The indexes of the layers layer_types calls "full_attention" (the others "sliding_attention"),
+/// or, when it is absent, those `slides` says do not slide (the config class's default).
+std::vector<std::size_t> read_full_attention_layers(const ConfigReader& r, std::size_t num_layers,
+                                                    const std::function<bool(std::size_t)>& slides);
 
 /// sliding_window: a positive count, or 0 (no window) when it is absent, null, or max_len or more
 /// (a window that covers every position a forward takes).
@@ -131,5 +137,7 @@ HfLayout mistral_layout(const ConfigReader& r);
 HfLayout phi3_layout(const ConfigReader& r);
 HfLayout gpt_neox_layout(const ConfigReader& r);
 HfLayout gpt2_layout(const ConfigReader& r);
+HfLayout gemma2_layout(const ConfigReader& r);
+HfLayout gemma3_layout(const ConfigReader& r);
 
 }  // namespace xgrad::weights::detail
