@@ -50,6 +50,7 @@
 #include "xgrad/optim/schedule.hpp"
 #include "xgrad/optim/sgd.hpp"
 #include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/hf_export.hpp"
 #include "xgrad/weights/hf_import.hpp"
 #include "xgrad/weights/model_options_json.hpp"
 #include "xgrad/weights/torch_import.hpp"

@@ -2,8 +2,10 @@
 #include "xgrad/weights/detail/hf_config.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/detail/json_file.hpp"
@@ -60,6 +62,9 @@ const std::set<std::string> kInertFields = {"_name_or_path",
 
 ConfigReader::ConfigReader(const char* who, std::string path)
     : who_(who), path_(std::move(path)), j_(xgrad::detail::read_json_object(path_, who, kMaxJsonBytes)) {}
+
+ConfigReader::ConfigReader(const char* who, std::string path, json config)
+    : who_(who), path_(std::move(path)), j_(std::move(config)) {}
 
 void ConfigReader::fail_field(const std::string& message) const { fail(who_, ": '", path_, "': ", message); }
 
@@ -246,6 +251,54 @@ std::vector<std::size_t> read_full_attention_layers(const ConfigReader& r, std::
     }
   }
   return full;
+}
+
+json f32_json(float v) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, v).ptr;  // the shortest that reads back as v
+  return std::strtod(std::string(text, end).c_str(), nullptr);
+}
+
+json layer_types_json(const nn::LanguageModelOptions& o) {
+  json types = json::array();
+  for (std::size_t l = 0; l < o.num_layers(); ++l)
+    types.push_back(o.windowed(l) ? "sliding_attention" : "full_attention");
+  return types;
+}
+
+json llama_like_config(const nn::LanguageModelOptions& o, const char* model_type, const char* architecture) {
+  const RopeScaling s = o.rope_scaling_options();
+  json scaling = nullptr;
+  using T = RopeScaling::Type;
+  if (s.type != T::none) {
+    const char* names[] = {"default", "linear", "dynamic", "llama3"};
+    scaling = {{"rope_type", names[static_cast<int>(s.type)]}, {"factor", f32_json(s.factor)}};
+    if (s.type == T::llama3) {
+      scaling["low_freq_factor"] = f32_json(s.low_freq_factor);
+      scaling["high_freq_factor"] = f32_json(s.high_freq_factor);
+      scaling["original_max_position_embeddings"] = s.original_max_len;
+    }
+  }
+  const nn::MultiHeadAttentionOptions a = o.block().attention();
+  // Dynamic RoPE reads its trained context from max_position_embeddings (max_len is factor times it).
+  const std::size_t P = s.type == T::dynamic ? s.original_max_len : o.max_len();
+  return {{"architectures", {architecture}},
+          {"model_type", model_type},
+          {"vocab_size", o.vocab_size()},
+          {"hidden_size", o.d_model()},
+          {"intermediate_size", o.d_ff()},
+          {"num_hidden_layers", o.num_layers()},
+          {"num_attention_heads", o.num_heads()},
+          {"num_key_value_heads", a.kv_heads()},
+          {"head_dim", a.head_dim()},
+          {"max_position_embeddings", P},
+          {"rms_norm_eps", f32_json(o.norm_eps())},
+          {"rope_theta", f32_json(o.rope_theta())},
+          {"rope_scaling", scaling},
+          {"tie_word_embeddings", o.tie_embeddings()},
+          {"hidden_act", "silu"},
+          {"attention_dropout", 0.0},
+          {"torch_dtype", "float32"}};
 }
 
 void add_linear(std::vector<TensorMap>& out, const std::string& hf, const std::string& xgrad, std::size_t rows,

@@ -97,4 +97,42 @@ HfLayout gemma3_layout(const ConfigReader& r) {
   return gemma_names(o);
 }
 
+namespace {
+
+// query_pre_attn_scalar for a scale s = scalar^-1/2: the whole number Gemma's configs use when it
+// gives s back in float32, else the double 1 / s^2.
+nlohmann::json pre_attn_scalar(const nn::LanguageModelOptions& o) {
+  const float s = o.block().attention().score_scale();
+  const double q = 1.0 / (static_cast<double>(s) * s), whole = std::round(q);
+  return whole > 0 && 1.f / std::sqrt(static_cast<float>(whole)) == s ? nlohmann::json(whole) : nlohmann::json(q);
+}
+
+nlohmann::json softcap_json(float cap) { return cap > 0.f ? f32_json(cap) : nlohmann::json(nullptr); }
+
+nlohmann::json gemma_config(const nn::LanguageModelOptions& o, const char* type, const char* architecture) {
+  nlohmann::json j = llama_like_config(o, type, architecture);
+  j.erase("hidden_act");
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["attention_bias"] = o.qkv_bias();
+  j["query_pre_attn_scalar"] = pre_attn_scalar(o);
+  j["attn_logit_softcapping"] = softcap_json(o.attn_softcap());
+  j["final_logit_softcapping"] = softcap_json(o.final_softcap());
+  j["sliding_window"] = o.sliding_window() ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
+  j["layer_types"] = layer_types_json(o);
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json gemma2_config(const nn::LanguageModelOptions& o) {
+  return gemma_config(o, "gemma2", "Gemma2ForCausalLM");
+}
+
+nlohmann::json gemma3_config(const nn::LanguageModelOptions& o) {
+  nlohmann::json j = gemma_config(o, "gemma3_text", "Gemma3ForCausalLM");
+  j["rope_local_base_freq"] = f32_json(o.rope_local_theta() > 0.f ? o.rope_local_theta() : o.rope_theta());
+  j["use_bidirectional_attention"] = false;
+  return j;
+}
+
 }  // namespace xgrad::weights::detail

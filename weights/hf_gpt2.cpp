@@ -98,4 +98,24 @@ HfLayout gpt2_layout(const ConfigReader& r) {
   return l;
 }
 
+nlohmann::json gpt2_config(const nn::LanguageModelOptions& o) {
+  const nn::Activation a = o.activation();
+  const char* act = a == nn::Activation::gelu ? "gelu" : a == nn::Activation::relu ? "relu" : "gelu_new";
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", o.vocab_size()},
+          {"n_embd", o.d_model()},
+          {"n_head", o.num_heads()},
+          {"n_layer", o.num_layers()},
+          {"n_positions", o.max_len()},
+          {"n_inner", o.d_ff()},
+          {"layer_norm_epsilon", f32_json(o.norm_eps())},
+          {"activation_function", act},
+          {"tie_word_embeddings", o.tie_embeddings()},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"resid_pdrop", 0.0},
+          {"torch_dtype", "float32"}};
+}
+
 }  // namespace xgrad::weights::detail

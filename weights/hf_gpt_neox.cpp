@@ -112,4 +112,26 @@ HfLayout gpt_neox_layout(const ConfigReader& r) {
   return l;
 }
 
+nlohmann::json gpt_neox_config(const nn::LanguageModelOptions& o) {
+  const std::size_t D = o.block().attention().head_dim(), r = o.rotary_dim() ? o.rotary_dim() : D;
+  return {{"architectures", {"GPTNeoXForCausalLM"}},
+          {"model_type", "gpt_neox"},
+          {"vocab_size", o.vocab_size()},
+          {"hidden_size", o.d_model()},
+          {"intermediate_size", o.d_ff()},
+          {"num_hidden_layers", o.num_layers()},
+          {"num_attention_heads", o.num_heads()},
+          {"max_position_embeddings", o.max_len()},
+          {"layer_norm_eps", f32_json(o.norm_eps())},
+          {"hidden_act", "gelu"},
+          {"rotary_pct", static_cast<double>(r) / static_cast<double>(D)},
+          {"rotary_emb_base", f32_json(o.rope_theta())},
+          {"use_parallel_residual", o.parallel_residual()},
+          {"attention_bias", o.qkv_bias()},
+          {"tie_word_embeddings", o.tie_embeddings()},
+          {"attention_dropout", 0.0},
+          {"hidden_dropout", 0.0},
+          {"torch_dtype", "float32"}};
+}
+
 }  // namespace xgrad::weights::detail

@@ -24,6 +24,17 @@
 
 namespace xgrad::weights {
 
+// The families by model_type; a config.json without one is Llama's.
+const std::vector<detail::Family>& detail::families() {
+  static const std::vector<Family> all = {
+      {"llama", llama_layout, llama_config},        {"qwen2", qwen2_layout, qwen2_config},
+      {"qwen3", qwen3_layout, qwen3_config},        {"mistral", mistral_layout, mistral_config},
+      {"phi3", phi3_layout, phi3_config},           {"gpt_neox", gpt_neox_layout, gpt_neox_config},
+      {"gpt2", gpt2_layout, gpt2_config},           {"gemma2", gemma2_layout, gemma2_config},
+      {"gemma3_text", gemma3_layout, gemma3_config}};
+  return all;
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -41,24 +52,16 @@ using detail::ConfigReader;
 using detail::HfLayout;
 using detail::TensorMap;
 
-// The families by model_type; a config.json without one is Llama's.
-struct Family {
-  const char* model_type;
-  HfLayout (*layout)(const ConfigReader&);
-};
-constexpr Family kFamilies[] = {
-    {"llama", detail::llama_layout},     {"qwen2", detail::qwen2_layout},   {"qwen3", detail::qwen3_layout},
-    {"mistral", detail::mistral_layout}, {"phi3", detail::phi3_layout},     {"gpt_neox", detail::gpt_neox_layout},
-    {"gpt2", detail::gpt2_layout},       {"gemma2", detail::gemma2_layout}, {"gemma3_text", detail::gemma3_layout}};
+using detail::Family;
 
-// config.json, read and checked: the model's options and where its parameters are. `only`, when
-// given, is the one model_type taken.
-HfLayout read_config(const std::string& directory, const char* who, const char* only = nullptr) {
-  const ConfigReader r(who, (fs::path(directory) / "config.json").string());
+}  // namespace
+
+HfLayout detail::read_layout(const ConfigReader& r, const char* only) {
+  const char* who = r.who();
   const std::string type = r.text("model_type", "llama");
   const Family* family = nullptr;
   std::string known;
-  for (const Family& f : kFamilies) {
+  for (const Family& f : detail::families()) {
     if (type == f.model_type) family = &f;
     known += (known.empty() ? "\"" : ", \"") + std::string(f.model_type) + "\"";
   }
@@ -75,6 +78,15 @@ HfLayout read_config(const std::string& directory, const char* who, const char* 
   } catch (const Error& e) {
     fail(who, ": '", r.path(), "' describes a model xgrad refuses: ", e.what());
   }
+  return layout;
+}
+
+namespace {
+
+// config.json, read and checked: the model's options and where its parameters are. `only`, when
+// given, is the one model_type taken.
+HfLayout read_config(const std::string& directory, const char* who, const char* only = nullptr) {
+  HfLayout layout = detail::read_layout(ConfigReader(who, (fs::path(directory) / "config.json").string()), only);
   return layout;
 }
 
@@ -371,7 +383,7 @@ std::shared_ptr<nn::LanguageModel> load_hf_model(const std::string& directory) {
 
 std::vector<std::string> hf_model_types() {
   std::vector<std::string> out;
-  for (const Family& f : kFamilies) out.emplace_back(f.model_type);
+  for (const Family& f : detail::families()) out.emplace_back(f.model_type);
   return out;
 }
 

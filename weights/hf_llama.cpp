@@ -112,4 +112,11 @@ HfLayout llama_layout(const ConfigReader& r) {
   return llama_names(o);
 }
 
+nlohmann::json llama_config(const nn::LanguageModelOptions& o) {
+  nlohmann::json j = llama_like_config(o, "llama", "LlamaForCausalLM");
+  j["attention_bias"] = o.qkv_bias();
+  j["mlp_bias"] = o.ffn_bias();
+  return j;
+}
+
 }  // namespace xgrad::weights::detail

@@ -16,4 +16,11 @@ HfLayout mistral_layout(const ConfigReader& r) {
   return llama_names(o.sliding_window(read_sliding_window(r, o.max_len())).bias(false));
 }
 
+nlohmann::json mistral_config(const nn::LanguageModelOptions& o) {
+  nlohmann::json j = llama_like_config(o, "mistral", "MistralForCausalLM");
+  j.erase("rope_scaling");  // MistralConfig has none
+  j["sliding_window"] = o.sliding_window() ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
+  return j;
+}
+
 }  // namespace xgrad::weights::detail

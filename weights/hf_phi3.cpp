@@ -50,4 +50,14 @@ HfLayout phi3_layout(const ConfigReader& r) {
   return l;
 }
 
+nlohmann::json phi3_config(const nn::LanguageModelOptions& o) {
+  nlohmann::json j = llama_like_config(o, "phi3", "Phi3ForCausalLM");
+  const std::size_t D = o.block().attention().head_dim(), r = o.rotary_dim() ? o.rotary_dim() : D;
+  j["partial_rotary_factor"] = static_cast<double>(r) / static_cast<double>(D);
+  j["sliding_window"] = o.sliding_window() ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  return j;
+}
+
 }  // namespace xgrad::weights::detail

@@ -39,4 +39,27 @@ HfLayout qwen3_layout(const ConfigReader& r) {
   return llama_names(o.qk_norm(true).qkv_bias(bias).out_bias(bias).ffn_bias(false));
 }
 
+namespace {
+
+// use_sliding_window and its fields, with layer_types naming each layer.
+nlohmann::json qwen_config(const nn::LanguageModelOptions& o, const char* type, const char* architecture) {
+  nlohmann::json j = llama_like_config(o, type, architecture);
+  const bool window = o.sliding_window() > 0;
+  j["use_sliding_window"] = window;
+  j["sliding_window"] = window ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
+  j["max_window_layers"] = o.num_layers();
+  j["layer_types"] = layer_types_json(o);
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json qwen2_config(const nn::LanguageModelOptions& o) { return qwen_config(o, "qwen2", "Qwen2ForCausalLM"); }
+
+nlohmann::json qwen3_config(const nn::LanguageModelOptions& o) {
+  nlohmann::json j = qwen_config(o, "qwen3", "Qwen3ForCausalLM");
+  j["attention_bias"] = o.qkv_bias();
+  return j;
+}
+
 }  // namespace xgrad::weights::detail

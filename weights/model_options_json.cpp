@@ -265,6 +265,7 @@ LanguageModelOptions canonical(LanguageModelOptions o, const LanguageModelOption
   const bool rotary = o.positional() == Positional::rotary;
   if (o.num_kv_heads() == 0 && other.num_kv_heads() != 0) o.num_kv_heads(o.num_heads());
   if (o.head_dim() == 0 && other.head_dim() != 0) o.head_dim(o.block().attention().head_dim());
+  if (o.attn_scale() == 0.f && other.attn_scale() != 0.f) o.attn_scale(o.block().attention().score_scale());
   if (rotary && o.rotary_dim() == 0 && other.rotary_dim() != 0 && other.positional() == Positional::rotary)
     o.rotary_dim(o.block().attention().head_dim());
   if (!rotary) o.rotary_dim(0).rope_theta(10000.f).rope_scaling(RopeScaling::Type::none);

@@ -36,7 +36,8 @@ struct OptionsDifference {
 /// The architecture fields in which `given` differs from `stored`, in to_json's order: every
 /// field but dropout (a training setting that does not change what the weights compute in eval
 /// mode, so a caller may pick another). Two spellings of one model are no difference: num_kv_heads
-/// 0 and num_heads, head_dim 0 and d_model / num_heads, rotary_dim 0 and the head size; nor are fields that build
+/// 0 and num_heads, head_dim 0 and d_model / num_heads, rotary_dim 0 and the head size, attn_scale 0 and
+/// 1 / sqrt(head size); nor are fields that build
 /// nothing: rope_theta, rotary_dim and the RoPE scaling without rotary positions, the rope_ factors without a scaling,
 /// head_bias with tied embeddings, norm_bias with RMSNorm or without a norm weight.
 std::vector<OptionsDifference> architecture_differences(const nn::LanguageModelOptions& stored,

@@ -21,6 +21,8 @@ namespace xgrad::weights::detail {
 class ConfigReader {
  public:
   ConfigReader(const char* who, std::string path);
+  /// The fields of `config`, named `path` in messages (a config.json about to be written).
+  ConfigReader(const char* who, std::string path, nlohmann::json config);
 
   /// A positive integer. `fallback` 0: the field is required. `null_is_absent`: Hugging Face
   /// reads an explicit null as the default.
@@ -129,7 +131,9 @@ std::vector<std::size_t> read_full_attention_layers(const ConfigReader& r, std::
 std::size_t read_sliding_window(const ConfigReader& r, std::size_t max_len);
 
 /// The families, one per file: each reads its fields from `r` (refusing what it does not
-/// implement) and gives the layout. refuse_unread is called after it.
+/// implement) and gives the layout (refuse_unread is called after it), and writes the config.json
+/// that describes a model of the family (`<family>_config`; the exporter reads it back with the
+/// family's reader to check that it describes the model exactly).
 HfLayout llama_layout(const ConfigReader& r);
 HfLayout qwen2_layout(const ConfigReader& r);
 HfLayout qwen3_layout(const ConfigReader& r);
@@ -139,5 +143,37 @@ HfLayout gpt_neox_layout(const ConfigReader& r);
 HfLayout gpt2_layout(const ConfigReader& r);
 HfLayout gemma2_layout(const ConfigReader& r);
 HfLayout gemma3_layout(const ConfigReader& r);
+nlohmann::json llama_config(const nn::LanguageModelOptions& o);
+nlohmann::json qwen2_config(const nn::LanguageModelOptions& o);
+nlohmann::json qwen3_config(const nn::LanguageModelOptions& o);
+nlohmann::json mistral_config(const nn::LanguageModelOptions& o);
+nlohmann::json phi3_config(const nn::LanguageModelOptions& o);
+nlohmann::json gpt_neox_config(const nn::LanguageModelOptions& o);
+nlohmann::json gpt2_config(const nn::LanguageModelOptions& o);
+nlohmann::json gemma2_config(const nn::LanguageModelOptions& o);
+nlohmann::json gemma3_config(const nn::LanguageModelOptions& o);
+
+/// A family: its model_type, its reader and its writer.
+struct Family {
+  const char* model_type;
+  HfLayout (*layout)(const ConfigReader&);
+  nlohmann::json (*config)(const nn::LanguageModelOptions&);
+};
+/// Every family, in the order hf_model_types() lists them.
+const std::vector<Family>& families();
+/// The layout the config `r` describes, by its model_type (absent: "llama"; `only`, when given, is
+/// the one taken), every field read or refused (refuse_unread) and the options checked
+/// (LanguageModel::check); errors name r.who() and r.path().
+HfLayout read_layout(const ConfigReader& r, const char* only = nullptr);
+
+/// A float32 value as the shortest decimal that reads back as it (1e-06, not 9.99999997e-07).
+nlohmann::json f32_json(float v);
+/// The fields read_llama_like reads, for options of that architecture: the counts, head_dim,
+/// max_position_embeddings (dynamic RoPE: the trained context), rms_norm_eps, rope_theta,
+/// rope_scaling, tie_word_embeddings, hidden_act "silu", attention_dropout 0, and the
+/// architectures, model_type and torch_dtype ("float32") entries.
+nlohmann::json llama_like_config(const nn::LanguageModelOptions& o, const char* model_type, const char* architecture);
+/// layer_types as Hugging Face writes it: "sliding_attention" for the windowed blocks.
+nlohmann::json layer_types_json(const nn::LanguageModelOptions& o);
 
 }  // namespace xgrad::weights::detail
