@@ -1,7 +1,7 @@
-// weights/hf_import's families beside Llama (qwen2, qwen3, mistral, phi3, gpt_neox, gpt2) against tests/fixtures/hf_families/
-// (make_hf_family_fixtures.py: tiny Hugging Face folders with a float64 torch mirror's logits, loss
-// and gradients), the cached forward against the full one, and what each family refuses.
-// Shapes: B batch, T length, V vocabulary, C hidden_size, H heads, KV key/value heads, D head_dim.
+// weights/hf_import's families beside Llama (qwen2, qwen3, mistral, phi3, gpt_neox, gpt2) against
+// tests/fixtures/hf_families/ (make_hf_family_fixtures.py: tiny Hugging Face folders with a float64 torch mirror's
+// logits, loss and gradients), the cached forward against the full one, and what each family refuses. Shapes: B batch,
+// T length, V vocabulary, C hidden_size, H heads, KV key/value heads, D head_dim.
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
