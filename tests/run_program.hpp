@@ -97,6 +97,22 @@ inline Outcome run_program(const TempDir& dir, const std::string& exe, const std
   return o;
 }
 
+// The program exited 0, within its time limit.
+inline void require_ok(const Outcome& o) {
+  INFO(o);
+  REQUIRE_FALSE(o.timed_out);
+  REQUIRE(o.exited);
+  REQUIRE(o.code == 0);
+}
+
+// Exit 2 (a usage error) with every part on stderr.
+inline void require_usage_error(const Outcome& o, const std::vector<std::string>& parts) {
+  INFO(o);
+  REQUIRE(o.exited);
+  REQUIRE(o.code == 2);
+  for (const std::string& p : parts) REQUIRE_THAT(o.err, Catch::Contains(p));
+}
+
 // Sets an environment variable for a scope (children inherit it), then restores it.
 struct ScopedEnv {
   ScopedEnv(const char* name, const std::string& value) : name_(name) {

@@ -108,13 +108,6 @@ double max_relative_difference(const std::vector<Row>& a, const std::vector<Row>
   return worst;
 }
 
-void require_ok(const Outcome& o) {
-  INFO(o);
-  REQUIRE_FALSE(o.timed_out);
-  REQUIRE(o.exited);
-  REQUIRE(o.code == 0);
-}
-
 // A /proc file, which reports its size as 0: read to the end.
 std::string read_proc(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -61,12 +61,6 @@ void require_fails(const Outcome& o, const std::string& program, int code, const
   for (const std::string& p : parts) REQUIRE_THAT(o.err, Catch::Contains(p));
 }
 
-void require_ok(const Outcome& o) {
-  INFO(o);
-  REQUIRE(o.exited);
-  REQUIRE(o.code == 0);
-}
-
 // A tiny train_lm model: each run takes well under a second.
 std::vector<std::string> tiny(std::vector<std::string> more) {
   std::vector<std::string> a = {

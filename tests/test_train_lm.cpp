@@ -89,19 +89,8 @@ std::vector<std::array<double, 3>> log_rows(const std::string& path) {
   return rows;
 }
 
-void require_ok(const Outcome& o) {
-  INFO(o);
-  REQUIRE(o.exited);
-  REQUIRE(o.code == 0);
-}
-
-// Exit 2 with one line on stderr holding every part.
-void require_usage_error(const Outcome& o, const std::vector<std::string>& parts) {
-  INFO(o);
-  REQUIRE(o.exited);
-  REQUIRE(o.code == 2);
-  for (const std::string& p : parts) REQUIRE_THAT(o.err, Catch::Contains(p));
-}
+using xgrad::testing::require_ok;
+using xgrad::testing::require_usage_error;
 
 }  // namespace
 

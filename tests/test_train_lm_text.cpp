@@ -32,13 +32,6 @@ Outcome run(const TempDir& dir, const std::vector<std::string>& args) {
   return xgrad::testing::run_program(dir, std::string(XGRAD_EXAMPLES_DIR) + "/train_lm", args, {});
 }
 
-void require_ok(const Outcome& o) {
-  INFO(o);
-  REQUIRE_FALSE(o.timed_out);
-  REQUIRE(o.exited);
-  REQUIRE(o.code == 0);
-}
-
 void require_fails(const Outcome& o, int code, const std::vector<std::string>& parts) {
   INFO(o);
   REQUIRE(o.exited);

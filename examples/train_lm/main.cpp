@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +29,7 @@
 #include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/hf_export.hpp"
 #include "xgrad/weights/torch_import.hpp"
 
 using namespace lm;
@@ -107,8 +109,13 @@ std::string locked_folder(std::string folder) {
 // Every path the run reads and writes, checked before any work by the one output-path rule: no
 // output may be an input, a file in an input folder or another output.
 void check_files(const std::vector<xgrad::RunPath>& inputs, const std::string& checkpoint, const std::string& out,
-                 const std::string& tokenizer_dir) {
+                 const std::string& tokenizer_dir, const std::string& save_hf) {
   std::vector<xgrad::RunPath> outputs;
+  if (!save_hf.empty()) {
+    outputs.push_back({"--save-hf (a folder)", save_hf, true});
+    for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+      outputs.push_back({std::string("--save-hf's ") + name, save_hf + "/" + name});
+  }
   if (!checkpoint.empty()) {
     outputs.push_back({"--checkpoint", checkpoint});
     outputs.push_back({"--checkpoint's lock file", cli::FileLock::lock_path_of(checkpoint)});
@@ -144,7 +151,7 @@ int main(int argc, char** argv) {
   // The architecture flags' values (they override the preset, or the checkpoint's on --resume).
   TrainConfig a;
   std::string text_path, norm = "pre", checkpoint, out = "train_lm_out", prompt = "The ", import_layout;
-  std::string tokens_path, valid_tokens_path;
+  std::string tokens_path, valid_tokens_path, init_from, save_hf;
   TokenizerChoice tokenizer_choice;
   std::string arch = "classic", norm_kind = "layer_norm", positional = "learned", activation = "gelu", init = "pytorch";
   std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0, top_k = 0;
@@ -266,6 +273,16 @@ int main(int argc, char** argv) {
       app.add_option("--checkpoint-interval", checkpoint_interval, "steps between checkpoints (0: at the end only)")
           ->transform(interval);
   app.add_flag("--resume", resume, "continue training from --checkpoint");
+  app.add_option("--init-from", init_from,
+                 "fine-tune the model of a Hugging Face folder (config.json and model.safetensors of any family "
+                 "weights::load_hf_model reads: llama, qwen2, qwen3, mistral, phi3, gpt_neox, gpt2, gemma2, "
+                 "gemma3_text); its config.json is the architecture (no architecture flag applies), and its "
+                 "tokenizer.json the tokenizer unless --tokenizer names another")
+      ->check(cli::not_empty());
+  app.add_option("--save-hf", save_hf,
+                 "after training, also write the model as a Hugging Face folder of the family that describes it "
+                 "(weights::save_hf_model), with the tokenizer's files when it is a Hugging Face tokenizer (hf)")
+      ->check(cli::not_empty());
   CLI::Option* sample_flag =
       app.add_option("--sample", sample, "generate this many tokens from --checkpoint, without training")
           ->transform(cli::count(1, 1 << 20));
@@ -334,6 +351,12 @@ int main(int argc, char** argv) {
     }
     return base;
   };
+  // A checkpoint of an --init-from run holds the imported architecture: no flag applies to it.
+  auto refuse_arch_flags = [&](const std::string& why) {
+    for (const auto& [option, set] : arch_flags) {
+      if (option->count() > 0) cli::usage_error(option->get_name(), " does not apply: ", why);
+    }
+  };
   c.layers = a.layers, c.d_model = a.d_model, c.heads = a.heads;  // the preset's sizes (also --import's --heads)
   const int rank = sharing->rank();
   const bool lead = rank == 0;
@@ -372,6 +395,26 @@ int main(int argc, char** argv) {
       cli::usage_error("--sample uses the tokenizer the checkpoint stores: drop --tokenizer");
     if (!tokenizer_choice.save_dir.empty() && tokenizer_choice.train_vocab == 0)
       cli::usage_error("--save-tokenizer saves the tokenizer --train-tokenizer trains");
+    if (!init_from.empty()) {
+      if (sample > 0) cli::usage_error("--init-from starts a run from a folder; --sample reads --checkpoint");
+      if (resume) cli::usage_error("--init-from starts a run from a folder; --resume continues --checkpoint's");
+      if (!import_layout.empty()) cli::usage_error("--init-from and --import: one source of weights");
+      if (tokenizer_choice.train_vocab > 0)
+        cli::usage_error("--train-tokenizer would give --init-from's model another vocabulary than it was trained on");
+      for (const auto& [option, set] : arch_flags) {
+        if (option->count() > 0)
+          cli::usage_error(option->get_name(), " does not apply to --init-from: '", init_from,
+                           "/config.json' fixes the architecture");
+      }
+      if (!tokenizer_choice.given()) {
+        std::error_code ec;
+        if (!std::filesystem::exists(init_from + "/tokenizer.json", ec))
+          cli::usage_error("--init-from '", init_from,
+                           "' holds no tokenizer.json: name the tokenizer with --tokenizer");
+        tokenizer_choice.spec = {"hf", init_from};
+      }
+    }
+    if (!save_hf.empty() && sample > 0) cli::usage_error("--save-hf writes the trained model; --sample trains nothing");
     if (!valid_tokens_path.empty() && xgrad::same_file(valid_tokens_path, tokens_path))
       cli::usage_error("--valid-tokens '", valid_tokens_path, "' is the same file as --tokens '", tokens_path,
                        "': the run would validate on its training data; leave out --valid-tokens to hold out the "
@@ -382,7 +425,8 @@ int main(int argc, char** argv) {
       if (!tokens_path.empty()) inputs.push_back({"--tokens", tokens_path});
       if (!valid_tokens_path.empty()) inputs.push_back({"--valid-tokens", valid_tokens_path});
       if (tokenizer_choice.spec.size() == 2) inputs.push_back({"--tokenizer", tokenizer_choice.spec[1], true});
-      check_files(inputs, checkpoint, out, tokenizer_choice.save_dir);
+      if (!init_from.empty()) inputs.push_back({"--init-from", init_from, true});
+      check_files(inputs, checkpoint, out, tokenizer_choice.save_dir, save_hf);
     }
     if (!import_layout.empty()) {
       if (import_layout != "gpt2") cli::usage_error("--import: unknown layout '", import_layout, "' (known: gpt2)");
@@ -414,6 +458,8 @@ int main(int argc, char** argv) {
     if (sample > 0) {
       if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
       const TrainConfig saved = checkpoint_config(checkpoint);
+      if (saved.imported)
+        refuse_arch_flags("--sample: '" + checkpoint + "' fine-tunes --init-from '" + saved.init_from + "'");
       // The model the file's options describe (older files: its config's); the architecture
       // flags given with --sample must agree with it.
       const auto loaded = xgrad::weights::load_language_model(checkpoint, model_options(saved));
@@ -427,7 +473,9 @@ int main(int argc, char** argv) {
                                             "--sample: '" + checkpoint + "'");
       });
       const auto tokenizer = checkpoint_tokenizer(checkpoint);
-      if (tokenizer->vocab_size() != loaded.model->options().vocab_size())
+      // An imported model's embedding may have more rows than its tokenizer has tokens (padded).
+      if (saved.imported ? tokenizer->vocab_size() > loaded.model->options().vocab_size()
+                         : tokenizer->vocab_size() != loaded.model->options().vocab_size())
         xgrad::fail("--sample: '", checkpoint, "' holds a model of ", loaded.model->options().vocab_size(),
                     " tokens and a tokenizer of ", tokenizer->vocab_size());
       if (lead) print_line(sample_text(*loaded.model, *tokenizer, prompt, sample, temperature, top_k, c.seed));
@@ -441,6 +489,10 @@ int main(int argc, char** argv) {
       // resume), else the preset's; then the flags given.
       if (resume) {
         copy_architecture(checkpoint_config(checkpoint), c);
+        if (c.imported)
+          refuse_arch_flags("--resume: '" + checkpoint + "' fine-tunes --init-from '" + c.init_from + "'");
+      } else if (!init_from.empty()) {
+        apply_init_from(c, init_from);
       } else {
         apply_arch(c, arch);
       }
@@ -453,6 +505,7 @@ int main(int argc, char** argv) {
         }
       }
       validate(c);
+      if (!save_hf.empty()) xgrad::weights::hf_config_json(model_options(c));  // a model no family describes
       // Every output is checked before training, so a long run is never lost to a typo.
       if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");  // first: the checkpoint may go in it
       cli::check_output_files({{"--out's log.csv", out + "/log.csv"}, {"--out's loss.svg", out + "/loss.svg"}});
@@ -525,6 +578,7 @@ int main(int argc, char** argv) {
       trainer = std::make_unique<Trainer>(c, std::move(corpus), source, sharing);
       trainer->set_precision(precision);
       if (resume) trainer->resume(checkpoint);
+      if (!resume && c.imported) trainer->load_imported_weights();
       trainer->check_saveable();
     });
     std::optional<xgrad::AnomalyGuard> anomaly;
@@ -604,6 +658,12 @@ int main(int argc, char** argv) {
       return;
     }
     if (!checkpoint.empty()) trainer->save(checkpoint);
+    if (!save_hf.empty()) {
+      xgrad::weights::HfExportOptions e;
+      const auto& spec = tokenizer_choice.spec;
+      if (spec.size() == 2 && spec[0] == "hf") e.tokenizer_dir = spec[1];
+      xgrad::weights::save_hf_model(trainer->model(), save_hf, e);
+    }
 
     const float valid = trainer->validation_loss();
     if (tokenizer->kind() == "bytes" && tokens_path.empty()) {

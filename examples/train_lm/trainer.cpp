@@ -23,6 +23,7 @@
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/token_file.hpp"
 #include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/hf_import.hpp"
 #include "xgrad/weights/model_options_json.hpp"
 
 namespace lm {
@@ -126,37 +127,42 @@ std::string DataSource::describe() const {
 }
 
 nlohmann::json TrainConfig::to_json() const {
-  return {{"layers", layers},
-          {"vocab_size", vocab_size},
-          {"d_model", d_model},
-          {"heads", heads},
-          {"d_ff", d_ff},
-          {"seq_len", seq_len},
-          {"dropout", dropout},
-          {"norm", norm == nn::Norm::pre ? "pre" : "post"},
-          {"arch", arch},
-          {"norm_kind", name_of(norm_kind, kNormKinds)},
-          {"norm_eps", norm_eps},
-          {"positional", name_of(positional, kPositionals)},
-          {"rope_theta", rope_theta},
-          {"rotary_dim", rotary_dim},
-          {"num_kv_heads", num_kv_heads},
-          {"qk_norm", qk_norm},
-          {"activation", name_of(activation, kActivations)},
-          {"tie_embeddings", tie_embeddings},
-          {"bias", bias},
-          {"init", name_of(init, kInits)},
-          {"batch", batch},
-          {"steps", steps},
-          {"warmup", warmup},
-          {"lr", lr},
-          {"min_lr", min_lr},
-          {"weight_decay", weight_decay},
-          {"clip", clip},
-          {"valid_fraction", valid_fraction},
-          {"eval_interval", eval_interval},
-          {"eval_batches", eval_batches},
-          {"seed", seed}};
+  nlohmann::json j = {{"layers", layers},
+                      {"vocab_size", vocab_size},
+                      {"d_model", d_model},
+                      {"heads", heads},
+                      {"d_ff", d_ff},
+                      {"seq_len", seq_len},
+                      {"dropout", dropout},
+                      {"norm", norm == nn::Norm::pre ? "pre" : "post"},
+                      {"arch", arch},
+                      {"norm_kind", name_of(norm_kind, kNormKinds)},
+                      {"norm_eps", norm_eps},
+                      {"positional", name_of(positional, kPositionals)},
+                      {"rope_theta", rope_theta},
+                      {"rotary_dim", rotary_dim},
+                      {"num_kv_heads", num_kv_heads},
+                      {"qk_norm", qk_norm},
+                      {"activation", name_of(activation, kActivations)},
+                      {"tie_embeddings", tie_embeddings},
+                      {"bias", bias},
+                      {"init", name_of(init, kInits)},
+                      {"batch", batch},
+                      {"steps", steps},
+                      {"warmup", warmup},
+                      {"lr", lr},
+                      {"min_lr", min_lr},
+                      {"weight_decay", weight_decay},
+                      {"clip", clip},
+                      {"valid_fraction", valid_fraction},
+                      {"eval_interval", eval_interval},
+                      {"eval_batches", eval_batches},
+                      {"seed", seed}};
+  if (imported) {
+    j["init_from"] = init_from;
+    j["model_options"] = nlohmann::json::parse(weights::to_json(*imported));
+  }
+  return j;
 }
 
 TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
@@ -173,7 +179,12 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     // The architecture fields: a checkpoint written before they existed holds the classic model.
     const TrainConfig classic;
     c.arch = j.value("arch", classic.arch);
-    if (std::find(kArchs.begin(), kArchs.end(), c.arch) == kArchs.end())
+    if (j.contains("model_options")) {
+      c.init_from = j.at("init_from");
+      c.imported =
+          weights::language_model_options_from_json(j.at("model_options").dump(), "train_lm: the checkpoint's config");
+    }
+    if (std::find(kArchs.begin(), kArchs.end(), c.arch) == kArchs.end() && !(c.imported && c.arch == "imported"))
       fail("train_lm: the checkpoint's config has arch \"", c.arch.substr(0, 40),
            "\", which this train_lm does not know");
     c.norm_kind = enum_field(j, "norm_kind", kNormKinds, classic.norm_kind);
@@ -230,8 +241,16 @@ void validate(const TrainConfig& c) {
   if (!(c.valid_fraction > 0 && c.valid_fraction < 1))
     fail("--valid-fraction ", c.valid_fraction, " is outside (0, 1)");
   if (c.eval_batches == 0) fail("--eval-batches must be at least 1");
-  if (std::find(kArchs.begin(), kArchs.end(), c.arch) == kArchs.end())
+  if (std::find(kArchs.begin(), kArchs.end(), c.arch) == kArchs.end() && !(c.imported && c.arch == "imported"))
     fail("--arch '", c.arch, "' is not one of classic, gpt2, llama");
+  if (c.imported) {
+    if (c.seq_len > c.imported->max_len())
+      fail("--seq-len ", c.seq_len, " is more than the ", c.imported->max_len(), " positions of --init-from '",
+           c.init_from, "' (max_position_embeddings)");
+    if (c.vocab_size > c.imported->vocab_size())
+      fail("the tokenizer's ", c.vocab_size, " tokens are more than the ", c.imported->vocab_size(),
+           " rows of --init-from '", c.init_from, "''s embedding; give the folder's own tokenizer");
+  }
   if (!(std::isfinite(c.norm_eps) && c.norm_eps > 0.f)) fail("--norm-eps ", c.norm_eps, " must be positive and finite");
   if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0.f))
     fail("--rope-theta ", c.rope_theta, " must be positive and finite");
@@ -255,6 +274,14 @@ void validate(const TrainConfig& c) {
 }
 
 double training_bytes(const TrainConfig& c) {
+  if (c.imported) {
+    TrainConfig sizes = c;
+    const nn::LanguageModelOptions& o = *c.imported;
+    sizes.imported.reset();
+    sizes.layers = o.num_layers(), sizes.d_model = o.d_model(), sizes.heads = o.num_heads(), sizes.d_ff = o.d_ff();
+    sizes.vocab_size = o.vocab_size(), sizes.activation = o.activation();
+    return training_bytes(sizes);
+  }
   cli::TransformerSize s;
   s.layers = static_cast<double>(c.layers);
   s.d_model = static_cast<double>(c.d_model);
@@ -270,6 +297,7 @@ double training_bytes(const TrainConfig& c) {
 }
 
 nn::LanguageModelOptions model_options(const TrainConfig& c) {
+  if (c.imported) return nn::LanguageModelOptions(*c.imported).dropout(c.dropout);
   return nn::LanguageModelOptions(c.vocab_size, c.d_model, c.heads, c.layers)
       .d_ff(c.d_ff ? c.d_ff : 4 * c.d_model)
       .max_len(c.seq_len)
@@ -317,7 +345,17 @@ void apply_arch(TrainConfig& c, const std::string& arch) {
   c.init = o.init();
 }
 
+void apply_init_from(TrainConfig& c, const std::string& dir) {
+  const nn::LanguageModelOptions o = weights::hf_model_options(dir);
+  c.init_from = dir;
+  c.imported = o;
+  c.arch = "imported";
+  c.layers = o.num_layers(), c.d_model = o.d_model(), c.heads = o.num_heads(), c.d_ff = o.d_ff();
+}
+
 void copy_architecture(const TrainConfig& from, TrainConfig& to) {
+  to.init_from = from.init_from;
+  to.imported = from.imported;
   to.layers = from.layers;
   to.d_model = from.d_model;
   to.heads = from.heads;
@@ -353,7 +391,9 @@ Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shar
   const auto ranks = static_cast<std::size_t>(sharing_->size());
   if (c.batch % ranks != 0) fail("train_lm: --batch ", c.batch, " does not divide among ", ranks, " processes");
   if (!corpus_.tokenizer || !corpus_.train || !corpus_.valid) fail("train_lm: the corpus has no tokens or tokenizer");
-  if (corpus_.tokenizer->vocab_size() != c.vocab_size)
+  // An imported model's embedding may have more rows than its tokenizer has tokens (padded).
+  if (c.imported ? corpus_.tokenizer->vocab_size() > c.imported->vocab_size()
+                 : corpus_.tokenizer->vocab_size() != c.vocab_size)
     fail("train_lm: the ", corpus_.tokenizer->kind(), " tokenizer has ", corpus_.tokenizer->vocab_size(),
          " tokens, the model ", c.vocab_size);
   valid_ = text::evaluation_windows(*corpus_.valid, c.batch, c.seq_len, c.eval_batches);
@@ -372,6 +412,14 @@ Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shar
     optimizer_ = std::make_unique<optim::AdamW>(
         optim::decay_groups(nn::split_for_weight_decay(*model_), c.weight_decay), optim::AdamOptions(c.lr));
   }
+}
+
+void Trainer::load_imported_weights() {
+  if (!config_.imported) fail("train_lm: the run has no --init-from folder");
+  const std::shared_ptr<nn::LanguageModel> source = weights::load_hf_model(config_.init_from);
+  weights::check_model_options(source->options(), model_->options(),
+                               "train_lm: --init-from '" + config_.init_from + "'");
+  weights::load_state_dict(*model_, weights::state_dict(*source));
 }
 
 text::TokenBatch Trainer::share(const text::TokenBatch& global) const {

@@ -43,6 +43,11 @@ struct TrainConfig {
   bool tie_embeddings = false;
   bool bias = true;  // the biases of w_q, w_k, w_v, w_o, the feed-forward and the head
   xgrad::nn::Init init = xgrad::nn::Init::pytorch;
+  // --init-from: a Hugging Face folder (any family weights::load_hf_model reads) whose model the run
+  // fine-tunes. `imported` is its architecture (arch "imported", which decays the matrices only): it
+  // replaces the fields from d_ff on, and layers, d_model and heads repeat its sizes for messages.
+  std::string init_from;
+  std::optional<xgrad::nn::LanguageModelOptions> imported;
   // optimization
   std::size_t batch = 16, steps = 600, warmup = 60;
   float lr = 3e-3f, min_lr = 3e-4f, weight_decay = 0.1f, clip = 1.f;  // clip 0: none
@@ -74,6 +79,9 @@ extern const std::vector<std::string> kArchs;  // classic, gpt2, llama
 // LanguageModelOptions::llama_style with num_kv_heads half the heads (all of them when the
 // number of heads is odd). An unknown name throws naming --arch.
 void apply_arch(TrainConfig& config, const std::string& arch);
+// Sets config to fine-tune the model of the Hugging Face folder `dir` (--init-from): init_from,
+// imported (its config.json, read by weights::hf_model_options), arch "imported" and its sizes.
+void apply_init_from(TrainConfig& config, const std::string& dir);
 
 // Copies every architecture field (layers, d_model, heads, d_ff, norm, arch and the fields after
 // it) from `from` into `to`.
@@ -147,6 +155,8 @@ class Trainer {
   // Before the first step: throws the Error a save would meet on its metadata (a name that is not
   // UTF-8), so a long run is never lost at its end.
   void check_saveable() const;
+  // The weights of the Hugging Face folder config.init_from, before the first step of a new run.
+  void load_imported_weights();
 
   std::size_t step() const { return step_; }
   const std::vector<LogEntry>& log() const { return log_; }
