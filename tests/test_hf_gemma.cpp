@@ -221,6 +221,12 @@ TEST_CASE("Gemma: what the readers do not implement, or cannot read, is refused 
     CHECK_THAT(b.error(), Contains("field \"attn_logit_softcapping\""));
     b.edit("attn_logit_softcapping", -1);
     CHECK_THAT(b.error(), Contains("field \"attn_logit_softcapping\""));
+    b.edit("attn_logit_softcapping", 50);
+    b.edit("final_logit_softcapping", 0);  // off is null, not 0
+    CHECK_THAT(b.error(), Contains("field \"final_logit_softcapping\""));
+    b.edit("final_logit_softcapping", nullptr);
+    b.edit("sliding_window", 0);
+    CHECK_THAT(b.error(), Contains("field \"sliding_window\" must be a positive integer, got 0"));
   }
   {
     Broken b("gemma2");
