@@ -122,8 +122,9 @@ BlockOutput TransformerBlock::forward(const Tensor& x, const AttentionMask& mask
 }
 
 bool LanguageModelOptions::windowed(std::size_t layer) const {
+  // check() keeps the list in increasing order
   return sliding_window_ > 0 &&
-         std::find(full_attention_layers_.begin(), full_attention_layers_.end(), layer) == full_attention_layers_.end();
+         !std::binary_search(full_attention_layers_.begin(), full_attention_layers_.end(), layer);
 }
 
 TransformerBlockOptions LanguageModelOptions::block(std::size_t layer) const {
@@ -193,6 +194,10 @@ void LanguageModel::check(const LanguageModelOptions& o) {
   if (o.d_ff() == 0) fail("LanguageModel: d_ff 0 must be positive");
   if (!(std::isfinite(o.embed_scale()) && o.embed_scale() > 0.f))
     fail("LanguageModel: embed_scale ", o.embed_scale(), " must be finite and > 0");
+  if (!(std::isfinite(o.attn_scale()) && o.attn_scale() >= 0.f))
+    fail("LanguageModel: attn_scale ", o.attn_scale(), " must be finite and >= 0 (0: 1 / sqrt(head_dim))");
+  if (!(std::isfinite(o.attn_softcap()) && o.attn_softcap() >= 0.f))
+    fail("LanguageModel: attn_softcap ", o.attn_softcap(), " must be finite and >= 0 (0: none)");
   if (!(std::isfinite(o.final_softcap()) && o.final_softcap() >= 0.f))
     fail("LanguageModel: final_softcap ", o.final_softcap(), " must be finite and >= 0 (0: none)");
   if (!(std::isfinite(o.rope_local_theta()) && o.rope_local_theta() >= 0.f))
@@ -232,8 +237,10 @@ void LanguageModel::check(const LanguageModelOptions& o) {
     const std::size_t i = attention.rope_theta() >= 1.f ? 0 : r / 2 - 1;
     const float top = 1.f / std::pow(attention.rope_theta(), static_cast<float>(2 * i) / static_cast<float>(r));
     if (!std::isfinite(static_cast<float>(o.max_len() - 1) * top)) {
-      fail("LanguageModel: rope_theta ", attention.rope_theta(), " with rotary_dim ", r, " gives the frequency ", top,
-           ", and the angle at position max_len - 1 = ", o.max_len() - 1, " passes float32");
+      const bool local = o.windowed(layer) && o.rope_local_theta() > 0.f;
+      fail("LanguageModel: ", local ? "rope_local_theta " : "rope_theta ", attention.rope_theta(), " with rotary_dim ",
+           r, " gives the frequency ", top, ", and the angle at position max_len - 1 = ", o.max_len() - 1,
+           " passes float32");
     }
   }
 }

@@ -542,9 +542,9 @@ TEST_CASE("architectures: Gemma's options are checked by name before anything is
   CHECK_THAT(error(base().norm_kind(nn::NormKind::rms_norm).norm_affine(false).norm_unit_offset(true)),
              Contains("needs an RMSNorm with a weight"));
   CHECK_THAT(error(base().attn_softcap(-1.f)),
-             Contains("MultiHeadAttention: logit_softcap -1 must be finite and >= 0 (0: none)"));
+             Contains("LanguageModel: attn_softcap -1 must be finite and >= 0 (0: none)"));
   CHECK_THAT(error(base().attn_scale(std::nanf(""))),
-             Contains("MultiHeadAttention: scale nan must be finite and >= 0"));
+             Contains("LanguageModel: attn_scale nan must be finite and >= 0"));
   CHECK_THAT(error(base().final_softcap(INFINITY)),
              Contains("LanguageModel: final_softcap inf must be finite and >= 0"));
   CHECK_THAT(error(base().embed_scale(0.f)), Contains("LanguageModel: embed_scale 0 must be finite and > 0"));

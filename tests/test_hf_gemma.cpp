@@ -252,6 +252,32 @@ TEST_CASE("Gemma: what the readers do not implement, or cannot read, is refused 
     CHECK_THAT(b.error(), Contains("field \"altup_num_inputs\" (4) is not implemented"));
   }
   {
+    // The config classes' defaults: 4 key/value heads, a window of 4096 (here past max_len 64).
+    Broken b("gemma2");
+    b.edit("num_key_value_heads", nullptr);
+    b.edit("sliding_window", nullptr);
+    nn::LanguageModelOptions o = weights::hf_model_options(b.dir.path);
+    CHECK(o.num_kv_heads() == 4);
+    CHECK(o.sliding_window() == 64);
+    // A vast layer count is refused before any per-layer work.
+    b.edit("num_hidden_layers", 1000000000000);
+    CHECK_THAT(b.error(), Contains("num_hidden_layers 1000000000000 is more than 2^20 layers"));
+  }
+  {
+    // Qwen 2: max_window_layers 0 slides every layer; without use_sliding_window the fields change nothing.
+    Broken b("qwen2");
+    b.edit("max_window_layers", 0);
+    b.edit("sliding_window", 0);
+    CHECK(b.error() == "(loaded)");
+    b.edit("use_sliding_window", true);
+    b.edit("sliding_window", 3);
+    nn::LanguageModelOptions o = weights::hf_model_options(b.dir.path);
+    CHECK(o.sliding_window() == 3);
+    CHECK(o.full_attention_layers().empty());
+    b.edit("max_window_layers", "1");
+    CHECK_THAT(b.error(), Contains("field \"max_window_layers\" must be a whole number, got \"1\""));
+  }
+  {
     Broken b("qwen2_window");
     b.edit("layer_types", json::array({"full_attention", "sliding_attention"}));
     CHECK(b.error() == "(loaded)");

@@ -240,6 +240,10 @@ std::vector<std::size_t> read_full_attention_layers(const ConfigReader& r, std::
     r.fail_field("field \"layer_types\" must be an array of num_hidden_layers " + std::to_string(L) + " entries, got " +
                  json_excerpt(*types));
   }
+  // Without layer_types the list is built layer by layer: bounded here, before the model's size is checked.
+  if (!types && L > (std::size_t{1} << 20)) {
+    r.fail_field("num_hidden_layers " + std::to_string(L) + " is more than 2^20 layers");
+  }
   std::vector<std::size_t> full;
   for (std::size_t i = 0; i < L; ++i) {
     const json t = types ? (*types)[i] : json(slides(i) ? "sliding_attention" : "full_attention");

@@ -26,6 +26,13 @@ float read_softcap(const ConfigReader& r, const char* field, float fallback) {
 // What Gemma 2 and 3 share; `pattern` is the default sliding-window pattern.
 nn::LanguageModelOptions read_gemma(const ConfigReader& r, std::size_t pattern) {
   nn::LanguageModelOptions o = read_llama_like(r, 256, false);  // Gemma2Config's and Gemma3TextConfig's head_dim
+  if (!r.find("num_key_value_heads", true)) {                   // their default is 4, not num_attention_heads
+    if (o.num_heads() % 4 != 0) {
+      r.fail_field("num_key_value_heads (absent: 4) does not divide num_attention_heads " +
+                   std::to_string(o.num_heads()));
+    }
+    o.num_kv_heads(4);
+  }
   require_activation(r, "hidden_activation", "gelu_pytorch_tanh", "GeGLU with the tanh GELU");
   r.find("hidden_act", true);            // Gemma2Config keeps it; the MLP reads hidden_activation
   r.find("cache_implementation", true);  // the runtime's cache class ("hybrid")
@@ -34,9 +41,11 @@ nn::LanguageModelOptions read_gemma(const ConfigReader& r, std::size_t pattern) 
   const std::size_t L = o.num_layers();
   std::vector<std::size_t> full =
       read_full_attention_layers(r, L, [&](std::size_t i) { return (i + 1) % pattern != 0; });
-  // A window of max_len or more (or none, null) covers every position a forward takes; the
-  // sliding layers still differ by their RoPE base in Gemma 3, so they keep a window of max_len.
-  std::size_t window = r.find("sliding_window", true) ? r.count("sliding_window") : o.max_len();
+  // Absent: the config classes' 4096. A window of max_len or more (or none, null) covers every
+  // position a forward takes; the sliding layers still differ by their RoPE base in Gemma 3, so
+  // they keep a window of max_len.
+  const nlohmann::json* given = r.find("sliding_window", false);
+  std::size_t window = !given ? 4096 : given->is_null() ? o.max_len() : r.count("sliding_window");
   if (window > o.max_len()) window = o.max_len();
   if (full.size() == L) {
     full.clear();

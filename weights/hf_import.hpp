@@ -91,9 +91,10 @@ std::vector<std::string> hf_model_types();
 /// @code{.unparsed}
 ///   llama   as llama_options
 ///   qwen2   as llama, with biases on q_proj, k_proj and v_proj (not o_proj) and none elsewhere
-///           (qkv_bias, no out_bias); with use_sliding_window, sliding_window on the layers
-///           layer_types calls "sliding_attention" (absent: from max_window_layers on), the others
-///           in full_attention_layers; without it, every layer attends to every earlier position
+///           (qkv_bias, no out_bias); with use_sliding_window, sliding_window (default 4096) on the
+///           layers layer_types calls "sliding_attention" (absent: from max_window_layers on,
+///           default 28), the others in full_attention_layers; without it, every layer attends to
+///           every earlier position
 ///   qwen3   as qwen2, with self_attn.q_norm and k_norm (qk_norm: an RMSNorm of D with rms_norm_eps
 ///           over each head's q and k, before RoPE), head_dim (default 128, as Qwen3Config's),
 ///           and attention_bias (default false) for all four projections
@@ -116,7 +117,8 @@ std::vector<std::string> hf_model_types();
 ///   gemma2  Gemma 2: norm sandwich (input_layernorm and post_attention_layernorm around the
 ///           attention, pre_feedforward_layernorm and post_feedforward_layernorm around the MLP),
 ///           RMSNorms scaling by 1 + weight (norm_unit_offset), GeGLU with the tanh GELU
-///           (hidden_activation gelu_pytorch_tanh), head_dim (default 256), embeddings times
+///           (hidden_activation gelu_pytorch_tanh), head_dim (default 256), num_key_value_heads
+///           (default 4), embeddings times
 ///           sqrt(hidden_size) (embed_scale), scores times query_pre_attn_scalar^-0.5 (attn_scale,
 ///           default 256), attn_logit_softcapping (default 50) and final_logit_softcapping
 ///           (default 30; null: none), sliding_window on the layers layer_types calls

@@ -2,10 +2,12 @@
 // (an RMSNorm over each head's q and k before RoPE, an explicit head_dim). Formulas as in
 // transformers 4.57's models/qwen2/modeling_qwen2.py and models/qwen3/modeling_qwen3.py.
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/detail/json_file.hpp"
 #include "xgrad/weights/detail/hf_config.hpp"
 
 namespace xgrad::weights::detail {
@@ -14,15 +16,26 @@ namespace {
 
 // Qwen 2's config.json also says use_mrope false (Qwen2-VL's position scheme; true is refused).
 // The window is on only with use_sliding_window; then layer_types names the sliding layers, or
-// (absent) the layers from max_window_layers on slide, as Qwen2Config and Qwen3Config say.
+// (absent) the layers from max_window_layers (default 28) on slide, with sliding_window (default
+// 4096), as Qwen2Config and Qwen3Config say. Without it the two fields change nothing and
+// layer_types, when given, is only checked.
 nn::LanguageModelOptions& read_window(const ConfigReader& r, nn::LanguageModelOptions& o) {
   r.require("use_mrope", false, "multimodal rotary embeddings (use_mrope)");
   const bool on = r.flag("use_sliding_window", false);
-  const std::size_t L = o.num_layers(), first = r.count("max_window_layers", L, true);
-  const std::size_t window = r.find("sliding_window", true) ? r.count("sliding_window") : 0;
+  const nlohmann::json *layers = r.find("max_window_layers", true), *window = r.find("sliding_window", true);
+  const std::size_t L = o.num_layers();
+  if (!on) {
+    if (r.find("layer_types", true)) read_full_attention_layers(r, L, [](std::size_t) { return false; });
+    return o;
+  }
+  if (layers && !layers->is_number_unsigned()) {
+    r.fail_field("field \"max_window_layers\" must be a whole number, got " + xgrad::detail::json_excerpt(*layers));
+  }
+  const std::uint64_t first = layers ? layers->get<std::uint64_t>() : 28;
+  const std::size_t W = window ? r.count("sliding_window") : 4096;
   const std::vector<std::size_t> full = read_full_attention_layers(r, L, [&](std::size_t i) { return i >= first; });
-  if (!on || window == 0 || full.size() == L) return o;
-  return o.sliding_window(std::min(window, o.max_len())).full_attention_layers(full);
+  if (full.size() == L) return o;
+  return o.sliding_window(std::min(W, o.max_len())).full_attention_layers(full);
 }
 
 }  // namespace

@@ -113,7 +113,8 @@ void check_files(const std::vector<xgrad::RunPath>& inputs, const std::string& c
   std::vector<xgrad::RunPath> outputs;
   if (!save_hf.empty()) {
     outputs.push_back({"--save-hf (a folder)", save_hf, true});
-    for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                             "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model"})
       outputs.push_back({std::string("--save-hf's ") + name, save_hf + "/" + name});
   }
   if (!checkpoint.empty()) {
