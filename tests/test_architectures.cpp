@@ -581,8 +581,13 @@ TEST_CASE("architectures: attention with a scale and a soft cap, and sandwich no
     nn::AttentionMask mask;
     mask.causal = true;
     const Tensor x = randn({2, 5, 16}, 75);
-    const GradcheckResult res =
-        check_module_grads(mha, [&](const Ins& in) { return mha.forward(in[0], mask).output; }, {x});
+    // A step of 2e-2: float32 rounding of the projected output limits the central differences more
+    // than curvature here (largest |analytic - numeric| 1.3e-4 at 2e-2 against 3.1e-4 at 1e-2 in
+    // the sanitizer build, measured; the tolerance is 2e-4 + 2e-3 |numeric|).
+    GradcheckOptions step;
+    step.eps = 2e-2;
+    const GradcheckResult res = check_module_grads(
+        mha, [&](const Ins& in) { return mha.forward(in[0], mask).output; }, {x}, step);
     INFO(res.report);
     REQUIRE(res.ok);
     REQUIRE(res.tensors == 1 + mha.named_parameters().size());
