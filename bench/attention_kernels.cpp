@@ -17,28 +17,12 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "peak_memory.hpp"
 #include "xgrad/xgrad.hpp"
 
 using namespace xgrad;
 
 namespace {
-
-long status_kib(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.compare(0, field.size() + 1, field + ":") == 0) return std::stol(line.substr(field.size() + 1));
-  }
-  return -1;
-}
-
-// Lowers the peak resident size (VmHWM) to the current one; false where the kernel cannot.
-bool reset_peak() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.close();
-  return static_cast<bool>(out);
-}
 
 struct BenchShape {
   const char* name;
@@ -54,8 +38,8 @@ struct Step {
 // peak counts this step's memory (timed steps skip that: it would make them fault pages in).
 Step step(nn::LanguageModel& model, const IndexArray& ids, const IndexArray& targets, bool measure = false) {
   if (measure) malloc_trim(0);
-  const bool measured = measure && reset_peak();
-  const long base = status_kib("VmRSS");
+  const bool measured = measure && bench::reset_peak();
+  const long base = bench::status_kib("VmRSS");
   const auto t0 = std::chrono::steady_clock::now();
   {
     const Tensor loss = model.loss(ids, targets);
@@ -64,7 +48,7 @@ Step step(nn::LanguageModel& model, const IndexArray& ids, const IndexArray& tar
   const auto t1 = std::chrono::steady_clock::now();
   model.zero_grad();
   return {std::chrono::duration<double, std::milli>(t1 - t0).count(),
-          measured ? (status_kib("VmHWM") - base) / 1024.0 : -1.0};
+          measured ? (bench::status_kib("VmHWM") - base) / 1024.0 : -1.0};
 }
 
 // The attention alone, forward and backward: flash_attention against the full kernel's ops.

@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "peak_memory.hpp"
 #include "xgrad/xgrad.hpp"
 
 using namespace xgrad;
@@ -26,14 +27,6 @@ namespace {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// A field of /proc/self/status in KiB (VmRSS, VmHWM).
-long status_kib(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
-  return -1;
 }
 
 template <typename F>
@@ -58,17 +51,14 @@ int main(int argc, char** argv) {
   return cli::run("bench_load_model", [&] {
     set_num_threads(threads);
     const std::string file = dir + "/model.safetensors";
-    {  // the peak (VmHWM) lowered to the resident size, so that only the load below counts
-      std::ofstream reset("/proc/self/clear_refs");
-      reset << "5";
-    }
-    const long before = status_kib("VmRSS");
+    bench::reset_peak();  // the peak (VmHWM) lowered to the resident size, so that only the load below counts
+    const long before = bench::status_kib("VmRSS");
     std::size_t params = 0;
     {
       const auto model = weights::load_hf_model(dir);
       for (const auto& p : model->parameters()) params += p.size();
     }
-    const double peak_rise = static_cast<double>(status_kib("VmHWM") - before) * 1024.0;
+    const double peak_rise = static_cast<double>(bench::status_kib("VmHWM") - before) * 1024.0;
     std::vector<char> bytes;  // one buffer for every read: a read pays no page faults after the first
     const auto read_all = [&] {
       std::ifstream in(file, std::ios::binary);
@@ -96,7 +86,7 @@ int main(int argc, char** argv) {
     Generator gen(1);
     IndexArray ids = IndexArray::from_shape({1, 128});
     for (auto& id : ids) id = static_cast<std::int64_t>(gen.below(V));
-    auto peak_mib = [] { return static_cast<double>(status_kib("VmHWM")) / 1024.0; };
+    auto peak_mib = [] { return static_cast<double>(bench::status_kib("VmHWM")) / 1024.0; };
     const double forward = seconds([&] {
       NoGradGuard no_grad;
       model->forward(ids, nn::Attentions::none);

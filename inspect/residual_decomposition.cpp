@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/nn/layers.hpp"
 
@@ -210,7 +211,11 @@ LogitAttribution direct_logit_attribution(const nn::LanguageModel& model, const 
   check_ids(tokens, "tokens");
   if (other) check_ids(*other, "other tokens");
 
-  const Array& w = model.head->weight.value();  // (V, C)
+  const Tensor head_weight = [&] {
+    NoGradGuard no_grad;
+    return model.head->effective_weight();  // W, or W + s B A with a LoRA adapter on the head
+  }();
+  const Array& w = head_weight.value();  // (V, C)
   const float* head_bias = model.head->bias.defined() ? model.head->bias.value().data() : nullptr;
   const nn::NormLayer* norm = model.final_norm.get();
   const float* gamma = norm && norm->weight.defined() ? norm->weight.value().data() : nullptr;

@@ -110,7 +110,7 @@ Tensor Attention::project_out(const Tensor& context_in) const {
   if (hooked("z")) context = reshape(hook("z", reshape(context, {B, T, H, D})), {B, T, H * D});
   if (!hooked("result")) return hook("out", w_o->forward(context));
   const Tensor z_by_head = reshape(permute(reshape(context, {B, T, H, D}), {2, 0, 1, 3}), {H, B * T, D});
-  const Tensor w_by_head = permute(reshape(w_o->weight, {C, H, D}), {1, 2, 0});  // (H, D, C)
+  const Tensor w_by_head = permute(reshape(w_o->effective_weight(), {C, H, D}), {1, 2, 0});  // (H, D, C)
   const Tensor per_head = reshape(matmul(z_by_head, w_by_head), {H, B, T, C});
   const Tensor result = hook("result", permute(per_head, {1, 2, 0, 3}));  // (B, T, H, C)
   Tensor out = sum(result, {2});

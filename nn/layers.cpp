@@ -4,8 +4,10 @@
 #include <cmath>
 
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/io/memory.hpp"
+#include "xgrad/nn/lora.hpp"
 
 namespace xgrad::nn {
 
@@ -24,7 +26,45 @@ Tensor Linear::forward(const Tensor& x) const {
   if (x.ndim() == 0 || x.shape().back() != in_) {
     fail("Linear: input of shape ", shape_str(x.shape()), " does not end in in_features ", in_);
   }
-  return linear(x, weight, bias);  // (..., in) -> (..., out)
+  const Tensor y = linear(x, weight, bias);  // (..., in) -> (..., out)
+  return adapted() ? y + lora->forward(x) : y;
+}
+
+std::shared_ptr<LoRA> Linear::add_lora(const LoraOptions& options, Generator& gen) {
+  if (lora) fail("Linear::add_lora: the layer has an adapter already");
+  auto adapter = std::make_shared<LoRA>(in_, out_, options, gen);
+  lora = register_module("lora", adapter);
+  return lora;
+}
+
+bool Linear::adapted() const { return lora && !lora->merged(); }
+
+void Linear::merge_lora() {
+  if (!adapted()) fail("Linear::merge_lora: ", lora ? "the adapter is merged already" : "the layer has no adapter");
+  NoGradGuard no_grad;
+  weight.mutable_value() += lora->delta().value();
+  lora->set_merged(true);
+}
+
+void Linear::unmerge_lora() {
+  if (!lora || !lora->merged()) fail("Linear::unmerge_lora: the layer has no merged adapter");
+  NoGradGuard no_grad;
+  weight.mutable_value() -= lora->delta().value();
+  lora->set_merged(false);
+}
+
+void Linear::remove_lora() {
+  if (!lora) fail("Linear::remove_lora: the layer has no adapter");
+  unregister_module("lora");
+  lora.reset();
+}
+
+Tensor Linear::effective_weight() const {
+  if (!adapted()) return weight;
+  if (lora->is_training() && lora->options().dropout() > 0.f)
+    fail("Linear::effective_weight: the adapter's dropout ", lora->options().dropout(),
+         " is active (training): no single weight gives its forward");
+  return weight + lora->delta();
 }
 
 Linear::Linear(Tensor w, Tensor b) {

@@ -11,6 +11,9 @@
 
 namespace xgrad::nn {
 
+class LoRA;
+struct LoraOptions;
+
 /// y = x W^T + b, x (..., in) -> (..., out); W (out, in) and b (out,) as in PyTorch.
 /// Init: W, b ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's kaiming_uniform(a=sqrt(5)) and bias rule).
 class Linear : public Module {
@@ -21,10 +24,32 @@ class Linear : public Module {
   /// as its parameters, so a weight shared with another module (tied embeddings) is one parameter.
   /// Throws naming the shapes when they do not fit.
   explicit Linear(Tensor weight, Tensor bias = Tensor());
-  /// x W^T + b; throws naming the shape when x does not end in in_features.
+  /// x W^T + b, plus the adapter's s dropout(x) A^T B^T while one is on and not merged (lora.hpp);
+  /// throws naming the shape when x does not end in in_features.
   Tensor forward(const Tensor& x) const;
   /// The weight (out, in) and the bias (out,); bias is undefined when disabled.
   Tensor weight, bias;
+  /// The LoRA adapter (child module "lora": lora.A, lora.B), or null.
+  std::shared_ptr<LoRA> lora;
+  /// Adds an adapter drawn from `gen` (see LoRA); throws when there is one already, or for options
+  /// LoRA refuses.
+  std::shared_ptr<LoRA> add_lora(const LoraOptions& options, Generator& gen = default_generator());
+  /// W += s B A (without recording): forward then skips the adapter, and computes the same to
+  /// rounding. Throws without an adapter or when it is merged already.
+  void merge_lora();
+  /// W -= s B A, undoing merge_lora to rounding; throws without a merged adapter.
+  void unmerge_lora();
+  /// Drops the adapter as it is (merged into W or not); throws without one.
+  void remove_lora();
+  /// Whether an adapter is on and not merged: forward then adds its path.
+  bool adapted() const;
+  /// The weight forward applies: W, plus s B A (recorded) while adapted(). Throws when the
+  /// adapter's dropout is active (training with dropout > 0): no single weight gives that forward.
+  Tensor effective_weight() const;
+  /// The input width.
+  std::size_t in_features() const { return in_; }
+  /// The output width.
+  std::size_t out_features() const { return out_; }
 
  private:
   std::size_t in_, out_;

@@ -63,6 +63,12 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   children_.emplace_back(name, std::move(m));
 }
 
+void Module::unregister_module(const std::string& name) {
+  const auto at = std::find_if(children_.begin(), children_.end(), [&](const auto& c) { return c.first == name; });
+  if (at == children_.end()) fail("Module::unregister_module: no module named '", name, "'");
+  children_.erase(at);
+}
+
 void Module::collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out,
                      std::unordered_set<const void*>& seen) const {
   // A tensor registered by two modules (tied embeddings) is listed once, under its first name.
@@ -102,6 +108,14 @@ NamedTensors Module::named_state() const {
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
   for (auto& [n, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+NamedTensors Module::named_trainable_parameters() const {
+  NamedTensors out;
+  for (auto& [n, p] : named_parameters()) {
+    if (p.requires_grad()) out.emplace_back(n, p);
+  }
   return out;
 }
 

@@ -32,6 +32,9 @@ class Module {
   NamedTensors named_parameters() const;
   /// The tensors of named_parameters(), in its order.
   std::vector<Tensor> parameters() const;
+  /// The parameters that train (requires_grad), named and ordered as named_parameters(): what an
+  /// optimizer takes once some are frozen (freeze.hpp, lora.hpp).
+  NamedTensors named_trainable_parameters() const;
   /// The parameter at a dotted path, any path that reaches it (a tied tensor answers to each
   /// of its names); throws if there is none.
   Tensor parameter(const std::string& path) const;
@@ -102,6 +105,8 @@ class Module {
   Tensor register_buffer(const std::string& name, Tensor t);
   /// register_buffer(name, Tensor(value)).
   Tensor register_buffer(const std::string& name, const Array& value) { return register_buffer(name, Tensor(value)); }
+  /// Removes the child module registered under `name`; throws when there is none.
+  void unregister_module(const std::string& name);
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> m);

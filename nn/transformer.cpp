@@ -7,6 +7,7 @@
 #include <limits>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "xgrad/core/autograd/ops.hpp"
@@ -70,9 +71,9 @@ Tensor FeedForward::forward(const Tensor& x) const {
                                 : options_.activation() == Activation::geglu ? GatedActivation::gelu
                                                                              : GatedActivation::gelu_tanh;
     a = dropout(gated_unit(g, up, act), p, is_training(), generator());
-  } else if (fused_linear1(options_.activation()) && !hooked("pre")) {
+  } else if (fused_linear1(options_.activation()) && !hooked("pre") && !linear1->adapted()) {
     // act(linear1(x)) as one op: "pre" (linear1's output) is never formed, so only while no hook
-    // reads or replaces it
+    // reads or replaces it (and no LoRA adapter adds its path)
     const LinearActivation act = options_.activation() == Activation::gelu        ? LinearActivation::gelu
                                  : options_.activation() == Activation::gelu_tanh ? LinearActivation::gelu_tanh
                                                                                   : LinearActivation::relu;
@@ -366,7 +367,13 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
   // RoPE turns q and k inside attention: by the given positions, or (cached) from the cache's length.
   const IndexArray* rotary = options_.positional() == Positional::rotary && !cache ? &positions : nullptr;
   LanguageModelOutput out;
+  // Hook points see every forward, so a model with hooks attached keeps its activations.
+  const bool recompute = checkpoint_activations_ && !cache && !mask.need_weights && grad_enabled() && num_hooks() == 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (recompute) {
+      h = checkpointed_block(i, h, mask, rotary);
+      continue;
+    }
     BlockOutput b = blocks[i]->forward(h, mask, cache ? &cache->blocks[i] : nullptr, rotary);
     h = b.output;
     if (mask.need_weights) out.attentions.push_back(b.attention);
@@ -374,6 +381,44 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
   if (final_norm) h = hook("normalized", final_norm->forward(h));
   out.logits = hook("logits", head_logits(h));
   return out;
+}
+
+Tensor LanguageModel::checkpointed_block(std::size_t i, const Tensor& h, const AttentionMask& mask,
+                                         const IndexArray* rotary) const {
+  const std::shared_ptr<TransformerBlock> owner = blocks[i];  // kept alive for backward
+  std::vector<Tensor> inputs{h};
+  for (const auto& [n, p] : owner->named_parameters()) inputs.push_back(p);
+  // The block's dropout streams as they are now: the recomputation in backward starts them here
+  // again, so its masks are the ones this forward draws (regenerated, not stored).
+  std::vector<Generator*> streams;
+  std::vector<Generator> start;
+  for (const auto& [n, m] : owner->named_modules()) {
+    if (auto* s = dynamic_cast<RandomStream*>(m)) {
+      streams.push_back(&s->generator());
+      start.push_back(s->generator());
+    }
+  }
+  const std::optional<IndexArray> positions = rotary ? std::optional<IndexArray>(*rotary) : std::nullopt;
+  auto calls = std::make_shared<std::size_t>(0);  // the first call is the forward, later ones recompute
+  return checkpoint(
+      [owner, mask, positions, streams, start, calls](const std::vector<Tensor>& in) {
+    std::vector<Generator> now;
+    if ((*calls)++ > 0) {
+      for (std::size_t k = 0; k < streams.size(); ++k) {
+        now.push_back(*streams[k]);
+        *streams[k] = start[k];
+      }
+    }
+    struct Restore {
+      const std::vector<Generator*>& streams;
+      std::vector<Generator>& now;
+      ~Restore() {
+        for (std::size_t k = 0; k < now.size(); ++k) *streams[k] = now[k];
+      }
+    } restore{streams, now};
+    return owner->forward(in[0], mask, nullptr, positions ? &*positions : nullptr).output;
+      },
+      inputs);
 }
 
 namespace {

@@ -373,6 +373,15 @@ class LanguageModel : public Module {
   Tensor unembed(const Tensor& h) const;
   /// The options it was built with.
   const LanguageModelOptions& options() const { return options_; }
+  /// Activation checkpointing per block: while on, a forward that records (grad mode, no cache,
+  /// Attentions::none, no hook attached) keeps each block's input alone and runs the block again
+  /// in backward (core's checkpoint), for about one more forward's work. The gradients are the plain
+  /// run's bit for bit: the recomputation starts the block's dropout streams where the forward
+  /// started them, so the masks are regenerated, not stored. Not while other threads run passes on
+  /// this model (the streams are set back during backward). Off for a new model; not saved.
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
+  /// Whether activation checkpointing is on.
+  bool checkpoint_activations() const { return checkpoint_activations_; }
 
   std::shared_ptr<Embedding> tok_emb;                  ///< the token embedding, (V, C)
   std::shared_ptr<LearnedPositionalEncoding> pos_emb;  ///< when positional is learned
@@ -386,6 +395,7 @@ class LanguageModel : public Module {
   void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached
   void check_targets(const IndexArray& ids, const IndexArray& targets) const;
   Tensor head_logits(const Tensor& h) const;  // the head, then final_softcap
+  Tensor checkpointed_block(std::size_t i, const Tensor& h, const AttentionMask& mask, const IndexArray* rotary) const;
   Generation generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& options,
                            Generator& gen, bool keep_attention);
   // The one path of every forward: embeds ids at `positions` (B, T) or (T), applies the position
@@ -393,6 +403,7 @@ class LanguageModel : public Module {
   LanguageModelOutput run(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,
                           LanguageModelCache* cache, Attentions attentions) const;
   LanguageModelOptions options_;
+  bool checkpoint_activations_ = false;
 };
 
 }  // namespace xgrad::nn

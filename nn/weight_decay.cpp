@@ -30,6 +30,7 @@ std::pair<NamedTensors, NamedTensors> split_for_weight_decay(Module& model) {
   for (const auto& [name, p] : model.named_parameters()) {
     if (among(seen, p)) continue;
     seen.push_back(p);
+    if (!p.requires_grad()) continue;
     const bool decays = p.ndim() >= 2 && !among(exempt, p);
     (decays ? split.first : split.second).emplace_back(name, p);
   }

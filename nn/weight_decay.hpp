@@ -14,7 +14,9 @@ namespace xgrad::nn {
 /// Embedding and LearnedPositionalEncoding do not. Any parameter of fewer than 2 axes does not
 /// decay either; any other (a matrix of another module type) decays. A tensor reached under two
 /// names (tied embeddings, a module under two parents) appears once, under its first name, and
-/// does not decay if any module owning it says so. Every parameter is in exactly one of the two.
+/// does not decay if any module owning it says so. Every trainable parameter is in exactly one of
+/// the two; a frozen one (requires_grad false: nn::freeze, nn::apply_lora) in neither, since no
+/// optimizer takes it.
 /// The one-line use with an optimizer:
 ///
 ///     optim::AdamW opt(optim::decay_groups(nn::split_for_weight_decay(model), 0.1f), optim::AdamOptions(3e-4f));

@@ -14,6 +14,14 @@
 
 namespace xgrad::optim {
 
+std::size_t Optimizer::state_bytes() const {
+  std::size_t total = 0;
+  for (const ParamState& st : state_) {
+    for (const Array& slot : st.slots) total += slot.size() * sizeof(float);
+  }
+  return total;
+}
+
 void check_range(const char* who, const char* what, double value, double low, double high, bool high_open) {
   const bool ok = std::isfinite(value) && value >= low && (high_open ? value < high : value <= high);
   if (!ok) fail(who, ": ", what, " ", value, " is outside [", low, ", ", high, high_open ? ")" : "]");

@@ -111,6 +111,10 @@ class Optimizer {
 
   /// The parameters, by name: group 0's, then group 1's, ..., each in the order given.
   const NamedTensors& params() const { return params_; }
+  /// The bytes of the per-parameter state buffers (allocated at each parameter's first update):
+  /// 8 bytes per trained value for Adam and AdamW, 4 for SGD with momentum. A frozen parameter,
+  /// never given to the optimizer (nn::Module::named_trainable_parameters), holds none.
+  std::size_t state_bytes() const;
 
  protected:
   /// Named hyperparameters, lr first.

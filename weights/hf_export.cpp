@@ -76,14 +76,28 @@ Described describe(const nn::LanguageModelOptions& o, const std::string& model_t
        closest, ", would read it with ", report);
 }
 
-// The parameters under the layout's names: each parameter copied to its place in its file tensor
-// (rows of a fused tensor; columns of a transposed one), every element of every file tensor once.
-NamedArrays file_tensors(const nn::LanguageModel& model, const HfLayout& l, const char* who) {
+}  // namespace
+
+detail::HfLayout detail::describe_layout(const nn::LanguageModelOptions& options, const std::string& model_type,
+                                         const char* who) {
+  return describe(options, model_type, who).layout;
+}
+
+std::vector<TensorMap> detail::layout_maps(const HfLayout& l, std::size_t num_layers) {
   std::vector<TensorMap> maps = l.before;
-  for (std::size_t n = 0; n < model.blocks.size(); ++n) {
+  for (std::size_t n = 0; n < num_layers; ++n) {
     for (TensorMap& t : l.layer(n)) maps.push_back(std::move(t));
   }
   maps.insert(maps.end(), l.after.begin(), l.after.end());
+  return maps;
+}
+
+namespace {
+
+// The parameters under the layout's names: each parameter copied to its place in its file tensor
+// (rows of a fused tensor; columns of a transposed one), every element of every file tensor once.
+NamedArrays file_tensors(const nn::LanguageModel& model, const HfLayout& l, const char* who) {
+  const std::vector<TensorMap> maps = detail::layout_maps(l, model.blocks.size());
   NamedArrays out;
   std::map<std::string, std::size_t> index, filled;
   std::set<std::string> written;
@@ -150,8 +164,22 @@ std::string hf_config_json(const nn::LanguageModelOptions& options, const HfExpo
   return describe(options, export_options.model_type, "hf_config_json").config.dump(2) + "\n";
 }
 
+nn::NameAliases hf_parameter_names(const nn::LanguageModelOptions& options, const std::string& model_type) {
+  nn::NameAliases out;
+  const HfLayout l = describe(options, model_type, "hf_parameter_names").layout;
+  for (const TensorMap& t : detail::layout_maps(l, options.num_layers())) out.emplace(t.xgrad, t.hf);
+  return out;
+}
+
 void save_hf_model(const nn::LanguageModel& model, const std::string& directory, const HfExportOptions& options) {
   const char* who = "save_hf_model";
+  for (const auto& [name, p] : model.named_parameters()) {
+    const std::string suffix = ".lora.A";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      fail(who, ": '", name.substr(0, name.size() - 2),
+           "' is a LoRA adapter: fold the adapters into the weights first (nn::merge_lora), or save them alone "
+           "(save_peft_adapter)");
+  }
   const Described d = describe(model.options(), options.model_type, who);
   const NamedArrays tensors = file_tensors(model, d.layout, who);
   prepare_output_dir(directory, who);

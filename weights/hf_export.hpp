@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "xgrad/nn/freeze.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 namespace xgrad::weights {
@@ -28,12 +29,21 @@ struct HfExportOptions {
 /// automatic choice, those of the family that comes closest), or an unknown model_type.
 std::string hf_config_json(const nn::LanguageModelOptions& options, const HfExportOptions& export_options = {});
 
+/// The Hugging Face tensor name of every parameter of a model of these options, in the family
+/// that describes it (HfExportOptions::model_type; empty: the first that does), as save_hf_model
+/// writes them; the parts of a fused tensor all give its name ("model.layers.0.self_attn.qkv_proj.weight").
+/// For name patterns in Hugging Face's spelling (nn::freeze, nn::apply_lora). Refused as
+/// hf_config_json refuses.
+nn::NameAliases hf_parameter_names(const nn::LanguageModelOptions& options, const std::string& model_type = "");
+
 /// Writes `model` into `directory` (created if missing): model.safetensors (every parameter in F32
 /// under the family's names, fused tensors joined and GPT-2's Conv1D weights transposed as the
 /// family's files hold them; a tied head is not written), then config.json (hf_config_json), then
 /// the tokenizer files; each file atomically, so a failed save leaves an earlier one whole. A
 /// tokenizer file that is already the output (tokenizer_dir is `directory`) is refused by name.
 /// load_hf_model(directory) gives the model back: the same options and every parameter bit for bit.
+/// A model with LoRA adapters is refused by name (merge them first with nn::merge_lora, or save
+/// them with save_peft_adapter).
 void save_hf_model(const nn::LanguageModel& model, const std::string& directory, const HfExportOptions& options = {});
 
 }  // namespace xgrad::weights

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "xgrad/core/autograd/tensor.hpp"
@@ -274,5 +275,15 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
 /// Root-mean-square norm over the last axis: x / sqrt(mean(x^2) + eps) * gamma, with no mean
 /// subtracted and no shift; gamma (shape (C,)) may be an undefined tensor for no weight.
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
+
+/// fn(inputs) with its activations recomputed in backward instead of kept (activation
+/// checkpointing): forward runs fn on a tape of its own that it drops at once, so only the inputs
+/// and the output stay;
+/// backward runs fn again on the same inputs (recording, on a tape of its own) and differentiates
+/// it, handing the gradients to the inputs. fn must compute the same both times (a dropout stream
+/// restored first; see nn's LanguageModel::set_checkpoint_activations). Every tensor fn reads that
+/// requires grad must be among `inputs` (the parameters too): one that is not is an Error in
+/// backward, naming it. Under NoGradGuard, or when no input requires grad, it is fn(inputs).
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs);
 
 }  // namespace xgrad

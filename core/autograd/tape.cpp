@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "xgrad/core/autograd/detail/broadcast.hpp"
+#include "xgrad/core/autograd/detail/recompute.hpp"
 #include "xgrad/core/autograd/gradient_ready.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
@@ -476,6 +477,48 @@ void run_backward(const Tensor& root, const Array* seed, bool retain_graph) {
     fail_pass(pass);
     throw;
   }
+}
+
+namespace {
+
+// This thread's tape, pass and grad mode set aside for a scope (grad mode on), restored whatever happens.
+struct SetAside {
+  Tape outer = std::exchange(tape, Tape{});
+  Pass* pass = std::exchange(current_pass, nullptr);
+  bool mode = std::exchange(grad_mode, true);
+  SetAside() = default;
+  SetAside(const SetAside&) = delete;
+  SetAside& operator=(const SetAside&) = delete;
+  ~SetAside() {
+    tape = std::move(outer);
+    current_pass = pass;
+    grad_mode = mode;
+  }
+};
+
+}  // namespace
+
+Array detail::run_isolated(const std::function<Tensor()>& forward) {
+  const SetAside aside;
+  Tensor out = forward();
+  check_defined(out, "checkpoint: the function's output");
+  return std::move(out.mutable_value());  // the tape and out's graph end here
+}
+
+std::vector<std::pair<std::shared_ptr<Node>, Array>> detail::recompute_gradients(const std::function<Tensor()>& forward,
+                                                                                 const Array& seed) {
+  const SetAside aside;
+  const Tensor out = forward();
+  std::vector<std::pair<std::shared_ptr<Node>, Array>> grads;
+  if (!out.defined() || !out.requires_grad()) return grads;  // nothing it computed takes a gradient
+  const std::shared_ptr<Node>& r = out.node();
+  Array g = seed_gradient(*r, &seed);
+  Pass pass;
+  const RunningPass running(pass);
+  start_pending(r, std::move(g));
+  for (std::size_t i = tape.entries.size(); i-- > 0;) run_entry(*tape.entries[i], false);
+  for (auto& [leaf, grad] : pass.leaves) grads.emplace_back(leaf, std::move(grad));
+  return grads;
 }
 
 void queue_backward_callback(std::function<void()> fn) {

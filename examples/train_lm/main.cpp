@@ -30,6 +30,7 @@
 #include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/weights/checkpoint.hpp"
 #include "xgrad/weights/hf_export.hpp"
+#include "xgrad/weights/peft.hpp"
 #include "xgrad/weights/torch_import.hpp"
 
 using namespace lm;
@@ -113,8 +114,10 @@ void check_files(const std::vector<xgrad::RunPath>& inputs, const std::string& c
   std::vector<xgrad::RunPath> outputs;
   if (!save_hf.empty()) {
     outputs.push_back({"--save-hf (a folder)", save_hf, true});
-    for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                             "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model"})
+    // a model's files, or a LoRA run's adapter (which --resume knows only later)
+    for (const char* name :
+         {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+          "vocab.json", "merges.txt", "tokenizer.model", "adapter_config.json", "adapter_model.safetensors"})
       outputs.push_back({std::string("--save-hf's ") + name, save_hf + "/" + name});
   }
   if (!checkpoint.empty()) {
@@ -152,12 +155,12 @@ int main(int argc, char** argv) {
   // The architecture flags' values (they override the preset, or the checkpoint's on --resume).
   TrainConfig a;
   std::string text_path, norm = "pre", checkpoint, out = "train_lm_out", prompt = "The ", import_layout;
-  std::string tokens_path, valid_tokens_path, init_from, save_hf;
+  std::string tokens_path, valid_tokens_path, init_from, save_hf, lora;
   TokenizerChoice tokenizer_choice;
   std::string arch = "classic", norm_kind = "layer_norm", positional = "learned", activation = "gelu", init = "pytorch";
   std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0, top_k = 0;
   float temperature = 0.8f;
-  bool resume = false, quiet = false, detect_anomaly = false;
+  bool resume = false, quiet = false, detect_anomaly = false, checkpoint_activations = false, merge_lora = false;
   int threads = 1;
   const auto size = cli::count(1, std::size_t{1} << 30), any = cli::count(0, std::size_t{1} << 30),
              steps = cli::count(1, cli::kMaxSteps), interval = cli::count(0, cli::kMaxSteps);
@@ -284,6 +287,30 @@ int main(int argc, char** argv) {
                  "after training, also write the model as a Hugging Face folder of the family that describes it "
                  "(weights::save_hf_model), with the tokenizer's files when it is a Hugging Face tokenizer (hf)")
       ->check(cli::not_empty());
+  CLI::Option* freeze_flag =
+      app.add_option("--freeze", c.freeze,
+                     "leave the parameters this name pattern selects untrained (may repeat): a glob over xgrad's names "
+                     "(blocks.0.*) or, for a model a Hugging Face family describes, that family's "
+                     "(model.layers.0.*), \"re:\" and a regular expression, or a last name (embed_tokens.weight)")
+          ->expected(1)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  CLI::Option* lora_flag =
+      app.add_option("--lora", lora,
+                     "train LoRA adapters instead of the model, every other parameter frozen: "
+                     "r=8,alpha=16[,dropout=0.05][,rslora],targets=q_proj,v_proj (targets last; module names as "
+                     "--freeze's patterns)")
+          ->check(cli::not_empty());
+  app.add_option("--grad-accum", c.grad_accum,
+                 "run each step's --batch as this many micro-batches of --batch / N rows: the same update, the "
+                 "activations of one micro-batch")
+      ->transform(cli::count(1, 1 << 20))
+      ->capture_default_str();
+  app.add_flag("--checkpoint-activations", checkpoint_activations,
+               "keep only each block's input and run the block again in backward: the same losses, less memory, "
+               "about one more forward's time");
+  app.add_flag("--merge-lora", merge_lora,
+               "with --lora and --save-hf: fold the adapters into the weights and write the whole model (without it "
+               "--save-hf writes the adapters alone, as PEFT saves them)");
   CLI::Option* sample_flag =
       app.add_option("--sample", sample, "generate this many tokens from --checkpoint, without training")
           ->transform(cli::count(1, 1 << 20));
@@ -319,6 +346,9 @@ int main(int argc, char** argv) {
 #endif
   // After MPI is up: a rank that stops here (a usage error, --help) ends the whole job.
   if (const auto code = cli::parse(app, argc, argv)) return *code;
+  if (lora_flag->count() > 0) {
+    if (const int code = cli::run("train_lm", [&] { cli::as_usage([&] { parse_lora(lora, c); }); })) return code;
+  }
   a.norm = norm == "pre" ? xgrad::nn::Norm::pre : xgrad::nn::Norm::post;
   a.arch = arch;
   a.norm_kind = value_of(norm_kind, kNormKinds);
@@ -416,6 +446,13 @@ int main(int argc, char** argv) {
       }
     }
     if (!save_hf.empty() && sample > 0) cli::usage_error("--save-hf writes the trained model; --sample trains nothing");
+    if (resume && (lora_flag->count() > 0 || freeze_flag->count() > 0))
+      cli::usage_error(lora_flag->count() > 0 ? "--lora" : "--freeze",
+                       " does not apply to --resume: the checkpoint's run fixes what trains");
+    if (sample > 0 && (lora_flag->count() > 0 || !c.freeze.empty() || checkpoint_activations))
+      cli::usage_error(
+          "--lora, --freeze and --checkpoint-activations are for training; --sample reads the "
+          "checkpoint's adapters");
     if (!valid_tokens_path.empty() && xgrad::same_file(valid_tokens_path, tokens_path))
       cli::usage_error("--valid-tokens '", valid_tokens_path, "' is the same file as --tokens '", tokens_path,
                        "': the run would validate on its training data; leave out --valid-tokens to hold out the "
@@ -463,7 +500,7 @@ int main(int argc, char** argv) {
         refuse_arch_flags("--sample: '" + checkpoint + "' fine-tunes --init-from '" + saved.init_from + "'");
       // The model the file's options describe (older files: its config's); the architecture
       // flags given with --sample must agree with it.
-      const auto loaded = xgrad::weights::load_language_model(checkpoint, model_options(saved));
+      const auto loaded = load_run_model(checkpoint, saved);
       TrainConfig base = saved;
       base.d_ff = model_options(saved).d_ff();  // not 4 x an asked --d-model
       const TrainConfig asked = with_flags(base);
@@ -489,7 +526,9 @@ int main(int argc, char** argv) {
       // The architecture: the checkpoint's on --resume (a flag given that differs is named by
       // resume), else the preset's; then the flags given.
       if (resume) {
-        copy_architecture(checkpoint_config(checkpoint), c);
+        const TrainConfig saved = checkpoint_config(checkpoint);
+        copy_architecture(saved, c);
+        copy_fine_tuning(saved, c);
         if (c.imported)
           refuse_arch_flags("--resume: '" + checkpoint + "' fine-tunes --init-from '" + c.init_from + "'");
       } else if (!init_from.empty()) {
@@ -506,6 +545,8 @@ int main(int argc, char** argv) {
         }
       }
       validate(c);
+      if (merge_lora && (c.lora_rank == 0 || save_hf.empty()))
+        xgrad::fail("--merge-lora folds --lora's adapters into the model --save-hf writes: give both");
       if (!save_hf.empty()) xgrad::weights::hf_config_json(model_options(c));  // a model no family describes
       // Every output is checked before training, so a long run is never lost to a typo.
       if (lead) xgrad::prepare_output_dir(out, "train_lm: --out");  // first: the checkpoint may go in it
@@ -578,6 +619,7 @@ int main(int argc, char** argv) {
     cli::as_usage([&] {
       trainer = std::make_unique<Trainer>(c, std::move(corpus), source, sharing);
       trainer->set_precision(precision);
+      trainer->set_checkpoint_activations(checkpoint_activations);
       if (resume) trainer->resume(checkpoint);
       if (!resume && c.imported) trainer->load_imported_weights();
       trainer->check_saveable();
@@ -606,6 +648,14 @@ int main(int argc, char** argv) {
                 trainer->model().num_parameters(), c.steps, c.batch, c.seq_len,
                 tokenizer->kind() == "bytes" ? "bytes" : "tokens",
                 resume ? (", resuming at step " + std::to_string(trainer->step())).c_str() : "");
+    if (c.lora_rank > 0 || !c.freeze.empty()) {
+      std::size_t trained = 0;
+      for (const auto& [n, p] : trainer->model().named_trainable_parameters()) trained += p.size();
+      std::printf("trained: %zu of %zu parameters (%.2f%%)%s; optimizer state %.1f MiB\n", trained,
+                  trainer->model().num_parameters(),
+                  100.0 * static_cast<double>(trained) / static_cast<double>(trainer->model().num_parameters()),
+                  c.lora_rank > 0 ? ", LoRA adapters" : "", 8.0 * static_cast<double>(trained) / (1 << 20));
+    }
     if (precision == xgrad::Precision::bf16) {
       std::printf("precision: bf16 products (%s), fp32 accumulation, fp32 weights and optimizer\n",
                   xgrad::blas::bf16_path_name(xgrad::blas::bf16_path()).c_str());
@@ -659,7 +709,10 @@ int main(int argc, char** argv) {
       return;
     }
     if (!checkpoint.empty()) trainer->save(checkpoint);
-    if (!save_hf.empty()) {
+    if (!save_hf.empty() && c.lora_rank > 0 && !merge_lora) {
+      xgrad::weights::save_peft_adapter(trainer->model(), save_hf, {"", c.init_from});
+    } else if (!save_hf.empty()) {
+      if (merge_lora) xgrad::nn::merge_lora(trainer->model());  // after the checkpoint, which keeps the adapters
       xgrad::weights::HfExportOptions e;
       const auto& spec = tokenizer_choice.spec;
       if (spec.size() == 2 && spec[0] == "hf") e.tokenizer_dir = spec[1];

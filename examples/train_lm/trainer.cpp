@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
+
+#include <xtensor/xview.hpp>
 
 #include "common/cli.hpp"
 #include "common/memory.hpp"
@@ -16,13 +19,16 @@
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/core/io/utf8.hpp"
+#include "xgrad/nn/freeze.hpp"
 #include "xgrad/nn/random_stream.hpp"
 #include "xgrad/nn/weight_decay.hpp"
+#include "xgrad/optim/accumulate.hpp"
 #include "xgrad/optim/clip.hpp"
 #include "xgrad/optim/finite.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
 #include "xgrad/text/token_file.hpp"
 #include "xgrad/weights/checkpoint.hpp"
+#include "xgrad/weights/hf_export.hpp"
 #include "xgrad/weights/hf_import.hpp"
 #include "xgrad/weights/model_options_json.hpp"
 
@@ -147,6 +153,14 @@ nlohmann::json TrainConfig::to_json() const {
                       {"tie_embeddings", tie_embeddings},
                       {"bias", bias},
                       {"init", name_of(init, kInits)},
+                      {"freeze", freeze},
+                      {"lora", lora_rank == 0 ? nlohmann::json(nullptr)
+                                              : nlohmann::json{{"r", lora_rank},
+                                                               {"alpha", lora_alpha},
+                                                               {"dropout", lora_dropout},
+                                                               {"rslora", lora_rslora},
+                                                               {"targets", lora_targets}}},
+                      {"grad_accum", grad_accum},
                       {"batch", batch},
                       {"steps", steps},
                       {"warmup", warmup},
@@ -198,6 +212,16 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.tie_embeddings = j.value("tie_embeddings", classic.tie_embeddings);
     c.bias = j.value("bias", classic.bias);
     c.init = enum_field(j, "init", kInits, classic.init);
+    c.freeze = j.value("freeze", std::vector<std::string>());
+    if (j.contains("lora") && !j.at("lora").is_null()) {
+      const nlohmann::json& l = j.at("lora");
+      c.lora_rank = l.at("r");
+      c.lora_alpha = l.at("alpha");
+      c.lora_dropout = l.at("dropout");
+      c.lora_rslora = l.at("rslora");
+      c.lora_targets = l.at("targets").get<std::vector<std::string>>();
+    }
+    c.grad_accum = j.value("grad_accum", std::size_t{1});
     c.batch = j.at("batch");
     c.steps = j.at("steps");
     c.warmup = j.at("warmup");
@@ -230,6 +254,14 @@ void validate(const TrainConfig& c) {
   if (c.vocab_size < 2 || c.vocab_size > kMaxVocab)
     fail("the vocabulary of ", c.vocab_size, " tokens is outside [2, ", kMaxVocab, "]");
   if (c.batch == 0) fail("--batch must be at least 1");
+  if (c.grad_accum == 0) fail("--grad-accum must be at least 1");
+  if (c.batch % c.grad_accum != 0)
+    fail("--grad-accum ", c.grad_accum, " does not divide --batch ", c.batch, " into micro-batches of equal rows");
+  if (c.lora_rank > 0) {
+    lora_options(c).check("--lora");
+    if (c.lora_targets.empty()) fail("--lora needs targets=...: the Linear modules to adapt");
+    if (!c.freeze.empty()) fail("--freeze with --lora: --lora freezes every parameter but the adapters");
+  }
   if (c.steps == 0) fail("--steps must be at least 1");
   if (!(std::isfinite(c.lr) && c.lr > 0.f)) fail("--lr ", c.lr, " must be positive and finite");
   if (!(c.min_lr >= 0.f && c.min_lr <= c.lr))
@@ -291,7 +323,7 @@ double training_bytes(const TrainConfig& c) {
                      c.activation == nn::Activation::geglu_tanh;
   if (gated) s.d_ff *= 1.5;  // a third projection of F, and its hidden values
   s.vocab = static_cast<double>(c.vocab_size);
-  s.batch = static_cast<double>(c.batch);
+  s.batch = static_cast<double>(c.batch / std::max<std::size_t>(c.grad_accum, 1));  // rows of one micro-batch
   s.seq_len = static_cast<double>(c.seq_len);
   return cli::transformer_training_bytes(s);
 }
@@ -353,6 +385,95 @@ void apply_init_from(TrainConfig& c, const std::string& dir) {
   c.layers = o.num_layers(), c.d_model = o.d_model(), c.heads = o.num_heads(), c.d_ff = o.d_ff();
 }
 
+nn::LoraOptions lora_options(const TrainConfig& c) {
+  return nn::LoraOptions()
+      .rank(c.lora_rank)
+      .alpha(c.lora_alpha)
+      .dropout(c.lora_dropout)
+      .rslora(c.lora_rslora)
+      .targets(c.lora_targets);
+}
+
+void parse_lora(const std::string& value, TrainConfig& c) {
+  TrainConfig out = c;
+  out.lora_targets.clear();
+  bool rank = false, in_targets = false;
+  std::size_t from = 0;
+  while (from <= value.size()) {
+    std::size_t comma = value.find(',', from);
+    if (comma == std::string::npos) comma = value.size();
+    const std::string item = value.substr(from, comma - from);
+    from = comma + 1;
+    const std::size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), v = eq == std::string::npos ? "" : item.substr(eq + 1);
+    auto number = [&](const char* what) {
+      try {
+        std::size_t used = 0;
+        const double d = std::stod(v, &used);
+        if (used == v.size()) return d;
+      } catch (const std::exception&) {
+      }
+      fail("--lora: ", what, " '", v, "' is not a number");
+    };
+    if (in_targets && eq == std::string::npos) {
+      if (item.empty()) fail("--lora: an empty target in '", value, "'");
+      out.lora_targets.push_back(item);
+    } else if (key == "targets") {
+      if (v.empty()) fail("--lora: targets= names no module");
+      in_targets = true;
+      out.lora_targets.push_back(v);
+    } else if (in_targets) {
+      fail("--lora: '", item, "' after targets=: targets come last (every later item is a target)");
+    } else if (key == "r") {
+      const double r = number("r");
+      if (!(r >= 0 && r <= 1e6 && r == std::floor(r))) fail("--lora: r ", v, " is not a count");
+      out.lora_rank = static_cast<std::size_t>(r);
+      rank = true;
+    } else if (key == "alpha") {
+      out.lora_alpha = static_cast<float>(number("alpha"));
+    } else if (key == "dropout") {
+      out.lora_dropout = static_cast<float>(number("dropout"));
+    } else if (key == "rslora" && (v.empty() || v == "true" || v == "false")) {
+      out.lora_rslora = v != "false";
+    } else {
+      fail("--lora: '", item, "' is not one of r=, alpha=, dropout=, rslora, targets=");
+    }
+  }
+  if (!rank) fail("--lora: r= is missing (the adapters' rank)");
+  if (out.lora_rank == 0) fail("--lora: r 0 must be at least 1");
+  c = out;
+}
+
+nn::NameAliases hf_aliases(const nn::LanguageModelOptions& options) {
+  try {
+    return weights::hf_parameter_names(options);
+  } catch (const Error&) {
+    return {};  // no family describes the model: xgrad's names only
+  }
+}
+
+void apply_fine_tuning(nn::LanguageModel& model, const TrainConfig& c, Generator& gen) {
+  if (c.lora_rank == 0 && c.freeze.empty()) return;
+  const nn::NameAliases aliases = hf_aliases(model.options());
+  try {
+    if (c.lora_rank > 0) nn::apply_lora(model, lora_options(c), gen, aliases);
+    if (!c.freeze.empty()) nn::freeze(model, c.freeze, aliases);
+  } catch (const Error& e) {
+    fail(c.lora_rank > 0 ? "--lora: " : "--freeze: ", e.what());
+  }
+  if (model.named_trainable_parameters().empty()) fail("--freeze: every parameter is frozen: nothing would train");
+}
+
+weights::LoadedLanguageModel load_run_model(const std::string& checkpoint, const TrainConfig& c) {
+  if (c.lora_rank == 0) return weights::load_language_model(checkpoint, model_options(c));
+  weights::LoadedLanguageModel out;
+  Generator loading = Generator::for_loading(c.seed);  // every weight is read from the file
+  out.model = std::make_unique<nn::LanguageModel>(model_options(c), loading);
+  apply_fine_tuning(*out.model, c, loading);
+  out.checkpoint = weights::load_checkpoint(checkpoint, *out.model);
+  return out;
+}
+
 void copy_architecture(const TrainConfig& from, TrainConfig& to) {
   to.init_from = from.init_from;
   to.imported = from.imported;
@@ -373,6 +494,15 @@ void copy_architecture(const TrainConfig& from, TrainConfig& to) {
   to.tie_embeddings = from.tie_embeddings;
   to.bias = from.bias;
   to.init = from.init;
+}
+
+void copy_fine_tuning(const TrainConfig& from, TrainConfig& to) {
+  to.freeze = from.freeze;
+  to.lora_rank = from.lora_rank;
+  to.lora_alpha = from.lora_alpha;
+  to.lora_dropout = from.lora_dropout;
+  to.lora_rslora = from.lora_rslora;
+  to.lora_targets = from.lora_targets;
 }
 
 Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shared_ptr<Sharing> sharing)
@@ -403,10 +533,12 @@ Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shar
                            std::max(target_bytes(valid_, *corpus_.tokenizer), 1.0);
   for (text::TokenBatch& b : valid_) b = share(b);
   model_ = std::make_unique<nn::LanguageModel>(model_options(c), init_);
+  apply_fine_tuning(*model_, c, init_);  // before wrap: the ranks average the trainable parameters
   sharing_->wrap(*model_);
   // The classic run decays every parameter, as it always has; a preset decays the matrices only.
+  // Frozen parameters take no optimizer state.
   if (c.arch == "classic") {
-    optimizer_ = std::make_unique<optim::AdamW>(model_->named_parameters(),
+    optimizer_ = std::make_unique<optim::AdamW>(model_->named_trainable_parameters(),
                                                 optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
   } else {
     optimizer_ = std::make_unique<optim::AdamW>(
@@ -419,7 +551,19 @@ void Trainer::load_imported_weights() {
   const std::shared_ptr<nn::LanguageModel> source = weights::load_hf_model(config_.init_from);
   weights::check_model_options(source->options(), model_->options(),
                                "train_lm: --init-from '" + config_.init_from + "'");
-  weights::load_state_dict(*model_, weights::state_dict(*source));
+  // The folder holds the base model: LoRA adapters keep their own initial values.
+  NoGradGuard no_grad;
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, t] : model_->named_state()) state.emplace(name, t);
+  for (const auto& [name, t] : source->named_state()) {
+    const auto at = state.find(name);
+    if (at == state.end()) fail("train_lm: --init-from '", config_.init_from, "': the model has no ", name);
+    Tensor mine = at->second;
+    if (mine.shape() != t.shape())
+      fail("train_lm: --init-from '", config_.init_from, "': ", name, " has shape ", shape_str(t.shape()),
+           ", the model ", shape_str(mine.shape()));
+    mine.mutable_value() = t.value();
+  }
 }
 
 text::TokenBatch Trainer::share(const text::TokenBatch& global) const {
@@ -477,11 +621,18 @@ void Trainer::run(std::size_t until, const std::function<void(const LogEntry&)>&
     float loss = 0;
     try {
       AutocastGuard autocast(precision_);  // forward, loss and backward; closed before the step
-      const Tensor local = model_->loss(b.ids, b.targets);
       optimizer_->zero_grad();
-      local.backward();
+      // grad_accum micro-batches of equal rows, each weighted by its share of the targets
+      const std::size_t n = config_.grad_accum, rows = b.ids.shape()[0] / n, T = b.ids.shape()[1];
+      const double local = optim::accumulate_gradients(std::vector<std::size_t>(n, rows * T), [&](std::size_t k) {
+        if (n == 1) return model_->loss(b.ids, b.targets);
+        const auto part = [&](const IndexArray& a) {
+          return IndexArray(xt::view(a, xt::range(k * rows, (k + 1) * rows), xt::all()));
+        };
+        return model_->loss(part(b.ids), part(b.targets));
+      });
       autocast.close();
-      loss = static_cast<float>(sharing_->mean(local.item()));
+      loss = static_cast<float>(sharing_->mean(local));
       optim::check_finite(step_ + 1, loss, optimizer_->params());
     } catch (const Error& e) {
       const std::string what = e.what();  // check_finite's message names the step already; anomaly's does not

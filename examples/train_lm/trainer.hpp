@@ -15,9 +15,11 @@
 #include "corpus.hpp"
 #include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/nn/lora.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
 #include "xgrad/optim/schedule.hpp"
+#include "xgrad/weights/checkpoint.hpp"
 
 namespace lm {
 
@@ -48,8 +50,17 @@ struct TrainConfig {
   // replaces the fields from d_ff on, and layers, d_model and heads repeat its sizes for messages.
   std::string init_from;
   std::optional<xgrad::nn::LanguageModelOptions> imported;
-  // optimization
-  std::size_t batch = 16, steps = 600, warmup = 60;
+  // fine-tuning: the parameters trained. `freeze`: name patterns (nn::freeze; xgrad's names or, for
+  // a model a Hugging Face family describes, that family's) of parameters left as they are.
+  // lora_rank > 0: LoRA adapters on the Linear modules lora_targets names, every other parameter
+  // frozen (nn::apply_lora).
+  std::vector<std::string> freeze;
+  std::size_t lora_rank = 0;
+  float lora_alpha = 8.f, lora_dropout = 0.f;
+  bool lora_rslora = false;
+  std::vector<std::string> lora_targets;
+  // optimization; each step's batch runs as grad_accum micro-batches of batch / grad_accum rows
+  std::size_t batch = 16, steps = 600, warmup = 60, grad_accum = 1;
   float lr = 3e-3f, min_lr = 3e-4f, weight_decay = 0.1f, clip = 1.f;  // clip 0: none
   // data and evaluation
   double valid_fraction = 0.1;
@@ -86,6 +97,18 @@ void apply_init_from(TrainConfig& config, const std::string& dir);
 // Copies every architecture field (layers, d_model, heads, d_ff, norm, arch and the fields after
 // it) from `from` into `to`.
 void copy_architecture(const TrainConfig& from, TrainConfig& to);
+// Copies what trains (freeze and the lora fields) from `from` into `to`.
+void copy_fine_tuning(const TrainConfig& from, TrainConfig& to);
+// The LoRA options of the config (lora_rank > 0).
+xgrad::nn::LoraOptions lora_options(const TrainConfig& config);
+// Parses --lora's value, "r=8,alpha=16,dropout=0.05,rslora,targets=q_proj,v_proj" (targets last:
+// every later comma-separated item is a target), into config's lora fields; an Error names what is wrong.
+void parse_lora(const std::string& value, TrainConfig& config);
+// The model's parameter names in the Hugging Face family that describes it (none for a model no
+// family describes), for --freeze and --lora patterns.
+xgrad::nn::NameAliases hf_aliases(const xgrad::nn::LanguageModelOptions& options);
+// Adds the config's LoRA adapters (drawn from gen) and freezes its --freeze patterns.
+void apply_fine_tuning(xgrad::nn::LanguageModel& model, const TrainConfig& config, xgrad::Generator& gen);
 
 // The bytes a run trains on, identified by content so that --resume can refuse other data.
 struct DataSource {
@@ -142,6 +165,9 @@ class Trainer {
   // under bf16 they run inside an AutocastGuard, closed before clipping and the optimizer step.
   // Not part of the config, so never in a checkpoint: a run may resume at another precision.
   void set_precision(xgrad::Precision precision) { precision_ = precision; }
+  // Activation checkpointing of every block (nn::LanguageModel::set_checkpoint_activations): the
+  // same losses, less memory, about one more forward's time. Not in the config either.
+  void set_checkpoint_activations(bool on) { model_->set_checkpoint_activations(on); }
   xgrad::Precision precision() const { return precision_; }
   // Asked after every step: true ends run() there (a checkpoint given is then written, checked
   // by a validation pass like any other). For a graceful stop on SIGINT or SIGTERM.
@@ -189,6 +215,10 @@ class Trainer {
 };
 
 xgrad::nn::LanguageModelOptions model_options(const TrainConfig& config);
+
+// The model of a train_lm checkpoint with its LoRA adapters, when the run had them (config: the
+// checkpoint's, checkpoint_config), built and loaded.
+xgrad::weights::LoadedLanguageModel load_run_model(const std::string& checkpoint, const TrainConfig& config);
 
 // Reads the training config stored in a checkpoint (to rebuild its model for sampling), refusing
 // one that validate() refuses.

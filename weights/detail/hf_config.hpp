@@ -165,6 +165,11 @@ const std::vector<Family>& families();
 /// the one taken), every field read or refused (refuse_unread) and the options checked
 /// (LanguageModel::check); errors name r.who() and r.path().
 HfLayout read_layout(const ConfigReader& r, const char* only = nullptr);
+/// The layout save_hf_model writes a model of these options with: the family model_type names, or
+/// the first that describes the options exactly (empty model_type); an Error as hf_config_json's.
+HfLayout describe_layout(const nn::LanguageModelOptions& options, const std::string& model_type, const char* who);
+/// Every tensor of the layout for `num_layers` layers: before, each layer's, after.
+std::vector<TensorMap> layout_maps(const HfLayout& layout, std::size_t num_layers);
 
 /// A float32 value as the shortest decimal that reads back as it (1e-06, not 9.99999997e-07).
 nlohmann::json f32_json(float v);
