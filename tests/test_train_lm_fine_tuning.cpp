@@ -2,6 +2,7 @@
 // --checkpoint-activations, in the trainer (exact resume, equal updates, equal losses) and in the
 // program (an imported folder tuned through adapters), and what the flags refuse.
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "test_files.hpp"
 #include "trainer.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/nn/evaluate.hpp"
 #include "xgrad/weights/hf_export.hpp"
 #include "xgrad/weights/hf_import.hpp"
 #include "xgrad/weights/peft.hpp"
@@ -216,6 +218,29 @@ TEST_CASE(
     want = run_model.model->forward(ids).logits.value();
     CHECK(testing::rel_error(peft->forward(ids).logits.value(), want) < 1e-6);
   }
+  // --eval-only: the checkpoint's model (adapters included) on a text, as nn::evaluate gives it.
+  const std::string text = "the cat sat on the mat, and the dog sat on the log by the door.";
+  testing::write_bytes(dir.file("eval.txt"), text);
+  const Outcome evaluated = testing::run_program(
+      dir, std::string(XGRAD_EXAMPLES_DIR) + "/train_lm",
+      {dir.file("eval.txt"), "--eval-only", "--checkpoint", ck, "--seq-len", "16", "--batch", "2"});
+  require_ok(evaluated);
+  std::vector<std::int64_t> bytes(text.begin(), text.end());
+  const nn::Evaluation e = nn::evaluate(
+      *run_model.model, bytes.size(),
+      [&](std::size_t at, std::size_t n, std::int64_t* out) { std::copy_n(bytes.begin() + at, n, out); }, {16, 3});
+  char want_line[160];
+  std::snprintf(want_line, sizeof want_line, "eval: %zu tokens predicted in windows of 16, %.4f nats/token", e.tokens,
+                e.nats_per_token());
+  CHECK_THAT(evaluated.out, Catch::Contains(want_line));
+  CHECK(e.tokens == text.size() - 1);
+  require_usage_error(
+      testing::run_program(dir, std::string(XGRAD_EXAMPLES_DIR) + "/train_lm", {dir.file("eval.txt"), "--eval-only"}),
+      {"--eval-only evaluates the model of --checkpoint or of --init-from: give one"});
+  require_usage_error(
+      testing::run_program(dir, std::string(XGRAD_EXAMPLES_DIR) + "/train_lm", {"--eval-only", "--checkpoint", ck}),
+      {"--eval-only reads the text file or --tokens: give one"});
+
   // --sample reads the adapters from the checkpoint.
   require_ok(testing::run_program(dir, std::string(XGRAD_EXAMPLES_DIR) + "/train_lm",
                                   {"--checkpoint", ck, "--sample", "8", "--temperature", "0"}));

@@ -28,8 +28,11 @@
 #include "xgrad/core/io/file_io.hpp"
 #include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
+#include "xgrad/nn/evaluate.hpp"
+#include "xgrad/text/token_file.hpp"
 #include "xgrad/weights/checkpoint.hpp"
 #include "xgrad/weights/hf_export.hpp"
+#include "xgrad/weights/hf_import.hpp"
 #include "xgrad/weights/peft.hpp"
 #include "xgrad/weights/torch_import.hpp"
 
@@ -109,6 +112,51 @@ std::string locked_folder(std::string folder) {
 
 // Every path the run reads and writes, checked before any work by the one output-path rule: no
 // output may be an input, a file in an input folder or another output.
+// --eval-only: the model's loss on a text or a token file, as one line.
+std::string evaluate_text(const std::string& checkpoint, const std::string& init_from, const TokenizerChoice& choice,
+                          const std::string& text_path, const std::string& tokens_path, std::size_t seq_len,
+                          std::size_t batch) {
+  std::shared_ptr<xgrad::nn::LanguageModel> model;
+  std::shared_ptr<const xgrad::text::Tokenizer> tokenizer;
+  if (!checkpoint.empty()) {
+    model = load_run_model(checkpoint, checkpoint_config(checkpoint)).model;
+    tokenizer = checkpoint_tokenizer(checkpoint);
+  } else {
+    model = xgrad::weights::load_hf_model(init_from);
+    cli::as_usage([&] { tokenizer = make_tokenizer(choice, {}); });
+  }
+  if (tokenizer->vocab_size() > model->options().vocab_size())
+    xgrad::fail("--eval-only: the tokenizer's ", tokenizer->vocab_size(), " tokens are more than the model's ",
+                model->options().vocab_size());
+  std::shared_ptr<xgrad::text::TokenSource> source;
+  if (!tokens_path.empty()) {
+    auto file = std::make_shared<xgrad::text::TokenFile>(tokens_path);
+    file->check_tokenizer(tokenizer->identity());
+    source = file;
+  } else {
+    source = std::make_shared<xgrad::text::TokenVector>(
+        tokenizer->encode_for_model(read_text(text_path, std::uint64_t{1} << 32)));
+  }
+  const std::size_t window = std::min(seq_len, model->options().max_len());
+  const xgrad::nn::Evaluation e = xgrad::nn::evaluate(
+      *model, source->size(), [&](std::size_t at, std::size_t n, std::int64_t* out) { source->read(at, n, out); },
+      {window, batch});
+  // The bytes of the predicted tokens' text (every token but the first), for bits per byte.
+  double bytes = 0;
+  std::vector<std::int64_t> chunk;
+  for (std::size_t at = 1; at < source->size(); at += chunk.size()) {
+    chunk.resize(std::min<std::size_t>(1 << 16, source->size() - at));
+    source->read(at, chunk.size(), chunk.data());
+    for (std::int64_t id : chunk) bytes += static_cast<double>(tokenizer->token_bytes(id).size());
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "eval: %zu tokens predicted in windows of %zu, %.4f nats/token, perplexity %.3f, "
+                "%.4f bits/byte",
+                e.tokens, window, e.nats_per_token(), e.perplexity(), bytes > 0 ? e.bits_per_byte(bytes) : 0.0);
+  return line;
+}
+
 void check_files(const std::vector<xgrad::RunPath>& inputs, const std::string& checkpoint, const std::string& out,
                  const std::string& tokenizer_dir, const std::string& save_hf) {
   std::vector<xgrad::RunPath> outputs;
@@ -160,7 +208,8 @@ int main(int argc, char** argv) {
   std::string arch = "classic", norm_kind = "layer_norm", positional = "learned", activation = "gelu", init = "pytorch";
   std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0, top_k = 0;
   float temperature = 0.8f;
-  bool resume = false, quiet = false, detect_anomaly = false, checkpoint_activations = false, merge_lora = false;
+  bool resume = false, quiet = false, detect_anomaly = false, checkpoint_activations = false, merge_lora = false,
+       eval_only = false;
   int threads = 1;
   const auto size = cli::count(1, std::size_t{1} << 30), any = cli::count(0, std::size_t{1} << 30),
              steps = cli::count(1, cli::kMaxSteps), interval = cli::count(0, cli::kMaxSteps);
@@ -311,6 +360,9 @@ int main(int argc, char** argv) {
   app.add_flag("--merge-lora", merge_lora,
                "with --lora and --save-hf: fold the adapters into the weights and write the whole model (without it "
                "--save-hf writes the adapters alone, as PEFT saves them)");
+  app.add_flag("--eval-only", eval_only,
+               "train nothing: print the loss (nats per token, perplexity, bits per byte) of --checkpoint's model, or "
+               "--init-from's, on the text or --tokens, in windows of --seq-len, --batch at a time");
   CLI::Option* sample_flag =
       app.add_option("--sample", sample, "generate this many tokens from --checkpoint, without training")
           ->transform(cli::count(1, 1 << 20));
@@ -457,7 +509,7 @@ int main(int argc, char** argv) {
       cli::usage_error("--valid-tokens '", valid_tokens_path, "' is the same file as --tokens '", tokens_path,
                        "': the run would validate on its training data; leave out --valid-tokens to hold out the "
                        "last --valid-fraction of --tokens");
-    if (sample == 0) {  // --sample only reads
+    if (sample == 0 && !eval_only) {  // --sample and --eval-only only read
       std::vector<xgrad::RunPath> inputs;
       if (!text_path.empty()) inputs.push_back({"the training text", text_path});
       if (!tokens_path.empty()) inputs.push_back({"--tokens", tokens_path});
@@ -476,6 +528,22 @@ int main(int argc, char** argv) {
         if (o->count() > 0)
           cli::usage_error(o->get_name(), " does not apply to --import gpt2: the GPT-2 layout fixes the architecture");
       }
+    }
+    if (eval_only) {
+      if (sample > 0 || resume || !save_hf.empty() || lora_flag->count() > 0 || freeze_flag->count() > 0 ||
+          !import_layout.empty())
+        cli::usage_error(
+            "--eval-only trains nothing: --sample, --resume, --save-hf, --lora, --freeze and --import do "
+            "not apply");
+      if (checkpoint.empty() == init_from.empty())
+        cli::usage_error("--eval-only evaluates the model of --checkpoint or of --init-from: give one");
+      if (text_path.empty() == tokens_path.empty())
+        cli::usage_error("--eval-only reads the text file or --tokens: give one");
+      if (!checkpoint.empty() && tokenizer_flag->count() > 0)
+        cli::usage_error("--eval-only uses the tokenizer --checkpoint stores: drop --tokenizer");
+      if (lead)
+        print_line(evaluate_text(checkpoint, init_from, tokenizer_choice, text_path, tokens_path, c.seq_len, c.batch));
+      return;
     }
     if (sample > 0 && !import_layout.empty()) {
       if (checkpoint.empty()) cli::usage_error("--sample needs --checkpoint");
