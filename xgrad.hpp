@@ -34,6 +34,7 @@
 #include "xgrad/inspect/steering.hpp"
 #include "xgrad/inspect/svg.hpp"
 #include "xgrad/nn/attention.hpp"
+#include "xgrad/nn/generate.hpp"
 #include "xgrad/nn/hook.hpp"
 #include "xgrad/nn/init.hpp"
 #include "xgrad/nn/layers.hpp"
