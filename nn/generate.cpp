@@ -1,11 +1,16 @@
-// LanguageModel's generation: the next token from the logits (temperature, top-k), and the
-// context past max_len. Shapes: V vocabulary.
+// LanguageModel's generation: the next-token logits through Hugging Face's processors, the draw,
+// stop tokens and strings, the streamed pieces, and the context past max_len. Shapes: V vocabulary.
+#include "xgrad/nn/generate.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <string>
+
+#include <xtensor/xview.hpp>
 
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
@@ -16,33 +21,130 @@ namespace xgrad::nn {
 
 namespace {
 
-// The next token from the next-token logits `last` (V values).
-std::int64_t pick_token(const float* last, std::size_t V, const GenerateOptions& opt, Generator& gen,
-                        std::size_t step) {
+// The sampling options' ranges (NaN fails every test), checked before any work.
+void check_sampling(const GenerateOptions& o, const std::string& who) {
+  if (!(o.temperature >= 0.f)) {  // +inf is allowed: uniform over the tokens the filters keep
+    fail(who, ": temperature ", o.temperature, " must be a number >= 0");
+  }
+  if (!(o.top_p > 0.f && o.top_p <= 1.f)) fail(who, ": top_p ", o.top_p, " must be in (0, 1] (1: every token)");
+  if (!(o.min_p >= 0.f && o.min_p <= 1.f)) fail(who, ": min_p ", o.min_p, " must be in [0, 1] (0: every token)");
+  if (!(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0.f)) {
+    fail(who, ": repetition_penalty ", o.repetition_penalty, " must be a finite number > 0 (1: none)");
+  }
+}
+
+// The tokens the next one is drawn from: order[i] has the unnormalized probability weight[i];
+// order runs by decreasing processed logit (equal logits: the lower id first), total = sum weight.
+struct Candidates {
+  std::vector<std::size_t> order;
+  std::vector<double> weight;
+  double total = 0;
+};
+
+// logits (V) through Hugging Face's processors, in its order (generation/logits_process.py):
+// RepetitionPenalty over `seen` (each id of the sequence so far, once), then Temperature, TopK,
+// TopP and MinP. Errors name `who` and the step, if given.
+Candidates candidates(const float* logits, std::size_t V, const std::vector<std::int64_t>& seen,
+                      const GenerateOptions& o, const std::string& who, std::optional<std::size_t> step) {
+  const auto where = [&] { return step ? " at step " + std::to_string(*step) : std::string(); };
   for (std::size_t i = 0; i < V; ++i) {
-    if (std::isnan(last[i]) || last[i] == std::numeric_limits<float>::infinity()) {
-      fail("LanguageModel::generate: the logit of token ", i, " is ", last[i], " at step ", step);
+    if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity()) {
+      fail(who, ": the logit of token ", i, " is ", logits[i], where());
     }
   }
-  if (opt.temperature == 0.f) return std::max_element(last, last + V) - last;  // the first of equal maxima
-  std::vector<std::size_t> order(V);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return last[a] > last[b]; });
-  const std::size_t k = opt.top_k == 0 ? V : std::min(opt.top_k, V);
-  // p_i = exp((l_i - l_max) / temperature) over the k most likely tokens
-  std::vector<double> p(k);
+  // In double: a positive logit divided by a tiny penalty stays finite.
+  std::vector<double> l(logits, logits + V);
+  if (o.repetition_penalty != 1.f) {
+    const double penalty = o.repetition_penalty;
+    for (const std::int64_t id : seen) {
+      double& x = l[static_cast<std::size_t>(id)];
+      x = x < 0 ? x * penalty : x / penalty;
+    }
+  }
+  Candidates c;
+  if (o.temperature == 0.f) {  // greedy: the first of equal maxima
+    c.order = {static_cast<std::size_t>(std::max_element(l.begin(), l.end()) - l.begin())};
+    c.weight = {1.0};
+    c.total = 1.0;
+    return c;
+  }
+  c.order.resize(V);
+  std::iota(c.order.begin(), c.order.end(), 0);
+  std::stable_sort(c.order.begin(), c.order.end(), [&](std::size_t a, std::size_t b) { return l[a] > l[b]; });
+  const double top = l[c.order[0]];
+  if (std::isinf(top)) fail(who, ": every logit is -inf", where());
+  const std::size_t k = o.top_k == 0 ? V : std::min(o.top_k, V);
+  // weight_i = exp((l_i - l_max) / temperature) = p_i / p_max, over the k most likely tokens; -inf
+  // gets 0 (also at temperature +inf, where every other weight is 1)
+  c.weight.resize(k);
   double total = 0;
   for (std::size_t i = 0; i < k; ++i) {
-    const float l = last[order[i]];
-    total += p[i] = std::isinf(l) ? 0.0 : std::exp((l - last[order[0]]) / opt.temperature);  // -inf: never picked
+    const double x = l[c.order[i]];
+    total += c.weight[i] = std::isinf(x) ? 0.0 : std::exp((x - top) / static_cast<double>(o.temperature));
   }
-  if (!(total > 0)) fail("LanguageModel::generate: every logit is -inf at step ", step);
-  double u = static_cast<double>(gen.uniform()) * total;
-  for (std::size_t i = 0; i < k; ++i) {
-    if (u < p[i]) return static_cast<std::int64_t>(order[i]);
-    u -= p[i];
+  std::size_t m = k;  // the kept prefix of order; weight[0] = 1, so it is never empty
+  if (o.top_p < 1.f) {
+    // TopP: a token stays while the tokens before it hold less than top_p of the probability
+    double before = 0;
+    for (m = 0; m < k && before < static_cast<double>(o.top_p) * total;) before += c.weight[m++];
   }
-  return static_cast<std::int64_t>(order[k - 1]);
+  if (o.min_p > 0.f) {
+    // MinP: p_i >= min_p p_max, i.e. weight_i >= min_p; weights fall along order
+    std::size_t n = 0;
+    while (n < m && c.weight[n] >= static_cast<double>(o.min_p)) ++n;
+    m = n;
+  }
+  c.order.resize(m);
+  c.weight.resize(m);
+  c.total = std::accumulate(c.weight.begin(), c.weight.end(), 0.0);
+  return c;
+}
+
+// One draw from the candidates: the first token whose cumulative weight passes u * total.
+std::int64_t draw(const Candidates& c, Generator& gen) {
+  double u = static_cast<double>(gen.uniform()) * c.total;
+  std::size_t last = 0;  // the last token of positive weight, should rounding run past the end
+  for (std::size_t i = 0; i < c.order.size(); ++i) {
+    if (u < c.weight[i]) return static_cast<std::int64_t>(c.order[i]);
+    u -= c.weight[i];
+    if (c.weight[i] > 0) last = i;
+  }
+  return static_cast<std::int64_t>(c.order[last]);
+}
+
+// Where `text`'s bytes from `from` on may be cut so that every character before the cut is whole:
+// before a trailing lead byte whose sequence runs past the end, and before trailing U+FFFD (how
+// Hugging Face's and SentencePiece's decoders show a character cut short), repeatedly.
+std::size_t whole_end(const std::string& text, std::size_t from) {
+  static const std::string replacement = "\xEF\xBF\xBD";  // U+FFFD
+  std::size_t end = text.size();
+  for (;;) {
+    std::size_t i = end;  // back over at most 3 continuation bytes 10xxxxxx to their lead
+    while (i > from && end - i < 3 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) --i;
+    if (i > from) {
+      const unsigned char lead = static_cast<unsigned char>(text[i - 1]);
+      const std::size_t length = lead >= 0xF0 && lead <= 0xF4   ? 4
+                                 : lead >= 0xE0 && lead <= 0xEF ? 3
+                                 : lead >= 0xC2 && lead <= 0xDF ? 2
+                                                                : 1;
+      if (length > end - (i - 1)) {
+        end = i - 1;
+        continue;
+      }
+    }
+    if (end - from >= 3 && text.compare(end - 3, 3, replacement) == 0) {
+      end -= 3;
+      continue;
+    }
+    return end;
+  }
+}
+
+// The length of the longest common prefix of a and b.
+std::size_t common_prefix(const std::string& a, const std::string& b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
 }
 
 IndexArray row_of(const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end) {
@@ -54,26 +156,63 @@ IndexArray row_of(const std::vector<std::int64_t>& tokens, std::size_t begin, st
 
 }  // namespace
 
+std::vector<double> next_token_probabilities(const std::vector<float>& logits, const std::vector<std::int64_t>& context,
+                                             const GenerateOptions& options) {
+  const std::string who = "next_token_probabilities";
+  check_sampling(options, who);
+  const std::size_t V = logits.size();
+  if (V == 0) fail(who, ": the logits are empty");
+  std::vector<char> is_seen(V, 0);
+  std::vector<std::int64_t> seen;
+  for (std::size_t i = 0; i < context.size(); ++i) {
+    const std::int64_t id = context[i];
+    if (id < 0 || id >= static_cast<std::int64_t>(V)) {
+      fail(who, ": context id ", id, " at position ", i, " is outside the vocabulary [0, ", V, ")");
+    }
+    if (!is_seen[static_cast<std::size_t>(id)]) {
+      is_seen[static_cast<std::size_t>(id)] = 1;
+      seen.push_back(id);
+    }
+  }
+  const Candidates c = candidates(logits.data(), V, seen, options, who, std::nullopt);
+  std::vector<double> p(V, 0.0);
+  for (std::size_t i = 0; i < c.order.size(); ++i) p[c.order[i]] = c.weight[i] / c.total;
+  return p;
+}
+
 std::vector<std::int64_t> LanguageModel::generate(std::vector<std::int64_t> prompt, std::size_t count,
                                                   const GenerateOptions& opt, Generator& gen) {
-  return generate_impl(std::move(prompt), count, opt, gen, false).tokens;
+  return generate_impl(std::move(prompt), count, opt, gen, false, "LanguageModel::generate").tokens;
+}
+
+Generation LanguageModel::generate_with_details(std::vector<std::int64_t> prompt, std::size_t count,
+                                                const GenerateOptions& opt, Generator& gen) {
+  return generate_impl(std::move(prompt), count, opt, gen, false, "LanguageModel::generate_with_details");
 }
 
 Generation LanguageModel::generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
                                                   const GenerateOptions& opt, Generator& gen) {
-  return generate_impl(std::move(prompt), count, opt, gen, true);
+  return generate_impl(std::move(prompt), count, opt, gen, true, "LanguageModel::generate_with_attention");
 }
 
 Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& opt,
-                                        Generator& gen, bool keep_attention) {
+                                        Generator& given_gen, bool keep_attention, const char* who) {
   const std::size_t max_len = options_.max_len(), V = options_.vocab_size();
-  const char* who = keep_attention ? "LanguageModel::generate_with_attention" : "LanguageModel::generate";
   if (prompt.empty()) fail(who, ": the prompt is empty");
-  if (!(opt.temperature >= 0.f)) {  // +inf is allowed: uniform over the top-k tokens
-    fail(who, ": temperature ", opt.temperature, " must be a number >= 0");
-  }
+  check_sampling(opt, who);
   if (opt.window_keep >= max_len) {
     fail(who, ": window_keep ", opt.window_keep, " must be less than max_len ", max_len);
+  }
+  for (std::size_t i = 0; i < opt.stop_tokens.size(); ++i) {
+    if (opt.stop_tokens[i] < 0 || opt.stop_tokens[i] >= static_cast<std::int64_t>(V)) {
+      fail(who, ": stop_tokens[", i, "] = ", opt.stop_tokens[i], " is outside the vocabulary [0, ", V, ")");
+    }
+  }
+  for (std::size_t i = 0; i < opt.stop_strings.size(); ++i) {
+    if (opt.stop_strings[i].empty()) fail(who, ": stop_strings[", i, "] is empty (it would match before any token)");
+  }
+  if (!opt.stop_strings.empty() && !opt.decode) {
+    fail(who, ": stop_strings needs decode, the function that gives the text of the generated ids");
   }
   // Every id of the prompt, whatever max_len is: a bad id past the context would otherwise stay unnoticed.
   for (std::size_t i = 0; i < prompt.size(); ++i) {
@@ -102,6 +241,7 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
 
   const std::size_t prompt_size = prompt.size();
   Generation out;
+  out.prompt_size = prompt_size;
   out.tokens = std::move(prompt);
   std::vector<std::int64_t>& tokens = out.tokens;
   if (keep_attention && count > 0) {
@@ -115,7 +255,7 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
     try {
       for (std::size_t l = 0; l < L; ++l) out.attention.push_back(xt::zeros<float>({H, queries, queries}));
     } catch (const std::bad_alloc&) {
-      fail("LanguageModel::generate_with_attention: no memory for ", shape);
+      fail(who, ": no memory for ", shape);
     }
   }
   try {
@@ -143,6 +283,27 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
     recorded = end;
   };
 
+  // A seeded call draws from its own stream and leaves the caller's as it was.
+  std::optional<Generator> own;
+  Generator& gen = opt.seed ? own.emplace(*opt.seed) : given_gen;
+  // The repetition penalty's ids: each id of the sequence once.
+  std::vector<char> is_seen;
+  std::vector<std::int64_t> seen;
+  auto see = [&](std::int64_t id) {
+    if (is_seen[static_cast<std::size_t>(id)]) return;
+    is_seen[static_cast<std::size_t>(id)] = 1;
+    seen.push_back(id);
+  };
+  if (opt.repetition_penalty != 1.f) {
+    is_seen.assign(V, 0);
+    for (const std::int64_t id : tokens) see(id);
+  }
+  // Decoding after every token: for the stop strings and the pieces.
+  const bool decode_each = opt.decode && (!opt.stop_strings.empty() || opt.on_token);
+  std::vector<std::int64_t> fresh;  // the generated ids, decode's input
+  std::string text, previous;       // decode(fresh) now and after the token before
+  std::string emitted;              // the pieces given to on_token so far
+
   const bool was_training = is_training();
   eval();
   NoGradGuard no_grad;
@@ -161,13 +322,58 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
                                     : forward(row_of(tokens, begin, tokens.size()), kept);
       keep_rows(run.attentions, tokens.size());
       const std::size_t n = run.logits.shape()[1];
-      tokens.push_back(pick_token(run.logits.value().data() + (n - 1) * V, V, opt, gen, step));
+      const Candidates c = candidates(run.logits.value().data() + (n - 1) * V, V, seen, opt, who, step);
+      const std::int64_t id = opt.temperature == 0.f ? static_cast<std::int64_t>(c.order[0]) : draw(c, gen);
+      tokens.push_back(id);
+      if (!is_seen.empty()) see(id);
+
+      std::optional<StopReason> stop;
+      if (std::find(opt.stop_tokens.begin(), opt.stop_tokens.end(), id) != opt.stop_tokens.end()) {
+        stop = StopReason::stop_token;
+      }
+      if (decode_each) {
+        fresh.push_back(id);
+        text = opt.decode(fresh);
+        // `previous` held no stop string, so a match ends at or past the first byte that differs.
+        const std::size_t same = common_prefix(text, previous);
+        for (std::size_t i = 0; i < opt.stop_strings.size() && !out.stop_string; ++i) {
+          const std::string& s = opt.stop_strings[i];
+          if (text.find(s, same >= s.size() ? same - s.size() + 1 : 0) != std::string::npos) out.stop_string = i;
+        }
+        if (out.stop_string && !stop) stop = StopReason::stop_string;
+      }
+      if (opt.on_token) {
+        // The new bytes, whole characters only but on the last token; none while decode's text
+        // does not begin with what was given (it changed bytes it gave before).
+        std::string piece;
+        if (text.size() >= emitted.size() && text.compare(0, emitted.size(), emitted) == 0) {
+          const bool last = stop || step + 1 == count;
+          const std::size_t end = last ? text.size() : whole_end(text, emitted.size());
+          piece = text.substr(emitted.size(), end - emitted.size());
+          emitted += piece;
+        }
+        if (!opt.on_token(id, piece) && !stop) stop = StopReason::callback;
+      }
+      std::swap(previous, text);
+      if (stop) {
+        out.stop = *stop;
+        break;
+      }
     }
+    if (opt.decode)
+      out.text = decode_each ? previous
+                             : opt.decode(std::vector<std::int64_t>(
+                                   tokens.begin() + static_cast<std::ptrdiff_t>(prompt_size), tokens.end()));
   } catch (...) {
     train(was_training);
     throw;
   }
   train(was_training);
+  // Stopped early: the weights of the queries that ran.
+  const std::size_t ran = tokens.size() - 1;
+  if (!out.attention.empty() && ran < queries) {
+    for (Array& a : out.attention) a = Array(xt::view(a, xt::all(), xt::range(0, ran), xt::range(0, ran)));
+  }
   return out;
 }
 

@@ -322,15 +322,22 @@ class LanguageModel : public Module {
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
   /// The same for forward(ids, key_padding_mask); give padding tokens the target kIgnoreIndex.
   Tensor loss(const IndexArray& ids, const IndexArray& targets, const Mask& key_padding_mask) const;
-  /// Appends `count` tokens to `prompt` (see GenerateOptions for the context past max_len); runs in
-  /// eval mode without recording and restores the previous mode. Every prompt id is checked against
-  /// the vocabulary, whatever max_len is, and ids (prompt + count of them) that cannot be held are
-  /// refused before the first step, naming the sizes and the memory left. An empty prompt, a
-  /// negative or NaN temperature and a window_keep of max_len or more throw.
+  /// Appends at most `count` tokens to `prompt`, stopping earlier on a stop token, a stop string or
+  /// the on_token callback (see GenerateOptions, generate.hpp); runs in eval mode without
+  /// recording and restores the previous mode, also when it throws (decode or on_token may). Every
+  /// prompt id is checked against the vocabulary, whatever max_len is, and ids (prompt + count of
+  /// them) that cannot be held are refused before the first step, naming the sizes and the memory
+  /// left. An empty prompt and an option out of its range (a negative or NaN temperature, top_p
+  /// outside (0, 1], min_p outside [0, 1], a repetition_penalty that is not finite and > 0, a stop
+  /// token outside the vocabulary, an empty stop string, stop_strings without decode, a
+  /// window_keep of max_len or more) throw before any work, naming the option and its value.
   std::vector<std::int64_t> generate(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
-  /// The same tokens, with the attention weights of every position that ran as a query (refused up
-  /// front, as the ids are, when they cannot be held).
+  /// The same tokens, with why generation stopped, the prompt's length and the decoded new text.
+  Generation generate_with_details(std::vector<std::int64_t> prompt, std::size_t count,
+                                   const GenerateOptions& options = {}, Generator& gen = default_generator());
+  /// The same, with the attention weights of every position that ran as a query (refused up
+  /// front, as the ids are, when they cannot be held for count new tokens).
   Generation generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
   /// The logits forward gives for a last block's output h (B, T, C): the final norm (if any), the
@@ -351,8 +358,9 @@ class LanguageModel : public Module {
   void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached
   void check_targets(const IndexArray& ids, const IndexArray& targets) const;
   Tensor head_logits(const Tensor& h) const;  // the head, then final_softcap
+  // generate.cpp; `who` names the public call in errors
   Generation generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& options,
-                           Generator& gen, bool keep_attention);
+                           Generator& gen, bool keep_attention, const char* who);
   // The one path of every forward: embeds ids at `positions` (B, T) or (T), applies the position
   // scheme, runs the blocks (causal, with the padding mask if given) and the head.
   LanguageModelOutput run(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,
