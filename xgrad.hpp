@@ -36,6 +36,7 @@
 #include "xgrad/nn/attention.hpp"
 #include "xgrad/nn/evaluate.hpp"
 #include "xgrad/nn/freeze.hpp"
+#include "xgrad/nn/generate.hpp"
 #include "xgrad/nn/hook.hpp"
 #include "xgrad/nn/init.hpp"
 #include "xgrad/nn/layers.hpp"

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "xgrad/nn/attention.hpp"
+#include "xgrad/nn/generate.hpp"
 
 namespace xgrad::nn {
 
@@ -276,32 +277,6 @@ struct LanguageModelOutput {
   std::vector<Tensor> attentions;
 };
 
-/// What generate does when the sequence outgrows max_len.
-enum class PastMaxLen {
-  slide,  ///< the context drops its oldest tokens (see window_keep) and goes on
-  /// Generate refuses, before any work, a prompt and count that need more than max_len
-  /// positions (every token but the last runs: prompt + count - 1 positions).
-  error,
-};
-
-/// How LanguageModel::generate picks tokens and treats its context.
-struct GenerateOptions {
-  float temperature = 1.f;  ///< 0 picks the most likely token (greedy); must be >= 0
-  std::size_t top_k = 0;    ///< sample among the k most likely tokens; 0 means all
-  /// With the cache the prompt runs once and then each new token runs alone, attending to the
-  /// cached keys and values of the context; without it the whole context runs for every token.
-  /// Both give the same tokens (up to float rounding). A model with hooks attached runs without
-  /// the cache: its hook points then see whole contexts, as without one.
-  bool use_cache = true;
-  PastMaxLen past_max_len = PastMaxLen::slide;  ///< what happens past max_len
-  /// The context is the tokens the model sees, at most max_len. When it is full and a new token
-  /// must be fed, the context becomes its last window_keep tokens and the new one (window_keep 0:
-  /// max_len / 2; must be less than max_len), and the cache is rebuilt from them.
-  /// window_keep = max_len - 1 slides the context by one token, which recomputes all of it for
-  /// every token past max_len (no faster than without the cache).
-  std::size_t window_keep = 0;
-};
-
 /// Keys and values of every block, for LanguageModel::forward_cached.
 struct LanguageModelCache {
   std::vector<KVCache> blocks;  ///< one per block; empty until the first forward_cached
@@ -309,16 +284,6 @@ struct LanguageModelCache {
   std::size_t length() const { return blocks.empty() ? 0 : blocks.front().length(); }
   /// Empties the cache.
   void clear() { blocks.clear(); }
-};
-
-/// What LanguageModel::generate_with_attention returns.
-struct Generation {
-  std::vector<std::int64_t> tokens;  ///< the prompt, then the generated tokens
-  /// attention[l] (H, Q, Q), Q = tokens.size() - 1: block l's weights for every token but the last.
-  /// Row p holds query p's weights over the absolute key positions it saw (zero outside its
-  /// context), from the first context it ran in; rows of prompt tokens that never ran (a prompt
-  /// longer than max_len) are zero. Empty when count is 0.
-  std::vector<Array> attention;
 };
 
 /// A decoder-only language model: h = embed_scale tok_emb(ids) + positions (learned or
@@ -357,15 +322,22 @@ class LanguageModel : public Module {
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
   /// The same for forward(ids, key_padding_mask); give padding tokens the target kIgnoreIndex.
   Tensor loss(const IndexArray& ids, const IndexArray& targets, const Mask& key_padding_mask) const;
-  /// Appends `count` tokens to `prompt` (see GenerateOptions for the context past max_len); runs in
-  /// eval mode without recording and restores the previous mode. Every prompt id is checked against
-  /// the vocabulary, whatever max_len is, and ids (prompt + count of them) that cannot be held are
-  /// refused before the first step, naming the sizes and the memory left. An empty prompt, a
-  /// negative or NaN temperature and a window_keep of max_len or more throw.
+  /// Appends at most `count` tokens to `prompt`, stopping earlier on a stop token, a stop string or
+  /// the on_token callback (see GenerateOptions, generate.hpp); runs in eval mode without
+  /// recording and restores the previous mode, also when it throws (decode or on_token may). Every
+  /// prompt id is checked against the vocabulary, whatever max_len is, and ids (prompt + count of
+  /// them) that cannot be held are refused before the first step, naming the sizes and the memory
+  /// left. An empty prompt and an option out of its range (a negative or NaN temperature, top_p
+  /// outside (0, 1], min_p outside [0, 1], a repetition_penalty that is not finite and > 0, a stop
+  /// token outside the vocabulary, an empty stop string, stop_strings without decode, a
+  /// window_keep of max_len or more) throw before any work, naming the option and its value.
   std::vector<std::int64_t> generate(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
-  /// The same tokens, with the attention weights of every position that ran as a query (refused up
-  /// front, as the ids are, when they cannot be held).
+  /// The same tokens, with why generation stopped, the prompt's length and the decoded new text.
+  Generation generate_with_details(std::vector<std::int64_t> prompt, std::size_t count,
+                                   const GenerateOptions& options = {}, Generator& gen = default_generator());
+  /// The same, with the attention weights of every position that ran as a query (refused up
+  /// front, as the ids are, when they cannot be held for count new tokens).
   Generation generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
   /// The logits forward gives for a last block's output h (B, T, C): the final norm (if any), the
@@ -396,8 +368,9 @@ class LanguageModel : public Module {
   void check_targets(const IndexArray& ids, const IndexArray& targets) const;
   Tensor head_logits(const Tensor& h) const;  // the head, then final_softcap
   Tensor checkpointed_block(std::size_t i, const Tensor& h, const AttentionMask& mask, const IndexArray* rotary) const;
+  // generate.cpp; `who` names the public call in errors
   Generation generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& options,
-                           Generator& gen, bool keep_attention);
+                           Generator& gen, bool keep_attention, const char* who);
   // The one path of every forward: embeds ids at `positions` (B, T) or (T), applies the position
   // scheme, runs the blocks (causal, with the padding mask if given) and the head.
   LanguageModelOutput run(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,

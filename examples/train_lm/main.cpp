@@ -63,12 +63,6 @@ void install_stop_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-// The text as it is (a NUL byte included) and a newline.
-void print_line(const std::string& text) {
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fputc('\n', stdout);
-}
-
 // --heads must divide the width of the imported model (wte.weight (V, C)), read from the header.
 void check_heads(const xgrad::SafetensorsReader& file, std::size_t heads) {
   for (const xgrad::TensorInfo& t : file.tensors()) {
@@ -206,8 +200,8 @@ int main(int argc, char** argv) {
   std::string tokens_path, valid_tokens_path, init_from, save_hf, lora;
   TokenizerChoice tokenizer_choice;
   std::string arch = "classic", norm_kind = "layer_norm", positional = "learned", activation = "gelu", init = "pytorch";
-  std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0, top_k = 0;
-  float temperature = 0.8f;
+  std::size_t checkpoint_interval = 0, text_bytes = 200000, sample = 0;
+  SampleOptions sampling;
   bool resume = false, quiet = false, detect_anomaly = false, checkpoint_activations = false, merge_lora = false,
        eval_only = false;
   int threads = 1;
@@ -373,10 +367,29 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt, "prompt for sampling (and for the sample after training)")
       ->check(cli::not_empty())
       ->capture_default_str();
-  app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")
+  app.add_option("--temperature", sampling.temperature, "sampling temperature (0: greedy)")
       ->check(cli::real(0, 1e6))
       ->capture_default_str();
-  app.add_option("--top-k", top_k, "sample among the k most likely tokens (0: all)")->transform(cli::count(0, 1 << 24));
+  app.add_option("--top-k", sampling.top_k, "sample among the k most likely tokens (0: all)")
+      ->transform(cli::count(0, 1 << 24));
+  app.add_option("--top-p", sampling.top_p,
+                 "sample among the fewest most likely tokens whose probability reaches p (1: all)")
+      ->check(cli::real(0, 1, true))
+      ->capture_default_str();
+  app.add_option("--min-p", sampling.min_p,
+                 "sample among the tokens at least this fraction as likely as the most likely one (0: all)")
+      ->check(cli::real(0, 1))
+      ->capture_default_str();
+  app.add_option("--repetition-penalty", sampling.repetition_penalty,
+                 "divide the positive logits of the tokens already in the text by this, and multiply the negative "
+                 "ones (1: none)")
+      ->check(cli::real(0, 1e6, true))
+      ->capture_default_str();
+  app.add_option("--stop", sampling.stop, "end the sample at the first token that completes this text (repeatable)")
+      ->allow_extra_args(false)
+      ->check(cli::not_empty());
+  app.add_flag("--ignore-eos", sampling.ignore_eos,
+               "sample past the tokenizer's end-of-text token (by default the sample ends there)");
   app.add_option("--out", out, "folder for the log and the loss curve")->capture_default_str();
   app.add_flag("--detect-anomaly", detect_anomaly,
                "check every op for NaN and Inf, to name the op behind a non-finite loss (slow)");
@@ -542,7 +555,9 @@ int main(int argc, char** argv) {
       if (!checkpoint.empty() && tokenizer_flag->count() > 0)
         cli::usage_error("--eval-only uses the tokenizer --checkpoint stores: drop --tokenizer");
       if (lead)
-        print_line(evaluate_text(checkpoint, init_from, tokenizer_choice, text_path, tokens_path, c.seq_len, c.batch));
+        std::printf(
+            "%s\n",
+            evaluate_text(checkpoint, init_from, tokenizer_choice, text_path, tokens_path, c.seq_len, c.batch).c_str());
       return;
     }
     if (sample > 0 && !import_layout.empty()) {
@@ -558,7 +573,7 @@ int main(int argc, char** argv) {
                          options.vocab_size() == 50257 ? ": give --tokenizer gpt2 DIR with GPT-2's files" : "");
       }
       const std::shared_ptr<xgrad::nn::LanguageModel> model = xgrad::weights::load_gpt2(checkpoint, c.heads);
-      if (lead) print_line(sample_text(*model, *tokenizer, prompt, sample, temperature, top_k, c.seed));
+      if (lead) sample_text(*model, *tokenizer, prompt, sample, sampling, c.seed);
       return;
     }
     if (sample > 0) {
@@ -584,7 +599,7 @@ int main(int argc, char** argv) {
                          : tokenizer->vocab_size() != loaded.model->options().vocab_size())
         xgrad::fail("--sample: '", checkpoint, "' holds a model of ", loaded.model->options().vocab_size(),
                     " tokens and a tokenizer of ", tokenizer->vocab_size());
-      if (lead) print_line(sample_text(*loaded.model, *tokenizer, prompt, sample, temperature, top_k, c.seed));
+      if (lead) sample_text(*loaded.model, *tokenizer, prompt, sample, sampling, c.seed);
       return;
     }
     std::string text;
@@ -797,8 +812,8 @@ int main(int argc, char** argv) {
     write_plot(out, run_log.entries(), unigram);
     std::printf("log: %s/log.csv, curve: %s/loss.svg%s%s\n", out.c_str(), out.c_str(),
                 checkpoint.empty() ? "" : ", checkpoint: ", checkpoint.c_str());
-    std::printf("sample: %s\n",
-                sample_text(trainer->model(), *tokenizer, prompt, 120, temperature, top_k, c.seed).c_str());
+    std::printf("sample: ");
+    sample_text(trainer->model(), *tokenizer, prompt, 120, sampling, c.seed);
       },
       end_job);
   // Stopped by a signal: with the files written and the lock let go, end as that signal would.

@@ -4,9 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "xgrad/core/error.hpp"
-#include "xgrad/core/random.hpp"
 #include "xgrad/text/bpe_trainer.hpp"
 #include "xgrad/text/byte_level_bpe.hpp"
 #include "xgrad/text/bytes_tokenizer.hpp"
@@ -56,13 +56,42 @@ std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoi
   return xgrad::text::load_tokenizer(choice.spec[0], choice.spec.size() > 1 ? choice.spec[1] : "", "--tokenizer");
 }
 
-std::string sample_text(xgrad::nn::LanguageModel& model, const xgrad::text::Tokenizer& tokenizer,
-                        const std::string& prompt, std::size_t count, float temperature, std::size_t top_k,
-                        std::uint64_t seed) {
+void sample_text(xgrad::nn::LanguageModel& model, const xgrad::text::Tokenizer& tokenizer, const std::string& prompt,
+                 std::size_t count, const SampleOptions& s, std::uint64_t seed) {
   const xgrad::text::TokenIds ids = tokenizer.encode(prompt);
   if (ids.empty()) xgrad::fail("--prompt '", prompt, "' encodes to no tokens");
-  xgrad::Generator gen(seed);
-  return tokenizer.decode(model.generate(ids, count, {temperature, top_k}, gen));
+  xgrad::nn::GenerateOptions o;
+  o.temperature = s.temperature;
+  o.top_k = s.top_k;
+  o.top_p = s.top_p;
+  o.min_p = s.min_p;
+  o.repetition_penalty = s.repetition_penalty;
+  o.seed = seed;
+  o.stop_strings = s.stop;
+  const std::optional<std::int64_t> eos = s.ignore_eos ? std::nullopt : tokenizer.special_tokens().eos;
+  if (eos) o.stop_tokens = {*eos};
+  // The new text is the whole sequence's less the prompt's, so that a tokenizer that decodes a token
+  // by its neighbours (SentencePiece's leading space) prints what decoding it all would; the EOS
+  // that ends the sample is not printed.
+  const std::string before = tokenizer.decode(ids);
+  o.decode = [&](const xgrad::text::TokenIds& fresh) {
+    const bool ends = eos && !fresh.empty() && fresh.back() == *eos;
+    xgrad::text::TokenIds all = ids;
+    all.insert(all.end(), fresh.begin(), fresh.end() - (ends ? 1 : 0));
+    std::string text = tokenizer.decode(all);
+    if (text.compare(0, before.size(), before) == 0) return text.substr(before.size());
+    return tokenizer.decode(xgrad::text::TokenIds(fresh.begin(), fresh.end() - (ends ? 1 : 0)));
+  };
+  o.on_token = [](std::int64_t, const std::string& piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+  std::fwrite(before.data(), 1, before.size(), stdout);
+  std::fflush(stdout);
+  model.generate(ids, count, o);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
 }
 
 }  // namespace lm

@@ -28,10 +28,22 @@ struct TokenizerChoice {
 std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoice& choice,
                                                              std::string_view training_text, bool resuming = false);
 
-// `count` tokens generated after `prompt` (encoded by `tokenizer`), decoded: the prompt and the
-// continuation as text.
-std::string sample_text(xgrad::nn::LanguageModel& model, const xgrad::text::Tokenizer& tokenizer,
-                        const std::string& prompt, std::size_t count, float temperature, std::size_t top_k,
-                        std::uint64_t seed);
+// The sampling flags: --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --stop (each a
+// string that ends the sample), and --ignore-eos (without it the sample ends at the tokenizer's EOS).
+struct SampleOptions {
+  float temperature = 0.8f;
+  std::size_t top_k = 0;
+  float top_p = 1.f;
+  float min_p = 0.f;
+  float repetition_penalty = 1.f;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+};
+
+// Writes to stdout, as it is generated, `prompt` (encoded by `tokenizer`) and at most `count` tokens
+// after it, decoded, then a newline. Ends early at a --stop string (which is written) or the EOS
+// (which is not). Draws from Generator(seed).
+void sample_text(xgrad::nn::LanguageModel& model, const xgrad::text::Tokenizer& tokenizer, const std::string& prompt,
+                 std::size_t count, const SampleOptions& options, std::uint64_t seed);
 
 }  // namespace lm
