@@ -116,7 +116,11 @@ ResidualStack decompose_residual(const nn::LanguageModel& model, const Activatio
       if (context.shape() != Shape{B, T, HD})
         fail(who, ": the context of block ", l, " has shape ", shape_str(context.shape()));
       const nn::Linear& w_o = *model.blocks[l]->attn->w_o;
-      const Array& w = w_o.weight.value();  // (C, H D): out x in
+      const Tensor w_eff = [&] {
+        NoGradGuard no_grad;
+        return w_o.effective_weight();  // W, or W + s B A with a LoRA adapter
+      }();
+      const Array& w = w_eff.value();  // (C, H D): out x in
       for (std::size_t h = 0; h < H; ++h, ++n) {
         float* out = s.stack.data() + n * per;
         for (std::size_t r = 0; r < B * T; ++r) {

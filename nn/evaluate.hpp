@@ -30,7 +30,7 @@ struct Evaluation {
 /// The model's next-token loss over tokens 0 .. num_tokens - 1, which `read(offset, n, out)` copies
 /// into out[0, n): windows of seq_len tokens predict the seq_len tokens after their first, without
 /// overlap (as perplexity with a stride of seq_len), so every token but the first is predicted once,
-/// from at most seq_len - 1 tokens of context; the last window may be shorter. In eval mode (restored
+/// from at most seq_len tokens of context; the last window may be shorter. In eval mode (restored
 /// after) and without recording. Fewer than 2 tokens, a seq_len past max_len and a batch of 0 are
 /// Errors; an id outside the vocabulary is the forward's Error.
 Evaluation evaluate(LanguageModel& model, std::size_t num_tokens,

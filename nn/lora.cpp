@@ -80,6 +80,16 @@ std::vector<std::string> apply_lora(Module& model, const LoraOptions& options, G
     auto* l = dynamic_cast<Linear*>(m);
     if (!l) fail(who, ": LoRA target module '", name, "' is not a Linear");
     if (l->lora) fail(who, ": '", name, "' has a LoRA adapter already");
+    for (const auto& [other, m2] : modules) {
+      bool shares = false;  // a parameter of m2's own (not a child's) is this weight
+      if (m2 != m) {
+        for (const auto& [pn, p] : m2->named_parameters())
+          shares = shares || (pn.find('.') == std::string::npos && p.is_same(l->weight));
+      }
+      if (shares)
+        fail(who, ": '", name, "''s weight is also '", other,
+             "''s (tied embeddings): merging an adapter would change both; LoRA on a shared weight is not implemented");
+    }
     if (options.rank() > std::min(l->in_features(), l->out_features()))
       fail(who, ": LoRA rank ", options.rank(), " is larger than '", name, "' (in ", l->in_features(), ", out ",
            l->out_features(), ")");

@@ -387,32 +387,35 @@ Tensor LanguageModel::checkpointed_block(std::size_t i, const Tensor& h, const A
   for (const auto& [n, p] : owner->named_parameters()) inputs.push_back(p);
   // The block's dropout streams as they are now: the recomputation in backward starts them here
   // again, so its masks are the ones this forward draws (regenerated, not stored).
-  std::vector<Generator*> streams;
-  std::vector<Generator> start;
+  std::vector<std::pair<std::string, Generator>> start;  // by module path: found again at recomputation
   for (const auto& [n, m] : owner->named_modules()) {
-    if (auto* s = dynamic_cast<RandomStream*>(m)) {
-      streams.push_back(&s->generator());
-      start.push_back(s->generator());
-    }
+    if (auto* s = dynamic_cast<RandomStream*>(m)) start.emplace_back(n, s->generator());
   }
   const std::optional<IndexArray> positions = rotary ? std::optional<IndexArray>(*rotary) : std::nullopt;
   auto calls = std::make_shared<std::size_t>(0);  // the first call is the forward, later ones recompute
   return checkpoint(
-      [owner, mask, positions, streams, start, calls](const std::vector<Tensor>& in) {
-    std::vector<Generator> now;
+      [owner, mask, positions, start, calls, i](const std::vector<Tensor>& in) {
+    // The streams as they were at the forward, found again by path (a module replaced or removed
+    // since is an Error: the recomputation would be another function), then set back.
+    std::vector<std::pair<Generator*, Generator>> now;
     if ((*calls)++ > 0) {
-      for (std::size_t k = 0; k < streams.size(); ++k) {
-        now.push_back(*streams[k]);
-        *streams[k] = start[k];
+      const auto modules = owner->named_modules();
+      for (const auto& [path, state] : start) {
+        const auto at = std::find_if(modules.begin(), modules.end(), [&](const auto& m) { return m.first == path; });
+        auto* s = at == modules.end() ? nullptr : dynamic_cast<RandomStream*>(at->second);
+        if (!s)
+          fail("LanguageModel: block ", i, "'s module '", path,
+               "' was removed between the forward and the backward of a checkpointed step");
+        now.emplace_back(&s->generator(), s->generator());
+        s->generator() = state;
       }
     }
     struct Restore {
-      const std::vector<Generator*>& streams;
-      std::vector<Generator>& now;
+      std::vector<std::pair<Generator*, Generator>>& now;
       ~Restore() {
-        for (std::size_t k = 0; k < now.size(); ++k) *streams[k] = now[k];
+        for (auto& [g, state] : now) *g = state;
       }
-    } restore{streams, now};
+    } restore{now};
     return owner->forward(in[0], mask, nullptr, positions ? &*positions : nullptr).output;
       },
       inputs);

@@ -10,6 +10,7 @@
 #include "module_gradcheck.hpp"
 #include "require_gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/nn/lora.hpp"
 #include "xgrad/nn/transformer.hpp"
@@ -98,5 +99,27 @@ TEST_CASE("checkpointing blocks gives the plain run's loss and gradients bit for
     nn::seed_dropout(model, 43);
     other_seed_loss = model.loss(ids(), ids()).item();
     CHECK(other_seed_loss != plain_loss);
+  }
+}
+
+TEST_CASE("checkpointing recomputes at the forward's bf16 precision, also when the guard closed before backward",
+          "[gemm][bf16]") {
+  Generator gen(5);
+  nn::LanguageModel model(nn::LanguageModelOptions::llama_style(19, 16, 4, 2, 2).max_len(16).dropout(0.f), gen);
+  std::vector<Array> grads[2];
+  for (int k = 0; k < 2; ++k) {
+    model.set_checkpoint_activations(k == 1);
+    model.zero_grad();
+    Tensor loss;
+    {
+      const AutocastGuard bf16(Precision::bf16);
+      loss = model.loss(ids(), ids());
+    }
+    loss.backward();  // outside the guard
+    for (const auto& [n, p] : model.named_parameters()) grads[k].push_back(p.grad());
+  }
+  for (std::size_t i = 0; i < grads[0].size(); ++i) {
+    const bool same = grads[1][i] == grads[0][i];
+    CHECK(same);
   }
 }

@@ -2,6 +2,7 @@
 // merge, hook points), and PEFT's adapter folders against the float64 mirror of PEFT's LoRA Linear
 // (tests/fixtures/make_peft_fixtures.py).
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <xtensor/xmath.hpp>
+#include <xtensor/xview.hpp>
 
 #include "error_of.hpp"
 #include "fixture.hpp"
@@ -16,6 +18,7 @@
 #include "test_files.hpp"
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/io/safetensors.hpp"
+#include "xgrad/inspect/residual_decomposition.hpp"
 #include "xgrad/nn/freeze.hpp"
 #include "xgrad/nn/lora.hpp"
 #include "xgrad/optim/adam.hpp"
@@ -406,4 +409,68 @@ TEST_CASE(
   nn::LanguageModel other(nn::LanguageModelOptions::llama_style(23, 32, 4, 2, 2).max_len(64));
   CHECK_THAT(error_of([&] { weights::load_peft_adapter(other, peft_dir("q_v")); }), Contains("has shape (4, 16)"));
   CHECK(nn::lora_layers(other).empty());
+}
+
+TEST_CASE("LoRA: merging twice, unmerging none and an adapter on a tied head are refused by name", "[lora][gemm]") {
+  nn::LanguageModel model(small_options());
+  auto& w_q = *model.blocks[0]->attn->w_q;
+  CHECK_THAT(error_of([&] { w_q.unmerge_lora(); }), Contains("Linear::unmerge_lora: the layer has no merged adapter"));
+  CHECK_THAT(error_of([&] { w_q.merge_lora(); }), Contains("Linear::merge_lora: the layer has no adapter"));
+  nn::apply_lora(model, nn::LoraOptions().rank(2).targets({"blocks.0.attn.w_q"}));
+  w_q.merge_lora();
+  CHECK_THAT(error_of([&] { w_q.merge_lora(); }), Contains("Linear::merge_lora: the adapter is merged already"));
+  nn::LanguageModel tied(nn::LanguageModelOptions::gpt2_style(19, 16, 4, 1).max_len(8));
+  const auto before = snapshot(tied);
+  CHECK_THAT(error_of([&] { nn::apply_lora(tied, nn::LoraOptions().rank(2).targets({"head"})); }),
+             Contains("'head''s weight is also 'tok_emb''s (tied embeddings)"));
+  CHECK(nn::lora_layers(tied).empty());
+  CHECK(snapshot(tied) == before);
+}
+
+TEST_CASE("LoRA: the per-head decomposition of an adapted w_o adds up to the attention's output", "[lora][gemm]") {
+  nn::LanguageModel model(small_options());
+  nn::apply_lora(model, nn::LoraOptions().rank(2).alpha(4.f).targets({"w_o"}));
+  for (auto& [n, l] : nn::lora_layers(model))
+    l->lora->B.mutable_value() = Generator(3).normal(l->lora->B.shape(), 0.f, 1.f);
+  model.eval();
+  NoGradGuard no_grad;
+  const inspect::ActivationCache cache = inspect::cache_activations(
+      model, [&] { model.forward(small_ids()); },
+      [](const std::string& n) { return inspect::residual_points()(n) || n == "blocks.0.attn.out"; });
+  const inspect::ResidualStack s = inspect::decompose_residual(model, cache, true);
+  Array sum = xt::zeros<float>(cache.at("blocks.0.attn.out").shape());
+  for (std::size_t k = 0; k < s.labels.size(); ++k) {
+    if (s.labels[k].rfind("blocks.0.attn.", 0) == 0) sum += xt::view(s.stack, k);
+  }
+  CHECK(xt::amax(xt::abs(sum - cache.at("blocks.0.attn.out")))() < 1e-4);
+}
+
+TEST_CASE("PEFT: newer fields are read or refused by name, and base-rewriting initialisations are refused", "[lora]") {
+  auto model = base_model();
+  auto with = [&](const std::string& field, const json& value) {
+    testing::TempDir dir("xgrad_peft_fields");
+    json j = json::parse(testing::read_bytes(peft_dir("q_v") + "/adapter_config.json"));
+    j[field] = value;
+    testing::write_bytes(dir.file("adapter_config.json"), j.dump(2));
+    testing::write_bytes(dir.file("adapter_model.safetensors"),
+                         testing::read_bytes(peft_dir("q_v") + "/adapter_model.safetensors"));
+    auto m = base_model();
+    return error_of([&] { weights::load_peft_adapter(*m, dir.path); });
+  };
+  CHECK(with("ensure_weight_tying", false).empty());
+  CHECK(with("alora_invocation_tokens", nullptr).empty());
+  CHECK(with("init_lora_weights", "gaussian").empty());
+  CHECK_THAT(with("alora_invocation_tokens", json{1, 2}), Contains("alora_invocation_tokens"));
+  CHECK_THAT(with("use_bdlora", true), Contains("use_bdlora"));
+  CHECK_THAT(with("init_lora_weights", "pissa"), Contains("init_lora_weights \"pissa\" rewrites the base model"));
+}
+
+TEST_CASE("PEFT: an adapter on a module the family's files fuse is refused before anything is written", "[lora]") {
+  auto model = weights::load_hf_model(testing::fixture_path("hf_families/phi3"));
+  nn::apply_lora(*model, nn::LoraOptions().rank(2).targets({"w_q"}));
+  testing::TempDir dir("xgrad_peft_fused");
+  CHECK_THAT(error_of([&] { weights::check_peft_adapter(*model); }),
+             Contains("'blocks.0.attn.w_q' is a part of 'model.layers.0.self_attn.qkv_proj'"));
+  CHECK_THAT(error_of([&] { weights::save_peft_adapter(*model, dir.file("out")); }), Contains("fused or transposed"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("out")));
 }

@@ -58,8 +58,15 @@ std::string tensor_name(const std::string& hf_module, char which) {
 
 }  // namespace
 
-void save_peft_adapter(nn::LanguageModel& model, const std::string& directory, const PeftExportOptions& options) {
-  const char* who = "save_peft_adapter";
+namespace {
+
+// What save_peft_adapter writes: the tensors and adapter_config.json; every refusal happens here.
+struct AdapterFiles {
+  NamedArrays tensors;
+  json config;
+};
+
+AdapterFiles adapter_files(nn::LanguageModel& model, const PeftExportOptions& options, const char* who) {
   const auto adapted = nn::lora_layers(model);
   if (adapted.empty()) fail(who, ": the model has no LoRA adapters (nn::apply_lora)");
   const nn::LoraOptions& first = adapted.front().second->lora->options();
@@ -98,8 +105,8 @@ void save_peft_adapter(nn::LanguageModel& model, const std::string& directory, c
                  {"task_type", "CAUSAL_LM"},
                  {"base_model_name_or_path", options.base_model_name_or_path},
                  {"r", first.rank()},
-                 {"lora_alpha", first.alpha()},
-                 {"lora_dropout", first.dropout()},
+                 {"lora_alpha", detail::f32_json(first.alpha())},
+                 {"lora_dropout", detail::f32_json(first.dropout())},
                  {"use_rslora", first.rslora()},
                  {"bias", "none"},
                  {"fan_in_fan_out", false},
@@ -107,9 +114,21 @@ void save_peft_adapter(nn::LanguageModel& model, const std::string& directory, c
                  {"modules_to_save", nullptr},
                  {"inference_mode", true},
                  {"target_modules", json(std::vector<std::string>(targets.begin(), targets.end()))}};
+  return {std::move(tensors), std::move(config)};
+}
+
+}  // namespace
+
+void check_peft_adapter(nn::LanguageModel& model, const PeftExportOptions& options) {
+  adapter_files(model, options, "save_peft_adapter");
+}
+
+void save_peft_adapter(nn::LanguageModel& model, const std::string& directory, const PeftExportOptions& options) {
+  const char* who = "save_peft_adapter";
+  const AdapterFiles files = adapter_files(model, options, who);
   prepare_output_dir(directory, who);
-  save_safetensors((fs::path(directory) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
-  write_file_atomically((fs::path(directory) / "adapter_config.json").string(), config.dump(2) + "\n", who);
+  save_safetensors((fs::path(directory) / "adapter_model.safetensors").string(), files.tensors, {{"format", "pt"}});
+  write_file_atomically((fs::path(directory) / "adapter_config.json").string(), files.config.dump(2) + "\n", who);
 }
 
 std::vector<std::string> load_peft_adapter(nn::LanguageModel& model, const std::string& directory,
@@ -126,8 +145,19 @@ std::vector<std::string> load_peft_adapter(nn::LanguageModel& model, const std::
   r.require("fan_in_fan_out", false, "weights stored (in, out)");
   r.require("lora_bias", false, "a bias on lora_B");
   r.require("use_qalora", false, "QALoRA");
-  for (const char* field : {"modules_to_save", "layers_to_transform", "layers_pattern", "exclude_modules",
-                            "trainable_token_indices", "target_parameters", "layer_replication"}) {
+  r.require("use_bdlora", false, "block-diagonal LoRA");
+  r.require("ensure_weight_tying", false, "adapters tied across tied weights");
+  // These initialisations also rewrite the base weights: the adapter belongs to a changed base.
+  if (const json* init = r.find("init_lora_weights", true); init && init->is_string()) {
+    const std::string how = init->get<std::string>();
+    if (how != "gaussian" && how != "eva")
+      r.fail_field("init_lora_weights \"" + how.substr(0, 40) +
+                   "\" rewrites the base model's weights when the adapter is made (PiSSA, OLoRA, CorDA, LoftQ, "
+                   "LoRA-GA): the adapter needs that changed base, which is not implemented");
+  }
+  for (const char* field :
+       {"modules_to_save", "layers_to_transform", "layers_pattern", "exclude_modules", "trainable_token_indices",
+        "target_parameters", "layer_replication", "alora_invocation_tokens", "arrow_config"}) {
     const json* v = r.find(field, true);
     if (v && !(v->is_array() && v->empty())) r.require(field, nullptr, field);
   }
@@ -158,7 +188,7 @@ std::vector<std::string> load_peft_adapter(nn::LanguageModel& model, const std::
   }
   r.refuse_unread({"peft_type", "auto_mapping", "base_model_name_or_path", "revision", "inference_mode",
                    "init_lora_weights", "loftq_config", "eva_config", "corda_config", "megatron_config",
-                   "megatron_core", "runtime_config", "qalora_group_size", "peft_version"});
+                   "megatron_core", "runtime_config", "qalora_group_size", "peft_version", "lora_ga_config"});
 
   // The modules the config selects, by their Hugging Face names.
   const std::vector<HfLinear> linears = hf_linears(model, model_type, who);

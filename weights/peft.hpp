@@ -36,6 +36,9 @@ struct PeftExportOptions {
 /// adapter, and one on a module the family's files fuse with others (Phi-3's qkv_proj) or hold
 /// transposed (GPT-2's Conv1D).
 void save_peft_adapter(nn::LanguageModel& model, const std::string& directory, const PeftExportOptions& options = {});
+/// Throws the Error save_peft_adapter would throw for this model and these options, writing
+/// nothing (a training run checks it before its first step).
+void check_peft_adapter(nn::LanguageModel& model, const PeftExportOptions& options = {});
 
 /// Adds the adapters of the PEFT folder `directory` to `model`, which has none yet, and fills them;
 /// every other parameter is frozen (nn::apply_lora). Returns the adapted xgrad module names.
@@ -46,7 +49,9 @@ void save_peft_adapter(nn::LanguageModel& model, const std::string& directory, c
 /// modules_to_save, layers_to_transform, layers_pattern, rank_pattern, alpha_pattern,
 /// fan_in_fan_out, lora_bias, exclude_modules, trainable_token_indices, target_parameters,
 /// layer_replication, use_qalora, task_type other than CAUSAL_LM, and any unknown field; fields
-/// that only say how weights were first drawn (init_lora_weights, loftq_config, ...) are not read.
+/// that only say how weights were first drawn (init_lora_weights true, false, "gaussian" or "eva";
+/// loftq_config, ...) are not read, and an init_lora_weights that also rewrote the base weights
+/// (pissa, olora, corda, loftq, lora_ga) is refused by name.
 /// Before the model changes, the tensors' names and shapes are compared with the modules the
 /// config selects (a tensor missing, one for another module, a shape of another rank or layer
 /// are Errors naming it) and every value is read.

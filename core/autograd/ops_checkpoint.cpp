@@ -4,6 +4,7 @@
 
 #include "xgrad/core/autograd/detail/recompute.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 
@@ -39,7 +40,9 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
   // recomputation sees (some ops fuse differently without grad mode).
   Array value = detail::run_isolated([&] { return fn(as_leaves(inputs)); });
   // y = fn(inputs): backward differentiates fn again, from the inputs it saw
-  return record("checkpoint", std::move(value), inputs, [fn, inputs](GradContext& ctx) {
+  // Backward recomputes at the forward's precision, as every op's backward uses its forward's.
+  const Precision precision = autocast_precision();
+  return record("checkpoint", std::move(value), inputs, [fn, inputs, precision](GradContext& ctx) {
     std::vector<bool> needs(inputs.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].defined()) continue;
@@ -48,7 +51,12 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
     }
     // A parameter is the recomputed graph's leaf itself; an activation, a detached copy.
     const std::vector<Tensor> again = as_leaves(inputs, needs);
-    auto grads = detail::recompute_gradients([&] { return fn(again); }, ctx.grad_out());
+    auto grads = detail::recompute_gradients(
+        [&] {
+      const AutocastGuard autocast(precision);
+      return fn(again);
+        },
+        ctx.grad_out());
     for (auto& [node, g] : grads) {
       std::size_t i = 0;
       while (i < again.size() && !(again[i].defined() && again[i].node() == node)) ++i;

@@ -502,7 +502,10 @@ Array detail::run_isolated(const std::function<Tensor()>& forward) {
   const SetAside aside;
   Tensor out = forward();
   check_defined(out, "checkpoint: the function's output");
-  return std::move(out.mutable_value());  // the tape and out's graph end here
+  // The tape and out's graph end here: the value is moved out, unless out shares its storage (fn
+  // returned one of its inputs, or a view of one).
+  if (out.node().use_count() > 1 || out.node()->storage.use_count() > 1) return out.value();
+  return std::move(out.mutable_value());
 }
 
 std::vector<std::pair<std::shared_ptr<Node>, Array>> detail::recompute_gradients(const std::function<Tensor()>& forward,

@@ -706,6 +706,9 @@ int main(int argc, char** argv) {
       if (resume) trainer->resume(checkpoint);
       if (!resume && c.imported) trainer->load_imported_weights();
       trainer->check_saveable();
+      // A LoRA run's adapters must have a place in PEFT's format before the first step.
+      if (!save_hf.empty() && c.lora_rank > 0 && !merge_lora)
+        xgrad::weights::check_peft_adapter(trainer->model(), {"", c.init_from});
     });
     std::optional<xgrad::AnomalyGuard> anomaly;
     if (detect_anomaly) anomaly.emplace();

@@ -520,6 +520,9 @@ Trainer::Trainer(const TrainConfig& c, Corpus corpus, DataSource data, std::shar
                     .min_lr(c.min_lr)) {
   const auto ranks = static_cast<std::size_t>(sharing_->size());
   if (c.batch % ranks != 0) fail("train_lm: --batch ", c.batch, " does not divide among ", ranks, " processes");
+  if ((c.batch / ranks) % c.grad_accum != 0)
+    fail("train_lm: --grad-accum ", c.grad_accum, " does not divide each process's ", c.batch / ranks,
+         " rows of --batch ", c.batch, " into micro-batches of equal rows");
   if (!corpus_.tokenizer || !corpus_.train || !corpus_.valid) fail("train_lm: the corpus has no tokens or tokenizer");
   // An imported model's embedding may have more rows than its tokenizer has tokens (padded).
   if (c.imported ? corpus_.tokenizer->vocab_size() > c.imported->vocab_size()
