@@ -280,8 +280,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
 /// checkpointing): forward runs fn on a tape of its own that it drops at once, so only the inputs
 /// and the output stay;
 /// backward runs fn again on the same inputs (recording, on a tape of its own) and differentiates
-/// it at the forward's autocast precision, handing the gradients to the inputs. fn must compute the same both times (a dropout stream
-/// restored first; see nn's LanguageModel::set_checkpoint_activations). Every tensor fn reads that
+/// it at the forward's autocast precision, handing the gradients to the inputs. fn must compute the same both times (a
+/// dropout stream restored first; see nn's LanguageModel::set_checkpoint_activations). Every tensor fn reads that
 /// requires grad must be among `inputs` (the parameters too): one that is not is an Error in
 /// backward, naming it. Under NoGradGuard, or when no input requires grad, it is fn(inputs).
 Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs);
