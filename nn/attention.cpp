@@ -6,6 +6,8 @@
 #include <string>
 
 #include <xtensor/xbroadcast.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xview.hpp>
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
@@ -35,6 +37,18 @@ Tensor repeat_heads(const Tensor& x, std::size_t kv_heads, std::size_t groups, s
   const auto KV = static_cast<std::int64_t>(kv_heads), d = static_cast<std::int64_t>(D);
   const Tensor heads = reshape(x, {B, S, KV, 1, d});
   return reshape(concat(std::vector<Tensor>(groups, heads), 3), {B, S, KV * static_cast<std::int64_t>(groups) * d});
+}
+
+// positions (B, T), (1, T) or (T) as (B, T).
+IndexArray row_positions(const IndexArray& positions, std::size_t B, std::size_t T) {
+  if (positions.size() != T && positions.shape() != Shape{B, T}) {
+    fail("MultiHeadAttention: positions of shape ", shape_str(positions.shape()),
+         " are not (B, T) = ", shape_str(Shape{B, T}), ", (1, T) or (T)");
+  }
+  if (positions.shape() == Shape{B, T}) return positions;
+  IndexArray rows = IndexArray::from_shape({B, T});
+  for (std::size_t b = 0; b < B; ++b) std::copy(positions.begin(), positions.end(), rows.begin() + b * T);
+  return rows;
 }
 
 }  // namespace
@@ -186,12 +200,15 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
            ", which do not continue an input of shape ", shape_str(x.shape()), " (keys (B, P, ", KVD, "))");
     }
   }
-  // held: the keys the cache holds, of positions first .. first + held - 1; x's are the next T.
+  // held: the keys the cache holds, of indices first .. first + held - 1; x's are the next T.
   const std::size_t held = cache ? cache->held() : 0, first = cache ? cache->dropped : 0;
-  // An empty cache too: its keys are kept before RoPE and turned by their positions at each later step.
-  if (positions && cache) {
-    fail("MultiHeadAttention: positions are given with a KVCache holding ", held,
-         " positions (cached positions count from 0 and continue from its length)");
+  // Keys are kept before RoPE and turned at every step: by the positions stored with them, or
+  // (none stored) by their indices. A cache holds one kind or the other.
+  if (cache && held > 0 && (positions != nullptr) != cache->positions.has_value()) {
+    fail("MultiHeadAttention: ",
+         positions ? "positions are given with a KVCache filled without them"
+                   : "a KVCache filled with positions needs them at every step",
+         " (", held, " positions held)");
   }
   // Three products, not one on the packed [W_q; W_k; W_v] and a split: bench_fused_products
   // (docs/speed.md, "Fused products") measured the packed product, packed each step as training
@@ -202,6 +219,12 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
   if (held > 0) {
     k = concat({cache->k, k}, 1);
     v = concat({cache->v, v}, 1);
+  }
+  // With a cache and positions: (B, S), the held keys' stored positions, then the new ones.
+  std::optional<IndexArray> key_positions;
+  if (cache && positions) {
+    const IndexArray given = row_positions(*positions, x.shape()[0], x.shape()[1]);
+    key_positions = held == 0 ? given : IndexArray(xt::concatenate(xt::xtuple(*cache->positions, given), 1));
   }
   Tensor hooked_k = hook("k", k);  // k before v: hook points fire in forward order
   const Tensor hooked_v = hook("v", v);
@@ -214,7 +237,7 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
       return p;
     };
     const IndexArray query_pos = positions ? *positions : count_from(first + held, T);
-    const IndexArray key_pos = held > 0 ? count_from(first, S) : query_pos;
+    const IndexArray key_pos = key_positions ? *key_positions : held == 0 ? query_pos : count_from(first, S);
     const float theta = options_.rope_theta();
     const std::size_t r = options_.rotary_dim();
     const RopeScaling& scaling = options_.rope_scaling();
@@ -230,6 +253,7 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
     const std::size_t S = k.shape()[1], drop = window > 0 && mask.causal && S > window ? S - window : 0;
     cache->k = drop ? slice(k, 1, drop, S) : k;
     cache->v = drop ? slice(v, 1, drop, S) : v;
+    if (key_positions) cache->positions = IndexArray(xt::view(*key_positions, xt::all(), xt::range(drop, S)));
     cache->dropped = first + drop;
   }
   return out;

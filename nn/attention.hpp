@@ -146,7 +146,8 @@ struct AttentionMask {
 /// The keys and values an Attention has projected so far, for generating one position at a time:
 /// forward(x, mask, &cache) projects only x's positions, appends them, and attends over all.
 /// It holds only the KV key/value heads (grouped-query attention shrinks it by H / KV), after
-/// QK-norm and before RoPE (keys are turned by their positions at each step). With a
+/// QK-norm and before RoPE (keys are turned by their positions at each step: the positions given
+/// with them, per row, or else their indices). With a
 /// sliding_window it keeps only the last sliding_window positions: the earlier ones are dropped.
 /// The stored tensors keep their autograd history while gradients are recorded: run cached steps
 /// under NoGradGuard (generate does) unless a backward through every step is wanted.
@@ -154,6 +155,9 @@ struct KVCache {
   /// The keys k and the values v, each (B, P, KV * D): the P positions held, the last ones seen;
   /// undefined while empty.
   Tensor k, v;
+  /// (B, P): the held keys' positions when forward was given positions (a left-padded batch's rows
+  /// count their own tokens); empty when the keys' indices are their positions.
+  std::optional<IndexArray> positions;
   /// The positions seen before the held ones, which a sliding window no longer needs.
   std::size_t dropped = 0;
   /// P, the number of positions held (0 while empty).
@@ -161,7 +165,7 @@ struct KVCache {
   /// The number of positions seen, dropped ones included: the next position's index.
   std::size_t length() const { return dropped + held(); }
   /// Empties the cache.
-  void clear() { k = Tensor(), v = Tensor(), dropped = 0; }
+  void clear() { k = Tensor(), v = Tensor(), positions.reset(), dropped = 0; }
 };
 
 /// What Attention::forward returns.
@@ -193,10 +197,10 @@ class Attention : public Module, public RandomStream {
   static void check(const MultiHeadAttentionOptions& options);
   /// Self-attention of x (B, T, d_model). With a cache, x holds the next T positions of sequences
   /// whose earlier positions the cache holds; their keys and values are appended to it.
-  /// `positions` (B, T) or (T), for RoPE: each query's (and, without a cache, key's) position;
-  /// null means cache length + 0 .. T - 1. Throws unless kdim and vdim are d_model, for a cache
-  /// that does not continue x, and for positions given with a cache (an empty one too: the cache
-  /// keeps keys before RoPE and later steps turn them by 0 .. P - 1).
+  /// `positions` (B, T) or (T), for RoPE: each new query's and key's position, stored in the cache
+  /// with the keys; null means cache length + 0 .. T - 1. Throws unless kdim and vdim are d_model,
+  /// for a cache that does not continue x, and for a cache filled with positions continued without
+  /// them or the reverse.
   AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr,
                           const IndexArray* positions = nullptr) const;
   /// Attention of query (B, T, d_model) over key (B, S, kdim) and value (B, S, vdim).

@@ -21,8 +21,12 @@ namespace xgrad::nn {
 
 namespace {
 
+// The ids a draw may give: [0, vocab_limit), or all V.
+std::size_t drawable(const GenerateOptions& o, std::size_t V) { return o.vocab_limit ? o.vocab_limit : V; }
+
 // The sampling options' ranges (NaN fails every test), checked before any work.
-void check_sampling(const GenerateOptions& o, const std::string& who) {
+void check_sampling(const GenerateOptions& o, std::size_t V, const std::string& who) {
+  if (o.vocab_limit > V) fail(who, ": vocab_limit ", o.vocab_limit, " is more than the vocabulary ", V);
   if (!(o.temperature >= 0.f)) {  // +inf is allowed: uniform over the tokens the filters keep
     fail(who, ": temperature ", o.temperature, " must be a number >= 0");
   }
@@ -57,6 +61,7 @@ Candidates candidates(const float* logits, std::size_t V, const std::vector<std:
   if (o.repetition_penalty != 1.f) {
     const double penalty = o.repetition_penalty;
     for (const std::int64_t id : seen) {
+      if (static_cast<std::size_t>(id) >= V) continue;  // past vocab_limit
       double& x = l[static_cast<std::size_t>(id)];
       x = x < 0 ? x * penalty : x / penalty;
     }
@@ -147,6 +152,112 @@ std::size_t common_prefix(const std::string& a, const std::string& b) {
   return n;
 }
 
+// One sequence past its prompt: the repetition penalty's ids (each id of the sequence once), the
+// stop tokens and strings, and the pieces given to on_token. out outlives it.
+class Continuation {
+ public:
+  Continuation(const GenerateOptions& o, std::size_t V, Generation& out)
+      : o_(o), out_(out), decode_each_(o.decode && (!o.stop_strings.empty() || o.on_token)) {
+    if (o.repetition_penalty == 1.f) return;
+    is_seen_.assign(V, 0);
+    for (const std::int64_t id : out.tokens) see(id);
+  }
+  const std::vector<std::int64_t>& seen() const { return seen_; }
+
+  // Appends `id` (the count-th token when `last`); true when generation stops after it, out.stop
+  // saying why.
+  bool take(std::int64_t id, bool last) {
+    out_.tokens.push_back(id);
+    if (!is_seen_.empty()) see(id);
+    std::optional<StopReason> stop;
+    if (std::find(o_.stop_tokens.begin(), o_.stop_tokens.end(), id) != o_.stop_tokens.end()) {
+      stop = StopReason::stop_token;
+    }
+    if (decode_each_) {
+      fresh_.push_back(id);
+      text_ = o_.decode(fresh_);
+      // `previous_` held no stop string, so a match ends at or past the first byte that differs.
+      const std::size_t same = common_prefix(text_, previous_);
+      for (std::size_t i = 0; i < o_.stop_strings.size() && !out_.stop_string; ++i) {
+        const std::string& s = o_.stop_strings[i];
+        if (text_.find(s, same >= s.size() ? same - s.size() + 1 : 0) != std::string::npos) out_.stop_string = i;
+      }
+      if (out_.stop_string && !stop) stop = StopReason::stop_string;
+    }
+    if (o_.on_token) {
+      // The new bytes, whole characters only but on the last token; none while decode's text
+      // does not begin with what was given (it changed bytes it gave before).
+      std::string piece;
+      if (text_.size() >= emitted_.size() && text_.compare(0, emitted_.size(), emitted_) == 0) {
+        const std::size_t end = stop || last ? text_.size() : whole_end(text_, emitted_.size());
+        piece = text_.substr(emitted_.size(), end - emitted_.size());
+        emitted_ += piece;
+      }
+      if (!o_.on_token(id, piece) && !stop) stop = StopReason::callback;
+    }
+    std::swap(previous_, text_);
+    if (stop) out_.stop = *stop;
+    return stop.has_value();
+  }
+
+  // Sets out.text, decode of the new tokens.
+  void finish() {
+    if (!o_.decode) return;
+    const auto from = out_.tokens.begin() + static_cast<std::ptrdiff_t>(out_.prompt_size);
+    out_.text = decode_each_ ? previous_ : o_.decode(std::vector<std::int64_t>(from, out_.tokens.end()));
+  }
+
+ private:
+  void see(std::int64_t id) {
+    if (is_seen_[static_cast<std::size_t>(id)]) return;
+    is_seen_[static_cast<std::size_t>(id)] = 1;
+    seen_.push_back(id);
+  }
+  const GenerateOptions& o_;
+  Generation& out_;
+  const bool decode_each_;  // decoding after every token: for the stop strings and the pieces
+  std::vector<char> is_seen_;
+  std::vector<std::int64_t> seen_;
+  std::vector<std::int64_t> fresh_;  // the generated ids, decode's input
+  std::string text_, previous_;      // decode(fresh_) now and after the token before
+  std::string emitted_;              // the pieces given to on_token so far
+};
+
+// The options every generate call checks before any work: sampling, stop tokens and strings.
+void check_options(const GenerateOptions& opt, std::size_t V, const char* who) {
+  check_sampling(opt, V, who);
+  for (std::size_t i = 0; i < opt.stop_tokens.size(); ++i) {
+    if (opt.stop_tokens[i] < 0 || opt.stop_tokens[i] >= static_cast<std::int64_t>(V)) {
+      fail(who, ": stop_tokens[", i, "] = ", opt.stop_tokens[i], " is outside the vocabulary [0, ", V, ")");
+    }
+  }
+  for (std::size_t i = 0; i < opt.stop_strings.size(); ++i) {
+    if (opt.stop_strings[i].empty()) fail(who, ": stop_strings[", i, "] is empty (it would match before any token)");
+  }
+  if (!opt.stop_strings.empty() && !opt.decode) {
+    fail(who, ": stop_strings needs decode, the function that gives the text of the generated ids");
+  }
+}
+
+// Every id of a prompt ("prompt" or "prompt 3" in errors), whatever max_len is: a bad id past the
+// context would otherwise stay unnoticed.
+void check_prompt(const std::vector<std::int64_t>& prompt, std::size_t V, const char* who, const std::string& name) {
+  if (prompt.empty()) fail(who, ": the ", name, " is empty");
+  for (std::size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= static_cast<std::int64_t>(V)) {
+      fail(who, ": ", name, " token id ", prompt[i], " at position ", i, " of ", prompt.size(),
+           " is outside the vocabulary [0, ", V, ")");
+    }
+  }
+}
+
+// The next token from logits (V): the most likely (greedy) or a draw.
+std::int64_t pick(const float* logits, std::size_t V, const Continuation& row, const GenerateOptions& opt,
+                  Generator& gen, const char* who, std::size_t step) {
+  const Candidates c = candidates(logits, drawable(opt, V), row.seen(), opt, who, step);
+  return opt.temperature == 0.f ? static_cast<std::int64_t>(c.order[0]) : draw(c, gen);
+}
+
 IndexArray row_of(const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end) {
   IndexArray ids = IndexArray::from_shape({1, end - begin});
   std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(begin), tokens.begin() + static_cast<std::ptrdiff_t>(end),
@@ -159,9 +270,9 @@ IndexArray row_of(const std::vector<std::int64_t>& tokens, std::size_t begin, st
 std::vector<double> next_token_probabilities(const std::vector<float>& logits, const std::vector<std::int64_t>& context,
                                              const GenerateOptions& options) {
   const std::string who = "next_token_probabilities";
-  check_sampling(options, who);
   const std::size_t V = logits.size();
   if (V == 0) fail(who, ": the logits are empty");
+  check_sampling(options, V, who);
   std::vector<char> is_seen(V, 0);
   std::vector<std::int64_t> seen;
   for (std::size_t i = 0; i < context.size(); ++i) {
@@ -174,7 +285,7 @@ std::vector<double> next_token_probabilities(const std::vector<float>& logits, c
       seen.push_back(id);
     }
   }
-  const Candidates c = candidates(logits.data(), V, seen, options, who, std::nullopt);
+  const Candidates c = candidates(logits.data(), drawable(options, V), seen, options, who, std::nullopt);
   std::vector<double> p(V, 0.0);
   for (std::size_t i = 0; i < c.order.size(); ++i) p[c.order[i]] = c.weight[i] / c.total;
   return p;
@@ -198,28 +309,10 @@ Generation LanguageModel::generate_with_attention(std::vector<std::int64_t> prom
 Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& opt,
                                         Generator& given_gen, bool keep_attention, const char* who) {
   const std::size_t max_len = options_.max_len(), V = options_.vocab_size();
-  if (prompt.empty()) fail(who, ": the prompt is empty");
-  check_sampling(opt, who);
+  check_prompt(prompt, V, who, "prompt");
+  check_options(opt, V, who);
   if (opt.window_keep >= max_len) {
     fail(who, ": window_keep ", opt.window_keep, " must be less than max_len ", max_len);
-  }
-  for (std::size_t i = 0; i < opt.stop_tokens.size(); ++i) {
-    if (opt.stop_tokens[i] < 0 || opt.stop_tokens[i] >= static_cast<std::int64_t>(V)) {
-      fail(who, ": stop_tokens[", i, "] = ", opt.stop_tokens[i], " is outside the vocabulary [0, ", V, ")");
-    }
-  }
-  for (std::size_t i = 0; i < opt.stop_strings.size(); ++i) {
-    if (opt.stop_strings[i].empty()) fail(who, ": stop_strings[", i, "] is empty (it would match before any token)");
-  }
-  if (!opt.stop_strings.empty() && !opt.decode) {
-    fail(who, ": stop_strings needs decode, the function that gives the text of the generated ids");
-  }
-  // Every id of the prompt, whatever max_len is: a bad id past the context would otherwise stay unnoticed.
-  for (std::size_t i = 0; i < prompt.size(); ++i) {
-    if (prompt[i] < 0 || prompt[i] >= static_cast<std::int64_t>(V)) {
-      fail(who, ": prompt token id ", prompt[i], " at position ", i, " of ", prompt.size(),
-           " is outside the vocabulary [0, ", V, ")");
-    }
   }
   // The ids (and the weights generate_with_attention keeps) are refused before the first step when they
   // cannot be held; in double, so no size wraps around.
@@ -286,23 +379,7 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
   // A seeded call draws from its own stream and leaves the caller's as it was.
   std::optional<Generator> own;
   Generator& gen = opt.seed ? own.emplace(*opt.seed) : given_gen;
-  // The repetition penalty's ids: each id of the sequence once.
-  std::vector<char> is_seen;
-  std::vector<std::int64_t> seen;
-  auto see = [&](std::int64_t id) {
-    if (is_seen[static_cast<std::size_t>(id)]) return;
-    is_seen[static_cast<std::size_t>(id)] = 1;
-    seen.push_back(id);
-  };
-  if (opt.repetition_penalty != 1.f) {
-    is_seen.assign(V, 0);
-    for (const std::int64_t id : tokens) see(id);
-  }
-  // Decoding after every token: for the stop strings and the pieces.
-  const bool decode_each = opt.decode && (!opt.stop_strings.empty() || opt.on_token);
-  std::vector<std::int64_t> fresh;  // the generated ids, decode's input
-  std::string text, previous;       // decode(fresh) now and after the token before
-  std::string emitted;              // the pieces given to on_token so far
+  Continuation row(opt, V, out);
 
   const bool was_training = is_training();
   eval();
@@ -322,48 +399,10 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
                                     : forward(row_of(tokens, begin, tokens.size()), kept);
       keep_rows(run.attentions, tokens.size());
       const std::size_t n = run.logits.shape()[1];
-      const Candidates c = candidates(run.logits.value().data() + (n - 1) * V, V, seen, opt, who, step);
-      const std::int64_t id = opt.temperature == 0.f ? static_cast<std::int64_t>(c.order[0]) : draw(c, gen);
-      tokens.push_back(id);
-      if (!is_seen.empty()) see(id);
-
-      std::optional<StopReason> stop;
-      if (std::find(opt.stop_tokens.begin(), opt.stop_tokens.end(), id) != opt.stop_tokens.end()) {
-        stop = StopReason::stop_token;
-      }
-      if (decode_each) {
-        fresh.push_back(id);
-        text = opt.decode(fresh);
-        // `previous` held no stop string, so a match ends at or past the first byte that differs.
-        const std::size_t same = common_prefix(text, previous);
-        for (std::size_t i = 0; i < opt.stop_strings.size() && !out.stop_string; ++i) {
-          const std::string& s = opt.stop_strings[i];
-          if (text.find(s, same >= s.size() ? same - s.size() + 1 : 0) != std::string::npos) out.stop_string = i;
-        }
-        if (out.stop_string && !stop) stop = StopReason::stop_string;
-      }
-      if (opt.on_token) {
-        // The new bytes, whole characters only but on the last token; none while decode's text
-        // does not begin with what was given (it changed bytes it gave before).
-        std::string piece;
-        if (text.size() >= emitted.size() && text.compare(0, emitted.size(), emitted) == 0) {
-          const bool last = stop || step + 1 == count;
-          const std::size_t end = last ? text.size() : whole_end(text, emitted.size());
-          piece = text.substr(emitted.size(), end - emitted.size());
-          emitted += piece;
-        }
-        if (!opt.on_token(id, piece) && !stop) stop = StopReason::callback;
-      }
-      std::swap(previous, text);
-      if (stop) {
-        out.stop = *stop;
-        break;
-      }
+      const std::int64_t id = pick(run.logits.value().data() + (n - 1) * V, V, row, opt, gen, who, step);
+      if (row.take(id, step + 1 == count)) break;
     }
-    if (opt.decode)
-      out.text = decode_each ? previous
-                             : opt.decode(std::vector<std::int64_t>(
-                                   tokens.begin() + static_cast<std::ptrdiff_t>(prompt_size), tokens.end()));
+    row.finish();
   } catch (...) {
     train(was_training);
     throw;
@@ -375,6 +414,101 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
     for (Array& a : out.attention) a = Array(xt::view(a, xt::all(), xt::range(0, ran), xt::range(0, ran)));
   }
   return out;
+}
+
+std::vector<Generation> LanguageModel::generate_batch(const std::vector<std::vector<std::int64_t>>& prompts,
+                                                      std::size_t count, const GenerateOptions& opt,
+                                                      Generator& given_gen) {
+  const char* who = "LanguageModel::generate_batch";
+  const std::size_t max_len = options_.max_len(), V = options_.vocab_size(), B = prompts.size();
+  if (B == 0) fail(who, ": the batch has no prompts");
+  std::size_t longest = 0;  // the row of the longest prompt
+  for (std::size_t b = 0; b < B; ++b) {
+    check_prompt(prompts[b], V, who, "prompt " + std::to_string(b));
+    if (prompts[b].size() > prompts[longest].size()) longest = b;
+  }
+  check_options(opt, V, who);
+  if (opt.on_token) {
+    fail(who, ": on_token streams one sequence; generate each prompt alone to stream it");
+  }
+  const std::size_t L = prompts[longest].size();
+  if (count > 0 && L + count - 1 > max_len) {
+    fail(who, ": prompt ", longest, " (", L, " tokens) and ", count, " new ones need ", L + count - 1,
+         " positions, more than max_len ", max_len, " (a batch does not slide its context)");
+  }
+  check_available_memory(static_cast<double>(B) * static_cast<double>(L + count) * sizeof(std::int64_t), who,
+                         "holding the token ids of " + std::to_string(B) + " rows of up to " + std::to_string(L) +
+                             " prompt tokens and " + std::to_string(count) + " new ones");
+  std::vector<Generation> outs(B);
+  std::vector<Generator> streams;  // row b draws from streams[b]
+  std::vector<Continuation> rows;
+  for (std::size_t b = 0; b < B; ++b) {
+    outs[b].prompt_size = prompts[b].size();
+    outs[b].tokens.reserve(prompts[b].size() + count);
+    outs[b].tokens = prompts[b];
+    streams.push_back(opt.seed ? Generator(*opt.seed + b) : given_gen.spawn());
+  }
+  for (std::size_t b = 0; b < B; ++b) rows.emplace_back(opt, V, outs[b]);
+  if (count == 0) return outs;
+
+  // The prompts left-padded to L (padding id 0, which no query sees).
+  IndexArray ids = xt::zeros<std::int64_t>({B, L});
+  Mask padding = xt::ones<bool>({B, L});
+  for (std::size_t b = 0; b < B; ++b) {
+    const std::size_t pad = L - prompts[b].size();
+    std::copy(prompts[b].begin(), prompts[b].end(), &ids(b, pad));
+    std::fill_n(&padding(b, pad), prompts[b].size(), false);
+  }
+  // Hook points see whole contexts, as in generate.
+  const bool use_cache = opt.use_cache && num_hooks() == 0;
+  std::vector<std::size_t> live(B);  // the rows still generating, in batch order
+  std::iota(live.begin(), live.end(), 0);
+
+  const bool was_training = is_training();
+  eval();
+  NoGradGuard no_grad;
+  try {
+    LanguageModelCache cache;
+    for (std::size_t step = 0; step < count; ++step) {
+      // Cached: the live rows' new tokens (the prompts at the first step); else their whole rows.
+      const LanguageModelOutput run =
+          use_cache ? forward_cached(ids, padding, cache, Attentions::none) : forward(ids, padding, Attentions::none);
+      const std::size_t n = run.logits.shape()[1];
+      std::vector<std::size_t> kept;  // indices into live of the rows that go on
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        const std::size_t b = live[i];
+        const float* logits = run.logits.value().data() + (i * n + n - 1) * V;
+        const std::int64_t id = pick(logits, V, rows[b], opt, streams[b], who, step);
+        if (!rows[b].take(id, step + 1 == count)) kept.push_back(i);
+      }
+      if (kept.empty() || step + 1 == count) break;
+      // The next input: each live row's new token (cached) or its row grown by it.
+      const std::size_t width = use_cache ? 1 : ids.shape()[1] + 1;
+      IndexArray next = IndexArray::from_shape({kept.size(), width});
+      Mask next_padding = Mask::from_shape({kept.size(), width});
+      for (std::size_t j = 0; j < kept.size(); ++j) {
+        const std::size_t i = kept[j];
+        if (!use_cache) {
+          std::copy_n(&ids(i, 0), width - 1, &next(j, 0));
+          std::copy_n(&padding(i, 0), width - 1, &next_padding(j, 0));
+        }
+        next(j, width - 1) = outs[live[i]].tokens.back();
+        next_padding(j, width - 1) = false;
+      }
+      if (use_cache && kept.size() < live.size()) cache.keep_rows(kept);
+      std::vector<std::size_t> still(kept.size());
+      for (std::size_t j = 0; j < kept.size(); ++j) still[j] = live[kept[j]];
+      live = std::move(still);
+      ids = std::move(next);
+      padding = std::move(next_padding);
+    }
+    for (Continuation& row : rows) row.finish();
+  } catch (...) {
+    train(was_training);
+    throw;
+  }
+  train(was_training);
+  return outs;
 }
 
 }  // namespace xgrad::nn

@@ -41,6 +41,10 @@ struct GenerateOptions {
   /// multiplied: > 1 discourages repeating, < 1 encourages it. Finite and > 0; 1 means none.
   /// Greedy decoding takes the argmax after it.
   float repetition_penalty = 1.f;
+  /// Only the ids [0, vocab_limit) can be drawn (greedy included): a tokenizer with fewer tokens
+  /// than the model's embedding has rows (padded to a multiple, as many imported models are).
+  /// At most the vocabulary; 0 means all.
+  std::size_t vocab_limit = 0;
   /// When set, the call draws from its own Generator(*seed), not from the Generator it is given
   /// (which is then left as it was): the same seed gives the same tokens whatever ran before.
   std::optional<std::uint64_t> seed = std::nullopt;
@@ -107,7 +111,7 @@ struct Generation {
   std::vector<Array> attention;
 };
 
-/// The distribution generate draws the next token from: `logits` (V values) through
+/// The distribution generate draws the next token from: `logits` (V values) through vocab_limit,
 /// repetition_penalty (over the ids of `context`, the sequence so far), temperature, top_k, top_p
 /// and min_p of `options` (the others are not read), as V probabilities that sum to 1 (0 for the
 /// tokens the filters removed). Greedy (temperature 0): 1 for the most likely token after the

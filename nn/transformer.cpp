@@ -7,6 +7,9 @@
 #include <optional>
 #include <string>
 
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xview.hpp>
+
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
@@ -361,8 +364,10 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
   mask.causal = true;
   if (padding) mask.key_padding_mask = *padding;
   mask.need_weights = attentions == Attentions::keep;
-  // RoPE turns q and k inside attention: by the given positions, or (cached) from the cache's length.
-  const IndexArray* rotary = options_.positional() == Positional::rotary && !cache ? &positions : nullptr;
+  // RoPE turns q and k inside attention: by the given positions, or (cached, unpadded) from the
+  // cache's length.
+  const bool per_row = !cache || padding;
+  const IndexArray* rotary = options_.positional() == Positional::rotary && per_row ? &positions : nullptr;
   LanguageModelOutput out;
   // Hook points see every forward, so a model with hooks attached keeps its activations.
   const bool recompute = checkpoint_activations_ && !cache && !mask.need_weights && grad_enabled() && num_hooks() == 0;
@@ -370,6 +375,11 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
     if (recompute) {
       h = checkpointed_block(i, h, mask, rotary);
       continue;
+    }
+    if (cache && padding) {
+      // The keys block i attends to: those it holds (a window drops the first) and the new ones.
+      const std::size_t all = padding->shape()[1], S = cache->blocks[i].held() + ids.shape()[1];
+      mask.key_padding_mask = Mask(xt::view(*padding, xt::all(), xt::range(all - S, all)));
     }
     BlockOutput b = blocks[i]->forward(h, mask, cache ? &cache->blocks[i] : nullptr, rotary);
     h = b.output;
@@ -471,10 +481,24 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& ke
   return run(ids, positions, &key_padding_mask, nullptr, attentions);
 }
 
-LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, LanguageModelCache& cache,
-                                                  Attentions attentions) const {
-  const std::size_t first = cache.length();
-  check_ids(ids, first);
+void LanguageModelCache::keep_rows(const std::vector<std::size_t>& rows) {
+  const std::size_t B = blocks.empty() || !blocks.front().k.defined() ? 0 : blocks.front().k.shape()[0];
+  IndexArray ids = IndexArray::from_shape({rows.size()});
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= B) fail("LanguageModelCache::keep_rows: row ", rows[i], " is outside the batch of ", B, " rows");
+    ids(i) = static_cast<std::int64_t>(rows[i]);
+  }
+  std::vector<KVCache> kept = blocks;
+  for (KVCache& c : kept) {
+    c.k = index_select(c.k, 0, ids);
+    c.v = index_select(c.v, 0, ids);
+    if (c.positions) c.positions = IndexArray(xt::view(*c.positions, xt::keep(rows), xt::all()));
+  }
+  if (padding) padding = Mask(xt::view(*padding, xt::keep(rows), xt::all()));
+  blocks = std::move(kept);
+}
+
+void LanguageModel::check_cache(LanguageModelCache& cache, std::size_t first) const {
   if (cache.blocks.empty()) cache.blocks.resize(blocks.size());
   if (cache.blocks.size() != blocks.size()) {
     fail("LanguageModel::forward_cached: the cache holds ", cache.blocks.size(), " blocks, the model has ",
@@ -486,12 +510,66 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, Languag
            " positions");
     }
   }
+}
+
+LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, LanguageModelCache& cache,
+                                                  Attentions attentions) const {
+  const std::size_t first = cache.length();
+  check_ids(ids, first);
+  check_cache(cache, first);
+  if (cache.padding) return forward_cached(ids, Mask(xt::zeros<bool>(ids.shape())), cache, attentions);
   // A failed step leaves the cache as it was (each block would otherwise hold what it reached).
   const std::vector<KVCache> before = cache.blocks;
   try {
     return run(ids, count_positions(first, ids.shape()[1]), nullptr, &cache, attentions);
   } catch (...) {
     cache.blocks = before;
+    throw;
+  }
+}
+
+LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, const Mask& key_padding_mask,
+                                                  LanguageModelCache& cache, Attentions attentions) const {
+  const std::size_t first = cache.length();
+  check_ids(ids, first);
+  check_cache(cache, first);
+  if (key_padding_mask.shape() != ids.shape()) {
+    fail("LanguageModel::forward_cached: key_padding_mask of shape ", shape_str(key_padding_mask.shape()),
+         " does not match ids of shape ", shape_str(ids.shape()));
+  }
+  const std::size_t B = ids.shape()[0], n = ids.shape()[1];
+  if (first > 0 && !cache.padding) {
+    fail("LanguageModel::forward_cached: the cache was filled without a key_padding_mask (", first,
+         " positions held); it continues only without one");
+  }
+  if (first > 0 && cache.padding->shape()[0] != B) {
+    fail("LanguageModel::forward_cached: the cache holds ", cache.padding->shape()[0], " rows, ids have ", B);
+  }
+  // Every position's mark: the cached ones, then the new ones.
+  Mask padding = first > 0 ? Mask(xt::concatenate(xt::xtuple(*cache.padding, key_padding_mask), 1)) : key_padding_mask;
+  IndexArray positions = IndexArray::from_shape({B, n});  // each row's count of real tokens before
+  for (std::size_t b = 0; b < B; ++b) {
+    std::int64_t real = 0;
+    bool seen_real = false;
+    for (std::size_t t = 0; t < first + n; ++t) {
+      // A sliding window counts keys by index: padding after a real token would put other keys in it.
+      if (options_.sliding_window() > 0 && seen_real && padding(b, t)) {
+        fail("LanguageModel::forward_cached: row ", b, " has padding at position ", t,
+             " after a real token; with sliding_window ", options_.sliding_window(),
+             " padding must come before a row's first real token");
+      }
+      if (t >= first) positions(b, t - first) = real;
+      if (!padding(b, t)) ++real, seen_real = true;
+    }
+  }
+  const std::vector<KVCache> before = cache.blocks;
+  const std::optional<Mask> marks_before = cache.padding;
+  try {
+    cache.padding = std::move(padding);
+    return run(ids, positions, &*cache.padding, &cache, attentions);
+  } catch (...) {
+    cache.blocks = before;
+    cache.padding = marks_before;
     throw;
   }
 }

@@ -280,10 +280,15 @@ struct LanguageModelOutput {
 /// Keys and values of every block, for LanguageModel::forward_cached.
 struct LanguageModelCache {
   std::vector<KVCache> blocks;  ///< one per block; empty until the first forward_cached
+  /// (B, length()): which positions seen are padding, when a padded forward_cached filled the cache.
+  std::optional<Mask> padding;
   /// The number of positions seen (0 while empty), those a sliding window dropped included.
   std::size_t length() const { return blocks.empty() ? 0 : blocks.front().length(); }
   /// Empties the cache.
-  void clear() { blocks.clear(); }
+  void clear() { blocks.clear(), padding.reset(); }
+  /// Keeps the batch rows `rows` (in that order) of every block's keys, values, positions and of
+  /// the padding marks: rows that are done leave a batch. A row outside the batch throws.
+  void keep_rows(const std::vector<std::size_t>& rows);
 };
 
 /// A decoder-only language model: h = embed_scale tok_emb(ids) + positions (learned or
@@ -317,6 +322,15 @@ class LanguageModel : public Module {
   /// v (every position).
   LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache,
                                      Attentions attentions = Attentions::keep) const;
+  /// The same for a batch of sequences of different lengths (batched generation): key_padding_mask
+  /// (B, n) marks which new tokens are padding (true); the cache keeps the marks of every position
+  /// it has seen, and no query attends to a padding key. Each row's positions count its tokens
+  /// that are not padding, so a left-padded row gets the logits it gets alone (up to float
+  /// rounding), as forward(ids, key_padding_mask) does. A cache filled by the unpadded call
+  /// continues only unpadded, and the unpadded call on a padded cache marks its tokens as real.
+  /// With a sliding_window, a row's padding must come before its first real token.
+  LanguageModelOutput forward_cached(const IndexArray& ids, const Mask& key_padding_mask, LanguageModelCache& cache,
+                                     Attentions attentions = Attentions::keep) const;
   /// Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
   /// Targets of another shape than ids, or outside the vocabulary (and not kIgnoreIndex), throw.
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
@@ -340,6 +354,17 @@ class LanguageModel : public Module {
   /// front, as the ids are, when they cannot be held for count new tokens).
   Generation generate_with_attention(std::vector<std::int64_t> prompt, std::size_t count,
                                      const GenerateOptions& options = {}, Generator& gen = default_generator());
+  /// Batched generation: every prompt continued at once, left-padded to the longest with padding
+  /// that no query attends to (forward_cached with a key_padding_mask), each row stopping on its own
+  /// (a row that is done leaves the batch). Row b's tokens are what generate(prompts[b]) gives
+  /// (up to float rounding in the logits) when it draws from the same stream: with a seed, row b
+  /// draws from Generator(*seed + b), as generate with seed + b does; without one, from a stream
+  /// spawned from `gen` for each row in order. The options are generate's (checked the same way), but
+  /// on_token, which streams one sequence, is refused, and the context does not slide: the longest
+  /// prompt and count new tokens must fit in max_len (longest + count - 1 positions), else it throws
+  /// before any work. An empty batch or an empty prompt throws, naming it.
+  std::vector<Generation> generate_batch(const std::vector<std::vector<std::int64_t>>& prompts, std::size_t count,
+                                         const GenerateOptions& options = {}, Generator& gen = default_generator());
   /// The logits forward gives for a last block's output h (B, T, C): the final norm (if any), the
   /// head and final_softcap, without hooks (the logit lens's readout).
   Tensor unembed(const Tensor& h) const;
@@ -366,13 +391,16 @@ class LanguageModel : public Module {
  private:
   void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached
   void check_targets(const IndexArray& ids, const IndexArray& targets) const;
+  // Sizes an empty cache to the blocks; throws for one of another model or with blocks out of step.
+  void check_cache(LanguageModelCache& cache, std::size_t first) const;
   Tensor head_logits(const Tensor& h) const;  // the head, then final_softcap
   Tensor checkpointed_block(std::size_t i, const Tensor& h, const AttentionMask& mask, const IndexArray* rotary) const;
   // generate.cpp; `who` names the public call in errors
   Generation generate_impl(std::vector<std::int64_t> prompt, std::size_t count, const GenerateOptions& options,
                            Generator& gen, bool keep_attention, const char* who);
   // The one path of every forward: embeds ids at `positions` (B, T) or (T), applies the position
-  // scheme, runs the blocks (causal, with the padding mask if given) and the head.
+  // scheme, runs the blocks (causal, with the padding mask if given: (B, T), or with a cache
+  // (B, cache length + T)) and the head.
   LanguageModelOutput run(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,
                           LanguageModelCache* cache, Attentions attentions) const;
   LanguageModelOptions options_;

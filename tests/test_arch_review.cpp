@@ -197,23 +197,19 @@ TEST_CASE("bad input: a learning rate whose group rate passes float32 is refused
       Contains("Adam: group 1: learning rate 10 over the optimizer's 1e-38 is a factor past 1e30"));
 }
 
-TEST_CASE("bad input: positions with an empty KVCache are refused (later steps would turn the keys by others)",
-          "[nn][arch][rotary][cache][bad_input][bug][gemm]") {
+TEST_CASE("a KVCache without positions counts from 0, as positions 0 .. T - 1 given without one do",
+          "[nn][arch][rotary][cache][gemm]") {
   Generator gen(4);
   const nn::MultiHeadAttention attn(nn::MultiHeadAttentionOptions(8, 2).rotary(true).dropout(0.f), gen);
   const Tensor x(gen.normal({1, 3, 8}, 0.f, 1.f));
-  const IndexArray positions = {5, 6, 7};
   nn::KVCache cache;
-  CHECK_THROWS_WITH(attn.forward(x, nn::AttentionMask{}, &cache, &positions),
-                    Contains("MultiHeadAttention: positions are given with a KVCache holding 0 positions"));
-  CHECK(cache.length() == 0);
-  // Without positions the cache counts from 0, as the same positions given without a cache do.
   const IndexArray counted = {0, 1, 2};
   NoGradGuard no_grad;
   const Array cached = attn.forward(x, nn::AttentionMask{}, &cache).output.value();
   const Array given = attn.forward(x, nn::AttentionMask{}, nullptr, &counted).output.value();
   CHECK(cached == given);
   CHECK(cache.length() == 3);
+  CHECK_FALSE(cache.positions.has_value());
 }
 
 TEST_CASE("bad input: a TransformerEncoderLayer state for a block torch's layer cannot be is refused, naming why",

@@ -595,6 +595,32 @@ TEST_CASE("generate_with_attention that stops early keeps the weights of the que
   }
 }
 
+TEST_CASE("vocab_limit keeps draws and greedy picks among the first ids", "[nn][generate][gemm]") {
+  auto lm = testing::eval_lm(nn::LanguageModelOptions(13, 16, 4, 2).d_ff(24).max_len(64).dropout(0.f), 21);
+  nn::GenerateOptions o;
+  o.temperature = 5.f;  // nearly uniform: without the limit most draws would be past it
+  o.vocab_limit = 4;
+  o.seed = 3;
+  const Tokens sampled = lm->generate({1, 2}, 40, o);
+  CHECK(std::all_of(sampled.begin() + 2, sampled.end(), [](std::int64_t id) { return id < 4; }));
+  o.vocab_limit = 0;
+  const Tokens free = lm->generate({1, 2}, 40, o);
+  CHECK(std::any_of(free.begin() + 2, free.end(), [](std::int64_t id) { return id >= 4; }));
+  // The distribution is the truncated logits' (a penalized id past the limit is skipped).
+  const std::vector<float> logits = {0.5f, 2.f, -1.f, 3.f, 9.f};
+  nn::GenerateOptions limited;
+  limited.vocab_limit = 3;
+  limited.repetition_penalty = 2.f;
+  const std::vector<double> p = nn::next_token_probabilities(logits, {1, 4}, limited);
+  const std::vector<double> q = softmax({0.5, 1.0, -1.0});
+  REQUIRE(p.size() == 5);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(p[i] == Approx(q[i]).epsilon(1e-12));
+  CHECK(p[3] == 0.0);
+  CHECK(p[4] == 0.0);
+  limited.temperature = 0.f;
+  CHECK(nn::next_token_probabilities(logits, {}, limited)[1] == 1.0);
+}
+
 TEST_CASE("generate refuses sampling and stopping options out of range, by name, before any work",
           "[nn][generate][bad_input][gemm]") {
   auto lm = testing::eval_lm(nn::LanguageModelOptions(13, 16, 4, 2).d_ff(24).max_len(10).dropout(0.f), 13);
@@ -629,6 +655,7 @@ TEST_CASE("generate refuses sampling and stopping options out of range, by name,
            "stop_tokens[1] = 13 is outside the vocabulary [0, 13)"},
                           {[](auto& o) { o.stop_tokens = {-1}; },
                            "stop_tokens[0] = -1 is outside the vocabulary [0, 13)"},
+                          {[](auto& o) { o.vocab_limit = 14; }, "vocab_limit 14 is more than the vocabulary "},
                           };
   for (const Case& c : cases) {
     INFO(c.message);

@@ -68,6 +68,8 @@ void sample_text(xgrad::nn::LanguageModel& model, const xgrad::text::Tokenizer& 
   o.repetition_penalty = s.repetition_penalty;
   o.seed = seed;
   o.stop_strings = s.stop;
+  // An imported model's embedding may have more rows than the tokenizer has tokens (padded).
+  if (tokenizer.vocab_size() < model.options().vocab_size()) o.vocab_limit = tokenizer.vocab_size();
   const std::optional<std::int64_t> eos = s.ignore_eos ? std::nullopt : tokenizer.special_tokens().eos;
   if (eos) o.stop_tokens = {*eos};
   // The new text is the whole sequence's less the prompt's, so that a tokenizer that decodes a token
