@@ -8,11 +8,14 @@
 // batches. A third
 // table times bf16 products (blas::gemm_bf16) against fp32 ones: oneDNN's bf16 matmul alone on
 // bf16 operands, gemm_bf16 from fp32 operands (rounding included) on each path, the measurement
-// behind blas_bf16.cpp's rule for small products (--bf16-only prints this table alone).
-//     build/bench/bench_gemm [--reps 15] [--bf16-only]
+// behind blas_bf16.cpp's rule for small products (--bf16-only prints this table alone). A fourth
+// table gives decode's matrix-vector products in GB/s against the read bandwidth measured in the
+// same run (--matvec-only prints it alone).
+//     build/bench/bench_gemm [--reps 15] [--bf16-only] [--matvec-only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -196,6 +199,72 @@ void bf16_table(std::size_t reps, Generator& gen) {
   blas::set_bf16_path(before);
 }
 
+// Decode's products: a Linear layer on 1 to 4 positions, X (m x K) W^T with W (N x K), for the
+// 45M-parameter Llama of the llama.cpp comparison (d_model 384, FFN 1024, vocabulary 50257).
+// clang-format off
+const std::vector<Product> kMatvecShapes = {
+    {1, 384, 384, false, true},     // a projection
+    {1, 1024, 384, false, true},    // FFN gate or up
+    {1, 384, 1024, false, true},    // FFN down
+    {1, 50257, 384, false, true},   // the head
+    {4, 50257, 384, false, true},   // the head, four rows
+};
+// clang-format on
+
+// Streams `n` floats as a decode step streams a weight: the machine's read bandwidth, measured
+// with the products. Returns their sum, so that the reads are not optimized away.
+float read_all(const float* x, std::size_t n) {
+  typedef float Floats8 __attribute__((vector_size(32)));
+  Floats8 acc[4] = {};
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int j = 0; j < 4; ++j) {
+      Floats8 v;
+      std::memcpy(&v, x + i + 8 * j, sizeof v);
+      acc[j] += v;
+    }
+  }
+  float s = 0.f;
+  for (; i < n; ++i) s += x[i];
+  for (const Floats8& a : acc)
+    for (int j = 0; j < 8; ++j) s += a[j];
+  return s;
+}
+
+// GB/s of the weight read by each engine and under auto (xgrad's few-rows kernel), against the read
+// bandwidth measured in the same rounds (alternating, medians).
+void matvec_table(std::size_t reps, Generator& gen) {
+  std::printf(
+      "\nDecode's products X W^T (m x N x K), weight read in GB/s, one thread; read: a sum over the "
+      "weight's bytes\n");
+  std::printf("%-22s %9s %9s %9s %9s %11s\n", "m x N x K", "OpenBLAS", "oneDNN", "auto", "read", "auto/read");
+  volatile float sink = 0.f;
+  for (const Product& s : kMatvecShapes) {
+    std::vector<float> a(s.m * s.k), b(s.n * s.k), c(s.m * s.n);
+    for (auto& x : a) x = gen.uniform(-1.f, 1.f);
+    for (auto& x : b) x = gen.uniform(-1.f, 1.f);
+    std::vector<double> times[4];
+    for (std::size_t r = 0; r < reps + 2; ++r) {
+      for (int e = 0; e < 3; ++e) {
+        blas::set_engine(e == 0 ? blas::Engine::openblas : e == 1 ? blas::Engine::onednn : blas::Engine::automatic);
+        const double t = seconds_by(
+            s, [&] { blas::sgemm(false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.k, 0.f, c.data(), s.n); });
+        if (r >= 2) times[e].push_back(t);
+      }
+      const double t = seconds_by(s, [&] { sink = sink + read_all(b.data(), b.size()); });
+      if (r >= 2) times[3].push_back(t);
+    }
+    blas::set_engine(blas::Engine::automatic);
+    const double bytes = static_cast<double>(b.size()) * sizeof(float);
+    double rate[4];
+    for (int e = 0; e < 4; ++e) rate[e] = bytes / median(times[e]) / 1e9;
+    char name[64];
+    std::snprintf(name, sizeof name, "%zu x %zu x %zu", s.m, s.n, s.k);
+    std::printf("%-22s %9.1f %9.1f %9.1f %9.1f %10.0f%%\n", name, rate[0], rate[1], rate[2], rate[3],
+                100 * rate[2] / rate[3]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,8 +276,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timings per engine and shape")
       ->transform(cli::count(1, 10000))
       ->capture_default_str();
-  bool bf16_only = false;
+  bool bf16_only = false, matvec_only = false;
   app.add_flag("--bf16-only", bf16_only, "print the bf16 table alone");
+  app.add_flag("--matvec-only", matvec_only, "print the table of decode's products alone");
   if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_gemm", [&] {
     set_num_threads(1);
@@ -216,6 +286,7 @@ int main(int argc, char** argv) {
     const blas::Engine before = blas::engine();
     Generator gen(1);
     if (bf16_only) return bf16_table(reps, gen);
+    if (matvec_only) return matvec_table(reps, gen);
     // `auto`: what the default rule runs (an engine, or "small": xgrad's small-product kernel) and
     // its GFLOP/s
     std::printf("%-22s %10s %10s %7s %8s %8s\n", "M x N x K (op)", "OpenBLAS", "oneDNN", "ratio", "auto", "GFLOP/s");
@@ -299,5 +370,7 @@ int main(int argc, char** argv) {
     }
     blas::set_engine(before);
     bf16_table(reps, gen);
+    matvec_table(reps, gen);
+    blas::set_engine(before);
   });
 }

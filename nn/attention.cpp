@@ -202,58 +202,71 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
   }
   // held: the keys the cache holds, of indices first .. first + held - 1; x's are the next T.
   const std::size_t held = cache ? cache->held() : 0, first = cache ? cache->dropped : 0;
-  // Keys are kept before RoPE and turned at every step: by the positions stored with them, or
-  // (none stored) by their indices. A cache holds one kind or the other.
-  if (cache && held > 0 && (positions != nullptr) != cache->positions.has_value()) {
+  const std::size_t B = x.shape()[0], T = x.shape()[1];
+  // Keys are cached turned by RoPE, each once at its position. Dynamic scaling's frequencies follow
+  // the sequence's length, so its keys are cached unturned (with the positions given, if any) and
+  // all turned again at each step, as a forward over the whole sequence turns them.
+  const bool rotary = options_.rotary();
+  const bool turn_once = rotary && options_.rope_scaling().type != RopeScaling::Type::dynamic;
+  if (cache && held > 0 && cache->turned != turn_once) {
+    fail("MultiHeadAttention: the KVCache holds keys ", cache->turned ? "turned" : "not turned",
+         " by RoPE, and this attention caches them ", turn_once ? "turned" : "unturned",
+         "; a cache continues only in an attention like the one that filled it");
+  }
+  if (cache && held > 0 && rotary && !turn_once && (positions != nullptr) != cache->positions.has_value()) {
     fail("MultiHeadAttention: ",
          positions ? "positions are given with a KVCache filled without them"
                    : "a KVCache filled with positions needs them at every step",
-         " (", held, " positions held)");
+         " (", held, " positions held; dynamic rope scaling turns them again at each step)");
   }
+  auto count_from = [](std::size_t from, std::size_t n) {
+    IndexArray p = IndexArray::from_shape({n});
+    for (std::size_t i = 0; i < n; ++i) p(i) = static_cast<std::int64_t>(from + i);
+    return p;
+  };
+  const IndexArray query_pos = positions ? *positions : count_from(first + held, T);
+  const float theta = options_.rope_theta();
+  const std::size_t r = options_.rotary_dim();
+  const RopeScaling& scaling = options_.rope_scaling();
   // Three products, not one on the packed [W_q; W_k; W_v] and a split: bench_fused_products
   // (docs/speed.md, "Fused products") measured the packed product, packed each step as training
   // must, at 0.96x the speed of three in forward and backward (0.92x to 1.03x over six runs of the
   // benchmark's shapes), and 0.97x forward alone.
   const Tensor q = hook("q", norm_heads(q_norm, w_q->forward(x)));
-  Tensor k = norm_heads(k_norm, w_k->forward(x)), v = w_v->forward(x);
+  // The new positions' keys and values (k before v: hook points fire in forward order).
+  Tensor k = hook("k", norm_heads(k_norm, w_k->forward(x)));
+  Tensor v = hook("v", w_v->forward(x));
+  Tensor rotated_q = q;
+  if (turn_once) {
+    rotated_q = hook("rot_q", rotary_embedding(q, options_.num_heads(), query_pos, theta, r, scaling));
+    k = hook("rot_k", rotary_embedding(k, options_.kv_heads(), query_pos, theta, r, scaling));
+  }
   if (held > 0) {
     k = concat({cache->k, k}, 1);
     v = concat({cache->v, v}, 1);
   }
-  // With a cache and positions: (B, S), the held keys' stored positions, then the new ones.
-  std::optional<IndexArray> key_positions;
-  if (cache && positions) {
-    const IndexArray given = row_positions(*positions, x.shape()[0], x.shape()[1]);
-    key_positions = held == 0 ? given : IndexArray(xt::concatenate(xt::xtuple(*cache->positions, given), 1));
-  }
-  Tensor hooked_k = hook("k", k);  // k before v: hook points fire in forward order
-  const Tensor hooked_v = hook("v", v);
-  Tensor rotated_q = q;
-  if (options_.rotary()) {
-    const std::size_t T = x.shape()[1], S = k.shape()[1];
-    auto count_from = [](std::size_t first, std::size_t n) {
-      IndexArray p = IndexArray::from_shape({n});
-      for (std::size_t i = 0; i < n; ++i) p(i) = static_cast<std::int64_t>(first + i);
-      return p;
-    };
-    const IndexArray query_pos = positions ? *positions : count_from(first + held, T);
+  const std::size_t S = k.shape()[1];
+  std::optional<IndexArray> key_positions;  // dynamic scaling, cached with positions: (B, S)
+  Tensor turned_k = k;
+  if (rotary && !turn_once) {
+    if (cache && positions) {
+      const IndexArray given = row_positions(*positions, B, T);
+      key_positions = held == 0 ? given : IndexArray(xt::concatenate(xt::xtuple(*cache->positions, given), 1));
+    }
     const IndexArray key_pos = key_positions ? *key_positions : held == 0 ? query_pos : count_from(first, S);
-    const float theta = options_.rope_theta();
-    const std::size_t r = options_.rotary_dim();
-    const RopeScaling& scaling = options_.rope_scaling();
     rotated_q = hook("rot_q", rotary_embedding(q, options_.num_heads(), query_pos, theta, r, scaling));
-    hooked_k = hook("rot_k", rotary_embedding(hooked_k, options_.kv_heads(), key_pos, theta, r, scaling));
+    turned_k = hook("rot_k", rotary_embedding(k, options_.kv_heads(), key_pos, theta, r, scaling));
   }
   const std::size_t window = options_.sliding_window();
-  AttentionOutput out = attend_heads(rotated_q, hooked_k, hooked_v, mask, held, window);
+  AttentionOutput out = attend_heads(rotated_q, turned_k, v, mask, held, window);
   if (cache) {
-    // Stored as they were before the hooks (a hook sees every position at each step, as without
-    // a cache), and only once the step has succeeded. A window keeps its last `window` positions:
-    // the next query sees no earlier key.
-    const std::size_t S = k.shape()[1], drop = window > 0 && mask.causal && S > window ? S - window : 0;
+    // What the hooks returned, stored once the step has succeeded. A window keeps its last
+    // `window` positions: the next query sees no earlier key.
+    const std::size_t drop = window > 0 && mask.causal && S > window ? S - window : 0;
     cache->k = drop ? slice(k, 1, drop, S) : k;
     cache->v = drop ? slice(v, 1, drop, S) : v;
     if (key_positions) cache->positions = IndexArray(xt::view(*key_positions, xt::all(), xt::range(drop, S)));
+    cache->turned = turn_once;
     cache->dropped = first + drop;
   }
   return out;

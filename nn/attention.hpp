@@ -15,10 +15,11 @@
 //
 // Hook points of Attention (hook.hpp), in forward order:
 //   q          (B, T, H D) the query projection, heads side by side (head h is channels hD .. (h+1)D)
-//   k, v       (B, S, KV D) the key and value projections, after QK-norm (with a KVCache: every
-//              cached position)
+//   k, v       (B, S, KV D) the key and value projections, after QK-norm (with a KVCache: the new
+//              positions, T; the cache holds what the hooks returned)
 //   rot_q      (B, T, H D) q turned by RoPE (rotary only)
-//   rot_k      (B, S, KV D) k turned by RoPE (rotary only)
+//   rot_k      (B, S, KV D) k turned by RoPE (rotary only; with a KVCache the new positions, but
+//              every position the step attends to with dynamic scaling)
 //   scores     (B, H, T, S) scale Q_h K_h^T (soft-capped with logit_softcap) before masks and
 //              softmax (formed only while hooked or capped)
 //   pattern    (B, H, T, S) the attention weights, before dropout
@@ -146,8 +147,9 @@ struct AttentionMask {
 /// The keys and values an Attention has projected so far, for generating one position at a time:
 /// forward(x, mask, &cache) projects only x's positions, appends them, and attends over all.
 /// It holds only the KV key/value heads (grouped-query attention shrinks it by H / KV), after
-/// QK-norm and before RoPE (keys are turned by their positions at each step: the positions given
-/// with them, per row, or else their indices). With a
+/// QK-norm and RoPE: each key is turned once, at its position. With dynamic RoPE scaling, whose
+/// frequencies follow the sequence's length, keys are held unturned, with the positions given
+/// (per row), and all turned again at each step. With a
 /// sliding_window it keeps only the last sliding_window positions: the earlier ones are dropped.
 /// The stored tensors keep their autograd history while gradients are recorded: run cached steps
 /// under NoGradGuard (generate does) unless a backward through every step is wanted.
@@ -155,9 +157,12 @@ struct KVCache {
   /// The keys k and the values v, each (B, P, KV * D): the P positions held, the last ones seen;
   /// undefined while empty.
   Tensor k, v;
-  /// (B, P): the held keys' positions when forward was given positions (a left-padded batch's rows
-  /// count their own tokens); empty when the keys' indices are their positions.
+  /// (B, P): with dynamic RoPE scaling, the held keys' positions when forward was given positions
+  /// (a left-padded batch's rows count their own tokens); empty when the keys' indices are their
+  /// positions.
   std::optional<IndexArray> positions;
+  /// Whether k holds keys turned by RoPE; a cache continues only in an attention that holds them alike.
+  bool turned = false;
   /// The positions seen before the held ones, which a sliding window no longer needs.
   std::size_t dropped = 0;
   /// P, the number of positions held (0 while empty).
@@ -165,7 +170,7 @@ struct KVCache {
   /// The number of positions seen, dropped ones included: the next position's index.
   std::size_t length() const { return dropped + held(); }
   /// Empties the cache.
-  void clear() { k = Tensor(), v = Tensor(), positions.reset(), dropped = 0; }
+  void clear() { k = Tensor(), v = Tensor(), positions.reset(), turned = false, dropped = 0; }
 };
 
 /// What Attention::forward returns.
@@ -197,10 +202,10 @@ class Attention : public Module, public RandomStream {
   static void check(const MultiHeadAttentionOptions& options);
   /// Self-attention of x (B, T, d_model). With a cache, x holds the next T positions of sequences
   /// whose earlier positions the cache holds; their keys and values are appended to it.
-  /// `positions` (B, T) or (T), for RoPE: each new query's and key's position, stored in the cache
-  /// with the keys; null means cache length + 0 .. T - 1. Throws unless kdim and vdim are d_model,
-  /// for a cache that does not continue x, and for a cache filled with positions continued without
-  /// them or the reverse.
+  /// `positions` (B, T) or (T), for RoPE: each new query's and key's position; null means cache
+  /// length + 0 .. T - 1. Throws unless kdim and vdim are d_model, for a cache that does not
+  /// continue x or holds keys turned otherwise (another attention's), and, with dynamic RoPE
+  /// scaling, for a cache filled with positions continued without them or the reverse.
   AttentionOutput forward(const Tensor& x, const AttentionMask& mask = {}, KVCache* cache = nullptr,
                           const IndexArray* positions = nullptr) const;
   /// Attention of query (B, T, d_model) over key (B, S, kdim) and value (B, S, vdim).

@@ -353,7 +353,10 @@ void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
 }
 
 LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& positions, const Mask* padding,
-                                       LanguageModelCache* cache, Attentions attentions) const {
+                                       LanguageModelCache* cache, Attentions attentions, Logits logits) const {
+  if (logits != Logits::all && logits != Logits::last) {
+    fail("LanguageModel: unknown Logits ", static_cast<int>(logits), " (all or last)");
+  }
   Tensor h = tok_emb->forward(ids);  // (B, T, C)
   if (options_.embed_scale() != 1.f) h = h * options_.embed_scale();
   h = hook("tok_embed", h);
@@ -385,6 +388,8 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
     h = b.output;
     if (mask.need_weights) out.attentions.push_back(b.attention);
   }
+  const std::size_t T = h.shape()[1];
+  if (logits == Logits::last && T > 1) h = slice(h, 1, T - 1, T);  // each row's last position
   if (final_norm) h = hook("normalized", final_norm->forward(h));
   out.logits = hook("logits", head_logits(h));
   return out;
@@ -513,15 +518,15 @@ void LanguageModel::check_cache(LanguageModelCache& cache, std::size_t first) co
 }
 
 LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, LanguageModelCache& cache,
-                                                  Attentions attentions) const {
+                                                  Attentions attentions, Logits logits) const {
   const std::size_t first = cache.length();
   check_ids(ids, first);
   check_cache(cache, first);
-  if (cache.padding) return forward_cached(ids, Mask(xt::zeros<bool>(ids.shape())), cache, attentions);
+  if (cache.padding) return forward_cached(ids, Mask(xt::zeros<bool>(ids.shape())), cache, attentions, logits);
   // A failed step leaves the cache as it was (each block would otherwise hold what it reached).
   const std::vector<KVCache> before = cache.blocks;
   try {
-    return run(ids, count_positions(first, ids.shape()[1]), nullptr, &cache, attentions);
+    return run(ids, count_positions(first, ids.shape()[1]), nullptr, &cache, attentions, logits);
   } catch (...) {
     cache.blocks = before;
     throw;
@@ -529,7 +534,8 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, Languag
 }
 
 LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, const Mask& key_padding_mask,
-                                                  LanguageModelCache& cache, Attentions attentions) const {
+                                                  LanguageModelCache& cache, Attentions attentions,
+                                                  Logits logits) const {
   const std::size_t first = cache.length();
   check_ids(ids, first);
   check_cache(cache, first);
@@ -566,7 +572,7 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, const M
   const std::optional<Mask> marks_before = cache.padding;
   try {
     cache.padding = std::move(padding);
-    return run(ids, positions, &*cache.padding, &cache, attentions);
+    return run(ids, positions, &*cache.padding, &cache, attentions, logits);
   } catch (...) {
     cache.blocks = before;
     cache.padding = marks_before;

@@ -270,9 +270,15 @@ struct LanguageModelOptions {
 /// AttentionKernel), and returns no attentions. loss runs with none.
 enum class Attentions { keep, none };
 
+/// Which positions' logits forward_cached computes. last: each row's last position only, logits
+/// (B, 1, V), all that generation reads (the head, the largest product of a prompt with a large
+/// vocabulary, then runs on one position); the hook points normalized and logits then see that
+/// position only. all: every position, logits (B, T, V).
+enum class Logits { all, last };
+
 /// What LanguageModel::forward returns.
 struct LanguageModelOutput {
-  Tensor logits;  ///< (B, T, V)
+  Tensor logits;  ///< (B, T, V); forward_cached with Logits::last: (B, 1, V)
   /// One (B, H, T, T) per block (forward_cached: (B, H, T, S)); empty with Attentions::none.
   std::vector<Tensor> attentions;
 };
@@ -316,12 +322,12 @@ class LanguageModel : public Module {
                               Attentions attentions = Attentions::keep) const;
   /// ids (B, n): the next n positions after the cache.length() positions whose keys and values
   /// `cache` holds (empty: positions 0 .. n-1); appends theirs (a failed call appends nothing).
-  /// logits (B, n, V); attentions (B, H, n, S) per block, over the keys it attended to: the
-  /// positions its cache held and the n new ones (S = cache.length() after the call, unless a
-  /// sliding window had dropped the first ones). Hook points see the n new positions only, except k and
-  /// v (every position).
+  /// logits (B, 1, V) of the last new position, or with Logits::all (B, n, V); attentions
+  /// (B, H, n, S) per block, over the keys it attended to: the positions its cache held and the n
+  /// new ones (S = cache.length() after the call, unless a sliding window had dropped the first
+  /// ones). Hook points see the n new positions only (the cache holds what k, v and rot_k returned).
   LanguageModelOutput forward_cached(const IndexArray& ids, LanguageModelCache& cache,
-                                     Attentions attentions = Attentions::keep) const;
+                                     Attentions attentions = Attentions::keep, Logits logits = Logits::last) const;
   /// The same for a batch of sequences of different lengths (batched generation): key_padding_mask
   /// (B, n) marks which new tokens are padding (true); the cache keeps the marks of every position
   /// it has seen, and no query attends to a padding key. Each row's positions count its tokens
@@ -330,7 +336,7 @@ class LanguageModel : public Module {
   /// continues only unpadded, and the unpadded call on a padded cache marks its tokens as real.
   /// With a sliding_window, a row's padding must come before its first real token.
   LanguageModelOutput forward_cached(const IndexArray& ids, const Mask& key_padding_mask, LanguageModelCache& cache,
-                                     Attentions attentions = Attentions::keep) const;
+                                     Attentions attentions = Attentions::keep, Logits logits = Logits::last) const;
   /// Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
   /// Targets of another shape than ids, or outside the vocabulary (and not kIgnoreIndex), throw.
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
@@ -402,7 +408,7 @@ class LanguageModel : public Module {
   // scheme, runs the blocks (causal, with the padding mask if given: (B, T), or with a cache
   // (B, cache length + T)) and the head.
   LanguageModelOutput run(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,
-                          LanguageModelCache* cache, Attentions attentions) const;
+                          LanguageModelCache* cache, Attentions attentions, Logits logits = Logits::all) const;
   LanguageModelOptions options_;
   bool checkpoint_activations_ = false;
 };

@@ -158,7 +158,7 @@ TEST_CASE("cached steps with the tiled kernel give the logits of one full forwar
   for (std::size_t n : {11, 1, 7, 11}) {  // chunks of several positions take the tiled kernel's offset mask
     IndexArray chunk = IndexArray::from_shape({1, n});
     for (std::size_t t = 0; t < n; ++t) chunk(0, t) = ids(0, done + t);
-    const Array logits = model.forward_cached(chunk, cache, nn::Attentions::none).logits.value();
+    const Array logits = model.forward_cached(chunk, cache, nn::Attentions::none, nn::Logits::all).logits.value();
     for (std::size_t t = 0; t < n; ++t)
       for (std::size_t v = 0; v < 50; ++v) REQUIRE(std::abs(logits(0, t, v) - whole(0, done + t, v)) < 1e-4);
     done += n;
@@ -190,7 +190,7 @@ TEST_CASE(
     for (std::size_t n : {11, 1, 7, 2, 9}) {
       IndexArray chunk = IndexArray::from_shape({1, n});
       for (std::size_t t = 0; t < n; ++t) chunk(0, t) = ids(0, done + t);
-      const nn::LanguageModelOutput out = model.forward_cached(chunk, cache, nn::Attentions::keep);
+      const nn::LanguageModelOutput out = model.forward_cached(chunk, cache, nn::Attentions::keep, nn::Logits::all);
       const Array& logits = out.logits.value();
       for (std::size_t t = 0; t < n; ++t)
         for (std::size_t v = 0; v < 50; ++v) REQUIRE(std::abs(logits(0, t, v) - whole(0, done + t, v)) < 1e-4);

@@ -89,6 +89,58 @@ void reference(const Product& p, const Operands& o, std::vector<double>& c, std:
   }
 }
 
+// Product p on engine e, over a C of NaN when beta is 0: every element within its rounding bound of
+// the reference, the padding past each row of C untouched, and the kernel's counter `calls` moved
+// exactly when `expect_kernel`.
+void check_kernel_product(const Product& p, blas::Engine e, std::size_t (*calls)(), bool expect_kernel) {
+  INFO(blas::engine_name(e) << ": " << p.m << " x " << p.n << " x " << p.k << (p.ta ? " T" : " N") << (p.tb ? "T" : "N")
+                            << " pad " << p.pad << " alpha " << p.alpha << " beta " << p.beta);
+  Operands o = operands(p);
+  if (p.beta == 0.f)
+    for (std::size_t i = 0; i < p.m; ++i)
+      for (std::size_t j = 0; j < p.n; ++j) o.c[i * o.ldc + j] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<double> ref, scale;
+  reference(p, o, ref, scale);
+  const std::size_t before = calls();
+  const std::vector<float> got = run(e, p, o);
+  CHECK((calls() > before) == expect_kernel);
+  double worst = 0;
+  for (std::size_t i = 0; i < p.m; ++i) {
+    for (std::size_t j = 0; j < o.ldc; ++j) {
+      const std::size_t at = i * o.ldc + j;
+      if (j >= p.n) {  // the padding past each row of C is never written
+        REQUIRE(got[at] == o.c[at]);
+        continue;
+      }
+      const double bound = 4e-7 * (static_cast<double>(p.k) + 2) * scale[at] + 1e-30;
+      worst = std::max(worst, std::fabs(got[at] - ref[at]) / bound);  // NaN fails
+      if (!(worst <= 1.0)) break;
+    }
+  }
+  CHECK(worst <= 1.0);
+}
+
+// A kernel's rule under auto, on one thread and on two: it computes every product of `taken` and
+// none of `not_taken` (check_kernel_product), a forced engine computes `forced` itself, and
+// `same_bits` gives the same bits on one thread and on two.
+void check_kernel_rule(const std::vector<Product>& taken, const std::vector<Product>& not_taken, const Product& forced,
+                       const Product& same_bits, std::size_t (*calls)()) {
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (const Product& p : taken) check_kernel_product(p, blas::Engine::automatic, calls, true);
+    for (const Product& p : not_taken) check_kernel_product(p, blas::Engine::automatic, calls, false);
+    for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn})
+      if (blas::has_engine(e)) check_kernel_product(forced, e, calls, false);
+  }
+  const Operands o = operands(same_bits);
+  set_num_threads(1);
+  const std::vector<float> one = run(blas::Engine::automatic, same_bits, o);
+  set_num_threads(2);
+  const std::vector<float> two = run(blas::Engine::automatic, same_bits, o);
+  set_num_threads(1);
+  CHECK(one == two);
+}
+
 std::size_t threads_of_this_process() {
   std::size_t n = 0;
   if (DIR* d = opendir("/proc/self/task")) {
@@ -542,7 +594,6 @@ TEST_CASE("the small-product kernel gives the same bits on one thread, two, and 
 
 TEST_CASE("auto sends tall plain products with C at most 256 wide to the small-product kernel, in column blocks",
           "[gemm][engines][long]") {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
   // {m, n, k, ta, tb, pad, alpha, beta}; beta 0 runs over a C of NaN
   const std::vector<Product> taken = {
       {1024, 64, 64, false, true, 0, 1.f, 0.f},      {1024, 64, 64, false, false, 0, 1.f, 0.f},
@@ -553,50 +604,25 @@ TEST_CASE("auto sends tall plain products with C at most 256 wide to the small-p
                                           {1024, 257, 64, false, true, 0, 1.f, 0.f},    // too wide
                                           {1024, 64, 1025, false, false, 0, 1.f, 0.f},  // K too long
                                           {1024, 64, 64, true, false, 0, 1.f, 0.f}};    // A^T
-  auto check = [&](const Product& p, bool expect_kernel, blas::Engine e) {
-    INFO(blas::engine_name(e) << ": " << p.m << " x " << p.n << " x " << p.k << (p.ta ? " T" : " N")
-                              << (p.tb ? "T" : "N") << " pad " << p.pad << " alpha " << p.alpha << " beta " << p.beta);
-    Operands o = operands(p);
-    if (p.beta == 0.f)
-      for (std::size_t i = 0; i < p.m; ++i)
-        for (std::size_t j = 0; j < p.n; ++j) o.c[i * o.ldc + j] = nan;
-    std::vector<double> ref, scale;
-    reference(p, o, ref, scale);
-    const std::size_t before = blas::detail::small_kernel_plain_calls();
-    const std::vector<float> got = run(e, p, o);
-    CHECK((blas::detail::small_kernel_plain_calls() > before) == expect_kernel);
-    double worst = 0;
-    for (std::size_t i = 0; i < p.m; ++i) {
-      for (std::size_t j = 0; j < o.ldc; ++j) {
-        const std::size_t at = i * o.ldc + j;
-        if (j >= p.n) {  // the padding past each row of C is never written
-          REQUIRE(got[at] == o.c[at]);
-          continue;
-        }
-        const double bound = 4e-7 * (static_cast<double>(p.k) + 2) * scale[at] + 1e-30;
-        worst = std::max(worst, std::fabs(got[at] - ref[at]) / bound);  // NaN fails
-        if (!(worst <= 1.0)) break;
-      }
-    }
-    CHECK(worst <= 1.0);
-  };
-  for (int threads : {1, 2}) {
-    set_num_threads(threads);
-    for (const Product& p : taken) check(p, true, blas::Engine::automatic);
-    for (const Product& p : not_taken) check(p, false, blas::Engine::automatic);
-    // a forced engine takes every product itself
-    for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn})
-      if (blas::has_engine(e)) check(taken[2], false, e);
-  }
-  // each row of C depends only on its row of A: the same bits on one thread and on two
-  const Product p = taken[6];
-  const Operands o = operands(p);
-  set_num_threads(1);
-  const std::vector<float> one = run(blas::Engine::automatic, p, o);
-  set_num_threads(2);
-  const std::vector<float> two = run(blas::Engine::automatic, p, o);
-  set_num_threads(1);
-  CHECK(one == two);
+  // each row of C depends only on its row of A: taken[6] gives the same bits on one thread and two
+  check_kernel_rule(taken, not_taken, taken[2], taken[6], blas::detail::small_kernel_plain_calls);
+}
+
+TEST_CASE("auto sends products A B^T of one to four rows to the few-rows kernel, on one thread or two",
+          "[gemm][engines]") {
+  // {m, n, k, ta, tb, pad, alpha, beta}; beta 0 runs over a C of NaN. K below, at and past 16
+  // (the kernel's vector) and N past a multiple of 4 (its block of B's rows).
+  const std::vector<Product> taken = {
+      {1, 1, 1, false, true, 0, 1.f, 0.f},        {1, 7, 15, false, true, 2, 0.5f, 0.7f},
+      {2, 9, 16, false, true, 0, 1.f, 0.f},       {3, 13, 17, false, true, 1, -1.f, 1.f},
+      {4, 384, 384, false, true, 3, 0.25f, 0.f},  {1, 50257, 64, false, true, 0, 1.f, 0.f},
+      {4, 1030, 1000, false, true, 0, 1.f, 0.5f}, {1, 5, 0, false, true, 0, 1.f, 0.5f}};
+  const std::vector<Product> not_taken = {{5, 64, 64, false, true, 0, 1.f, 0.f},   // five rows
+                                          {1, 64, 64, false, false, 0, 1.f, 0.f},  // B not transposed
+                                          {64, 1, 64, true, true, 0, 1.f, 0.f}};   // A^T
+  // each element of C is one row of B against one row of A: the head-sized taken[5] gives the same
+  // bits on one thread and on two (its 50257 columns split between them)
+  check_kernel_rule(taken, not_taken, taken[4], taken[5], blas::detail::few_rows_products);
 }
 
 TEST_CASE("linear_activation on the small-product kernel's shapes agrees with the reference, each activation",

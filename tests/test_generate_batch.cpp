@@ -1,6 +1,6 @@
 // Batched generation: forward_cached with a key-padding mask against each row alone, rows that
 // leave the cache, generate_batch's rows against generate's (greedy, sampled, stopping on their
-// own, cached and uncached), and its refusals.
+// own, cached and uncached), and its refusals; the KVCache's turned keys and positions.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -55,6 +55,9 @@ IndexArray rows_of(const std::vector<Tokens>& rows) {
   return ids;
 }
 
+// A copy to change option by option (the setters change the options they are called on).
+nn::MultiHeadAttentionOptions copy(const nn::MultiHeadAttentionOptions& o) { return o; }
+
 float max_abs_diff(const Array& a, const Array& b) {
   REQUIRE(a.shape() == b.shape());
   return xt::amax(xt::abs(a - b))();
@@ -84,7 +87,8 @@ TEST_CASE("forward_cached with a key-padding mask gives each left-padded row its
       const auto [ids, pad] = left_padded(kPrompts);
       const std::size_t L = ids.shape()[1];
       nn::LanguageModelCache cache;
-      const Array prompt_logits = lm->forward_cached(ids, pad, cache, nn::Attentions::none).logits.value();
+      const Array prompt_logits =
+          lm->forward_cached(ids, pad, cache, nn::Attentions::none, nn::Logits::all).logits.value();
       // Three more tokens, one per step, the same for every row; each row alone runs whole.
       const Tokens extra = {7, 2, 11};
       std::vector<Array> step_logits;
@@ -108,6 +112,21 @@ TEST_CASE("forward_cached with a key-padding mask gives each left-padded row its
       }
     }
   }
+}
+
+TEST_CASE("forward_cached gives each row's last logits unless asked for all", "[nn][generate][cache][gemm]") {
+  const auto lm = testing::randomized_lm(families()[1].second, 17);
+  NoGradGuard no_grad;
+  const auto [ids, pad] = left_padded(kPrompts);
+  nn::LanguageModelCache last_only, all, unpadded;
+  const Array last = lm->forward_cached(ids, pad, last_only, nn::Attentions::none).logits.value();
+  const Array every = lm->forward_cached(ids, pad, all, nn::Attentions::none, nn::Logits::all).logits.value();
+  REQUIRE(last.shape() == Shape{4, 1, 23});
+  REQUIRE(every.shape() == Shape{4, 7, 23});
+  CHECK(max_abs_diff(last, xt::view(every, xt::all(), xt::range(6, 7), xt::all())) < 1e-6f);
+  const Array one = lm->forward_cached(row(kPrompts[3]), unpadded).logits.value();
+  REQUIRE(one.shape() == Shape{1, 1, 23});
+  CHECK(max_abs_diff(one, xt::view(every, xt::range(3, 4), xt::range(6, 7), xt::all())) < 1e-5f);
 }
 
 TEST_CASE("keep_rows continues the rows it keeps, in its order", "[nn][generate][batch][cache][gemm]") {
@@ -239,6 +258,10 @@ TEST_CASE("bad input: generate_batch and padded forward_cached name what they re
                     Contains(fc + "key_padding_mask of shape (4, 2) does not match ids of shape (4, 7)"));
   CHECK(cache.length() == 0);
   CHECK_FALSE(cache.padding.has_value());
+  CHECK_THROWS_WITH(lm->forward_cached(ids, pad, cache, nn::Attentions::none, static_cast<nn::Logits>(7)),
+                    Contains("LanguageModel: unknown Logits 7 (all or last)"));
+  CHECK(cache.length() == 0);
+  CHECK_FALSE(cache.padding.has_value());
   // With a sliding window, padding after a real token is refused (the window counts keys by index).
   Mask gap = pad;
   gap(0, 5) = true;
@@ -263,32 +286,66 @@ TEST_CASE("bad input: generate_batch and padded forward_cached name what they re
   CHECK(plain.length() == 2);
 }
 
-TEST_CASE("bad input: an attention's cache filled with positions continues only with them, and the reverse",
+// A cached step of `attn` at positions `next` after x at `positions` (both (2, n)) against one
+// forward over both at those positions: the step's output is the whole's last position.
+float step_against_whole(const nn::MultiHeadAttention& attn, const Tensor& x, const Tensor& y,
+                         const IndexArray& positions, const IndexArray& next, nn::KVCache& cache) {
+  attn.forward(x, nn::AttentionMask{}, &cache, &positions);
+  const Array stepped = attn.forward(y, nn::AttentionMask{}, &cache, &next).output.value();
+  const IndexArray all = IndexArray(xt::concatenate(xt::xtuple(positions, next), 1));
+  nn::AttentionMask causal;
+  causal.causal = true;
+  const Array whole = attn.forward(concat({x, y}, 1), causal, nullptr, &all).output.value();
+  return max_abs_diff(stepped, xt::view(whole, xt::all(), xt::range(3, 4), xt::all()));
+}
+
+TEST_CASE("a KVCache holds keys turned once at the positions given, or with dynamic scaling turns them again",
+          "[nn][arch][rotary][cache][gemm]") {
+  Generator gen(4);
+  const Tensor x(gen.normal({2, 3, 8}, 0.f, 1.f)), y(gen.normal({2, 1, 8}, 0.f, 1.f));
+  const IndexArray positions = rows_of({{5, 6, 7}, {0, 1, 2}}), next = column({8, 3});
+  NoGradGuard no_grad;
+  const auto plain = nn::MultiHeadAttentionOptions(8, 2).rotary(true).dropout(0.f);
+  const nn::MultiHeadAttention turning(plain, gen);
+  nn::KVCache turned;
+  CHECK(step_against_whole(turning, x, y, positions, next, turned) < 1e-5f);
+  CHECK(turned.turned);
+  CHECK_FALSE(turned.positions.has_value());
+  // Dynamic scaling past its trained context (4): the keys are turned again by the longer length.
+  const nn::MultiHeadAttention dynamic(
+      copy(plain).rope_scaling(RopeScaling{RopeScaling::Type::dynamic, 2.f, 1.f, 4.f, 4}), gen);
+  nn::KVCache unturned;
+  CHECK(step_against_whole(dynamic, x, y, positions, next, unturned) < 1e-5f);
+  CHECK_FALSE(unturned.turned);
+  const bool stored = *unturned.positions == IndexArray(xt::concatenate(xt::xtuple(positions, next), 1));
+  CHECK(stored);
+}
+
+TEST_CASE("bad input: a KVCache continues only in an attention that holds keys alike, and with positions alike",
           "[nn][arch][rotary][cache][bad_input][gemm]") {
   Generator gen(4);
-  const nn::MultiHeadAttention attn(nn::MultiHeadAttentionOptions(8, 2).rotary(true).dropout(0.f), gen);
   const Tensor x(gen.normal({2, 3, 8}, 0.f, 1.f)), y(gen.normal({2, 1, 8}, 0.f, 1.f));
-  NoGradGuard no_grad;
   const IndexArray positions = rows_of({{5, 6, 7}, {0, 1, 2}}), next = column({8, 3});
+  NoGradGuard no_grad;
+  const auto plain = nn::MultiHeadAttentionOptions(8, 2).rotary(true).dropout(0.f);
+  const nn::MultiHeadAttention turning(plain, gen), unrotated(copy(plain).rotary(false), gen);
+  nn::KVCache turned;
+  turning.forward(x, nn::AttentionMask{}, &turned);
+  CHECK_THROWS_WITH(unrotated.forward(y, nn::AttentionMask{}, &turned),
+                    Contains("MultiHeadAttention: the KVCache holds keys turned by RoPE, and this attention caches "
+                             "them unturned"));
+  CHECK(turned.length() == 3);
+  const nn::MultiHeadAttention dynamic(
+      copy(plain).rope_scaling(RopeScaling{RopeScaling::Type::dynamic, 2.f, 1.f, 4.f, 4}), gen);
   nn::KVCache given, counted;
-  attn.forward(x, nn::AttentionMask{}, &given, &positions);
-  attn.forward(x, nn::AttentionMask{}, &counted);
+  dynamic.forward(x, nn::AttentionMask{}, &given, &positions);
+  dynamic.forward(x, nn::AttentionMask{}, &counted);
   CHECK_THROWS_WITH(
-      attn.forward(y, nn::AttentionMask{}, &given),
+      dynamic.forward(y, nn::AttentionMask{}, &given),
       Contains("MultiHeadAttention: a KVCache filled with positions needs them at every step (3 positions "
-               "held)"));
-  CHECK_THROWS_WITH(attn.forward(y, nn::AttentionMask{}, &counted, &next),
+               "held; dynamic rope scaling"));
+  CHECK_THROWS_WITH(dynamic.forward(y, nn::AttentionMask{}, &counted, &next),
                     Contains("MultiHeadAttention: positions are given with a KVCache filled without them"));
   CHECK(given.length() == 3);
   CHECK(counted.length() == 3);
-  // The stored positions turn the held keys: the step equals the whole sequence at those positions.
-  const Array stepped = attn.forward(y, nn::AttentionMask{}, &given, &next).output.value();
-  const IndexArray all = rows_of({{5, 6, 7, 8}, {0, 1, 2, 3}});
-  const Tensor whole = concat({x, y}, 1);
-  nn::AttentionMask causal;
-  causal.causal = true;
-  const Array expected = attn.forward(whole, causal, nullptr, &all).output.value();
-  CHECK(max_abs_diff(stepped, xt::view(expected, xt::all(), xt::range(3, 4), xt::all())) < 1e-5f);
-  const bool stored = *given.positions == all;
-  CHECK(stored);
 }

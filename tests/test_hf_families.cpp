@@ -115,7 +115,7 @@ TEST_CASE("hf families: the cached forward, in chunks and token by token, equals
           IndexArray part = IndexArray::from_shape({B, n});
           for (std::size_t b = 0; b < B; ++b)
             for (std::size_t t = 0; t < n; ++t) part(b, t) = ids(b, first + t);
-          const Array logits = model->forward_cached(part, cache, nn::Attentions::none).logits.value();
+          const Array logits = model->forward_cached(part, cache, nn::Attentions::none, nn::Logits::all).logits.value();
           for (std::size_t b = 0; b < B; ++b)
             for (std::size_t t = 0; t < n; ++t)
               for (std::size_t v = 0; v < full.shape()[2]; ++v) cached(b, first + t, v) = logits(b, t, v);
@@ -204,7 +204,7 @@ TEST_CASE(
   for (std::size_t t = 0; t < 4; ++t) four(0, t) = fixture_ids(0, t);
   nn::LanguageModelCache steps;
   const Array full = loaded->forward(four, nn::Attentions::none).logits.value();
-  const Array cached = loaded->forward_cached(four, steps, nn::Attentions::none).logits.value();
+  const Array cached = loaded->forward_cached(four, steps, nn::Attentions::none, nn::Logits::all).logits.value();
   CHECK(testing::rel_error(cached, full) <= 1e-5);
 }
 

@@ -50,6 +50,9 @@ std::size_t onednn_batched_calls();
 std::size_t small_kernel_products();
 // How many row ranges of plain products (blas::sgemm, blas::linear) it has run so far.
 std::size_t small_kernel_plain_calls();
+// How many products (blas::sgemm, blas::linear, blas::linear_activation) the few-rows kernel has
+// computed so far.
+std::size_t few_rows_products();
 // How many times blas::engine() has been read so far: every product reads it (to pick its engine or
 // kernel), so a computation that reads it never is one whose result XGRAD_GEMM cannot change. The
 // test programs check with it that every test case whose result depends on the engine is labelled.

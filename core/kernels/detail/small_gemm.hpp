@@ -21,4 +21,15 @@ constexpr std::size_t kSmallGemmMaxN = 64;
 void small_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
                 std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 
+// The most rows of A few_rows_gemm takes.
+constexpr std::size_t kFewRowsMaxM = 4;
+
+// Row-major C (m x n) = alpha A B^T + beta C, A m x k and B n x k (row strides lda, ldb; a Linear
+// layer's weight is B), for m <= kFewRowsMaxM (the caller checks), serially: every row of B is read
+// once and multiplied with the m rows of A, four rows of B at a time, each element of C one sum of
+// 16-lane partial products. A matrix-vector product (m 1: a decoding step) streams B at memory
+// bandwidth. beta 0 ignores what C held; k 0 gives beta C.
+void few_rows_gemm(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                   const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
+
 }  // namespace xgrad::XGRAD_KERNELS_NS
