@@ -186,12 +186,11 @@ inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
 /// The attention sublayer alone: projections, heads (grouped-query when num_kv_heads < num_heads),
 /// QK-norm and RoPE when asked, dropout on the weights, masks. norm and norm_options belong to the
 /// residual connection around it (MultiHeadAttention). Hook points, in forward order: q (B, T, C),
-/// k and v (B, S, KV * D) (after QK-norm, before RoPE), rot_q and rot_k (with rotary: q and k
-/// turned), scores (B, H, T, S; before masks and softmax, formed only while hooked), pattern
-/// (B, H, T, S; the weights before dropout), context (B, T, C; the heads' outputs side by side,
-/// before w_o), z (B, T, H, D; context with a head axis, formed only while hooked), result
-/// (B, T, H, C; each head's share of out before w_o's bias, formed only while hooked) and out
-/// (B, T, C).
+/// k and v (B, S, KV * D) (after QK-norm, before RoPE; with a KVCache the new positions only),
+/// rot_q and rot_k (with rotary: q and k turned), scores (B, H, T, S; before masks and softmax, formed only while
+/// hooked), pattern (B, H, T, S; the weights before dropout), context (B, T, C; the heads' outputs side by side, before
+/// w_o), z (B, T, H, D; context with a head axis, formed only while hooked), result (B, T, H, C; each head's share of
+/// out before w_o's bias, formed only while hooked) and out (B, T, C).
 class Attention : public Module, public RandomStream {
  public:
   /// Checks the options (check), then draws the four projections from `gen`, from which the
