@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <new>
 #include <numeric>
@@ -432,13 +433,17 @@ std::vector<Generation> LanguageModel::generate_batch(const std::vector<std::vec
     fail(who, ": on_token streams one sequence; generate each prompt alone to stream it");
   }
   const std::size_t L = prompts[longest].size();
-  if (count > 0 && L + count - 1 > max_len) {
-    fail(who, ": prompt ", longest, " (", L, " tokens) and ", count, " new ones need ", L + count - 1,
+  // Compared without L + count, which a count near SIZE_MAX would wrap.
+  if (count > 0 && (L > max_len || count - 1 > max_len - L)) {
+    char need[32];
+    std::snprintf(need, sizeof need, "%.0f", static_cast<double>(L) + static_cast<double>(count) - 1);
+    fail(who, ": prompt ", longest, " (", L, " tokens) and ", count, " new ones need ", need,
          " positions, more than max_len ", max_len, " (a batch does not slide its context)");
   }
-  check_available_memory(static_cast<double>(B) * static_cast<double>(L + count) * sizeof(std::int64_t), who,
-                         "holding the token ids of " + std::to_string(B) + " rows of up to " + std::to_string(L) +
-                             " prompt tokens and " + std::to_string(count) + " new ones");
+  check_available_memory(
+      static_cast<double>(B) * (static_cast<double>(L) + static_cast<double>(count)) * sizeof(std::int64_t), who,
+      "holding the token ids of " + std::to_string(B) + " rows of up to " + std::to_string(L) + " prompt tokens and " +
+          std::to_string(count) + " new ones");
   std::vector<Generation> outs(B);
   std::vector<Generator> streams;  // row b draws from streams[b]
   std::vector<Continuation> rows;

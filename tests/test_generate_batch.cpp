@@ -240,6 +240,10 @@ TEST_CASE("bad input: generate_batch and padded forward_cached name what they re
   CHECK_NOTHROW(lm->generate_batch(kPrompts, 10));
   CHECK_THROWS_WITH(lm->generate_batch(kPrompts, 11),
                     Contains(who + "prompt 3 (7 tokens) and 11 new ones need 17 positions, more than max_len 16"));
+  // A count near SIZE_MAX does not wrap the sum into a small one.
+  CHECK_THROWS_WITH(lm->generate_batch(kPrompts, SIZE_MAX),
+                    Contains(who + "prompt 3 (7 tokens) and 18446744073709551615 new ones need ") &&
+                        Contains("positions, more than max_len 16"));
   nn::GenerateOptions o;
   o.on_token = [](std::int64_t, const std::string&) { return true; };
   CHECK_THROWS_WITH(lm->generate_batch(kPrompts, 2, o), Contains(who + "on_token streams one sequence"));
@@ -286,6 +290,15 @@ TEST_CASE("bad input: generate_batch and padded forward_cached name what they re
   CHECK(plain.length() == 2);
 }
 
+// Two rows of three positions and a fourth, at positions given per row, and a rotary attention's
+// options of width 8: the inputs of the KVCache tests below.
+struct RotaryCase {
+  Generator gen{4};
+  Tensor x{gen.normal({2, 3, 8}, 0.f, 1.f)}, y{gen.normal({2, 1, 8}, 0.f, 1.f)};
+  IndexArray positions = rows_of({{5, 6, 7}, {0, 1, 2}}), next = column({8, 3});
+  nn::MultiHeadAttentionOptions plain = nn::MultiHeadAttentionOptions(8, 2).rotary(true).dropout(0.f);
+};
+
 // A cached step of `attn` at positions `next` after x at `positions` (both (2, n)) against one
 // forward over both at those positions: the step's output is the whole's last position.
 float step_against_whole(const nn::MultiHeadAttention& attn, const Tensor& x, const Tensor& y,
@@ -301,11 +314,9 @@ float step_against_whole(const nn::MultiHeadAttention& attn, const Tensor& x, co
 
 TEST_CASE("a KVCache holds keys turned once at the positions given, or with dynamic scaling turns them again",
           "[nn][arch][rotary][cache][gemm]") {
-  Generator gen(4);
-  const Tensor x(gen.normal({2, 3, 8}, 0.f, 1.f)), y(gen.normal({2, 1, 8}, 0.f, 1.f));
-  const IndexArray positions = rows_of({{5, 6, 7}, {0, 1, 2}}), next = column({8, 3});
+  RotaryCase c;
+  auto& [gen, x, y, positions, next, plain] = c;
   NoGradGuard no_grad;
-  const auto plain = nn::MultiHeadAttentionOptions(8, 2).rotary(true).dropout(0.f);
   const nn::MultiHeadAttention turning(plain, gen);
   nn::KVCache turned;
   CHECK(step_against_whole(turning, x, y, positions, next, turned) < 1e-5f);
@@ -323,11 +334,9 @@ TEST_CASE("a KVCache holds keys turned once at the positions given, or with dyna
 
 TEST_CASE("bad input: a KVCache continues only in an attention that holds keys alike, and with positions alike",
           "[nn][arch][rotary][cache][bad_input][gemm]") {
-  Generator gen(4);
-  const Tensor x(gen.normal({2, 3, 8}, 0.f, 1.f)), y(gen.normal({2, 1, 8}, 0.f, 1.f));
-  const IndexArray positions = rows_of({{5, 6, 7}, {0, 1, 2}}), next = column({8, 3});
+  RotaryCase c;
+  auto& [gen, x, y, positions, next, plain] = c;
   NoGradGuard no_grad;
-  const auto plain = nn::MultiHeadAttentionOptions(8, 2).rotary(true).dropout(0.f);
   const nn::MultiHeadAttention turning(plain, gen), unrotated(copy(plain).rotary(false), gen);
   nn::KVCache turned;
   turning.forward(x, nn::AttentionMask{}, &turned);
