@@ -232,36 +232,68 @@ float read_all(const float* x, std::size_t n) {
 }
 
 // GB/s of the weight read by each engine and under auto (xgrad's few-rows kernel), against the read
-// bandwidth measured in the same rounds (alternating, medians).
+// bandwidth measured in the same rounds (alternating, medians); then the same weight held in bf16
+// (blas::gemm_bf16 with a bf16 B, as a model's weights under Precision::bf16): oneDNN's bf16 matmul
+// (engine forced) and auto, in GB/s of the bf16 bytes, and auto's speed-up over its fp32 product.
 void matvec_table(std::size_t reps, Generator& gen) {
   std::printf(
       "\nDecode's products X W^T (m x N x K), weight read in GB/s, one thread; read: a sum over the "
       "weight's bytes\n");
   std::printf("%-22s %9s %9s %9s %9s %11s\n", "m x N x K", "OpenBLAS", "oneDNN", "auto", "read", "auto/read");
+  struct Row {
+    double rate[6];
+  };
+  std::vector<Row> rows;
   volatile float sink = 0.f;
+  const blas::Bf16Path path = blas::bf16_path();
   for (const Product& s : kMatvecShapes) {
     std::vector<float> a(s.m * s.k), b(s.n * s.k), c(s.m * s.n);
     for (auto& x : a) x = gen.uniform(-1.f, 1.f);
     for (auto& x : b) x = gen.uniform(-1.f, 1.f);
-    std::vector<double> times[4];
+    std::vector<std::uint16_t> b16(b.size());
+    blas::to_bf16(b.data(), b.size(), b16.data());
+    // 0 OpenBLAS, 1 oneDNN, 2 auto, 3 read (fp32); 4 bf16 with oneDNN forced, 5 bf16 under auto
+    std::vector<double> times[6];
+    const blas::Engine engines[] = {blas::Engine::openblas, blas::Engine::onednn, blas::Engine::automatic};
     for (std::size_t r = 0; r < reps + 2; ++r) {
       for (int e = 0; e < 3; ++e) {
-        blas::set_engine(e == 0 ? blas::Engine::openblas : e == 1 ? blas::Engine::onednn : blas::Engine::automatic);
+        blas::set_engine(engines[e]);
         const double t = seconds_by(
             s, [&] { blas::sgemm(false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.k, 0.f, c.data(), s.n); });
         if (r >= 2) times[e].push_back(t);
       }
       const double t = seconds_by(s, [&] { sink = sink + read_all(b.data(), b.size()); });
       if (r >= 2) times[3].push_back(t);
+      for (int e = 1; e < 3; ++e) {
+        blas::set_engine(engines[e]);
+        const double t16 = seconds_by(s, [&] {
+          blas::gemm_bf16(false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b16.data(), s.k, 0.f, c.data(), s.n);
+        });
+        if (r >= 2) times[3 + e].push_back(t16);
+      }
     }
     blas::set_engine(blas::Engine::automatic);
     const double bytes = static_cast<double>(b.size()) * sizeof(float);
-    double rate[4];
-    for (int e = 0; e < 4; ++e) rate[e] = bytes / median(times[e]) / 1e9;
+    Row row;
+    for (int e = 0; e < 6; ++e) row.rate[e] = (e < 4 ? bytes : bytes / 2) / median(times[e]) / 1e9;
+    rows.push_back(row);
     char name[64];
     std::snprintf(name, sizeof name, "%zu x %zu x %zu", s.m, s.n, s.k);
-    std::printf("%-22s %9.1f %9.1f %9.1f %9.1f %10.0f%%\n", name, rate[0], rate[1], rate[2], rate[3],
-                100 * rate[2] / rate[3]);
+    std::printf("%-22s %9.1f %9.1f %9.1f %9.1f %10.0f%%\n", name, row.rate[0], row.rate[1], row.rate[2], row.rate[3],
+                100 * row.rate[2] / row.rate[3]);
+  }
+  std::printf(
+      "\nThe same products with W held in bf16 (gemm_bf16, %s path), GB/s of the bf16 bytes; speed-up: "
+      "auto's time in fp32 over its time in bf16\n",
+      blas::bf16_path_name(path).c_str());
+  std::printf("%-22s %9s %9s %11s %9s\n", "m x N x K", "oneDNN", "auto", "auto/read", "speed-up");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Product& s = kMatvecShapes[i];
+    const Row& row = rows[i];
+    char name[64];
+    std::snprintf(name, sizeof name, "%zu x %zu x %zu", s.m, s.n, s.k);
+    std::printf("%-22s %9.1f %9.1f %10.0f%% %8.2fx\n", name, row.rate[4], row.rate[5], 100 * row.rate[5] / row.rate[3],
+                2 * row.rate[5] / row.rate[2]);
   }
 }
 

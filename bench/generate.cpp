@@ -4,11 +4,16 @@
 // quotes medians; both should give the same tokens, and the benchmark says if they did not.
 // With --batch B > 1 it also times generate_batch of B prompts (of --prompt / 2 to --prompt
 // tokens, left-padded) against generate on each prompt in turn, and checks their tokens agree.
+// --model DIR runs a Hugging Face folder (weights::load_hf_model) instead of the default model;
+// --bf16 times cached generate in fp32 against bf16 (the weights' bf16 copies held), alternating,
+// and gives how far the first step's logits and the tokens of the two agree.
 //     build/bench/bench_generate [--tokens 200] [--prompt 32] [--reps 7] [--window-keep 0] [--threads 1]
-//                                [--batch 1]
+//                                [--batch 1] [--model DIR] [--bf16]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -65,6 +70,64 @@ void time_batch(nn::LanguageModel& model, std::size_t batch, std::size_t prompt_
   if (differing > 0) std::printf("note: %zu rows gave other tokens in the batch than alone\n", differing);
 }
 
+// Cached greedy generate in fp32 against bf16, alternating: the prompt (generate of one token) and
+// decoding (generate of tokens + 1 less that) in tokens per second (medians), the speed-ups (medians
+// of per-run ratios), the new tokens the two share before they first differ, and the largest
+// difference of the prompt's next-token logits relative to their largest magnitude.
+void time_precisions(nn::LanguageModel& model, const std::vector<std::int64_t>& prompt, std::size_t tokens,
+                     std::size_t reps) {
+  const std::size_t held = hold_bf16_copies(model.parameters());
+  nn::GenerateOptions greedy;
+  greedy.temperature = 0.f;
+  greedy.past_max_len = nn::PastMaxLen::error;
+  std::vector<double> prompt_rate[2], decode_rate[2], prompt_ratio, decode_ratio;
+  std::vector<std::int64_t> out[2];
+  const auto seconds = [&](std::size_t count, std::vector<std::int64_t>* kept) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::int64_t> got = model.generate(prompt, count, greedy);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (kept) *kept = std::move(got);
+    return s;
+  };
+  for (std::size_t r = 0; r < reps + 1; ++r) {  // the first round warms up
+    double first[2], decode[2];
+    for (int q = 0; q < 2; ++q) {
+      const AutocastGuard guard(q == 0 ? Precision::fp32 : Precision::bf16);
+      first[q] = seconds(1, nullptr);
+      decode[q] = seconds(tokens + 1, &out[q]) - first[q];
+      if (r == 0) continue;
+      prompt_rate[q].push_back(static_cast<double>(prompt.size()) / first[q]);
+      decode_rate[q].push_back(static_cast<double>(tokens) / decode[q]);
+    }
+    if (r == 0) continue;
+    prompt_ratio.push_back(first[0] / first[1]);
+    decode_ratio.push_back(decode[0] / decode[1]);
+  }
+  std::size_t same = prompt.size();
+  while (same < out[0].size() && same < out[1].size() && out[0][same] == out[1][same]) ++same;
+  IndexArray ids = IndexArray::from_shape({1, prompt.size()});
+  std::copy(prompt.begin(), prompt.end(), ids.begin());
+  Array logits[2];
+  for (int q = 0; q < 2; ++q) {
+    const NoGradGuard no_grad;
+    const AutocastGuard guard(q == 0 ? Precision::fp32 : Precision::bf16);
+    nn::LanguageModelCache cache;
+    logits[q] = model.forward_cached(ids, cache, nn::Attentions::none).logits.value();
+  }
+  const double scale = xt::amax(xt::abs(logits[0]))(), worst = xt::amax(xt::abs(logits[1] - logits[0]))();
+  std::printf("\nfp32 against bf16 (weights' bf16 copies held: %.0f MiB), greedy, cached; tokens/s, medians\n",
+              static_cast<double>(held) / (1 << 20));
+  std::printf("%-8s %10s %10s\n", "", "prompt", "decode");
+  std::printf("%-8s %10.1f %10.1f\n", "fp32", median(prompt_rate[0]), median(decode_rate[0]));
+  std::printf("%-8s %10.1f %10.1f\n", "bf16", median(prompt_rate[1]), median(decode_rate[1]));
+  std::printf("%-8s %9.2fx %9.2fx   (medians of per-run ratios)\n", "speed-up", median(prompt_ratio),
+              median(decode_ratio));
+  std::printf("same new tokens before the first difference: %zu of %zu\n", same - prompt.size(),
+              out[0].size() - prompt.size());
+  std::printf("prompt's next-token logits: largest |bf16 - fp32| %.3g, %.2g of the largest |logit| %.3g\n", worst,
+              worst / scale, scale);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,15 +143,30 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "prompts for generate_batch against one at a time (1: not timed)")
       ->transform(cli::count(1, 1024))
       ->capture_default_str();
+  std::string model_dir;
+  bool bf16 = false;
+  app.add_option("--model", model_dir, "a Hugging Face folder to run instead of the default train_lm model");
+  app.add_flag("--bf16", bf16, "time generate in fp32 against bf16 instead of cached against uncached");
   if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_generate", [&] {
     set_num_threads(threads);
-    const nn::LanguageModelOptions options = lm::model_options(lm::TrainConfig{});
     Generator init(0);
-    nn::LanguageModel model(options, init);
+    const std::shared_ptr<nn::LanguageModel> loaded =
+        model_dir.empty() ? std::make_shared<nn::LanguageModel>(lm::model_options(lm::TrainConfig{}), init)
+                          : weights::load_hf_model(model_dir);
+    nn::LanguageModel& model = *loaded;
+    model.eval();
+    const nn::LanguageModelOptions& options = model.options();
     std::vector<std::int64_t> prompt(prompt_len);
     for (std::size_t i = 0; i < prompt_len; ++i)
       prompt[i] = static_cast<std::int64_t>((i * 37 + 11) % options.vocab_size());
+    if (bf16) {
+      std::printf(
+          "model: %s, vocab %zu, d_model %zu, layers %zu; prompt %zu, %zu new tokens, %zu thread(s), %zu runs\n",
+          model_dir.empty() ? "train_lm's default" : model_dir.c_str(), options.vocab_size(), options.d_model(),
+          options.num_layers(), prompt_len, tokens, threads, reps);
+      return time_precisions(model, prompt, tokens, reps);
+    }
     nn::GenerateOptions cached, uncached;
     cached.temperature = uncached.temperature = 0.f;
     cached.window_keep = uncached.window_keep = keep;

@@ -50,5 +50,11 @@ using SmallGemm = void (*)(bool, bool, std::size_t, std::size_t, std::size_t, fl
 SmallGemm small_gemm_avx512();
 SmallGemm small_gemm_avx2();
 SmallGemm small_gemm_baseline();
+// Its few-rows product with B in bf16, of the same target.
+using FewRowsBf16 = void (*)(std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
+                             const std::uint16_t*, std::size_t, float, float*, std::size_t);
+FewRowsBf16 small_gemm_avx512_few_rows_bf16();
+FewRowsBf16 small_gemm_avx2_few_rows_bf16();
+FewRowsBf16 small_gemm_baseline_few_rows_bf16();
 
 }  // namespace xgrad::testing

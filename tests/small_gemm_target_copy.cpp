@@ -8,4 +8,8 @@ namespace xgrad::testing {
 
 SmallGemm XGRAD_SMALL_GEMM() { return &xgrad::XGRAD_KERNELS_NS::small_gemm; }
 
+#define XGRAD_JOIN(a, b) a##b
+#define XGRAD_NAME(a, b) XGRAD_JOIN(a, b)
+FewRowsBf16 XGRAD_NAME(XGRAD_SMALL_GEMM, _few_rows_bf16)() { return &xgrad::XGRAD_KERNELS_NS::few_rows_gemm; }
+
 }  // namespace xgrad::testing

@@ -5,6 +5,7 @@
 // cache, and a small model trained under bf16.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -695,6 +696,70 @@ TEST_CASE("a small language model trains under bf16 as under fp32", "[bf16][trai
   CHECK(std::abs(bf16.front() - fp32.front()) < 0.01f * fp32.front());
   CHECK(std::abs(bf16.back() - fp32.back()) < 0.05f * fp32.front());
   CHECK(bf16 != fp32);  // the bf16 run really rounded
+}
+
+TEST_CASE("decoding under bf16 converts each weight once, runs on the few-rows kernel and stays near fp32",
+          "[bf16][generate][gemm]") {
+  const blas::Engine engine = blas::engine();
+  blas::set_engine(blas::Engine::automatic);
+  const auto model = testing::eval_lm(nn::LanguageModelOptions(97, 64, 4, 2).d_ff(128).max_len(16), 5);
+  NoGradGuard no_grad;
+  nn::LanguageModelCache fp32_cache, bf16_cache;
+  IndexArray ids = IndexArray::from_shape({1, 6});
+  for (std::size_t t = 0; t < 6; ++t) ids(0, t) = static_cast<std::int64_t>(7 * t + 3) % 97;
+  for (int step = 0; step < 5; ++step) {
+    INFO("step " << step);
+    const Array want = model->forward_cached(ids, fp32_cache, nn::Attentions::none).logits.value();
+    const std::size_t conversions = detail::bf16_conversions(), products = blas::detail::few_rows_products();
+    Array got;
+    {
+      AutocastGuard guard(Precision::bf16);
+      got = model->forward_cached(ids, bf16_cache, nn::Attentions::none).logits.value();
+    }
+    if (step > 0) {
+      CHECK(detail::bf16_conversions() == conversions);                  // the weights' copies are made once
+      CHECK(blas::detail::few_rows_products() >= products + 2 * 6 + 1);  // each block's six products, the head
+    }
+    const float scale = xt::amax(xt::abs(want))(), worst = xt::amax(xt::abs(got - want))();
+    CAPTURE(scale, worst);
+    CHECK(worst > 0.f);  // rounded
+    CHECK(worst < 0.02f * scale);
+    ids = IndexArray::from_shape({1, 1});
+    const float* row = want.data();
+    ids(0, 0) = std::max_element(row, row + 97) - row;
+  }
+  blas::set_engine(engine);
+}
+
+TEST_CASE("hold_bf16_copies keeps each weight's copy with it, read before the cache until the weight changes",
+          "[bf16][cache][gemm]") {
+  const auto model = testing::eval_lm(nn::LanguageModelOptions(97, 64, 4, 2).d_ff(128).max_len(16), 5);
+  IndexArray ids = IndexArray::from_shape({2, 5});
+  for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>(13 * i + 1) % 97;
+  NoGradGuard no_grad;
+  AutocastGuard guard(Precision::bf16);
+  detail::clear_bf16_cache();
+  const Array cached = model->forward(ids, nn::Attentions::none).logits.value();
+  const std::size_t converted = detail::bf16_conversions();
+  CHECK(detail::bf16_cache_entries() > 0);
+
+  std::size_t weights = 0;
+  for (const Tensor& p : model->parameters()) weights += p.size();
+  CHECK(hold_bf16_copies(model->parameters()) == weights * sizeof(std::uint16_t));
+  detail::clear_bf16_cache();
+  const Array held = model->forward(ids, nn::Attentions::none).logits.value();
+  CHECK(detail::bf16_conversions() == converted);  // nothing converted again
+  CHECK(detail::bf16_cache_entries() == 0);        // nor cached
+  CHECK(xt::all(xt::equal(held, cached)));         // the same bf16 values
+
+  // An update leaves the held copy stale: the products convert the new value, and read it.
+  for (auto& [name, w] : model->named_parameters()) {
+    if (name.find("w_q.weight") != std::string::npos) w.mutable_value() *= 0.5f;
+  }
+  const Array updated = model->forward(ids, nn::Attentions::none).logits.value();
+  CHECK(detail::bf16_conversions() > converted);
+  CHECK_FALSE(xt::all(xt::equal(updated, cached)));
+  CHECK_THROWS_WITH(hold_bf16_copies({Tensor()}), Catch::Contains("hold_bf16_copies"));
 }
 
 // ctest runs the next cases with XGRAD_BF16 set (tests/CMakeLists.txt).

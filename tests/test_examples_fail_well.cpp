@@ -18,6 +18,7 @@
 #include "fixture.hpp"
 #include "run_program.hpp"
 #include "test_files.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/io/safetensors.hpp"
 #include "xgrad/weights/checkpoint.hpp"
 #include "xgrad/weights/model_options_json.hpp"
@@ -363,29 +364,33 @@ TEST_CASE("stale temporaries of a killed save are removed on the next load", "[e
   REQUIRE_FALSE(std::filesystem::exists(stale));
 }
 
-TEST_CASE("train_lm --sample --import gpt2 samples from a GPT-2-layout checkpoint as the library does",
-          "[examples][gemm]") {
+TEST_CASE(
+    "train_lm --sample --import gpt2 samples from a GPT-2-layout checkpoint as the library does, at each precision",
+    "[examples][gemm]") {
   TempDir dir("xgrad_import_sample");
   const std::string prompt = "Hi";
-  for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"}) {
-    INFO(file);
-    const std::string path = xgrad::testing::fixture_path(file);
-    const Outcome o = run(dir, "train_lm",
-                          {"--sample", "40", "--checkpoint", path, "--import", "gpt2", "--heads", "2", "--temperature",
-                           "0", "--prompt", prompt});
-    INFO(o);
-    REQUIRE(o.code == 0);
-    const xgrad::weights::ImportedLanguageModel imported =
-        xgrad::weights::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
-    xgrad::nn::LanguageModel model(imported.options);
-    xgrad::weights::load_state_dict(model, imported.state);
-    xgrad::Generator gen(0);
-    const auto ids = model.generate({'H', 'i'}, 40, {0.f, 0}, gen);
-    std::string want;
-    for (const std::int64_t id : ids) want += static_cast<char>(id);
-    REQUIRE(want.size() == prompt.size() + 40);
-    REQUIRE(o.out == want + "\n");
-  }
+  for (const std::string file : {"import_gpt2.safetensors", "import_gpt2_f16.safetensors"})
+    for (const xgrad::Precision precision : {xgrad::Precision::fp32, xgrad::Precision::bf16}) {
+      INFO(file << " at " << xgrad::precision_name(precision));
+      const std::string path = xgrad::testing::fixture_path(file);
+      const Outcome o =
+          run(dir, "train_lm",
+              {"--sample", "40", "--checkpoint", path, "--import", "gpt2", "--heads", "2", "--temperature", "0",
+               "--prompt", prompt, "--precision", xgrad::precision_name(precision)});
+      INFO(o);
+      REQUIRE(o.code == 0);
+      const xgrad::weights::ImportedLanguageModel imported =
+          xgrad::weights::from_gpt2(xgrad::load_safetensors(path).tensors, 2);
+      xgrad::nn::LanguageModel model(imported.options);
+      xgrad::weights::load_state_dict(model, imported.state);
+      xgrad::Generator gen(0);
+      const xgrad::AutocastGuard guard(precision);
+      const auto ids = model.generate({'H', 'i'}, 40, {0.f, 0}, gen);
+      std::string want;
+      for (const std::int64_t id : ids) want += static_cast<char>(id);
+      REQUIRE(want.size() == prompt.size() + 40);
+      REQUIRE(o.out == want + "\n");
+    }
 }
 
 TEST_CASE("train_lm --import: bad usage and unusable files are refused in one line", "[examples][bad_input][gemm]") {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -63,9 +64,20 @@ Operands operands(const Product& p) {
   return o;
 }
 
-std::vector<float> run(blas::Engine e, const Product& p, Operands o) {
+// How the product is asked for: blas::sgemm, or blas::gemm_bf16 with A float32 and B held in bf16
+// (a weight's copy under Precision::bf16).
+enum class Form { fp32, bf16_b };
+
+std::vector<float> run(blas::Engine e, const Product& p, Operands o, Form form = Form::fp32) {
   EngineScope scope(e);
-  blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, o.a.data(), o.lda, o.b.data(), o.ldb, p.beta, o.c.data(), o.ldc);
+  if (form == Form::bf16_b) {
+    std::vector<std::uint16_t> b16(o.b.size());
+    blas::to_bf16(o.b.data(), o.b.size(), b16.data());
+    blas::gemm_bf16(p.ta, p.tb, p.m, p.n, p.k, p.alpha, o.a.data(), o.lda, b16.data(), o.ldb, p.beta, o.c.data(),
+                    o.ldc);
+  } else {
+    blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, o.a.data(), o.lda, o.b.data(), o.ldb, p.beta, o.c.data(), o.ldc);
+  }
   return o.c;
 }
 
@@ -92,17 +104,25 @@ void reference(const Product& p, const Operands& o, std::vector<double>& c, std:
 // Product p on engine e, over a C of NaN when beta is 0: every element within its rounding bound of
 // the reference, the padding past each row of C untouched, and the kernel's counter `calls` moved
 // exactly when `expect_kernel`.
-void check_kernel_product(const Product& p, blas::Engine e, std::size_t (*calls)(), bool expect_kernel) {
+// In bf16 form the reference multiplies A and B rounded to bf16.
+void check_kernel_product(const Product& p, blas::Engine e, std::size_t (*calls)(), bool expect_kernel,
+                          Form form = Form::fp32) {
   INFO(blas::engine_name(e) << ": " << p.m << " x " << p.n << " x " << p.k << (p.ta ? " T" : " N") << (p.tb ? "T" : "N")
-                            << " pad " << p.pad << " alpha " << p.alpha << " beta " << p.beta);
+                            << " pad " << p.pad << " alpha " << p.alpha << " beta " << p.beta
+                            << (form == Form::bf16_b ? " bf16" : ""));
   Operands o = operands(p);
   if (p.beta == 0.f)
     for (std::size_t i = 0; i < p.m; ++i)
       for (std::size_t j = 0; j < p.n; ++j) o.c[i * o.ldc + j] = std::numeric_limits<float>::quiet_NaN();
+  Operands rounded = o;
+  if (form == Form::bf16_b) {
+    blas::round_to_bf16(rounded.a.data(), rounded.a.size(), rounded.a.data());
+    blas::round_to_bf16(rounded.b.data(), rounded.b.size(), rounded.b.data());
+  }
   std::vector<double> ref, scale;
-  reference(p, o, ref, scale);
+  reference(p, rounded, ref, scale);
   const std::size_t before = calls();
-  const std::vector<float> got = run(e, p, o);
+  const std::vector<float> got = run(e, p, o, form);
   CHECK((calls() > before) == expect_kernel);
   double worst = 0;
   for (std::size_t i = 0; i < p.m; ++i) {
@@ -124,19 +144,19 @@ void check_kernel_product(const Product& p, blas::Engine e, std::size_t (*calls)
 // none of `not_taken` (check_kernel_product), a forced engine computes `forced` itself, and
 // `same_bits` gives the same bits on one thread and on two.
 void check_kernel_rule(const std::vector<Product>& taken, const std::vector<Product>& not_taken, const Product& forced,
-                       const Product& same_bits, std::size_t (*calls)()) {
+                       const Product& same_bits, std::size_t (*calls)(), Form form = Form::fp32) {
   for (int threads : {1, 2}) {
     set_num_threads(threads);
-    for (const Product& p : taken) check_kernel_product(p, blas::Engine::automatic, calls, true);
-    for (const Product& p : not_taken) check_kernel_product(p, blas::Engine::automatic, calls, false);
+    for (const Product& p : taken) check_kernel_product(p, blas::Engine::automatic, calls, true, form);
+    for (const Product& p : not_taken) check_kernel_product(p, blas::Engine::automatic, calls, false, form);
     for (blas::Engine e : {blas::Engine::openblas, blas::Engine::onednn})
-      if (blas::has_engine(e)) check_kernel_product(forced, e, calls, false);
+      if (blas::has_engine(e)) check_kernel_product(forced, e, calls, false, form);
   }
   const Operands o = operands(same_bits);
   set_num_threads(1);
-  const std::vector<float> one = run(blas::Engine::automatic, same_bits, o);
+  const std::vector<float> one = run(blas::Engine::automatic, same_bits, o, form);
   set_num_threads(2);
-  const std::vector<float> two = run(blas::Engine::automatic, same_bits, o);
+  const std::vector<float> two = run(blas::Engine::automatic, same_bits, o, form);
   set_num_threads(1);
   CHECK(one == two);
 }
@@ -623,6 +643,21 @@ TEST_CASE("auto sends products A B^T of one to four rows to the few-rows kernel,
   // each element of C is one row of B against one row of A: the head-sized taken[5] gives the same
   // bits on one thread and on two (its 50257 columns split between them)
   check_kernel_rule(taken, not_taken, taken[4], taken[5], blas::detail::few_rows_products);
+}
+
+TEST_CASE("a bf16 product of one to four rows with B held in bf16 runs on the few-rows kernel, on one thread or two",
+          "[gemm][engines][bf16]") {
+  // As above, with K below, at and past 32 (the bf16 kernel's step).
+  const std::vector<Product> taken = {
+      {1, 1, 1, false, true, 0, 1.f, 0.f},       {1, 7, 31, false, true, 2, 0.5f, 0.7f},
+      {2, 9, 32, false, true, 0, 1.f, 0.f},      {3, 13, 33, false, true, 1, -1.f, 1.f},
+      {4, 384, 384, false, true, 3, 0.25f, 0.f}, {1, 50257, 64, false, true, 0, 1.f, 0.f},
+      {4, 1030, 1000, false, true, 0, 1.f, 0.5f}};
+  const std::vector<Product> not_taken = {{5, 64, 64, false, true, 0, 1.f, 0.f},   // five rows
+                                          {1, 64, 64, false, false, 0, 1.f, 0.f},  // B not transposed
+                                          {64, 1, 64, true, true, 0, 1.f, 0.f},    // A^T
+                                          {1, 5, 0, false, true, 0, 1.f, 0.5f}};   // K 0: beta C, no product
+  check_kernel_rule(taken, not_taken, taken[4], taken[5], blas::detail::few_rows_products, Form::bf16_b);
 }
 
 TEST_CASE("linear_activation on the small-product kernel's shapes agrees with the reference, each activation",

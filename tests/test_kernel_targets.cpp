@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernel_table.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/random.hpp"
 
 using namespace xgrad;
@@ -292,6 +293,36 @@ TEST_CASE("the Adam and AdamW update gives the same bits on every target", "[ker
   }
 }
 
+// C (m x n, row stride ldc) against alpha A B + beta C_before in double: the largest error over
+// its rounding bound (NaN when an element is NaN); the padding past each row of C must be unchanged.
+// a(i, l) and b(l, j) give the operands' elements.
+template <class A, class B>
+double worst_error(std::size_t m, std::size_t n, std::size_t k, std::size_t ldc, float alpha, float beta,
+                   const std::vector<float>& c, const std::vector<float>& before, A a, B b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    for (std::size_t j = 0; j < ldc; ++j) {
+      const std::size_t at = i * ldc + j;
+      if (j >= n) {  // past C's columns: never written
+        REQUIRE(same_bits({c[at]}, {before[at]}));
+        continue;
+      }
+      double sum = 0, mag = 0;
+      for (std::size_t l = 0; l < k; ++l) {
+        const double x = a(i, l), y = b(l, j);
+        sum += x * y;
+        mag += std::fabs(x * y);
+      }
+      const double want = alpha * sum + (beta == 0.f ? 0.0 : beta * before[at]);
+      const double bound = 4e-7 * (static_cast<double>(k) + 2) * (std::fabs(alpha) * mag + 1);
+      const double error = std::fabs(c[at] - want) / bound;
+      if (std::isnan(error)) return error;
+      worst = std::max(worst, error);
+    }
+  }
+  return worst;
+}
+
 TEST_CASE("the small-product kernel agrees with a double reference on every target", "[kernels][targets][gemm]") {
   struct Copy {
     std::string name;
@@ -322,28 +353,48 @@ TEST_CASE("the small-product kernel agrees with a double reference on every targ
               const std::vector<float> before = c;
               const float alpha = -0.75f;
               copy.gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
-              double worst = 0;
-              for (std::size_t i = 0; i < m; ++i) {
-                for (std::size_t j = 0; j < ldc; ++j) {
-                  const std::size_t at = i * ldc + j;
-                  if (j >= n) {  // past C's columns: never written
-                    REQUIRE(same_bits({c[at]}, {before[at]}));
-                    continue;
-                  }
-                  double sum = 0, mag = 0;
-                  for (std::size_t l = 0; l < k; ++l) {
-                    const double x = ta ? a[l * lda + i] : a[i * lda + l], y = tb ? b[j * ldb + l] : b[l * ldb + j];
-                    sum += x * y;
-                    mag += std::fabs(x * y);
-                  }
-                  const double old = beta == 0.f ? 0.0 : before[at];
-                  const double want = alpha * sum + beta * old;
-                  const double bound = 4e-7 * (static_cast<double>(k) + 2) * (std::fabs(alpha) * mag + 1);
-                  worst = std::max(worst, std::fabs(c[at] - want) / bound);
-                }
-              }
-              CHECK(worst <= 1.0);
+              CHECK(worst_error(
+                        m, n, k, ldc, alpha, beta, c, before,
+                        [&](std::size_t i, std::size_t l) { return ta ? a[l * lda + i] : a[i * lda + l]; },
+                        [&](std::size_t l, std::size_t j) { return tb ? b[j * ldb + l] : b[l * ldb + j]; }) <= 1.0);
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the few-rows kernel with B in bf16 agrees with a double reference on every target",
+          "[kernels][targets][gemm][bf16]") {
+  struct Copy {
+    std::string name;
+    testing::FewRowsBf16 gemm;
+  };
+  std::vector<Copy> copies = {{"baseline", testing::small_gemm_baseline_few_rows_bf16()}};
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (__builtin_cpu_supports("x86-64-v3")) copies.push_back({"x86-64-v3", testing::small_gemm_avx2_few_rows_bf16()});
+  if (__builtin_cpu_supports("x86-64-v4")) copies.push_back({"x86-64-v4", testing::small_gemm_avx512_few_rows_bf16()});
+#endif
+  for (const Copy& copy : copies) {
+    for (std::size_t m : {1, 2, 3, 4}) {
+      for (std::size_t n : {1, 5, 8, 13}) {
+        for (std::size_t k : {0, 1, 31, 32, 33, 70}) {
+          for (float beta : {0.f, 0.5f}) {
+            INFO(copy.name << ": " << m << " x " << n << " x " << k << ", beta " << beta);
+            const std::size_t pad = 3, lda = k + pad, ldb = k + pad, ldc = n + pad;
+            const std::vector<float> a = randoms(m * lda, m * 100 + k, 1.f), b = randoms(n * ldb, n * 100 + k + 1, 1.f);
+            std::vector<std::uint16_t> b16(b.size());
+            for (std::size_t i = 0; i < b.size(); ++i) b16[i] = blas::to_bf16(b[i]);
+            std::vector<float> c = randoms(m * ldc, m + n + k, 1.f);
+            if (beta == 0.f) c[0] = std::numeric_limits<float>::quiet_NaN();  // beta 0 ignores what C held
+            const std::vector<float> before = c;
+            const float alpha = -0.75f;
+            copy.gemm(m, n, k, alpha, a.data(), lda, b16.data(), ldb, beta, c.data(), ldc);
+            CHECK(worst_error(
+                      m, n, k, ldc, alpha, beta, c, before,
+                      [&](std::size_t i, std::size_t l) { return a[i * lda + l]; },
+                      [&](std::size_t l, std::size_t j) { return blas::from_bf16(b16[j * ldb + l]); }) <= 1.0);
           }
         }
       }

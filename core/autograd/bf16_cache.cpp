@@ -1,11 +1,12 @@
 // The bf16 copies of parameters, one per (storage, version), least recently used first out, and
-// of activations, on their storage (detail/bf16_cache.hpp).
+// of activations and held parameters (hold_bf16_copies), on their storage (detail/bf16_cache.hpp).
 #include <atomic>
 #include <list>
 #include <mutex>
 #include <unordered_map>
 
 #include "xgrad/core/autograd/detail/bf16_cache.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/kernels/blas.hpp"
 
 namespace xgrad::detail {
@@ -38,10 +39,19 @@ Cache& cache() {
   return c;
 }
 
+// The copy kept on the storage (hold_bf16_copies, activation_bf16) when it is of the storage's
+// version, else null.
+std::shared_ptr<const blas::Bf16Vector> kept_copy(const Storage& storage) {
+  const auto kept = std::static_pointer_cast<const Bf16Value>(std::atomic_load(&storage.bf16));
+  if (!kept || kept->version != storage.version) return nullptr;
+  return {kept, &kept->bits};  // shares ownership with the kept value
+}
+
 }  // namespace
 
 std::shared_ptr<const blas::Bf16Vector> bf16_copy(const Node& node) {
   const std::shared_ptr<Storage>& storage = node.storage;
+  if (auto kept = kept_copy(*storage)) return kept;
   Cache& c = cache();
   const std::lock_guard<std::mutex> lock(c.mutex);
   const auto found = c.index.find(storage.get());
@@ -78,19 +88,16 @@ std::atomic<std::size_t> activation_conversions{0};
 }  // namespace
 
 std::shared_ptr<const blas::Bf16Vector> activation_bf16(const Node& node) {
-  const std::shared_ptr<Storage>& storage = node.storage;
+  Storage& storage = *node.storage;
   // Two threads may both convert one value; either copy is the same bits.
-  std::shared_ptr<const Bf16Value> held = std::static_pointer_cast<const Bf16Value>(std::atomic_load(&storage->bf16));
-  if (!held || held->version != storage->version) {
-    auto made = std::make_shared<Bf16Value>();
-    made->version = storage->version;
-    made->bits.resize(storage->array.size());
-    blas::to_bf16(storage->array.data(), storage->array.size(), made->bits.data());
-    held = made;
-    std::atomic_store(&storage->bf16, std::shared_ptr<const void>(held));
-    activation_conversions.fetch_add(1, std::memory_order_relaxed);
-  }
-  return {held, &held->bits};  // shares ownership with the held value
+  if (auto kept = kept_copy(storage)) return kept;
+  auto made = std::make_shared<Bf16Value>();
+  made->version = storage.version;
+  made->bits.resize(storage.array.size());
+  blas::to_bf16(storage.array.data(), storage.array.size(), made->bits.data());
+  std::atomic_store(&storage.bf16, std::shared_ptr<const void>(made));
+  activation_conversions.fetch_add(1, std::memory_order_relaxed);
+  return {made, &made->bits};
 }
 
 std::size_t activation_bf16_conversions() { return activation_conversions.load(); }
@@ -119,3 +126,16 @@ void clear_bf16_cache() {
 }
 
 }  // namespace xgrad::detail
+
+namespace xgrad {
+
+std::size_t hold_bf16_copies(const std::vector<Tensor>& tensors) {
+  std::size_t bytes = 0;
+  for (const Tensor& t : tensors) {
+    check_defined(t, "hold_bf16_copies");
+    bytes += detail::activation_bf16(*t.node())->size() * sizeof(std::uint16_t);
+  }
+  return bytes;
+}
+
+}  // namespace xgrad

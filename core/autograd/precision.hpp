@@ -9,9 +9,11 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace xgrad {
 
@@ -64,5 +66,16 @@ class AutocastGuard {
   std::shared_ptr<std::atomic<bool>> alive_;  // shared with the opener's stack entry; false once ended
   bool open_ = true;
 };
+
+class Tensor;
+
+/// Makes a bf16 copy of each tensor's value and keeps it with the value, where bf16 products read it
+/// before the shared cache of parameters' copies, which keeps at most 512 MB (a model with more
+/// weights would have some converted again at every step). For inference under a bf16 guard:
+/// hold_bf16_copies(model.parameters()), and each token reads every weight as bf16, half the bytes of
+/// fp32. The copies cost half the tensors' fp32 bytes and live as long as their values; an in-place
+/// write (an optimizer step) leaves a copy stale and unused until the next call makes it again.
+/// Returns the bytes held. Throws, naming the function, for an undefined tensor.
+std::size_t hold_bf16_copies(const std::vector<Tensor>& tensors);
 
 }  // namespace xgrad

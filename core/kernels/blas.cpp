@@ -91,12 +91,9 @@ std::atomic<std::size_t> small_plain_calls{0};
 // wide C.
 std::atomic<std::size_t> few_rows_calls{0};
 
-bool few_rows_take(bool trans_a, bool trans_b, std::size_t m) {
-  return engine() == Engine::automatic && !trans_a && trans_b && m > 0 && m <= kernels::kFewRowsMaxM;
-}
-
-void few_rows_columns(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
-                      const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+template <class BT>
+void few_rows_split(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                    const BT* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   few_rows_calls.fetch_add(1, std::memory_order_relaxed);
   const std::size_t work = m * n * std::max<std::size_t>(k, 1);
   if (work < 2 * kGrainGemm) return kernels::few_rows_gemm(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -232,8 +229,8 @@ void linear_activation_rows(Engine e, bool small, std::size_t lo, std::size_t hi
 void linear_activation(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w,
                        const float* bias, float* y, Epilogue act) {
   if (rows == 0 || out == 0) return;
-  if (few_rows_take(false, true, rows)) {
-    few_rows_columns(rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  if (detail::few_rows_take(false, true, rows)) {
+    detail::few_rows_columns(rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
     if (bias) add_bias_rows(rows, out, bias, y);
     return apply_epilogue(act, y, rows * out);
   }
@@ -249,8 +246,8 @@ void linear_activation(std::size_t rows, std::size_t out, std::size_t in, const 
 void linear(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
             float* y) {
   if (!bias) return sgemm(false, true, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
-  if (few_rows_take(false, true, rows)) {
-    few_rows_columns(rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+  if (detail::few_rows_take(false, true, rows)) {
+    detail::few_rows_columns(rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
     return add_bias_rows(rows, out, bias, y);
   }
   if (small_kernel_takes_plain(false, rows, out, in))
@@ -313,7 +310,8 @@ void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t
   // whole product. Below 2 * kGrainGemm multiply-adds waking a second thread costs more than it
   // saves. An engine may round some elements of a piece differently from the whole product (by an
   // ulp), so results agree across thread counts to rounding, not to the bit.
-  if (few_rows_take(trans_a, trans_b, m)) return few_rows_columns(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (detail::few_rows_take(trans_a, trans_b, m))
+    return detail::few_rows_columns(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   const std::size_t work = m * n * std::max<std::size_t>(k, 1);
   if (small_kernel_takes_plain(trans_a, m, n, k)) {
     // m >= 1024 >= 4 n: split by rows
@@ -459,6 +457,17 @@ std::size_t onednn_batched_calls() { return primitive_calls.load(); }
 std::size_t small_kernel_products() { return small_kernel_calls.load(); }
 std::size_t small_kernel_plain_calls() { return small_plain_calls.load(); }
 std::size_t few_rows_products() { return few_rows_calls.load(); }
+bool few_rows_take(bool trans_a, bool trans_b, std::size_t m) {
+  return engine() == Engine::automatic && !trans_a && trans_b && m > 0 && m <= kernels::kFewRowsMaxM;
+}
+void few_rows_columns(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                      const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  few_rows_split(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void few_rows_columns(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                      const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  few_rows_split(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 std::size_t engine_choice_reads() { return choice_reads.load(); }
 }  // namespace detail
 

@@ -155,7 +155,7 @@ struct Scratch {
 };
 
 // Copies the stored operand (rows x cols, row stride x.ld) contiguous into `out`: as rounded
-// float32 values (the emulated path) or as bf16 (the hardware path, float32 operands only).
+// float32 values (the emulated path) or as bf16 (float32 operands only).
 template <class T>
 void pack(const Operand& x, std::size_t rows, std::size_t cols, T* out) {
   const std::size_t ld = x.ld;
@@ -230,6 +230,17 @@ void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float al
   a.ld = std::max<std::size_t>(a.ld, 1);
   b.ld = std::max<std::size_t>(b.ld, 1);
   const std::size_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+  if (detail::few_rows_take(ta, tb, m)) {
+    // A decoding step's product, A B^T with one to four rows of A: the few-rows kernel on A rounded
+    // and B in bf16 (a weight's copy, read at half the bytes of fp32; a float32 B rounded first), on
+    // either path, so that a product gives the same bits whichever form its operands come in.
+    Scratch<float> af(scratch_f32[0], m * k);
+    pack(a, m, k, af.data());
+    Scratch<std::uint16_t> b_copy(scratch_bf16[1], b.h ? 0 : n * k);
+    if (!b.h) pack(b, n, k, b_copy.data());
+    detail::few_rows_columns(m, n, k, alpha, af.data(), k, b.h ? b.h : b_copy.data(), b.h ? b.ld : k, beta, c, ldc);
+    return add_bias(m, n, bias, c);
+  }
 #ifdef XGRAD_HAS_ONEDNN
   if (path == Bf16Path::hardware && m * n * k >= kBf16MinWork) {
     const std::uint16_t* ah = a.h;

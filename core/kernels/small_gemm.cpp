@@ -6,6 +6,7 @@
 //   acc[r][v] += A(i0 + r, p) * Bp[p][v],   v < NV = ceil(n / 16)
 // All in registers, so every multiply-add is one FMA and nothing but op(A) and the copy is read.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -179,6 +180,25 @@ XGRAD_KERNEL_INLINE void pack_b(bool trans_b, std::size_t n, std::size_t k, cons
 // assume the 64-byte alignment of Floats16 for memory the baseline code allocated.
 thread_local std::vector<float> packed;
 
+// C[r, j0 + j] = alpha sum(acc[r NB + j]) + beta C[r, j0 + j]: each accumulator's 16 lanes summed
+// as a tree of halves (a chain of 16 scalar additions took longer than the block's multiply-adds at
+// K 384).
+template <int M, int NB>
+XGRAD_KERNEL_INLINE void store_sums(const Floats16* acc, std::size_t j0, float alpha, float beta, float* c,
+                                    std::size_t ldc) {
+  float sums[M * NB];
+  for (std::size_t i = 0; i < M * NB; ++i) {
+    const Floats8 h = __builtin_shufflevector(acc[i], acc[i], 0, 1, 2, 3, 4, 5, 6, 7) +
+                      __builtin_shufflevector(acc[i], acc[i], 8, 9, 10, 11, 12, 13, 14, 15);
+    const Floats4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+    sums[i] = (q[0] + q[2]) + (q[1] + q[3]);
+  }
+  for (std::size_t i = 0; i < M * NB; ++i) {
+    float& out = c[(i / NB) * ldc + j0 + i % NB];
+    out = beta == 0.f ? alpha * sums[i] : alpha * sums[i] + beta * out;
+  }
+}
+
 // Columns j0 .. j0 + NB - 1 of C's M rows: C[r, j] = alpha dot(A row r, B row j) + beta C[r, j].
 // The M x NB accumulators are indexed by constants (I = r NB + j) so that they stay in registers.
 template <int M, int NB, std::size_t... I, std::size_t... Rs, std::size_t... Js>
@@ -190,8 +210,11 @@ XGRAD_KERNEL_INLINE void few_rows_block(std::index_sequence<I...>, std::index_se
   std::size_t p = 0;
   for (; p + kLanes <= k; p += kLanes) {
     // The same cache line of the next block's rows, fetched while this block computes: the head's
-    // 1 x 50257 x 384 went from 74% of the read bandwidth measured in the same run to 86-92%
-    // (bench_gemm --matvec-only).
+    // 1 x 50257 x 384 went from 74% of the read bandwidth measured in the same run to 86-94%
+    // (bench_gemm --matvec-only). Fetching two blocks ahead non-temporally read the head alone at
+    // 101-105%, but decoding the llama.cpp comparison's model after its 128-token prompt ran 0.91x
+    // as fast (240 and 263 against 220 and 238 tokens/s; it keeps less of the blocks' weights in
+    // cache between tokens), so fp32 keeps this.
     (__builtin_prefetch(b + (j0 + NB + Js) * ldb + p), ...);
     Floats16 x[M], w[NB];
     (std::memcpy(&x[Rs], a + Rs * lda + p, sizeof(Floats16)), ...);
@@ -209,19 +232,7 @@ XGRAD_KERNEL_INLINE void few_rows_block(std::index_sequence<I...>, std::index_se
     (std::memcpy(&w[Js], ws[Js], sizeof(Floats16)), ...);
     ((acc[I] += x[I / NB] * w[I % NB]), ...);
   }
-  // Each accumulator's 16 lanes summed as a tree of halves (a chain of 16 scalar additions took
-  // longer than the block's multiply-adds at K 384).
-  float sums[M * NB];
-  for (std::size_t i = 0; i < M * NB; ++i) {
-    const Floats8 h = __builtin_shufflevector(acc[i], acc[i], 0, 1, 2, 3, 4, 5, 6, 7) +
-                      __builtin_shufflevector(acc[i], acc[i], 8, 9, 10, 11, 12, 13, 14, 15);
-    const Floats4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
-    sums[i] = (q[0] + q[2]) + (q[1] + q[3]);
-  }
-  for (std::size_t i = 0; i < M * NB; ++i) {
-    float& out = c[(i / NB) * ldc + j0 + i % NB];
-    out = beta == 0.f ? alpha * sums[i] : alpha * sums[i] + beta * out;
-  }
+  store_sums<M, NB>(acc, j0, alpha, beta, c, ldc);
 }
 
 template <int M>
@@ -237,6 +248,79 @@ XGRAD_KERNEL_INLINE void few_rows(std::size_t n, std::size_t k, float alpha, con
                          lda, b, ldb, k, j, alpha, beta, c, ldc);
   }
 }
+
+// bf16 B, 32 elements of K per step. A 64-byte load of a row of B, as 16 words, holds the step's
+// elements 2l (low half) and 2l + 1 (high half) in word l; a shift and a mask widen them to float32
+// exactly, with no shuffle (a widening load per 16 elements ran at 78-85% of the read bandwidth,
+// and at the fp32 kernel's element rate in cache). A comes with each step's even elements before
+// its odd ones (pair_order), so lane l sums a(2l) b(2l) + a(2l + 1) b(2l + 1).
+typedef std::uint32_t Words16 __attribute__((vector_size(64)));
+constexpr std::size_t kPairStep = 2 * kLanes;
+
+XGRAD_KERNEL_INLINE Floats16 bits_as_floats(Words16 w) {
+  Floats16 f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+
+XGRAD_KERNEL_INLINE Floats16 load16(const float* p) {
+  Floats16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// One step: the NB rows' words w against A's M rows at p.
+template <int M, int NB, std::size_t... I, std::size_t... Rs>
+XGRAD_KERNEL_INLINE void pair_step(std::index_sequence<I...>, std::index_sequence<Rs...>, Floats16* acc,
+                                   const float* ap, std::size_t ldap, std::size_t p, const Words16* w) {
+  Floats16 even[M], odd[M];
+  ((even[Rs] = load16(ap + Rs * ldap + p)), ...);
+  ((odd[Rs] = load16(ap + Rs * ldap + p + kLanes)), ...);
+  ((acc[I] += even[I / NB] * bits_as_floats(w[I % NB] << 16)), ...);
+  ((acc[I] += odd[I / NB] * bits_as_floats(w[I % NB] & 0xffff0000u)), ...);
+}
+
+template <int M, int NB, std::size_t... Js>
+XGRAD_KERNEL_INLINE void few_rows_block_bf16(std::index_sequence<Js...>, const float* ap, std::size_t ldap,
+                                             const std::uint16_t* b, std::size_t ldb, std::size_t k, std::size_t j0,
+                                             float alpha, float beta, float* c, std::size_t ldc) {
+  Floats16 acc[M * NB] = {};
+  std::size_t p = 0;
+  for (; p + kPairStep <= k; p += kPairStep) {
+    // Two blocks ahead, non-temporally: the bf16 head read at 80-87% of the read bandwidth against
+    // 72-78% fetching the next block's rows as the fp32 kernel does, and decoding the llama.cpp
+    // comparison's model after its 128-token prompt ran 1.12-1.14x as fast (390 and 385 against 349
+    // and 337 tokens/s, alternating in one process, medians of 7).
+    (__builtin_prefetch(b + (j0 + 2 * NB + Js) * ldb + p, 0, 0), ...);
+    Words16 w[NB];
+    (std::memcpy(&w[Js], b + (j0 + Js) * ldb + p, sizeof(Words16)), ...);
+    pair_step<M, NB>(std::make_index_sequence<M * NB>{}, std::make_index_sequence<M>{}, acc, ap, ldap, p, w);
+  }
+  if (p < k) {  // the last k - p < 32 elements, zero-padded (A's copy is padded already)
+    std::uint16_t ws[NB][kPairStep] = {};
+    for (std::size_t q = p; q < k; ++q) ((ws[Js][q - p] = b[(j0 + Js) * ldb + q]), ...);
+    Words16 w[NB];
+    (std::memcpy(&w[Js], ws[Js], sizeof(Words16)), ...);
+    pair_step<M, NB>(std::make_index_sequence<M * NB>{}, std::make_index_sequence<M>{}, acc, ap, ldap, p, w);
+  }
+  store_sums<M, NB>(acc, j0, alpha, beta, c, ldc);
+}
+
+template <int M>
+XGRAD_KERNEL_INLINE void few_rows_bf16(std::size_t n, std::size_t k, float alpha, const float* ap, std::size_t ldap,
+                                       const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  std::size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    few_rows_block_bf16<M, 4>(std::make_index_sequence<4>{}, ap, ldap, b, ldb, k, j, alpha, beta, c, ldc);
+  }
+  for (; j < n; ++j) {
+    few_rows_block_bf16<M, 1>(std::make_index_sequence<1>{}, ap, ldap, b, ldb, k, j, alpha, beta, c, ldc);
+  }
+}
+
+// A's rows in few_rows_block_bf16's order, zero-padded to whole steps: within each step of 32,
+// elements 0, 2, .., 30, then 1, 3, .., 31.
+thread_local std::vector<float> pair_order;
 
 }  // namespace
 
@@ -254,6 +338,31 @@ XGRAD_CLONES void few_rows_gemm(std::size_t m, std::size_t n, std::size_t k, flo
       return few_rows<4>(n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     default:
       return;
+  }
+}
+
+XGRAD_CLONES void few_rows_gemm(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                                std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c,
+                                std::size_t ldc) {
+  if (m == 0 || m > kFewRowsMaxM) return;
+  const std::size_t ldap = (k + kPairStep - 1) / kPairStep * kPairStep;
+  if (pair_order.size() < m * ldap) pair_order.resize(m * ldap);
+  float* ap = pair_order.data();
+  for (std::size_t r = 0; r < m; ++r) {
+    for (std::size_t p = 0; p < ldap; ++p) {
+      const std::size_t l = p % kPairStep, from = p - l + (l < kLanes ? 2 * l : 2 * (l - kLanes) + 1);
+      ap[r * ldap + p] = from < k ? a[r * lda + from] : 0.f;
+    }
+  }
+  switch (m) {
+    case 1:
+      return few_rows_bf16<1>(n, k, alpha, ap, ldap, b, ldb, beta, c, ldc);
+    case 2:
+      return few_rows_bf16<2>(n, k, alpha, ap, ldap, b, ldb, beta, c, ldc);
+    case 3:
+      return few_rows_bf16<3>(n, k, alpha, ap, ldap, b, ldb, beta, c, ldc);
+    default:
+      return few_rows_bf16<4>(n, k, alpha, ap, ldap, b, ldb, beta, c, ldc);
   }
 }
 

@@ -358,7 +358,8 @@ int main(int argc, char** argv) {
                "train nothing: print the loss (nats per token, perplexity, bits per byte) of --checkpoint's model, or "
                "--init-from's, on the text or --tokens, in windows of --seq-len, --batch at a time");
   CLI::Option* sample_flag =
-      app.add_option("--sample", sample, "generate this many tokens from --checkpoint, without training")
+      app.add_option("--sample", sample,
+                     "generate this many tokens from --checkpoint, without training (at --precision)")
           ->transform(cli::count(1, 1 << 20));
   app.add_option("--import", import_layout,
                  "with --sample: --checkpoint holds another layout (gpt2: Hugging Face's GPT-2 names; give --heads, "
@@ -411,6 +412,7 @@ int main(int argc, char** argv) {
 #endif
   // After MPI is up: a rank that stops here (a usage error, --help) ends the whole job.
   if (const auto code = cli::parse(app, argc, argv)) return *code;
+  sampling.precision = precision;
   if (lora_flag->count() > 0) {
     if (const int code = cli::run("train_lm", [&] { cli::as_usage([&] { parse_lora(lora, c); }); })) return code;
   }

@@ -91,6 +91,9 @@ void sample_text(xgrad::nn::LanguageModel& model, const xgrad::text::Tokenizer& 
   };
   std::fwrite(before.data(), 1, before.size(), stdout);
   std::fflush(stdout);
+  // bf16: each weight's bf16 copy made once and kept, half the bytes read per token
+  if (s.precision == xgrad::Precision::bf16) xgrad::hold_bf16_copies(model.parameters());
+  const xgrad::AutocastGuard guard(s.precision);
   model.generate(ids, count, o);
   std::fputc('\n', stdout);
   std::fflush(stdout);

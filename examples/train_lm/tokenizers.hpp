@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/text/tokenizer.hpp"
 
@@ -29,7 +30,8 @@ std::shared_ptr<const xgrad::text::Tokenizer> make_tokenizer(const TokenizerChoi
                                                              std::string_view training_text, bool resuming = false);
 
 // The sampling flags: --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --stop (each a
-// string that ends the sample), and --ignore-eos (without it the sample ends at the tokenizer's EOS).
+// string that ends the sample), --ignore-eos (without it the sample ends at the tokenizer's EOS), and
+// --precision (bf16: the products read the weights' bf16 copies, half the bytes per token).
 struct SampleOptions {
   float temperature = 0.8f;
   std::size_t top_k = 0;
@@ -38,6 +40,7 @@ struct SampleOptions {
   float repetition_penalty = 1.f;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  xgrad::Precision precision = xgrad::Precision::fp32;
 };
 
 // Writes to stdout, as it is generated, `prompt` (encoded by `tokenizer`) and at most `count` tokens

@@ -12,7 +12,8 @@
 
 namespace xgrad::detail {
 
-/// The bf16 copy of `node`'s value. A copy is keyed by the node's storage and the storage's
+/// The bf16 copy of `node`'s value: the one kept on its storage when it is of the current version
+/// (hold_bf16_copies), else from the cache. A cached copy is keyed by the node's storage and the storage's
 /// version (which every in-place write bumps: Tensor::mutable_value, so every optimizer step), so
 /// products with the same parameter between two updates share one conversion. The cache holds at
 /// most kBf16CacheEntries copies and kBf16CacheBytes bytes (least recently used go first), and is

@@ -50,8 +50,16 @@ std::size_t onednn_batched_calls();
 std::size_t small_kernel_products();
 // How many row ranges of plain products (blas::sgemm, blas::linear) it has run so far.
 std::size_t small_kernel_plain_calls();
-// How many products (blas::sgemm, blas::linear, blas::linear_activation) the few-rows kernel has
-// computed so far.
+// Whether the few-rows kernel takes op(A) op(B) of m rows of A (blas.cpp's rule for `automatic`).
+bool few_rows_take(bool trans_a, bool trans_b, std::size_t m);
+// C (m x n) = alpha A B^T + beta C on the few-rows kernel (m <= 4), split by columns across the
+// kernel threads; B float32, or bf16 for blas::gemm_bf16's products of a decoding step.
+void few_rows_columns(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                      const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
+void few_rows_columns(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                      const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
+// How many products (blas::sgemm, blas::linear, blas::linear_activation, and blas::gemm_bf16 and
+// linear_bf16 with a bf16 B) the few-rows kernel has computed so far.
 std::size_t few_rows_products();
 // How many times blas::engine() has been read so far: every product reads it (to pick its engine or
 // kernel), so a computation that reads it never is one whose result XGRAD_GEMM cannot change. The

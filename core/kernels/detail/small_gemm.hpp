@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "xgrad/core/kernels/detail/target_clones.hpp"
 
@@ -31,5 +32,11 @@ constexpr std::size_t kFewRowsMaxM = 4;
 // bandwidth. beta 0 ignores what C held; k 0 gives beta C.
 void few_rows_gemm(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
                    const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
+// The same with B in bf16 (a weight held in bf16, read at half the bytes), widened to float32 as it
+// is read (exactly) and multiplied with A's float32 values (rounded to bf16 by the caller when the
+// product is a bf16 one). Each element of C is a sum in another order than few_rows_gemm's on B's
+// float32 values: they agree to rounding.
+void few_rows_gemm(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                   const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 
 }  // namespace xgrad::XGRAD_KERNELS_NS
