@@ -307,13 +307,18 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
                                         const AttentionMask& mask, std::size_t offset, std::size_t window) const {
   const std::size_t H = options_.num_heads(), D = options_.head_dim();
   const std::size_t B = q.shape()[0], T = q.shape()[1], S = kv_k.shape()[1];
-  const Tensor k = repeat_heads(kv_k, options_.kv_heads(), H / options_.kv_heads(), D);
-  const Tensor v = repeat_heads(kv_v, options_.kv_heads(), H / options_.kv_heads(), D);
   const float scale = options_.score_scale(), cap = options_.logit_softcap();
   AttentionMask m = mask;
   if (!m.causal || S <= window) window = 0;                          // no query has a key outside its window
   if (m.causal && offset + 1 >= S && window == 0) m.causal = false;  // the first query already sees every key
   const float p = is_training() ? options_.dropout() : 0.f;
+  const std::size_t groups = H / options_.kv_heads();
+  if (T == 1 && groups > 1 && !m.causal && !m.attn_mask && !m.additive_mask && cap == 0.f && p == 0.f &&
+      !hooked("scores") && !hooked("pattern")) {
+    return attend_grouped(q, kv_k, kv_v, m);
+  }
+  const Tensor k = repeat_heads(kv_k, options_.kv_heads(), groups, D);
+  const Tensor v = repeat_heads(kv_v, options_.kv_heads(), groups, D);
   if (tiled(m, T, S, offset)) {
     FlashAttentionOptions f;
     f.query_tile = f.key_tile = options_.attention_tile();
@@ -346,6 +351,31 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
   }
   weights = hook("pattern", weights);
   return {project_out(attend(dropout(weights, p, p > 0.f, generator()), v, H)), weights};  // context (B, T, C)
+}
+
+// One query against grouped key/value heads (a decoding step): each key/value head's g query heads
+// become g queries of that head, so the keys and values are read as the cache holds them instead of
+// repeated g times (a copy of every cached key and value at every step). q (B, 1, KV g D) ->
+// (B, g, KV D); the weights (B, KV, g, S) are (B, H, 1, S) in the same order. No causal mask (the
+// query sees every key), no per-head mask, softcap, dropout or hook on scores or pattern.
+AttentionOutput Attention::attend_grouped(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const AttentionMask& mask) const {
+  const std::size_t KV = options_.kv_heads(), groups = options_.num_heads() / KV, S = k.shape()[1];
+  const auto B = static_cast<std::int64_t>(q.shape()[0]), kv = static_cast<std::int64_t>(KV),
+             g = static_cast<std::int64_t>(groups), d = static_cast<std::int64_t>(options_.head_dim());
+  const Tensor qg = reshape(transpose(reshape(q, {B, kv, g, d}), 1, 2), {B, g, kv * d});
+  const auto back = [&](const Tensor& context) {
+    return reshape(transpose(reshape(context, {B, g, kv, d}), 1, 2), {B, 1, kv * g * d});
+  };
+  const float scale = options_.score_scale();
+  if (tiled(mask, groups, S, S - groups)) {
+    FlashAttentionOptions f;
+    f.query_tile = f.key_tile = options_.attention_tile();
+    return {project_out(back(flash_attention(qg, k, v, KV, scale, false, f))), Tensor()};
+  }
+  const std::optional<Mask> blocked = combine_masks(mask, q.shape()[0], KV, groups, S);
+  const Tensor weights = attention_weights(qg, k, KV, scale, false, blocked ? &*blocked : nullptr);
+  return {project_out(back(attend(weights, v, KV))), reshape(weights, {B, kv * g, 1, static_cast<std::int64_t>(S)})};
 }
 
 }  // namespace xgrad::nn

@@ -183,8 +183,10 @@ struct AttentionOutput {
 /// The main tensor of an AttentionOutput, for Residual: its output.
 inline Tensor& residual_output(AttentionOutput& out) { return out.output; }
 
-/// The attention sublayer alone: projections, heads (grouped-query when num_kv_heads < num_heads),
-/// QK-norm and RoPE when asked, dropout on the weights, masks. norm and norm_options belong to the
+/// The attention sublayer alone: projections, heads (grouped-query when num_kv_heads < num_heads;
+/// one query position, a decoding step, attends each key/value head's group of query heads as rows
+/// of that head rather than repeating its keys and values for each), QK-norm and RoPE when asked,
+/// dropout on the weights, masks. norm and norm_options belong to the
 /// residual connection around it (MultiHeadAttention). Hook points, in forward order: q (B, T, C),
 /// k and v (B, S, KV * D) (after QK-norm, before RoPE; with a KVCache the new positions only),
 /// rot_q and rot_k (with rotary: q and k turned), scores (B, H, T, S; before masks and softmax, formed only while
@@ -230,6 +232,7 @@ class Attention : public Module, public RandomStream {
   bool tiled(const AttentionMask& mask, std::size_t T, std::size_t S, std::size_t offset) const;
   AttentionOutput attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                                std::size_t offset, std::size_t window) const;
+  AttentionOutput attend_grouped(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask) const;
   Tensor project_out(const Tensor& context) const;  // context -> z -> result -> out, the points on the way
   MultiHeadAttentionOptions options_;
 };
