@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/kernels/parallel.hpp"
 #include "xgrad/core/random.hpp"
 #include "xgrad/nn/transformer.hpp"
 #include "xgrad/optim/adam.hpp"
@@ -96,12 +97,17 @@ double measured_activation_bytes(const BlockSize& s, const StepOptions& o) {
   const Tensor x(gen.normal({o.batch, o.seq_len, s.d_model}, 0.f, 1.f));
   nn::AttentionMask mask;
   mask.causal = o.causal;
+  // On one thread: a pool thread that first takes work inside the measured forward (on a loaded
+  // machine the first step may not have woken it) allocates its own state there, 14 KB more.
+  const int threads = num_threads();
+  set_num_threads(1);
   // One step first, so the parameters' gradients exist before the measured forward.
   mean(block.forward(x, mask).output).backward();
   const double before = heap_bytes_in_use();
   const Tensor y = block.forward(x, mask).output;
   const double after = heap_bytes_in_use();
   mean(y).backward();  // releases the tape
+  set_num_threads(threads);
   return after - before;
 }
 
