@@ -32,7 +32,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CONFIGS = ["tiny", "small", "standard", "long", "long4k", "llama_small", "llama_standard"]
+CONFIGS = ["tiny", "small", "standard", "long", "long4k", "llama_small", "llama_standard", "gpt2_124m"]
+DEFAULT_CONFIGS = CONFIGS[:-1]  # gpt2_124m on request: a PyTorch step there takes seconds
+SLOW_CONFIGS = ("long4k", "gpt2_124m")
 OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
@@ -66,12 +68,13 @@ def ratio(value, width):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=CONFIGS)
+    ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=DEFAULT_CONFIGS)
     ap.add_argument("--threads", nargs="+", type=int, default=[1])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per run (default 10)")
     ap.add_argument("--long4k-steps", type=int, default=3,
-                    help="timed steps of long4k, after 1 warm-up step (default 3: a PyTorch step takes seconds)")
+                    help="timed steps of long4k and gpt2_124m, after 1 warm-up step (default 3: a PyTorch "
+                         "step takes seconds)")
     ap.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
     ap.add_argument("--keep-openblas-env", action="store_true",
                     help="pass OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE on to PyTorch as well")
@@ -99,7 +102,7 @@ def main():
         return args.pin_one_thread if threads == 1 else None
 
     def steps_for(config):
-        return (args.long4k_steps, 1) if config == "long4k" else (args.steps, 3)
+        return (args.long4k_steps, 1) if config in SLOW_CONFIGS else (args.steps, 3)
 
     def xgrad_run(config, threads, precision):
         nonlocal xgrad_bf16

@@ -5,8 +5,12 @@
 //      layer's dropout 0.1 after it (the unfused FFN's GELU is gelu_dropout, one op);
 //      and the forward alone (evaluation: no grad, the GELU fused in the product too);
 //   2. self-attention's q, k and v as one (3C x C) product on the packed [W_q; W_k; W_v] (packed
-//      in the step, as training must: the weights change every step) and split, against three.
+//      in the step, as training must: the weights change every step) and split, against three;
+//   3. the head and loss, linear_cross_entropy against cross_entropy(linear), on small's,
+//      standard's and gpt2_124m's (tied, no bias) shapes: time and the memory each adds at its peak.
 //     build/bench/bench_fused_products [--reps 21] [--threads 1]
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +21,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "peak_memory.hpp"
 #include "xgrad/core/autograd/detail/linear_activation.hpp"
 #include "xgrad/xgrad.hpp"
 
@@ -60,7 +65,8 @@ std::vector<double> alternate(const std::vector<std::function<void()>>& variants
 
 int main(int argc, char** argv) {
   std::size_t reps = 21, threads = 1;
-  CLI::App app{"fused linear + activation and packed q/k/v products against the unfused ops", "bench_fused_products"};
+  CLI::App app{"fused linear + activation, packed q/k/v products and the fused head and loss against the unfused ops",
+               "bench_fused_products"};
   app.add_option("--reps", reps, "runs of each variant")->transform(cli::count(1, 10000))->capture_default_str();
   app.add_option("--threads", threads, "kernel threads")->transform(cli::count(1, 256))->capture_default_str();
   if (const auto code = cli::parse(app, argc, argv)) return *code;
@@ -157,6 +163,38 @@ int main(int argc, char** argv) {
       std::snprintf(dims, sizeof dims, "%zu x %zu", s.rows, C);
       std::printf("%-9s %-16s %10.2f %10.2f %7.2fx %12.2f %12.2f %7.2fx\n", s.name, dims, train[0], train[1],
                   train[0] / train[1], eval[0], eval[1], eval[0] / eval[1]);
+      std::fflush(stdout);
+    }
+    std::printf("\nthe head and loss: linear_cross_entropy against cross_entropy(linear), forward + backward\n");
+    std::printf("%-9s %-22s %10s %10s %8s %12s %12s\n", "shape", "rows x C -> V", "unfused ms", "fused ms", "speedup",
+                "unfused MiB", "fused MiB");
+    const std::vector<BenchShape> heads = {
+        {"small", 32 * 64, 256, 256}, {"standard", 8 * 128, 512, 512}, {"gpt2_124m", 4 * 256, 768, 50257}};
+    for (const BenchShape& s : heads) {
+      Generator g(4);
+      Tensor x(g.normal({s.rows, s.in}, 0.f, 1.f), true);
+      Tensor w(g.normal({s.out, s.in}, 0.f, 0.02f), true);
+      Tensor b = s.out == 50257 ? Tensor() : Tensor(g.uniform({s.out}, -0.05f, 0.05f), true);
+      IndexArray targets = IndexArray::from_shape({s.rows});
+      for (std::size_t r = 0; r < s.rows; ++r) targets(r) = static_cast<std::int64_t>(g.below(s.out));
+      const std::vector<std::function<void()>> variants = {[&] { cross_entropy(linear(x, w, b), targets).backward(); },
+                                                           [&] { linear_cross_entropy(x, w, b, targets).backward(); }};
+      const std::vector<double> m = alternate(variants, reps);
+      // The resident peak each adds over what is resident before it (the gradients' buffers included).
+      double mib[2];
+      for (int i = 0; i < 2; ++i) {
+        x.zero_grad(), w.zero_grad();
+        if (b.defined()) b.zero_grad();
+        malloc_trim(0);  // freed memory back to the system: only what this variant allocates counts
+        const long before = bench::status_kib("VmRSS");
+        bench::reset_peak();
+        variants[i]();
+        mib[i] = static_cast<double>(bench::status_kib("VmHWM") - before) / 1024.0;
+      }
+      char dims[64];
+      std::snprintf(dims, sizeof dims, "%zu x %zu -> %zu", s.rows, s.in, s.out);
+      std::printf("%-9s %-22s %10.2f %10.2f %7.2fx %12.1f %12.1f\n", s.name, dims, m[0], m[1], m[0] / m[1], mib[0],
+                  mib[1]);
       std::fflush(stdout);
     }
   });

@@ -19,6 +19,8 @@ so that the benchmark does not depend on test files):
                                                               dropout 0.1 on the attention weights
               x = x + linear2(dropout(GELU(linear1(LN2(x)))))  exact erf GELU, dropout 0.1
   logits = head(final_norm(h))                                 head is a Linear with bias
+gpt2_124m is xgrad's gpt2_style at GPT-2 small's size: the same with the tanh GELU, the head tied to
+tok_emb (no bias) and GPT-2 initialization.
 The llama_ configurations mirror xgrad's LanguageModelOptions::llama_style at the same sizes,
 written with Hugging Face's Llama formulas (no fused kernel either):
   h = tok_emb(ids)                                             no position table
@@ -93,7 +95,9 @@ CONFIGS = {
     # F = 8C/3 rounded up to a multiple of 8 (xgrad's llama_style)
     "llama_small": (256, 256, 4, 4, 688, 64, 32),
     "llama_standard": (512, 512, 8, 2, 1368, 128, 8),
+    "gpt2_124m": (50257, 768, 12, 12, 3072, 256, 4),  # GPT-2 small's shape, head tied to tok_emb
 }
+GPT2 = {"gpt2_124m"}  # xgrad's gpt2_style: tanh GELU, the head tied to tok_emb (no bias), GPT-2 init
 KV_HEADS = {"llama_small": 2, "llama_standard": 2}  # the Llama-style configurations' key/value heads
 ROPE_THETA = 10000.0
 DROPOUT = 0.1     # xgrad's default, on the attention weights and the FFN hidden activation
@@ -140,30 +144,44 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """linear2(dropout(gelu(linear1(x)))) with the exact erf GELU."""
+    """linear2(dropout(gelu(linear1(x)))) with the exact erf GELU, or its tanh form (gpt2_124m)."""
 
-    def __init__(self, d_model, d_ff):
+    def __init__(self, d_model, d_ff, gelu="none"):
         super().__init__()
+        self.gelu = gelu  # F.gelu's approximate: "none" (erf) or "tanh"
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(DROPOUT)
         self.norm = nn.LayerNorm(d_model, eps=EPS)  # the residual connection's, applied by the block
 
     def forward(self, x):
-        return self.linear2(self.dropout(F.gelu(self.linear1(x))))
+        return self.linear2(self.dropout(F.gelu(self.linear1(x), approximate=self.gelu)))
 
 
 class TransformerBlock(nn.Module):
     """Pre-Norm: x = x + Attn(attn.norm(x)); y = x + FFN(ffn.norm(x))."""
 
-    def __init__(self, d_model, num_heads, d_ff):
+    def __init__(self, d_model, num_heads, d_ff, gelu="none"):
         super().__init__()
         self.attn = MultiHeadAttention(d_model, num_heads)
-        self.ffn = FeedForward(d_model, d_ff)
+        self.ffn = FeedForward(d_model, d_ff, gelu)
 
     def forward(self, x, blocked):
         h = self.attn(x, blocked)
         return h + self.ffn(self.ffn.norm(h))
+
+
+def gpt2_init(model, num_layers):
+    """GPT-2's initialization, as xgrad's Init::gpt2: weights and embeddings N(0, 0.02), w_o and
+    linear2 N(0, 0.02 / sqrt(2 L)), biases 0, norms as they are."""
+    for name, p in model.named_parameters():
+        if "norm." in name:
+            continue
+        if name.endswith("bias"):
+            nn.init.zeros_(p)
+            continue
+        std = 0.02 / math.sqrt(2 * num_layers) if name.endswith(("w_o.weight", "linear2.weight")) else 0.02
+        nn.init.normal_(p, 0.0, std)
 
 
 class LearnedPositions(nn.Module):
@@ -178,13 +196,17 @@ class LearnedPositions(nn.Module):
 class LanguageModel(nn.Module):
     """h = tok_emb(ids) + pos_emb[:T]; causal Pre-Norm blocks; final_norm; head."""
 
-    def __init__(self, vocab, d_model, num_heads, num_layers, d_ff, max_len):
+    def __init__(self, vocab, d_model, num_heads, num_layers, d_ff, max_len, gpt2=False):
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, d_model)  # N(0, 1)
         self.pos_emb = LearnedPositions(max_len, d_model)
-        self.blocks = nn.ModuleList([TransformerBlock(d_model, num_heads, d_ff) for _ in range(num_layers)])
+        gelu = "tanh" if gpt2 else "none"
+        self.blocks = nn.ModuleList([TransformerBlock(d_model, num_heads, d_ff, gelu) for _ in range(num_layers)])
         self.final_norm = nn.LayerNorm(d_model, eps=EPS)
-        self.head = nn.Linear(d_model, vocab)
+        self.head = nn.Linear(d_model, vocab, bias=not gpt2)
+        if gpt2:  # xgrad's gpt2_style: the head is tok_emb's weight, GPT-2 initialization
+            self.head.weight = self.tok_emb.weight
+            gpt2_init(self, num_layers)
 
     def forward(self, ids):
         t = ids.shape[1]
@@ -307,11 +329,7 @@ class LlamaLanguageModel(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, D)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
-        for name, p in self.named_parameters():  # GPT-2 initialization, as xgrad's Init::gpt2
-            if name.endswith("norm.weight"):
-                continue
-            std = 0.02 / math.sqrt(2 * num_layers) if name.endswith(("w_o.weight", "linear2.weight")) else 0.02
-            nn.init.normal_(p, 0.0, std)
+        gpt2_init(self, num_layers)
 
     def forward(self, ids):
         t = ids.shape[1]
@@ -418,7 +436,7 @@ def run(config, steps, warmup, seed, precision="fp32", formulation="separate", r
     if config in KV_HEADS:
         model = LlamaLanguageModel(vocab, c, heads, KV_HEADS[config], layers, f, t)
     else:
-        model = LanguageModel(vocab, c, heads, layers, f, t)  # max_len = T, as bench/train_step.cpp
+        model = LanguageModel(vocab, c, heads, layers, f, t, config in GPT2)  # max_len = T, as bench/train_step.cpp
     if formulation == "fused_qkv":
         fuse_qkv(model)  # the same initial weights as "separate", in one (C, 3C) Linear per block
     model.train()  # dropout active

@@ -35,6 +35,7 @@ struct BenchConfig {
   std::string name;
   std::size_t vocab, d_model, heads, layers, ffn, seq_len, batch;
   std::size_t kv_heads = 0;  // 0: a classic model; else a Llama-style one with this many key/value heads
+  bool gpt2 = false;         // gpt2_style: tanh GELU, the head tied to the token embedding, GPT-2 init
 };
 
 const std::vector<BenchConfig> kConfigs = {
@@ -47,6 +48,9 @@ const std::vector<BenchConfig> kConfigs = {
     // of 8, so the SwiGLU's three projections have about the parameters of the 4C MLP's two.
     {"llama_small", 256, 256, 4, 4, 688, 64, 32, 2},
     {"llama_standard", 512, 512, 8, 2, 1368, 128, 8, 2},
+    // GPT-2 small (124M parameters) as gpt2_style: where the 50257-wide head and its loss weigh
+    // about half as much as the blocks.
+    {"gpt2_124m", 50257, 768, 12, 12, 3072, 256, 4, 0, true},
 };
 
 // Matmul FLOPs of one step: forward (per layer: Q and O projections 2 * 2BTC^2, K and V
@@ -61,12 +65,21 @@ double step_flops(const BenchConfig& c) {
   return 3 * (c.layers * layer + 2 * B * T * C * V);
 }
 
-// The classic model (Pre-Norm LayerNorm, learned positions, erf GELU, biases, untied head), or
+// The classic model (Pre-Norm LayerNorm, learned positions, erf GELU, biases, untied head),
+// gpt2_style's (the same with tanh GELU, the head tied and GPT-2 init), or
 // llama_style's (RMSNorm, RoPE theta 10000, SwiGLU, grouped-query attention, no biases, untied
 // head); dropout 0.1 on the attention weights and the FFN's hidden activation in both.
 nn::LanguageModelOptions model_options(const BenchConfig& c, nn::AttentionKernel kernel, std::size_t tile) {
   if (c.kv_heads) {
     return nn::LanguageModelOptions::llama_style(c.vocab, c.d_model, c.heads, c.layers, c.kv_heads)
+        .d_ff(c.ffn)
+        .max_len(c.seq_len)
+        .dropout(0.1f)
+        .attention_kernel(kernel)
+        .attention_tile(tile);
+  }
+  if (c.gpt2) {
+    return nn::LanguageModelOptions::gpt2_style(c.vocab, c.d_model, c.heads, c.layers)
         .d_ff(c.ffn)
         .max_len(c.seq_len)
         .dropout(0.1f)
@@ -141,7 +154,7 @@ struct Share {
 };
 
 nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::size_t warmup, const Share& share,
-                   Precision precision, nn::AttentionKernel kernel, std::size_t tile) {
+                   Precision precision, nn::AttentionKernel kernel, std::size_t tile, bool fused_loss) {
   Generator init(0), data(1);
   manual_seed(2);
   nn::LanguageModel model(model_options(c, kernel, tile), init);
@@ -173,7 +186,9 @@ nlohmann::json run(const BenchConfig& c, int threads, std::size_t steps, std::si
     }
     const auto t0 = Clock::now();
     AutocastGuard autocast(precision);  // forward, loss and backward; closed before the step
-    const Tensor loss = model.loss(ids, targets);
+    // model.loss fuses the head and the loss where it can; --loss unfused forms the logits first
+    const Tensor loss =
+        fused_loss ? model.loss(ids, targets) : cross_entropy(model.forward(ids, nn::Attentions::none).logits, targets);
     opt.zero_grad();
     loss.backward();
     autocast.close();
@@ -242,8 +257,9 @@ int main(int argc, char** argv) {
   std::string config = "tiny";
   int threads = 1;
   std::size_t steps = 20, warmup = 3;
-  app.add_option("--config", config, "tiny, small, standard, long, long4k, llama_small or llama_standard")
-      ->check(CLI::IsMember({"tiny", "small", "standard", "long", "long4k", "llama_small", "llama_standard"}))
+  app.add_option("--config", config, "tiny, small, standard, long, long4k, llama_small, llama_standard or gpt2_124m")
+      ->check(
+          CLI::IsMember({"tiny", "small", "standard", "long", "long4k", "llama_small", "llama_standard", "gpt2_124m"}))
       ->capture_default_str();
   cli::add_threads(app, threads);
   Precision precision = Precision::fp32;
@@ -255,6 +271,10 @@ int main(int argc, char** argv) {
   std::size_t tile = nn::MultiHeadAttentionOptions(1, 1).attention_tile();
   app.add_option("--attention-tile", tile, "the tiled attention kernel's query and key tile")
       ->transform(cli::count(1, 1024))
+      ->capture_default_str();
+  std::string loss = "fused";
+  app.add_option("--loss", loss, "fused (LanguageModel::loss) or unfused (cross_entropy of forward's logits)")
+      ->check(CLI::IsMember({"fused", "unfused"}))
       ->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->transform(cli::count(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->transform(cli::count(0, 1000000))->capture_default_str();
@@ -281,8 +301,9 @@ int main(int argc, char** argv) {
       const nn::AttentionKernel kernel = attention == "tiled"  ? nn::AttentionKernel::tiled
                                          : attention == "full" ? nn::AttentionKernel::full
                                                                : nn::AttentionKernel::automatic;
-      nlohmann::json result = run(c, threads, steps, warmup, share, precision, kernel, tile);
+      nlohmann::json result = run(c, threads, steps, warmup, share, precision, kernel, tile, loss == "fused");
       result["attention"] = attention;
+      result["loss"] = loss;
       result["attention_tile"] = tile;
       if (precision == Precision::bf16) result["bf16_path"] = blas::bf16_path_name(blas::bf16_path());
       if (share.rank == 0) std::printf("%s\n", result.dump().c_str());

@@ -352,8 +352,9 @@ void LanguageModel::check_ids(const IndexArray& ids, std::size_t first) const {
   }
 }
 
-LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& positions, const Mask* padding,
-                                       LanguageModelCache* cache, Attentions attentions, Logits logits) const {
+Tensor LanguageModel::run_blocks(const IndexArray& ids, const IndexArray& positions, const Mask* padding,
+                                 LanguageModelCache* cache, Attentions attentions, Logits logits,
+                                 std::vector<Tensor>& weights) const {
   if (logits != Logits::all && logits != Logits::last) {
     fail("LanguageModel: unknown Logits ", static_cast<int>(logits), " (all or last)");
   }
@@ -371,7 +372,6 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
   // cache's length.
   const bool per_row = !cache || padding;
   const IndexArray* rotary = options_.positional() == Positional::rotary && per_row ? &positions : nullptr;
-  LanguageModelOutput out;
   // Hook points see every forward, so a model with hooks attached keeps its activations.
   const bool recompute = checkpoint_activations_ && !cache && !mask.need_weights && grad_enabled() && num_hooks() == 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
@@ -386,13 +386,27 @@ LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& 
     }
     BlockOutput b = blocks[i]->forward(h, mask, cache ? &cache->blocks[i] : nullptr, rotary);
     h = b.output;
-    if (mask.need_weights) out.attentions.push_back(b.attention);
+    if (mask.need_weights) weights.push_back(b.attention);
   }
   const std::size_t T = h.shape()[1];
   if (logits == Logits::last && T > 1) h = slice(h, 1, T - 1, T);  // each row's last position
   if (final_norm) h = hook("normalized", final_norm->forward(h));
+  return h;
+}
+
+LanguageModelOutput LanguageModel::run(const IndexArray& ids, const IndexArray& positions, const Mask* padding,
+                                       LanguageModelCache* cache, Attentions attentions, Logits logits) const {
+  LanguageModelOutput out;
+  const Tensor h = run_blocks(ids, positions, padding, cache, attentions, logits, out.attentions);
   out.logits = hook("logits", head_logits(h));
   return out;
+}
+
+Tensor LanguageModel::head_loss(const Tensor& h, const IndexArray& targets) const {
+  if (options_.final_softcap() == 0.f && !head->adapted() && !hooked("logits")) {
+    return linear_cross_entropy(h, head->weight, head->bias, targets);
+  }
+  return cross_entropy(hook("logits", head_logits(h)), targets);
 }
 
 Tensor LanguageModel::checkpointed_block(std::size_t i, const Tensor& h, const AttentionMask& mask,
@@ -463,6 +477,10 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids, Attentions att
 LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& key_padding_mask,
                                            Attentions attentions) const {
   check_ids(ids, 0);
+  return run(ids, padded_positions(ids, key_padding_mask), &key_padding_mask, nullptr, attentions);
+}
+
+IndexArray LanguageModel::padded_positions(const IndexArray& ids, const Mask& key_padding_mask) const {
   if (key_padding_mask.shape() != ids.shape()) {
     fail("LanguageModel: key_padding_mask of shape ", shape_str(key_padding_mask.shape()),
          " does not match ids of shape ", shape_str(ids.shape()));
@@ -483,7 +501,7 @@ LanguageModelOutput LanguageModel::forward(const IndexArray& ids, const Mask& ke
       if (!key_padding_mask(b, t)) ++real;
     }
   }
-  return run(ids, positions, &key_padding_mask, nullptr, attentions);
+  return positions;
 }
 
 void LanguageModelCache::keep_rows(const std::vector<std::size_t>& rows) {
@@ -582,7 +600,11 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, const M
 
 Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets) const {
   check_targets(ids, targets);
-  return cross_entropy(forward(ids, Attentions::none).logits, targets);
+  check_ids(ids, 0);
+  std::vector<Tensor> none;
+  return head_loss(
+      run_blocks(ids, count_positions(0, ids.shape()[1]), nullptr, nullptr, Attentions::none, Logits::all, none),
+      targets);
 }
 
 void LanguageModel::check_targets(const IndexArray& ids, const IndexArray& targets) const {
@@ -601,7 +623,11 @@ void LanguageModel::check_targets(const IndexArray& ids, const IndexArray& targe
 
 Tensor LanguageModel::loss(const IndexArray& ids, const IndexArray& targets, const Mask& key_padding_mask) const {
   check_targets(ids, targets);
-  return cross_entropy(forward(ids, key_padding_mask, Attentions::none).logits, targets);
+  check_ids(ids, 0);
+  std::vector<Tensor> none;
+  return head_loss(run_blocks(ids, padded_positions(ids, key_padding_mask), &key_padding_mask, nullptr,
+                              Attentions::none, Logits::all, none),
+                   targets);
 }
 
 }  // namespace xgrad::nn

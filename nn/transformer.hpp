@@ -338,6 +338,8 @@ class LanguageModel : public Module {
   LanguageModelOutput forward_cached(const IndexArray& ids, const Mask& key_padding_mask, LanguageModelCache& cache,
                                      Attentions attentions = Attentions::keep, Logits logits = Logits::last) const;
   /// Mean next-token cross-entropy of forward(ids) against targets (B, T) (kIgnoreIndex, -100, is skipped).
+  /// The head and the loss run as one linear_cross_entropy, the (B, T, V) logits never formed whole,
+  /// unless something needs them: a hook at logits, final_softcap, an unmerged adapter on the head.
   /// Targets of another shape than ids, or outside the vocabulary (and not kIgnoreIndex), throw.
   Tensor loss(const IndexArray& ids, const IndexArray& targets) const;
   /// The same for forward(ids, key_padding_mask); give padding tokens the target kIgnoreIndex.
@@ -397,6 +399,9 @@ class LanguageModel : public Module {
  private:
   void check_ids(const IndexArray& ids, std::size_t first) const;  // first: the positions already cached
   void check_targets(const IndexArray& ids, const IndexArray& targets) const;
+  // Each position's count of real tokens before it in its row (B, T); throws for a mask of another
+  // shape than ids, and for padding between real tokens under a sliding window.
+  IndexArray padded_positions(const IndexArray& ids, const Mask& key_padding_mask) const;
   // Sizes an empty cache to the blocks; throws for one of another model or with blocks out of step.
   void check_cache(LanguageModelCache& cache, std::size_t first) const;
   Tensor head_logits(const Tensor& h) const;  // the head, then final_softcap
@@ -406,9 +411,17 @@ class LanguageModel : public Module {
                            Generator& gen, bool keep_attention, const char* who);
   // The one path of every forward: embeds ids at `positions` (B, T) or (T), applies the position
   // scheme, runs the blocks (causal, with the padding mask if given: (B, T), or with a cache
-  // (B, cache length + T)) and the head.
+  // (B, cache length + T)) and the final norm, and returns the head's input (B, T, C), or (B, 1, C)
+  // with Logits::last; each block's weights go to `weights` with Attentions::keep.
+  Tensor run_blocks(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,
+                    LanguageModelCache* cache, Attentions attentions, Logits logits,
+                    std::vector<Tensor>& weights) const;
+  // run_blocks, then the head.
   LanguageModelOutput run(const IndexArray& ids, const IndexArray& positions, const Mask* key_padding_mask,
                           LanguageModelCache* cache, Attentions attentions, Logits logits = Logits::all) const;
+  // The mean cross-entropy of the head's logits on h against targets: the head and the loss fused
+  // (linear_cross_entropy) unless a hook, final_softcap or an unmerged adapter must see the logits.
+  Tensor head_loss(const Tensor& h, const IndexArray& targets) const;
   LanguageModelOptions options_;
   bool checkpoint_activations_ = false;
 };

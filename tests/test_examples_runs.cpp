@@ -176,6 +176,28 @@ TEST_CASE("bench_train_step --precision bf16 says so in its JSON, and fp16 is re
     CHECK(std::isfinite(j.at("last_loss").get<double>()));
   }
 }
+
+TEST_CASE("bench_train_step --loss fused and unfused start from the same loss, and another value is refused",
+          "[examples][bad_input][gemm]") {
+  TempDir dir("xgrad_runs_bench_loss");
+  const std::string path = std::string(XGRAD_BENCH_DIR) + "/bench_train_step";
+  const Outcome bad = xgrad::testing::run_program(dir, path, {"--loss", "chunked"});
+  INFO(bad);
+  REQUIRE(bad.exited);
+  REQUIRE(bad.code == 2);
+  REQUIRE_THAT(bad.err, Catch::StartsWith("bench_train_step: error: ") && Catch::Contains("--loss"));
+  double first[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string loss = i ? "fused" : "unfused";
+    const Outcome o = xgrad::testing::run_program(dir, path, {"--loss", loss, "--steps", "2", "--warmup", "0"});
+    INFO(o);
+    REQUIRE(o.code == 0);
+    const nlohmann::json j = nlohmann::json::parse(o.out);
+    CHECK(j.at("loss") == loss);
+    first[i] = j.at("first_loss").get<double>();
+  }
+  CHECK(first[1] == Approx(first[0]).epsilon(1e-6));
+}
 #endif
 
 TEST_CASE("every real flag: decimal notation only, and a value a float keeps", "[examples][bad_input][gemm][long]") {

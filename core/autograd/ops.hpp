@@ -261,6 +261,15 @@ constexpr std::int64_t kIgnoreIndex = -100;  ///< the target that cross_entropy 
 /// to ignore_index; fused with log-softmax. With every target ignored the loss is 0. A target
 /// outside [0, C) that is not ignore_index is an Error.
 Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64_t ignore_index = kIgnoreIndex);
+/// cross_entropy(linear(x, weight, bias), targets, ignore_index), the logits never formed whole:
+/// x (..., C), weight (V, C), bias (V,) or undefined, targets (...). The rows go through the
+/// product, the loss and, while gradients are recorded, the gradients of x, weight and bias, in
+/// chunks of max(256, 2^23 / V) rows, so one chunk's logits are held (GPT-2's vocabulary: 51 MB for
+/// 256 rows, against 206 MB for a batch of 1024, twice with their gradient). Backward scales the
+/// gradients computed in forward. The same values as the two ops to rounding (the weight's
+/// gradient is summed chunk by chunk); the same errors as both.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias, const IndexArray& targets,
+                            std::int64_t ignore_index = kIgnoreIndex);
 /// Rows of weight (V, C) picked by ids (...) -> (..., C); backward scatter-adds into weight.
 Tensor embedding(const Tensor& weight, const IndexArray& ids);
 /// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "xgrad/core/autograd/detail/bf16_cache.hpp"
+#include "xgrad/core/autograd/detail/bias_gradient.hpp"
 #include "xgrad/core/autograd/detail/broadcast.hpp"
 #include "xgrad/core/autograd/detail/strided_offsets.hpp"
 #include "xgrad/core/autograd/ops.hpp"
@@ -250,13 +251,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   });
 }
 
-namespace {
+namespace detail {
 
-// db += the column sums of G (rows x out). Rows in fixed chunks, each summed into its own partial
-// row, the partials then added in chunk order: every thread reads whole rows (split by columns,
-// two threads ran 2.2x slower than one), and the sums do not depend on the thread count. With
-// g16, each chunk is also rounded to bf16 there while it is in cache (a chunk of 64 rows is at
-// most 256 KB up to out = 1024): one pass over G from memory, not two.
 void bias_gradient(const float* G, std::size_t rows, std::size_t out, std::uint16_t* g16, float* db) {
   constexpr std::size_t kChunkRows = 64;
   const std::size_t chunks = (rows + kChunkRows - 1) / kChunkRows;
@@ -272,7 +268,7 @@ void bias_gradient(const float* G, std::size_t rows, std::size_t out, std::uint1
   kernels::add_column_sums(part, chunks, out, db);
 }
 
-}  // namespace
+}  // namespace detail
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (!x.defined() || !weight.defined()) fail("linear: input is an undefined tensor");
@@ -318,7 +314,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       // in the same pass over G as the bias's column sums when the bias needs them
       blas::Bf16Vector g16(rows * out);
       if (ctx.needs(2)) {
-        bias_gradient(G, rows, out, g16.data(), ctx.grad_buffer(2).data());
+        detail::bias_gradient(G, rows, out, g16.data(), ctx.grad_buffer(2).data());
         bias_summed = true;
       } else {
         blas::to_bf16(G, g16.size(), g16.data());
@@ -348,7 +344,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         blas::sgemm(true, false, out, in, rows, 1.f, G, out, ctx.input(0).data(), in, dw.beta, dw.data, in);
       }
     }
-    if (ctx.needs(2) && !bias_summed) bias_gradient(G, rows, out, nullptr, ctx.grad_buffer(2).data());
+    if (ctx.needs(2) && !bias_summed) detail::bias_gradient(G, rows, out, nullptr, ctx.grad_buffer(2).data());
   });
 }
 

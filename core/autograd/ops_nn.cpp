@@ -11,6 +11,7 @@
 
 #include "xgrad/core/autograd/detail/axis_view.hpp"
 #include "xgrad/core/autograd/detail/broadcast.hpp"
+#include "xgrad/core/autograd/detail/cross_entropy_rows.hpp"
 #include "xgrad/core/autograd/detail/dropout_key.hpp"
 #include "xgrad/core/autograd/detail/keep_flags.hpp"
 #include "xgrad/core/autograd/ops.hpp"
@@ -34,16 +35,6 @@ void for_each_slice(const AxisView& v, F f) {
       f(o * v.n * v.inner + j, v.inner);
     }
   });
-}
-
-// Writes the log-sum-exp shift of one slice: returns (max, log sum exp(x - max)).
-std::pair<float, float> max_and_log_sum(const float* x, std::size_t n, std::size_t st) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (std::size_t i = 0; i < n; ++i) m = std::max(m, x[i * st]);
-  if (!std::isfinite(m)) m = 0.f;  // all -inf (or empty): keep the arithmetic finite
-  float s = 0.f;
-  for (std::size_t i = 0; i < n; ++i) s += std::exp(x[i * st] - m);
-  return {m, std::log(s)};
 }
 
 // Softmax of every slice, skipping elements whose keep flag is 0 (keep == nullptr keeps all),
@@ -124,7 +115,7 @@ Tensor log_softmax(const Tensor& a, int axis) {
   float* out = y.data();
   for_each_slice(v, [&](std::size_t b, std::size_t st) {
     // y_i = x_i - max - log sum_j exp(x_j - max)
-    const auto [m, lse] = max_and_log_sum(x + b, v.n, st);
+    const auto [m, lse] = detail::max_and_log_sum(x + b, v.n, st);
     for (std::size_t i = 0; i < v.n; ++i) out[b + i * st] = x[b + i * st] - m - lse;
   });
   return record("log_softmax", std::move(y), {a}, [v](GradContext& ctx) {
@@ -201,28 +192,17 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
   }
   // loss = mean over kept rows of (log sum_j exp x_j) - x_target
   // (per-row terms across the kernel threads, then summed in row order). Rows of finite logits
-  // take the vector kernel, the others (NaN or infinite logits) the exact arithmetic of
-  // max_and_log_sum; backward reuses each row's log-sum-exp and path.
+  // take the vector kernel, the others (NaN or infinite logits) exact arithmetic (cross_entropy_rows.hpp);
+  // backward reuses each row's log-sum-exp and path.
   const float* x = logits.value().data();
   const std::int64_t* tg = targets.data();
   std::vector<float> row_loss(rows, 0.f);
-  // per row: max and log sum exp(x - max), by either path, kept for backward
-  auto lse = std::make_shared<std::vector<float>>(2 * rows, 0.f);
-  auto vectored = std::make_shared<std::vector<std::uint8_t>>(rows, 0);
+  auto lse = std::make_shared<std::vector<detail::RowLogSumExp>>(rows);
   float* rl = row_loss.data();
-  float* ls = lse->data();
-  std::uint8_t* vec = vectored->data();
-  const std::size_t row_grain = grain_for(kGrainCostly, C);
-  parallel_for(rows, row_grain, [=](std::size_t lo, std::size_t hi) {
+  detail::RowLogSumExp* ls = lse->data();
+  parallel_for(rows, grain_for(kGrainCostly, C), [=](std::size_t lo, std::size_t hi) {
     for (std::size_t r = lo; r < hi; ++r) {
-      if (tg[r] == ignore_index) continue;
-      if (kernels::log_sum_exp_finite(x + r * C, C, &ls[2 * r], &ls[2 * r + 1])) {
-        vec[r] = 1;
-        rl[r] = ls[2 * r] + ls[2 * r + 1] - x[r * C + tg[r]];
-      } else {
-        std::tie(ls[2 * r], ls[2 * r + 1]) = max_and_log_sum(x + r * C, C, 1);
-        rl[r] = ls[2 * r] + ls[2 * r + 1] - x[r * C + tg[r]];
-      }
+      if (tg[r] != ignore_index) rl[r] = detail::row_loss(x + r * C, C, tg[r], ls[r]);
     }
   });
   double total = 0;
@@ -230,28 +210,17 @@ Tensor cross_entropy(const Tensor& logits, const IndexArray& targets, std::int64
     if (tg[r] != ignore_index) total += static_cast<double>(rl[r]);
   }
   const float loss = count ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
-  return record("cross_entropy", Array(loss), {logits},
-                [targets, ignore_index, count, C, lse, vectored](GradContext& ctx) {
+  return record("cross_entropy", Array(loss), {logits}, [targets, ignore_index, count, C, lse](GradContext& ctx) {
     // dx_rj = g / count * (softmax(x_r)_j - [j == target_r]); ignored rows get 0
     if (count == 0) return;
     const float scale = ctx.grad_out().data()[0] / static_cast<float>(count);
     const float* x = ctx.input(0).data();
     float* dx = ctx.grad_buffer(0).data();
     const std::int64_t* tg = targets.data();
-    const float* ls = lse->data();
-    const std::uint8_t* vec = vectored->data();
+    const detail::RowLogSumExp* ls = lse->data();
     parallel_for(targets.size(), grain_for(kGrainCostly, C), [=](std::size_t lo, std::size_t hi) {
       for (std::size_t r = lo; r < hi; ++r) {
-        const std::int64_t t = tg[r];
-        if (t == ignore_index) continue;
-        float* d = dx + r * C;
-        if (vec[r]) {
-          kernels::add_scaled_softmax(x + r * C, C, ls[2 * r], ls[2 * r + 1], scale, d);
-        } else {
-          const float m = ls[2 * r], l = ls[2 * r + 1];
-          for (std::size_t j = 0; j < C; ++j) d[j] += scale * std::exp(x[r * C + j] - m - l);
-        }
-        d[t] -= scale;
+        if (tg[r] != ignore_index) detail::row_gradient(x + r * C, C, tg[r], ls[r], scale, dx + r * C, false);
       }
     });
   });

@@ -386,7 +386,7 @@ void run_entry(TapeEntry& e, bool retain_graph) {
   arrive(*out, grad);
   keep(*out, grad, false);  // its backward still reads grad
   const bool grad_finite = !anomaly_mode || first_non_finite(grad) == grad.size();
-  GradContext ctx(e, grad, *out);
+  GradContext ctx(e, grad, *out, retain_graph);
   e.backward(ctx);  // may move grad on (pass_grad_out)
   if (anomaly_mode) {
     for (std::size_t i = 0; i < e.inputs.size(); ++i) {

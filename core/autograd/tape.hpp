@@ -61,9 +61,10 @@ struct TapeEntry {
 /// writing to an input that the op's backward does not read (add's) is fine.
 class GradContext {
  public:
-  /// The context of `entry`'s backward, with `grad_out` arriving at its `output`.
-  GradContext(const TapeEntry& entry, Array& grad_out, const Node& output)
-      : entry_(entry), grad_out_(grad_out), output_(output) {}
+  /// The context of `entry`'s backward, with `grad_out` arriving at its `output`, in a pass that
+  /// keeps the graph for another (retain_graph) or not.
+  GradContext(const TapeEntry& entry, Array& grad_out, const Node& output, bool retain_graph)
+      : entry_(entry), grad_out_(grad_out), output_(output), retain_graph_(retain_graph) {}
 
   /// The gradient arriving at the op's output (the output's shape).
   const Array& grad_out() const { return grad_out_; }
@@ -87,6 +88,9 @@ class GradContext {
   const Shape& input_shape(std::size_t i) const { return entry_.inputs[i].node->value().shape(); }
   /// The number of inputs the op recorded, undefined ones included.
   std::size_t num_inputs() const { return entry_.inputs.size(); }
+  /// Whether the graph outlives this pass (backward(true)): the closure then runs again in a later
+  /// pass, so it must not give away what it saved; otherwise it is freed right after it runs.
+  bool retains_graph() const { return retain_graph_; }
   /// True when input i is defined and requires grad, so the closure should compute its gradient.
   bool needs(std::size_t i) const { return entry_.inputs[i].node && entry_.inputs[i].node->requires_grad; }
 
@@ -117,6 +121,7 @@ class GradContext {
   const TapeEntry& entry_;
   Array& grad_out_;
   const Node& output_;
+  bool retain_graph_;
 };
 
 /// True while ops record themselves on this thread's tape (grad mode is per thread, on by default).

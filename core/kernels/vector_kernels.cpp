@@ -353,6 +353,10 @@ XGRAD_CLONES void add_scaled_softmax(const float* x, std::size_t n, float m, flo
   for (std::size_t j = 0; j < n; ++j) d[j] += scale * fast::exp((x[j] - m) - l);
 }
 
+XGRAD_CLONES void scaled_softmax(const float* x, std::size_t n, float m, float l, float scale, float* d) {
+  for (std::size_t j = 0; j < n; ++j) d[j] = scale * fast::exp((x[j] - m) - l);
+}
+
 XGRAD_CLONES void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                                      float* rstd, std::size_t rows, std::size_t C, float eps) {
   const float inv_c = 1.f / static_cast<float>(C);

@@ -64,6 +64,8 @@ void exp_shifted_row(float* z, std::size_t n, std::size_t live, float shift);
 bool log_sum_exp_finite(const float* x, std::size_t n, float* m, float* l);
 // d += scale softmax(x) = scale exp((x_j - m) - l), for a row log_sum_exp_finite accepted.
 void add_scaled_softmax(const float* x, std::size_t n, float m, float l, float scale, float* d);
+// d = scale softmax(x), the same terms written instead of added; d may be x.
+void scaled_softmax(const float* x, std::size_t n, float m, float l, float scale, float* d);
 
 // Layer norm over rows of length C (see ops_nn.cpp for the formulas): y, and each row's mean and
 // 1 / sqrt(var + eps); gamma and beta may be null. Row sums use 32 running partial sums (element j
