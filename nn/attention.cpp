@@ -1,6 +1,7 @@
 // Attention forward (its backward is the ops' own).
 #include "xgrad/nn/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "xgrad/core/autograd/ops.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/io/memory.hpp"
 
 namespace xgrad::nn {
 
@@ -184,6 +186,78 @@ void Attention::check_input(const Tensor& query) const {
   }
 }
 
+namespace {
+// The first S positions of x (B, rows, C).
+Tensor first_positions(const Tensor& x, std::size_t S) { return S < x.shape()[1] ? slice(x, 1, 0, S) : x; }
+}  // namespace
+
+KVCache::KVCache(const KVCache& other)
+    : positions(other.positions),
+      turned(other.turned),
+      dropped(other.dropped),
+      k_(other.k_),
+      v_(other.v_),
+      held_(other.held_),
+      reserved_(other.reserved_) {}
+
+KVCache& KVCache::operator=(const KVCache& other) {
+  if (this != &other) *this = KVCache(other);
+  return *this;
+}
+
+Tensor KVCache::keys() const { return k_.defined() ? first_positions(k_, held_) : Tensor(); }
+Tensor KVCache::values() const { return v_.defined() ? first_positions(v_, held_) : Tensor(); }
+
+void KVCache::reserve(std::size_t positions) {
+  if (positions > 0 && positions < held_) {
+    fail("KVCache::reserve: ", positions, " positions is fewer than the ", held_, " held");
+  }
+  reserved_ = positions;
+}
+
+void KVCache::keep_rows(const std::vector<std::size_t>& rows) {
+  IndexArray ids = IndexArray::from_shape({rows.size()});
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= this->rows())
+      fail("KVCache::keep_rows: row ", rows[i], " is outside the batch of ", this->rows(), " rows");
+    ids(i) = static_cast<std::int64_t>(rows[i]);
+  }
+  k_ = index_select(keys(), 0, ids);
+  v_ = index_select(values(), 0, ids);
+  owns_room_ = false;
+  if (positions) positions = IndexArray(xt::view(*positions, xt::keep(rows), xt::all()));
+}
+
+void KVCache::clear() {
+  k_ = Tensor(), v_ = Tensor(), positions.reset(), turned = false, dropped = 0, held_ = 0, owns_room_ = false;
+}
+
+void KVCache::write_after_held(const Tensor& k, const Tensor& v) {
+  const std::size_t B = k.shape()[0], T = k.shape()[1], C = k.shape()[2];
+  if (!owns_room_ || !k_.defined() || k_.shape()[1] < held_ + T) {
+    check_available_memory(
+        2.0 * static_cast<double>(B) * static_cast<double>(reserved_) * static_cast<double>(C) * sizeof(float),
+        "KVCache",
+        "room for " + std::to_string(reserved_) + " positions of " + std::to_string(B) + " rows of " +
+            std::to_string(C) + " key and value channels");
+    const auto room = [&](const Tensor& held) {
+      Array a = Array::from_shape({B, reserved_, C});
+      for (std::size_t b = 0; b < B && held_ > 0; ++b) {
+        std::copy_n(held.value().data() + b * held.shape()[1] * C, held_ * C, a.data() + b * reserved_ * C);
+      }
+      return Tensor(std::move(a));
+    };
+    k_ = room(k_), v_ = room(v_), owns_room_ = true;
+  }
+  const std::size_t R = k_.shape()[1];
+  float* kd = k_.mutable_value().data();
+  float* vd = v_.mutable_value().data();
+  for (std::size_t b = 0; b < B; ++b) {
+    std::copy_n(k.value().data() + b * T * C, T * C, kd + (b * R + held_) * C);
+    std::copy_n(v.value().data() + b * T * C, T * C, vd + (b * R + held_) * C);
+  }
+}
+
 AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, KVCache* cache,
                                    const IndexArray* positions) const {
   check_input(x);
@@ -192,17 +266,17 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
          key_width(options_), ", vdim ", value_width(options_), "); call forward(query, key, value)");
   }
   const std::size_t KVD = options_.kv_heads() * options_.head_dim();
-  if (cache && cache->k.defined()) {
-    const Shape& ks = cache->k.shape();
-    if (ks.size() != 3 || ks[0] != x.shape()[0] || ks[2] != KVD || !cache->v.defined() || cache->v.shape() != ks) {
-      fail("MultiHeadAttention: the KVCache holds keys ", shape_str(ks), " and values ",
-           cache->v.defined() ? shape_str(cache->v.shape()) : std::string("(none)"),
-           ", which do not continue an input of shape ", shape_str(x.shape()), " (keys (B, P, ", KVD, "))");
-    }
+  const std::size_t B = x.shape()[0], T = x.shape()[1];
+  if (cache && cache->held() > 0 && (cache->rows() != B || cache->k_.shape()[2] != KVD)) {
+    fail("MultiHeadAttention: the KVCache holds keys (", cache->rows(), ", ", cache->held(), ", ", cache->k_.shape()[2],
+         "), which do not continue an input of shape ", shape_str(x.shape()), " (keys (B, P, ", KVD, "))");
+  }
+  if (cache && cache->reserved() > 0 && cache->held() + T > cache->reserved()) {
+    fail("MultiHeadAttention: ", T, " positions after the ", cache->held(), " the KVCache holds go past the ",
+         cache->reserved(), " it reserves (KVCache::reserve)");
   }
   // held: the keys the cache holds, of indices first .. first + held - 1; x's are the next T.
   const std::size_t held = cache ? cache->held() : 0, first = cache ? cache->dropped : 0;
-  const std::size_t B = x.shape()[0], T = x.shape()[1];
   // Keys are cached turned by RoPE, each once at its position. Dynamic scaling's frequencies follow
   // the sequence's length, so its keys are cached unturned (with the positions given, if any) and
   // all turned again at each step, as a forward over the whole sequence turns them.
@@ -241,11 +315,20 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
     rotated_q = hook("rot_q", rotary_embedding(q, options_.num_heads(), query_pos, theta, r, scaling));
     k = hook("rot_k", rotary_embedding(k, options_.kv_heads(), query_pos, theta, r, scaling));
   }
-  if (held > 0) {
-    k = concat({cache->k, k}, 1);
-    v = concat({cache->v, v}, 1);
+  const std::size_t window = options_.sliding_window();
+  // With room reserved, a step that records nothing writes its keys and values after the held ones
+  // and attends to the first S positions of the room.
+  const bool in_room = cache && cache->reserved() > 0 && window == 0 && (!rotary || turn_once) &&
+                       !rotated_q.requires_grad() && !k.requires_grad() && !v.requires_grad();
+  if (in_room) {
+    cache->write_after_held(k, v);
+    k = cache->k_;
+    v = cache->v_;
+  } else if (held > 0) {
+    k = concat({cache->keys(), k}, 1);
+    v = concat({cache->values(), v}, 1);
   }
-  const std::size_t S = k.shape()[1];
+  const std::size_t S = held + T;
   std::optional<IndexArray> key_positions;  // dynamic scaling, cached with positions: (B, S)
   Tensor turned_k = k;
   if (rotary && !turn_once) {
@@ -257,14 +340,18 @@ AttentionOutput Attention::forward(const Tensor& x, const AttentionMask& mask, K
     rotated_q = hook("rot_q", rotary_embedding(q, options_.num_heads(), query_pos, theta, r, scaling));
     turned_k = hook("rot_k", rotary_embedding(k, options_.kv_heads(), key_pos, theta, r, scaling));
   }
-  const std::size_t window = options_.sliding_window();
-  AttentionOutput out = attend_heads(rotated_q, turned_k, v, mask, held, window);
-  if (cache) {
+  AttentionOutput out = attend_heads(rotated_q, turned_k, v, S, mask, held, window);
+  if (in_room) {
+    cache->held_ = S;
+    cache->turned = turn_once;
+  } else if (cache) {
     // What the hooks returned, stored once the step has succeeded. A window keeps its last
     // `window` positions: the next query sees no earlier key.
     const std::size_t drop = window > 0 && mask.causal && S > window ? S - window : 0;
-    cache->k = drop ? slice(k, 1, drop, S) : k;
-    cache->v = drop ? slice(v, 1, drop, S) : v;
+    cache->k_ = drop ? slice(k, 1, drop, S) : k;
+    cache->v_ = drop ? slice(v, 1, drop, S) : v;
+    cache->held_ = S - drop;
+    cache->owns_room_ = false;
     if (key_positions) cache->positions = IndexArray(xt::view(*key_positions, xt::all(), xt::range(drop, S)));
     cache->turned = turn_once;
     cache->dropped = first + drop;
@@ -289,24 +376,26 @@ AttentionOutput Attention::forward(const Tensor& query, const Tensor& key, const
   if (options_.rotary()) fail("MultiHeadAttention: rotary positions apply to self-attention only");
   const Tensor q = hook("q", norm_heads(q_norm, w_q->forward(query)));
   const Tensor k = hook("k", norm_heads(k_norm, w_k->forward(key)));
-  return attend_heads(q, k, hook("v", w_v->forward(value)), mask, 0, options_.sliding_window());
+  return attend_heads(q, k, hook("v", w_v->forward(value)), key.shape()[1], mask, 0, options_.sliding_window());
 }
 
-bool Attention::tiled(const AttentionMask& m, std::size_t T, std::size_t S, std::size_t offset) const {
+bool Attention::tiled(const AttentionMask& m, std::size_t T, std::size_t S, std::size_t offset, bool room) const {
   const AttentionKernel kernel = options_.kernel();
   if (kernel == AttentionKernel::full || m.need_weights || hooked("scores") || hooked("pattern")) return false;
   if (options_.logit_softcap() > 0.f) return false;
   if (m.attn_mask || m.key_padding_mask || m.additive_mask) return false;
   if (m.causal && offset + T != S) return false;  // flash_attention's causal mask is bottom-right aligned
-  return kernel == AttentionKernel::tiled || S >= kTiledFromKeys;
+  // Keys in a cache's room are read where they are by the tiled kernel; the full kernel would copy them.
+  return kernel == AttentionKernel::tiled || S >= kTiledFromKeys || room;
 }
 
 // q (B, T, H D), k and v (B, S, KV D); queries are positions offset .. offset + T - 1 for the
 // causal mask, which a window > 0 narrows to the last `window` keys of each.
-AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, const Tensor& kv_v,
+AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, const Tensor& kv_v, std::size_t S,
                                         const AttentionMask& mask, std::size_t offset, std::size_t window) const {
   const std::size_t H = options_.num_heads(), D = options_.head_dim();
-  const std::size_t B = q.shape()[0], T = q.shape()[1], S = kv_k.shape()[1];
+  const std::size_t B = q.shape()[0], T = q.shape()[1];
+  const bool room = S < kv_k.shape()[1];
   const float scale = options_.score_scale(), cap = options_.logit_softcap();
   AttentionMask m = mask;
   if (!m.causal || S <= window) window = 0;                          // no query has a key outside its window
@@ -315,16 +404,19 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
   const std::size_t groups = H / options_.kv_heads();
   if (T == 1 && groups > 1 && !m.causal && !m.attn_mask && !m.additive_mask && cap == 0.f && p == 0.f &&
       !hooked("scores") && !hooked("pattern")) {
-    return attend_grouped(q, kv_k, kv_v, m);
+    return attend_grouped(q, kv_k, kv_v, S, m);
   }
-  const Tensor k = repeat_heads(kv_k, options_.kv_heads(), groups, D);
-  const Tensor v = repeat_heads(kv_v, options_.kv_heads(), groups, D);
-  if (tiled(m, T, S, offset)) {
+  const bool flash = tiled(m, T, S, offset, room);
+  const bool in_place = flash && groups == 1;  // the tiled kernel reads the first S keys where they are
+  const Tensor k = in_place ? kv_k : repeat_heads(first_positions(kv_k, S), options_.kv_heads(), groups, D);
+  const Tensor v = in_place ? kv_v : repeat_heads(first_positions(kv_v, S), options_.kv_heads(), groups, D);
+  if (flash) {
     FlashAttentionOptions f;
     f.query_tile = f.key_tile = options_.attention_tile();
     f.dropout = p;
     f.generator = &generator();
     f.window = window;
+    f.keys = S;
     // flash_attention's causal mask ends each query's keys at S - T + t, which is offset + t here
     return {project_out(flash_attention(q, k, v, H, scale, m.causal, f)), Tensor()};
   }
@@ -358,9 +450,9 @@ AttentionOutput Attention::attend_heads(const Tensor& q, const Tensor& kv_k, con
 // repeated g times (a copy of every cached key and value at every step). q (B, 1, KV g D) ->
 // (B, g, KV D); the weights (B, KV, g, S) are (B, H, 1, S) in the same order. No causal mask (the
 // query sees every key), no per-head mask, softcap, dropout or hook on scores or pattern.
-AttentionOutput Attention::attend_grouped(const Tensor& q, const Tensor& k, const Tensor& v,
+AttentionOutput Attention::attend_grouped(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t S,
                                           const AttentionMask& mask) const {
-  const std::size_t KV = options_.kv_heads(), groups = options_.num_heads() / KV, S = k.shape()[1];
+  const std::size_t KV = options_.kv_heads(), groups = options_.num_heads() / KV;
   const auto B = static_cast<std::int64_t>(q.shape()[0]), kv = static_cast<std::int64_t>(KV),
              g = static_cast<std::int64_t>(groups), d = static_cast<std::int64_t>(options_.head_dim());
   const Tensor qg = reshape(transpose(reshape(q, {B, kv, g, d}), 1, 2), {B, g, kv * d});
@@ -368,14 +460,16 @@ AttentionOutput Attention::attend_grouped(const Tensor& q, const Tensor& k, cons
     return reshape(transpose(reshape(context, {B, g, kv, d}), 1, 2), {B, 1, kv * g * d});
   };
   const float scale = options_.score_scale();
-  if (tiled(mask, groups, S, S - groups)) {
+  if (tiled(mask, groups, S, S - groups, S < k.shape()[1])) {
     FlashAttentionOptions f;
     f.query_tile = f.key_tile = options_.attention_tile();
+    f.keys = S;
     return {project_out(back(flash_attention(qg, k, v, KV, scale, false, f))), Tensor()};
   }
   const std::optional<Mask> blocked = combine_masks(mask, q.shape()[0], KV, groups, S);
-  const Tensor weights = attention_weights(qg, k, KV, scale, false, blocked ? &*blocked : nullptr);
-  return {project_out(back(attend(weights, v, KV))), reshape(weights, {B, kv * g, 1, static_cast<std::int64_t>(S)})};
+  const Tensor weights = attention_weights(qg, first_positions(k, S), KV, scale, false, blocked ? &*blocked : nullptr);
+  return {project_out(back(attend(weights, first_positions(v, S), KV))),
+          reshape(weights, {B, kv * g, 1, static_cast<std::int64_t>(S)})};
 }
 
 }  // namespace xgrad::nn

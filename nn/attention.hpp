@@ -151,26 +151,65 @@ struct AttentionMask {
 /// frequencies follow the sequence's length, keys are held unturned, with the positions given
 /// (per row), and all turned again at each step. With a
 /// sliding_window it keeps only the last sliding_window positions: the earlier ones are dropped.
-/// The stored tensors keep their autograd history while gradients are recorded: run cached steps
-/// under NoGradGuard (generate does) unless a backward through every step is wanted.
-struct KVCache {
-  /// The keys k and the values v, each (B, P, KV * D): the P positions held, the last ones seen;
-  /// undefined while empty.
-  Tensor k, v;
+///
+/// Appending copies every held key and value into new tensors, unless room was reserved: then a
+/// step that records no gradients (no q, k or v requiring grad) writes its positions after the
+/// held ones, in storage allocated once for `reserved()` positions, so a step's cost no longer
+/// grows with the positions held. A sliding window and dynamic RoPE scaling still copy. A copy of
+/// a cache shares what it holds and moves to storage of its own at its first such step, so copies
+/// go on independently. While gradients are recorded the held tensors keep their autograd history:
+/// run cached steps under NoGradGuard (generate does) unless a backward through every step is
+/// wanted.
+class KVCache {
+ public:
+  KVCache() = default;  ///< empty, no room reserved
+  /// Shares what `other` holds; its first step that writes in place moves it to storage of its own.
+  KVCache(const KVCache& other);
+  KVCache& operator=(const KVCache& other);          ///< as the copy constructor
+  KVCache(KVCache&&) noexcept = default;             ///< takes `other`'s storage and room
+  KVCache& operator=(KVCache&&) noexcept = default;  ///< takes `other`'s storage and room
+
+  /// The keys and the values held, each (B, P, KV * D): the P positions held, the last ones seen;
+  /// undefined while empty. With room reserved they are copies.
+  Tensor keys() const;
+  Tensor values() const;  ///< as keys()
+  /// The batch rows held (0 while empty).
+  std::size_t rows() const { return k_.defined() ? k_.shape()[0] : 0; }
+  /// P, the number of positions held (0 while empty).
+  std::size_t held() const { return held_; }
+  /// The number of positions seen, dropped ones included: the next position's index.
+  std::size_t length() const { return dropped + held_; }
+  /// Room for `positions` positions held in all (0: none, every step copies). A step that would
+  /// hold more throws, naming the reservation, and leaves the cache as it was. Fewer than held()
+  /// throws.
+  void reserve(std::size_t positions);
+  std::size_t reserved() const { return reserved_; }  ///< the room reserve() asked for (0: none)
+  /// The positions its storage has: held() and the room after them that is its own to write
+  /// (held() while it copies at each step).
+  std::size_t capacity() const { return owns_room_ ? k_.shape()[1] : held_; }
+  /// Keeps the batch rows `rows` (in that order), positions included. A row outside the batch throws.
+  void keep_rows(const std::vector<std::size_t>& rows);
+  /// Empties the cache; the reservation stays.
+  void clear();
+
   /// (B, P): with dynamic RoPE scaling, the held keys' positions when forward was given positions
   /// (a left-padded batch's rows count their own tokens); empty when the keys' indices are their
   /// positions.
   std::optional<IndexArray> positions;
-  /// Whether k holds keys turned by RoPE; a cache continues only in an attention that holds them alike.
+  /// Whether the keys held are turned by RoPE; a cache continues only in an attention that holds them alike.
   bool turned = false;
   /// The positions seen before the held ones, which a sliding window no longer needs.
   std::size_t dropped = 0;
-  /// P, the number of positions held (0 while empty).
-  std::size_t held() const { return k.defined() ? k.shape()[1] : 0; }
-  /// The number of positions seen, dropped ones included: the next position's index.
-  std::size_t length() const { return dropped + held(); }
-  /// Empties the cache.
-  void clear() { k = Tensor(), v = Tensor(), positions.reset(), turned = false, dropped = 0; }
+
+ private:
+  friend class Attention;
+  // Writes k and v (B, T, KV D) after the held positions, into room of its own for reserved_
+  // positions (made, the held positions copied in, when it has none or too little).
+  void write_after_held(const Tensor& k, const Tensor& v);
+  // (B, P, KV D) exactly, or (B, R, KV D) of which the first held_ positions are held.
+  Tensor k_, v_;
+  std::size_t held_ = 0, reserved_ = 0;
+  bool owns_room_ = false;  // whether the positions after held_ in k_ and v_ are this cache's to write
 };
 
 /// What Attention::forward returns.
@@ -229,10 +268,12 @@ class Attention : public Module, public RandomStream {
  private:
   Tensor norm_heads(const std::shared_ptr<RMSNorm>& norm, const Tensor& x) const;
   // Whether the tiled kernel computes this call (see AttentionKernel).
-  bool tiled(const AttentionMask& mask, std::size_t T, std::size_t S, std::size_t offset) const;
-  AttentionOutput attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
-                               std::size_t offset, std::size_t window) const;
-  AttentionOutput attend_grouped(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask) const;
+  bool tiled(const AttentionMask& mask, std::size_t T, std::size_t S, std::size_t offset, bool room) const;
+  // k and v hold S keys, or more (a KVCache's room), of which the first S are attended.
+  AttentionOutput attend_heads(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t S,
+                               const AttentionMask& mask, std::size_t offset, std::size_t window) const;
+  AttentionOutput attend_grouped(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t S,
+                                 const AttentionMask& mask) const;
   Tensor project_out(const Tensor& context) const;  // context -> z -> result -> out, the points on the way
   MultiHeadAttentionOptions options_;
 };

@@ -387,6 +387,8 @@ Generation LanguageModel::generate_impl(std::vector<std::int64_t> prompt, std::s
   NoGradGuard no_grad;
   try {
     LanguageModelCache cache;
+    // What the cache will hold at most: the tokens before the last, up to max_len.
+    cache.reserve(count - 1 >= max_len ? max_len : std::min(max_len, tokens.size() + count - 1));
     std::size_t begin = tokens.size() - std::min(tokens.size(), max_len);  // the context: tokens begin .. end
     recorded = begin;
     for (std::size_t step = 0; step < count; ++step) {
@@ -474,6 +476,7 @@ std::vector<Generation> LanguageModel::generate_batch(const std::vector<std::vec
   NoGradGuard no_grad;
   try {
     LanguageModelCache cache;
+    cache.reserve(L + count - 1);  // checked above: at most max_len
     for (std::size_t step = 0; step < count; ++step) {
       // Cached: the live rows' new tokens (the prompts at the first step); else their whole rows.
       const LanguageModelOutput run =

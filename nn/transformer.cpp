@@ -505,24 +505,31 @@ IndexArray LanguageModel::padded_positions(const IndexArray& ids, const Mask& ke
 }
 
 void LanguageModelCache::keep_rows(const std::vector<std::size_t>& rows) {
-  const std::size_t B = blocks.empty() || !blocks.front().k.defined() ? 0 : blocks.front().k.shape()[0];
-  IndexArray ids = IndexArray::from_shape({rows.size()});
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i] >= B) fail("LanguageModelCache::keep_rows: row ", rows[i], " is outside the batch of ", B, " rows");
-    ids(i) = static_cast<std::int64_t>(rows[i]);
+  const std::size_t B = blocks.empty() ? 0 : blocks.front().rows();
+  for (const std::size_t r : rows) {
+    if (r >= B) fail("LanguageModelCache::keep_rows: row ", r, " is outside the batch of ", B, " rows");
   }
   std::vector<KVCache> kept = blocks;
-  for (KVCache& c : kept) {
-    c.k = index_select(c.k, 0, ids);
-    c.v = index_select(c.v, 0, ids);
-    if (c.positions) c.positions = IndexArray(xt::view(*c.positions, xt::keep(rows), xt::all()));
-  }
+  for (KVCache& c : kept) c.keep_rows(rows);
   if (padding) padding = Mask(xt::view(*padding, xt::keep(rows), xt::all()));
   blocks = std::move(kept);
 }
 
-void LanguageModel::check_cache(LanguageModelCache& cache, std::size_t first) const {
-  if (cache.blocks.empty()) cache.blocks.resize(blocks.size());
+void LanguageModelCache::reserve(std::size_t positions) {
+  for (const KVCache& c : blocks) {
+    if (positions > 0 && positions < c.held()) {
+      fail("LanguageModelCache::reserve: ", positions, " positions is fewer than the ", c.held(), " a block holds");
+    }
+  }
+  for (KVCache& c : blocks) c.reserve(positions);
+  reserved_ = positions;
+}
+
+void LanguageModel::check_cache(LanguageModelCache& cache, std::size_t first, std::size_t n) const {
+  if (cache.blocks.empty()) {
+    cache.blocks.resize(blocks.size());
+    for (KVCache& c : cache.blocks) c.reserve(cache.reserved());
+  }
   if (cache.blocks.size() != blocks.size()) {
     fail("LanguageModel::forward_cached: the cache holds ", cache.blocks.size(), " blocks, the model has ",
          blocks.size());
@@ -533,13 +540,19 @@ void LanguageModel::check_cache(LanguageModelCache& cache, std::size_t first) co
            " positions");
     }
   }
+  for (const KVCache& c : cache.blocks) {
+    if (c.reserved() > 0 && c.held() + n > c.reserved()) {
+      fail("LanguageModel::forward_cached: ", n, " positions after the ", c.held(), " held go past the ", c.reserved(),
+           " the cache reserves (LanguageModelCache::reserve)");
+    }
+  }
 }
 
 LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, LanguageModelCache& cache,
                                                   Attentions attentions, Logits logits) const {
   const std::size_t first = cache.length();
   check_ids(ids, first);
-  check_cache(cache, first);
+  check_cache(cache, first, ids.shape()[1]);
   if (cache.padding) return forward_cached(ids, Mask(xt::zeros<bool>(ids.shape())), cache, attentions, logits);
   // A failed step leaves the cache as it was (each block would otherwise hold what it reached).
   const std::vector<KVCache> before = cache.blocks;
@@ -556,7 +569,7 @@ LanguageModelOutput LanguageModel::forward_cached(const IndexArray& ids, const M
                                                   Logits logits) const {
   const std::size_t first = cache.length();
   check_ids(ids, first);
-  check_cache(cache, first);
+  check_cache(cache, first, ids.shape()[1]);
   if (key_padding_mask.shape() != ids.shape()) {
     fail("LanguageModel::forward_cached: key_padding_mask of shape ", shape_str(key_padding_mask.shape()),
          " does not match ids of shape ", shape_str(ids.shape()));

@@ -290,11 +290,20 @@ struct LanguageModelCache {
   std::optional<Mask> padding;
   /// The number of positions seen (0 while empty), those a sliding window dropped included.
   std::size_t length() const { return blocks.empty() ? 0 : blocks.front().length(); }
-  /// Empties the cache.
+  /// Empties the cache; the reservation stays.
   void clear() { blocks.clear(), padding.reset(); }
   /// Keeps the batch rows `rows` (in that order) of every block's keys, values, positions and of
   /// the padding marks: rows that are done leave a batch. A row outside the batch throws.
   void keep_rows(const std::vector<std::size_t>& rows);
+  /// Room for `positions` positions in every block (KVCache::reserve), the blocks the first
+  /// forward_cached makes included: steps that record no gradients then write their keys and
+  /// values in place instead of copying the held ones. generate and generate_batch reserve what
+  /// they will hold. A step past it throws and changes nothing; fewer than a block holds throws.
+  void reserve(std::size_t positions);
+  std::size_t reserved() const { return reserved_; }  ///< the room reserve() asked for (0: none)
+
+ private:
+  std::size_t reserved_ = 0;
 };
 
 /// A decoder-only language model: h = embed_scale tok_emb(ids) + positions (learned or
@@ -403,7 +412,7 @@ class LanguageModel : public Module {
   // shape than ids, and for padding between real tokens under a sliding window.
   IndexArray padded_positions(const IndexArray& ids, const Mask& key_padding_mask) const;
   // Sizes an empty cache to the blocks; throws for one of another model or with blocks out of step.
-  void check_cache(LanguageModelCache& cache, std::size_t first) const;
+  void check_cache(LanguageModelCache& cache, std::size_t first, std::size_t n) const;
   Tensor head_logits(const Tensor& h) const;  // the head, then final_softcap
   Tensor checkpointed_block(std::size_t i, const Tensor& h, const AttentionMask& mask, const IndexArray* rotary) const;
   // generate.cpp; `who` names the public call in errors

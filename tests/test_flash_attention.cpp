@@ -8,9 +8,12 @@
 #include <limits>
 #include <vector>
 
+#include <xtensor/xview.hpp>
+
 #include "random_tensors.hpp"
 #include "require_gradcheck.hpp"
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/kernels/parallel.hpp"
@@ -286,6 +289,41 @@ TEST_CASE("flash_attention gives the same bits on one and two threads", "[flash_
   CHECK(max_abs_diff(one.dq, two.dq) == 0);
   CHECK(max_abs_diff(one.dk, two.dk) == 0);
   CHECK(max_abs_diff(one.dv, two.dv) == 0);
+}
+
+TEST_CASE("flash_attention with keys reads the first keys positions of k and v, as the same op on those alone",
+          "[flash_attention][cache][gemm]") {
+  // k and v hold 37 positions per entry, the last 9 of which hold garbage (a cache's room): keys 28
+  // gives the bits of flash_attention on the first 28 alone, and the garbage positions' gradients are zero.
+  const Tensor q = randn({2, 3, 16}, 30), k = randn({2, 37, 16}, 31), v = randn({2, 37, 16}, 32);
+  const std::size_t S = 28;
+  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+    for (const bool causal : {false, true}) {
+      INFO((precision == Precision::bf16 ? "bf16" : "fp32") << (causal ? ", causal" : ""));
+      const AutocastGuard guard(precision);
+      FlashAttentionOptions o;
+      o.query_tile = 2;
+      o.key_tile = 8;
+      FlashAttentionOptions room = o;
+      room.keys = S;
+      const Run in_room =
+          run([&](auto& a, auto& b, auto& d) { return flash_attention(a, b, d, 2, 0.4f, causal, room); }, q, k, v);
+      const Run alone = run([&](auto& a, auto& b, auto& d) { return flash_attention(a, b, d, 2, 0.4f, causal, o); }, q,
+                            slice(k, 1, 0, S), slice(v, 1, 0, S));
+      CHECK(max_abs_diff(in_room.out, alone.out) == 0);
+      CHECK(max_abs_diff(in_room.dq, alone.dq) == 0);
+      const Array dk = xt::view(in_room.dk, xt::all(), xt::range(0, S), xt::all());
+      const Array dv = xt::view(in_room.dv, xt::all(), xt::range(0, S), xt::all());
+      CHECK(max_abs_diff(dk, alone.dk) == 0);
+      CHECK(max_abs_diff(dv, alone.dv) == 0);
+      CHECK(xt::amax(xt::abs(xt::view(in_room.dk, xt::all(), xt::range(S, 37), xt::all())))() == 0.f);
+      CHECK(xt::amax(xt::abs(xt::view(in_room.dv, xt::all(), xt::range(S, 37), xt::all())))() == 0.f);
+    }
+  }
+  FlashAttentionOptions past;
+  past.keys = 38;
+  CHECK_THROWS_WITH(flash_attention(q, k, v, 2, 1.f, false, past),
+                    Catch::Matchers::Contains("flash_attention: keys 38 is more than the 37 positions k and v hold"));
 }
 
 TEST_CASE("flash_attention names itself and the value for shapes, tiles and dropout out of range",

@@ -143,7 +143,7 @@ TEST_CASE("keep_rows continues the rows it keeps, in its order", "[nn][generate]
   CHECK(max_abs_diff(xt::view(kept, 0), xt::view(full, 3)) < 1e-6f);
   CHECK(max_abs_diff(xt::view(kept, 1), xt::view(full, 0)) < 1e-6f);
   REQUIRE_THROWS_WITH(some.keep_rows({2}), Contains("LanguageModelCache::keep_rows: row 2 is outside the batch of 2"));
-  CHECK(some.blocks[0].k.shape()[0] == 2);
+  CHECK(some.blocks[0].keys().shape()[0] == 2);
 }
 
 TEST_CASE("generate_batch: every row is what generate gives it alone, stopping on its own",
@@ -273,14 +273,14 @@ TEST_CASE("bad input: generate_batch and padded forward_cached name what they re
                     Contains(fc + "row 0 has padding at position 5 after a real token; with sliding_window 3"));
   CHECK(cache.length() == 0);
   lm->forward_cached(ids, pad, cache);
-  const Array held = cache.blocks[0].k.value();
+  const Array held = cache.blocks[0].keys().value();
   CHECK_THROWS_WITH(lm->forward_cached(column({1, 2}), Mask(xt::zeros<bool>({2, 1})), cache),
                     Contains(fc + "the cache holds 4 rows, ids have 2"));
   CHECK_THROWS_WITH(lm->forward_cached(column({1, 1, 1, 1}), Mask(xt::ones<bool>({4, 1})), cache),
                     Contains(fc + "row 0 has padding at position 7 after a real token"));
   CHECK(cache.length() == 7);
   CHECK(cache.padding->shape()[1] == 7);
-  const bool same = cache.blocks[0].k.value() == held;
+  const bool same = cache.blocks[0].keys().value() == held;
   CHECK(same);
   // A cache filled without a mask continues only without one.
   nn::LanguageModelCache plain;

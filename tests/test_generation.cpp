@@ -97,6 +97,77 @@ TEST_CASE("forward_cached in pieces gives forward's logits and attention", "[nn]
   }
 }
 
+TEST_CASE("a cache with room reserved writes each step in place and gives the logits of one that copies",
+          "[nn][generate][cache][gemm]") {
+  const IndexArray ids = {{3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, {2, 7, 1, 8, 2, 8, 1, 8, 2, 8}};
+  const auto piece = [&](std::size_t from, std::size_t to) -> IndexArray {
+    return xt::view(ids, xt::all(), xt::range(from, to));
+  };
+  nn::LanguageModelOptions learned = variants()[0];
+  learned.max_len(12);
+  const std::vector<nn::LanguageModelOptions> models = {
+      learned, nn::LanguageModelOptions::llama_style(13, 16, 4, 2, 2).max_len(12).dropout(0.f)};
+  for (std::size_t m = 0; m < models.size(); ++m) {
+    INFO((m == 0 ? "learned positions, 2 heads" : "RoPE, 4 heads on 2 key/value heads"));
+    auto lm = testing::eval_lm(models[m], 5);
+    NoGradGuard no_grad;
+    nn::LanguageModelCache copying, room;
+    room.reserve(10);
+    std::size_t at = 0;
+    for (std::size_t n : {3, 1, 1, 4}) {
+      const Array want =
+          lm->forward_cached(piece(at, at + n), copying, nn::Attentions::none, nn::Logits::all).logits.value();
+      const Array got =
+          lm->forward_cached(piece(at, at + n), room, nn::Attentions::none, nn::Logits::all).logits.value();
+      at += n;
+      CHECK(max_abs_diff(got, want) < 1e-5f);
+      for (std::size_t b = 0; b < room.blocks.size(); ++b) {
+        CHECK(room.blocks[b].held() == at);
+        CHECK(room.blocks[b].capacity() == 10);  // one storage, written in place
+        CHECK(copying.blocks[b].capacity() == at);
+        CHECK(max_abs_diff(room.blocks[b].keys().value(), copying.blocks[b].keys().value()) < 1e-6f);
+        CHECK(max_abs_diff(room.blocks[b].values().value(), copying.blocks[b].values().value()) < 1e-6f);
+      }
+    }
+    // Past the room: an error naming it, and the cache as it was.
+    CHECK_THROWS_WITH(lm->forward_cached(IndexArray{{1, 2}, {3, 4}}, room),
+                      Contains("LanguageModel::forward_cached: 2 positions after the 9 held go past the 10 the cache "
+                               "reserves (LanguageModelCache::reserve)"));
+    CHECK(room.length() == 9);
+    CHECK_THROWS_WITH(room.reserve(8), Contains("LanguageModelCache::reserve: 8 positions is fewer than the 9"));
+    CHECK(room.reserved() == 10);
+    // A copy goes on from what it shares, in storage of its own: the original's next step, written
+    // where the copy would have written its own, stays.
+    nn::LanguageModelCache branch = room;
+    const Array a = lm->forward_cached(piece(9, 10), room).logits.value();
+    IndexArray sevens = IndexArray::from_shape({2, 1});
+    sevens.fill(7);
+    const Array b = lm->forward_cached(sevens, branch).logits.value();
+    CHECK(branch.blocks[0].capacity() == 10);
+    const Array a_again = lm->forward_cached(piece(9, 10), copying).logits.value();
+    CHECK(max_abs_diff(a, a_again) < 1e-5f);
+    IndexArray with_seven = ids;
+    xt::view(with_seven, xt::all(), 9) = 7;
+    CHECK(max_abs_diff(b, xt::view(lm->forward(with_seven).logits.value(), xt::all(), xt::range(9, 10), xt::all())) <
+          1e-5f);
+    CHECK(max_abs_diff(room.blocks[1].keys().value(), copying.blocks[1].keys().value()) < 1e-6f);
+  }
+}
+
+TEST_CASE("a cache with room copies while gradients are recorded, and backward runs through its steps",
+          "[nn][generate][cache][gemm]") {
+  auto lm = testing::eval_lm(nn::LanguageModelOptions::llama_style(13, 16, 4, 2, 2).max_len(12).dropout(0.f), 3);
+  const IndexArray ids = {{3, 1, 4, 1, 5}};
+  nn::LanguageModelCache cache;
+  cache.reserve(8);
+  const Tensor first = lm->forward_cached(xt::view(ids, xt::all(), xt::range(0, 3)), cache).logits;
+  const Tensor second = lm->forward_cached(xt::view(ids, xt::all(), xt::range(3, 5)), cache).logits;
+  CHECK(cache.blocks[0].capacity() == 5);  // recorded steps copy: the held tensors keep their history
+  sum(first + second).backward();
+  const Array grad = lm->parameters().front().grad();
+  CHECK(xt::amax(xt::abs(grad))() > 0.f);
+}
+
 TEST_CASE("cached generation gives the uncached tokens, greedy and sampled, within and past max_len",
           "[nn][generate][cache][gemm]") {
   const std::vector<Tokens> prompts = {{0}, {5, 5}, {1, 2, 3, 4, 5, 6, 7}, {12, 0, 3, 3, 9, 1, 2, 8, 4, 4, 11, 7}};
@@ -215,6 +286,22 @@ TEST_CASE("Attention with a KVCache continues the sequence it holds, and refuses
       Contains("MultiHeadAttention") && Contains("KVCache") && Contains("(2, 5, 8)") && Contains("(3, 1, 8)"));
   cache.clear();
   REQUIRE(cache.length() == 0);
+  // room no process could allocate is refused at the first step, which leaves the cache empty
+  NoGradGuard no_grad;  // only steps that record nothing write in place
+  cache.reserve(std::numeric_limits<std::size_t>::max() / 8);
+  REQUIRE_THROWS_WITH(attn.forward(x, causal, &cache),
+                      Contains("KVCache: room for 2305843009213693951 positions of 2 rows of 8 key and value channels "
+                               "needs") &&
+                          Contains("more than the"));
+  CHECK(cache.length() == 0);
+  cache.reserve(7);
+  attn.forward(slice(x, 1, 0, 3), causal, &cache);
+  CHECK(cache.capacity() == 7);
+  CHECK_THROWS_WITH(attn.forward(x, causal, &cache),
+                    Contains("MultiHeadAttention: 5 positions after the 3 the KVCache holds go past the 7 it reserves "
+                             "(KVCache::reserve)"));
+  CHECK(cache.length() == 3);
+  CHECK_THROWS_WITH(cache.reserve(2), Contains("KVCache::reserve: 2 positions is fewer than the 3 held"));
   // self-attention needs keys and values of the query's width
   nn::Attention cross(nn::MultiHeadAttentionOptions(8, 2).kdim(6).vdim(5), gen);
   REQUIRE_THROWS_WITH(cross.forward(x),

@@ -179,6 +179,9 @@ struct FlashAttentionOptions {
   /// With causal, a sliding window: query t (position S - T + t) sees only keys
   /// S - T + t - window + 1 .. S - T + t, and tiles wholly before that are skipped. 0: no window.
   std::size_t window = 0;
+  /// Attend to the first `keys` positions of k and v only (0: all): S is keys, and the positions
+  /// after it are never read (a KV cache with room to grow). Their gradients are zero.
+  std::size_t keys = 0;
 };
 /// attend(dropout(attention_weights(q, k, heads, scale, causal)), v, heads) without forming the
 /// weights: q (B, T, C), k and v (B, S, C) -> (B, T, C). An online softmax runs over tiles of

@@ -40,6 +40,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Dims {
   std::size_t B, T, S, H, D, C, Tq, Tk;
+  std::size_t rows;  // the positions k and v hold per entry (S of them attended): entry b's key s is row b rows + s
   bool causal;
   std::size_t window;  // with causal: keys within `window` positions of the query (0: every earlier one)
   // Keys query t may see: begin(t) <= s < end(t). Causal is bottom-right aligned (query t is
@@ -85,8 +86,10 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t
   if (o.query_tile < 1 || o.query_tile > kMaxTile || o.key_tile < 1 || o.key_tile > kMaxTile) {
     fail("flash_attention: query_tile ", o.query_tile, " and key_tile ", o.key_tile, " must be in [1, ", kMaxTile, "]");
   }
+  if (o.keys > ks[1]) fail("flash_attention: keys ", o.keys, " is more than the ", ks[1], " positions k and v hold");
   detail::check_dropout_probability("flash_attention: dropout", o.dropout);
-  return {qs[0], qs[1], ks[1], heads, qs[2] / heads, qs[2], o.query_tile, o.key_tile, causal, o.window};
+  const std::size_t S = o.keys > 0 ? o.keys : ks[1];
+  return {qs[0], qs[1], S, heads, qs[2] / heads, qs[2], o.query_tile, o.key_tile, ks[1], causal, o.window};
 }
 
 // One tile's dropout: row[j] *= keep / (1 - p) for keys s0 .. s0 + n - 1 of row r of (B, H, T),
@@ -118,6 +121,15 @@ blas::Bf16Vector bf16_copy(Precision precision, const Array& x) {
   blas::to_bf16(x.data(), x.size(), h.data());
   return h;
 }
+// The same for k or v (B, rows, C): the attended rows 0 .. S - 1 of each entry, in place in a
+// buffer of x's layout (the rest is never read).
+blas::Bf16Vector bf16_copy_keys(Precision precision, const Array& x, const Dims& d) {
+  if (precision != Precision::bf16 || d.S == d.rows) return bf16_copy(precision, x);
+  blas::Bf16Vector h(x.size());
+  for (std::size_t b = 0; b < d.B; ++b)
+    blas::to_bf16(x.data() + b * d.rows * d.C, d.S * d.C, h.data() + b * d.rows * d.C);
+  return h;
+}
 Operand operand(const Array& x, const blas::Bf16Vector& h) { return {x.data(), h.empty() ? nullptr : h.data()}; }
 
 // C = alpha op(A) op(B) + beta C: sgemm, or gemm_bf16 (fp32 accumulation) when B has bf16 values.
@@ -140,7 +152,7 @@ void forward_tile(const Dims& d, std::size_t b, std::size_t h, std::size_t t0, f
   const std::size_t first = d.begin(t0) / d.Tk * d.Tk, last = d.end(t0 + nq - 1);
   for (std::size_t s0 = first; s0 < last; s0 += d.Tk) {
     const std::size_t n = std::min(d.Tk, last - s0);
-    const Operand k = K.at((b * d.S + s0) * d.C + h * d.D), v = V.at((b * d.S + s0) * d.C + h * d.D);
+    const Operand k = K.at((b * d.rows + s0) * d.C + h * d.D), v = V.at((b * d.rows + s0) * d.C + h * d.D);
     product(false, true, nq, n, d.D, scale, q, d.C, k, d.C, 0.f, z.data(), d.Tk);
     for (std::size_t i = 0; i < nq; ++i) {
       float* zi = z.data() + i * d.Tk;
@@ -198,7 +210,7 @@ void backward_head(const Dims& d, std::size_t b, std::size_t h, float scale, Ope
   const float* lse = sv.lse.data() + (b * d.H + h) * d.T;
   for (std::size_t s0 = 0; s0 < d.S; s0 += d.Tk) {
     const std::size_t n = std::min(d.Tk, d.S - s0);
-    const std::size_t kv = (b * d.S + s0) * d.C + hd;
+    const std::size_t kv = (b * d.rows + s0) * d.C + hd;
     for (std::size_t t0 = 0; t0 < d.T; t0 += d.Tq) {
       const std::size_t nq = std::min(d.Tq, d.T - t0);
       if (d.end(t0 + nq - 1) <= s0 || d.begin(t0) >= s0 + n) continue;  // above the diagonal, before the window
@@ -255,8 +267,9 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   saved->lse.assign(d.B * d.H * d.T, kNegInf);
   Array out = Array::from_shape({d.B, d.T, d.C});
   std::fill(out.begin(), out.end(), 0.f);
-  const blas::Bf16Vector qh = bf16_copy(saved->precision, q.value()), kh = bf16_copy(saved->precision, k.value()),
-                         vh = bf16_copy(saved->precision, v.value());
+  const blas::Bf16Vector qh = bf16_copy(saved->precision, q.value()),
+                         kh = bf16_copy_keys(saved->precision, k.value(), d),
+                         vh = bf16_copy_keys(saved->precision, v.value(), d);
   const Operand Q = operand(q.value(), qh), K = operand(k.value(), kh), V = operand(v.value(), vh);
   float* O = out.data();
   const std::size_t tiles = (d.T + d.Tq - 1) / d.Tq, tasks = d.B * d.H * tiles;
@@ -272,7 +285,8 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::s
   return record("flash_attention", std::move(out), {q, k, v}, [d, scale, saved](GradContext& ctx) {
     const Precision precision = saved->precision;
     const blas::Bf16Vector gh = bf16_copy(precision, ctx.grad_out()), qh = bf16_copy(precision, ctx.input(0)),
-                           kh = bf16_copy(precision, ctx.input(1)), vh = bf16_copy(precision, ctx.input(2));
+                           kh = bf16_copy_keys(precision, ctx.input(1), d),
+                           vh = bf16_copy_keys(precision, ctx.input(2), d);
     const Operand G = operand(ctx.grad_out(), gh), Q = operand(ctx.input(0), qh), K = operand(ctx.input(1), kh),
                   V = operand(ctx.input(2), vh);
     const float* O = ctx.output().data();
