@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <xtensor/xview.hpp>
 
@@ -178,6 +180,41 @@ TEST_CASE(
                     Catch::Contains("rotary_embedding: rope scaling factor 0.5 must be >= 1"));
   CHECK_THROWS_WITH(turned({Type::llama3, 8.f, 1.f, 4.f, 0}),
                     Catch::Contains("rotary_embedding: rope scaling needs original_max_len > 0"));
+}
+
+TEST_CASE("rotary_embedding reuses a call's angles only for the same positions, theta, rotary_dim and scaling",
+          "[rotary]") {
+  // Each call right after the first differs from it in one thing; each must give what it gives as
+  // the first call on a thread of its own (whose angles are made afresh).
+  using Type = RopeScaling::Type;
+  const Array x = randn({1, 3, 8}, 41);
+  struct Call {
+    IndexArray positions;
+    float theta;
+    std::size_t rotary_dim;
+    RopeScaling scaling;
+  };
+  const Call first{positions_from(5, 3), 100.f, 0, {Type::llama3, 8.f, 1.f, 4.f, 64}};
+  std::vector<Call> calls(7, first);
+  calls[0].positions = positions_from(6, 3);
+  calls[1].theta = 101.f;
+  calls[2].rotary_dim = 4;
+  calls[3].scaling.factor = 2.f;
+  calls[4].scaling.low_freq_factor = 2.f;
+  calls[5].scaling.high_freq_factor = 3.f;
+  calls[6].scaling.original_max_len = 128;
+  const auto turn = [&](const Call& c) {
+    return rotary_embedding(Tensor(x), 1, c.positions, c.theta, c.rotary_dim, c.scaling).value();
+  };
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    INFO("call " << i);
+    Array alone;
+    std::thread([&] { alone = turn(calls[i]); }).join();
+    turn(first);
+    const Array after = turn(calls[i]);
+    CHECK(bool(after == alone));
+    CHECK_FALSE(bool(after == turn(first)));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
