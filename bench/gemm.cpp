@@ -6,8 +6,8 @@
 // products of each benchmark configuration as one blas::sgemm_batched call (with oneDNN forced,
 // and under `auto`) against a loop of blas::sgemm, the measurement behind blas.cpp's rules for
 // batches. A third
-// table times bf16 products (blas::gemm_bf16) against fp32 ones: oneDNN's bf16 matmul alone on
-// bf16 operands, gemm_bf16 from fp32 operands (rounding included) on each path, the measurement
+// table times bf16 products (blas::gemm at Precision::bf16) against fp32 ones: oneDNN's bf16 matmul alone on
+// bf16 operands, blas::gemm from fp32 operands (rounding included) on each path, the measurement
 // behind blas_bf16.cpp's rule for small products (--bf16-only prints this table alone). A fourth
 // table gives decode's matrix-vector products in GB/s against the read bandwidth measured in the
 // same run (--matvec-only prints it alone).
@@ -90,7 +90,7 @@ struct HeadForm {
 };
 const HeadForm kHeadForms[] = {{"scores (NT)", false, true}, {"P v (NN)", false, false}, {"P^T dO (TN)", true, false}};
 
-// How one batch of heads runs: a loop of sgemm, one sgemm_batched call, or one gemm_bf16_batched
+// How one batch of heads runs: a loop of sgemm, one sgemm_batched call, or one gemm_batched (bf16)
 // call on operands already in bf16 (as attention's are under a bf16 guard).
 enum class HeadRun { loop, batched, batched_bf16 };
 
@@ -112,7 +112,10 @@ double head_seconds(const HeadBatch& h, const HeadForm& f, HeadRun run, const st
   if (run == HeadRun::batched) {
     blas::sgemm_batched(f.ta, f.tb, h.B, h.H, m, n, k, 1.f, a, heads, 0.f, c);
   } else if (run == HeadRun::batched_bf16) {
-    blas::gemm_bf16_batched(f.ta, f.tb, h.B, h.H, m, n, k, 1.f, to_scores ? heads16 : blocks16, heads16, 0.f, c);
+    const blas::Strided<const std::uint16_t> a16 = to_scores ? heads16 : blocks16;
+    blas::gemm_batched(Precision::bf16, f.ta, f.tb, h.B, h.H, m, n, k, 1.f,
+                       {a16.data, a16.ld, a16.batch_stride, a16.head_stride},
+                       {heads16.data, heads16.ld, heads16.batch_stride, heads16.head_stride}, 0.f, c);
   } else {
     for (std::size_t b = 0; b < h.B; ++b) {
       for (std::size_t i = 0; i < h.H; ++i) {
@@ -154,7 +157,7 @@ double seconds_by(const Product& s, F run) {
 void bf16_table(std::size_t reps, Generator& gen) {
   const bool hardware = blas::bf16_hardware_available();
   std::printf("\nbf16 products, one thread (hardware path %s on this CPU)\n", hardware ? "available" : "not available");
-  std::printf("%-22s %9s %11s %11s %11s %7s %7s\n", "M x N x K (op)", "fp32", "oneDNN bf16", "gemm_bf16 hw", "emulated",
+  std::printf("%-22s %9s %11s %11s %11s %7s %7s\n", "M x N x K (op)", "fp32", "oneDNN bf16", "gemm bf16 hw", "emulated",
               "hw/fp32", "gb/fp32");
   const blas::Bf16Path before = blas::bf16_path();
   for (const Product& s : kBf16Shapes) {
@@ -179,13 +182,13 @@ void bf16_table(std::size_t reps, Generator& gen) {
         });
         blas::set_bf16_path(blas::Bf16Path::hardware);
         h = seconds_by(s, [&] {
-          blas::gemm_bf16(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n);
+          blas::gemm(Precision::bf16, s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n);
         });
       }
 #endif
       blas::set_bf16_path(blas::Bf16Path::emulated);
       const double e = seconds_by(s, [&] {
-        blas::gemm_bf16(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n);
+        blas::gemm(Precision::bf16, s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n);
       });
       if (r >= 2) t32.push_back(f), tdirect.push_back(d), thw.push_back(h), temu.push_back(e);
     }
@@ -233,7 +236,7 @@ float read_all(const float* x, std::size_t n) {
 
 // GB/s of the weight read by each engine and under auto (xgrad's few-rows kernel), against the read
 // bandwidth measured in the same rounds (alternating, medians); then the same weight held in bf16
-// (blas::gemm_bf16 with a bf16 B, as a model's weights under Precision::bf16): oneDNN's bf16 matmul
+// (blas::gemm in bf16 with a bf16 B, as a model's weights under Precision::bf16): oneDNN's bf16 matmul
 // (engine forced) and auto, in GB/s of the bf16 bytes, and auto's speed-up over its fp32 product.
 void matvec_table(std::size_t reps, Generator& gen) {
   std::printf(
@@ -267,7 +270,8 @@ void matvec_table(std::size_t reps, Generator& gen) {
       for (int e = 1; e < 3; ++e) {
         blas::set_engine(engines[e]);
         const double t16 = seconds_by(s, [&] {
-          blas::gemm_bf16(false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b16.data(), s.k, 0.f, c.data(), s.n);
+          blas::gemm(Precision::bf16, false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b16.data(), s.k, 0.f, c.data(),
+                     s.n);
         });
         if (r >= 2) times[3 + e].push_back(t16);
       }
@@ -283,7 +287,7 @@ void matvec_table(std::size_t reps, Generator& gen) {
                 100 * row.rate[2] / row.rate[3]);
   }
   std::printf(
-      "\nThe same products with W held in bf16 (gemm_bf16, %s path), GB/s of the bf16 bytes; speed-up: "
+      "\nThe same products with W held in bf16 (blas::gemm in bf16, %s path), GB/s of the bf16 bytes; speed-up: "
       "auto's time in fp32 over its time in bf16\n",
       blas::bf16_path_name(path).c_str());
   std::printf("%-22s %9s %9s %11s %9s\n", "m x N x K", "oneDNN", "auto", "auto/read", "speed-up");
@@ -349,7 +353,7 @@ int main(int argc, char** argv) {
     // Attention's heads: the loop of sgemm under auto; one sgemm_batched call with oneDNN forced
     // (its matmul primitive, for products of 2^12 to 2^21 multiply-adds); one sgemm_batched call
     // under auto (the small-product kernel for C at most 64 wide, else as forced), which `ratio`
-    // compares with the loop; and one gemm_bf16_batched call (bf16 operands: the products under a
+    // compares with the loop; and one gemm_batched call (bf16 operands: the products under a
     // bf16 guard; "n/a" without the hardware path).
     const bool bf16_hardware = blas::bf16_path() == blas::Bf16Path::hardware;
     const bool onednn = blas::has_engine(blas::Engine::onednn);

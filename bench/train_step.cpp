@@ -133,7 +133,7 @@ double gemm_peak(std::size_t n, blas::Engine engine) {
 }
 
 // The peak of a square bf16 product of size n (operands already bf16, accumulated in fp32:
-// gemm_bf16 on its current path).
+// blas::gemm in bf16 on its current path).
 double gemm_bf16_peak(std::size_t n) {
   Generator gen(1);
   const Array a = gen.uniform({n, n}, -1.f, 1.f), b = gen.uniform({n, n}, -1.f, 1.f);
@@ -141,8 +141,9 @@ double gemm_bf16_peak(std::size_t n) {
   blas::to_bf16(a.data(), a.size(), a16.data());
   blas::to_bf16(b.data(), b.size(), b16.data());
   Array c = xt::zeros<float>({n, n});
-  return best_gflops(
-      n, [&] { blas::gemm_bf16(false, false, n, n, n, 1.f, a16.data(), n, b16.data(), n, 0.f, c.data(), n); });
+  return best_gflops(n, [&] {
+    blas::gemm(Precision::bf16, false, false, n, n, n, 1.f, a16.data(), n, b16.data(), n, 0.f, c.data(), n);
+  });
 }
 
 // How the step is shared: rank `rank` of `ranks` takes rows [rank B / ranks, (rank + 1) B / ranks).

@@ -1,4 +1,4 @@
-// bf16 mixed precision: rounding to bf16, gemm_bf16 and gemm_bf16_batched against a double
+// bf16 mixed precision: rounding to bf16, blas::gemm and gemm_batched in bf16 against a double
 // reference of the rounded operands and against fp32, linear, matmul and the attention ops under
 // AutocastGuard (forward and backward, the backward's precision recorded at forward), fp32
 // unchanged bit for bit, the guard's nesting and threads, the optimizer's refusal, the weight
@@ -163,7 +163,7 @@ TEST_CASE("to_bf16 rounds to nearest, ties to even, and keeps NaN, inf and subno
   CHECK(mismatches == 0);
 }
 
-TEST_CASE("gemm_bf16 is the product of the rounded operands accumulated in fp32", "[bf16][gemm]") {
+TEST_CASE("gemm in bf16 is the product of the rounded operands accumulated in fp32", "[bf16][gemm]") {
   struct Case {
     std::size_t m, n, k;
     bool ta, tb;
@@ -202,25 +202,36 @@ TEST_CASE("gemm_bf16 is the product of the rounded operands accumulated in fp32"
       };
       // every operand form gives the same product
       std::vector<std::vector<float>> results;
-      for (int form = 0; form < 4; ++form) {
+      for (int form = 0; form < 5; ++form) {
         std::vector<float> c = c0;
-        if (form == 0) {
-          blas::gemm_bf16(p.ta, p.tb, p.m, p.n, p.k, p.alpha, a16.data(), lda, b16.data(), ldb, p.beta, c.data(), ldc);
+        if (form == 4) {  // both forms of each operand
+          blas::gemm(Precision::bf16, p.ta, p.tb, p.m, p.n, p.k, p.alpha, {a.data(), a16.data()}, lda,
+                     {b.data(), b16.data()}, ldb, p.beta, c.data(), ldc);
+        } else if (form == 0) {
+          blas::gemm(Precision::bf16, p.ta, p.tb, p.m, p.n, p.k, p.alpha, a16.data(), lda, b16.data(), ldb, p.beta,
+                     c.data(), ldc);
         } else if (form == 1) {
-          blas::gemm_bf16(p.ta, p.tb, p.m, p.n, p.k, p.alpha, a.data(), lda, b.data(), ldb, p.beta, c.data(), ldc);
+          blas::gemm(Precision::bf16, p.ta, p.tb, p.m, p.n, p.k, p.alpha, a.data(), lda, b.data(), ldb, p.beta,
+                     c.data(), ldc);
         } else if (form == 2) {
-          blas::gemm_bf16(p.ta, p.tb, p.m, p.n, p.k, p.alpha, a.data(), lda, b16.data(), ldb, p.beta, c.data(), ldc);
+          blas::gemm(Precision::bf16, p.ta, p.tb, p.m, p.n, p.k, p.alpha, a.data(), lda, b16.data(), ldb, p.beta,
+                     c.data(), ldc);
         } else {
-          blas::gemm_bf16(p.ta, p.tb, p.m, p.n, p.k, p.alpha, a16.data(), lda, b.data(), ldb, p.beta, c.data(), ldc);
+          blas::gemm(Precision::bf16, p.ta, p.tb, p.m, p.n, p.k, p.alpha, a16.data(), lda, b.data(), ldb, p.beta,
+                     c.data(), ldc);
         }
         results.push_back(c);
       }
-      for (int form = 1; form < 4; ++form) CHECK(results[form] == results[0]);
+      for (int form = 1; form < 5; ++form) CHECK(results[form] == results[0]);
       const std::vector<float>& c = results[0];
       // against double of the rounded operands, to fp32 accumulation (tight), and against fp32
       // operands to bf16's rounding (about 2^-8 relative)
-      std::vector<float> c32 = c0;
+      std::vector<float> c32 = c0, c32_both = c0;
       blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, a.data(), lda, b.data(), ldb, p.beta, c32.data(), ldc);
+      // fp32 multiplies the float32 values even where a bf16 copy is at hand
+      blas::gemm(Precision::fp32, p.ta, p.tb, p.m, p.n, p.k, p.alpha, {a.data(), a16.data()}, lda,
+                 {b.data(), b16.data()}, ldb, p.beta, c32_both.data(), ldc);
+      CHECK(c32_both == c32);
       double worst_tight = 0, worst_loose = 0;
       for (std::size_t i = 0; i < p.m; ++i) {
         for (std::size_t j = 0; j < p.n; ++j) {
@@ -244,19 +255,52 @@ TEST_CASE("gemm_bf16 is the product of the rounded operands accumulated in fp32"
   }
 }
 
-TEST_CASE("gemm_bf16 with beta 0 overwrites C, NaN included, and K = 0 scales C", "[bf16][gemm]") {
+TEST_CASE("an fp32 product of an operand held only in bf16 is refused by name", "[bf16][gemm]") {
+  const std::vector<float> x(6, 1.f);
+  const std::vector<std::uint16_t> x16(6, blas::to_bf16(1.f));
+  std::vector<float> c(4, 7.f);
+  REQUIRE_THROWS_WITH(
+      blas::gemm(Precision::fp32, false, true, 2, 2, 3, 1.f, x.data(), 3, x16.data(), 3, 0.f, c.data(), 2),
+      Contains("blas::gemm: an fp32 product of B, which is held only in bf16"));
+  REQUIRE_THROWS_WITH(blas::linear(Precision::fp32, 2, 2, 3, x16.data(), x.data(), nullptr, c.data()),
+                      Contains("blas::linear: an fp32 product of X, which is held only in bf16"));
+  REQUIRE_THROWS_WITH(blas::gemm_batched(Precision::fp32, false, true, 1, 1, 2, 2, 3, 1.f, {x16.data(), 3, 0, 0},
+                                         {x.data(), 3, 0, 0}, 0.f, {c.data(), 2, 0, 0}),
+                      Contains("blas::gemm_batched: an fp32 product of A"));
+  CHECK(c == std::vector<float>(4, 7.f));  // nothing written
+}
+
+TEST_CASE("gemm_batched in bf16 rounds an operand held in float32 as gemm does", "[bf16][gemm]") {
+  // B (2 batches x 2 heads of 8 x 16) float32 only: each product is gemm's on the same numbers
+  const Array a = random_array({2, 8, 32}, 71), b = random_array({2, 8, 32}, 72);
+  std::vector<std::uint16_t> a16(a.size());
+  blas::to_bf16(a.data(), a.size(), a16.data());
+  std::vector<float> c(2 * 2 * 8 * 8), want(c.size());
+  blas::gemm_batched(Precision::bf16, false, true, 2, 2, 8, 8, 16, 1.f, {a16.data(), 32, 8 * 32, 16},
+                     {b.data(), 32, 8 * 32, 16}, 0.f, {c.data(), 8, 2 * 64, 64});
+  for (std::size_t i = 0; i < 2; ++i) {
+    for (std::size_t h = 0; h < 2; ++h) {
+      blas::gemm(Precision::bf16, false, true, 8, 8, 16, 1.f, a16.data() + i * 8 * 32 + h * 16, 32,
+                 b.data() + i * 8 * 32 + h * 16, 32, 0.f, want.data() + (i * 2 + h) * 64, 8);
+    }
+  }
+  CHECK(c == want);
+  CHECK(std::any_of(c.begin(), c.end(), [](float v) { return v != 0.f; }));
+}
+
+TEST_CASE("gemm in bf16 with beta 0 overwrites C, NaN included, and K = 0 scales C", "[bf16][gemm]") {
   for (blas::Bf16Path path : runnable_paths()) {
     PathScope scope(path);
     const std::size_t m = 64, n = 64, k = 64;
     std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), c(m * n, std::numeric_limits<float>::quiet_NaN());
-    blas::gemm_bf16(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c.data(), n);
+    blas::gemm(Precision::bf16, false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c.data(), n);
     for (float v : c) REQUIRE(v == 8.f);
-    blas::gemm_bf16(false, false, m, n, 0, 1.f, a.data(), k, b.data(), n, 0.5f, c.data(), n);
+    blas::gemm(Precision::bf16, false, false, m, n, 0, 1.f, a.data(), k, b.data(), n, 0.5f, c.data(), n);
     for (float v : c) REQUIRE(v == 4.f);
   }
 }
 
-TEST_CASE("linear_bf16 adds the bias in fp32 to the bf16 product", "[bf16][gemm]") {
+TEST_CASE("linear in bf16 adds the bias in fp32 to the bf16 product", "[bf16][gemm]") {
   // Small (emulated on every path), above kBf16MinWork (the hardware path adds the bias inside
   // oneDNN's primitive), and wide enough that two threads split it by columns (each piece with
   // its own part of the bias); X float32 and bf16, W float32 and bf16.
@@ -276,11 +320,12 @@ TEST_CASE("linear_bf16 adds the bias in fp32 to the bf16 product", "[bf16][gemm]
       CAPTURE(blas::bf16_path_name(path), c.rows, c.out, c.in, c.threads);
       const std::size_t n = c.rows * c.out;
       std::vector<float> y(n), y2(n), y3(n), y4(n), ref(n);
-      blas::linear_bf16(c.rows, c.out, c.in, x.data(), w16.data(), bias.data(), y.data());
-      blas::linear_bf16(c.rows, c.out, c.in, x.data(), w.data(), bias.data(), y2.data());
-      blas::linear_bf16(c.rows, c.out, c.in, x16.data(), w16.data(), bias.data(), y3.data());
-      blas::linear_bf16(c.rows, c.out, c.in, x16.data(), w.data(), bias.data(), y4.data());
-      blas::gemm_bf16(false, true, c.rows, c.out, c.in, 1.f, x.data(), c.in, w16.data(), c.in, 0.f, ref.data(), c.out);
+      blas::linear(Precision::bf16, c.rows, c.out, c.in, x.data(), w16.data(), bias.data(), y.data());
+      blas::linear(Precision::bf16, c.rows, c.out, c.in, x.data(), w.data(), bias.data(), y2.data());
+      blas::linear(Precision::bf16, c.rows, c.out, c.in, x16.data(), w16.data(), bias.data(), y3.data());
+      blas::linear(Precision::bf16, c.rows, c.out, c.in, x16.data(), w.data(), bias.data(), y4.data());
+      blas::gemm(Precision::bf16, false, true, c.rows, c.out, c.in, 1.f, x.data(), c.in, w16.data(), c.in, 0.f,
+                 ref.data(), c.out);
       for (std::size_t r = 0; r < c.rows; ++r)
         for (std::size_t j = 0; j < c.out; ++j) ref[r * c.out + j] += bias[j];
       CHECK(y == ref);
@@ -439,7 +484,7 @@ TEST_CASE("linear and matmul under a bf16 guard agree with fp32 to bf16's roundi
 TEST_CASE("the linear and matmul forwards are the bf16 products of the rounded operands", "[bf16][ops][gemm]") {
   const Array x = random_array({20, 48}, 21), w = random_array({40, 48}, 22);
   std::vector<float> ref(20 * 40);
-  blas::gemm_bf16(false, true, 20, 40, 48, 1.f, x.data(), 48, w.data(), 48, 0.f, ref.data(), 40);
+  blas::gemm(Precision::bf16, false, true, 20, 40, 48, 1.f, x.data(), 48, w.data(), 48, 0.f, ref.data(), 40);
   AutocastGuard guard(Precision::bf16);
   const Tensor y = linear(Tensor(x), Tensor(w, true));
   CHECK(std::vector<float>(y.value().begin(), y.value().end()) == ref);
@@ -602,7 +647,7 @@ TEST_CASE("a parameter is converted to bf16 once per update", "[bf16][cache][gem
   // the new copy is of the new values
   AutocastGuard guard(Precision::bf16);
   std::vector<float> ref(4 * 32);
-  blas::gemm_bf16(false, true, 4, 32, 16, 1.f, x.data(), 16, w.value().data(), 16, 0.f, ref.data(), 32);
+  blas::gemm(Precision::bf16, false, true, 4, 32, 16, 1.f, x.data(), 16, w.value().data(), 16, 0.f, ref.data(), 32);
   const Tensor y = linear(Tensor(x), w);
   CHECK(std::vector<float>(y.value().begin(), y.value().end()) == ref);
   // a write through a detach()ed handle (same storage) invalidates too
@@ -627,15 +672,18 @@ TEST_CASE("an activation is converted to bf16 once for the products that read it
   CHECK(detail::activation_bf16_conversions() - before == 1);
   // the products read the copy of h's values: q = h w1^T, dW1 = (dq)^T h = k^T h, both rounded
   std::vector<float> ref(6 * 8), dw1(8 * 16, 0.f);
-  blas::gemm_bf16(false, true, 6, 8, 16, 1.f, h.value().data(), 16, w1.value().data(), 16, 0.f, ref.data(), 8);
+  blas::gemm(Precision::bf16, false, true, 6, 8, 16, 1.f, h.value().data(), 16, w1.value().data(), 16, 0.f, ref.data(),
+             8);
   CHECK(std::vector<float>(q.value().begin(), q.value().end()) == ref);
-  blas::gemm_bf16(true, false, 8, 16, 6, 1.f, k.value().data(), 8, h.value().data(), 16, 0.f, dw1.data(), 16);
+  blas::gemm(Precision::bf16, true, false, 8, 16, 6, 1.f, k.value().data(), 8, h.value().data(), 16, 0.f, dw1.data(),
+             16);
   CHECK(std::vector<float>(w1.grad().begin(), w1.grad().end()) == dw1);
   // an in-place write makes the copy stale: the next product converts the new values
   h.detach().mutable_value() *= 3.f;
   const Tensor q2 = linear(h, w1);
   CHECK(detail::activation_bf16_conversions() - before == 2);
-  blas::gemm_bf16(false, true, 6, 8, 16, 1.f, h.value().data(), 16, w1.value().data(), 16, 0.f, ref.data(), 8);
+  blas::gemm(Precision::bf16, false, true, 6, 8, 16, 1.f, h.value().data(), 16, w1.value().data(), 16, 0.f, ref.data(),
+             8);
   CHECK(std::vector<float>(q2.value().begin(), q2.value().end()) == ref);
 }
 
@@ -645,7 +693,7 @@ TEST_CASE("the bf16 copies are safe from several threads", "[bf16][cache][thread
   const Array x = random_array({8, 32}, 82);
   const Tensor shared(x);  // one activation whose bf16 copy every thread reads (or makes)
   std::vector<float> ref(8 * 64);
-  blas::gemm_bf16(false, true, 8, 64, 32, 1.f, x.data(), 32, w.value().data(), 32, 0.f, ref.data(), 64);
+  blas::gemm(Precision::bf16, false, true, 8, 64, 32, 1.f, x.data(), 32, w.value().data(), 32, 0.f, ref.data(), 64);
   std::vector<int> ok(4, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -768,7 +816,8 @@ TEST_CASE("an unknown XGRAD_BF16 is an Error naming the variable and the value",
   REQUIRE_THROWS_WITH(blas::bf16_path(), Contains("XGRAD_BF16") && Contains("'fast'") && Contains("hardware"));
   const float a = 1, b = 2;
   float c = 0;
-  REQUIRE_THROWS_WITH(blas::gemm_bf16(false, false, 1, 1, 1, 1.f, &a, 1, &b, 1, 0.f, &c, 1), Contains("XGRAD_BF16"));
+  REQUIRE_THROWS_WITH(blas::gemm(Precision::bf16, false, false, 1, 1, 1, 1.f, &a, 1, &b, 1, 0.f, &c, 1),
+                      Contains("XGRAD_BF16"));
   AutocastGuard guard(Precision::bf16);
   REQUIRE_THROWS_WITH(linear(Tensor::full({1, 1}, 1.f), Tensor::full({1, 1}, 2.f, true)), Contains("XGRAD_BF16"));
 }
@@ -780,7 +829,7 @@ TEST_CASE("XGRAD_BF16=hardware runs where the hardware path exists and is an Err
   float c[4] = {};
   if (blas::bf16_hardware_available()) {
     CHECK(blas::bf16_path() == blas::Bf16Path::hardware);
-    blas::gemm_bf16(false, false, 2, 2, 2, 1.f, a, 2, b, 2, 0.f, c, 2);
+    blas::gemm(Precision::bf16, false, false, 2, 2, 2, 1.f, a, 2, b, 2, 0.f, c, 2);
     CHECK(c[3] == 4.f);
   } else {
     REQUIRE_THROWS_WITH(blas::bf16_path(), Contains("XGRAD_BF16=hardware") && Contains("cannot run here"));
@@ -800,8 +849,8 @@ TEST_CASE("on a CPU without bf16 hardware the products are emulated, said once",
   std::streambuf* before = std::cerr.rdbuf(captured.rdbuf());
   const Array x = random_array({64, 64}, 91), w = random_array({64, 64}, 92);
   std::vector<float> c(64 * 64), ref(64 * 64);
-  blas::gemm_bf16(false, true, 64, 64, 64, 1.f, x.data(), 64, w.data(), 64, 0.f, c.data(), 64);
-  blas::gemm_bf16(false, true, 64, 64, 64, 1.f, x.data(), 64, w.data(), 64, 0.f, c.data(), 64);
+  blas::gemm(Precision::bf16, false, true, 64, 64, 64, 1.f, x.data(), 64, w.data(), 64, 0.f, c.data(), 64);
+  blas::gemm(Precision::bf16, false, true, 64, 64, 64, 1.f, x.data(), 64, w.data(), 64, 0.f, c.data(), 64);
   std::cerr.rdbuf(before);
   const std::string text = captured.str();
   CHECK_THAT(text, Contains("bf16 products are emulated on this CPU") && Contains("not faster"));
@@ -853,7 +902,7 @@ TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and back
   check_follows_guard(run);
 }
 
-TEST_CASE("gemm_bf16_batched is each product's gemm_bf16, in one oneDNN call where it runs", "[bf16][gemm]") {
+TEST_CASE("gemm_batched in bf16 is each product's gemm, in one oneDNN call where it runs", "[bf16][gemm]") {
   // attention's layouts: heads side by side in (B, L, H D) rows, and (B, H, T, S) blocks
   struct Case {
     std::size_t batches, heads, m, n, k;
@@ -882,16 +931,16 @@ TEST_CASE("gemm_bf16_batched is each product's gemm_bf16, in one oneDNN call whe
       const std::size_t lda = p.heads * a_cols, ldb = p.heads * b_cols;
       std::vector<float> c(c0.begin(), c0.end()), want = c;
       const std::size_t calls_before = blas::detail::onednn_batched_calls();
-      blas::gemm_bf16_batched(p.ta, p.tb, p.batches, p.heads, p.m, p.n, p.k, p.alpha,
-                              {a16.data(), lda, a_rows * lda, a_cols}, {b16.data(), ldb, b_rows * ldb, b_cols}, p.beta,
-                              {c.data(), p.n, p.heads * p.m * p.n, p.m * p.n});
+      blas::gemm_batched(Precision::bf16, p.ta, p.tb, p.batches, p.heads, p.m, p.n, p.k, p.alpha,
+                         {a16.data(), lda, a_rows * lda, a_cols}, {b16.data(), ldb, b_rows * ldb, b_cols}, p.beta,
+                         {c.data(), p.n, p.heads * p.m * p.n, p.m * p.n});
       const bool batched_call = blas::detail::onednn_batched_calls() > calls_before;
       double worst = 0, scale = 0;
       for (std::size_t i = 0; i < p.batches; ++i) {
         for (std::size_t h = 0; h < p.heads; ++h) {
           float* w = want.data() + (i * p.heads + h) * p.m * p.n;
-          blas::gemm_bf16(p.ta, p.tb, p.m, p.n, p.k, p.alpha, a16.data() + i * a_rows * lda + h * a_cols, lda,
-                          b16.data() + i * b_rows * ldb + h * b_cols, ldb, p.beta, w, p.n);
+          blas::gemm(Precision::bf16, p.ta, p.tb, p.m, p.n, p.k, p.alpha, a16.data() + i * a_rows * lda + h * a_cols,
+                     lda, b16.data() + i * b_rows * ldb + h * b_cols, ldb, p.beta, w, p.n);
         }
       }
       for (std::size_t i = 0; i < c.size(); ++i) {

@@ -64,7 +64,7 @@ Operands operands(const Product& p) {
   return o;
 }
 
-// How the product is asked for: blas::sgemm, or blas::gemm_bf16 with A float32 and B held in bf16
+// How the product is asked for: blas::sgemm, or blas::gemm in bf16 with A float32 and B held in bf16
 // (a weight's copy under Precision::bf16).
 enum class Form { fp32, bf16_b };
 
@@ -73,8 +73,8 @@ std::vector<float> run(blas::Engine e, const Product& p, Operands o, Form form =
   if (form == Form::bf16_b) {
     std::vector<std::uint16_t> b16(o.b.size());
     blas::to_bf16(o.b.data(), o.b.size(), b16.data());
-    blas::gemm_bf16(p.ta, p.tb, p.m, p.n, p.k, p.alpha, o.a.data(), o.lda, b16.data(), o.ldb, p.beta, o.c.data(),
-                    o.ldc);
+    blas::gemm(Precision::bf16, p.ta, p.tb, p.m, p.n, p.k, p.alpha, o.a.data(), o.lda, b16.data(), o.ldb, p.beta,
+               o.c.data(), o.ldc);
   } else {
     blas::sgemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, o.a.data(), o.lda, o.b.data(), o.ldb, p.beta, o.c.data(), o.ldc);
   }

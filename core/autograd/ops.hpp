@@ -162,7 +162,7 @@ Tensor attention_scores(const Tensor& q, const Tensor& k, std::size_t heads, flo
 /// out[b, :, hD:(h+1)D] = P[b, h] v_h.
 ///
 /// attention_weights, attention_scores and attend under a bf16 AutocastGuard: their products,
-/// forward and backward, take bf16 operands and accumulate in fp32 (blas::gemm_bf16_batched), as
+/// forward and backward, take bf16 operands and accumulate in fp32 (blas::gemm_batched at Precision::bf16), as
 /// linear's do; softmax and its backward stay fp32.
 Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads);
 

@@ -99,10 +99,7 @@ std::size_t block_size(const Heads& d, const HeadBlock& k) {
 }
 
 // A product operand: its float32 values, and under bf16 their bf16 copy (else null).
-struct Operand {
-  const float* f;
-  const std::uint16_t* h;
-};
+using blas::Operand;
 using Bf16Copy = std::shared_ptr<const blas::Bf16Vector>;
 
 // An input's operand at `precision`: in bf16 with its copy, made once per value (kept on its
@@ -121,12 +118,10 @@ void batched(bool ta, bool tb, const HeadBlock& k, std::size_t m, std::size_t n,
              Operand a, const blas::Strided<const float>& as, Operand b, const blas::Strided<const float>& bs,
              float beta, const blas::Strided<float>& c) {
   const std::size_t nb = k.b1 - k.b0, nh = k.h1 - k.h0;
-  if (a.h && b.h) {
-    const blas::Strided<const std::uint16_t> ah{a.h + (as.data - a.f), as.ld, as.batch_stride, as.head_stride},
-        bh{b.h + (bs.data - b.f), bs.ld, bs.batch_stride, bs.head_stride};
-    return blas::gemm_bf16_batched(ta, tb, nb, nh, m, n, depth, alpha, ah, bh, beta, c);
-  }
-  blas::sgemm_batched(ta, tb, nb, nh, m, n, depth, alpha, as, bs, beta, c);
+  const Precision precision = a.h && b.h ? Precision::bf16 : Precision::fp32;  // copies exist under bf16 only
+  blas::gemm_batched(precision, ta, tb, nb, nh, m, n, depth, alpha,
+                     {a.at(as.data - a.f), as.ld, as.batch_stride, as.head_stride},
+                     {b.at(bs.data - b.f), bs.ld, bs.batch_stride, bs.head_stride}, beta, c);
 }
 
 // Runs row(r) for every score row r (index into (B, H, T)) of the block.

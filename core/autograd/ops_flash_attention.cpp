@@ -108,11 +108,7 @@ struct Saved {
 
 // An operand of the tile products: float32 values, and under a bf16 AutocastGuard their bf16
 // copy (q, k, v and dO are rounded once per call; the tiles of P and dZ on the fly).
-struct Operand {
-  const float* f;
-  const std::uint16_t* h = nullptr;
-  Operand at(std::size_t offset) const { return {f + offset, h ? h + offset : nullptr}; }
-};
+using blas::Operand;
 
 // The bf16 copy of x when the precision asks for one (else empty).
 blas::Bf16Vector bf16_copy(Precision precision, const Array& x) {
@@ -132,12 +128,11 @@ blas::Bf16Vector bf16_copy_keys(Precision precision, const Array& x, const Dims&
 }
 Operand operand(const Array& x, const blas::Bf16Vector& h) { return {x.data(), h.empty() ? nullptr : h.data()}; }
 
-// C = alpha op(A) op(B) + beta C: sgemm, or gemm_bf16 (fp32 accumulation) when B has bf16 values.
+// C = alpha op(A) op(B) + beta C: in bf16 (fp32 accumulation) when B has bf16 values (its copies
+// exist under bf16 only), else in fp32.
 void product(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, Operand a, std::size_t lda,
              Operand b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-  if (!b.h) return blas::sgemm(ta, tb, m, n, k, alpha, a.f, lda, b.f, ldb, beta, c, ldc);
-  if (a.h) return blas::gemm_bf16(ta, tb, m, n, k, alpha, a.h, lda, b.h, ldb, beta, c, ldc);
-  blas::gemm_bf16(ta, tb, m, n, k, alpha, a.f, lda, b.h, ldb, beta, c, ldc);
+  blas::gemm(b.h ? Precision::bf16 : Precision::fp32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Rows t0 .. t0 + nq - 1 of head h of entry b: writes their context into O and their lse.

@@ -31,15 +31,10 @@ std::size_t chunk_rows(std::size_t V) {
   return std::max<std::size_t>(256, (std::size_t{1} << 23) / std::max<std::size_t>(V, 1));
 }
 
-// Runs f(pointer) with the bf16 copy when there is one, else with the float32 values (which the
-// bf16 products round on the fly).
-template <class F>
-void with_operand(const Bf16Copy& copy, const float* value, F f) {
-  if (copy) {
-    f(copy->data());
-  } else {
-    f(value);
-  }
+// Rows from `row` on of a value with its bf16 copy when it has one: the door multiplies whichever
+// form the precision asks for (bf16 rounds float32 values on the fly).
+blas::Operand operand(const float* value, const Bf16Copy& copy, std::size_t offset = 0) {
+  return {value + offset, copy ? copy->data() + offset : nullptr};
 }
 
 // The gradients forward computed, at a loss gradient of 1, of x, weight and bias; has[i] says
@@ -92,7 +87,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad(),
              need_b = bias.defined() && bias.requires_grad();
   const bool grads = grad_enabled() && (need_x || need_w || need_b);
-  const bool bf16 = autocast_precision() == Precision::bf16;
+  const Precision precision = autocast_precision();
+  const bool bf16 = precision == Precision::bf16;
   Bf16Copy w16, x16;  // bf16: a leaf weight's copy from the cache, and X's from its storage
   if (bf16) {
     if (!weight.node()->has_creator) w16 = detail::bf16_copy(*weight.node());
@@ -121,11 +117,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     const std::size_t n = std::min(R, N - r0);
     float* Z = logits.data();
     // Z (n x V) = X_chunk W^T + b
-    if (bf16) {
-      with_operand(w16, W, [&](const auto* w) { blas::linear_bf16(n, V, C, x16->data() + r0 * C, w, b, Z); });
-    } else {
-      blas::linear(n, V, C, X + r0 * C, W, b, Z);
-    }
+    blas::linear(precision, n, V, C, operand(X, x16, r0 * C), operand(W, w16), b, Z);
     // each row's loss, and with gradients the row's dloss/dZ written over it (ignored rows: zeros)
     float* rl = row_loss.data() + r0;
     const std::int64_t* t = tg + r0;
@@ -146,19 +138,11 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     const bool first = r0 == 0;
     // db's column sums as linear's backward sums them; in bf16 the same pass rounds G for both products
     if (need_b) detail::bias_gradient(Z, n, V, bf16 ? g16.data() : nullptr, saved->grad[2].data());
-    if (bf16) {
-      if (!need_b) blas::to_bf16(Z, n * V, g16.data());
-      if (need_x) {
-        with_operand(w16, W, [&](const auto* w) {
-          blas::gemm_bf16(false, false, n, C, V, 1.f, g16.data(), V, w, C, 0.f, dX + r0 * C, C);
-        });
-      }
-      if (need_w) {
-        blas::gemm_bf16(true, false, V, C, n, 1.f, g16.data(), V, x16->data() + r0 * C, C, first ? 0.f : 1.f, dW, C);
-      }
-    } else {
-      if (need_x) blas::sgemm(false, false, n, C, V, 1.f, Z, V, W, C, 0.f, dX + r0 * C, C);
-      if (need_w) blas::sgemm(true, false, V, C, n, 1.f, Z, V, X + r0 * C, C, first ? 0.f : 1.f, dW, C);
+    if (bf16 && !need_b) blas::to_bf16(Z, n * V, g16.data());
+    const blas::Operand G = bf16 ? blas::Operand(g16.data()) : blas::Operand(Z);
+    if (need_x) blas::gemm(precision, false, false, n, C, V, 1.f, G, V, operand(W, w16), C, 0.f, dX + r0 * C, C);
+    if (need_w) {
+      blas::gemm(precision, true, false, V, C, n, 1.f, G, V, operand(X, x16, r0 * C), C, first ? 0.f : 1.f, dW, C);
     }
   }
   double total = 0;

@@ -1,5 +1,5 @@
-// Batched matrix multiply and linear through blas::sgemm (core/kernels/blas.hpp), or blas::gemm_bf16
-// while a bf16 AutocastGuard is open (precision.hpp). Transposed operands are passed to BLAS as
+// Batched matrix multiply and linear through blas::gemm and blas::linear (core/kernels/blas.hpp) at
+// the precision of the open AutocastGuard (precision.hpp). Transposed operands are passed to BLAS as
 // flags, never copied; backward accumulates straight into the gradient buffers (beta = 1), which
 // also sums over broadcast batch axes.
 #include <algorithm>
@@ -117,42 +117,45 @@ void for_each_batch(const Plan& p, std::size_t nb, bool disjoint, F gemm) {
   });
 }
 
-// The products of matmul's forward and backward, written once for both precisions: `gemm` is
-// sgemm on float32 operands or gemm_bf16, whose operands are bf16 (std::uint16_t: a parameter's
-// cached copy) or float32 (rounded on the fly), called as
-// gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc) with alpha 1.
-template <class TA, class TB, class Gemm>
-void matmul_forward(const Plan& p, std::size_t nb, const TA* A, const TB* B, float* C, Gemm gemm) {
+// The products of matmul's forward and backward at the forward's precision: each operand in the
+// forms its caller holds (blas::Operand: float32 values, a parameter's bf16 copy, or both), alpha 1.
+struct Products {
+  Precision precision;
+  void operator()(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, blas::Operand a, std::size_t lda,
+                  blas::Operand b, std::size_t ldb, float beta, float* c, std::size_t ldc) const {
+    blas::gemm(precision, ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
+  }
+};
+
+void matmul_forward(const Plan& p, std::size_t nb, blas::Operand A, blas::Operand B, float* C, Products gemm) {
   if (p.folded) {
     // (batch*M, K) @ op(B) in one call
     gemm(false, p.tb, nb * p.m, p.n, p.k, A, p.lda, B, p.ldb, 0.f, C, p.n);
   } else {
     for_each_batch(p, nb, true, [&](std::size_t q) {
-      gemm(p.ta, p.tb, p.m, p.n, p.k, A + p.a_off[q], p.lda, B + p.b_off[q], p.ldb, 0.f, C + q * p.m * p.n, p.n);
+      gemm(p.ta, p.tb, p.m, p.n, p.k, A.at(p.a_off[q]), p.lda, B.at(p.b_off[q]), p.ldb, 0.f, C + q * p.m * p.n, p.n);
     });
   }
 }
 
 // d op(A) = dC op(B)^T, added to dA
-template <class TB, class Gemm>
-void matmul_grad_a(const Plan& p, std::size_t nb, const float* G, const TB* B, float* dA, Gemm gemm) {
+void matmul_grad_a(const Plan& p, std::size_t nb, const float* G, blas::Operand B, float* dA, Products gemm) {
   const std::size_t mn = p.m * p.n;
   if (p.folded) {
     gemm(false, !p.tb, nb * p.m, p.k, p.n, G, p.n, B, p.ldb, 1.f, dA, p.lda);
   } else {
     for_each_batch(p, nb, p.a_whole, [&](std::size_t q) {
       if (!p.ta) {  // dA (M x K) = dC op(B)^T
-        gemm(false, !p.tb, p.m, p.k, p.n, G + q * mn, p.n, B + p.b_off[q], p.ldb, 1.f, dA + p.a_off[q], p.lda);
+        gemm(false, !p.tb, p.m, p.k, p.n, G + q * mn, p.n, B.at(p.b_off[q]), p.ldb, 1.f, dA + p.a_off[q], p.lda);
       } else {  // dA (K x M) = op(B) dC^T
-        gemm(p.tb, true, p.k, p.m, p.n, B + p.b_off[q], p.ldb, G + q * mn, p.n, 1.f, dA + p.a_off[q], p.lda);
+        gemm(p.tb, true, p.k, p.m, p.n, B.at(p.b_off[q]), p.ldb, G + q * mn, p.n, 1.f, dA + p.a_off[q], p.lda);
       }
     });
   }
 }
 
 // d op(B) = op(A)^T dC, added to dB
-template <class TA, class Gemm>
-void matmul_grad_b(const Plan& p, std::size_t nb, const float* G, const TA* A, float* dB, Gemm gemm) {
+void matmul_grad_b(const Plan& p, std::size_t nb, const float* G, blas::Operand A, float* dB, Products gemm) {
   const std::size_t mn = p.m * p.n;
   if (p.folded) {
     if (!p.tb) {  // dB (K x N) = A^T dC over all batch rows
@@ -163,34 +166,19 @@ void matmul_grad_b(const Plan& p, std::size_t nb, const float* G, const TA* A, f
   } else {
     for_each_batch(p, nb, p.b_whole, [&](std::size_t q) {
       if (!p.tb) {  // dB (K x N) = op(A)^T dC
-        gemm(!p.ta, false, p.k, p.n, p.m, A + p.a_off[q], p.lda, G + q * mn, p.n, 1.f, dB + p.b_off[q], p.ldb);
+        gemm(!p.ta, false, p.k, p.n, p.m, A.at(p.a_off[q]), p.lda, G + q * mn, p.n, 1.f, dB + p.b_off[q], p.ldb);
       } else {  // dB (N x K) = dC^T op(A)
-        gemm(true, p.ta, p.n, p.k, p.m, G + q * mn, p.n, A + p.a_off[q], p.lda, 1.f, dB + p.b_off[q], p.ldb);
+        gemm(true, p.ta, p.n, p.k, p.m, G + q * mn, p.n, A.at(p.a_off[q]), p.lda, 1.f, dB + p.b_off[q], p.ldb);
       }
     });
   }
 }
 
-constexpr auto kSgemm = [](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a,
-                           std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-                           std::size_t ldc) { blas::sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc); };
-
-constexpr auto kGemmBf16 = [](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const auto* a,
-                              std::size_t lda, const auto* b, std::size_t ldb, float beta, float* c,
-                              std::size_t ldc) { blas::gemm_bf16(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc); };
-
 using Bf16Copy = std::shared_ptr<const blas::Bf16Vector>;
 
-// Runs f(pointer) with a bf16 copy (a parameter's from the cache, an activation's from its
-// storage) when there is one, else with the float32 values (which gemm_bf16 rounds on the fly).
-template <class F>
-void with_operand(const Bf16Copy& copy, const Array& value, F f) {
-  if (copy) {
-    f(copy->data());
-  } else {
-    f(value.data());
-  }
-}
+// A value with its bf16 copy when it has one (a parameter's from the cache, an activation's from
+// its storage): the door multiplies whichever form the precision asks for.
+blas::Operand operand(const float* value, const Bf16Copy& copy) { return {value, copy ? copy->data() : nullptr}; }
 
 // Parameters (leaves that require grad) are converted once per update, through the cache;
 // anything else is converted for each product.
@@ -209,44 +197,24 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   const std::size_t nb = batch_count(p);
   // The precision is the forward's, recorded with the op: backward uses it even after the guard closed.
   const Precision precision = autocast_precision();
-  Bf16Copy a_kept, b_kept;  // bf16: parameters' copies, kept for backward
-  if (precision == Precision::fp32) {
-    matmul_forward(p, nb, a.value().data(), b.value().data(), c.data(), kSgemm);
-  } else {
-    // operands rounded to bf16 (parameters' copies from the cache), products accumulated in fp32
+  Bf16Copy a_kept, b_kept;  // bf16: parameters' copies (from the cache), kept for backward
+  if (precision == Precision::bf16) {
     if (cached_operand(a)) a_kept = detail::bf16_copy(*a.node());
     if (cached_operand(b)) b_kept = detail::bf16_copy(*b.node());
-    with_operand(a_kept, a.value(), [&](const auto* A) {
-      with_operand(b_kept, b.value(), [&](const auto* B) { matmul_forward(p, nb, A, B, c.data(), kGemmBf16); });
-    });
   }
+  // in bf16, operands rounded (parameters' copies reused) and products accumulated in fp32
+  matmul_forward(p, nb, operand(a.value().data(), a_kept), operand(b.value().data(), b_kept), c.data(),
+                 Products{precision});
   return record("matmul", std::move(c), {a, b}, [p, nb, precision, a_kept, b_kept](GradContext& ctx) {
-    // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC, at the forward's precision
+    // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC, at the forward's precision (in
+    // bf16, G and activations rounded on the fly, parameters' copies reused from forward)
     // dA reads only B and dB only A: a value is read (and checked) only where it is used
-    const float* A = ctx.needs(1) ? ctx.input(0).data() : nullptr;
-    const float* B = ctx.needs(0) ? ctx.input(1).data() : nullptr;
     const float* G = ctx.grad_out().data();
-    if (precision == Precision::fp32) {
-      if (ctx.needs(0)) matmul_grad_a(p, nb, G, B, ctx.grad_buffer(0).data(), kSgemm);
-      if (ctx.needs(1)) matmul_grad_b(p, nb, G, A, ctx.grad_buffer(1).data(), kSgemm);
-      return;
-    }
-    // bf16: G and activations rounded on the fly, parameters' copies reused from forward
     if (ctx.needs(0)) {
-      float* dA = ctx.grad_buffer(0).data();
-      if (b_kept) {
-        matmul_grad_a(p, nb, G, b_kept->data(), dA, kGemmBf16);
-      } else {
-        matmul_grad_a(p, nb, G, B, dA, kGemmBf16);
-      }
+      matmul_grad_a(p, nb, G, operand(ctx.input(1).data(), b_kept), ctx.grad_buffer(0).data(), Products{precision});
     }
     if (ctx.needs(1)) {
-      float* dB = ctx.grad_buffer(1).data();
-      if (a_kept) {
-        matmul_grad_b(p, nb, G, a_kept->data(), dB, kGemmBf16);
-      } else {
-        matmul_grad_b(p, nb, G, A, dB, kGemmBf16);
-      }
+      matmul_grad_b(p, nb, G, operand(ctx.input(0).data(), a_kept), ctx.grad_buffer(1).data(), Products{precision});
     }
   });
 }
@@ -292,17 +260,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // The precision is the forward's, recorded with the op: backward uses it even after the guard closed.
   const Precision precision = autocast_precision();
   Bf16Copy w16, x16;  // bf16: a leaf weight's copy from the cache, and X's from its storage
-  if (precision == Precision::fp32) {
-    // Y (rows x out) = X (rows x in) W^T + b
-    blas::linear(rows, out, in, x.value().data(), weight.value().data(), b_data, y.data());
-  } else {
-    // the same from bf16-rounded X and W, accumulated in fp32; the bias is added in fp32
+  if (precision == Precision::bf16) {
     if (!weight.node()->has_creator) w16 = detail::bf16_copy(*weight.node());
     x16 = detail::activation_bf16(*x.node());
-    with_operand(w16, weight.value(),
-                 [&](const auto* w) { blas::linear_bf16(rows, out, in, x16->data(), w, b_data, y.data()); });
-    if (!weight.requires_grad()) x16.reset();  // backward's dW reads it, and nothing else does
   }
+  // Y (rows x out) = X (rows x in) W^T + b; in bf16 from rounded X and W, accumulated in fp32, the
+  // bias added in fp32
+  blas::linear(precision, rows, out, in, operand(x.value().data(), x16), operand(weight.value().data(), w16), b_data,
+               y.data());
+  if (!weight.requires_grad()) x16.reset();  // backward's dW reads it, and nothing else does
   return record("linear", std::move(y), {x, weight, bias}, [rows, in, out, precision, w16, x16](GradContext& ctx) {
     // dX = G W,  dW = G^T X,  db = sum over rows of G  (the products at the forward's precision;
     // in bf16, G, W and X rounded to bf16 and the products accumulated in fp32)
@@ -322,16 +288,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       if (ctx.needs(0)) {
         const Array& W = ctx.input(1);  // checks that W was not written since forward
         const auto dx = ctx.grad_target(0);
-        with_operand(w16, W, [&](const auto* w) {
-          blas::gemm_bf16(false, false, rows, in, out, 1.f, g16.data(), out, w, in, dx.beta, dx.data, in);
-        });
+        blas::gemm(precision, false, false, rows, in, out, 1.f, g16.data(), out, operand(W.data(), w16), in, dx.beta,
+                   dx.data, in);
       }
       if (ctx.needs(1)) {
         const Array& X = ctx.input(0);  // checks that X was not written since forward (x16 is its copy)
         const auto dw = ctx.grad_target(1);
-        with_operand(x16, X, [&](const auto* x) {
-          blas::gemm_bf16(true, false, out, in, rows, 1.f, g16.data(), out, x, in, dw.beta, dw.data, in);
-        });
+        blas::gemm(precision, true, false, out, in, rows, 1.f, g16.data(), out, operand(X.data(), x16), in, dw.beta,
+                   dw.data, in);
       }
     } else {
       if (ctx.needs(0)) {

@@ -15,14 +15,9 @@
 #include <thread>
 #include <vector>
 
-namespace xgrad {
+#include "xgrad/core/kernels/blas.hpp"  // Precision
 
-/// The precision of the matrix products of `linear`, `matmul`, `linear_activation` and
-/// `flash_attention`.
-enum class Precision {
-  fp32,  ///< float32 operands (the default)
-  bf16,  ///< operands rounded to bfloat16 (round to nearest even), accumulated in float32
-};
+namespace xgrad {
 
 /// "fp32" or "bf16", as parse_precision and the examples' --precision spell it.
 std::string precision_name(Precision p);

@@ -433,12 +433,29 @@ void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t 
   });
 }
 
-void gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
-                       std::size_t k, float alpha, Strided<const std::uint16_t> a, Strided<const std::uint16_t> b,
-                       float beta, Strided<float> c) {
-  const bool primitive = bf16_path() == Bf16Path::hardware;  // else emulated: gemm_bf16 says so once
+void gemm_batched(Precision precision, bool trans_a, bool trans_b, std::size_t batches, std::size_t heads,
+                  std::size_t m, std::size_t n, std::size_t k, float alpha, const BatchedOperand& a,
+                  const BatchedOperand& b, float beta, Strided<float> c) {
+  if (precision == Precision::fp32) {
+    detail::require_float32("blas::gemm_batched", a.first, b.first);
+    return sgemm_batched(trans_a, trans_b, batches, heads, m, n, k, alpha,
+                         {a.first.f, a.ld, a.batch_stride, a.head_stride},
+                         {b.first.f, b.ld, b.batch_stride, b.head_stride}, beta, c);
+  }
+  if (!a.first.h || !b.first.h) {  // an operand rounded on the fly: gemm per product
+    for (std::size_t i = 0; i < batches; ++i) {
+      for (std::size_t h = 0; h < heads; ++h) {
+        gemm(precision, trans_a, trans_b, m, n, k, alpha, a.at(i, h), a.ld, b.at(i, h), b.ld, beta,
+             c.data + i * c.batch_stride + h * c.head_stride, c.ld);
+      }
+    }
+    return;
+  }
+  const Strided<const std::uint16_t> ah{a.first.h, a.ld, a.batch_stride, a.head_stride},
+      bh{b.first.h, b.ld, b.batch_stride, b.head_stride};
+  const bool primitive = bf16_path() == Bf16Path::hardware;  // else emulated: gemm says so once
   run_batched(
-      batches, heads, m, n, k, primitive, a, b, c,
+      batches, heads, m, n, k, primitive, ah, bh, c,
       [=](std::size_t count, Strided<const std::uint16_t> ra, Strided<const std::uint16_t> rb, Strided<float> rc) {
 #ifdef XGRAD_HAS_ONEDNN
     return detail::onednn_gemm_bf16_batched(trans_a, trans_b, count, heads, m, n, k, alpha, ra, rb, beta, rc);
@@ -448,7 +465,7 @@ void gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::siz
 #endif
       },
       [=](const std::uint16_t* pa, const std::uint16_t* pb, float* pc) {
-    gemm_bf16(trans_a, trans_b, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, c.ld);
+    gemm(Precision::bf16, trans_a, trans_b, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, c.ld);
   });
 }
 

@@ -9,8 +9,19 @@
 #include <cstring>
 #include <string>
 
+namespace xgrad {
+
+/// What a matrix product multiplies (blas::gemm, and the `linear`, `matmul`, `linear_activation`
+/// and `flash_attention` ops under an AutocastGuard).
+enum class Precision {
+  fp32,  ///< float32 operands (the default)
+  bf16,  ///< operands rounded to bfloat16 (round to nearest even), accumulated in float32
+};
+
+}  // namespace xgrad
+
 /// The one door to matrix products (OpenBLAS, and oneDNN when built with it): sgemm, its batched
-/// form, the Linear layer's product, and the choice of engine.
+/// form, the Linear layer's product, the precision-aware gemm, and the choice of engine.
 namespace xgrad::blas {
 
 /// Row-major C (m x n) = alpha * op(A) op(B) + beta * C, where op(A) is m x k and op(B) is k x n;
@@ -79,7 +90,9 @@ void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t 
 /// ties to even; NaN stays NaN) and accumulates in float32 into a float32 C, on one of two paths
 /// (Bf16Path): oneDNN's bf16 matmul where it runs, else the same rounding followed by sgemm on
 /// the rounded values, which gives the same numbers (up to the order of the fp32 additions) but
-/// is no faster than fp32. Under the automatic engine, A B^T with one to four rows of A (a decoding
+/// is no faster than fp32. gemm, linear and gemm_batched take a Precision and each operand in
+/// whichever form its caller holds (Operand), so a product op states what it multiplies and the
+/// door chooses precision, path and engine. Under the automatic engine, A B^T with one to four rows of A (a decoding
 /// step's products) runs on xgrad's few-rows kernel on either path, reading a bf16 B at half the
 /// bytes of a float32 one.
 /// @{
@@ -124,44 +137,55 @@ void set_bf16_path(Bf16Path path);
 /// "hardware" or "emulated".
 std::string bf16_path_name(Bf16Path path);
 
-/// sgemm with bf16 operands: C (m x n, float32) = alpha op(A) op(B) + beta C, op(A) m x k and
-/// op(B) k x n as in sgemm, the products accumulated in float32. Each operand is either bf16
-/// (std::uint16_t) or float32, which is rounded to bf16 on the fly (into a scratch buffer).
-void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
-               const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c,
-               std::size_t ldc);
-/// gemm_bf16 with both operands float32, rounded to bf16 on the fly.
-void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-               std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
-/// gemm_bf16 with A float32 (rounded on the fly) and B bf16.
-void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-               std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
-/// gemm_bf16 with A bf16 and B float32 (rounded on the fly).
-void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
-               const std::uint16_t* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-               std::size_t ldc);
+/// One operand of a product as its caller holds it: float32 values (f), their bf16 copy (h), or
+/// both (the same numbers, the copy made once: a parameter's cached copy, an activation's kept
+/// one). It converts from either pointer, so a product takes whichever form the caller has; the
+/// precision the product is asked for, not the form, decides what is multiplied.
+struct Operand {
+  const float* f = nullptr;          ///< float32 values, or null
+  const std::uint16_t* h = nullptr;  ///< bf16 values (a copy of f's, rounded, when both are given), or null
+  /// No values (an operand a computation does not read).
+  Operand() = default;
+  /// float32 values only.
+  Operand(const float* values) : f(values) {}  // NOLINT: implicit on purpose
+  /// bf16 values only.
+  Operand(const std::uint16_t* bf16) : h(bf16) {}  // NOLINT: implicit on purpose
+  /// Both forms of the same numbers (bf16 may be null: float32 only).
+  Operand(const float* values, const std::uint16_t* bf16) : f(values), h(bf16) {}
+  /// The operand `offset` elements further on, in each form it has.
+  Operand at(std::size_t offset) const { return {f ? f + offset : nullptr, h ? h + offset : nullptr}; }
+};
 
-/// sgemm_batched with bf16 operands, accumulated in float32: under the hardware path, products of
-/// 2^12 to 2^21 multiply-adds are one call of oneDNN's bf16 matmul primitive per range of b (as
-/// sgemm_batched's are of its float32 one), others a loop of gemm_bf16; emulated, a loop of
-/// gemm_bf16.
-void gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m, std::size_t n,
-                       std::size_t k, float alpha, Strided<const std::uint16_t> a, Strided<const std::uint16_t> b,
-                       float beta, Strided<float> c);
+/// C (m x n, float32) = alpha op(A) op(B) + beta C at `precision`, op(A) m x k and op(B) k x n with
+/// row strides lda and ldb as in sgemm. fp32 multiplies the operands' float32 values (sgemm); an
+/// operand held only in bf16 is an Error naming blas::gemm and the operand. bf16 multiplies bf16
+/// values, each operand's copy when it has one, else its float32 values rounded on the fly, and
+/// accumulates in float32, on the path bf16_path() names.
+void gemm(Precision precision, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+          Operand a, std::size_t lda, Operand b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 
-/// linear() with bf16 products: Y (rows x out, float32) = X W^T + bias, X float32 (rounded on the
-/// fly), W (out x in) bf16, bias (float32, may be null) added in float32.
-void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const std::uint16_t* w,
-                 const float* bias, float* y);
-/// linear_bf16 with W float32, rounded on the fly.
-void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
-                 float* y);
-/// linear_bf16 with X already bf16.
-void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const std::uint16_t* w,
-                 const float* bias, float* y);
-/// linear_bf16 with X bf16 and W float32, rounded on the fly.
-void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const float* w,
-                 const float* bias, float* y);
+/// Y (rows x out, float32) = X W^T + bias at `precision`, shapes as in linear (X and W row-major and
+/// contiguous, W stored out x in, bias float32 or null, added in float32). fp32 is linear's product.
+void linear(Precision precision, std::size_t rows, std::size_t out, std::size_t in, Operand x, Operand w,
+            const float* bias, float* y);
+
+/// One operand of gemm_batched: matrix (b, h) starts `b * batch_stride + h * head_stride` elements
+/// after `first`, in each form the operand has, with row stride ld (as Strided).
+struct BatchedOperand {
+  Operand first;                              ///< matrix (0, 0)
+  std::size_t ld, batch_stride, head_stride;  ///< in elements
+  /// Matrix (b, h).
+  Operand at(std::size_t b, std::size_t h) const { return first.at(b * batch_stride + h * head_stride); }
+};
+
+/// C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h) at `precision` for b < batches and
+/// h < heads. fp32 is sgemm_batched (an operand held only in bf16 is an Error). bf16: with both
+/// operands in bf16 on the hardware path, products of 2^12 to 2^21 multiply-adds are one call of
+/// oneDNN's bf16 matmul primitive per range of b (as sgemm_batched's are of its float32 one);
+/// others, and the emulated path, a loop of gemm.
+void gemm_batched(Precision precision, bool trans_a, bool trans_b, std::size_t batches, std::size_t heads,
+                  std::size_t m, std::size_t n, std::size_t k, float alpha, const BatchedOperand& a,
+                  const BatchedOperand& b, float beta, Strided<float> c);
 /// @}
 
 /// Which library computes the products. `automatic` picks per call by size (see engine_for); the

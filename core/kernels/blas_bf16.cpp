@@ -1,6 +1,7 @@
-// blas::gemm_bf16 and linear_bf16: operands rounded to bf16, products accumulated in float32, on
-// oneDNN's bf16 matmul (gemm_onednn_bf16.cpp) where it runs, else emulated (rounded values, then
-// sgemm). Also the bf16 conversions and the choice of path (XGRAD_BF16).
+// blas::gemm and linear with a Precision: fp32 goes to sgemm and linear; bf16 rounds the operands
+// to bf16 and accumulates in float32, on oneDNN's bf16 matmul (gemm_onednn_bf16.cpp) where it runs,
+// else emulated (rounded values, then sgemm). Also the bf16 conversions and the choice of path
+// (XGRAD_BF16).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -126,8 +127,8 @@ void say_emulated() {
 // reads the product's size only.
 constexpr std::size_t kBf16MinWork = std::size_t{1} << 18;
 
-// One operand as stored: float32 or bf16, rows x cols with row stride ld.
-struct Operand {
+// One operand as stored, rows x cols with row stride ld: float32 values, bf16 ones, or both.
+struct Stored {
   const float* f = nullptr;
   const std::uint16_t* h = nullptr;
   std::size_t ld = 0;
@@ -138,9 +139,6 @@ struct Operand {
 // 256^3 ran at 169 GFLOP/s against 206 with the buffers kept). Buffers past kKeptElements are
 // freed after the call, so a thread never holds more than 2 x 64 MB.
 constexpr std::size_t kKeptElements = std::size_t{1} << 24;
-
-Operand operand(const float* x, std::size_t ld) { return {x, nullptr, ld}; }
-Operand operand(const std::uint16_t* x, std::size_t ld) { return {nullptr, x, ld}; }
 
 template <class T>
 struct Scratch {
@@ -157,7 +155,7 @@ struct Scratch {
 // Copies the stored operand (rows x cols, row stride x.ld) contiguous into `out`: as rounded
 // float32 values (the emulated path) or as bf16 (float32 operands only).
 template <class T>
-void pack(const Operand& x, std::size_t rows, std::size_t cols, T* out) {
+void pack(const Stored& x, std::size_t rows, std::size_t cols, T* out) {
   const std::size_t ld = x.ld;
   split(rows * cols, [&](std::size_t lo, std::size_t hi) {
     // elements lo..hi of the contiguous copy, a row piece at a time
@@ -216,7 +214,7 @@ void add_bias(std::size_t rows, std::size_t out, const float* bias, float* y) {
 
 // C = alpha op(A) op(B) + beta C, plus `bias` on every row when given (linear's form: alpha 1,
 // beta 0).
-void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, Operand a, Operand b, float beta,
+void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, Stored a, Stored b, float beta,
          float* c, std::size_t ldc, const float* bias = nullptr) {
   const Bf16Path path = bf16_path();  // read (and XGRAD_BF16 checked) even for an empty product
   if (m == 0 || n == 0) return;
@@ -271,6 +269,15 @@ void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float al
 
 }  // namespace
 
+void detail::require_float32(const char* who, const Operand& a, const Operand& b, const char* a_name,
+                             const char* b_name) {
+  // an operand with neither form is an empty one (a null data pointer), which sgemm never reads
+  const bool a_bf16_only = !a.f && a.h, b_bf16_only = !b.f && b.h;
+  if (!a_bf16_only && !b_bf16_only) return;
+  fail(who, ": an fp32 product of ", a_bf16_only ? a_name : b_name,
+       ", which is held only in bf16 (Operand without float32 values); ask for Precision::bf16");
+}
+
 void to_bf16(const float* x, std::size_t n, std::uint16_t* out) {
   split(n, [=](std::size_t lo, std::size_t hi) { to_bf16_serial(x + lo, hi - lo, out + lo); });
 }
@@ -309,46 +316,22 @@ void set_bf16_path(Bf16Path path) {
 
 std::string bf16_path_name(Bf16Path path) { return path == Bf16Path::hardware ? "hardware" : "emulated"; }
 
-void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
-               const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c,
-               std::size_t ldc) {
-  run(trans_a, trans_b, m, n, k, alpha, {nullptr, a, lda}, {nullptr, b, ldb}, beta, c, ldc);
+void gemm(Precision precision, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+          Operand a, std::size_t lda, Operand b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  if (precision == Precision::fp32) {
+    detail::require_float32("blas::gemm", a, b);
+    return sgemm(trans_a, trans_b, m, n, k, alpha, a.f, lda, b.f, ldb, beta, c, ldc);
+  }
+  run(trans_a, trans_b, m, n, k, alpha, {a.f, a.h, lda}, {b.f, b.h, ldb}, beta, c, ldc);
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-               std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-  run(trans_a, trans_b, m, n, k, alpha, {a, nullptr, lda}, {b, nullptr, ldb}, beta, c, ldc);
-}
-
-void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-               std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-  run(trans_a, trans_b, m, n, k, alpha, {a, nullptr, lda}, {nullptr, b, ldb}, beta, c, ldc);
-}
-
-void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
-               const std::uint16_t* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-               std::size_t ldc) {
-  run(trans_a, trans_b, m, n, k, alpha, {nullptr, a, lda}, {b, nullptr, ldb}, beta, c, ldc);
-}
-
-void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const std::uint16_t* w,
-                 const float* bias, float* y) {
-  run(false, true, rows, out, in, 1.f, operand(x, in), operand(w, in), 0.f, y, out, bias);
-}
-
-void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const float* x, const float* w, const float* bias,
-                 float* y) {
-  run(false, true, rows, out, in, 1.f, operand(x, in), operand(w, in), 0.f, y, out, bias);
-}
-
-void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const std::uint16_t* w,
-                 const float* bias, float* y) {
-  run(false, true, rows, out, in, 1.f, operand(x, in), operand(w, in), 0.f, y, out, bias);
-}
-
-void linear_bf16(std::size_t rows, std::size_t out, std::size_t in, const std::uint16_t* x, const float* w,
-                 const float* bias, float* y) {
-  run(false, true, rows, out, in, 1.f, operand(x, in), operand(w, in), 0.f, y, out, bias);
+void linear(Precision precision, std::size_t rows, std::size_t out, std::size_t in, Operand x, Operand w,
+            const float* bias, float* y) {
+  if (precision == Precision::fp32) {
+    detail::require_float32("blas::linear", x, w, "X", "W");
+    return linear(rows, out, in, x.f, w.f, bias, y);
+  }
+  run(false, true, rows, out, in, 1.f, {x.f, x.h, in}, {w.f, w.h, in}, 0.f, y, out, bias);
 }
 
 }  // namespace xgrad::blas

@@ -1,4 +1,4 @@
-// blas::sgemm_batched and gemm_bf16_batched on oneDNN's matmul primitive: one call computes a
+// blas::sgemm_batched and gemm_batched (bf16) on oneDNN's matmul primitive: one call computes a
 // whole batch of products whose operands sit at regular strides (attention's heads), so oneDNN's
 // per-call cost is paid once per batch instead of once per head. The operands are float32 or
 // bf16; C is float32. A primitive is built (and JIT-compiled, about 1.5 ms) once per operand type,
@@ -142,8 +142,8 @@ bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::
 bool onednn_gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
                               std::size_t n, std::size_t k, float alpha, Strided<const std::uint16_t> a,
                               Strided<const std::uint16_t> b, float beta, Strided<float> c) {
-  return run_batched(dnnl::memory::data_type::bf16, "blas::gemm_bf16_batched", trans_a, trans_b, batches, heads, m, n,
-                     k, alpha, a.data, steps_of(a), b.data, steps_of(b), beta, c.data, steps_of(c));
+  return run_batched(dnnl::memory::data_type::bf16, "blas::gemm_batched", trans_a, trans_b, batches, heads, m, n, k,
+                     alpha, a.data, steps_of(a), b.data, steps_of(b), beta, c.data, steps_of(c));
 }
 
 }  // namespace xgrad::blas::detail

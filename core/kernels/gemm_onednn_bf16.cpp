@@ -93,7 +93,7 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
                       const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, float beta,
                       float* c, std::size_t ldc, const float* bias) {
   if (bias && (alpha != 1.f || beta != 0.f))
-    fail("blas::gemm_bf16: a bias is added only with alpha 1 and beta 0, got ", alpha, " and ", beta);
+    fail("blas::gemm (bf16): a bias is added only with alpha 1 and beta 0, got ", alpha, " and ", beta);
   const OnednnOnThisThread serial;
   const auto M = static_cast<std::int64_t>(m), N = static_cast<std::int64_t>(n), K = static_cast<std::int64_t>(k);
   try {
@@ -112,7 +112,7 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
     BoundPrimitive& matmul = bound.get(key, [&] {
       const Built use = built_for(key, trans_a, trans_b, M, N, K, alpha, beta);
       if (!use.ok) {
-        fail("blas::gemm_bf16: oneDNN has no bf16 matmul for ", m, " x ", n, " x ", k, (trans_a ? " (A^T)" : ""),
+        fail("blas::gemm (bf16): oneDNN has no bf16 matmul for ", m, " x ", n, " x ", k, (trans_a ? " (A^T)" : ""),
              (trans_b ? " (B^T)" : ""), " on this CPU; set XGRAD_BF16=emulated");
       }
       if (bias) {
@@ -133,7 +133,7 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
       matmul.run({a, b, c});
     }
   } catch (const dnnl::error& e) {
-    fail("blas::gemm_bf16: oneDNN's bf16 matmul failed (", e.what(), ") on ", m, " x ", n, " x ", k);
+    fail("blas::gemm (bf16): oneDNN's bf16 matmul failed (", e.what(), ") on ", m, " x ", n, " x ", k);
   }
 }
 

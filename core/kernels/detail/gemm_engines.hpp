@@ -22,7 +22,7 @@ void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std:
 bool onednn_sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
                           std::size_t n, std::size_t k, float alpha, Strided<const float> a, Strided<const float> b,
                           float beta, Strided<float> c);
-// The same with bf16 operands (C float32), for blas::gemm_bf16_batched.
+// The same with bf16 operands (C float32), for blas::gemm_batched at Precision::bf16.
 bool onednn_gemm_bf16_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t heads, std::size_t m,
                               std::size_t n, std::size_t k, float alpha, Strided<const std::uint16_t> a,
                               Strided<const std::uint16_t> b, float beta, Strided<float> c);
@@ -53,14 +53,19 @@ std::size_t small_kernel_plain_calls();
 // Whether the few-rows kernel takes op(A) op(B) of m rows of A (blas.cpp's rule for `automatic`).
 bool few_rows_take(bool trans_a, bool trans_b, std::size_t m);
 // C (m x n) = alpha A B^T + beta C on the few-rows kernel (m <= 4), split by columns across the
-// kernel threads; B float32, or bf16 for blas::gemm_bf16's products of a decoding step.
+// kernel threads; B float32, or bf16 for blas::gemm's bf16 products of a decoding step.
 void few_rows_columns(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
                       const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 void few_rows_columns(std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
                       const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
-// How many products (blas::sgemm, blas::linear, blas::linear_activation, and blas::gemm_bf16 and
-// linear_bf16 with a bf16 B) the few-rows kernel has computed so far.
+// How many products (blas::sgemm, blas::linear, blas::linear_activation, and blas::gemm and linear
+// at bf16 with a bf16 B) the few-rows kernel has computed so far.
 std::size_t few_rows_products();
+// Returns unless an operand is held only in bf16 (h without f); then an Error naming `who` and that
+// operand (an fp32 product of it), as a_name or b_name.
+void require_float32(const char* who, const Operand& a, const Operand& b, const char* a_name = "A",
+                     const char* b_name = "B");
+
 // How many times blas::engine() has been read so far: every product reads it (to pick its engine or
 // kernel), so a computation that reads it never is one whose result XGRAD_GEMM cannot change. The
 // test programs check with it that every test case whose result depends on the engine is labelled.
