@@ -273,40 +273,28 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     // dX = G W,  dW = G^T X,  db = sum over rows of G  (the products at the forward's precision;
     // in bf16, G, W and X rounded to bf16 and the products accumulated in fp32)
     const float* G = ctx.grad_out().data();
-    const bool bf16 = precision == Precision::bf16;
+    const bool products = ctx.needs(0) || ctx.needs(1);
+    // in bf16, G feeds both products: rounded to bf16 once (the same bits each product would round
+    // to), in the same pass over G as the bias's column sums when the bias needs them
+    blas::Bf16Vector g16(precision == Precision::bf16 && products ? rows * out : 0);
     bool bias_summed = false;
-    if (bf16 && (ctx.needs(0) || ctx.needs(1))) {
-      // G feeds both products: rounded to bf16 once (the same bits each product would round to),
-      // in the same pass over G as the bias's column sums when the bias needs them
-      blas::Bf16Vector g16(rows * out);
-      if (ctx.needs(2)) {
-        detail::bias_gradient(G, rows, out, g16.data(), ctx.grad_buffer(2).data());
-        bias_summed = true;
-      } else {
-        blas::to_bf16(G, g16.size(), g16.data());
-      }
-      if (ctx.needs(0)) {
-        const Array& W = ctx.input(1);  // checks that W was not written since forward
-        const auto dx = ctx.grad_target(0);
-        blas::gemm(precision, false, false, rows, in, out, 1.f, g16.data(), out, operand(W.data(), w16), in, dx.beta,
-                   dx.data, in);
-      }
-      if (ctx.needs(1)) {
-        const Array& X = ctx.input(0);  // checks that X was not written since forward (x16 is its copy)
-        const auto dw = ctx.grad_target(1);
-        blas::gemm(precision, true, false, out, in, rows, 1.f, g16.data(), out, operand(X.data(), x16), in, dw.beta,
-                   dw.data, in);
-      }
-    } else {
-      if (ctx.needs(0)) {
-        const float* W = ctx.input(1).data();  // checks that W was not written since forward
-        const auto dx = ctx.grad_target(0);
-        blas::sgemm(false, false, rows, in, out, 1.f, G, out, W, in, dx.beta, dx.data, in);
-      }
-      if (ctx.needs(1)) {
-        const auto dw = ctx.grad_target(1);
-        blas::sgemm(true, false, out, in, rows, 1.f, G, out, ctx.input(0).data(), in, dw.beta, dw.data, in);
-      }
+    if (!g16.empty() && ctx.needs(2)) {
+      detail::bias_gradient(G, rows, out, g16.data(), ctx.grad_buffer(2).data());
+      bias_summed = true;
+    } else if (!g16.empty()) {
+      blas::to_bf16(G, g16.size(), g16.data());
+    }
+    const blas::Operand dY = g16.empty() ? blas::Operand(G) : blas::Operand(g16.data());
+    if (ctx.needs(0)) {
+      const Array& W = ctx.input(1);  // checks that W was not written since forward
+      const auto dx = ctx.grad_target(0);
+      blas::gemm(precision, false, false, rows, in, out, 1.f, dY, out, operand(W.data(), w16), in, dx.beta, dx.data,
+                 in);
+    }
+    if (ctx.needs(1)) {
+      const Array& X = ctx.input(0);  // checks that X was not written since forward (x16 is its copy)
+      const auto dw = ctx.grad_target(1);
+      blas::gemm(precision, true, false, out, in, rows, 1.f, dY, out, operand(X.data(), x16), in, dw.beta, dw.data, in);
     }
     if (ctx.needs(2) && !bias_summed) detail::bias_gradient(G, rows, out, nullptr, ctx.grad_buffer(2).data());
   });
