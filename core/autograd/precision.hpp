@@ -1,10 +1,11 @@
 /// @file
 /// bf16 mixed precision, opt-in and scoped (in the spirit of torch.autocast): while an
-/// AutocastGuard(Precision::bf16) is open on a thread, the `linear`, `matmul` and
-/// `linear_activation` ops that thread runs, and `flash_attention`'s tile products, compute their
-/// products from bf16-rounded operands with fp32 accumulation, fp32 outputs and fp32 gradients
-/// (backward uses the precision its forward saw). Everything else (the full attention kernel's
-/// products, norms, softmax, losses, reductions, optimizers) stays fp32. Outside a guard, or
+/// AutocastGuard(Precision::bf16) is open on a thread, the `linear`, `matmul`,
+/// `linear_activation` and `linear_cross_entropy` ops that thread runs, and the attention kernels'
+/// products (`attention_weights`, `attention_scores`, `attend` and `flash_attention`'s tiles),
+/// compute their products from bf16-rounded operands with fp32 accumulation, fp32 outputs and fp32
+/// gradients (backward uses the precision its forward saw). Everything else (norms, softmax,
+/// losses, reductions, optimizers) stays fp32. Outside a guard, or
 /// under AutocastGuard(Precision::fp32), every op computes exactly as before (the same bits).
 #pragma once
 
