@@ -106,7 +106,7 @@ using Bf16Copy = std::shared_ptr<const blas::Bf16Vector>;
 // storage, so backward finds it).
 Operand operand_of(const Array& value, const Node& node, Precision precision, Bf16Copy& keep) {
   if (precision == Precision::bf16) keep = detail::activation_bf16(node);
-  return {value.data(), keep ? keep->data() : nullptr};
+  return detail::with_copy(value.data(), keep);
 }
 Operand operand_of(const Tensor& t, Precision precision, Bf16Copy& keep) {
   return operand_of(t.value(), *t.node(), precision, keep);

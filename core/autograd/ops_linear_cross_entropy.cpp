@@ -31,11 +31,7 @@ std::size_t chunk_rows(std::size_t V) {
   return std::max<std::size_t>(256, (std::size_t{1} << 23) / std::max<std::size_t>(V, 1));
 }
 
-// Rows from `row` on of a value with its bf16 copy when it has one: the door multiplies whichever
-// form the precision asks for (bf16 rounds float32 values on the fly).
-blas::Operand operand(const float* value, const Bf16Copy& copy, std::size_t offset = 0) {
-  return {value + offset, copy ? copy->data() + offset : nullptr};
-}
+using detail::with_copy;
 
 // The gradients forward computed, at a loss gradient of 1, of x, weight and bias; has[i] says
 // which were asked for.
@@ -117,7 +113,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     const std::size_t n = std::min(R, N - r0);
     float* Z = logits.data();
     // Z (n x V) = X_chunk W^T + b
-    blas::linear(precision, n, V, C, operand(X, x16, r0 * C), operand(W, w16), b, Z);
+    blas::linear(precision, n, V, C, with_copy(X, x16, r0 * C), with_copy(W, w16), b, Z);
     // each row's loss, and with gradients the row's dloss/dZ written over it (ignored rows: zeros)
     float* rl = row_loss.data() + r0;
     const std::int64_t* t = tg + r0;
@@ -140,9 +136,9 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     if (need_b) detail::bias_gradient(Z, n, V, bf16 ? g16.data() : nullptr, saved->grad[2].data());
     if (bf16 && !need_b) blas::to_bf16(Z, n * V, g16.data());
     const blas::Operand G = bf16 ? blas::Operand(g16.data()) : blas::Operand(Z);
-    if (need_x) blas::gemm(precision, false, false, n, C, V, 1.f, G, V, operand(W, w16), C, 0.f, dX + r0 * C, C);
+    if (need_x) blas::gemm(precision, false, false, n, C, V, 1.f, G, V, with_copy(W, w16), C, 0.f, dX + r0 * C, C);
     if (need_w) {
-      blas::gemm(precision, true, false, V, C, n, 1.f, G, V, operand(X, x16, r0 * C), C, first ? 0.f : 1.f, dW, C);
+      blas::gemm(precision, true, false, V, C, n, 1.f, G, V, with_copy(X, x16, r0 * C), C, first ? 0.f : 1.f, dW, C);
     }
   }
   double total = 0;

@@ -176,9 +176,7 @@ void matmul_grad_b(const Plan& p, std::size_t nb, const float* G, blas::Operand 
 
 using Bf16Copy = std::shared_ptr<const blas::Bf16Vector>;
 
-// A value with its bf16 copy when it has one (a parameter's from the cache, an activation's from
-// its storage): the door multiplies whichever form the precision asks for.
-blas::Operand operand(const float* value, const Bf16Copy& copy) { return {value, copy ? copy->data() : nullptr}; }
+using detail::with_copy;
 
 // Parameters (leaves that require grad) are converted once per update, through the cache;
 // anything else is converted for each product.
@@ -203,7 +201,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
     if (cached_operand(b)) b_kept = detail::bf16_copy(*b.node());
   }
   // in bf16, operands rounded (parameters' copies reused) and products accumulated in fp32
-  matmul_forward(p, nb, operand(a.value().data(), a_kept), operand(b.value().data(), b_kept), c.data(),
+  matmul_forward(p, nb, with_copy(a.value().data(), a_kept), with_copy(b.value().data(), b_kept), c.data(),
                  Products{precision});
   return record("matmul", std::move(c), {a, b}, [p, nb, precision, a_kept, b_kept](GradContext& ctx) {
     // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC, at the forward's precision (in
@@ -211,10 +209,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
     // dA reads only B and dB only A: a value is read (and checked) only where it is used
     const float* G = ctx.grad_out().data();
     if (ctx.needs(0)) {
-      matmul_grad_a(p, nb, G, operand(ctx.input(1).data(), b_kept), ctx.grad_buffer(0).data(), Products{precision});
+      matmul_grad_a(p, nb, G, with_copy(ctx.input(1).data(), b_kept), ctx.grad_buffer(0).data(), Products{precision});
     }
     if (ctx.needs(1)) {
-      matmul_grad_b(p, nb, G, operand(ctx.input(0).data(), a_kept), ctx.grad_buffer(1).data(), Products{precision});
+      matmul_grad_b(p, nb, G, with_copy(ctx.input(0).data(), a_kept), ctx.grad_buffer(1).data(), Products{precision});
     }
   });
 }
@@ -266,8 +264,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   // Y (rows x out) = X (rows x in) W^T + b; in bf16 from rounded X and W, accumulated in fp32, the
   // bias added in fp32
-  blas::linear(precision, rows, out, in, operand(x.value().data(), x16), operand(weight.value().data(), w16), b_data,
-               y.data());
+  blas::linear(precision, rows, out, in, with_copy(x.value().data(), x16), with_copy(weight.value().data(), w16),
+               b_data, y.data());
   if (!weight.requires_grad()) x16.reset();  // backward's dW reads it, and nothing else does
   return record("linear", std::move(y), {x, weight, bias}, [rows, in, out, precision, w16, x16](GradContext& ctx) {
     // dX = G W,  dW = G^T X,  db = sum over rows of G  (the products at the forward's precision;
@@ -288,13 +286,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     if (ctx.needs(0)) {
       const Array& W = ctx.input(1);  // checks that W was not written since forward
       const auto dx = ctx.grad_target(0);
-      blas::gemm(precision, false, false, rows, in, out, 1.f, dY, out, operand(W.data(), w16), in, dx.beta, dx.data,
+      blas::gemm(precision, false, false, rows, in, out, 1.f, dY, out, with_copy(W.data(), w16), in, dx.beta, dx.data,
                  in);
     }
     if (ctx.needs(1)) {
       const Array& X = ctx.input(0);  // checks that X was not written since forward (x16 is its copy)
       const auto dw = ctx.grad_target(1);
-      blas::gemm(precision, true, false, out, in, rows, 1.f, dY, out, operand(X.data(), x16), in, dw.beta, dw.data, in);
+      blas::gemm(precision, true, false, out, in, rows, 1.f, dY, out, with_copy(X.data(), x16), in, dw.beta, dw.data,
+                 in);
     }
     if (ctx.needs(2) && !bias_summed) detail::bias_gradient(G, rows, out, nullptr, ctx.grad_buffer(2).data());
   });

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "xgrad/core/autograd/tensor.hpp"
+#include "xgrad/core/kernels/blas.hpp"
 #include "xgrad/core/kernels/detail/bf16_vector.hpp"
 
 namespace xgrad::detail {
@@ -34,6 +35,14 @@ struct Bf16Value {
 /// of one input, and each Linear's dW = G^T X in backward) round it once. Made again after an
 /// in-place write. Safe when several threads read one value.
 std::shared_ptr<const blas::Bf16Vector> activation_bf16(const Node& node);
+
+/// A product operand from `offset` elements into a value: its float32 values, with its bf16 copy
+/// when there is one (bf16_copy's or activation_bf16's); the GEMM door multiplies whichever form
+/// the product's precision asks for.
+inline blas::Operand with_copy(const float* value, const std::shared_ptr<const blas::Bf16Vector>& copy,
+                               std::size_t offset = 0) {
+  return {value + offset, copy ? copy->data() + offset : nullptr};
+}
 
 /// How many conversions activation_bf16 has made so far (tests check that a copy is reused).
 std::size_t activation_bf16_conversions();
