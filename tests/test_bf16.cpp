@@ -255,7 +255,8 @@ TEST_CASE("gemm in bf16 is the product of the rounded operands accumulated in fp
   }
 }
 
-TEST_CASE("an fp32 product of an operand held only in bf16 is refused by name", "[bf16][gemm]") {
+TEST_CASE("an fp32 product of an operand held only in bf16, and an operand with no values, are refused by name",
+          "[bf16][gemm]") {
   const std::vector<float> x(6, 1.f);
   const std::vector<std::uint16_t> x16(6, blas::to_bf16(1.f));
   std::vector<float> c(4, 7.f);
@@ -267,6 +268,14 @@ TEST_CASE("an fp32 product of an operand held only in bf16 is refused by name", 
   REQUIRE_THROWS_WITH(blas::gemm_batched(Precision::fp32, false, true, 1, 1, 2, 2, 3, 1.f, {x16.data(), 3, 0, 0},
                                          {x.data(), 3, 0, 0}, 0.f, {c.data(), 2, 0, 0}),
                       Contains("blas::gemm_batched: an fp32 product of A"));
+  // an operand with no values at all, in either precision, unless the product reads nothing
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    REQUIRE_THROWS_WITH(blas::gemm(p, false, true, 2, 2, 3, 1.f, x.data(), 3, blas::Operand(), 3, 0.f, c.data(), 2),
+                        Contains("blas::gemm: B has no values"));
+    REQUIRE_THROWS_WITH(blas::linear(p, 2, 2, 3, blas::Operand(), x.data(), nullptr, c.data()),
+                        Contains("blas::linear: X has no values"));
+    blas::gemm(p, false, true, 0, 2, 3, 1.f, blas::Operand(), 3, x.data(), 3, 0.f, c.data(), 2);
+  }
   CHECK(c == std::vector<float>(4, 7.f));  // nothing written
 }
 

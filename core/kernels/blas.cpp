@@ -436,8 +436,8 @@ void sgemm_batched(bool trans_a, bool trans_b, std::size_t batches, std::size_t 
 void gemm_batched(Precision precision, bool trans_a, bool trans_b, std::size_t batches, std::size_t heads,
                   std::size_t m, std::size_t n, std::size_t k, float alpha, const BatchedOperand& a,
                   const BatchedOperand& b, float beta, Strided<float> c) {
+  detail::check_operands("blas::gemm_batched", precision, batches * heads * m * n * k, a.first, b.first);
   if (precision == Precision::fp32) {
-    detail::require_float32("blas::gemm_batched", a.first, b.first);
     return sgemm_batched(trans_a, trans_b, batches, heads, m, n, k, alpha,
                          {a.first.f, a.ld, a.batch_stride, a.head_stride},
                          {b.first.f, b.ld, b.batch_stride, b.head_stride}, beta, c);

@@ -269,9 +269,15 @@ void run(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float al
 
 }  // namespace
 
-void detail::require_float32(const char* who, const Operand& a, const Operand& b, const char* a_name,
-                             const char* b_name) {
-  // an operand with neither form is an empty one (a null data pointer), which sgemm never reads
+void detail::check_operands(const char* who, Precision precision, std::size_t work, const Operand& a, const Operand& b,
+                            const char* a_name, const char* b_name) {
+  // an operand with neither form is an empty one (a zero-size array's null data pointer): fine
+  // when the product reads nothing
+  if (work > 0 && ((!a.f && !a.h) || (!b.f && !b.h))) {
+    fail(who, ": ", !a.f && !a.h ? a_name : b_name, " has no values (an Operand with neither float32 nor bf16 ",
+         "values) in a product of ", work, " multiply-adds");
+  }
+  if (precision != Precision::fp32) return;
   const bool a_bf16_only = !a.f && a.h, b_bf16_only = !b.f && b.h;
   if (!a_bf16_only && !b_bf16_only) return;
   fail(who, ": an fp32 product of ", a_bf16_only ? a_name : b_name,
@@ -318,8 +324,8 @@ std::string bf16_path_name(Bf16Path path) { return path == Bf16Path::hardware ? 
 
 void gemm(Precision precision, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
           Operand a, std::size_t lda, Operand b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  detail::check_operands("blas::gemm", precision, m * n * k, a, b);
   if (precision == Precision::fp32) {
-    detail::require_float32("blas::gemm", a, b);
     return sgemm(trans_a, trans_b, m, n, k, alpha, a.f, lda, b.f, ldb, beta, c, ldc);
   }
   run(trans_a, trans_b, m, n, k, alpha, {a.f, a.h, lda}, {b.f, b.h, ldb}, beta, c, ldc);
@@ -327,8 +333,8 @@ void gemm(Precision precision, bool trans_a, bool trans_b, std::size_t m, std::s
 
 void linear(Precision precision, std::size_t rows, std::size_t out, std::size_t in, Operand x, Operand w,
             const float* bias, float* y) {
+  detail::check_operands("blas::linear", precision, rows * out * in, x, w, "X", "W");
   if (precision == Precision::fp32) {
-    detail::require_float32("blas::linear", x, w, "X", "W");
     return linear(rows, out, in, x.f, w.f, bias, y);
   }
   run(false, true, rows, out, in, 1.f, {x.f, x.h, in}, {w.f, w.h, in}, 0.f, y, out, bias);

@@ -61,10 +61,10 @@ void few_rows_columns(std::size_t m, std::size_t n, std::size_t k, float alpha, 
 // How many products (blas::sgemm, blas::linear, blas::linear_activation, and blas::gemm and linear
 // at bf16 with a bf16 B) the few-rows kernel has computed so far.
 std::size_t few_rows_products();
-// Returns unless an operand is held only in bf16 (h without f); then an Error naming `who` and that
-// operand (an fp32 product of it), as a_name or b_name.
-void require_float32(const char* who, const Operand& a, const Operand& b, const char* a_name = "A",
-                     const char* b_name = "B");
+// An Error naming `who` and the operand (a_name or b_name) when a product of `work` > 0
+// multiply-adds has an operand with no values, or an fp32 product has one held only in bf16.
+void check_operands(const char* who, Precision precision, std::size_t work, const Operand& a, const Operand& b,
+                    const char* a_name = "A", const char* b_name = "B");
 
 // How many times blas::engine() has been read so far: every product reads it (to pick its engine or
 // kernel), so a computation that reads it never is one whose result XGRAD_GEMM cannot change. The
