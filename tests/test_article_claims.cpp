@@ -93,15 +93,15 @@ TEST_CASE("FLOP shares of a small block, worked out by hand") {
 }
 
 TEST_CASE("activation-memory shares of a small block, worked out by hand") {
-  // C 8, H 2, F 32, B 1, T 4 with dropout: weights 9*2*16 = 288 bytes; rest 4*(40*8 + 9*32) = 2432.
+  // C 8, H 2, F 32, B 1, T 4 with dropout: weights 9*2*16 = 288 bytes; rest 4*(32*8 + 9*32) = 2176.
   const BlockActivations a = block_activation_bytes({8, 2, 32}, 1, 4, true);
   CHECK(a.attention_weights == 288.0);
-  CHECK(a.rest == 2432.0);
-  CHECK(a.attention_weight_share() == Approx(288.0 / 2720.0).epsilon(1e-12));
-  // Without dropout: P alone, 4*2*16 = 128; rest 4*(320 + 256) = 2304.
+  CHECK(a.rest == 2176.0);
+  CHECK(a.attention_weight_share() == Approx(288.0 / 2464.0).epsilon(1e-12));
+  // Without dropout: P alone, 4*2*16 = 128; rest 4*(256 + 256) = 2048.
   const BlockActivations plain = block_activation_bytes({8, 2, 32}, 1, 4, false);
   CHECK(plain.attention_weights == 128.0);
-  CHECK(plain.rest == 2304.0);
+  CHECK(plain.rest == 2048.0);
   // Unlike the FLOPs, the weights grow with H.
   CHECK(block_activation_bytes({8, 1, 32}, 1, 4, true).attention_weights == 144.0);
   // What grows with H, from two measurements: 4 (1000 - 400) / 3.

@@ -696,6 +696,78 @@ TEST_CASE("an activation is converted to bf16 once for the products that read it
   CHECK(std::vector<float>(q2.value().begin(), q2.value().end()) == ref);
 }
 
+TEST_CASE("under bf16 a Linear's input that only its bf16 copy serves is freed, with the same gradients",
+          "[bf16][memory][gemm]") {
+  const auto run = [](Precision precision, bool keep_handle, bool& freed) {
+    Tensor x(random_array({6, 16}, 91), true), w(random_array({8, 16}, 92), true);
+    Tensor gamma(random_array({16}, 93), true), beta(random_array({16}, 94), true);
+    AutocastGuard guard(precision);
+    Tensor y, kept;
+    {
+      const Tensor h = layer_norm(x, gamma, beta, 1e-5f);  // its backward reads x, not h
+      y = linear(h, w);                                    // in bf16 its backward reads h's bf16 copy
+      if (keep_handle) kept = h;
+    }
+    freed = y.node()->creator.lock()->inputs[0].node->storage->freed;
+    (y * y).sum().backward();
+    return std::vector<Array>{x.grad(), w.grad(), gamma.grad(), beta.grad()};
+  };
+  bool freed = false;
+  const auto bf16_freed = run(Precision::bf16, false, freed);
+  CHECK(freed);
+  const auto bf16_kept = run(Precision::bf16, true, freed);
+  CHECK_FALSE(freed);
+  CHECK(bf16_freed == bf16_kept);  // bit for bit: both read the same copy
+  run(Precision::fp32, false, freed);
+  CHECK_FALSE(freed);  // fp32's dW reads h's values
+}
+
+TEST_CASE("a language model's bf16 step frees the activations that only bf16 products read", "[bf16][memory][gemm]") {
+  // Counts the freed values among the nodes the loss's graph holds.
+  const auto freed_in_graph = [](const Tensor& loss) {
+    std::vector<const Node*> todo{loss.node().get()};
+    std::vector<const Node*> seen;
+    std::size_t freed = 0;
+    while (!todo.empty()) {
+      const Node* n = todo.back();
+      todo.pop_back();
+      if (std::find(seen.begin(), seen.end(), n) != seen.end()) continue;
+      seen.push_back(n);
+      freed += n->storage->freed;
+      if (const auto entry = n->creator.lock()) {
+        for (const SavedInput& in : entry->inputs) {
+          if (in.node) todo.push_back(in.node.get());
+        }
+      }
+    }
+    return freed;
+  };
+  const auto step = [&](Precision precision) {
+    Generator gen(7);
+    nn::LanguageModel model(testing::small_lm(), gen);  // 2 layers, Pre-Norm, GELU, no dropout
+    const IndexArray ids = {{1, 2, 3, 4}, {5, 6, 7, 8}}, targets = {{2, 3, 4, 5}, {6, 7, 8, 9}};
+    AutocastGuard guard(precision);
+    Tensor loss = model.loss(ids, targets);
+    const std::size_t freed = freed_in_graph(loss);
+    loss.backward();
+    std::vector<Array> grads;
+    for (const Tensor& p : model.parameters()) grads.push_back(p.grad());
+    return std::make_pair(freed, grads);
+  };
+  const auto [fp32_freed, fp32_grads] = step(Precision::fp32);
+  const auto [bf16_freed, bf16_grads] = step(Precision::bf16);
+  // fp32: the final norm's output, which the fused head and loss read only in forward, and per
+  // layer the two Linear outputs that only a residual sum reads. bf16: per layer also the two
+  // norms' outputs, the attention's output and the GELU's, which only Linears read; q, k and v
+  // stay (attention's backward reads them).
+  CHECK(fp32_freed == 1 + 2 * 2);
+  CHECK(bf16_freed == 1 + 2 * 2 + 2 * 4);
+  for (std::size_t i = 0; i < fp32_grads.size(); ++i) {
+    CAPTURE(i);
+    CHECK(xt::allclose(bf16_grads[i], fp32_grads[i], 0.05, 0.05));
+  }
+}
+
 TEST_CASE("the bf16 copies are safe from several threads", "[bf16][cache][threads][gemm]") {
   detail::clear_bf16_cache();
   Tensor w(random_array({64, 32}, 81), true);

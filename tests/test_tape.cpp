@@ -405,6 +405,89 @@ TEST_CASE("the tape prunes entries whose outputs died without a backward", "[tap
   REQUIRE(drain_tape(x));  // leave the tape nearly empty for the tests that follow
 }
 
+namespace {
+
+// twice(h) = 2 h, whose backward reads nothing of h; `reads` is what it declares to the tape.
+Tensor twice(const Tensor& h, BackwardReads reads, bool reads_input_anyway = false) {
+  return record("twice", Array(h.value() * 2.f), {h}, reads, [reads_input_anyway](GradContext& ctx) {
+    if (reads_input_anyway) (void)ctx.input(0);
+    ctx.accumulate(0, Array(ctx.grad_out() * 2.f));
+  });
+}
+
+// Whether input i of the op that made `out` had its value freed.
+bool input_freed(const Tensor& out, std::size_t i) {
+  return out.node()->creator.lock()->inputs.at(i).node->storage->freed;
+}
+
+}  // namespace
+
+TEST_CASE("a value no backward reads is freed with its last handle, its shape and gradient path intact",
+          "[tape][memory]") {
+  Tensor x(Array{1.f, -2.f, 3.f}, true);
+  Tensor y, kept;
+  Array expected = {4.f, 4.f, 4.f};  // d(2 (x + x))/dx
+  SECTION("freed: the op that made it and the op that reads it both declared they do not read it") {
+    {
+      const Tensor h = x + x;  // add's backward reads neither its inputs nor its output
+      y = twice(h, BackwardReads{false, 1u});
+      CHECK_FALSE(input_freed(y, 0));  // h's handle is still here
+    }
+    CHECK(input_freed(y, 0));
+    CHECK(y.node()->creator.lock()->inputs[0].node->shape() == Shape{3});
+  }
+  SECTION("kept: another handle holds it") {
+    {
+      const Tensor h = x + x;
+      y = twice(h, BackwardReads{false, 1u});
+      kept = h;
+    }
+    CHECK_FALSE(input_freed(y, 0));
+  }
+  SECTION("kept: a detach()ed handle shares its storage") {
+    {
+      const Tensor h = x + x;
+      y = twice(h, BackwardReads{false, 1u});
+      kept = h.detach();
+    }
+    CHECK_FALSE(input_freed(y, 0));
+    CHECK(kept.value() == Array{2.f, -4.f, 6.f});
+  }
+  SECTION("kept: the reading op did not declare") {
+    {
+      const Tensor h = x + x;
+      y = twice(h, BackwardReads{});
+    }
+    CHECK_FALSE(input_freed(y, 0));
+  }
+  SECTION("kept: the op that made it reads its output") {
+    {
+      const Tensor h = exp(x);  // exp's backward reads its output
+      y = twice(h, BackwardReads{false, 1u});
+      expected = 2.f * h.value();  // d(2 e^x)/dx = 2 e^x
+    }
+    CHECK_FALSE(input_freed(y, 0));
+  }
+  // the gradient reaches x through h's node whether or not h's value was freed
+  sum(y).backward();
+  CHECK(x.grad() == expected);
+  REQUIRE(drain_tape(x));
+}
+
+TEST_CASE("a backward that reads a value its op declared unread is an Error naming the freed tensor",
+          "[tape][memory][bad_input]") {
+  Tensor x(Array{1.f, 2.f}, true);
+  Tensor y;
+  {
+    Tensor h = x + x;
+    h.set_name("h");
+    y = twice(h, BackwardReads{false, 1u}, true);
+  }
+  REQUIRE(input_freed(y, 0));
+  REQUIRE_THROWS_WITH(sum(y).backward(), Catch::Contains("'h' (shape (2)) was freed when its last handle went"));
+  REQUIRE(drain_tape(x));
+}
+
 TEST_CASE("set_requires_grad works on leaves and throws on computed tensors", "[tensor]") {
   Tensor x(Array{1.f, 2.f});
   REQUIRE_FALSE(x.requires_grad());

@@ -63,7 +63,7 @@ std::shared_ptr<const blas::Bf16Vector> bf16_copy(const Node& node) {
     }
     c.erase(it);  // an older version, or a dead storage whose address was reused
   }
-  const Array& value = storage->array;
+  const Array& value = node.value();
   auto copy = std::make_shared<blas::Bf16Vector>(value.size());
   blas::to_bf16(value.data(), value.size(), copy->data());
   ++c.conversions;
@@ -91,10 +91,11 @@ std::shared_ptr<const blas::Bf16Vector> activation_bf16(const Node& node) {
   Storage& storage = *node.storage;
   // Two threads may both convert one value; either copy is the same bits.
   if (auto kept = kept_copy(storage)) return kept;
+  const Array& value = node.value();
   auto made = std::make_shared<Bf16Value>();
   made->version = storage.version;
-  made->bits.resize(storage.array.size());
-  blas::to_bf16(storage.array.data(), storage.array.size(), made->bits.data());
+  made->bits.resize(value.size());
+  blas::to_bf16(value.data(), value.size(), made->bits.data());
   std::atomic_store(&storage.bf16, std::shared_ptr<const void>(made));
   activation_conversions.fetch_add(1, std::memory_order_relaxed);
   return {made, &made->bits};

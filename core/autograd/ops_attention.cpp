@@ -277,7 +277,7 @@ Tensor attend(const Tensor& weights, const Tensor& v, std::size_t heads) {
     batched(false, false, k, d.T, d.D, d.S, 1.f, W, scores_of(W.f, d, k), V, heads_of(V.f, d, d.S, k), 0.f,
             heads_of(O, d, d.T, k));
   });
-  return record("attend", std::move(out), {weights, v}, [d, precision](GradContext& ctx) {
+  return record("attend", std::move(out), {weights, v}, BackwardReads{false}, [d, precision](GradContext& ctx) {
     // dP = dout_h v_h^T,  dv_h = P^T dout_h
     Bf16Copy w16, v16;  // dv reads the weights, dP reads v
     const Operand W = ctx.needs(1) ? operand_of(ctx.input(0), ctx.input_node(0), precision, w16) : Operand{};

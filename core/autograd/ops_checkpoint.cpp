@@ -62,7 +62,7 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
       while (i < again.size() && !(again[i].defined() && again[i].node() == node)) ++i;
       if (i == again.size()) {
         fail("checkpoint: the function read ", node->name.empty() ? "a tensor" : "'" + node->name + "'", " of shape ",
-             shape_str(node->value().shape()),
+             shape_str(node->shape()),
              " that requires grad and is not among its inputs: pass it (every parameter the function uses) as an "
              "input");
       }

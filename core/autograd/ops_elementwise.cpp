@@ -30,7 +30,8 @@ Tensor unary(const char* op, const Tensor& a, Fwd fwd, Bwd bwd, std::size_t grai
   parallel_for(x.size(), grain, [&](std::size_t lo, std::size_t hi) {
     for (std::size_t i = lo; i < hi; ++i) ys[i] = fwd(xs[i]);
   });
-  return record(op, std::move(y), {a}, [bwd, grain](GradContext& ctx) {
+  const BackwardReads reads{(saves & kSavesY) != 0, (saves & kSavesX) ? 0u : 1u};
+  return record(op, std::move(y), {a}, reads, [bwd, grain](GradContext& ctx) {
     // dx written over g, element by element (see dropout's backward)
     Array dx = ctx.take_grad_out();
     const float* gs = dx.data();
@@ -71,7 +72,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Array y = binary_value(
       "add", a, b, [](float x, float z) { return x + z; },
       [](const Array& x, const Array& z) -> Array { return x + z; });
-  return record("add", std::move(y), {a, b}, [](GradContext& ctx) {
+  return record("add", std::move(y), {a, b}, BackwardReads{false, 3u}, [](GradContext& ctx) {
     // da = g, db = g (each summed over its broadcast axes); g moves on to a, the last use
     if (ctx.needs(1)) ctx.accumulate_reduced(1, ctx.grad_out());
     if (ctx.needs(0)) ctx.pass_grad_out(0);
@@ -83,7 +84,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Array y = binary_value(
       "sub", a, b, [](float x, float z) { return x - z; },
       [](const Array& x, const Array& z) -> Array { return x - z; });
-  return record("sub", std::move(y), {a, b}, [](GradContext& ctx) {
+  return record("sub", std::move(y), {a, b}, BackwardReads{false, 3u}, [](GradContext& ctx) {
     // da = g, db = -g; g moves on to a, the last use
     if (ctx.needs(1)) ctx.accumulate_reduced(1, Array(-ctx.grad_out()));
     if (ctx.needs(0)) ctx.pass_grad_out(0);
@@ -209,7 +210,7 @@ Tensor vector_unary(const char* name, const Tensor& a, VectorForward forward, Ve
   const float* xs = a.value().data();
   float* ys = y.data();
   parallel_for(y.size(), kGrainCostly, [=](std::size_t lo, std::size_t hi) { forward(xs + lo, ys + lo, hi - lo); });
-  return record(name, std::move(y), {a}, [backward](GradContext& ctx) {
+  return record(name, std::move(y), {a}, BackwardReads{false}, [backward](GradContext& ctx) {
     const float* xs = ctx.input(0).data();
     Array dx = ctx.take_grad_out();  // dx written over g, element by element
     const float* gs = dx.data();

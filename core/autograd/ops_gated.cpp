@@ -41,7 +41,7 @@ Tensor gated_unit(const Tensor& gate, const Tensor& up, GatedActivation activati
     kernels::gated_forward(gs + lo, us + lo, ys + lo, hi - lo, act);
   });
   // y = act(gate) up; dgate = g up act'(gate), dup = g act(gate), both from one pass
-  return record("gated_unit", std::move(y), {gate, up}, [act](GradContext& ctx) {
+  return record("gated_unit", std::move(y), {gate, up}, BackwardReads{false}, [act](GradContext& ctx) {
     const float* gs = ctx.input(0).data();
     const float* us = ctx.input(1).data();
     const float* g = ctx.grad_out().data();

@@ -146,7 +146,9 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     if (tg[r] != ignore_index) total += static_cast<double>(row_loss[r]);
   }
   const float loss = count ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
-  return record("linear_cross_entropy", Array(loss), {x, weight, bias}, [saved](GradContext& ctx) {
+  // backward hands on the gradients made above: it reads no value
+  return record("linear_cross_entropy", Array(loss), {x, weight, bias}, BackwardReads{false, 7u},
+                [saved](GradContext& ctx) {
     // the gradients at a loss gradient of 1, scaled by the one arriving; handed over when no later
     // pass needs them, so the weight's gradient is not held twice (154 MB each at GPT-2's size)
     const float g = ctx.grad_out().data()[0];

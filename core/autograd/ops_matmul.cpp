@@ -267,7 +267,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   blas::linear(precision, rows, out, in, with_copy(x.value().data(), x16), with_copy(weight.value().data(), w16),
                b_data, y.data());
   if (!weight.requires_grad()) x16.reset();  // backward's dW reads it, and nothing else does
-  return record("linear", std::move(y), {x, weight, bias}, [rows, in, out, precision, w16, x16](GradContext& ctx) {
+  // Backward reads X's bf16 copy when it has one, never X's values then, and never Y.
+  const BackwardReads reads{false, x16 ? 1u : 0u};
+  return record("linear", std::move(y), {x, weight, bias}, reads,
+                [rows, in, out, precision, w16, x16](GradContext& ctx) {
     // dX = G W,  dW = G^T X,  db = sum over rows of G  (the products at the forward's precision;
     // in bf16, G, W and X rounded to bf16 and the products accumulated in fp32)
     const float* G = ctx.grad_out().data();
@@ -290,10 +293,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                  in);
     }
     if (ctx.needs(1)) {
-      const Array& X = ctx.input(0);  // checks that X was not written since forward (x16 is its copy)
+      // X's bf16 copy alone when it has one (its values may have been freed), else its values
+      blas::Operand X(x16 ? nullptr : ctx.input(0).data(), x16 ? x16->data() : nullptr);
+      if (x16) ctx.check_unchanged(0);  // x16 is a copy of X as forward saw it
       const auto dw = ctx.grad_target(1);
-      blas::gemm(precision, true, false, out, in, rows, 1.f, dY, out, with_copy(X.data(), x16), in, dw.beta, dw.data,
-                 in);
+      blas::gemm(precision, true, false, out, in, rows, 1.f, dY, out, X, in, dw.beta, dw.data, in);
     }
     if (ctx.needs(2) && !bias_summed) detail::bias_gradient(G, rows, out, nullptr, ctx.grad_buffer(2).data());
   });

@@ -281,7 +281,8 @@ Tensor dropout_training(const char* op, const Tensor& a, float p, Generator& gen
     const auto forward = with_gelu ? kernels::gelu_dropout_forward : kernels::dropout_forward;
     forward(x + lo, out + lo, kp + lo, lo, hi - lo, key.k0, key.k1, key.threshold, key.scale);
   });
-  return record(op, std::move(y), {a}, [keep, n, scale = key.scale, grain, with_gelu](GradContext& ctx) {
+  return record(op, std::move(y), {a}, BackwardReads{false, with_gelu ? 0u : 1u},
+                [keep, n, scale = key.scale, grain, with_gelu](GradContext& ctx) {
     // dx = g * keep / (1 - p), times (Phi(x) + x phi(x)) with GELU; written over g, which this op
     // owns (a fresh buffer costs a read of each of its lines before the write: a quarter more
     // memory traffic in a pass that is bound by it)
@@ -345,7 +346,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     kernels::layer_norm_forward(xs + lo * C, gm, bt, ys + lo * C, means + lo, rstds + lo, hi - lo, C, eps);
   });
   const bool has_gamma = gamma.defined();
-  return record("layer_norm", std::move(y), {x, gamma, beta},
+  return record("layer_norm", std::move(y), {x, gamma, beta}, BackwardReads{false},
                 [mean = std::move(mean), rstd = std::move(rstd), rows, C, has_gamma](GradContext& ctx) {
     // dxhat = g * gamma
     // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
@@ -399,7 +400,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
     kernels::rms_norm_forward(xs + lo * C, gm, ys + lo * C, rstds + lo, hi - lo, C, eps);
   });
   const bool has_gamma = gamma.defined();
-  return record("rms_norm", std::move(y), {x, gamma}, [rstd = std::move(rstd), rows, C, has_gamma](GradContext& ctx) {
+  return record("rms_norm", std::move(y), {x, gamma}, BackwardReads{false},
+                [rstd = std::move(rstd), rows, C, has_gamma](GradContext& ctx) {
     // dxhat = g * gamma
     // dx = rstd * (dxhat - xhat * mean(dxhat * xhat))
     // dgamma = sum_rows g * xhat

@@ -115,9 +115,9 @@ void add_into(Array& dst, const Array& src) {
 void arrive(Node& node, Array& grad) {
   for (auto& [id, hook] : node.hooks) {
     hook(grad);
-    if (grad.shape() != node.value().shape()) {
-      fail("backward: a hook on tensor '", node.name, "' changed its gradient's shape from ",
-           shape_str(node.value().shape()), " to ", shape_str(grad.shape()));
+    if (grad.shape() != node.shape()) {
+      fail("backward: a hook on tensor '", node.name, "' changed its gradient's shape from ", shape_str(node.shape()),
+           " to ", shape_str(grad.shape()));
     }
   }
   if (anomaly_mode) {
@@ -156,9 +156,9 @@ void deliver_leaf(Node& leaf, Array& grad, const std::vector<Watcher>& watchers)
     auto& joined = current_pass->joined;
     if (std::find(joined.begin(), joined.end(), w.watch) == joined.end()) joined.push_back(w.watch);
     w.watch->listener->gradient_ready(w.index, grad);
-    if (grad.shape() != leaf.value().shape()) {
+    if (grad.shape() != leaf.shape()) {
       fail("backward: a gradient-ready listener changed the gradient of ", describe(leaf), " (leaf ", w.index,
-           " of its watch) from shape ", shape_str(leaf.value().shape()), " to ", shape_str(grad.shape()));
+           " of its watch) from shape ", shape_str(leaf.shape()), " to ", shape_str(grad.shape()));
     }
   }
   keep(leaf, grad, true);
@@ -191,8 +191,8 @@ std::vector<ReadyLeaf> ready_schedule(const std::vector<std::shared_ptr<TapeEntr
   consider(root, 0);
   for (std::size_t j = 0; j < end; ++j) {
     if (entries[j]->output.expired()) continue;  // it can never run
-    for (const auto& [in, version] : entries[j]->inputs) {
-      if (in && in->requires_grad) consider(*in, j);
+    for (const SavedInput& in : entries[j]->inputs) {
+      if (in.node && in.node->requires_grad) consider(*in.node, j);
     }
   }
   std::stable_sort(ready.begin(), ready.end(),
@@ -217,7 +217,21 @@ void set_grad_enabled(bool on) { grad_mode = on; }
 
 std::size_t tape_size() { return tape.entries.size(); }
 
+void TapeEntry::release_inputs() {
+  for (const SavedInput& in : inputs) {
+    if (in.counted) --in.node->value_readers;
+  }
+  inputs.clear();
+  if (!output_counted) return;
+  output_counted = false;
+  if (const auto out = output.lock()) --out->value_readers;
+}
+
 Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  return record(op, std::move(value), inputs, BackwardReads{}, std::move(fn));
+}
+
+Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardReads reads, BackwardFn fn) {
   if (anomaly_mode) {
     const std::size_t bad = first_non_finite(value);
     if (bad < value.size()) {
@@ -249,10 +263,16 @@ Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, Ba
            " was computed by an op recorded on another thread, and the gradient cannot flow back to that "
            "thread's graph; pass it as t.detach() (a new leaf) or record the whole graph on one thread");
     }
-    entry->inputs.push_back({t.node(), in.storage->version});
+    const std::size_t i = entry->inputs.size();
+    // counted for non-leaves only: a leaf's value is never freed, and leaves may be shared by threads
+    const bool counted = in.has_creator && (i >= 64 || !(reads.unread_inputs >> i & 1u));
+    if (counted) ++t.node()->value_readers;
+    entry->inputs.push_back({t.node(), in.storage->version, counted});
   }
   entry->output = out.node();
   entry->output_version = out.node()->storage->version;
+  entry->output_counted = reads.output;
+  if (reads.output) ++out.node()->value_readers;
   entry->backward = std::move(fn);
   entry->seq = tape.next_seq++;
   Node& n = *out.node();
@@ -270,7 +290,7 @@ void GradContext::changed(long input) const {
   const std::uint64_t was = input < 0 ? entry_.output_version : entry_.inputs[static_cast<std::size_t>(input)].version;
   const std::string which = input < 0 ? std::string("output") : "input " + std::to_string(input);
   const std::string what = n.name.empty() ? std::string() : "'" + n.name + "', ";
-  fail("backward: ", entry_.op, "'s ", which, " (", what, "shape ", shape_str(n.value().shape()),
+  fail("backward: ", entry_.op, "'s ", which, " (", what, "shape ", shape_str(n.shape()),
        ") was changed in place after the op saved it for backward (version ", was, " -> ", n.storage->version,
        "), so backward would compute with the new values; change it after backward, or run the forward again "
        "after changing it");
@@ -285,9 +305,9 @@ Node& GradContext::prepare(std::size_t i) {
 
 void GradContext::accumulate(std::size_t i, Array&& g) {
   Node& n = prepare(i);
-  if (g.shape() != n.value().shape()) {
+  if (g.shape() != n.shape()) {
     fail("backward of ", entry_.op, ": gradient for input ", i, " has shape ", shape_str(g.shape()),
-         " but the input has shape ", shape_str(n.value().shape()));
+         " but the input has shape ", shape_str(n.shape()));
   }
   if (Array* pending = pending_of(n)) {
     add_into(*pending, g);
@@ -299,7 +319,7 @@ void GradContext::accumulate(std::size_t i, Array&& g) {
 Array& GradContext::grad_buffer(std::size_t i) {
   Node& n = prepare(i);
   if (Array* pending = pending_of(n)) return *pending;
-  Array zeros = Array::from_shape(n.value().shape());
+  Array zeros = Array::from_shape(n.shape());
   float* d = zeros.data();
   parallel_for(zeros.size(), kGrainCheap, [=](std::size_t lo, std::size_t hi) { std::fill(d + lo, d + hi, 0.f); });
   return start_pending(entry_.inputs[i].node, std::move(zeros));
@@ -308,12 +328,12 @@ Array& GradContext::grad_buffer(std::size_t i) {
 GradContext::GradTarget GradContext::grad_target(std::size_t i) {
   Node& n = prepare(i);
   if (Array* pending = pending_of(n)) return {pending->data(), 1.f};
-  return {start_pending(entry_.inputs[i].node, Array::from_shape(n.value().shape())).data(), 0.f};
+  return {start_pending(entry_.inputs[i].node, Array::from_shape(n.shape())).data(), 0.f};
 }
 
 void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
   Node& n = prepare(i);
-  if (g.shape() == n.value().shape()) {
+  if (g.shape() == n.shape()) {
     if (Array* pending = pending_of(n)) {
       add_into(*pending, g);
       return;
@@ -331,7 +351,7 @@ void GradContext::accumulate_reduced(std::size_t i, const Array& g) {
 void GradContext::pass_grad_out(std::size_t i) {
   Node& n = prepare(i);
   Array g = take_grad_out();
-  if (g.shape() != n.value().shape()) {
+  if (g.shape() != n.shape()) {
     add_reduced(grad_buffer(i), g);
   } else if (Array* pending = pending_of(n)) {
     add_into(*pending, g);
@@ -345,17 +365,17 @@ namespace {
 // The gradient the sweep starts from at `root`: the seed, or 1 for a single element.
 Array seed_gradient(const Node& root, const Array* seed) {
   if (seed) {
-    if (seed->shape() != root.value().shape()) {
+    if (seed->shape() != root.shape()) {
       fail("backward: seed gradient of shape ", shape_str(seed->shape()), " does not match the tensor's shape ",
-           shape_str(root.value().shape()));
+           shape_str(root.shape()));
     }
     return *seed;
   }
   if (root.value().size() != 1) {
-    fail("backward: called without a seed gradient on a tensor of shape ", shape_str(root.value().shape()),
+    fail("backward: called without a seed gradient on a tensor of shape ", shape_str(root.shape()),
          "; only a single-element tensor gets the implicit seed 1");
   }
-  return xt::ones<float>(root.value().shape());
+  return xt::ones<float>(root.shape());
 }
 
 // Makes `pass` the one running on this thread for its scope. Whatever happens, it leaves no
@@ -403,7 +423,7 @@ void run_entry(TapeEntry& e, bool retain_graph) {
   }
   if (!retain_graph) {
     e.backward = nullptr;  // frees what the closure cached
-    e.inputs.clear();      // frees activations (the pass still holds the touched nodes)
+    e.release_inputs();    // frees activations (the pass still holds the touched nodes)
   }
 }
 

@@ -36,6 +36,16 @@ using BackwardFn = std::function<void(GradContext&)>;
 struct SavedInput {
   std::shared_ptr<Node> node;  ///< kept alive; null for an undefined input such as "no bias"
   std::uint64_t version = 0;   ///< the storage's version when the op ran
+  bool counted = false;        ///< counted in node->value_readers (a non-leaf the backward reads)
+};
+
+/// What an op's backward reads of the values it saw, for record(). By default everything. An op
+/// that declares less lets a value be freed as soon as nothing else needs it (Node::value_readers):
+/// a Linear's input under bf16, whose backward reads only its bf16 copy, once the norm or
+/// activation that made it declares that its own backward does not read its output.
+struct BackwardReads {
+  bool output = true;               ///< whether the closure calls GradContext::output()
+  std::uint64_t unread_inputs = 0;  ///< bit i set: the closure never calls input(i)
 };
 
 /// One recorded op: its inputs, its output, and the closure that differentiates it.
@@ -47,8 +57,16 @@ struct TapeEntry {
   std::vector<SavedInput> inputs;  ///< the inputs as the op saw them (cleared when backward releases the entry)
   std::weak_ptr<Node> output;
   std::uint64_t output_version = 0;  ///< the output storage's version when the op ran
+  bool output_counted = false;       ///< counted in the output's value_readers (the backward reads it)
   BackwardFn backward;               ///< null once backward has released the entry
   std::uint64_t seq = 0;             ///< recording order, which is a topological order
+
+  TapeEntry() = default;
+  TapeEntry(const TapeEntry&) = delete;
+  TapeEntry& operator=(const TapeEntry&) = delete;
+  ~TapeEntry() { release_inputs(); }
+  /// Lets go of the inputs and of the output's value, which this entry's backward no longer reads.
+  void release_inputs();
 };
 
 /// What a backward closure sees: the gradient arriving at the op's output, the output and input
@@ -82,10 +100,16 @@ class GradContext {
     if (in.node->storage->version != in.version) changed(static_cast<long>(i));
     return in.node->value();
   }
+  /// Checks that input i was not written in place since the op ran, for a closure that reads
+  /// only what is kept on its storage (its bf16 copy) and not the value.
+  void check_unchanged(std::size_t i) const {
+    const SavedInput& in = entry_.inputs[i];
+    if (in.node->storage->version != in.version) changed(static_cast<long>(i));
+  }
   /// Input i's node, for what is kept on its storage (its bf16 copy); input(i) checks its value.
   const Node& input_node(std::size_t i) const { return *entry_.inputs[i].node; }
   /// Input i's shape, for closures that need only that (reading it is not a use of the value).
-  const Shape& input_shape(std::size_t i) const { return entry_.inputs[i].node->value().shape(); }
+  const Shape& input_shape(std::size_t i) const { return entry_.inputs[i].node->shape(); }
   /// The number of inputs the op recorded, undefined ones included.
   std::size_t num_inputs() const { return entry_.inputs.size(); }
   /// Whether the graph outlives this pass (backward(true)): the closure then runs again in a later
@@ -173,6 +197,8 @@ class AnomalyGuard {
 /// `op` must be a string literal (it names the op in errors). An Error when an input is a
 /// non-leaf recorded on another thread, and in anomaly mode when the value is not finite.
 Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardFn fn);
+/// The same for an op whose backward reads less than every value it saw (see BackwardReads).
+Tensor record(const char* op, Array value, const std::vector<Tensor>& inputs, BackwardReads reads, BackwardFn fn);
 
 /// Runs `fn` once, on this thread, at the end of the backward pass running here.
 ///

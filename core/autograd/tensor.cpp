@@ -23,6 +23,46 @@ Node& checked(const std::shared_ptr<Node>& node, const char* who) {
 Tensor::Tensor(Array value, bool requires_grad) : node_(std::make_shared<Node>()) {
   node_->storage = std::make_shared<Storage>(std::move(value));
   node_->requires_grad = requires_grad;
+  node_->handles = 1;
+}
+
+Tensor::Tensor(std::shared_ptr<Node> node) : node_(std::move(node)) {
+  if (node_) node_->handles.fetch_add(1, std::memory_order_relaxed);
+}
+
+Tensor::Tensor(const Tensor& other) noexcept : node_(other.node_) {
+  if (node_) node_->handles.fetch_add(1, std::memory_order_relaxed);
+}
+
+Tensor& Tensor::operator=(const Tensor& other) noexcept {
+  Tensor copy(other);
+  std::swap(node_, copy.node_);
+  return *this;
+}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  Tensor moved(std::move(other));
+  std::swap(node_, moved.node_);
+  return *this;
+}
+
+Tensor::~Tensor() {
+  if (!node_ || node_->handles.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // The last handle: a recorded op's output that a tape entry still holds (for the gradient's
+  // way back) but whose value no backward reads, and that no detach()ed handle shares, is freed.
+  Node& n = *node_;
+  if (n.has_creator && n.value_readers == 0 && node_.use_count() > 1 && n.storage.use_count() == 1 &&
+      !n.storage->freed) {
+    n.storage->freed_shape = n.storage->array.shape();
+    n.storage->array = Array();
+    n.storage->freed = true;
+  }
+}
+
+void Node::freed_value_error(const Node& node) {
+  fail("the value of ", node.name.empty() ? std::string("an unnamed tensor") : "'" + node.name + "'", " (shape ",
+       shape_str(node.storage->freed_shape), ") was freed when its last handle went: the ops that read it declared ",
+       "(BackwardReads) that their backward does not read it");
 }
 
 Tensor Tensor::zeros(const Shape& shape, bool requires_grad) { return full(shape, 0.f, requires_grad); }

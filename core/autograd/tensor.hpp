@@ -4,6 +4,8 @@
 /// and backward live in tape.hpp.
 #pragma once
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -55,6 +57,9 @@ struct Storage {
   /// with the value: a detail::Bf16Value (detail/bf16_cache.hpp), held untyped so this header
   /// declares nothing of it. Parameters' copies live in a cache instead.
   std::shared_ptr<const void> bf16;
+  /// The values were freed (Node::value_readers): `array` is empty and `freed_shape` is its shape.
+  bool freed = false;
+  Shape freed_shape;
 };
 
 /// One vertex of the graph. Tensor handles share it; tape entries keep their inputs alive.
@@ -76,9 +81,24 @@ struct Node {
   std::string name;                             ///< set_name()'s name, in messages; empty when unnamed
   std::vector<std::pair<int, GradHook>> hooks;  ///< (id, hook) pairs, run in this order
   int next_hook_id = 0;                         ///< the id register_hook() gives next
+  /// Tensor handles holding this node (tape entries hold nodes without being handles).
+  std::atomic<std::size_t> handles{0};
+  /// Live tape entries whose backward may read this node's value. A recorded op's output whose
+  /// last handle goes while no entry may read it (the entries that hold it declared with
+  /// BackwardReads that they read only its bf16 copy, or nothing) has its value freed then; its
+  /// shape stays. Non-leaves only, so only the recording thread touches it.
+  std::size_t value_readers = 0;
 
-  /// The value in `storage`.
-  const Array& value() const { return storage->array; }
+  /// The value in `storage`; an Error once it was freed (see value_readers).
+  const Array& value() const {
+    if (storage->freed) freed_value_error(*this);
+    return storage->array;
+  }
+  /// The value's shape, also once the value was freed.
+  const Shape& shape() const { return storage->freed ? storage->freed_shape : storage->array.shape(); }
+
+ private:
+  [[noreturn]] static void freed_value_error(const Node& node);
 };
 
 /// The handle users hold: shared ownership of a Node (value, gradient, name, hooks). Copying a
@@ -98,6 +118,17 @@ class Tensor {
   static Tensor full(const Shape& shape, float fill, bool requires_grad = false);
   /// A leaf of shape () holding `v`.
   static Tensor scalar(float v, bool requires_grad = false);
+
+  /// @name Handles
+  /// Copies share the node and count as its handles (Node::handles): when the last handle of a
+  /// recorded op's output goes and no backward reads its value, the value is freed.
+  /// @{
+  Tensor(const Tensor& other) noexcept;             ///< another handle to the same node
+  Tensor(Tensor&& other) noexcept = default;        ///< takes other's handle; other is undefined then
+  Tensor& operator=(const Tensor& other) noexcept;  ///< lets go of the held node, then shares other's
+  Tensor& operator=(Tensor&& other) noexcept;       ///< lets go of the held node, then takes other's
+  ~Tensor();                                        ///< lets go of the node
+  /// @}
 
   /// Whether the handle holds a node (false for a default-constructed one).
   bool defined() const { return node_ != nullptr; }
@@ -228,7 +259,7 @@ class Tensor {
   bool is_same(const Tensor& other) const { return node_ == other.node_; }
 
  private:
-  explicit Tensor(std::shared_ptr<Node> node) : node_(std::move(node)) {}
+  explicit Tensor(std::shared_ptr<Node> node);
   std::shared_ptr<Node> node_;
 };
 

@@ -62,7 +62,7 @@ std::string flop_share_table(const std::vector<ConfigReport>& rows, const Config
 std::string memory_share_table(const std::vector<ConfigReport>& rows, const ConfigsOptions& o) {
   std::string s = format(
       "Activation memory one block's forward keeps for backward, per sequence (dropout %g):\n"
-      "formula: attention weights %s B H T^2 bytes, the rest B T (40 C + %s F); measured: heap bytes\n"
+      "formula: attention weights %s B H T^2 bytes, the rest B T (32 C + %s F); measured: heap bytes\n"
       "held after forward, with H heads and with 1 head (the difference grows with H)\n",
       static_cast<double>(o.step.dropout), o.step.dropout > 0 ? "9" : "4", o.step.dropout > 0 ? "9" : "8");
   s += format("%-9s %5s %11s %9s %12s %13s %12s %12s %12s\n", "config", "T", "weights MiB", "rest MiB", "formula MiB",

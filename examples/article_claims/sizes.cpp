@@ -31,7 +31,7 @@ BlockActivations block_activation_bytes(const BlockSize& s, double B, double T, 
   const double H = static_cast<double>(s.heads);
   BlockActivations a;
   a.attention_weights = (dropout ? 9.0 : 4.0) * B * H * T * T;
-  a.rest = B * T * (40 * C + (dropout ? 9.0 : 8.0) * F);
+  a.rest = B * T * (32 * C + (dropout ? 9.0 : 8.0) * F);
   return a;
 }
 

@@ -46,10 +46,11 @@ BlockFlops block_flops(const BlockSize& s, double batch, double seq_len);
 // xgrad's ops hold:
 //   attention weights  per weight: P (4 bytes), P after dropout (4) and dropout's keep flag (1),
 //                      9 B H T^2; without dropout P alone, 4 B H T^2
-//   the rest           per position: LN1 output, q, k, v, context, W_o output, the residual sum,
-//                      LN2 output, the second Linear's output and the block's output (10 C floats),
-//                      the FFN hidden before and after GELU with dropout (2 F floats) and its keep
-//                      flags (F bytes): B T (40 C + 9 F) with dropout, B T (40 C + 8 F) without
+//   the rest           per position: LN1 output, q, k, v, context, the residual sum, LN2 output and
+//                      the block's output (8 C floats; W_o's and the second Linear's outputs are
+//                      freed once the residual sums, which do not read them in backward, have
+//                      run), the FFN hidden before and after GELU with dropout (2 F floats) and its
+//                      keep flags (F bytes): B T (32 C + 9 F) with dropout, B T (32 C + 8 F) without
 struct BlockActivations {
   double attention_weights = 0, rest = 0;
   double total() const { return attention_weights + rest; }
