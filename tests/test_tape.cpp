@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "xgrad/core/autograd/ops.hpp"
+#include "xgrad/core/autograd/precision.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/autograd/tensor.hpp"
 #include "xgrad/core/error.hpp"
+#include "xgrad/core/random.hpp"
 
 using namespace xgrad;
 
@@ -486,6 +488,108 @@ TEST_CASE("a backward that reads a value its op declared unread is an Error nami
   REQUIRE(input_freed(y, 0));
   REQUIRE_THROWS_WITH(sum(y).backward(), Catch::Contains("'h' (shape (2)) was freed when its last handle went"));
   REQUIRE(drain_tape(x));
+}
+
+TEST_CASE("each op's BackwardReads holds: a value it declares unread is freed, and backward is bit for bit the same",
+          "[tape][memory][gemm]") {
+  // h = x + x feeds the op, whose output z feeds twice() (which reads nothing of z). With no
+  // handle left, z is freed when the op declares its output unread and h when it declares its
+  // input unread; a backward that read a freed value would be an Error, and every gradient must
+  // equal the one of a run that keeps both.
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&)> op;
+    bool output_freed, input_freed;
+    Precision precision = Precision::fp32;
+  };
+  const auto leaf = [](const Shape& shape, std::uint64_t seed, float lo = -1.f, float hi = 1.f) {
+    Generator g(seed);
+    return Tensor(g.uniform(shape, lo, hi), true);
+  };
+  const std::vector<Case> cases =
+      {
+          {"h + 1", [](const Tensor& h) { return h + 1.f; }, true, true},
+          {"h * 3", [](const Tensor& h) { return h * 3.f; }, true, true},
+          {"neg", [](const Tensor& h) { return neg(h); }, true, true},
+          {"log", [](const Tensor& h) { return log(h); }, true, false},
+          {"pow", [](const Tensor& h) { return pow(h, 3.f); }, true, false},
+          {"relu", [](const Tensor& h) { return relu(h - 1.f); }, true, false},
+          {"gelu", [](const Tensor& h) { return gelu(h); }, true, false},
+          {"gelu tanh", [](const Tensor& h) { return gelu(h, GeluApprox::tanh); }, true, false},
+          {"exp", [](const Tensor& h) { return exp(h); }, false, true},
+          {"sqrt", [](const Tensor& h) { return sqrt(h); }, false, true},
+          {"tanh", [](const Tensor& h) { return tanh(h); }, false, true},
+          {"sigmoid", [](const Tensor& h) { return sigmoid(h); }, false, true},
+          {"add", [](const Tensor& h) { return h + h; }, true, true},
+          {"sub", [](const Tensor& h) { return h - h * 0.5f; }, true, true},
+          {"mul", [](const Tensor& h) { return h * h; }, false, false},
+          {"layer_norm", [&](const Tensor& h) { return layer_norm(h, leaf({8}, 3), leaf({8}, 4)); }, true, false},
+          {"rms_norm", [&](const Tensor& h) { return rms_norm(h, leaf({8}, 3)); }, true, false},
+          {"dropout",
+           [](const Tensor& h) {
+    Generator g(5);
+    return dropout(h, 0.5f, true, g);
+           },
+           true, true},
+          {"gelu_dropout",
+           [](const Tensor& h) {
+    Generator g(5);
+    return gelu_dropout(h, 0.5f, true, g);
+           },
+           true, false},
+                          {"gated_unit", [](const Tensor& h) { return gated_unit(h, h * 0.5f, GatedActivation::silu); },
+                           true, false},
+                          {"linear",
+                           [&](const Tensor& h) {
+    return linear(h, leaf({6, 8}, 6));
+                           },
+                           true, false},
+      {"linear in bf16",
+       [&](const Tensor& h) {
+    return linear(h, leaf({6, 8}, 6));
+       },
+       true, true, Precision::bf16},
+      {"attend",
+       [&](const Tensor& h) {
+    return attend(leaf({2, 2, 4, 4}, 7, 0.f, 1.f), h, 2);
+       },
+       true, false},
+      {"linear_cross_entropy",
+       [&](const Tensor& h) {
+    return linear_cross_entropy(h, leaf({5, 8}, 8), Tensor(), IndexArray{{0, 1, 2, 3}, {4, 3, 2, 1}});
+       },
+       true, true},
+      };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const auto run = [&](bool keep, bool& output_freed, bool& input_freed) {
+      Tensor x = leaf({2, 4, 8}, 1, 0.5f, 1.5f);  // positive, for log and sqrt
+      AutocastGuard guard(c.precision);
+      Tensor y, kept_h, kept_z;
+      {
+        const Tensor h = x + x;
+        const Tensor z = c.op(h);
+        y = twice(z, BackwardReads{false, 1u});
+        if (keep) {
+          kept_h = h;
+          kept_z = z;
+        }
+      }
+      const Node& z = *y.node()->creator.lock()->inputs[0].node;
+      output_freed = z.storage->freed;
+      input_freed = z.creator.lock()->inputs[0].node->storage->freed;
+      sum(y).backward();
+      return x.grad();
+    };
+    bool output_freed = false, input_freed = false, kept_output = true, kept_input = true;
+    const Array freed = run(false, output_freed, input_freed);
+    const Array kept = run(true, kept_output, kept_input);
+    CHECK(output_freed == c.output_freed);
+    CHECK(input_freed == c.input_freed);
+    CHECK_FALSE(kept_output);
+    CHECK_FALSE(kept_input);
+    CHECK(freed == kept);
+  }
 }
 
 TEST_CASE("set_requires_grad works on leaves and throws on computed tensors", "[tensor]") {
