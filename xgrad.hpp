@@ -5,6 +5,7 @@
 #pragma once
 
 #include "xgrad/core/arg.hpp"
+#include "xgrad/core/autograd/array_allocator.hpp"
 #include "xgrad/core/autograd/gradcheck.hpp"
 #include "xgrad/core/autograd/gradient_ready.hpp"
 #include "xgrad/core/autograd/ops.hpp"

@@ -5,8 +5,10 @@
 // that VmRSS) as a multiple of the weights' bytes; then the two alternate --reps times on a warm
 // page cache and the table quotes medians. With --use, the loaded model then runs a forward of
 // 1 x 128 tokens, a greedy generate of 32 tokens after 16, and two AdamW training steps of 1 x 128
-// tokens, each timed once with the peak resident memory after it.
-//     build/bench/bench_load_model DIR [--reps 5] [--threads 1] [--use]
+// tokens, each timed once with the peak resident memory after it. The first load, in a process that
+// has not yet freed memory to reuse, is timed too: its weights land on pages new to the process.
+// --map-file loads with HfLoadOptions().map_file(true) throughout.
+//     build/bench/bench_load_model DIR [--reps 5] [--threads 1] [--use] [--map-file]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,22 +43,27 @@ double seconds(F&& f) {
 int main(int argc, char** argv) {
   std::string dir;
   std::size_t reps = 5, threads = 1;
-  bool use = false;
+  bool use = false, map = false;
   CLI::App app{"load time and peak memory of a Hugging Face folder, against reading its bytes", "bench_load_model"};
   app.add_option("dir", dir, "a folder with config.json and model.safetensors")->required();
   app.add_option("--reps", reps, "timed loads of each")->transform(cli::count(1, 1000))->capture_default_str();
   app.add_option("--threads", threads, "kernel threads")->transform(cli::count(1, 256))->capture_default_str();
   app.add_flag("--use", use, "then time a forward, a generate and a training step of the loaded model");
+  app.add_flag("--map-file", map, "load with HfLoadOptions().map_file(true): F32 weights over the mapped file");
   if (const auto code = cli::parse(app, argc, argv)) return *code;
   return cli::run("bench_load_model", [&] {
     set_num_threads(threads);
     const std::string file = dir + "/model.safetensors";
     bench::reset_peak();  // the peak (VmHWM) lowered to the resident size, so that only the load below counts
-    const long before = bench::status_kib("VmRSS");
+    const long before = bench::status_kib("VmRSS"), anon_before = bench::status_kib("RssAnon");
+    const weights::HfLoadOptions options = weights::HfLoadOptions().map_file(map);
     std::size_t params = 0;
+    double first_load = 0, anon_rise = 0;  // the process's own pages (RssAnon), without the file's shared ones
     {
-      const auto model = weights::load_hf_model(dir);
+      std::shared_ptr<nn::LanguageModel> model;
+      first_load = seconds([&] { model = weights::load_hf_model(dir, options); });
       for (const auto& p : model->parameters()) params += p.size();
+      anon_rise = static_cast<double>(bench::status_kib("RssAnon") - anon_before) * 1024.0;
     }
     const double peak_rise = static_cast<double>(bench::status_kib("VmHWM") - before) * 1024.0;
     std::vector<char> bytes;  // one buffer for every read: a read pays no page faults after the first
@@ -70,18 +77,20 @@ int main(int argc, char** argv) {
     std::vector<double> load, read;
     for (std::size_t r = 0; r < reps; ++r) {
       read.push_back(seconds(read_all));
-      load.push_back(seconds([&] { weights::load_hf_model(dir); }));
+      load.push_back(seconds([&] { weights::load_hf_model(dir, options); }));
     }
     const double weights = 4.0 * static_cast<double>(params);
-    std::printf("%s: %zu parameters (%.0f MiB as F32), file %.0f MiB, %zu thread(s)\n", dir.c_str(), params,
-                weights / 1048576.0, file_bytes / 1048576.0, threads);
+    std::printf("%s: %zu parameters (%.0f MiB as F32), file %.0f MiB, %zu thread(s)%s\n", dir.c_str(), params,
+                weights / 1048576.0, file_bytes / 1048576.0, threads, map ? ", map_file" : "");
     std::printf("| | seconds (median of %zu) | GB/s of the file |\n|---|---:|---:|\n", reps);
     std::printf("| read the file into one buffer | %.3f | %.2f |\n", median(read), file_bytes / median(read) / 1e9);
     std::printf("| weights::load_hf_model | %.3f | %.2f |\n", median(load), file_bytes / median(load) / 1e9);
-    std::printf("load / read: %.1fx; peak memory the first load added: %.0f MiB, %.2fx the weights' F32 bytes\n",
-                median(load) / median(read), peak_rise / 1048576.0, peak_rise / weights);
+    std::printf(
+        "load / read: %.1fx; the first load: %.3f s, the peak resident memory it added: %.0f MiB (%.2fx the "
+        "weights' F32 bytes), of it the process's own (RssAnon): %.0f MiB\n",
+        median(load) / median(read), first_load, peak_rise / 1048576.0, peak_rise / weights, anon_rise / 1048576.0);
     if (!use) return;
-    const auto model = weights::load_hf_model(dir);
+    const auto model = weights::load_hf_model(dir, options);
     const std::size_t V = model->options().vocab_size();
     Generator gen(1);
     IndexArray ids = IndexArray::from_shape({1, 128});

@@ -13,11 +13,12 @@ namespace {
 
 // An array of `shape` to fill, refused (naming `who`) when its size passes size_t or the memory
 // left: a count that wrapped around would give an array of that shape with too few elements.
-Array array_of(const Shape& shape, const char* who) {
+// Zeros for a loader's model (zeroed_array: fresh memory is not written).
+Array array_of(const Shape& shape, const char* who, bool zeros = false) {
   double n = 1;
   for (const std::size_t d : shape) n *= static_cast<double>(d);
   check_available_memory(n * sizeof(float), who, "an array of shape " + shape_str(shape));
-  return Array::from_shape(shape);
+  return zeros ? zeroed_array(shape) : Array::from_shape(shape);
 }
 
 }  // namespace
@@ -118,28 +119,23 @@ std::uint64_t Generator::below(std::uint64_t n) {
 }
 
 Array Generator::uniform(const Shape& shape, float low, float high) {
+  if (zero_arrays_) return array_of(shape, "Generator::uniform", true);
   Array a = array_of(shape, "Generator::uniform");
   std::lock_guard<std::mutex> lock(mutex_);
-  if (zero_arrays_) {
-    a.fill(0.f);
-    return a;
-  }
   for (float& v : a) v = draw_uniform(low, high);
   return a;
 }
 
 Array Generator::normal(const Shape& shape, float mean, float stddev) {
+  if (zero_arrays_) return array_of(shape, "Generator::normal", true);
   Array a = array_of(shape, "Generator::normal");
   fill_normal(a, mean, stddev);
   return a;
 }
 
 void Generator::fill_normal(Array& a, float mean, float stddev) {
+  if (zero_arrays_) return;  // a loader's array: left as it is, so its memory stays untouched
   std::lock_guard<std::mutex> lock(mutex_);
-  if (zero_arrays_) {
-    a.fill(0.f);
-    return;
-  }
   for (float& v : a) v = mean + stddev * draw_normal();
 }
 

@@ -22,9 +22,10 @@ class Generator {
   /// A generator seeded as manual_seed(seed) seeds it.
   explicit Generator(std::uint64_t seed = 0) { manual_seed(seed); }
   /// A generator to build a model whose every weight a loader then overwrites: its array draws
-  /// (uniform(shape, ...), normal(shape, ...)) give zeros and draw nothing, so a model of 150M
-  /// weights costs its allocation rather than 150M draws; its other draws and its spawns are
-  /// Generator(seed)'s. Copies keep the mode.
+  /// draw nothing, uniform(shape, ...) and normal(shape, ...) give zeros (zeroed_array: memory fresh
+  /// from the system is not even written) and fill_normal leaves the array as it is, so a model of
+  /// 150M weights costs neither 150M draws nor a pass over its memory; its other draws and its
+  /// spawns are Generator(seed)'s. Copies keep the mode.
   static Generator for_loading(std::uint64_t seed = 0);
   /// Copies the engine's state (the copy is an independent stream continuing from it) and the
   /// spawn count.
@@ -57,8 +58,8 @@ class Generator {
   /// (zeros from a for_loading generator; a shape too large throws, as for uniform).
   Array normal(const Shape& shape, float mean, float stddev);
   /// Every element of `a` drawn as normal(mean, stddev) in row-major order, in place: the values
-  /// of normal(a.shape(), mean, stddev), without a second array (zeros from a for_loading
-  /// generator).
+  /// of normal(a.shape(), mean, stddev), without a second array (a for_loading generator leaves
+  /// `a` as it is).
   void fill_normal(Array& a, float mean, float stddev);
 
   /// The engine's full state as text, to checkpoint and restore a run exactly.

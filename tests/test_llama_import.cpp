@@ -7,12 +7,14 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "fixture.hpp"
+#include "safetensors_bytes.hpp"
 #include "test_files.hpp"
 #include "xgrad/core/autograd/tape.hpp"
 #include "xgrad/core/error.hpp"
@@ -225,6 +227,93 @@ TEST_CASE("Llama import: rotary inv_freq buffers of older checkpoints are skippe
   state.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", inv_freq);
   save_safetensors(b.path("model.safetensors"), state);
   CHECK(weights::load_llama(b.path())->num_parameters() == llama_parameters(19, 16, 4, 2, 2, 40, false, false));
+}
+
+TEST_CASE("map_file: F32 weights become parameters over the file, bit for bit the read model's, mapped while it lives",
+          "[llama_import][map_file][gemm]") {
+  const IndexArray ids = expected("untied_f32").first;
+  for (const char* name : {"untied_f32", "tied_mqa", "sharded", "untied_bf16"}) {
+    SECTION(name) {
+      const bool f32 = std::string(name) != "untied_bf16";
+      const std::size_t before = adopted_arrays();
+      const auto read = weights::load_llama(folder(name));
+      REQUIRE(adopted_arrays() == before);
+      auto mapped = weights::load_llama(folder(name), weights::HfLoadOptions().map_file(true));
+      // Every tensor of these files is F32 and taken whole (or BF16, and read).
+      CHECK(adopted_arrays() == before + (f32 ? mapped->named_parameters().size() : 0));
+      for (const auto& [n, p] : read->named_parameters()) {
+        INFO(n);
+        CHECK(mapped->parameter(n).value() == p.value());
+      }
+      NoGradGuard no_grad;
+      CHECK(mapped->forward(ids).logits.value() == read->forward(ids).logits.value());
+      mapped.reset();
+      CHECK(adopted_arrays() == before);
+    }
+  }
+}
+
+TEST_CASE(
+    "map_file: writing a mapped weight writes the process's own copy, never the file; a file replaced by rename "
+    "changes nothing",
+    "[llama_import][map_file]") {
+  Broken b("untied_f32");
+  const std::string file = b.path("model.safetensors"), bytes = testing::read_bytes(file);
+  const auto original = weights::load_llama(b.path());
+  auto mapped = weights::load_llama(b.path(), weights::HfLoadOptions().map_file(true));
+  for (auto& [n, p] : mapped->named_parameters()) p.mutable_value() += 1.f;
+  CHECK(testing::read_bytes(file) == bytes);
+  const auto again = weights::load_llama(b.path(), weights::HfLoadOptions().map_file(true));
+  for (const auto& [n, p] : original->named_parameters()) {
+    INFO(n);
+    CHECK(again->parameter(n).value() == p.value());
+    CHECK(mapped->parameter(n).value() == Array(p.value() + 1.f));
+  }
+  // save_safetensors renames a new file over the old one: the mapped model keeps the old bytes.
+  NamedArrays zeros = load_safetensors(file).tensors;
+  for (auto& [n, a] : zeros) a.fill(0.f);
+  save_safetensors(file, zeros);
+  fs::remove_all(b.path());
+  for (const auto& [n, p] : original->named_parameters()) CHECK(again->parameter(n).value() == p.value());
+}
+
+TEST_CASE(
+    "map_file: a tensor not aligned for float32 is read instead, and a file cut shorter before mapping is an Error",
+    "[llama_import][map_file][bad_input]") {
+  testing::TempDir dir("xgrad_map");
+  // The header's length puts the data at byte 8 + 18: not a multiple of 4.
+  const std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  REQUIRE((8 + header.size()) % 4 != 0);
+  const std::string path = dir.file("odd.safetensors");
+  testing::write_bytes(path, testing::u64_le(header.size()) + header + testing::f32_le({1.5f, -2.f}));
+  SafetensorsReader odd(path);
+  CHECK_FALSE(odd.map_f32(0).has_value());
+  REQUIRE_THROWS_WITH(odd.map_f32(1),
+                      Contains("SafetensorsReader::map_f32: '" + path + "' has 1 tensors, no tensor 1"));
+
+  const std::string aligned = dir.file("aligned.safetensors");
+  Array w = Array::from_shape({3});
+  w(0) = 1.f, w(1) = 2.f, w(2) = 3.f;
+  save_safetensors(aligned, {{"w", w}, {"v", w * 2.f}});
+  const std::size_t before = adopted_arrays();
+  {
+    SafetensorsReader reader(aligned);
+    std::optional<Array> a = reader.map_f32(reader.find("w"));
+    REQUIRE(a.has_value());
+    CHECK((*a == w));
+    CHECK(adopted_arrays() == before + 1);
+    const Array copy = *a;  // an ordinary array
+    CHECK(adopted_arrays() == before + 1);
+    a.reset();
+    CHECK(copy == w);
+  }
+  CHECK(adopted_arrays() == before);
+
+  SafetensorsReader cut(aligned);
+  std::filesystem::resize_file(aligned, std::filesystem::file_size(aligned) - 4);
+  REQUIRE_THROWS_WITH(cut.map_f32(0), Contains("load_safetensors: '" + aligned + "' holds") &&
+                                          Contains("bytes now, fewer than the") &&
+                                          Contains("its header promised (it changed since it was opened)"));
 }
 
 TEST_CASE("bad input: config.json missing, not JSON, or with a missing, mistyped or out-of-range field",

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -283,7 +284,8 @@ void read_tensor(const Checkpoint& ck, const TensorMap& e, Array& dst) {
   }
 }
 
-std::shared_ptr<nn::LanguageModel> load(const std::string& directory, const char* who, const char* only) {
+std::shared_ptr<nn::LanguageModel> load(const std::string& directory, const char* who, const char* only,
+                                        const HfLoadOptions& options) {
   const HfLayout l = read_config(directory, who, only);
   const nn::LanguageModelOptions& o = l.options;
   Checkpoint ck = open_checkpoint(directory, who);
@@ -334,7 +336,16 @@ std::shared_ptr<nn::LanguageModel> load(const std::string& directory, const char
            " (xgrad's layout and this importer disagree)");
     }
     Array& dst = *it->second;
-    read_tensor(ck, e, dst);
+    std::optional<Array> mapped;
+    if (options.map_file() && !e.transposed && e.rows.empty()) {
+      const Location& at = ck.tensors.at(e.hf);
+      mapped = ck.files[at.file]->map_f32(at.index);
+    }
+    if (mapped) {
+      dst = std::move(*mapped);
+    } else {
+      read_tensor(ck, e, dst);
+    }
     if (const std::size_t i = first_non_finite(dst); i < dst.size()) {
       fail(who, ": tensor '", e.hf, "' in '", ck.path(ck.tensors.at(e.hf)), "' holds ", dst.data()[i], " (in ", e.xgrad,
            " at flat position ", i, "); refusing non-finite weights");
@@ -369,16 +380,16 @@ nn::LanguageModelOptions llama_options(const std::string& directory) {
   return read_config(directory, "llama_options", "llama").options;
 }
 
-std::shared_ptr<nn::LanguageModel> load_llama(const std::string& directory) {
-  return load(directory, "load_llama", "llama");
+std::shared_ptr<nn::LanguageModel> load_llama(const std::string& directory, const HfLoadOptions& options) {
+  return load(directory, "load_llama", "llama", options);
 }
 
 nn::LanguageModelOptions hf_model_options(const std::string& directory) {
   return read_config(directory, "hf_model_options").options;
 }
 
-std::shared_ptr<nn::LanguageModel> load_hf_model(const std::string& directory) {
-  return load(directory, "load_hf_model", nullptr);
+std::shared_ptr<nn::LanguageModel> load_hf_model(const std::string& directory, const HfLoadOptions& options) {
+  return load(directory, "load_hf_model", nullptr, options);
 }
 
 std::vector<std::string> hf_model_types() {

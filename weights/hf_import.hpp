@@ -16,9 +16,25 @@
 #include <string>
 #include <vector>
 
+#include "xgrad/core/arg.hpp"
 #include "xgrad/nn/transformer.hpp"
 
 namespace xgrad::weights {
+
+/// How load_llama and load_hf_model read the weights, e.g.\ HfLoadOptions().map_file(true).
+struct HfLoadOptions {
+  /// map_file: each F32 tensor that the model takes whole (not transposed, not split into rows)
+  /// and that is aligned for float32 becomes its parameter in place, over the file mapped
+  /// copy-on-write (SafetensorsReader::map_f32): nothing is copied, the weights cost no memory of
+  /// the process's own until written, and processes that map one file share its pages. The
+  /// other tensors are read as without it. The model then keeps the files mapped while it lives.
+  /// What a mapping shows of a file changed in place (FileMapping): a file cut shorter while the
+  /// model lives ends the process with SIGBUS; a file rewritten in place changes the weights not
+  /// yet written. xgrad's own savers write a new file and rename it, which changes nothing here.
+  /// Off by default: reading copies the weights, and nothing done to the files afterwards
+  /// reaches the model.
+  XGRAD_ARG(bool, map_file, false);
+};
 
 /// The options of the LanguageModel a Llama-layout checkpoint folder holds, from its config.json
 /// alone (no weights are read).
@@ -81,7 +97,7 @@ nn::LanguageModelOptions llama_options(const std::string& directory);
 /// in a file that lacks them, and tensors two shards both hold), then the model's memory against
 /// what this process can still allocate. Then each tensor is read once, straight into its
 /// parameter; a non-finite weight is an Error naming the tensor and the file.
-std::shared_ptr<nn::LanguageModel> load_llama(const std::string& directory);
+std::shared_ptr<nn::LanguageModel> load_llama(const std::string& directory, const HfLoadOptions& options = {});
 
 /// The model_types load_hf_model reads, in the order messages list them.
 std::vector<std::string> hf_model_types();
@@ -135,6 +151,6 @@ nn::LanguageModelOptions hf_model_options(const std::string& directory);
 /// A new LanguageModel with the weights of the Hugging Face folder `directory`, in eval mode: the
 /// options as hf_model_options gives them, the files and checks as load_llama's, with each
 /// family's tensor names (Llama's, Qwen 3's q_norm and k_norm, Phi-3's fused projections).
-std::shared_ptr<nn::LanguageModel> load_hf_model(const std::string& directory);
+std::shared_ptr<nn::LanguageModel> load_hf_model(const std::string& directory, const HfLoadOptions& options = {});
 
 }  // namespace xgrad::weights

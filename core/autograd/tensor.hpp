@@ -18,9 +18,12 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xio.hpp>
 
+#include "xgrad/core/autograd/array_allocator.hpp"
+
 namespace xgrad {
 
-using Array = xt::xarray<float>;              ///< row-major float32 values and gradients
+/// row-major float32 values and gradients
+using Array = xt::xarray<float, xt::layout_type::row_major, ArrayAllocator<float>>;
 using Shape = Array::shape_type;              ///< the sizes of an Array's axes
 using IndexArray = xt::xarray<std::int64_t>;  ///< token ids, class targets
 using Mask = xt::xarray<bool>;                ///< true marks an element to mask out
@@ -35,6 +38,15 @@ inline double sum_of_squares(const Array& a) {
   for (float v : a) s += static_cast<double>(v) * v;
   return s;
 }
+
+/// An array of `shape` over the floats at `data`, which `owner` keeps alive (a file's mapping):
+/// nothing is copied. The array never frees them; when it goes (or what it was moved into), its
+/// reference to `owner` goes. Copies of it are ordinary arrays. `data` must be aligned for float
+/// and hold the shape's elements; an empty shape gives an ordinary empty array.
+Array array_over(float* data, const Shape& shape, std::shared_ptr<const void> owner);
+/// An array of `shape` filled with zeros by calloc: memory fresh from the system is zero already
+/// and is left untouched until used (a loader's model, whose every weight it then reads).
+Array zeroed_array(const Shape& shape);
 
 /// A gradient hook sees the gradient arriving at a tensor during backward and may change it
 /// in place (scale it, zero it, replace it); the changed gradient is what flows on. It must keep

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -107,6 +108,24 @@ ReadableFile::ReadableFile(const std::string& path, const std::string& who) : pa
 }
 
 ReadableFile::~ReadableFile() { ::close(fd_); }
+
+std::shared_ptr<const FileMapping> ReadableFile::map(std::uint64_t at_least) const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) fail(who_, ": cannot map '", path_, "': ", std::strerror(errno));
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size < at_least) {
+    fail(who_, ": '", path_, "' holds ", size, " bytes now, fewer than the ", at_least,
+         " its header promised (it changed since it was opened)");
+  }
+  if (size == 0 || size > SIZE_MAX) fail(who_, ": cannot map '", path_, "' (", size, " bytes)");
+  // Copy-on-write, so a parameter over the mapping may be trained: its written pages become this
+  // process's own.
+  void* data = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_, 0);
+  if (data == MAP_FAILED) fail(who_, ": cannot map '", path_, "' (", size, " bytes): ", std::strerror(errno));
+  return std::make_shared<const FileMapping>(data, size);
+}
+
+FileMapping::~FileMapping() { ::munmap(data_, static_cast<std::size_t>(size_)); }
 
 std::size_t ReadableFile::read_some(char* dst, std::size_t n) {
   std::size_t got = 0;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -83,6 +84,8 @@ std::string temporary_path(const std::string& path);
 /// `name` is the last name tried.
 int create_temporary_file(const std::string& path, std::string& name);
 
+class FileMapping;
+
 /// A regular file open for reading; anything else (missing, a folder, a device, a fifo, a socket) is
 /// refused when opening, before any byte is read. Errors start with `who` and name the path.
 class ReadableFile {
@@ -105,11 +108,35 @@ class ReadableFile {
   /// Reads exactly n bytes starting at byte `offset`, leaving the current position alone; fails as
   /// read_exact does when the file ends early.
   void read_exact_at(std::uint64_t offset, char* dst, std::size_t n);
+  /// The whole file mapped copy-on-write (FileMapping); an Error when it holds fewer than
+  /// `at_least` bytes now (it changed since it was opened) or cannot be mapped.
+  std::shared_ptr<const FileMapping> map(std::uint64_t at_least) const;
 
  private:
   std::string path_, who_;
   int fd_ = -1;
   std::uint64_t size_ = 0, position_ = 0;
+};
+
+/// A regular file's bytes mapped copy-on-write (mmap's MAP_PRIVATE), from ReadableFile::map. Reading
+/// them reads the file through the page cache, which every process mapping it shares, and costs
+/// no memory of this process's own; writing a page copies it first, so nothing reaches the file.
+/// The mapping shows the file as it is: pages not yet written show what another program writes
+/// into the file in place, and a file cut shorter while mapped ends the process with SIGBUS when
+/// a page past its new end is read. Writers that replace a file by renaming a new one over it,
+/// as xgrad's savers do, change nothing that is mapped.
+class FileMapping {
+ public:
+  FileMapping(void* data, std::uint64_t size) : data_(static_cast<char*>(data)), size_(size) {}  ///< adopts a mapping
+  ~FileMapping();                                                                                ///< unmaps it
+  FileMapping(const FileMapping&) = delete;
+  FileMapping& operator=(const FileMapping&) = delete;
+  char* data() const { return data_; }          ///< the file's first byte
+  std::uint64_t size() const { return size_; }  ///< the bytes mapped: the file's size when mapped
+
+ private:
+  char* data_;
+  std::uint64_t size_;
 };
 
 }  // namespace xgrad

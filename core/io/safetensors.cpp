@@ -526,6 +526,16 @@ void SafetensorsReader::read(std::size_t index, std::size_t first, std::size_t c
   }
 }
 
+std::optional<Array> SafetensorsReader::map_f32(std::size_t index) {
+  if (index >= tensors_.size())
+    fail("SafetensorsReader::map_f32: '", path_, "' has ", tensors_.size(), " tensors, no tensor ", index);
+  const TensorInfo& t = tensors_[index];
+  if (t.dtype != Dtype::f32 || (data_start_ + t.begin) % alignof(float) != 0) return std::nullopt;
+  if (!mapping_) mapping_ = file_.map(data_start_ + (tensors_.empty() ? 0 : tensors_.back().end));
+  float* data = reinterpret_cast<float*>(mapping_->data() + data_start_ + t.begin);
+  return array_over(data, t.shape, mapping_);
+}
+
 void save_safetensors(const std::string& path, const NamedArrays& tensors, const Metadata& metadata, Dtype dtype) {
   // JSON holds UTF-8 only; checked here, before the header is built, so nothing is written.
   for (const auto& [name, a] : tensors) check_utf8(name, "save_safetensors", "tensor name");

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,12 @@ class SafetensorsReader {
   /// An Error names the file when it changed since it was opened (it ends early); an index or a
   /// range past the tensor is an Error too.
   void read(std::size_t index, std::size_t first, std::size_t count, float* dst);
+  /// Tensor `index` as an Array over the file's own bytes, copying nothing, when it is F32 and
+  /// starts at an address aligned for float32; std::nullopt otherwise (F16 and BF16 need
+  /// converting: read() them). The file is mapped at the first call (ReadableFile::map: copy-on-
+  /// write; FileMapping says what it shows of a file changed in place) and stays mapped while the
+  /// reader or any such Array lives. A file cut shorter since it was opened is an Error.
+  std::optional<Array> map_f32(std::size_t index);
 
  private:
   std::string path_;
@@ -88,6 +96,7 @@ class SafetensorsReader {
   std::vector<TensorInfo> tensors_;
   Metadata metadata_;
   std::uint64_t data_start_ = 0;
+  std::shared_ptr<const FileMapping> mapping_;
 };
 
 // One value's conversions, as the reader and writer do them. The narrowing ones round to

@@ -14,7 +14,7 @@ mkdir -p "$work/include" "$work/corpus"
 ln -s "$src" "$work/include/xgrad"
 flags="-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DXTENSOR_USE_XSIMD"
 if ! clang++ $flags -I "$work/include" "$src/tests/fuzz/fuzz_safetensors.cpp" "$src/core/io/safetensors.cpp" "$src/core/io/file_io.cpp" \
-     "$src/core/io/memory.cpp" "$src/core/io/utf8.cpp" \
+     "$src/core/io/memory.cpp" "$src/core/io/utf8.cpp" "$src/core/autograd/array_allocator.cpp" \
      -o "$work/fuzz_safetensors" 2> "$work/build.log"; then
   if grep -q "fuzzer" "$work/build.log"; then
     echo "run_fuzz: clang cannot build with -fsanitize=fuzzer here, skipped"
