@@ -38,6 +38,12 @@ Registry& registry() {
 }
 std::atomic<std::size_t> adopted{0};
 
+std::size_t elements(const Shape& shape) {
+  std::size_t count = 1;
+  for (const std::size_t d : shape) count *= d;
+  return count;
+}
+
 }  // namespace
 
 void* ArrayHeap::allocate(std::size_t bytes, std::size_t count) {
@@ -72,9 +78,7 @@ void ArrayHeap::deallocate(void* data) noexcept {
 }
 
 Array zeroed_array(const Shape& shape) {
-  std::size_t count = 1;
-  for (const std::size_t d : shape) count *= d;
-  pending = {nullptr, true, count};
+  pending = {nullptr, true, elements(shape)};
   Array a = Array::from_shape(shape);
   pending = {};
   return a;
@@ -83,8 +87,7 @@ Array zeroed_array(const Shape& shape) {
 std::size_t adopted_arrays() { return adopted.load(std::memory_order_relaxed); }
 
 Array array_over(float* data, const Shape& shape, std::shared_ptr<const void> owner) {
-  std::size_t count = 1;
-  for (const std::size_t d : shape) count *= d;
+  const std::size_t count = elements(shape);
   if (count == 0) return Array::from_shape(shape);
   if (!data || reinterpret_cast<std::uintptr_t>(data) % alignof(float) != 0) {
     fail("array_over: the floats of an array of ", count, " elements start at an address not aligned for float");

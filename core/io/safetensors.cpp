@@ -531,7 +531,7 @@ std::optional<Array> SafetensorsReader::map_f32(std::size_t index) {
     fail("SafetensorsReader::map_f32: '", path_, "' has ", tensors_.size(), " tensors, no tensor ", index);
   const TensorInfo& t = tensors_[index];
   if (t.dtype != Dtype::f32 || (data_start_ + t.begin) % alignof(float) != 0) return std::nullopt;
-  if (!mapping_) mapping_ = file_.map(data_start_ + (tensors_.empty() ? 0 : tensors_.back().end));
+  if (!mapping_) mapping_ = file_.map(data_start_ + tensors_.back().end);  // the entries cover the data
   float* data = reinterpret_cast<float*>(mapping_->data() + data_start_ + t.begin);
   return array_over(data, t.shape, mapping_);
 }
