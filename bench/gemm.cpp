@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "read_bandwidth.hpp"
 #include "xgrad/core/kernels/detail/gemm_engines.hpp"
 #include "xgrad/xgrad.hpp"
 
@@ -214,26 +215,6 @@ const std::vector<Product> kMatvecShapes = {
 };
 // clang-format on
 
-// Streams `n` floats as a decode step streams a weight: the machine's read bandwidth, measured
-// with the products. Returns their sum, so that the reads are not optimized away.
-float read_all(const float* x, std::size_t n) {
-  typedef float Floats8 __attribute__((vector_size(32)));
-  Floats8 acc[4] = {};
-  std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int j = 0; j < 4; ++j) {
-      Floats8 v;
-      std::memcpy(&v, x + i + 8 * j, sizeof v);
-      acc[j] += v;
-    }
-  }
-  float s = 0.f;
-  for (; i < n; ++i) s += x[i];
-  for (const Floats8& a : acc)
-    for (int j = 0; j < 8; ++j) s += a[j];
-  return s;
-}
-
 // GB/s of the weight read by each engine and under auto (xgrad's few-rows kernel), against the read
 // bandwidth measured in the same rounds (alternating, medians); then the same weight held in bf16
 // (blas::gemm in bf16 with a bf16 B, as a model's weights under Precision::bf16): oneDNN's bf16 matmul
@@ -265,7 +246,7 @@ void matvec_table(std::size_t reps, Generator& gen) {
             s, [&] { blas::sgemm(false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.k, 0.f, c.data(), s.n); });
         if (r >= 2) times[e].push_back(t);
       }
-      const double t = seconds_by(s, [&] { sink = sink + read_all(b.data(), b.size()); });
+      const double t = seconds_by(s, [&] { sink = sink + bench::read_all(b.data(), b.size()); });
       if (r >= 2) times[3].push_back(t);
       for (int e = 1; e < 3; ++e) {
         blas::set_engine(engines[e]);

@@ -6,7 +6,8 @@
 // tokens, left-padded) against generate on each prompt in turn, and checks their tokens agree.
 // --model DIR runs a Hugging Face folder (weights::load_hf_model) instead of the default model;
 // --bf16 times cached generate in fp32 against bf16 (the weights' bf16 copies held), alternating,
-// and gives how far the first step's logits and the tokens of the two agree.
+// and gives how far the first step's logits and the tokens of the two agree, and decoding's reads
+// of the weights in GB/s against the read bandwidth measured in the same rounds on as many threads.
 //     build/bench/bench_generate [--tokens 200] [--prompt 32] [--reps 7] [--window-keep 0] [--threads 1]
 //                                [--batch 1] [--model DIR] [--bf16]
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.hpp"
+#include "read_bandwidth.hpp"
 #include "trainer.hpp"
 #include "xgrad/xgrad.hpp"
 
@@ -70,13 +72,38 @@ void time_batch(nn::LanguageModel& model, std::size_t batch, std::size_t prompt_
   if (differing > 0) std::printf("note: %zu rows gave other tokens in the batch than alone\n", differing);
 }
 
+// The bytes of weights one decoding step reads, with the products' weights in fp32 and in bf16:
+// every parameter but the embedding tables, of which a step reads one row (a tied head reads the
+// token table whole). Matrices are the products' weights (bf16 copies); the rest stays float32.
+struct StepBytes {
+  double fp32 = 0, bf16 = 0;
+};
+StepBytes step_bytes(const nn::LanguageModel& model) {
+  StepBytes b;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const bool table =
+        name.rfind("pos_emb.", 0) == 0 || (name == "tok_emb.weight" && !model.options().tie_embeddings());
+    if (table) continue;
+    const double n = static_cast<double>(p.size());
+    b.fp32 += 4 * n;
+    b.bf16 += (p.shape().size() == 2 ? 2 : 4) * n;
+  }
+  return b;
+}
+
 // Cached greedy generate in fp32 against bf16, alternating: the prompt (generate of one token) and
 // decoding (generate of tokens + 1 less that) in tokens per second (medians), the speed-ups (medians
 // of per-run ratios), the new tokens the two share before they first differ, and the largest
-// difference of the prompt's next-token logits relative to their largest magnitude.
+// difference of the prompt's next-token logits relative to their largest magnitude. Each round
+// also reads a buffer of the fp32 step's bytes on the kernel threads: decoding's weight reads in
+// GB/s (step_bytes times tokens/s) against that read bandwidth.
 void time_precisions(nn::LanguageModel& model, const std::vector<std::int64_t>& prompt, std::size_t tokens,
                      std::size_t reps) {
   const std::size_t held = hold_bf16_copies(model.parameters());
+  const StepBytes bytes = step_bytes(model);
+  std::vector<float> buffer(static_cast<std::size_t>(bytes.fp32 / 4), 1.f);
+  std::vector<double> read_rate;
+  volatile float sink = 0.f;
   nn::GenerateOptions greedy;
   greedy.temperature = 0.f;
   greedy.past_max_len = nn::PastMaxLen::error;
@@ -99,7 +126,11 @@ void time_precisions(nn::LanguageModel& model, const std::vector<std::int64_t>& 
       prompt_rate[q].push_back(static_cast<double>(prompt.size()) / first[q]);
       decode_rate[q].push_back(static_cast<double>(tokens) / decode[q]);
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    sink = sink + bench::read_all_threads(buffer.data(), buffer.size());
+    const double read = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r == 0) continue;
+    read_rate.push_back(bytes.fp32 / read / 1e9);
     prompt_ratio.push_back(first[0] / first[1]);
     decode_ratio.push_back(decode[0] / decode[1]);
   }
@@ -122,6 +153,13 @@ void time_precisions(nn::LanguageModel& model, const std::vector<std::int64_t>& 
   std::printf("%-8s %10.1f %10.1f\n", "bf16", median(prompt_rate[1]), median(decode_rate[1]));
   std::printf("%-8s %9.2fx %9.2fx   (medians of per-run ratios)\n", "speed-up", median(prompt_ratio),
               median(decode_ratio));
+  const double read = median(read_rate);
+  std::printf("decode's weight reads: %.1f MB per token in fp32, %.1f in bf16; read bandwidth %.1f GB/s (%s)\n",
+              bytes.fp32 / 1e6, bytes.bf16 / 1e6, read, "a sum over the fp32 bytes, the same threads, medians");
+  for (int q = 0; q < 2; ++q) {
+    const double rate = (q == 0 ? bytes.fp32 : bytes.bf16) * median(decode_rate[q]) / 1e9;
+    std::printf("%-8s %6.1f GB/s, %3.0f%% of the read bandwidth\n", q == 0 ? "fp32" : "bf16", rate, 100 * rate / read);
+  }
   std::printf("same new tokens before the first difference: %zu of %zu\n", same - prompt.size(),
               out[0].size() - prompt.size());
   std::printf("prompt's next-token logits: largest |bf16 - fp32| %.3g, %.2g of the largest |logit| %.3g\n", worst,
