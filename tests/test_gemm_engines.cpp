@@ -641,7 +641,8 @@ TEST_CASE("auto sends products A B^T of one to four rows to the few-rows kernel,
                                           {1, 64, 64, false, false, 0, 1.f, 0.f},  // B not transposed
                                           {64, 1, 64, true, true, 0, 1.f, 0.f}};   // A^T
   // each element of C is one row of B against one row of A: the head-sized taken[5] gives the same
-  // bits on one thread and on two (its 50257 columns split between them)
+  // bits on one thread and on two (its 50257 columns split between them; so are taken[4]'s 384 and
+  // taken[6]'s 1030, each weight at least twice kGrainStream)
   check_kernel_rule(taken, not_taken, taken[4], taken[5], blas::detail::few_rows_products);
 }
 
