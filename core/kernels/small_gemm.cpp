@@ -284,14 +284,15 @@ template <int M, int NB, std::size_t... Js>
 XGRAD_KERNEL_INLINE void few_rows_block_bf16(std::index_sequence<Js...>, const float* ap, std::size_t ldap,
                                              const std::uint16_t* b, std::size_t ldb, std::size_t k, std::size_t j0,
                                              float alpha, float beta, float* c, std::size_t ldc) {
+  constexpr std::size_t ahead = NB >= 8 ? NB : 2 * NB;  // rows
   Floats16 acc[M * NB] = {};
   std::size_t p = 0;
   for (; p + kPairStep <= k; p += kPairStep) {
-    // Two blocks ahead, non-temporally: the bf16 head read at 80-87% of the read bandwidth against
-    // 72-78% fetching the next block's rows as the fp32 kernel does, and decoding the llama.cpp
-    // comparison's model after its 128-token prompt ran 1.12-1.14x as fast (390 and 385 against 349
-    // and 337 tokens/s, alternating in one process, medians of 7).
-    (__builtin_prefetch(b + (j0 + 2 * NB + Js) * ldb + p, 0, 0), ...);
+    // Rows `ahead` further on, non-temporally: the bf16 head read at 80-87% of the read bandwidth
+    // against 72-78% fetching the next block's rows of four as the fp32 kernel does, and decoding
+    // the llama.cpp comparison's model after its 128-token prompt ran 1.12-1.14x as fast (390 and
+    // 385 against 349 and 337 tokens/s, alternating in one process, medians of 7).
+    (__builtin_prefetch(b + (j0 + ahead + Js) * ldb + p, 0, 0), ...);
     Words16 w[NB];
     (std::memcpy(&w[Js], b + (j0 + Js) * ldb + p, sizeof(Words16)), ...);
     pair_step<M, NB>(std::make_index_sequence<M * NB>{}, std::make_index_sequence<M>{}, acc, ap, ldap, p, w);
@@ -311,12 +312,18 @@ XGRAD_KERNEL_INLINE void few_rows_bf16(std::size_t n, std::size_t k, float alpha
                                        const std::uint16_t* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   std::size_t j = 0;
   if constexpr (M == 1) {
-    // One row (a decoding step) takes eight rows of B at a time: SmolLM2-135M's decode weights
-    // streamed at 23.5 against 20.9 GB/s with four (medians of five runs alternating, where the
-    // fp32 kernel read 28-31 GB/s), and generation's bf16 decode went from 1.41-1.46x fp32 to
-    // 1.52-1.56x. Sixteen measured no better.
-    for (; j + 8 <= n; j += 8) {
-      few_rows_block_bf16<M, 8>(std::make_index_sequence<8>{}, ap, ldap, b, ldb, k, j, alpha, beta, c, ldc);
+    // One row (a decoding step) takes twelve rows of B at a time, fetching the next twelve, where
+    // it had taken eight fetching sixteen ahead. A decoding step's products, every weight once and
+    // cold (five steps in a row, the last four timed, medians; time relative to a copy of the
+    // eight-row kernel in the same process, four processes each, alternating): SmolLM2-135M's shape
+    // 0.93-0.97 against 1.03-1.04 (21.4-22.3 GB/s against 20.2-20.9), the llama.cpp comparison's
+    // model 0.78-0.93 against 1.01-1.06 (27.4-31.9 against 23.1-23.9; its blocks' weights partly
+    // stay in cache). Whole bf16 decodes (bench_generate --bf16, three and four pairs): SmolLM2's
+    // shape 85.1, 86.8, 84.5 tokens/s against 71.1, 79.9, 80.5; the 45M model 1.70x to 1.98x fp32
+    // against 1.76x to 1.85x. Four rows had streamed SmolLM2's shape at 20.9 GB/s where eight read
+    // 23.5 (fp32's kernel: 28-31).
+    for (; j + 12 <= n; j += 12) {
+      few_rows_block_bf16<M, 12>(std::make_index_sequence<12>{}, ap, ldap, b, ldb, k, j, alpha, beta, c, ldc);
     }
   }
   for (; j + 4 <= n; j += 4) {
@@ -358,9 +365,18 @@ XGRAD_CLONES void few_rows_gemm(std::size_t m, std::size_t n, std::size_t k, flo
   if (pair_order.size() < m * ldap) pair_order.resize(m * ldap);
   float* ap = pair_order.data();
   for (std::size_t r = 0; r < m; ++r) {
-    for (std::size_t p = 0; p < ldap; ++p) {
-      const std::size_t l = p % kPairStep, from = p - l + (l < kLanes ? 2 * l : 2 * (l - kLanes) + 1);
-      ap[r * ldap + p] = from < k ? a[r * lda + from] : 0.f;
+    const float* from = a + r * lda;
+    float* to = ap + r * ldap;
+    std::size_t p = 0;
+    for (; p + kPairStep <= k; p += kPairStep) {  // whole steps, without a division per element
+      for (std::size_t l = 0; l < kLanes; ++l) {
+        to[p + l] = from[p + 2 * l];
+        to[p + kLanes + l] = from[p + 2 * l + 1];
+      }
+    }
+    for (std::size_t l = 0; p + l < ldap; ++l) {  // the last step, zero-padded
+      const std::size_t q = p + (l < kLanes ? 2 * l : 2 * (l - kLanes) + 1);
+      to[p + l] = q < k ? from[q] : 0.f;
     }
   }
   switch (m) {
