@@ -1,6 +1,6 @@
-// The machine's read bandwidth as a decoding step meets it: a sum over a buffer larger than the
-// caches, on xgrad's kernel threads (each sums its own contiguous part), timed beside the
-// products it is compared with.
+// The machine's read bandwidth as a decoding step meets it: a sum over a buffer of as many bytes
+// as the weights it is compared with, on xgrad's kernel threads (each sums its own contiguous
+// part), timed beside the products.
 #pragma once
 
 #include <cstddef>
