@@ -983,6 +983,33 @@ TEST_CASE("flash_attention's tile products follow a bf16 guard, forward and back
   check_follows_guard(run);
 }
 
+TEST_CASE("flash_attention with a decoding step's few queries multiplies in fp32 under a bf16 guard",
+          "[bf16][ops][flash_attention][gemm]") {
+  // 1 and 8 queries per entry (one position; a grouped key/value head's query heads as rows)
+  // against 40 keys: the bits of fp32, forward and backward. 9 queries take bf16 products.
+  const Array k = random_array({2, 40, 32}, 45), v = random_array({2, 40, 32}, 46);
+  for (const std::size_t T : {std::size_t{1}, std::size_t{8}, std::size_t{9}}) {
+    CAPTURE(T);
+    const Array q = random_array({2, T, 32}, 47);
+    const Array seed = random_array({2, T, 32}, 48);
+    auto run = [&](Precision precision) {
+      Tensor q1(q, true), k1(k, true), v1(v, true);
+      Tensor out;
+      {
+        AutocastGuard guard(precision);
+        out = flash_attention(q1, k1, v1, 2, 0.25f);
+      }
+      out.backward(seed);
+      return std::vector<Array>{out.value(), q1.grad(), k1.grad(), v1.grad()};
+    };
+    const std::vector<Array> bf16 = run(Precision::bf16), fp32 = run(Precision::fp32);
+    for (std::size_t i = 0; i < bf16.size(); ++i) {
+      CAPTURE(i);
+      CHECK(same_bits(bf16[i], fp32[i]) == (T <= 8));
+    }
+  }
+}
+
 TEST_CASE("gemm_batched in bf16 is each product's gemm, in one oneDNN call where it runs", "[bf16][gemm]") {
   // attention's layouts: heads side by side in (B, L, H D) rows, and (B, H, T, S) blocks
   struct Case {

@@ -295,7 +295,8 @@ TEST_CASE("flash_attention with keys reads the first keys positions of k and v, 
           "[flash_attention][cache][gemm]") {
   // k and v hold 37 positions per entry, the last 9 of which hold garbage (a cache's room): keys 28
   // gives the bits of flash_attention on the first 28 alone, and the garbage positions' gradients are zero.
-  const Tensor q = randn({2, 3, 16}, 30), k = randn({2, 37, 16}, 31), v = randn({2, 37, 16}, 32);
+  // 9 queries: more than a decoding step's, so that bf16 multiplies in bf16.
+  const Tensor q = randn({2, 9, 16}, 30), k = randn({2, 37, 16}, 31), v = randn({2, 37, 16}, 32);
   const std::size_t S = 28;
   for (const Precision precision : {Precision::fp32, Precision::bf16}) {
     for (const bool causal : {false, true}) {

@@ -191,7 +191,9 @@ struct FlashAttentionOptions {
 /// positions otherwise), and tiles wholly above that diagonal are skipped. A query with no key
 /// gets a context of zero. Agrees with the unfused ops within fp32 rounding; the same bits on any
 /// thread count. Under a bf16 AutocastGuard its tile products take bf16 operands (fp32
-/// accumulation, fp32 softmax and gradients), the forward's precision holding for backward. An
+/// accumulation, fp32 softmax and gradients), the forward's precision holding for backward, except
+/// with at most 8 queries per entry (T, a decoding step's): those multiply in fp32, since each key
+/// would be converted to bf16 at every step to be read about once. An
 /// Error names the op for shapes that do not fit and tiles out of range.
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t heads, float scale,
                        bool causal = false, const FlashAttentionOptions& options = {});

@@ -2,7 +2,8 @@
 /// bf16 mixed precision, opt-in and scoped (in the spirit of torch.autocast): while an
 /// AutocastGuard(Precision::bf16) is open on a thread, the `linear`, `matmul`,
 /// `linear_activation` and `linear_cross_entropy` ops that thread runs, and the attention kernels'
-/// products (`attention_weights`, `attention_scores`, `attend` and `flash_attention`'s tiles),
+/// products (`attention_weights`, `attention_scores`, `attend` and `flash_attention`'s tiles, but
+/// for a decoding step's few queries),
 /// compute their products from bf16-rounded operands with fp32 accumulation, fp32 outputs and fp32
 /// gradients (backward uses the precision its forward saw). Everything else (norms, softmax,
 /// losses, reductions, optimizers) stays fp32. Outside a guard, or
