@@ -3,8 +3,6 @@
 #include "xgrad/text/token_file.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -290,77 +288,35 @@ void TokenFileWriter::finish(std::optional<std::uint64_t> documents) {
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
   const std::string who = "TokenFile";
-  std::uint64_t file_size = 0;
-  {
-    ReadableFile file(path, who);  // refuses a missing file, a folder, a fifo, a device
-    file_size = file.size();
-    if (file_size == 0) fail(who, ": '", path, "' is empty: a token file starts with a 128-byte header");
-    if (file_size < kTokenFileHeaderBytes) {
-      unsigned char start[8] = {};
-      file.read_exact_at(0, reinterpret_cast<char*>(start), std::min<std::uint64_t>(file_size, 8));
-      if (file_size >= 8 && std::memcmp(start, kMagic, 8) != 0)
-        fail(who, ": '", path, "' is not an xgrad token file: bytes 0..8 are \"", printable(start, 8),
-             "\", not the magic \"XGTOKENS\"");
-      fail(who, ": '", path, "' is truncated: it holds ", file_size, " bytes, fewer than the ", kTokenFileHeaderBytes,
-           "-byte header");
-    }
+  // Refuses a missing file, a folder, a fifo, a device. The mapping is made from this descriptor,
+  // which stays open so that read() can check the size of the very file mapped.
+  file_ = std::make_unique<ReadableFile>(path, who);
+  const std::uint64_t file_size = file_->size();
+  if (file_size == 0) fail(who, ": '", path, "' is empty: a token file starts with a 128-byte header");
+  if (file_size < kTokenFileHeaderBytes) {
+    unsigned char start[8] = {};
+    file_->read_exact_at(0, reinterpret_cast<char*>(start), std::min<std::uint64_t>(file_size, 8));
+    if (file_size >= 8 && std::memcmp(start, kMagic, 8) != 0)
+      fail(who, ": '", path, "' is not an xgrad token file: bytes 0..8 are \"", printable(start, 8),
+           "\", not the magic \"XGTOKENS\"");
+    fail(who, ": '", path, "' is truncated: it holds ", file_size, " bytes, fewer than the ", kTokenFileHeaderBytes,
+         "-byte header");
   }
-  // The mapping is made from this descriptor, which stays open so that read() can check the size
-  // of the very file mapped before it touches the mapping.
-  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd_ < 0) fail(who, ": cannot open '", path, "': ", std::strerror(errno));
-  try {
-    struct stat st;
-    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) fail(who, ": '", path, "' changed while being opened");
-    file_size = static_cast<std::uint64_t>(st.st_size);
-    if (file_size < kTokenFileHeaderBytes)
-      fail(who, ": '", path, "' is truncated: it holds ", file_size, " bytes, fewer than the ", kTokenFileHeaderBytes,
-           "-byte header");
-    unsigned char header[kTokenFileHeaderBytes];
-    read_bytes_at(0, header, sizeof header, who);
-    header_ = decode_header(header, file_size, path);
-    if (file_size > SIZE_MAX) fail(who, ": '", path, "' holds ", file_size, " bytes, more than this process can map");
-    map_bytes_ = static_cast<std::size_t>(file_size);
-    void* map = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd_, 0);
-    if (map == MAP_FAILED) fail(who, ": cannot map '", path, "' (", file_size, " bytes): ", std::strerror(errno));
-    map_ = map;
-    ids_ = static_cast<const unsigned char*>(map_) + kTokenFileHeaderBytes;
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
-  }
+  unsigned char header[kTokenFileHeaderBytes];
+  file_->read_exact_at(0, reinterpret_cast<char*>(header), sizeof header);
+  header_ = decode_header(header, file_size, path);
+  map_ = file_->map(file_size);
+  ids_ = reinterpret_cast<const unsigned char*>(map_->data()) + kTokenFileHeaderBytes;
 }
 
-TokenFile::~TokenFile() {
-  if (map_) ::munmap(const_cast<void*>(map_), map_bytes_);
-  if (fd_ >= 0) ::close(fd_);
-}
+TokenFile::~TokenFile() = default;
 
 void TokenFile::check_still_holds(std::uint64_t end, const std::string& who) const {
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) fail(who, ": cannot stat '", path_, "': ", std::strerror(errno));
-  const auto now = static_cast<std::uint64_t>(st.st_size);
+  const std::uint64_t now = file_->size_now();
   if (now < end)
     fail(who, ": '", path_, "' ends at byte ", now, ", before byte ", end, " that its header promises: the ",
          "file was truncated while open (", kTokenFileHeaderBytes + header_.tokens * header_.dtype,
          " bytes when opened)");
-}
-
-void TokenFile::read_bytes_at(std::uint64_t offset, unsigned char* out, std::size_t n, const std::string& who) const {
-  for (std::size_t done = 0; done < n;) {
-    const ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) fail(who, ": reading '", path_, "' at byte ", offset + done, " failed: ", std::strerror(errno));
-    if (got == 0) {
-      struct stat st;
-      const std::uint64_t now = ::fstat(fd_, &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : offset + done;
-      fail(who, ": '", path_, "' ends at byte ", now, ", before byte ", offset + n, " that its header promises: the ",
-           "file was truncated while open (", kTokenFileHeaderBytes + header_.tokens * header_.dtype,
-           " bytes when opened)");
-    }
-    done += static_cast<std::size_t>(got);
-  }
 }
 
 void TokenFile::read(std::size_t offset, std::size_t n, std::int64_t* out) const {

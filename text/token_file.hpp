@@ -33,6 +33,11 @@
 #include "xgrad/text/token_source.hpp"
 #include "xgrad/text/tokenizer.hpp"
 
+namespace xgrad {
+class ReadableFile;
+class FileMapping;
+}  // namespace xgrad
+
 namespace xgrad::text {
 
 /// The bytes before the first token of a token file.
@@ -104,12 +109,12 @@ class TokenFileWriter {
 };
 
 /// A token file open for reading, memory-mapped: opening it reads and checks the header and the
-/// file's size and maps the file read-only without reading the ids, so a file of gigabytes costs
+/// file's size and maps the file (ReadableFile::map) without reading the ids, so a file of gigabytes costs
 /// no memory until windows of it are read. Ids are checked against vocab_size as read() reads them,
 /// not when opening (a full scan of a large file would read all of it): check_ids() scans the
 /// whole file on request. A file replaced by an atomic write (rename) while open is harmless: the
 /// mapping keeps the old file. A file truncated in place while open: read() checks the file's size
-/// (fstat) before it touches the mapping, so tokens past the new end are an Error naming the file
+/// (ReadableFile::size_now) before it touches the mapping, so tokens past the new end are an Error naming the file
 /// and both sizes, not SIGBUS; only a truncation in the microseconds between that check and the
 /// copy could still end the process with SIGBUS, as for any mapped file.
 class TokenFile : public TokenSource {
@@ -135,18 +140,14 @@ class TokenFile : public TokenSource {
   void check_ids() const;
 
  private:
-  // Reads exactly n bytes at `offset`; an Error naming the file when it has become shorter.
-  void read_bytes_at(std::uint64_t offset, unsigned char* out, std::size_t n, const std::string& who) const;
-
   // Throws when the file now holds fewer than `end` bytes (it was truncated while open).
   void check_still_holds(std::uint64_t end, const std::string& who) const;
 
   std::string path_;
   TokenFileHeader header_;
-  int fd_ = -1;                // kept open for the size checks
-  const void* map_ = nullptr;  // the whole file, read-only
-  std::size_t map_bytes_ = 0;
-  const unsigned char* ids_ = nullptr;  // map_ + the header
+  std::unique_ptr<ReadableFile> file_;  // kept open for the size checks: the file mapped
+  std::shared_ptr<const FileMapping> map_;
+  const unsigned char* ids_ = nullptr;  // the mapping's first byte after the header
 };
 
 }  // namespace xgrad::text

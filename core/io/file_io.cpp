@@ -109,10 +109,14 @@ ReadableFile::ReadableFile(const std::string& path, const std::string& who) : pa
 
 ReadableFile::~ReadableFile() { ::close(fd_); }
 
-std::shared_ptr<const FileMapping> ReadableFile::map(std::uint64_t at_least) const {
+std::uint64_t ReadableFile::size_now() const {
   struct stat st;
-  if (::fstat(fd_, &st) != 0) fail(who_, ": cannot map '", path_, "': ", std::strerror(errno));
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (::fstat(fd_, &st) != 0) fail(who_, ": cannot stat '", path_, "': ", std::strerror(errno));
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+std::shared_ptr<const FileMapping> ReadableFile::map(std::uint64_t at_least) const {
+  const std::uint64_t size = size_now();
   if (size < at_least) {
     fail(who_, ": '", path_, "' holds ", size, " bytes now, fewer than the ", at_least,
          " its header promised (it changed since it was opened)");
@@ -153,7 +157,7 @@ bool ReadableFile::at_end() {
   return read_some(&c, 1) == 0;
 }
 
-void ReadableFile::read_exact_at(std::uint64_t offset, char* dst, std::size_t n) {
+void ReadableFile::read_exact_at(std::uint64_t offset, char* dst, std::size_t n) const {
   std::size_t got = 0;
   while (got < n) {
     const ssize_t r = ::pread(fd_, dst + got, n - got, static_cast<off_t>(offset + got));

@@ -98,6 +98,8 @@ class ReadableFile {
 
   /// The size fstat reported when the file was opened.
   std::uint64_t size() const { return size_; }
+  /// The size fstat reports now: the file may have been cut shorter or grown in place since.
+  std::uint64_t size_now() const;
   /// Reads up to n bytes into dst from the current position; fewer only at the end of the file.
   std::size_t read_some(char* dst, std::size_t n);
   /// Reads exactly n bytes, or fails saying the file ended early (it changed while being read).
@@ -107,7 +109,7 @@ class ReadableFile {
   bool at_end();
   /// Reads exactly n bytes starting at byte `offset`, leaving the current position alone; fails as
   /// read_exact does when the file ends early.
-  void read_exact_at(std::uint64_t offset, char* dst, std::size_t n);
+  void read_exact_at(std::uint64_t offset, char* dst, std::size_t n) const;
   /// The whole file mapped copy-on-write (FileMapping); an Error when it holds fewer than
   /// `at_least` bytes now (it changed since it was opened) or cannot be mapped.
   std::shared_ptr<const FileMapping> map(std::uint64_t at_least) const;
