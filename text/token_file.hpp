@@ -109,14 +109,15 @@ class TokenFileWriter {
 };
 
 /// A token file open for reading, memory-mapped: opening it reads and checks the header and the
-/// file's size and maps the file (ReadableFile::map) without reading the ids, so a file of gigabytes costs
-/// no memory until windows of it are read. Ids are checked against vocab_size as read() reads them,
-/// not when opening (a full scan of a large file would read all of it): check_ids() scans the
-/// whole file on request. A file replaced by an atomic write (rename) while open is harmless: the
-/// mapping keeps the old file. A file truncated in place while open: read() checks the file's size
-/// (ReadableFile::size_now) before it touches the mapping, so tokens past the new end are an Error naming the file
-/// and both sizes, not SIGBUS; only a truncation in the microseconds between that check and the
-/// copy could still end the process with SIGBUS, as for any mapped file.
+/// file's size and maps the file (ReadableFile::map) without reading the ids, so a file of
+/// gigabytes costs no memory until windows of it are read. Ids are checked against vocab_size as
+/// read() reads them, not when opening (a full scan of a large file would read all of it):
+/// check_ids() scans the whole file on request. A file replaced by an atomic write (rename) while
+/// open is harmless: the mapping keeps the old file. A file truncated in place while open: read()
+/// checks the file's size (ReadableFile::size_now) before it touches the mapping, so tokens past
+/// the new end are an Error naming the file and both sizes, not SIGBUS; only a truncation in the
+/// microseconds between that check and the copy could still end the process with SIGBUS, as for
+/// any mapped file.
 class TokenFile : public TokenSource {
  public:
   /// Opens `path`. A missing file, a folder or other non-regular file, an empty file, a
